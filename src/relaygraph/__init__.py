@@ -1,0 +1,22 @@
+"""relaygraph: a supervised team of agents on LangGraph, with policies and an audit trail."""
+
+from relaygraph.errors import (
+    ConfigError,
+    ModelSpecError,
+    RelaygraphError,
+    RunError,
+    ScriptError,
+    ToolInputError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "ModelSpecError",
+    "RelaygraphError",
+    "RunError",
+    "ScriptError",
+    "ToolInputError",
+    "__version__",
+]

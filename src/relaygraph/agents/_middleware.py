@@ -1,0 +1,94 @@
+"""Agent middleware: tool events for the team's event stream, tool input errors as results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+
+from relaygraph.errors import ToolInputError
+from relaygraph.handoffs import handoff_target
+
+PREVIEW_CHARS = 300
+MODEL_CALL_MARK = "relaygraph_agent"
+"""``response_metadata`` key set on every AI message a model produced (not a middleware)."""
+
+
+def is_model_output(message: BaseMessage) -> bool:
+    """True for an AI message that came from a model call, as marked by the middleware."""
+    return isinstance(message, AIMessage) and MODEL_CALL_MARK in message.response_metadata
+
+
+class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
+    """Reports each tool call and its result on the custom stream, and answers refused input.
+
+    A :class:`ToolInputError` (a path outside the workspace, an unknown doc id) is a normal
+    outcome the model can correct, so it becomes an error ToolMessage instead of failing the
+    task. Any other exception still propagates: it is a real failure.
+    """
+
+    def __init__(self, agent: str) -> None:
+        super().__init__()
+        self.agent = agent
+
+    @property
+    def name(self) -> str:
+        return f"ToolEvents[{self.agent}]"
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelResponse[Any]:
+        # Marking the model's own messages lets usage be counted from the checkpointed
+        # transcript alone (re-runs cannot double count), apart from messages that
+        # middleware such as the call limit adds.
+        response = handler(request)
+        for message in response.result:
+            if isinstance(message, AIMessage):
+                message.response_metadata[MODEL_CALL_MARK] = self.agent
+        return response
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
+        call = request.tool_call
+        emit = request.runtime.stream_writer
+        is_handoff = handoff_target(call["name"]) is not None
+        if not is_handoff:
+            emit(
+                {
+                    "type": "tool_call",
+                    "agent": self.agent,
+                    "tool": call["name"],
+                    "args": call["args"],
+                    "tool_call_id": call["id"],
+                }
+            )
+        try:
+            result = handler(request)
+        except ToolInputError as exc:
+            result = ToolMessage(
+                content=f"Error: {exc}",
+                name=call["name"],
+                tool_call_id=call["id"] or "",
+                status="error",
+            )
+        if isinstance(result, ToolMessage) and not (is_handoff and result.status != "error"):
+            emit(
+                {
+                    "type": "tool_result",
+                    "agent": self.agent,
+                    "tool": call["name"],
+                    "tool_call_id": call["id"],
+                    "status": result.status,
+                    "preview": str(result.content)[:PREVIEW_CHARS],
+                }
+            )
+        return result

