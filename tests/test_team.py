@@ -93,3 +93,190 @@ def test_after_a_handoff_only_the_target_runs(home: Path) -> None:
         ["begin"], ["supervisor"], ["researcher"], ["coder"], ["supervisor"], ["writer"],
         ["supervisor"], ["finalize"],
     ]
+
+
+def _visits(home: Path, thread_id: str) -> list[dict[str, Any]]:
+    return list(final_state(home, thread_id)["visits"])
+
+
+def test_two_handoffs_in_one_message_lose_no_agent_silently(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "supervisor": [route("researcher"), route(FINISH)],
+            "researcher": [
+                {
+                    "tool_calls": [
+                        {"name": "transfer_to_writer", "args": {"task": "write", "reason": "r1"}},
+                        {"name": "transfer_to_coder", "args": {"task": "code", "reason": "r2"}},
+                    ]
+                }
+            ],
+            "writer": [say("written")],
+            "finalize": [say("done")],
+        }
+    )
+    result = run_task("go", model=spec)
+    assert result.status == "succeeded", result.stop_reason
+    # Exactly one target ran; the other call was answered, not dropped.
+    assert result.agents_run == ["researcher", "writer"]
+    transcript = _visits(home, result.thread_id)[0]["messages"]
+    answers = {m.tool_call_id: m for m in transcript if isinstance(m, ToolMessage)}
+    ai = next(m for m in transcript if isinstance(m, AIMessage) and m.tool_calls)
+    coder_call = next(c for c in ai.tool_calls if c["name"] == "transfer_to_coder")
+    assert answers[coder_call["id"]].status == "error"
+    assert "not carried out" in str(answers[coder_call["id"]].content)
+    assert "transfer_to_writer" in str(answers[coder_call["id"]].content)
+
+
+def test_handoff_beside_another_tool_call_is_refused_then_retried(
+    home: Path, script: Script
+) -> None:
+    spec = script(
+        {
+            "supervisor": [route("researcher"), route(FINISH)],
+            "researcher": [
+                {
+                    "tool_calls": [
+                        {"name": "search_docs", "args": {"query": "handoff"}},
+                        {"name": "transfer_to_writer", "args": {"task": "write"}},
+                    ]
+                },
+                call("transfer_to_writer", task="write it up", reason="facts found"),
+            ],
+            "writer": [say("written")],
+            "finalize": [say("done")],
+        }
+    )
+    events: list[dict[str, Any]] = []
+    result = run_task("go", model=spec, on_event=events.append)
+    assert result.agents_run == ["researcher", "writer"]
+    assert result.handoffs[1]["task"] == "write it up"
+    transcript = _visits(home, result.thread_id)[0]["messages"]
+    refusal = next(
+        m for m in transcript if isinstance(m, ToolMessage) and m.status == "error"
+    )
+    assert "hand off in a message of its own" in str(refusal.content)
+    # The ordinary tool in that message did run.
+    assert any(e["type"] == "tool_result" and e["tool"] == "search_docs" for e in events)
+
+
+def test_every_tool_call_is_answered_in_every_transcript(home: Path) -> None:
+    result = run_task("go", model=f"scripted:{EXAMPLE_RELAY}")
+    for visit in _visits(home, result.thread_id):
+        calls = [c["id"] for m in visit["messages"] if isinstance(m, AIMessage) for c in m.tool_calls]
+        answered = [m.tool_call_id for m in visit["messages"] if isinstance(m, ToolMessage)]
+        assert sorted(calls) == sorted(answered), visit["agent"]
+    handoff_visit = _visits(home, result.thread_id)[0]
+    assert handoff_visit["ended"] == "handed_off"
+    assert isinstance(handoff_visit["messages"][-1], ToolMessage)
+    assert handoff_visit["messages"][-1].name == "transfer_to_coder"
+
+
+def test_invalid_route_is_repaired_with_the_error_quoted(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "astronaut", "task": "fly", "reason": "why not"}},
+                route("writer", task="write a haiku"),
+                route(FINISH),
+            ],
+            "writer": [say("haiku")],
+            "finalize": [say("done")],
+        }
+    )
+    events: list[dict[str, Any]] = []
+    result = run_task("go", model=spec, on_event=events.append)
+    assert result.status == "succeeded"
+    assert result.agents_run == ["writer"]
+    first = next(e for e in events if e["type"] == "route")
+    assert first["repaired"] is True
+    assert "astronaut" in first["error"]
+    assert result.usage["supervisor"]["model_calls"] == 3
+
+
+def test_unrepairable_route_finishes_degraded_without_crashing(
+    home: Path, script: Script
+) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "astronaut", "task": "fly", "reason": "r"}},
+                {"route": {"next": "coder", "task": "", "reason": "r"}},
+            ],
+            "finalize": [say("partial answer")],
+        }
+    )
+    result = run_task("go", model=spec)
+    assert result.status == "degraded"
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("invalid_route")
+    assert "task" in result.stop_reason  # the second error: the task was empty
+    assert result.answer == "partial answer"
+
+
+def test_agent_input_is_scoped_and_stays_bounded(home: Path, script: Script) -> None:
+    marker = "TOOL-OUTPUT-MARKER"
+    n = 9
+    spec = script(
+        {
+            "supervisor": [route("researcher", task=f"step {i}") for i in range(n)]
+            + [route(FINISH)],
+            "researcher": [
+                turn
+                for i in range(n)
+                for turn in (
+                    call("search_docs", query=f"{marker} checkpoint"),
+                    say(f"result {i}: " + "x" * 3000),
+                )
+            ],
+            "finalize": [say("done")],
+        }
+    )
+    result = run_task("go", model=spec)
+    assert result.agents_run == ["researcher"] * n
+    inputs = [str(v["messages"][0].content) for v in _visits(home, result.thread_id)]
+    # Tool traffic of earlier visits never reaches a later agent's input.
+    assert all("search_docs" not in text and marker not in text for text in inputs)
+    # The input stops growing once the window of shown results is full.
+    from relaygraph.supervisor._prompts import MAX_RESULTS_SHOWN
+
+    assert len(inputs[-1]) <= len(inputs[MAX_RESULTS_SHOWN]) + 50
+    assert len(inputs[-1]) < 4 * 1600 + 500
+
+
+def test_team_visit_limit_ends_degraded(home: Path, script: Script) -> None:
+    from relaygraph.policies import default_policy
+    import dataclasses
+
+    policy = dataclasses.replace(default_policy(), max_agent_runs=2)
+    spec = script(
+        {
+            "supervisor": [route("researcher"), route("researcher"), route("researcher")],
+            "researcher": [say("a"), say("b"), say("c")],
+            "finalize": [say("what we have")],
+        }
+    )
+    result = run_task("go", model=spec, policy=policy)
+    assert result.status == "degraded"
+    assert result.agents_run == ["researcher", "researcher"]
+    assert "max_agent_runs" in (result.stop_reason or "")
+    assert result.answer == "what we have"
+
+
+@pytest.mark.parametrize(
+    ("turns", "expected"),
+    [
+        ({"supervisor": [route("writer")], "writer": []}, "'writer', turn 1"),
+        ({"supervisor": [say("not a route")]}, "'supervisor', turn 1: expected a 'route' turn"),
+        (
+            {"supervisor": [route("writer")], "writer": [route(FINISH)]},
+            "'writer', turn 1: expected a 'content' or 'tool_calls' turn",
+        ),
+    ],
+)
+def test_script_errors_fail_the_task_naming_agent_and_turn(
+    home: Path, script: Script, turns: dict[str, Any], expected: str
+) -> None:
+    result = run_task("go", model=script(turns))
+    assert result.status == "failed"
+    assert expected in (result.stop_reason or "")

@@ -151,10 +151,7 @@ def _kb_command(args: argparse.Namespace, kb: Any) -> int:
         if not args.path.is_dir():
             raise ConfigError(f"kb add: {str(args.path)!r} is not a folder")
         report: Any = kb.add_folder(args.path)
-        print(
-            f"indexed {args.path}: {report.added} added, {report.updated} updated, "
-            f"{report.unchanged} unchanged, {report.removed} removed"
-        )
+        print(f"indexed {args.path}: {report.summary()}")
         for path, reason in report.skipped:
             print(f"  skipped {path}: {reason}", file=sys.stderr)
     elif args.kb_command == "search":

@@ -54,7 +54,9 @@ __all__ = [
     "load_local_model",
 ]
 
-SETUP_HINT = "install relaygraph[local] with scripts/setup, or use --model openai:... / scripted:..."
+SETUP_HINT = (
+    "install relaygraph[local] with scripts/setup, or use --model openai:... / scripted:..."
+)
 
 N_CTX = 4096
 """Context window: SmolLM2 was trained on 8192, but 4096 is plenty for an agent turn and
@@ -104,7 +106,8 @@ def load_local_model(name: str, *, spec: str) -> BaseChatModel:
     """
     weights = LOCAL_WEIGHTS.get(name)
     if weights is None:
-        raise ModelSpecError(spec, f"unknown local model {name!r}; known: {', '.join(LOCAL_WEIGHTS)}")
+        known = ", ".join(LOCAL_WEIGHTS)
+        raise ModelSpecError(spec, f"unknown local model {name!r}; known: {known}")
     _engine(name, spec=spec)
     return LocalChatModel(model=name)
 
@@ -133,8 +136,9 @@ def _load_llama(name: str, *, spec: str) -> Llama:
     except ImportError as exc:
         missing = exc.name or "llama_cpp"
         raise ModelSpecError(
-            spec, f"the embedded model needs the Python package {missing!r}, which is not "
-            f"installed; {SETUP_HINT}"
+            spec,
+            f"the embedded model needs the Python package {missing!r}, which is not "
+            f"installed; {SETUP_HINT}",
         ) from None
     except (OSError, RuntimeError) as exc:
         # The llama.cpp shared library exists but does not load (a broken or foreign build).
@@ -143,8 +147,9 @@ def _load_llama(name: str, *, spec: str) -> Llama:
         ) from None
     if not path.is_file():
         raise ModelSpecError(
-            spec, f"the weights file {weights.filename!r} is missing from the package "
-            f"{weights.package!r}; {SETUP_HINT}"
+            spec,
+            f"the weights file {weights.filename!r} is missing from the package "
+            f"{weights.package!r}; {SETUP_HINT}",
         )
     with importlib.resources.as_file(path) as file:
         try:
@@ -229,6 +234,10 @@ class _Engine:
 # --- schemas -------------------------------------------------------------------------------
 
 
+_GRAMMAR_FORMATS = ("date", "time", "date-time", "uuid")
+"""String formats the grammar converter enforces; others become capped plain strings."""
+
+
 def _bounded(schema: Any, *, string_cap: int) -> Any:
     """A copy of a JSON schema that llama.cpp's grammar converter compiles, with every
     string and array capped.
@@ -246,9 +255,11 @@ def _bounded(schema: Any, *, string_cap: int) -> Any:
         merged = {k: v for k, v in schema.items() if k != "allOf"} | schema["allOf"][0]
         return _bounded(merged, string_cap=string_cap)
     out: dict[str, Any] = {}
-    for key in ("type", "enum", "const", "required", "minItems", "minLength", "format"):
+    for key in ("type", "enum", "const", "required", "minItems", "minLength"):
         if key in schema:
             out[key] = schema[key]
+    if schema.get("format") in _GRAMMAR_FORMATS:
+        out["format"] = schema["format"]
     if "oneOf" in schema or "anyOf" in schema:
         out["anyOf"] = _bounded(schema.get("oneOf") or schema["anyOf"], string_cap=string_cap)
     if "allOf" in schema:
@@ -308,12 +319,15 @@ def _answer_schema() -> dict[str, Any]:
     }
 
 
-def build_decision_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def build_decision_schema(
+    tools: Sequence[dict[str, Any]], *, allow_answer: bool = True
+) -> dict[str, Any]:
     """The JSON schema of one decision: call one of ``tools`` (with its arguments) or answer.
 
     Args:
         tools: OpenAI-format function specs (``{"name", "description", "parameters"}``);
             empty to allow only an answer.
+        allow_answer: Offer the answer alternative; ignored when ``tools`` is empty.
 
     Returns:
         ``{"anyOf": [call alternatives..., answer]}``. ``anyOf`` rather than ``oneOf``:
@@ -332,7 +346,8 @@ def build_decision_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         }
         for tool in tools
     ]
-    return {"anyOf": [*calls, _answer_schema()]}
+    answer = [_answer_schema()] if allow_answer or not calls else []
+    return {"anyOf": [*calls, *answer]}
 
 
 def _structured_schema(schema: dict[str, Any] | type) -> tuple[dict[str, Any], type | None]:
@@ -419,11 +434,7 @@ def _describe_tool(tool: dict[str, Any]) -> str:
 
 def _decision_instruction(tools: Sequence[dict[str, Any]], *, exhausted: bool) -> str:
     if not tools:
-        note = (
-            "You already have the tool results you need. "
-            if exhausted
-            else ""
-        )
+        note = "You already have the tool results you need. " if exhausted else ""
         return (
             f"{note}Reply with one JSON object: "
             '{"action": "answer", "content": <your reply to the user, as a string>}.'
@@ -451,9 +462,7 @@ def _schema_instruction(schema: dict[str, Any]) -> str:
     return f"Reply with one JSON object with these fields:\n{fields}"
 
 
-def _with_instruction(
-    chat: list[tuple[str, str]], instruction: str
-) -> list[tuple[str, str]]:
+def _with_instruction(chat: list[tuple[str, str]], instruction: str) -> list[tuple[str, str]]:
     # Appended to the first system message (or a new one): a tiny model follows the system
     # turn best, and a stable instruction keeps the prompt prefix cacheable.
     if chat and chat[0][0] == "system":
@@ -532,14 +541,17 @@ class LocalChatModel(BaseChatModel):
         self,
         tools: Sequence[ToolLike],
         *,
-        tool_choice: str | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools; ``tool_choice`` may be ``auto``, ``none``, ``any``/``required`` or a
         tool name, and narrows the choices the grammar offers."""
         specs = [convert_to_openai_tool(t) for t in tools]
         names = [s["function"]["name"] for s in specs]
-        if tool_choice not in (None, "auto", "none", "any", "required", *names):
+        chosen = tool_choice
+        if isinstance(chosen, dict):  # {"type": "function", "function": {"name": ...}}
+            chosen = chosen.get("function", {}).get("name")
+        if chosen not in (None, "auto", "none", "any", "required", *names):
             raise ValueError(
                 f"tool_choice {tool_choice!r} is not 'auto', 'none', 'any', 'required' or a "
                 f"bound tool ({', '.join(names) or 'none bound'})"
@@ -558,14 +570,16 @@ class LocalChatModel(BaseChatModel):
         output_schema: dict[str, Any] | None = kwargs.get(_SCHEMA_KWARG)
         tools = [t["function"] for t in kwargs.get("tools") or []]
         if output_schema is not None:
-            prompt, tokens = _fit(engine, _with_instruction(chat, _schema_instruction(output_schema)))
+            instruction = _schema_instruction(output_schema)
+            prompt, tokens = _fit(engine, _with_instruction(chat, instruction))
             done = engine.complete(tokens, schema=output_schema)
             message = AIMessage(content=done.text.strip())
         elif tools:
-            offered, exhausted = self._offered(tools, kwargs.get("tool_choice"), messages)
+            offered, answer, exhausted = self._offered(tools, kwargs.get("tool_choice"), messages)
             instruction = _decision_instruction(offered, exhausted=exhausted)
             prompt, tokens = _fit(engine, _with_instruction(chat, instruction))
-            done = engine.complete(tokens, schema=build_decision_schema(offered))
+            schema = build_decision_schema(offered, allow_answer=answer)
+            done = engine.complete(tokens, schema=schema)
             message = self._decision(done.text, prompt)
         else:
             prompt, tokens = _fit(engine, chat)
@@ -584,15 +598,20 @@ class LocalChatModel(BaseChatModel):
 
     @staticmethod
     def _offered(
-        tools: list[dict[str, Any]], tool_choice: str | None, messages: Sequence[BaseMessage]
-    ) -> tuple[list[dict[str, Any]], bool]:
+        tools: list[dict[str, Any]], tool_choice: Any, messages: Sequence[BaseMessage]
+    ) -> tuple[list[dict[str, Any]], bool, bool]:
+        """The tools offered, whether an answer is offered, whether tool results ran out."""
         if _tool_results_since_human(messages) >= MAX_TOOL_RESULTS:
-            return [], True
+            return [], True, True
+        if isinstance(tool_choice, dict):  # {"type": "function", "function": {"name": ...}}
+            tool_choice = tool_choice.get("function", {}).get("name")
         if tool_choice == "none":
-            return [], False
-        if tool_choice in (None, "auto", "any", "required"):
-            return tools, False
-        return [t for t in tools if t["name"] == tool_choice], False
+            return [], True, False
+        if tool_choice in (None, "auto"):
+            return tools, True, False
+        if tool_choice in ("any", "required"):
+            return tools, False, False
+        return [t for t in tools if t["name"] == tool_choice], False, False
 
     @staticmethod
     def _decision(text: str, prompt: str) -> AIMessage:

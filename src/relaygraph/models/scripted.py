@@ -33,7 +33,8 @@ from relaygraph.errors import ConfigError, ScriptError
 __all__ = ["PRIOR_CALLS_KEY", "Script", "ScriptTurn", "ScriptedChatModel", "load_script"]
 
 PRIOR_CALLS_KEY = "relaygraph_prior_calls"
-"""``config["configurable"]`` key: model calls this agent made before the current conversation."""
+"""``config["metadata"]`` / ``config["configurable"]`` key: model calls this role made before
+the current conversation (in earlier visits and earlier turns of the thread)."""
 
 
 class _Usage(BaseModel):
@@ -154,10 +155,19 @@ class ScriptedChatModel(BaseChatModel):
         return f"scripted:{self.script.path.name}"
 
     def _turn(
-        self, messages: Sequence[BaseMessage], want: str, config: RunnableConfig | None = None
+        self,
+        messages: Sequence[BaseMessage],
+        want: str,
+        config: RunnableConfig | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
     ) -> tuple[int, ScriptTurn]:
+        # A chat model's _generate sees the caller's config only through its callback
+        # metadata; a structured-output call gets the config itself.
         cfg = ensure_config(config)
-        prior = int(cfg.get("configurable", {}).get(PRIOR_CALLS_KEY, 0))
+        metadata = run_manager.metadata if run_manager is not None else {}
+        prior = int(
+            metadata.get(PRIOR_CALLS_KEY, cfg.get("configurable", {}).get(PRIOR_CALLS_KEY, 0))
+        )
         index = prior + sum(1 for m in messages if isinstance(m, AIMessage))
         turns = self.script.turns.get(self.agent)
         if turns is None:
@@ -214,7 +224,7 @@ class ScriptedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        index, turn = self._turn(messages, "chat")
+        index, turn = self._turn(messages, "chat", run_manager=run_manager)
         return ChatResult(generations=[ChatGeneration(message=self._message(messages, index, turn))])
 
     def bind_tools(

@@ -45,7 +45,12 @@ def _step(config: RunnableConfig) -> int | None:
 
 
 def _with_prior_calls(config: RunnableConfig, prior: int) -> RunnableConfig:
-    return {**config, "configurable": {**config.get("configurable", {}), PRIOR_CALLS_KEY: prior}}
+    """The node's config plus how many calls this role made before (for scripted models)."""
+    return {
+        **config,
+        "configurable": {**config.get("configurable", {}), PRIOR_CALLS_KEY: prior},
+        "metadata": {**config.get("metadata", {}), PRIOR_CALLS_KEY: prior},
+    }
 
 
 def _prior_calls(state: TeamState, role: str) -> int:

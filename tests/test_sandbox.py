@@ -1,0 +1,540 @@
+"""The coder's Python sandbox: limits, scrubbed environment, network isolation, and honesty
+about what it does not isolate."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import signal
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from relaygraph.agents import sandbox
+from relaygraph.agents.sandbox import SandboxLimits, SandboxResult, run_python_sandboxed
+from relaygraph.errors import ConfigError
+
+MiB = 1024 * 1024
+
+
+def run(code: str, workspace: Path, **limits: int | float) -> SandboxResult:
+    return run_python_sandboxed(
+        textwrap.dedent(code), workspace=workspace, limits=SandboxLimits(**limits)
+    )
+
+
+def _process_gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (missing, or a zombie nobody has reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in {"Z", "X"}
+
+
+def _wait_gone(pid: int, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _process_gone(pid):
+            return True
+        time.sleep(0.02)
+    return _process_gone(pid)
+
+
+# --- normal runs -------------------------------------------------------------------------
+
+
+def test_runs_code_and_captures_stdout(tmp_path: Path) -> None:
+    result = run("print('hello', 6 * 7)", tmp_path)
+
+    assert result.exit_code == 0
+    assert result.stdout == "hello 42\n"
+    assert result.stderr == ""
+    assert not result.timed_out and not result.truncated
+    assert 0 < result.duration_seconds < 5
+    text = result.to_text()
+    assert text.startswith("exit code 0 after ")
+    assert "stdout:\nhello 42" in text
+    assert "stderr: (empty)" in text
+
+
+def test_failing_script_reports_exit_code_and_traceback(tmp_path: Path) -> None:
+    result = run("x = 1\nprint('before')\n1 / 0\n", tmp_path)
+
+    assert result.exit_code == 1
+    assert result.stdout == "before\n"
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "ZeroDivisionError: division by zero" in result.stderr
+    text = result.to_text()
+    assert "exit code 1" in text
+    assert "ZeroDivisionError" in text
+    assert "notes:" not in text
+
+
+def test_sys_exit_code_is_kept(tmp_path: Path) -> None:
+    assert run("import sys; sys.exit(3)", tmp_path).exit_code == 3
+
+
+def test_stdin_is_empty(tmp_path: Path) -> None:
+    result = run("input()", tmp_path)
+    assert result.exit_code == 1
+    assert "EOFError" in result.stderr
+
+
+def test_workspace_is_created_if_missing(tmp_path: Path) -> None:
+    workspace = tmp_path / "new" / "workspace"
+    result = run("print('ok')", workspace)
+    assert result.stdout == "ok\n"
+    assert workspace.is_dir()
+
+
+# --- environment and files ---------------------------------------------------------------
+
+
+def test_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-from-parent")
+    result = run(
+        """
+        import os
+        print(sorted(os.environ))
+        print(os.environ['HOME'])
+        print(os.environ['TMPDIR'])
+        print(os.environ.get('OPENAI_API_KEY'))
+        """,
+        tmp_path,
+    )
+
+    keys, home, tmpdir, key = result.stdout.splitlines()
+    assert keys == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+    assert home == str(tmp_path.resolve())
+    assert Path(tmpdir).is_relative_to(tmp_path.resolve())
+    assert key == "None"
+    assert "sk-secret" not in result.to_text()
+
+
+def test_cwd_is_the_workspace_and_files_land_there(tmp_path: Path) -> None:
+    result = run(
+        """
+        import os, tempfile
+        print(os.getcwd())
+        with open('out.txt', 'w') as f:
+            f.write('written by the sandbox')
+        with tempfile.NamedTemporaryFile(delete=False) as f:
+            print(f.name)
+        """,
+        tmp_path,
+    )
+
+    cwd, temp_file = result.stdout.splitlines()
+    assert cwd == str(tmp_path.resolve())
+    assert (tmp_path / "out.txt").read_text() == "written by the sandbox"
+    assert Path(temp_file).is_relative_to(tmp_path.resolve())
+    # The program file and its temporary folder are removed after the run.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_filesystem_is_not_a_jail(tmp_path: Path) -> None:
+    # Documented: the sandbox limits resources and the network, not which files are read.
+    result = run("print(open('/etc/passwd').read().splitlines()[0])", tmp_path)
+    assert result.exit_code == 0
+    assert result.stdout.startswith("root:")
+
+
+def test_resource_limits_are_applied_in_the_child(tmp_path: Path) -> None:
+    result = run(
+        """
+        import resource as r
+        for name in ('RLIMIT_CPU', 'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NPROC', 'RLIMIT_CORE'):
+            print(name, *r.getrlimit(getattr(r, name)))
+        """,
+        tmp_path,
+        cpu_seconds=3,
+        memory_mb=256,
+        file_size_mb=2,
+        max_processes=7,
+    )
+
+    limits = dict(
+        (name, (int(soft), int(hard)))
+        for name, soft, hard in (line.split() for line in result.stdout.splitlines())
+    )
+    assert limits == {
+        "RLIMIT_CPU": (3, 4),
+        "RLIMIT_AS": (256 * MiB, 256 * MiB),
+        "RLIMIT_FSIZE": (2 * MiB, 2 * MiB),
+        "RLIMIT_NPROC": (7, 7),
+        "RLIMIT_CORE": (0, 0),
+    }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="documents behaviour under root only")
+def test_process_limit_is_not_enforced_for_root(tmp_path: Path) -> None:
+    # Documented: the kernel exempts root from RLIMIT_NPROC, so this is not a fork guard.
+    result = run(
+        """
+        import os
+        pids = [os.fork() or os._exit(0) for _ in range(5)]
+        for pid in pids:
+            os.waitpid(pid, 0)
+        print(len(pids))
+        """,
+        tmp_path,
+        max_processes=2,
+    )
+    assert result.stdout == "5\n"
+
+
+# --- limits ------------------------------------------------------------------------------
+
+
+def test_wall_timeout_kills_the_program(tmp_path: Path) -> None:
+    result = run("while True: pass", tmp_path, cpu_seconds=100, wall_seconds=1)
+
+    assert result.timed_out
+    assert result.exit_code is None
+    assert 1 <= result.duration_seconds < 2.5
+    text = result.to_text()
+    assert text.startswith("timed out after ")
+    assert "killed after wall timeout of 1 s" in text
+
+
+def test_wall_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    result = run(
+        """
+        import subprocess, time
+        child = subprocess.Popen(['sleep', '30'])
+        print(child.pid, flush=True)
+        time.sleep(30)
+        """,
+        tmp_path,
+        wall_seconds=1,
+    )
+
+    assert result.timed_out
+    assert _wait_gone(int(result.stdout))
+
+
+def test_background_children_are_killed_when_the_program_ends(tmp_path: Path) -> None:
+    # The child inherits stdout and would keep the run waiting until the wall limit.
+    result = run(
+        """
+        import subprocess
+        print(subprocess.Popen(['sleep', '30']).pid)
+        """,
+        tmp_path,
+        wall_seconds=10,
+    )
+
+    assert result.exit_code == 0
+    assert not result.timed_out
+    assert result.duration_seconds < 3
+    assert _wait_gone(int(result.stdout))
+
+
+def test_closing_output_does_not_end_the_run_early(tmp_path: Path) -> None:
+    result = run(
+        """
+        import os, time
+        os.close(1); os.close(2)
+        time.sleep(0.3)
+        open('done', 'w').close()
+        """,
+        tmp_path,
+    )
+    assert result.exit_code == 0
+    assert (tmp_path / "done").exists()
+
+
+def test_cpu_limit_kills_a_busy_loop(tmp_path: Path) -> None:
+    result = run("while True: pass", tmp_path, cpu_seconds=1, wall_seconds=10)
+
+    assert not result.timed_out
+    assert result.exit_code == -signal.SIGXCPU
+    assert "killed: CPU time limit of 1 s exceeded" in result.to_text()
+
+
+def test_cpu_hard_limit_kills_a_program_that_ignores_sigxcpu(tmp_path: Path) -> None:
+    result = run(
+        """
+        import signal
+        signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+        while True: pass
+        """,
+        tmp_path,
+        cpu_seconds=1,
+        wall_seconds=10,
+    )
+    assert result.exit_code == -signal.SIGKILL
+    assert "killed by SIGKILL: the CPU time limit (1 s)" in result.to_text()
+
+
+def test_memory_limit_gives_memory_error(tmp_path: Path) -> None:
+    result = run("data = bytearray(1024 ** 3)", tmp_path, memory_mb=128)
+
+    assert result.exit_code == 1
+    assert "MemoryError" in result.stderr
+    assert "memory limit of 128 MB reached (MemoryError)" in result.to_text()
+
+
+def test_file_size_limit_stops_large_writes(tmp_path: Path) -> None:
+    result = run("open('big.bin', 'wb').write(b'x' * (10 * 1024 * 1024))", tmp_path, file_size_mb=1)
+
+    assert result.exit_code == 1
+    assert "File too large" in result.stderr
+    assert "file size limit of 1 MB reached" in result.to_text()
+    assert (tmp_path / "big.bin").stat().st_size <= MiB
+
+
+def test_crash_signal_is_named_and_leaves_no_core_file(tmp_path: Path) -> None:
+    result = run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", tmp_path)
+
+    assert result.exit_code == -signal.SIGSEGV
+    assert "killed by signal SIGSEGV" in result.to_text()
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def test_large_output_is_truncated_keeping_start_and_end(tmp_path: Path) -> None:
+    result = run("print('START' + 'x' * (1024 * 1024) + 'END')", tmp_path, max_output_chars=2000)
+
+    assert result.exit_code == 0
+    assert result.truncated
+    assert len(result.stdout) <= 2000
+    assert result.stdout.startswith("START")
+    assert result.stdout.rstrip().endswith("END")
+    assert "bytes omitted" in result.stdout
+    assert "output truncated to 2000 characters per stream" in result.to_text()
+
+
+def test_traceback_survives_truncated_stderr(tmp_path: Path) -> None:
+    result = run(
+        """
+        import sys
+        sys.stderr.write('noise\\n' * 100_000)
+        raise ValueError('the real problem')
+        """,
+        tmp_path,
+    )
+    assert result.truncated
+    assert len(result.stderr) <= SandboxLimits().max_output_chars
+    assert "ValueError: the real problem" in result.stderr
+
+
+def test_truncation_counts_characters_not_bytes(tmp_path: Path) -> None:
+    # Two bytes per character: the byte buffers must not cut text short or split characters.
+    result = run("print('é' * 1500)", tmp_path, max_output_chars=2000)
+    assert result.stdout == "é" * 1500 + "\n"
+    assert not result.truncated
+
+    result = run("print('é' * 100_000)", tmp_path, max_output_chars=2000)
+    assert result.truncated
+    assert len(result.stdout) <= 2000
+    assert "\ufffd" not in result.stdout
+
+
+# --- network -----------------------------------------------------------------------------
+
+_CONNECT = """
+import errno, socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(('127.0.0.1', 5432))
+    print('connected')
+except OSError as e:
+    print(errno.errorcode.get(e.errno, e.errno))
+"""
+
+
+def test_network_is_unreachable_when_isolated(tmp_path: Path) -> None:
+    result = run(_CONNECT, tmp_path)
+    if not result.network_isolated:
+        pytest.skip("this kernel does not let us create a network namespace")
+    # ENETUNREACH (rather than ECONNREFUSED) shows that there is no network at all,
+    # not just no server on the port.
+    assert result.stdout.strip() == "ENETUNREACH"
+    assert "network was not isolated" not in result.to_text()
+
+
+def test_program_cannot_rejoin_the_host_network(tmp_path: Path) -> None:
+    escape = textwrap.dedent(
+        """
+        import ctypes, os
+        print(os.getuid())
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            fd = os.open(f'/proc/{os.getppid()}/ns/net', os.O_RDONLY)
+            print('setns', libc.setns(fd, 0x40000000))
+        except OSError as e:
+            print('open', e.errno)
+        """
+    )
+    result = run(escape + _CONNECT, tmp_path)
+    if not result.network_isolated:
+        pytest.skip("this kernel does not let us create a network namespace")
+    uid, attempt, connect = result.stdout.splitlines()
+    if os.geteuid() == 0 and uid == "0":
+        pytest.skip("no user namespace here; root can setns back (see docs/sandbox.md)")
+    assert attempt in {f"open {errno.EACCES}", "setns -1"}
+    assert connect == "ENETUNREACH"
+
+
+@pytest.fixture
+def no_user_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make user namespaces fail, so the sandbox falls back to a plain network namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("a plain network namespace needs root")
+    real = sandbox._unshare
+
+    def unshare(flags: int) -> int:
+        if flags & sandbox._CLONE_NEWUSER:
+            return errno.EPERM
+        return real(flags)
+
+    monkeypatch.setattr(sandbox, "_unshare", unshare)
+
+
+@pytest.mark.usefixtures("no_user_namespaces")
+def test_falls_back_to_a_plain_network_namespace(tmp_path: Path) -> None:
+    result = run("import os; print(os.getuid())\n" + _CONNECT, tmp_path)
+
+    assert result.network_isolated
+    assert result.stdout.splitlines() == ["0", "ENETUNREACH"]
+
+
+@pytest.mark.usefixtures("no_user_namespaces")
+def test_plain_network_namespace_can_be_left_by_root(tmp_path: Path) -> None:
+    # Documented weakness of the fallback: a root program rejoins the host network.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        result = run(
+            f"""
+            import ctypes, os, socket
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f'/proc/{{os.getppid()}}/ns/net', os.O_RDONLY)
+            assert libc.setns(fd, 0x40000000) == 0
+            socket.create_connection(('127.0.0.1', {port}), timeout=2).close()
+            print('rejoined')
+            """,
+            tmp_path,
+        )
+    assert result.network_isolated
+    assert result.stdout == "rejoined\n", result.to_text()
+
+
+def test_runs_without_isolation_when_namespaces_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandbox, "_unshare", lambda flags: errno.EPERM)
+    result = run("print('still runs')", tmp_path)
+
+    assert result.exit_code == 0
+    assert result.stdout == "still runs\n"
+    assert not result.network_isolated
+    assert "network was not isolated" in result.to_text()
+
+
+def test_a_failing_isolation_attempt_never_fails_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(flags: int) -> int:
+        raise OSError("unexpected")
+
+    monkeypatch.setattr(sandbox, "_unshare", broken)
+    result = run("print('still runs')", tmp_path)
+
+    assert result.stdout == "still runs\n"
+    assert not result.network_isolated
+
+
+def test_unshare_reports_errno_without_libc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "_LIBC_UNSHARE", None)
+    assert sandbox._unshare(sandbox._CLONE_NEWNET) == errno.ENOSYS
+
+
+# --- limits and result values ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cpu_seconds", 0),
+        ("memory_mb", -1),
+        ("wall_seconds", 0.0),
+        ("file_size_mb", True),
+        ("max_processes", "32"),
+        ("max_output_chars", 100),
+    ],
+)
+def test_invalid_limits_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        SandboxLimits(**{field: value})  # type: ignore[arg-type]
+
+
+def test_default_limits() -> None:
+    assert SandboxLimits() == SandboxLimits(
+        cpu_seconds=10,
+        memory_mb=512,
+        file_size_mb=16,
+        max_processes=32,
+        wall_seconds=20.0,
+        max_output_chars=8000,
+    )
+
+
+def test_to_text_of_an_unusual_signal() -> None:
+    result = SandboxResult(
+        exit_code=-signal.SIGABRT,
+        stdout="",
+        stderr="",
+        timed_out=False,
+        truncated=False,
+        network_isolated=True,
+        duration_seconds=0.5,
+        limits=SandboxLimits(memory_mb=64),
+    )
+    text = result.to_text()
+    assert "killed by signal SIGABRT" in text
+    assert "memory limit of 64 MB" in text
+    assert "stdout: (empty)" in text
+
+
+def test_to_text_of_an_unknown_signal_number() -> None:
+    result = SandboxResult(
+        exit_code=-200,
+        stdout="",
+        stderr="",
+        timed_out=False,
+        truncated=False,
+        network_isolated=True,
+        duration_seconds=0.5,
+    )
+    assert "killed by signal 200" in result.to_text()
+
+
+def test_inherited_stricter_hard_limits_stay_in_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A parent that already runs under lower hard limits keeps them; the run does not fail.
+    # The fake is inherited by the forked child, where the limits are set.
+    real_getrlimit = resource.getrlimit
+    inherited = {resource.RLIMIT_CPU: 2, resource.RLIMIT_FSIZE: 1024}
+
+    def getrlimit(which: int) -> tuple[int, int]:
+        if which in inherited:
+            return (inherited[which], inherited[which])
+        return real_getrlimit(which)
+
+    monkeypatch.setattr(sandbox.resource, "getrlimit", getrlimit)
+    result = run(
+        "import resource as r; print(r.getrlimit(r.RLIMIT_CPU), r.getrlimit(r.RLIMIT_FSIZE))",
+        tmp_path,
+        cpu_seconds=5,
+    )
+    assert result.stdout == "(2, 2) (1024, 1024)\n"
