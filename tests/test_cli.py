@@ -29,21 +29,40 @@ def relaygraph(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_run_json_prints_only_json(home: Path) -> None:
-    proc = relaygraph("run", "When are checkpoints written?", "--model",
-                      f"scripted:{EXAMPLE_RELAY}", "--json", home=home)
+    proc = relaygraph(
+        "run",
+        "When are checkpoints written?",
+        "--model",
+        f"scripted:{EXAMPLE_RELAY}",
+        "--json",
+        home=home,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # nothing but the JSON object on stdout
     assert set(result) >= {
-        "task_id", "thread_id", "status", "answer", "stop_reason", "agents_run", "handoffs",
-        "artifacts", "usage",
+        "task_id",
+        "thread_id",
+        "status",
+        "answer",
+        "stop_reason",
+        "agents_run",
+        "handoffs",
+        "artifacts",
+        "usage",
     }
     assert result["status"] == "succeeded"
     assert result["handoffs"][1] == {
-        "kind": "direct", "from": "researcher", "to": "coder",
-        "task": result["handoffs"][1]["task"], "reason": "a calculation is best checked by running code",
+        "kind": "direct",
+        "from": "researcher",
+        "to": "coder",
+        "task": result["handoffs"][1]["task"],
+        "reason": "a calculation is best checked by running code",
     }
     assert set(result["usage"]["researcher"]) == {
-        "model_calls", "tool_calls", "input_tokens", "output_tokens"
+        "model_calls",
+        "tool_calls",
+        "input_tokens",
+        "output_tokens",
     }
     # Progress went to stderr.
     assert "hands off to coder" in proc.stderr
@@ -98,11 +117,16 @@ def test_thread_continues_in_a_new_process_where_the_script_stopped(
         (["run", "x", "--agent-model", "pilot=openai:gpt-4o"], "unknown agent(s) 'pilot'"),
         (["run", "x", "--model", "gpt-4o"], "invalid model spec 'gpt-4o'"),
         (["run", "x", "--model", "acme:big"], "unknown provider 'acme'"),
-        (["run", "x", "--model", "scripted:/nonexistent/s.json"], "'/nonexistent/s.json' does not exist"),
+        (
+            ["run", "x", "--model", "scripted:/nonexistent/s.json"],
+            "'/nonexistent/s.json' does not exist",
+        ),
         (["run", "x", "--model", "openai:gpt-4o"], "OPENAI_API_KEY is not set"),
         (["run", "   ", "--model", f"scripted:{EXAMPLE_RELAY}"], "the task is empty"),
-        (["run", "x", "--model", f"scripted:{EXAMPLE_RELAY}", "--thread", "nope"],
-         "thread 'nope' has no earlier run"),
+        (
+            ["run", "x", "--model", f"scripted:{EXAMPLE_RELAY}", "--thread", "nope"],
+            "thread 'nope' has no earlier run",
+        ),
         (["run", "x", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["kb", "add", "/nonexistent-folder"], "'/nonexistent-folder' is not a folder"),
     ],

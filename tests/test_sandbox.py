@@ -257,18 +257,19 @@ def test_cpu_limit_kills_a_busy_loop(tmp_path: Path) -> None:
     assert "killed: CPU time limit of 1 s exceeded" in result.to_text()
 
 
-def test_cpu_hard_limit_kills_a_program_that_ignores_sigxcpu(tmp_path: Path) -> None:
-    result = run(
-        """
-        import signal
-        signal.signal(signal.SIGXCPU, signal.SIG_IGN)
-        while True: pass
-        """,
-        tmp_path,
-        cpu_seconds=1,
-        wall_seconds=10,
+def test_sigkill_without_timeout_is_explained() -> None:
+    # What a program that ignores SIGXCPU gets one second later (the hard limit is checked in
+    # test_resource_limits_are_applied_in_the_child; running it would cost two CPU seconds).
+    result = SandboxResult(
+        exit_code=-signal.SIGKILL,
+        stdout="",
+        stderr="",
+        timed_out=False,
+        truncated=False,
+        network_isolated=True,
+        duration_seconds=2.0,
+        limits=SandboxLimits(cpu_seconds=1),
     )
-    assert result.exit_code == -signal.SIGKILL
     assert "killed by SIGKILL: the CPU time limit (1 s)" in result.to_text()
 
 
@@ -503,6 +504,21 @@ def test_to_text_of_an_unusual_signal() -> None:
     assert "killed by signal SIGABRT" in text
     assert "memory limit of 64 MB" in text
     assert "stdout: (empty)" in text
+
+
+def test_file_size_signal_is_explained(tmp_path: Path) -> None:
+    # Python ignores SIGXFSZ; a program that restores the default handler dies of it.
+    result = run(
+        """
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        open('big.bin', 'wb').write(b'x' * (2 * 1024 * 1024))
+        """,
+        tmp_path,
+        file_size_mb=1,
+    )
+    assert result.exit_code == -signal.SIGXFSZ
+    assert "killed: file size limit of 1 MB exceeded" in result.to_text()
 
 
 def test_to_text_of_an_unknown_signal_number() -> None:

@@ -90,8 +90,14 @@ def test_after_a_handoff_only_the_target_runs(home: Path) -> None:
     i = steps.index(["researcher"])
     assert steps[i + 1] == ["coder"]
     assert steps == [
-        ["begin"], ["supervisor"], ["researcher"], ["coder"], ["supervisor"], ["writer"],
-        ["supervisor"], ["finalize"],
+        ["begin"],
+        ["supervisor"],
+        ["researcher"],
+        ["coder"],
+        ["supervisor"],
+        ["writer"],
+        ["supervisor"],
+        ["finalize"],
     ]
 
 
@@ -152,9 +158,7 @@ def test_handoff_beside_another_tool_call_is_refused_then_retried(
     assert result.agents_run == ["researcher", "writer"]
     assert result.handoffs[1]["task"] == "write it up"
     transcript = _visits(home, result.thread_id)[0]["messages"]
-    refusal = next(
-        m for m in transcript if isinstance(m, ToolMessage) and m.status == "error"
-    )
+    refusal = next(m for m in transcript if isinstance(m, ToolMessage) and m.status == "error")
     assert "hand off in a message of its own" in str(refusal.content)
     # The ordinary tool in that message did run.
     assert any(e["type"] == "tool_result" and e["tool"] == "search_docs" for e in events)
@@ -163,7 +167,9 @@ def test_handoff_beside_another_tool_call_is_refused_then_retried(
 def test_every_tool_call_is_answered_in_every_transcript(home: Path) -> None:
     result = run_task("go", model=f"scripted:{EXAMPLE_RELAY}")
     for visit in _visits(home, result.thread_id):
-        calls = [c["id"] for m in visit["messages"] if isinstance(m, AIMessage) for c in m.tool_calls]
+        calls = [
+            c["id"] for m in visit["messages"] if isinstance(m, AIMessage) for c in m.tool_calls
+        ]
         answered = [m.tool_call_id for m in visit["messages"] if isinstance(m, ToolMessage)]
         assert sorted(calls) == sorted(answered), visit["agent"]
     handoff_visit = _visits(home, result.thread_id)[0]
@@ -194,9 +200,7 @@ def test_invalid_route_is_repaired_with_the_error_quoted(home: Path, script: Scr
     assert result.usage["supervisor"]["model_calls"] == 3
 
 
-def test_unrepairable_route_finishes_degraded_without_crashing(
-    home: Path, script: Script
-) -> None:
+def test_unrepairable_route_finishes_degraded_without_crashing(home: Path, script: Script) -> None:
     spec = script(
         {
             "supervisor": [
@@ -245,8 +249,9 @@ def test_agent_input_is_scoped_and_stays_bounded(home: Path, script: Script) -> 
 
 
 def test_team_visit_limit_ends_degraded(home: Path, script: Script) -> None:
-    from relaygraph.policies import default_policy
     import dataclasses
+
+    from relaygraph.policies import default_policy
 
     policy = dataclasses.replace(default_policy(), max_agent_runs=2)
     spec = script(

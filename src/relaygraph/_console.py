@@ -28,34 +28,49 @@ class ProgressPrinter:
         kind, say = event.get("type"), self.console.print
         if kind == "run_started":
             models = sorted(set(event["models"].values()))
-            say(f"[bold]relaygraph[/] task {event['task_id']} · thread {event['thread_id']} "
-                f"· model {escape(', '.join(models))}")
+            say(
+                f"[bold]relaygraph[/] task {event['task_id']} · thread {event['thread_id']} "
+                f"· model {escape(', '.join(models))}"
+            )
         elif kind == "route":
             note = " [yellow](repaired)[/]" if event.get("repaired") else ""
             if event.get("fallback"):
-                say(f"[yellow]supervisor output invalid twice ({escape(str(event['error']))});"
-                    " finishing with what exists[/]")
+                say(
+                    f"[yellow]supervisor output invalid twice ({escape(str(event['error']))});"
+                    " finishing with what exists[/]"
+                )
             elif event["next"] == "FINISH":
                 say(f"[bold cyan]supervisor[/] → FINISH: {escape(event['reason'])}{note}")
             else:
-                say(f"[bold cyan]supervisor[/] → [bold]{event['next']}[/]: "
-                    f"{escape(event['task'])} [dim]({escape(event['reason'])})[/]{note}")
+                say(
+                    f"[bold cyan]supervisor[/] → [bold]{event['next']}[/]: "
+                    f"{escape(event['task'])} [dim]({escape(event['reason'])})[/]{note}"
+                )
         elif kind == "agent_started":
             say(f"  [bold green]{event['agent']}[/] is working")
         elif kind == "tool_call":
-            say(f"    {event['agent']} calls [magenta]{event['tool']}[/]"
-                f"({escape(_args(event['args']))})")
+            say(
+                f"    {event['agent']} calls [magenta]{event['tool']}[/]"
+                f"({escape(_args(event['args']))})"
+            )
         elif kind == "tool_result" and event.get("status") == "error":
             say(f"    [red]{event['tool']} refused:[/] {escape(event['preview'])}")
         elif kind == "handoff":
-            say(f"  [bold green]{event['source']}[/] hands off to [bold]{event['target']}[/]: "
-                f"{escape(event['task'])} [dim]({escape(event['reason'] or 'no reason given')})[/]")
+            say(
+                f"  [bold green]{event['source']}[/] hands off to [bold]{event['target']}[/]: "
+                f"{escape(event['task'])} [dim]({escape(event['reason'] or 'no reason given')})[/]"
+            )
         elif kind == "agent_finished":
             usage = event["usage"]
-            say(f"  [green]{event['agent']}[/] done ({usage['model_calls']} model calls, "
+            say(
+                f"  [green]{event['agent']}[/] done ({usage['model_calls']} model calls, "
                 f"{usage['tool_calls']} tool calls)"
-                + (" [yellow]— model call limit reached[/]"
-                   if event["ended"] == "model_call_limit" else ""))
+                + (
+                    " [yellow]— model call limit reached[/]"
+                    if event["ended"] == "model_call_limit"
+                    else ""
+                )
+            )
         elif kind == "run_finished" and event["status"] not in ("succeeded",):
             say(f"[yellow]status {event['status']}[/]: {escape(str(event['stop_reason']))}")
 
@@ -67,5 +82,7 @@ def print_result(result: RunResult) -> None:
         out.print(escape(result.answer))
     if result.artifacts:
         out.print(f"\nArtifacts ({result.task_id}): " + ", ".join(result.artifacts))
-    out.print(f"\n[dim]status {result.status} · thread {result.thread_id} "
-              f"(continue with --thread {result.thread_id})[/]")
+    out.print(
+        f"\n[dim]status {result.status} · thread {result.thread_id} "
+        f"(continue with --thread {result.thread_id})[/]"
+    )

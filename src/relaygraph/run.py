@@ -100,8 +100,13 @@ def _summarize(state: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
     turn = state.get("turn", 0)
     visits = [v for v in state.get("visits", []) if v["turn"] == turn]
     handoffs = [
-        {"kind": h["kind"], "from": h["source"], "to": h["target"], "task": h["task"],
-         "reason": h["reason"]}
+        {
+            "kind": h["kind"],
+            "from": h["source"],
+            "to": h["target"],
+            "task": h["task"],
+            "reason": h["reason"],
+        }
         for h in state.get("handoffs", [])
         if h.get("turn") == turn
     ]
@@ -116,6 +121,12 @@ def _summarize(state: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
     return {"agents_run": [v["agent"] for v in visits], "handoffs": handoffs, "usage": ordered}
 
 
+def _token_text(chunk: Any) -> str:
+    from langchain_core.messages import AIMessageChunk
+
+    return chunk.text if isinstance(chunk, AIMessageChunk) else ""
+
+
 def run_task(
     request: str,
     *,
@@ -125,6 +136,7 @@ def run_task(
     policy: TeamPolicy | None = None,
     home: Path | None = None,
     on_event: EventHandler | None = None,
+    stream_tokens: bool = False,
 ) -> RunResult:
     """Run ``request`` through the team and return the result.
 
@@ -137,6 +149,8 @@ def run_task(
         policy: The team policy; the defaults when None.
         home: The data directory; ``$RELAYGRAPH_HOME`` or ``~/.relaygraph`` when None.
         on_event: Called with each event (route, handoff, tool call, ...) as it happens.
+        stream_tokens: Also emit ``token`` events as models stream their text (models are
+            then called in streaming mode).
 
     Raises:
         ConfigError: Bad input (empty request, unknown thread, bad model spec) — before
@@ -158,12 +172,12 @@ def run_task(
 
     with sqlite_checkpointer(home / "checkpoints.sqlite") as checkpointer:
         graph = build_team(models, policy=policy, checkpointer=checkpointer)
-        if thread_id is not None:
-            if checkpointer.get_tuple({"configurable": {"thread_id": thread_id}}) is None:
-                raise ConfigError(
-                    f"thread {thread_id!r} has no earlier run in {home}; "
-                    "leave out --thread to start a new conversation"
-                )
+        known = {"configurable": {"thread_id": thread_id}}
+        if thread_id is not None and checkpointer.get_tuple(known) is None:
+            raise ConfigError(
+                f"thread {thread_id!r} has no earlier run in {home}; "
+                "leave out --thread to start a new conversation"
+            )
         thread_id = thread_id or str(uuid.uuid4())
         task_id = str(uuid.uuid4())
         context = TaskContext.for_task(home, task_id=task_id, thread_id=thread_id)
@@ -180,11 +194,19 @@ def run_task(
         emit({"type": "run_started", "task_id": task_id, "thread_id": thread_id, "models": specs})
         status, stop_reason, answer = "failed", None, None
         try:
-            for _ns, event in graph.stream(
-                {"request": request}, config, context=context, stream_mode="custom",
+            modes = ["custom", "messages"] if stream_tokens else ["custom"]
+            for _ns, mode, data in graph.stream(  # type: ignore[call-overload]
+                {"request": request},
+                config,
+                context=context,
+                stream_mode=modes,
                 subgraphs=True,
             ):
-                emit(event)
+                if mode == "custom":
+                    emit(data)
+                elif text := _token_text(data[0]):
+                    role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
+                    emit({"type": "token", "role": role, "text": text})
         except RelaygraphError as exc:
             stop_reason = f"error: {exc}"
         except Exception as exc:  # A provider or tool failure ends this task, not the process.

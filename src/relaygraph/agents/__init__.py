@@ -44,7 +44,7 @@ AGENTS: Mapping[str, AgentSpec] = MappingProxyType(
     {
         "researcher": AgentSpec(
             name="researcher",
-            description="finds facts in the knowledge base (search_docs, read_doc) and cites doc ids",
+            description="finds facts in the knowledge base (search_docs, read_doc), cites doc ids",
             system_prompt="You are the researcher. Find facts in the knowledge base with "
             "search_docs and read_doc, and cite the doc ids you used in square brackets. "
             + _COMMON,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from relaygraph.agents.sandbox import SandboxLimits
@@ -26,7 +26,7 @@ class TaskContext:
     """Where the writer's deliverables are stored."""
     knowledge_base: Path
     """The SQLite file of the researcher's document index."""
-    sandbox: SandboxLimits = SandboxLimits()
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
 
     @classmethod
     def for_task(cls, home: Path, *, task_id: str, thread_id: str) -> TaskContext:

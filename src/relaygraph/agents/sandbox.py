@@ -148,7 +148,7 @@ class SandboxResult:
                 "(the start and the end are kept); print less"
             )
         if not self.network_isolated:
-            notes.append("network was not isolated (no permission to create a namespace)")
+            notes.append("network was not isolated (this system refused a network namespace)")
         return notes
 
     def to_text(self) -> str:
@@ -188,7 +188,7 @@ def _load_unshare() -> Callable[[int], int] | None:
         return None
     func.argtypes = [ctypes.c_int]
     func.restype = ctypes.c_int
-    return func  # type: ignore[no-any-return]
+    return func
 
 
 _LIBC_UNSHARE = _load_unshare()

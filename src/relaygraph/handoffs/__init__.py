@@ -57,7 +57,7 @@ class Assignment(TypedDict):
     kind: Literal["route", "direct"]
 
 
-def merge_by_id(left: Sequence[Any] | None, right: Sequence[Any] | Any | None) -> list[Any]:
+def merge_by_id(left: Sequence[Any] | None, right: Any) -> list[Any]:
     """Reducer for lists of records with an ``id``: a record written again replaces itself.
 
     A super-step that LangGraph re-runs (after an interrupt, or a resumed thread) writes the
@@ -77,7 +77,9 @@ def merge_by_id(left: Sequence[Any] | None, right: Sequence[Any] | Any | None) -
     return merged
 
 
-def answer_unanswered_calls(messages: Sequence[BaseMessage], *, carried_out: str) -> list[ToolMessage]:
+def answer_unanswered_calls(
+    messages: Sequence[BaseMessage], *, carried_out: str
+) -> list[ToolMessage]:
     """ToolMessages for calls of the last AI message that have no answer after a handoff.
 
     When a handoff is carried out, LangGraph leaves the agent's subgraph at once, so the
@@ -150,7 +152,9 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     """
     name = f"{HANDOFF_PREFIX}{target}"
 
-    def handoff(task: str, runtime: ToolRuntime[Any, Any], reason: str = "") -> Command[Any] | ToolMessage:
+    def handoff(
+        task: str, runtime: ToolRuntime[Any, Any], reason: str = ""
+    ) -> Command[Any] | ToolMessage:
         message = _calling_message(runtime)
         calls = message.tool_calls if message is not None else []
         handoffs = [c for c in calls if handoff_target(c["name"]) is not None]
@@ -205,4 +209,3 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
         or f"Hand the work directly to the {target} agent, with a self-contained task.",
         args_schema=_HandoffArgs,
     )
-

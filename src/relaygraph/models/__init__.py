@@ -52,8 +52,9 @@ def parse_model_spec(spec: str) -> ModelSpec:
     provider, sep, name = spec.strip().partition(":")
     if not sep or not name.strip():
         raise ModelSpecError(
-            spec, "expected PROVIDER:NAME, for example openai:gpt-4o-mini, "
-            "scripted:path/to/script.json or local:smollm2"
+            spec,
+            "expected PROVIDER:NAME, for example openai:gpt-4o-mini, "
+            "scripted:path/to/script.json or local:smollm2",
         )
     if provider not in PROVIDERS:
         raise ModelSpecError(
@@ -63,7 +64,7 @@ def parse_model_spec(spec: str) -> ModelSpec:
         raise ModelSpecError(
             spec, f"unknown local model {name!r}; known: {', '.join(LOCAL_MODELS)}"
         )
-    return ModelSpec(provider=provider, name=name.strip())  # type: ignore[arg-type]
+    return ModelSpec(provider=provider, name=name.strip())
 
 
 def load_model(spec: str | ModelSpec, *, agent: str) -> BaseChatModel:
@@ -109,5 +110,7 @@ def _openai(spec: ModelSpec, *, responses_api: bool) -> BaseChatModel:
         api_key=api_key,  # type: ignore[arg-type]
         base_url=base_url,
         use_responses_api=responses_api,
+        # Ask for usage in streamed replies too; budgets count tokens either way.
+        stream_usage=True,
         max_retries=2,
     )

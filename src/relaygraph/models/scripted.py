@@ -225,7 +225,9 @@ class ScriptedChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         index, turn = self._turn(messages, "chat", run_manager=run_manager)
-        return ChatResult(generations=[ChatGeneration(message=self._message(messages, index, turn))])
+        return ChatResult(
+            generations=[ChatGeneration(message=self._message(messages, index, turn))]
+        )
 
     def bind_tools(
         self,
@@ -238,7 +240,7 @@ class ScriptedChatModel(BaseChatModel):
         # agent's tool node, which answers it with an error ToolMessage like any model's.
         return self
 
-    def with_structured_output(  # type: ignore[override]
+    def with_structured_output(
         self, schema: dict[str, Any] | type, *, include_raw: bool = False, **kwargs: Any
     ) -> Runnable[LanguageModelInput, Any]:
         def answer(value: LanguageModelInput, config: RunnableConfig) -> Any:

@@ -75,5 +75,3 @@ def default_policy(agent_names: tuple[str, ...] = tuple(DEFAULT_TOOLS)) -> TeamP
             }
         )
     )
-
-

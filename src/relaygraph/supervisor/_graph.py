@@ -159,14 +159,14 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
 def _visit_usage(visit_id: str, agent: str, turn: int, transcript: list[BaseMessage]) -> Usage:
     outputs = [m for m in transcript if is_model_output(m)]
     tool_calls = sum(
-        1
-        for m in transcript
-        if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
+        1 for m in transcript if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
     )
     return _usage(visit_id, agent, turn, outputs, tool_calls=tool_calls)  # type: ignore[arg-type]
 
 
-def _make_agent_node(spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy) -> Any:
+def _make_agent_node(
+    spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy
+) -> Any:
     name = spec.name
     allowed_handoffs = set(policy.agent(name).handoffs)
 
@@ -178,13 +178,21 @@ def _make_agent_node(spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, A
             agent=name, task=state.get("request", ""), reason="", source=SUPERVISOR, kind="route"
         )
         visit_id, turn = _task_ns(config), state.get("turn", 0)
-        emit({"type": "agent_started", "agent": name, "task": assignment["task"],
-              "source": assignment["source"]})
+        emit(
+            {
+                "type": "agent_started",
+                "agent": name,
+                "task": assignment["task"],
+                "source": assignment["source"],
+            }
+        )
         scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
         values: dict[str, Any] = {"messages": [scoped]}
         handoff: Command[Any] | None = None
         try:
-            for values in graph.stream(
+            # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
+            # the visit's transcript and usage in hand.
+            for values in graph.stream(  # noqa: B007
                 {"messages": [scoped]},
                 _with_prior_calls(config, _prior_calls(state, name)),
                 stream_mode="values",
@@ -201,8 +209,15 @@ def _make_agent_node(spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, A
             output = last.text if isinstance(last, AIMessage) else ""
             ended = "finished" if is_model_output(last) else "model_call_limit"
             visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
-            emit({"type": "agent_finished", "agent": name, "ended": ended, "output": output,
-                  "usage": _visit_usage(visit_id, name, turn, transcript)})
+            emit(
+                {
+                    "type": "agent_finished",
+                    "agent": name,
+                    "ended": ended,
+                    "output": output,
+                    "usage": _visit_usage(visit_id, name, turn, transcript),
+                }
+            )
             return Command(
                 goto="supervisor",
                 update={
@@ -211,17 +226,25 @@ def _make_agent_node(spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, A
                     "assignment": None,
                 },
             )
-        update = handoff.update
+        update: dict[str, Any] = handoff.update  # type: ignore[assignment]
         target = str(handoff.goto)
         transcript += update.get("messages", [])
         transcript += answer_unanswered_calls(transcript, carried_out=f"transfer_to_{target}")
-        record: HandoffRecord = {**update["handoffs"][0], "step": _step(config), "turn": turn}
+        record: HandoffRecord = update["handoffs"][0]
+        record = {**record, "step": _step(config), "turn": turn}
         if target not in allowed_handoffs:
             raise ConfigError(f"agent {name!r} handed off to {target!r}, which it may not")
         output = f"Handed off to {target}: {record['task']}"
         visit = _visit(visit_id, name, turn, assignment, output, "handed_off", transcript)
-        emit({"type": "handoff", "source": name, "target": target, "task": record["task"],
-              "reason": record["reason"]})
+        emit(
+            {
+                "type": "handoff",
+                "source": name,
+                "target": target,
+                "task": record["task"],
+                "reason": record["reason"],
+            }
+        )
         return Command(
             goto=target,
             update={
@@ -253,7 +276,8 @@ def _visit(
         output=output,
         ended=ended,
         tools=[
-            m.name or "" for m in transcript
+            m.name or ""
+            for m in transcript
             if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
         ],
         messages=transcript,  # type: ignore[typeddict-item]
@@ -269,8 +293,14 @@ def _make_finalize(model: BaseChatModel) -> Any:
         reply = model.invoke(messages, _with_prior_calls(config, _prior_calls(state, FINALIZE)))
         answer = reply.text
         status = state.get("status") or "succeeded"
-        get_stream_writer()({"type": "final", "status": status, "answer": answer,
-                             "stop_reason": state.get("stop_reason")})
+        get_stream_writer()(
+            {
+                "type": "final",
+                "status": status,
+                "answer": answer,
+                "stop_reason": state.get("stop_reason"),
+            }
+        )
         return {
             "answer": answer,
             "status": status,

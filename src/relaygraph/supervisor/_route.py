@@ -32,7 +32,7 @@ class Route(BaseModel):
 
 def route_model(agents: Sequence[str]) -> type[Route]:
     """The ``Route`` schema for a team: ``next`` is one of ``agents`` or ``FINISH``."""
-    choices: Any = Literal[(*agents, FINISH)]  # type: ignore[valid-type]
+    choices: Any = Literal[(*agents, FINISH)]
     return create_model(
         "Route",
         __base__=Route,
@@ -73,7 +73,7 @@ def _attempt(
         schema.model_json_schema(), method="json_schema", include_raw=True
     )
     try:
-        out = structured.invoke(messages, config)
+        out: dict[str, Any] = structured.invoke(messages, config)  # type: ignore[assignment]
     except (OutputParserException, ValueError) as exc:
         # Some providers raise instead of reporting a parsing error; treat it the same way.
         return None, AIMessage(content=f"(unparseable output: {exc})"), _describe(exc)

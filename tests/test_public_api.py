@@ -1,0 +1,36 @@
+"""Every package's public names import, as its ``__all__`` promises."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PACKAGES = [
+    "relaygraph",
+    "relaygraph.agents",
+    "relaygraph.handoffs",
+    "relaygraph.models",
+    "relaygraph.policies",
+    "relaygraph.supervisor",
+    "relaygraph.run",
+]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_names_import(name: str) -> None:
+    module = importlib.import_module(name)
+    assert module.__all__, f"{name} exports nothing"
+    for public in module.__all__:
+        assert hasattr(module, public), f"{name}.{public} is in __all__ but missing"
+
+
+def test_error_hierarchy() -> None:
+    from relaygraph import ConfigError, ModelSpecError, RelaygraphError, RunError, ScriptError
+
+    assert issubclass(ModelSpecError, ConfigError)
+    assert issubclass(ScriptError, RunError)
+    assert issubclass(ConfigError, RelaygraphError)
+    err = ScriptError("coder", 3, "ran out")
+    assert (err.agent, err.turn) == ("coder", 3)
+    assert "'coder', turn 3" in str(err)
