@@ -35,6 +35,7 @@ relaygraph_bootstrap() {
     if [[ ! -x "$py" ]]; then
         echo "relaygraph: creating $venv" >&2
         "${PYTHON:-python3}" -m venv "$venv"
+        "$py" -m pip -q --disable-pip-version-check install --upgrade pip
         changed=1
     fi
     if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
@@ -88,7 +89,7 @@ except Exception:
         local force=()
         [[ -n "$installed" ]] && force=(--force-reinstall)
         # --no-deps: its dependencies (numpy, jinja2, ...) come from PyPI in step 4.
-        "${pip[@]}" install --no-index --find-links "$wheel_dir" --no-deps "${force[@]}" \
+        "${pip[@]}" install --no-index --find-links "$wheel_dir" --no-deps ${force[@]+"${force[@]}"} \
             "llama-cpp-python==$llama_version"
         echo "$llama_version $flags_hash" >"$marker"
         changed=1
@@ -98,7 +99,6 @@ except Exception:
     deps_marker="$venv/.relaygraph-deps"
     deps_hash="$("$py" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$root/pyproject.toml")"
     if [[ "$changed" == 1 || "$(cat "$deps_marker" 2>/dev/null || true)" != "$deps_hash" ]]; then
-        "${pip[@]}" install --upgrade pip
         # --find-links: should pip ever want llama-cpp-python again, it finds our wheel.
         "${pip[@]}" install --find-links "$wheel_dir" -e "$root[local,dev]"
         echo "$deps_hash" >"$deps_marker"
@@ -130,8 +130,5 @@ PY
     export RELAYGRAPH_VENV="$venv" RELAYGRAPH_PYTHON="$py"
 }
 
-if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
-    relaygraph_bootstrap "$@"
-else
-    relaygraph_bootstrap "$@" || return $?
-fi
+# Called plainly, not as `... || return`: that would switch off `set -e` inside it.
+relaygraph_bootstrap "$@"
