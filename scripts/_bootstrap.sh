@@ -21,7 +21,7 @@ set -euo pipefail
 
 relaygraph_bootstrap() {
     local root venv py cache_root llama_version cmake_args flags_hash wheel_dir wheel
-    local marker deps_marker deps_hash installed changed=0
+    local deps_marker deps_hash installed changed=0
 
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     venv="${RELAYGRAPH_VENV:-$root/.venv}"
@@ -77,21 +77,28 @@ relaygraph_bootstrap() {
         wheel="$(compgen -G "$wheel_dir/llama_cpp_python-$llama_version-*.whl" | head -n 1)"
     fi
 
-    # 3. Install it, replacing any other build. The marker records which build is installed,
-    # since pip sees every build of 0.3.36 as the same package.
-    marker="$venv/.relaygraph-llama-cpp-build"
-    installed="$("$py" -c 'from importlib.metadata import version
+    # 3. Install exactly that file, replacing any other build. pip sees every build of
+    # 0.3.36 as the same package, but records in direct_url.json the file it installed
+    # from, whose directory names the flags. A file path rather than --find-links: a
+    # find-links from pip's config (this machine has one) could offer another wheel.
+    installed="$("$py" - "$wheel" <<'PY' 2>/dev/null || true
+import json, pathlib, sys
+from importlib.metadata import PackageNotFoundError, distribution
+
 try:
-    print(version("llama-cpp-python"))
-except Exception:
-    pass' 2>/dev/null || true)"
-    if [[ "$installed" != "$llama_version" || "$(cat "$marker" 2>/dev/null || true)" != "$llama_version $flags_hash" ]]; then
+    dist = distribution("llama-cpp-python")
+except PackageNotFoundError:
+    print("none")
+else:
+    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url")
+    print("ours" if url == pathlib.Path(sys.argv[1]).as_uri() else "other")
+PY
+)"
+    if [[ "$installed" != "ours" ]]; then
         local force=()
-        [[ -n "$installed" ]] && force=(--force-reinstall)
+        [[ "$installed" == "other" ]] && force=(--force-reinstall)
         # --no-deps: its dependencies (numpy, jinja2, ...) come from PyPI in step 4.
-        "${pip[@]}" install --no-index --find-links "$wheel_dir" --no-deps ${force[@]+"${force[@]}"} \
-            "llama-cpp-python==$llama_version"
-        echo "$llama_version $flags_hash" >"$marker"
+        "${pip[@]}" install --no-index --no-deps ${force[@]+"${force[@]}"} "$wheel"
         changed=1
     fi
 
@@ -118,7 +125,7 @@ llama = Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
 llama.create_completion("Hello", max_tokens=2, temperature=0.0)
 PY
         then
-            rm -f "$marker"
+            rm -f "$deps_marker"
             echo "relaygraph: llama-cpp-python from $wheel_dir fails its smoke test (a crash above means a bad build); delete that directory and run again" >&2
             return 1
         fi
