@@ -2,14 +2,14 @@
 # Make the repo's .venv ready: relaygraph[local,dev] with a llama-cpp-python that does not crash.
 #
 # Sourced or executed by scripts/demo and scripts/test. Idempotent and quiet: a second run
-# that has nothing to do takes about a second and prints nothing.
+# that has nothing to do takes a fraction of a second and prints nothing.
 #
 # Why this exists: llama-cpp-python 0.3.36 is on PyPI only as source. Built with default
 # flags (GGML_NATIVE) it segfaults on the first decode on some machines (ggml's AMX matmul),
 # so it is built once with explicit CPU flags and the wheel kept in a cache directory keyed
 # by a hash of those flags. pip's own wheel cache cannot be trusted for this: it keys built
 # wheels by the sdist URL, not by CMAKE_ARGS, and would silently reuse a wheel built with
-# other flags. So the build bypasses pip's cache and the install reads only our directory.
+# other flags. So the build bypasses pip's cache and the install takes only our file.
 #
 # Environment:
 #   PYTHON                        interpreter that creates the venv (default: python3)
