@@ -78,11 +78,11 @@ relaygraph_bootstrap() {
     fi
 
     # 3. Install exactly that file, replacing any other build. pip sees every build of
-    # 0.3.36 as the same package, but records in direct_url.json the file it installed
-    # from, whose directory names the flags. A file path rather than --find-links: a
+    # 0.3.36 as the same package, but records in direct_url.json the sha256 of the wheel
+    # it installed from; it must be ours. A file path rather than --find-links: a
     # find-links from pip's config (this machine has one) could offer another wheel.
     installed="$("$py" - "$wheel" <<'PY' 2>/dev/null || true
-import json, pathlib, sys
+import hashlib, json, sys
 from importlib.metadata import PackageNotFoundError, distribution
 
 try:
@@ -90,8 +90,10 @@ try:
 except PackageNotFoundError:
     print("none")
 else:
-    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url")
-    print("ours" if url == pathlib.Path(sys.argv[1]).as_uri() else "other")
+    archive = json.loads(dist.read_text("direct_url.json") or "{}").get("archive_info", {})
+    with open(sys.argv[1], "rb") as wheel:
+        ours = hashlib.file_digest(wheel, "sha256").hexdigest()
+    print("ours" if archive.get("hashes", {}).get("sha256") == ours else "other")
 PY
 )"
     if [[ "$installed" != "ours" ]]; then

@@ -251,9 +251,9 @@ def test_agent_input_is_scoped_and_stays_bounded(home: Path, script: Script) -> 
 def test_team_visit_limit_ends_degraded(home: Path, script: Script) -> None:
     import dataclasses
 
-    from relaygraph.policies import default_policy
+    from relaygraph.policies import TeamLimits, default_policy
 
-    policy = dataclasses.replace(default_policy(), max_agent_runs=2)
+    policy = dataclasses.replace(default_policy(), team=TeamLimits(max_agent_runs=2))
     spec = script(
         {
             "supervisor": [route("researcher"), route("researcher"), route("researcher")],

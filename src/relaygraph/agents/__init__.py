@@ -107,7 +107,7 @@ def build_agent(
             ToolEventsMiddleware(spec.name),
             # The library's limit ends the visit with a message instead of raising, so a
             # looping model costs a bounded number of calls.
-            ModelCallLimitMiddleware(run_limit=policy.max_model_calls, exit_behavior="end"),
+            ModelCallLimitMiddleware(run_limit=policy.limits.max_model_calls, exit_behavior="end"),
         ],
         context_schema=TaskContext,
         name=spec.name,

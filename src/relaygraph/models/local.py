@@ -16,6 +16,7 @@ evaluation that gives bit-identical logits whether or not earlier work was cache
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.resources
 import json
@@ -52,10 +53,12 @@ __all__ = [
     "LocalWeights",
     "build_decision_schema",
     "load_local_model",
+    "reusable_prefix",
 ]
 
 SETUP_HINT = (
-    "install relaygraph[local] with scripts/setup, or use --model openai:... / scripted:..."
+    "install relaygraph[local] with scripts/_bootstrap.sh (scripts/demo and scripts/test run "
+    "it), or use --model openai:... / scripted:..."
 )
 
 N_CTX = 4096
@@ -126,7 +129,11 @@ def _engine(name: str, *, spec: str | None = None) -> _Engine:
     with _ENGINES_LOCK:
         engine = _ENGINES.get(name)
         if engine is None:
-            engine = _ENGINES[name] = _Engine(_load_llama(name, spec=spec or f"local:{name}"))
+            llama = _load_llama(name, spec=spec or f"local:{name}")
+            # Freed by its finalizer at interpreter teardown, llama_cpp's module globals are
+            # already gone and it prints a TypeError traceback; closing at exit avoids that.
+            atexit.register(llama.close)
+            engine = _ENGINES[name] = _Engine(llama)
         return engine
 
 
@@ -176,6 +183,30 @@ class _Completion:
     finish_reason: str
 
 
+def reusable_prefix(
+    cached: Sequence[int], tokens: Sequence[int], *, prompt_length: int, n_batch: int
+) -> int:
+    """How many cached tokens a call may reuse without changing a logit (see
+    :meth:`_Engine.complete`).
+
+    Args:
+        cached: The tokens in the KV cache: the last prompt, then what was generated.
+        tokens: The new prompt.
+        prompt_length: Length of the last prompt, the part of ``cached`` evaluated in batches.
+        n_batch: The batch size prompts are evaluated in.
+
+    Returns:
+        The longest common prefix, cut to the last prompt, short of the whole new prompt (the
+        last token must be evaluated to get logits), and down to a multiple of ``n_batch``.
+    """
+    common = 0
+    for old, new in zip(cached[:prompt_length], tokens[: len(tokens) - 1], strict=False):
+        if old != new:
+            break
+        common += 1
+    return common - common % n_batch
+
+
 class _Engine:
     """One loaded model; calls are serialised because a llama.cpp context is not thread-safe."""
 
@@ -183,7 +214,7 @@ class _Engine:
         self.llama = llama
         self.lock = threading.Lock()
         self._batch_evaluated = 0
-        """Leading cached tokens whose KV entries came from a batch prompt evaluation."""
+        """Length of the last prompt: the cached tokens evaluated in whole batches."""
 
     def tokenize(self, prompt: str) -> list[int]:
         return self.llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
@@ -191,10 +222,14 @@ class _Engine:
     def complete(self, tokens: list[int], *, schema: dict[str, Any] | None) -> _Completion:
         """Greedy completion of ``tokens``, constrained to ``schema`` when one is given.
 
-        llama.cpp computes one token at a time with other kernels than a batch, and the
-        logits differ (measured: up to 0.7). So only KV entries from a batch prompt
-        evaluation are reused, never those of generated tokens, and at least two tokens are
-        always evaluated: the result is bit-identical to a cold run in a fresh process.
+        Reusing the KV cache of an earlier call must not change a single logit, or a run
+        resumed in a fresh process could decide differently. Measured: logits change when
+        the prompt is cut into other batches than a cold run cuts it (one token at a time,
+        or a suffix starting off a batch boundary: differences up to 0.7), and not at all
+        when the reused prefix ends on a boundary of ``n_batch`` tokens. So only a prefix
+        that is a whole number of batches of an earlier *prompt* is reused (never generated
+        tokens, which were evaluated one at a time), and the rest is cut as a cold run cuts
+        it: the result is bit-identical to a fresh process.
         """
         from llama_cpp import LlamaGrammar
 
@@ -202,12 +237,12 @@ class _Engine:
         with self.lock:
             llama = self.llama
             cached = llama.input_ids[: llama.n_tokens].tolist()
-            keep = min(
-                llama.longest_token_prefix(cached, tokens), self._batch_evaluated, len(tokens) - 2
+            keep = reusable_prefix(
+                cached, tokens, prompt_length=self._batch_evaluated, n_batch=llama.n_batch
             )
             # Lowering n_tokens is what Llama.reset() does (to 0); generate() then reuses
-            # exactly `keep` cached tokens and evaluates the rest as one batch.
-            llama.n_tokens = max(keep, 0)
+            # exactly `keep` cached tokens and evaluates the rest in batches from there.
+            llama.n_tokens = keep
             self._batch_evaluated = 0
             try:
                 out = llama.create_completion(
@@ -272,7 +307,8 @@ def _bounded(schema: Any, *, string_cap: int) -> Any:
     for key in ("items", "prefixItems"):
         if key in schema:
             out[key] = _bounded(schema[key], string_cap=string_cap)
-    kinds = out.get("type") if isinstance(out.get("type"), list) else [out.get("type")]
+    declared = out.get("type")
+    kinds: list[Any] = declared if isinstance(declared, list) else [declared]
     if "string" in kinds and not {"enum", "const", "format"} & out.keys():
         out["maxLength"] = min(schema.get("maxLength", string_cap), string_cap)
     if "array" in kinds:
@@ -351,9 +387,14 @@ def build_decision_schema(
     return {"anyOf": [*calls, *answer]}
 
 
-def _structured_schema(schema: dict[str, Any] | type) -> tuple[dict[str, Any], type | None]:
+def _structured_schema(
+    schema: dict[str, Any] | type,
+) -> tuple[dict[str, Any], str, type[BaseModel] | None]:
+    """The grammar-ready schema, the prompt instruction describing it, and the pydantic
+    class to validate with (if one was given)."""
     if isinstance(schema, type) and issubclass(schema, BaseModel):
-        raw, cls = schema.model_json_schema(), schema
+        raw: dict[str, Any] = schema.model_json_schema()
+        cls: type[BaseModel] | None = schema
     elif isinstance(schema, dict):
         raw, cls = schema, None
     else:
@@ -368,7 +409,8 @@ def _structured_schema(schema: dict[str, Any] | type) -> tuple[dict[str, Any], t
             f"the schema {raw.get('title', '(untitled)')!r} cannot be turned into a grammar "
             "for the local model; simplify it (no regex patterns, no nested allOf)"
         )
-    return bounded, cls
+    # Described from the resolved schema: the grammar copy has no descriptions.
+    return bounded, _schema_instruction(resolved), cls
 
 
 # --- prompts -------------------------------------------------------------------------------
@@ -458,7 +500,8 @@ def _schema_instruction(schema: dict[str, Any]) -> str:
             kind = "one of " + ", ".join(json.dumps(v) for v in spec["enum"])
         else:
             kind = str(spec.get("type", "value"))
-        lines.append(f"- {field}: {kind}")
+        description = " ".join(str(spec.get("description") or "").split())[:160]
+        lines.append(f"- {field} ({kind}){': ' + description if description else ''}")
     fields = "\n".join(lines) or "- (any JSON object)"
     return f"Reply with one JSON object with these fields:\n{fields}"
 
@@ -507,6 +550,7 @@ def _fit(engine: _Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
 
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
 _SCHEMA_KWARG = "relaygraph_output_schema"
+_INSTRUCTION_KWARG = "relaygraph_output_instruction"
 
 
 class LocalChatModel(BaseChatModel):
@@ -571,7 +615,7 @@ class LocalChatModel(BaseChatModel):
         output_schema: dict[str, Any] | None = kwargs.get(_SCHEMA_KWARG)
         tools = [t["function"] for t in kwargs.get("tools") or []]
         if output_schema is not None:
-            instruction = _schema_instruction(output_schema)
+            instruction = kwargs.get(_INSTRUCTION_KWARG) or _schema_instruction(output_schema)
             prompt, tokens = _fit(engine, _with_instruction(chat, instruction))
             done = engine.complete(tokens, schema=output_schema)
             message = AIMessage(content=done.text.strip())
@@ -639,7 +683,7 @@ class LocalChatModel(BaseChatModel):
             )
         return AIMessage(content=str(decision.get("content") or "").strip())
 
-    def with_structured_output(  # type: ignore[override]
+    def with_structured_output(
         self, schema: dict[str, Any] | type, *, include_raw: bool = False, **kwargs: Any
     ) -> Runnable[LanguageModelInput, Any]:
         """Constrain the output to ``schema`` (a JSON-schema dict or a pydantic class).
@@ -648,8 +692,8 @@ class LocalChatModel(BaseChatModel):
         ``{"raw": AIMessage, "parsed": ... | None, "parsing_error": None | exception}`` and
         never raises for a parse error.
         """
-        bounded, cls = _structured_schema(schema)
-        bound = self.bind(**{_SCHEMA_KWARG: bounded})
+        bounded, instruction, cls = _structured_schema(schema)
+        bound = self.bind(**{_SCHEMA_KWARG: bounded, _INSTRUCTION_KWARG: instruction})
 
         def parse(message: AIMessage) -> Any:
             text = _text(message)

@@ -116,6 +116,7 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             messages,
             agents=agents,
             config=_with_prior_calls(config, _prior_calls(state, SUPERVISOR)),
+            may_finish=bool(_prompts.turn_visits(state)),
         )
         route, ns, turn = decision.route, _task_ns(config), state.get("turn", 0)
         usage = _usage(ns, SUPERVISOR, turn, list(decision.raw))

@@ -30,9 +30,16 @@ class Route(BaseModel):
         return self
 
 
-def route_model(agents: Sequence[str]) -> type[Route]:
-    """The ``Route`` schema for a team: ``next`` is one of ``agents`` or ``FINISH``."""
-    choices: Any = Literal[(*agents, FINISH)]
+def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route]:
+    """The ``Route`` schema for a team: ``next`` is one of ``agents`` or ``FINISH``.
+
+    Args:
+        agents: The agents the supervisor may route to now.
+        may_finish: Whether ``FINISH`` is a choice. Before any agent has worked on a request
+            it is not: a team that answers without its agents is no team, and small models
+            otherwise pick FINISH at once.
+    """
+    choices: Any = Literal[(*agents, FINISH)] if may_finish else Literal[tuple(agents)]
     return create_model(
         "Route",
         __base__=Route,
@@ -93,6 +100,7 @@ def route_next_agent(
     *,
     agents: Sequence[str],
     config: RunnableConfig,
+    may_finish: bool = True,
 ) -> RouteDecision:
     """Ask the model for the next route; repair once; fall back to FINISH.
 
@@ -100,7 +108,7 @@ def route_next_agent(
     gets one repair attempt whose prompt quotes the error. If that fails too, the decision is
     the documented fallback: finish with what exists, flagged so the run reports ``degraded``.
     """
-    schema = route_model(agents)
+    schema = route_model(agents, may_finish=may_finish)
     route, raw, error = _attempt(model, schema, messages, config)
     if route is not None:
         return RouteDecision(route=route, fallback=False, error=None, raw=(raw,))
@@ -109,11 +117,15 @@ def route_next_agent(
         raw,
         HumanMessage(
             content=f"Your reply was not a valid route: {error}. Reply again with JSON "
-            f"matching the schema; 'next' must be one of {', '.join([*agents, FINISH])}."
+            f"matching the schema; 'next' must be one of "
+            f"{', '.join([*agents, FINISH] if may_finish else agents)}."
         ),
     ]
     route2, raw2, error2 = _attempt(model, schema, repair, config)
     if route2 is not None:
         return RouteDecision(route=route2, fallback=False, error=error, raw=(raw, raw2))
-    fallback = schema(next=FINISH, task="", reason=f"route output invalid twice: {error2}")
+    # Built unvalidated: FINISH may not be among this schema's choices (see route_model).
+    fallback = Route.model_construct(
+        next=FINISH, task="", reason=f"route output invalid twice: {error2}"
+    )
     return RouteDecision(route=fallback, fallback=True, error=error2, raw=(raw, raw2))
