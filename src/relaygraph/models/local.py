@@ -557,7 +557,8 @@ class LocalChatModel(BaseChatModel):
     """Chat model for an embedded model; every output is a grammar-constrained choice.
 
     With tools bound, the model emits one decision: call one bound tool with arguments that
-    match its schema, or answer. After :data:`MAX_TOOL_RESULTS` tool results since the last
+    match its schema, or answer. Its first decision after a human message is always one of
+    its work tools (not a handoff, not an answer). After :data:`MAX_TOOL_RESULTS` tool results since the last
     human message only an answer is offered. ``with_structured_output`` constrains the
     output to the given schema. Load it with :func:`load_local_model`.
     """
@@ -653,6 +654,11 @@ class LocalChatModel(BaseChatModel):
         if tool_choice == "none":
             return [], True, False
         if tool_choice in (None, "auto"):
+            work = [t for t in tools if not t["name"].startswith("transfer_to_")]
+            if work and _tool_results_since_human(messages) == 0:
+                # A model this small answers from nothing rather than look things up; its
+                # first step in a conversation is therefore one of its work tools.
+                return work, False, False
             return tools, True, False
         if tool_choice in ("any", "required"):
             return tools, False, False

@@ -110,12 +110,11 @@ def _show(value: Any) -> str:
 def _lookup(data: Any, loc: Iterable[Any]) -> Any:
     """The value at ``loc`` as written in the file, or ``_MISSING``."""
     for part in loc:
-        if isinstance(data, Mapping) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
-            data = data[part]
-        else:
+        in_table = isinstance(data, Mapping) and part in data
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if not (in_table or in_list):
             return _MISSING
+        data = data[part]
     return data
 
 
