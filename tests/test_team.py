@@ -229,14 +229,19 @@ def test_agent_input_is_scoped_and_stays_bounded(home: Path, script: Script) -> 
                 turn
                 for i in range(n)
                 for turn in (
-                    call("search_docs", query=f"{marker} checkpoint"),
+                    call("search_docs", query=f"{marker} checkpoint {i}"),
                     say(f"result {i}: " + "x" * 3000),
                 )
             ],
             "finalize": [say("done")],
         }
     )
-    result = run_task("go", model=spec)
+    from relaygraph.policies import parse_policy
+
+    roomy = parse_policy(
+        {"agents": {"researcher": {"max_model_calls": 100, "max_tool_calls": 100}}}
+    )
+    result = run_task("go", model=spec, policy=roomy)
     assert result.agents_run == ["researcher"] * n
     inputs = [str(v["messages"][0].content) for v in _visits(home, result.thread_id)]
     # Tool traffic of earlier visits never reaches a later agent's input.
@@ -256,7 +261,7 @@ def test_team_visit_limit_ends_degraded(home: Path, script: Script) -> None:
     policy = dataclasses.replace(default_policy(), team=TeamLimits(max_agent_runs=2))
     spec = script(
         {
-            "supervisor": [route("researcher"), route("researcher"), route("researcher")],
+            "supervisor": [route("researcher", task=f"part {i}") for i in range(3)],
             "researcher": [say("a"), say("b"), say("c")],
             "finalize": [say("what we have")],
         }
@@ -264,7 +269,7 @@ def test_team_visit_limit_ends_degraded(home: Path, script: Script) -> None:
     result = run_task("go", model=spec, policy=policy)
     assert result.status == "degraded"
     assert result.agents_run == ["researcher", "researcher"]
-    assert "max_agent_runs" in (result.stop_reason or "")
+    assert result.stop_reason == "budget:team:max_agent_runs"
     assert result.answer == "what we have"
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langgraph.graph.state import CompiledStateGraph
 
-    from relaygraph.policies import AgentPolicy
+    from relaygraph.policies import TeamPolicy
 
 __all__ = ["AGENTS", "AGENT_NAMES", "AgentSpec", "TaskContext", "build_agent"]
 
@@ -71,26 +71,31 @@ AGENT_NAMES: tuple[str, ...] = tuple(AGENTS)
 
 
 def build_agent(
-    spec: AgentSpec, model: BaseChatModel, policy: AgentPolicy
+    spec: AgentSpec, model: BaseChatModel, team_policy: TeamPolicy
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile one agent as a LangGraph subgraph with the tools its policy allows.
+
+    The model is bound only to the allowed tools; the policy middleware still refuses any
+    other tool name at execution (a made-up name, or one planted by a prompt injection),
+    and enforces the agent's budgets, repeated-call rule and approvals.
 
     Args:
         spec: Which agent.
         model: Its chat model.
-        policy: Its tools, handoffs and model-call limit.
+        team_policy: The team's policy; this agent's part gives its tools and handoffs.
 
     Raises:
         ConfigError: The policy names a tool that does not exist.
     """
     from langchain.agents import create_agent
-    from langchain.agents.middleware import ModelCallLimitMiddleware
 
     from relaygraph.agents._middleware import ToolEventsMiddleware
     from relaygraph.agents.tools import TOOLS
     from relaygraph.errors import ConfigError
     from relaygraph.handoffs import create_handoff_tool
+    from relaygraph.policies.middleware import PolicyMiddleware
 
+    policy = team_policy.agent(spec.name)
     unknown = [t for t in policy.tools if t not in TOOLS]
     if unknown:
         raise ConfigError(
@@ -103,12 +108,8 @@ def build_agent(
         model,
         tools,
         system_prompt=spec.system_prompt,
-        middleware=[
-            ToolEventsMiddleware(spec.name),
-            # The library's limit ends the visit with a message instead of raising, so a
-            # looping model costs a bounded number of calls.
-            ModelCallLimitMiddleware(run_limit=policy.limits.max_model_calls, exit_behavior="end"),
-        ],
+        # Tool events wrap the policy, so refused calls are reported like any other result.
+        middleware=[ToolEventsMiddleware(spec.name), PolicyMiddleware(spec.name, team_policy)],
         context_schema=TaskContext,
         name=spec.name,
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
@@ -14,13 +14,6 @@ from relaygraph.errors import ToolInputError
 from relaygraph.handoffs import handoff_target
 
 PREVIEW_CHARS = 300
-MODEL_CALL_MARK = "relaygraph_agent"
-"""``response_metadata`` key set on every AI message a model produced (not a middleware)."""
-
-
-def is_model_output(message: BaseMessage) -> bool:
-    """True for an AI message that came from a model call, as marked by the middleware."""
-    return isinstance(message, AIMessage) and MODEL_CALL_MARK in message.response_metadata
 
 
 class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
@@ -38,20 +31,6 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
     @property
     def name(self) -> str:
         return f"ToolEvents[{self.agent}]"
-
-    def wrap_model_call(
-        self,
-        request: ModelRequest[Any],
-        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
-    ) -> ModelResponse[Any]:
-        # Marking the model's own messages lets usage be counted from the checkpointed
-        # transcript alone (re-runs cannot double count), apart from messages that
-        # middleware such as the call limit adds.
-        response = handler(request)
-        for message in response.result:
-            if isinstance(message, AIMessage):
-                message.response_metadata[MODEL_CALL_MARK] = self.agent
-        return response
 
     def wrap_tool_call(
         self,

@@ -117,8 +117,15 @@ class TeamPolicy:
         return 2 * self.team.max_agent_runs + 10
 
     def price_of(self, model_name: str) -> Price | None:
-        """The price of a model, by exact name or by the name after a ``provider:`` prefix."""
-        return self.prices.get(model_name) or self.prices.get(model_name.partition(":")[2])
+        """The price of a model: by exact name, by the name after a ``provider:`` prefix, or
+        by the longest priced name it starts with (providers report dated names such as
+        ``gpt-4o-mini-2024-07-18`` for ``gpt-4o-mini``)."""
+        bare = model_name.partition(":")[2] if ":" in model_name else model_name
+        for name in (model_name, bare):
+            if name in self.prices:
+                return self.prices[name]
+        prefixes = [p for p in self.prices if bare.startswith(p)]
+        return self.prices[max(prefixes, key=len)] if prefixes else None
 
 
 def default_policy(agent_names: tuple[str, ...] = tuple(DEFAULT_TOOLS)) -> TeamPolicy:

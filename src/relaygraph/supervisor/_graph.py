@@ -2,96 +2,47 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 from langgraph.errors import ParentCommand
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Checkpointer, Command
+from langgraph.types import Checkpointer, Command, interrupt
 
 from relaygraph.agents import AGENTS, AgentSpec, TaskContext, build_agent
-from relaygraph.agents._middleware import is_model_output
 from relaygraph.errors import ConfigError
-from relaygraph.handoffs import (
-    Assignment,
-    HandoffRecord,
-    answer_unanswered_calls,
-    handoff_target,
-)
-from relaygraph.models.scripted import PRIOR_CALLS_KEY
+from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
 from relaygraph.policies import TeamPolicy, default_policy
+from relaygraph.policies.budget import BudgetHit, check_agent_budget, check_team_budget
+from relaygraph.policies.middleware import (
+    BUDGET_KEY,
+    VisitBudget,
+    is_model_output,
+    transcript_usage,
+)
+from relaygraph.policies.pingpong import PingPong, detect_ping_pong
+from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._route import FINISH, route_next_agent
-from relaygraph.supervisor._state import TeamState, Usage, Visit
+from relaygraph.supervisor._state import TeamState, Visit
 
 SUPERVISOR = "supervisor"
 FINALIZE = "finalize"
 ROLES = (SUPERVISOR, FINALIZE)
-
-
-def _task_ns(config: RunnableConfig) -> str:
-    """The running task's checkpoint namespace (``node:<task id>``): stable across re-runs."""
-    return str(config.get("configurable", {}).get("checkpoint_ns") or "")
-
-
-def _step(config: RunnableConfig) -> int | None:
-    step = config.get("metadata", {}).get("langgraph_step")
-    return int(step) if step is not None else None
-
-
-def _with_prior_calls(config: RunnableConfig, prior: int) -> RunnableConfig:
-    """The node's config plus how many calls this role made before (for scripted models)."""
-    return {
-        **config,
-        "configurable": {**config.get("configurable", {}), PRIOR_CALLS_KEY: prior},
-        "metadata": {**config.get("metadata", {}), PRIOR_CALLS_KEY: prior},
-    }
-
-
-def _prior_calls(state: TeamState, role: str) -> int:
-    return sum(u["model_calls"] for u in state.get("usage", []) if u["agent"] == role)
-
-
-def _usage(
-    id: str, role: str, turn: int, outputs: list[AIMessage], *, tool_calls: int = 0
-) -> Usage:
-    metas = [m.usage_metadata for m in outputs]
-    return Usage(
-        id=id,
-        agent=role,
-        turn=turn,
-        model_calls=len(outputs),
-        tool_calls=tool_calls,
-        input_tokens=sum(m["input_tokens"] for m in metas if m),
-        output_tokens=sum(m["output_tokens"] for m in metas if m),
-        estimated=any(
-            meta is None or m.response_metadata.get("relaygraph_usage_estimated", False)
-            for m, meta in zip(outputs, metas, strict=True)
-        ),
-    )
-
-
-def _stop(reason: str) -> Command[Any]:
-    return Command(goto=FINALIZE, update={"status": "degraded", "stop_reason": reason})
-
-
-def _runs_exhausted(state: TeamState, policy: TeamPolicy) -> str | None:
-    runs = len(_prompts.turn_visits(state))
-    if runs >= policy.max_agent_runs:
-        return f"max_agent_runs: the team used {runs} of {policy.max_agent_runs} agent visits"
-    return None
+_STEP_MARGIN = 3
+"""Steps kept in reserve below the recursion limit: enough to reach finalize and end."""
 
 
 def _begin(state: TeamState) -> dict[str, Any]:
-    request = state.get("request", "")
     return {
         "turn": state.get("turn", 0) + 1,
-        "messages": [HumanMessage(content=request)],
+        "messages": [HumanMessage(content=state.get("request", ""))],
         "assignment": None,
         "barred": [],
         "answer": None,
@@ -100,26 +51,148 @@ def _begin(state: TeamState) -> dict[str, Any]:
     }
 
 
+def _exhausted(
+    policy: TeamPolicy,
+    hit: BudgetHit,
+    state: TeamState,
+    config: RunnableConfig,
+    update: dict[str, Any] | None = None,
+) -> Command[Any]:
+    """Stop the task at a budget: finalize answers from what exists (or the task fails)."""
+    turn = state.get("turn", 0)
+    record = acc.violation(
+        f"{acc.task_ns(config)}:{hit.stop_reason}",
+        turn,
+        hit.agent or "team",
+        "budget",
+        hit.message,
+    )
+    update = dict(update or {})
+    update["violations"] = [*update.get("violations", []), record]
+    status = "failed" if policy.team.on_exhausted == "fail" else "degraded"
+    return Command(
+        goto=FINALIZE, update={**update, "status": status, "stop_reason": hit.stop_reason}
+    )
+
+
+def _team_stop(state: TeamState, policy: TeamPolicy, config: RunnableConfig) -> BudgetHit | None:
+    """A team limit reached before the next step: visits, tokens, cost, time, graph steps."""
+    runs = len(_prompts.turn_visits(state))
+    if runs >= policy.team.max_agent_runs:
+        return BudgetHit(
+            scope="team",
+            agent=None,
+            limit="max_agent_runs",
+            used=runs,
+            allowed=policy.team.max_agent_runs,
+        )
+    step, limit = acc.step_of(config), config.get("recursion_limit")
+    if step is not None and limit is not None and step + _STEP_MARGIN >= limit:
+        return BudgetHit(
+            scope="team", agent=None, limit="recursion_limit", used=step, allowed=limit
+        )
+    return check_team_budget(policy.team, acc.turn_usage(state))
+
+
+def _on_ping_pong(
+    policy: TeamPolicy,
+    found: PingPong,
+    state: TeamState,
+    config: RunnableConfig,
+    *,
+    source: str,
+    proceed: Command[Any],
+    update: dict[str, Any],
+) -> Command[Any]:
+    """Act on a detected ping-pong as the policy says; ``proceed`` is the transfer itself."""
+    turn, candidate = state.get("turn", 0), str(proceed.goto)
+    record = acc.violation(
+        f"{acc.task_ns(config)}:ping_pong", turn, candidate, "ping_pong", found.detail
+    )
+    update = {**update, "violations": [*update.get("violations", []), record]}
+    action = policy.ping_pong.on_detect
+    if action == "human":
+        answer = interrupt(
+            {
+                "type": "ping_pong",
+                "detail": found.detail,
+                "agents": list(found.agents),
+                "next": candidate,
+                "source": source,
+            }
+        )
+        verdict = answer.get("decision") if isinstance(answer, Mapping) else answer
+        if verdict == "approve":
+            return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})
+        action = "finalize"
+    if action == "supervisor":
+        last = source if source != SUPERVISOR else None
+        bar = acc.add_bar(state, candidate, found.detail, after=last)
+        return Command(goto=SUPERVISOR, update={**update, "barred": bar, "assignment": None})
+    return Command(
+        goto=FINALIZE,
+        update={**update, "status": "degraded", "stop_reason": found.stop_reason},
+    )
+
+
 def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str, ...]) -> Any:
     system = _prompts.supervisor_prompt({a: AGENTS[a] for a in agents})
 
     def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
-        if exhausted := _runs_exhausted(state, policy):
-            return _stop(exhausted)
-        barred = state.get("barred", [])
+        if hit := _team_stop(state, policy, config):
+            return _exhausted(policy, hit, state, config)
+        visits = _prompts.turn_visits(state)
+        last = visits[-1]["agent"] if visits else None
+        unavailable = acc.bars_now(state, last)
+        for agent in agents:
+            spent = check_agent_budget(
+                agent, policy.agent(agent).limits, acc.turn_usage(state, agent), before="model"
+            )
+            if spent is not None:
+                unavailable.setdefault(agent, f"out of budget: {spent.message}")
+        available = tuple(a for a in agents if a not in unavailable)
+        if not available:
+            hit = BudgetHit(
+                scope="team",
+                agent=None,
+                limit="max_agent_runs",
+                used=len(visits),
+                allowed=len(visits),
+            )
+            update = {
+                "stop_reason": "no agent left: "
+                + "; ".join(f"{a}: {why}" for a, why in unavailable.items())
+            }
+            return (
+                Command(goto=FINALIZE, update={**update, "status": "degraded"})
+                if visits
+                else _exhausted(policy, hit, state, config)
+            )
         messages: list[BaseMessage] = [
             SystemMessage(content=system),
-            HumanMessage(content=_prompts.supervisor_input(state, barred)),
+            HumanMessage(
+                content=_prompts.supervisor_input(
+                    state, [f"{a} ({why})" for a, why in unavailable.items()]
+                )
+            ),
         ]
+        started = time.monotonic()
         decision = route_next_agent(
             model,
             messages,
-            agents=agents,
-            config=_with_prior_calls(config, _prior_calls(state, SUPERVISOR)),
-            may_finish=bool(_prompts.turn_visits(state)),
+            agents=available,
+            config=acc.with_prior_calls(config, acc.prior_calls(state, SUPERVISOR)),
+            may_finish=bool(visits),
         )
-        route, ns, turn = decision.route, _task_ns(config), state.get("turn", 0)
-        usage = _usage(ns, SUPERVISOR, turn, list(decision.raw))
+        route, ns, turn = decision.route, acc.task_ns(config), state.get("turn", 0)
+        replies = list(decision.raw)
+        usage = acc.usage_record(
+            ns,
+            SUPERVISOR,
+            turn,
+            acc.calls_usage(policy, replies, time.monotonic() - started),
+            list(replies),
+        )
         get_stream_writer()(
             {
                 "type": "route",
@@ -132,10 +205,10 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             }
         )
         if route.next == FINISH:
-            update: dict[str, Any] = {"usage": [usage]}
+            finish: dict[str, Any] = {"usage": [usage]}
             if decision.fallback:
-                update |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
-            return Command(goto=FINALIZE, update=update)
+                finish |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
+            return Command(goto=FINALIZE, update=finish)
         record = HandoffRecord(
             id=ns,
             kind="route",
@@ -143,42 +216,75 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             target=route.next,
             task=route.task,
             reason=route.reason,
-            step=_step(config),
+            step=acc.step_of(config),
             turn=turn,
         )
-        assignment = Assignment(
-            agent=route.next, task=route.task, reason=route.reason, source=SUPERVISOR, kind="route"
-        )
-        return Command(
+        proceed = Command(
             goto=route.next,
-            update={"usage": [usage], "handoffs": [record], "assignment": assignment},
+            update={
+                "handoffs": [record],
+                "assignment": Assignment(
+                    agent=route.next,
+                    task=route.task,
+                    reason=route.reason,
+                    source=SUPERVISOR,
+                    kind="route",
+                ),
+            },
         )
+        routes = [
+            (h["target"], h["task"])
+            for h in state.get("handoffs", [])
+            if h.get("turn") == turn and h["kind"] == "route"
+        ]
+        found = detect_ping_pong(
+            [v["agent"] for v in visits],
+            route.next,
+            max_bounces=policy.ping_pong.max_bounces,
+            task=route.task,
+            earlier_tasks=routes,
+        )
+        if found is not None:
+            return _on_ping_pong(
+                policy,
+                found,
+                state,
+                config,
+                source=SUPERVISOR,
+                proceed=proceed,
+                update={"usage": [usage]},
+            )
+        return Command(goto=proceed.goto, update={"usage": [usage], **(proceed.update or {})})
 
     return supervisor
-
-
-def _visit_usage(visit_id: str, agent: str, turn: int, transcript: list[BaseMessage]) -> Usage:
-    outputs = [m for m in transcript if is_model_output(m)]
-    tool_calls = sum(
-        1 for m in transcript if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
-    )
-    return _usage(visit_id, agent, turn, outputs, tool_calls=tool_calls)  # type: ignore[arg-type]
 
 
 def _make_agent_node(
     spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy
 ) -> Any:
     name = spec.name
-    allowed_handoffs = set(policy.agent(name).handoffs)
+    rules = policy.agent(name)
 
     def agent_node(state: TeamState, config: RunnableConfig) -> Command[Any]:
-        if exhausted := _runs_exhausted(state, policy):
-            return _stop(exhausted)
+        if hit := _team_stop(state, policy, config):
+            return _exhausted(policy, hit, state, config)
+        turn, visit_id = state.get("turn", 0), acc.task_ns(config)
+        agent_before = acc.turn_usage(state, name)
+        if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
+            # Reached through a direct handoff: the supervisor already could not route here.
+            record = acc.violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
+            return Command(
+                goto=SUPERVISOR,
+                update={
+                    "violations": [record],
+                    "assignment": None,
+                    "barred": acc.add_bar(state, name, f"out of budget: {spent.message}"),
+                },
+            )
         emit = get_stream_writer()
         assignment = state.get("assignment") or Assignment(
             agent=name, task=state.get("request", ""), reason="", source=SUPERVISOR, kind="route"
         )
-        visit_id, turn = _task_ns(config), state.get("turn", 0)
         emit(
             {
                 "type": "agent_started",
@@ -188,6 +294,14 @@ def _make_agent_node(
             }
         )
         scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
+        started = time.monotonic()
+        budget = VisitBudget(
+            agent_before=agent_before,
+            team_before=acc.turn_usage(state),
+            started=started,
+            earlier_results=acc.earlier_results(state, name),
+            step=acc.step_of(config),
+        )
         values: dict[str, Any] = {"messages": [scoped]}
         handoff: Command[Any] | None = None
         try:
@@ -195,7 +309,7 @@ def _make_agent_node(
             # the visit's transcript and usage in hand.
             for values in graph.stream(  # noqa: B007
                 {"messages": [scoped]},
-                _with_prior_calls(config, _prior_calls(state, name)),
+                acc.with_prior_calls(config, acc.prior_calls(state, name), **{BUDGET_KEY: budget}),
                 stream_mode="values",
             ):
                 pass
@@ -205,56 +319,76 @@ def _make_agent_node(
                 raise  # Not a handoff from this agent's tools: let LangGraph route it.
             handoff = command
         transcript: list[BaseMessage] = list(values["messages"])
-        if handoff is None:
-            last = transcript[-1]
-            output = last.text if isinstance(last, AIMessage) else ""
-            ended = "finished" if is_model_output(last) else "model_call_limit"
-            visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
-            emit(
-                {
-                    "type": "agent_finished",
-                    "agent": name,
-                    "ended": ended,
-                    "output": output,
-                    "usage": _visit_usage(visit_id, name, turn, transcript),
-                }
-            )
-            return Command(
-                goto="supervisor",
-                update={
-                    "visits": [visit],
-                    "usage": [_visit_usage(visit_id, name, turn, transcript)],
-                    "assignment": None,
-                },
-            )
-        update: dict[str, Any] = handoff.update  # type: ignore[assignment]
-        target = str(handoff.goto)
-        transcript += update.get("messages", [])
-        transcript += answer_unanswered_calls(transcript, carried_out=f"transfer_to_{target}")
-        record: HandoffRecord = update["handoffs"][0]
-        record = {**record, "step": _step(config), "turn": turn}
-        if target not in allowed_handoffs:
-            raise ConfigError(f"agent {name!r} handed off to {target!r}, which it may not")
-        output = f"Handed off to {target}: {record['task']}"
-        visit = _visit(visit_id, name, turn, assignment, output, "handed_off", transcript)
+        target = str(handoff.goto) if handoff is not None else None
+        if handoff is not None:
+            transcript += handoff.update.get("messages", [])  # type: ignore[union-attr]
+            transcript += answer_unanswered_calls(transcript, carried_out=f"transfer_to_{target}")
+        totals = transcript_usage(transcript, policy, seconds=time.monotonic() - started)
+        outputs = [m for m in transcript if is_model_output(m)]
+        usage = acc.usage_record(visit_id, name, turn, totals, outputs)
+        violations = acc.transcript_violations(transcript, name, turn)
+        last = transcript[-1]
+        budget_note = last.additional_kwargs.get(BUDGET_KEY) if handoff is None else None
+        ended = "handed_off" if handoff else "budget" if budget_note else "finished"
+        output = (
+            f"Handed off to {target}: {handoff.update['handoffs'][0]['task']}"  # type: ignore[index]
+            if handoff is not None
+            else last.text
+            if isinstance(last, AIMessage)
+            else ""
+        )
+        visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
+        update: dict[str, Any] = {"visits": [visit], "usage": [usage], "violations": violations}
+        emit(
+            {
+                "type": "agent_finished",
+                "agent": name,
+                "ended": ended,
+                "output": output,
+                "usage": usage,
+            }
+        )
+        if budget_note is not None:
+            hit = BudgetHit(**budget_note)
+            if hit.scope == "team":
+                return _exhausted(policy, hit, state, config, update)
+            update["violations"] = [
+                *violations,
+                acc.violation(f"{visit_id}:budget", turn, name, "budget", hit.message),
+            ]
+            update["barred"] = acc.add_bar(state, name, f"out of budget: {hit.message}")
+            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
+        if handoff is None or target is None:
+            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
+
+        sent: HandoffRecord = handoff.update["handoffs"][0]  # type: ignore[index]
+        sent = {**sent, "step": acc.step_of(config), "turn": turn}
         emit(
             {
                 "type": "handoff",
                 "source": name,
                 "target": target,
-                "task": record["task"],
-                "reason": record["reason"],
+                "task": sent["task"],
+                "reason": sent["reason"],
             }
         )
-        return Command(
+        proceed = Command(
             goto=target,
-            update={
-                "visits": [visit],
-                "usage": [_visit_usage(visit_id, name, turn, transcript)],
-                "handoffs": [record],
-                "assignment": update["assignment"],
-            },
+            update={"handoffs": [sent], "assignment": handoff.update["assignment"]},  # type: ignore[index]
         )
+        visited = [v["agent"] for v in _prompts.turn_visits(state)] + [name]
+        found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
+        if found is not None:
+            return _on_ping_pong(
+                policy,
+                found,
+                state,
+                config,
+                source=name,
+                proceed=proceed,
+                update={**update, "handoffs": [sent]},
+            )
+        return Command(goto=target, update={**update, **(proceed.update or {})})
 
     return agent_node
 
@@ -268,6 +402,10 @@ def _visit(
     ended: Any,
     transcript: list[BaseMessage],
 ) -> Visit:
+    from langchain_core.messages import ToolMessage
+
+    from relaygraph.handoffs import handoff_target
+
     return Visit(
         id=visit_id,
         agent=agent,
@@ -285,16 +423,30 @@ def _visit(
     )
 
 
-def _make_finalize(model: BaseChatModel) -> Any:
+def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
     def finalize(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
+        status = state.get("status") or "succeeded"
+        emit = get_stream_writer()
+        if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
+            emit(
+                {
+                    "type": "final",
+                    "status": status,
+                    "answer": None,
+                    "stop_reason": state.get("stop_reason"),
+                }
+            )
+            return {"answer": None, "status": status}
         messages: list[BaseMessage] = [
             SystemMessage(content=_prompts.FINALIZE_PROMPT),
             HumanMessage(content=_prompts.finalize_input(state)),
         ]
-        reply = model.invoke(messages, _with_prior_calls(config, _prior_calls(state, FINALIZE)))
+        started = time.monotonic()
+        reply = model.invoke(
+            messages, acc.with_prior_calls(config, acc.prior_calls(state, FINALIZE))
+        )
         answer = reply.text
-        status = state.get("status") or "succeeded"
-        get_stream_writer()(
+        emit(
             {
                 "type": "final",
                 "status": status,
@@ -302,11 +454,16 @@ def _make_finalize(model: BaseChatModel) -> Any:
                 "stop_reason": state.get("stop_reason"),
             }
         )
+        totals = acc.calls_usage(policy, [reply], time.monotonic() - started)
         return {
             "answer": answer,
             "status": status,
             "messages": [AIMessage(content=answer, name="relaygraph")],
-            "usage": [_usage(_task_ns(config), FINALIZE, state.get("turn", 0), [reply])],
+            "usage": [
+                acc.usage_record(
+                    acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, [reply]
+                )
+            ],
         }
 
     return finalize
@@ -323,7 +480,7 @@ def build_team(
     Args:
         models: A chat model for ``supervisor``, ``finalize`` and each agent of the policy.
         policy: Tools, handoffs and limits; :func:`~relaygraph.policies.default_policy` if None.
-        checkpointer: Where runs are checkpointed (needed for ``--thread`` continuation).
+        checkpointer: Where runs are checkpointed (needed for ``--thread`` and approvals).
 
     Raises:
         ConfigError: A model is missing for a role, or the policy is inconsistent.
@@ -345,17 +502,19 @@ def build_team(
     builder.add_node(
         SUPERVISOR,
         _make_supervisor(models[SUPERVISOR], policy, agents),
+        # It may also go to itself (a re-route after a refused ping-pong); that edge is not
+        # declared because LangChain's ASCII renderer cannot draw a self-loop.
         destinations=(*agents, FINALIZE),
     )
     for name in agents:
         spec = AGENTS[name]
-        subgraph = build_agent(spec, models[name], policy.agents[name])
+        subgraph = build_agent(spec, models[name], policy)
         builder.add_node(
             name,
             _make_agent_node(spec, subgraph, policy),
             destinations=(SUPERVISOR, FINALIZE, *policy.agents[name].handoffs),
         )
-    builder.add_node(FINALIZE, _make_finalize(models[FINALIZE]))
+    builder.add_node(FINALIZE, _make_finalize(models[FINALIZE], policy))
     builder.add_edge(START, "begin")
     builder.add_edge("begin", SUPERVISOR)
     builder.add_edge(FINALIZE, END)

@@ -23,6 +23,8 @@ class Usage(TypedDict):
     tool_calls: int
     input_tokens: int
     output_tokens: int
+    cost_usd: float
+    seconds: float
     estimated: bool
     """True when some tokens were estimated because the provider reported none."""
 
@@ -37,10 +39,30 @@ class Visit(TypedDict):
     source: str
     """Who gave the task: ``supervisor`` or the agent that handed off."""
     output: str
-    ended: Literal["finished", "handed_off", "model_call_limit"]
+    ended: Literal["finished", "handed_off", "budget", "refused"]
     tools: list[str]
     messages: list[AnyMessage]
     """The visit's transcript, every tool call answered; kept for audit, never re-sent."""
+
+
+class Violation(TypedDict):
+    """Something the policy refused or stopped: a disallowed tool, a budget, a ping-pong."""
+
+    id: str
+    turn: int
+    agent: str
+    kind: Literal[
+        "tool_not_allowed", "handoff_not_allowed", "ping_pong", "repeated_tool_call", "budget"
+    ]
+    detail: str
+
+
+class Bar(TypedDict):
+    """The supervisor may not send work to ``agent`` (after ``after``, when set) this turn."""
+
+    agent: str
+    after: str | None
+    reason: str
 
 
 class TeamState(TypedDict, total=False):
@@ -57,7 +79,8 @@ class TeamState(TypedDict, total=False):
     visits: Annotated[list[Visit], merge_by_id]
     handoffs: Annotated[list[HandoffRecord], merge_by_id]
     usage: Annotated[list[Usage], merge_by_id]
-    barred: list[str]
+    violations: Annotated[list[Violation], merge_by_id]
+    barred: list[Bar]
     """Routes the supervisor may not take in this turn, with the reason, told to it."""
     answer: str | None
     status: Status | None

@@ -1,0 +1,349 @@
+"""Policy enforcement inside each agent, as LangChain agent middleware.
+
+LangChain's ``ModelCallLimitMiddleware`` and ``ToolCallLimitMiddleware`` count calls per
+thread or per run of one agent graph; relaygraph's budgets span all visits of an agent in a
+task, the whole team, tokens, cost and time, so the checks are written here on the same
+hooks (``before_model`` with a jump to the end, ``wrap_tool_call``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    AgentState,
+    ModelRequest,
+    ModelResponse,
+    hook_config,
+)
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langgraph.config import get_config
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.runtime import Runtime
+from langgraph.types import Command, interrupt
+
+from relaygraph.handoffs import HANDOFF_PREFIX, handoff_target
+from relaygraph.policies._policy import AgentPolicy, TeamPolicy
+from relaygraph.policies.budget import (
+    BudgetHit,
+    UsageTotals,
+    check_agent_budget,
+    check_team_budget,
+    cost_usd,
+)
+from relaygraph.policies.pingpong import normalize_call
+
+__all__ = [
+    "BUDGET_KEY",
+    "MODEL_CALL_MARK",
+    "VIOLATION_KEY",
+    "PolicyMiddleware",
+    "VisitBudget",
+    "is_model_output",
+    "transcript_usage",
+]
+
+MODEL_CALL_MARK = "relaygraph_agent"
+"""``response_metadata`` key set on every AI message a model produced (not a middleware)."""
+VIOLATION_KEY = "relaygraph_violation"
+"""``additional_kwargs`` key on a message that records a violation: ``{"kind", "detail"}``."""
+BUDGET_KEY = "relaygraph_budget"
+"""``config["configurable"]`` key holding the :class:`VisitBudget` of the running visit."""
+
+
+def is_model_output(message: BaseMessage) -> bool:
+    """True for an AI message that came from a model call (as marked by the middleware)."""
+    return isinstance(message, AIMessage) and MODEL_CALL_MARK in message.response_metadata
+
+
+def _executed(message: BaseMessage) -> bool:
+    """A ToolMessage of a work tool that actually ran (not refused, not a handoff)."""
+    return (
+        isinstance(message, ToolMessage)
+        and handoff_target(message.name or "") is None
+        and VIOLATION_KEY not in message.additional_kwargs
+        and "relaygraph_approval_rejected" not in message.additional_kwargs
+    )
+
+
+def transcript_usage(
+    messages: list[BaseMessage], policy: TeamPolicy, *, seconds: float = 0.0
+) -> UsageTotals:
+    """What a visit's transcript spent: model calls, executed tool calls, tokens, cost."""
+    outputs = [m for m in messages if is_model_output(m)]
+    input_tokens = output_tokens = 0
+    cost = 0.0
+    for message in outputs:
+        meta = message.usage_metadata  # type: ignore[attr-defined]
+        if not meta:
+            continue
+        input_tokens += meta["input_tokens"]
+        output_tokens += meta["output_tokens"]
+        cost += cost_usd(
+            policy,
+            str(message.response_metadata.get("model_name", "")),
+            meta["input_tokens"],
+            meta["output_tokens"],
+        )
+    return UsageTotals(
+        model_calls=len(outputs),
+        tool_calls=sum(1 for m in messages if _executed(m)),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=cost,
+        seconds=seconds,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VisitBudget:
+    """What the team graph tells an agent's middleware when a visit starts."""
+
+    agent_before: UsageTotals
+    """This agent's usage in its earlier visits for this request."""
+    team_before: UsageTotals
+    """The whole team's usage for this request so far."""
+    started: float
+    """``time.monotonic()`` when the visit started."""
+    earlier_results: Mapping[str, str] = field(default_factory=dict)
+    """Results of this agent's earlier tool calls, by :func:`normalize_call` key."""
+    step: int | None = None
+    """The team graph's super-step of this visit, for approval payloads."""
+
+
+def _visit_budget() -> VisitBudget | None:
+    try:
+        value = get_config().get("configurable", {}).get(BUDGET_KEY)
+    except RuntimeError:  # Outside a graph (an agent used on its own): no budget to apply.
+        return None
+    return value if isinstance(value, VisitBudget) else None
+
+
+def _refusal(call: Mapping[str, Any], kind: str, detail: str, content: str) -> ToolMessage:
+    return ToolMessage(
+        content=content,
+        name=call["name"],
+        tool_call_id=call["id"] or "",
+        status="error",
+        additional_kwargs={VIOLATION_KEY: {"kind": kind, "detail": detail}},
+    )
+
+
+class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """Enforces one agent's policy: budgets, allowlists, repeated calls, approvals."""
+
+    def __init__(self, agent: str, policy: TeamPolicy) -> None:
+        super().__init__()
+        self.agent = agent
+        self.policy = policy
+        self.rules: AgentPolicy = policy.agent(agent)
+        self.allowed = set(self.rules.tools) | {f"{HANDOFF_PREFIX}{p}" for p in self.rules.handoffs}
+
+    @property
+    def name(self) -> str:
+        return f"Policy[{self.agent}]"
+
+    # -- budgets ----------------------------------------------------------------------
+
+    def _spent(
+        self, messages: list[BaseMessage], budget: VisitBudget
+    ) -> tuple[UsageTotals, UsageTotals]:
+        visit = transcript_usage(messages, self.policy, seconds=time.monotonic() - budget.started)
+        return budget.agent_before + visit, budget.team_before + visit
+
+    def _hit(
+        self, messages: list[BaseMessage], budget: VisitBudget, before: Any
+    ) -> BudgetHit | None:
+        agent_used, team_used = self._spent(messages, budget)
+        return check_agent_budget(
+            self.agent, self.rules.limits, agent_used, before=before
+        ) or check_team_budget(self.policy.team, team_used)
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
+        budget = _visit_budget()
+        if budget is None:
+            return None
+        messages: list[BaseMessage] = list(state["messages"])
+        hit = self._hit(messages, budget, "model")
+        if hit is None:
+            # A tool call refused for the tool budget spends the agent's budget too.
+            refused = [
+                m.additional_kwargs[VIOLATION_KEY]
+                for m in messages
+                if isinstance(m, ToolMessage) and VIOLATION_KEY in m.additional_kwargs
+            ]
+            for violation in refused:
+                if violation.get("budget"):
+                    hit = BudgetHit(**violation["budget"])
+                    break
+        if hit is None:
+            return None
+        note = AIMessage(
+            content=f"Stopped: {hit.message} ({hit.stop_reason}).",
+            additional_kwargs={BUDGET_KEY: hit.to_json()},
+        )
+        return {"jump_to": "end", "messages": [note]}
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelResponse[Any]:
+        # Marking the model's own messages lets usage be counted from the checkpointed
+        # transcript alone (re-runs cannot double count), apart from notes middleware adds.
+        response = handler(request)
+        for message in response.result:
+            if isinstance(message, AIMessage):
+                message.response_metadata[MODEL_CALL_MARK] = self.agent
+        return response
+
+    # -- tools ------------------------------------------------------------------------
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
+        call = request.tool_call
+        name = call["name"]
+        emit = request.runtime.stream_writer
+        if name not in self.allowed:
+            kind = "handoff_not_allowed" if handoff_target(name) else "tool_not_allowed"
+            allowed = ", ".join(sorted(self.allowed)) or "none"
+            detail = f"{self.agent!r} called {name!r}, which it is not allowed"
+            emit({"type": "violation", "agent": self.agent, "kind": kind, "detail": detail})
+            return _refusal(
+                call,
+                kind,
+                detail,
+                f"Not run: {name!r} is not allowed for {self.agent}. Allowed tools: {allowed}.",
+            )
+        if handoff_target(name) is not None:
+            return handler(request)
+
+        messages: list[BaseMessage] = list(request.state.get("messages", []))
+        budget = _visit_budget()
+        if budget is not None:
+            refusal = self._check_tool(call, messages, budget)
+            if refusal is not None:
+                emit(
+                    {
+                        "type": "violation",
+                        "agent": self.agent,
+                        **refusal.additional_kwargs[VIOLATION_KEY],
+                    }
+                )
+                return refusal
+        if name in self.rules.approval:
+            return self._with_approval(request, handler, messages, budget)
+        return handler(request)
+
+    def _check_tool(
+        self, call: Mapping[str, Any], messages: list[BaseMessage], budget: VisitBudget
+    ) -> ToolMessage | None:
+        key = normalize_call(call["name"], call["args"])
+        earlier = dict(budget.earlier_results)
+        answered = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+        siblings: list[Mapping[str, Any]] = []
+        for message in messages:
+            if not isinstance(message, AIMessage):
+                continue
+            for other in message.tool_calls:
+                if other["id"] == call["id"]:
+                    break
+                if other["id"] in answered and _executed(answered[other["id"]]):
+                    earlier.setdefault(
+                        normalize_call(other["name"], other["args"]),
+                        str(answered[other["id"]].content),
+                    )
+                elif other["id"] not in answered and handoff_target(other["name"]) is None:
+                    siblings.append(other)  # Same message, running beside this call.
+        if key in earlier:
+            detail = f"{self.agent!r} repeated {call['name']}({json.dumps(call['args'])})"
+            return _refusal(
+                call,
+                "repeated_tool_call",
+                detail,
+                f"{earlier[key]}\n\n[Not run again: this exact call was already made; "
+                "above is its earlier result.]",
+            )
+        agent_used, team_used = self._spent(messages, budget)
+        agent_used = agent_used + UsageTotals(tool_calls=len(siblings))
+        hit = check_agent_budget(
+            self.agent, self.rules.limits, agent_used, before="tool"
+        ) or check_team_budget(self.policy.team, team_used)
+        if hit is not None:
+            message = _refusal(
+                call, "budget", hit.message, f"Not run: {hit.message} ({hit.stop_reason})."
+            )
+            message.additional_kwargs[VIOLATION_KEY]["budget"] = hit.to_json()
+            return message
+        return None
+
+    def _with_approval(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+        messages: list[BaseMessage],
+        budget: VisitBudget | None,
+    ) -> ToolMessage | Command[Any]:
+        call = request.tool_call
+        calling = next(
+            (
+                m
+                for m in reversed(messages)
+                if isinstance(m, AIMessage) and any(c["id"] == call["id"] for c in m.tool_calls)
+            ),
+            None,
+        )
+        if calling is not None and len(calling.tool_calls) > 1:
+            # Everything else in the message would run before the approval; nothing with a
+            # side effect may happen before the interrupt, so the call must come alone.
+            return ToolMessage(
+                content=f"Not run: {call['name']} needs a person's approval, so call it in a "
+                "message of its own.",
+                name=call["name"],
+                tool_call_id=call["id"] or "",
+                status="error",
+                additional_kwargs={"relaygraph_approval_rejected": True},
+            )
+        decision = interrupt(
+            {
+                "type": "approval",
+                "agent": self.agent,
+                "tool": call["name"],
+                "args": call["args"],
+                "tool_call_id": call["id"],
+                "step": budget.step if budget is not None else None,
+            }
+        )
+        verdict = decision.get("decision") if isinstance(decision, Mapping) else decision
+        reason = decision.get("reason") if isinstance(decision, Mapping) else None
+        request.runtime.stream_writer(
+            {
+                "type": "approval",
+                "agent": self.agent,
+                "tool": call["name"],
+                "decision": verdict,
+                "reason": reason,
+            }
+        )
+        if verdict == "approve":
+            return handler(request)
+        if verdict == "edit" and isinstance(decision, Mapping):
+            edited = {**call, "args": dict(decision.get("args") or {})}
+            return handler(request.override(tool_call=edited))  # type: ignore[arg-type]
+        return ToolMessage(
+            content=f"A person rejected this call of {call['name']}: "
+            f"{reason or 'no reason given'}. Do not make it again as it was.",
+            name=call["name"],
+            tool_call_id=call["id"] or "",
+            status="error",
+            additional_kwargs={"relaygraph_approval_rejected": True},
+        )

@@ -1,0 +1,152 @@
+"""Reading the task's record in state: usage so far, earlier results, bars, violations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_stream_writer
+
+from relaygraph.models.scripted import PRIOR_CALLS_KEY
+from relaygraph.policies import TeamPolicy
+from relaygraph.policies.budget import UsageTotals, cost_usd
+from relaygraph.policies.middleware import VIOLATION_KEY
+from relaygraph.policies.pingpong import normalize_call
+from relaygraph.supervisor._state import Bar, TeamState, Usage, Violation
+
+
+def task_ns(config: RunnableConfig) -> str:
+    """The running task's checkpoint namespace (``node:<task id>``): stable across re-runs."""
+    return str(config.get("configurable", {}).get("checkpoint_ns") or "")
+
+
+def step_of(config: RunnableConfig) -> int | None:
+    step = config.get("metadata", {}).get("langgraph_step")
+    return int(step) if step is not None else None
+
+
+def with_prior_calls(config: RunnableConfig, prior: int, **configurable: Any) -> RunnableConfig:
+    """The node's config plus how many calls this role made before (for scripted models)."""
+    return {
+        **config,
+        "configurable": {
+            **config.get("configurable", {}),
+            PRIOR_CALLS_KEY: prior,
+            **configurable,
+        },
+        "metadata": {**config.get("metadata", {}), PRIOR_CALLS_KEY: prior},
+    }
+
+
+def prior_calls(state: TeamState, role: str) -> int:
+    """Model calls ``role`` made in this thread before: the scripted model's cursor."""
+    return sum(u["model_calls"] for u in state.get("usage", []) if u["agent"] == role)
+
+
+def turn_usage(state: TeamState, role: str | None = None) -> UsageTotals:
+    turn = state.get("turn", 0)
+    return UsageTotals.of(
+        u
+        for u in state.get("usage", [])
+        if u["turn"] == turn and (role is None or u["agent"] == role)
+    )
+
+
+def usage_record(
+    id: str, role: str, turn: int, totals: UsageTotals, outputs: list[BaseMessage]
+) -> Usage:
+    return Usage(
+        id=id,
+        agent=role,
+        turn=turn,
+        model_calls=totals.model_calls,
+        tool_calls=totals.tool_calls,
+        input_tokens=totals.input_tokens,
+        output_tokens=totals.output_tokens,
+        cost_usd=totals.cost_usd,
+        seconds=totals.seconds,
+        estimated=any(
+            not isinstance(m, AIMessage)
+            or m.usage_metadata is None
+            or m.response_metadata.get("relaygraph_usage_estimated", False)
+            for m in outputs
+        ),
+    )
+
+
+def calls_usage(policy: TeamPolicy, replies: list[AIMessage], seconds: float) -> UsageTotals:
+    """Usage of direct model calls (the supervisor's routes, finalize's answer)."""
+    total = UsageTotals(seconds=seconds)
+    for reply in replies:
+        meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0}
+        total = total + UsageTotals(
+            model_calls=1,
+            input_tokens=meta["input_tokens"],
+            output_tokens=meta["output_tokens"],
+            cost_usd=cost_usd(
+                policy,
+                str(reply.response_metadata.get("model_name", "")),
+                meta["input_tokens"],
+                meta["output_tokens"],
+            ),
+        )
+    return total
+
+
+def earlier_results(state: TeamState, agent: str) -> dict[str, str]:
+    """Results of ``agent``'s executed tool calls in earlier visits for this request."""
+    turn = state.get("turn", 0)
+    results: dict[str, str] = {}
+    for visit in state.get("visits", []):
+        if visit["agent"] != agent or visit["turn"] != turn:
+            continue
+        answers = {
+            m.tool_call_id: m
+            for m in visit["messages"]
+            if isinstance(m, ToolMessage) and VIOLATION_KEY not in m.additional_kwargs
+        }
+        for message in visit["messages"]:
+            if isinstance(message, AIMessage):
+                for call in message.tool_calls:
+                    if call["id"] in answers:
+                        key = normalize_call(call["name"], call["args"])
+                        results.setdefault(key, str(answers[call["id"]].content))
+    return results
+
+
+def violation(id: str, turn: int, agent: str, kind: Any, detail: str) -> Violation:
+    get_stream_writer()({"type": "violation", "agent": agent, "kind": kind, "detail": detail})
+    return Violation(id=id, turn=turn, agent=agent, kind=kind, detail=detail)
+
+
+def transcript_violations(transcript: list[BaseMessage], agent: str, turn: int) -> list[Violation]:
+    """Violations the agent's middleware recorded on messages (events were sent then)."""
+    found = []
+    for message in transcript:
+        record = message.additional_kwargs.get(VIOLATION_KEY)
+        if record:
+            key = getattr(message, "tool_call_id", None) or message.id or ""
+            found.append(
+                Violation(
+                    id=f"{key}:{record['kind']}",
+                    turn=turn,
+                    agent=agent,
+                    kind=record["kind"],
+                    detail=record["detail"],
+                )
+            )
+    return found
+
+
+def bars_now(state: TeamState, last_agent: str | None) -> dict[str, str]:
+    """Agents the supervisor may not route to now, with the reason."""
+    barred: dict[str, str] = {}
+    for bar in state.get("barred", []):
+        if bar["after"] is None or bar["after"] == last_agent:
+            barred.setdefault(bar["agent"], bar["reason"])
+    return barred
+
+
+def add_bar(state: TeamState, agent: str, reason: str, after: str | None = None) -> list[Bar]:
+    return [*state.get("barred", []), Bar(agent=agent, after=after, reason=reason)]
