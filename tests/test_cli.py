@@ -58,12 +58,12 @@ def test_run_json_prints_only_json(home: Path) -> None:
         "task": result["handoffs"][1]["task"],
         "reason": "a calculation is best checked by running code",
     }
-    assert set(result["usage"]["researcher"]) == {
-        "model_calls",
-        "tool_calls",
-        "input_tokens",
-        "output_tokens",
-    }
+    researcher = result["usage"]["researcher"]
+    assert set(researcher) >= {"model_calls", "tool_calls", "input_tokens", "output_tokens"}
+    # The agent's limits stand beside its counts.
+    assert researcher["limits"]["max_model_calls"] == 10
+    assert result["violations"] == []
+    assert result["team_usage"]["agent_runs"] == 3
     # Progress went to stderr.
     assert "hands off to coder" in proc.stderr
 

@@ -71,6 +71,21 @@ class ProgressPrinter:
                     else ""
                 )
             )
+        elif kind == "violation":
+            say(f"    [bold red]{event['kind']}[/] ({event['agent']}): {escape(event['detail'])}")
+        elif kind == "approval":
+            say(
+                f"    approval for {event['agent']}'s {event['tool']}: [bold]{event['decision']}[/]"
+                + (f" ({escape(event['reason'])})" if event.get("reason") else "")
+            )
+        elif kind == "interrupted":
+            if event.get("waits_for") == "approval":
+                say(
+                    f"[bold yellow]waiting for approval:[/] {event['agent']} wants to run "
+                    f"[magenta]{event['tool']}[/]({escape(_args(event['args']))})"
+                )
+            else:
+                say(f"[bold yellow]waiting for a decision:[/] {escape(str(event.get('detail')))}")
         elif kind == "run_finished" and event["status"] not in ("succeeded",):
             say(f"[yellow]status {event['status']}[/]: {escape(str(event['stop_reason']))}")
 
@@ -82,6 +97,20 @@ def print_result(result: RunResult) -> None:
         out.print(escape(result.answer))
     if result.artifacts:
         out.print(f"\nArtifacts ({result.task_id}): " + ", ".join(result.artifacts))
+    if result.status == "interrupted":
+        out.print(
+            f"Task {result.task_id} is waiting: {escape(str(result.stop_reason))}\n"
+            f"Continue with: relaygraph resume {result.task_id} --approve | --reject "
+            "[--reason TEXT] | --edit ARGS_JSON"
+        )
+        return
+    if result.violations:
+        out.print(
+            "\nViolations: "
+            + "; ".join(
+                f"{v['kind']} ({v['agent']}): {escape(v['detail'])}" for v in result.violations
+            )
+        )
     out.print(
         f"\n[dim]status {result.status} · thread {result.thread_id} "
         f"(continue with --thread {result.thread_id})[/]"

@@ -16,7 +16,7 @@ from typing import Any
 from relaygraph import __version__
 from relaygraph.errors import ConfigError, RelaygraphError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
 
 LOCAL_MODEL_NOTE = (
     "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): its "
@@ -32,6 +32,16 @@ def _agent_model(value: str) -> tuple[str, str]:
             f"expected AGENT=SPEC, for example coder=openai:gpt-4.1, got {value!r}"
         )
     return agent.strip(), spec.strip()
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of arguments, got {value!r}")
+    return parsed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +80,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--thread", metavar="ID", help="continue the conversation of this thread")
     run.add_argument(
+        "--policy",
+        metavar="FILE",
+        type=Path,
+        help="policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)",
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
+    )
+
+    resume = commands.add_parser(
+        "resume",
+        help="continue a task that waits for a person's decision",
+        description="Continue an interrupted task from its checkpoint, in this process, with "
+        "a decision on what it waits for (a tool needing approval, or a ping-pong).",
+    )
+    resume.add_argument("task_id", metavar="TASK_ID")
+    decision = resume.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--approve", action="store_true", help="run the tool as requested")
+    decision.add_argument("--reject", action="store_true", help="refuse it; the model is told")
+    decision.add_argument(
+        "--edit",
+        metavar="ARGS_JSON",
+        type=_json_object,
+        help="run the tool with these arguments instead (a JSON object)",
+    )
+    resume.add_argument("--reason", metavar="TEXT", help="why; shown to the model on --reject")
+    resume.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout and nothing else"
     )
 
@@ -93,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "resume":
+            return _resume(args)
         if args.command == "graph":
             return _graph(args)
         return _kb(args)
@@ -108,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from relaygraph._console import ProgressPrinter, print_result
+    from relaygraph._console import ProgressPrinter
     from relaygraph.run import run_task
 
     agent_models = dict(args.agent_model)
@@ -118,15 +157,36 @@ def _run(args: argparse.Namespace) -> int:
         model=args.model,
         agent_models=agent_models,
         thread_id=args.thread,
+        policy=args.policy,
         home=args.home,
         on_event=printer,
     )
-    if args.json:
+    return _report(result, as_json=args.json)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from relaygraph._console import ProgressPrinter
+    from relaygraph.run import Decision, resume_task
+
+    if args.edit is not None:
+        decision = Decision(decision="edit", args=args.edit, reason=args.reason)
+    else:
+        decision = Decision(decision="approve" if args.approve else "reject", reason=args.reason)
+    result = resume_task(args.task_id, decision, home=args.home, on_event=ProgressPrinter())
+    return _report(result, as_json=args.json)
+
+
+def _report(result: Any, *, as_json: bool) -> int:
+    from relaygraph._console import print_result
+
+    if as_json:
         sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
     else:
         print_result(result)
     if any(spec.startswith("local:") for spec in result.models.values()):
         print(LOCAL_MODEL_NOTE, file=sys.stderr)
+    if result.status == "interrupted":
+        return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_FAILED
 
 

@@ -1,24 +1,34 @@
-"""Run one task through the team: build the models and graph, stream events, return a result."""
+"""Run one task through the team, or resume a paused one: stream events, return a result."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from relaygraph._home import data_home
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
-from relaygraph.policies import TeamPolicy, default_policy
+from relaygraph.policies import TeamPolicy, default_policy, load_policy
 
-__all__ = ["RunResult", "resolve_model_specs", "run_task", "sqlite_checkpointer"]
+__all__ = [
+    "Decision",
+    "RunResult",
+    "resolve_model_specs",
+    "resume_task",
+    "run_task",
+    "sqlite_checkpointer",
+]
 
 EventHandler = Callable[[dict[str, Any]], None]
 USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
+TASK_FILE = "task.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,11 +41,17 @@ class RunResult:
     """``succeeded``, ``degraded``, ``failed`` or ``interrupted``."""
     answer: str | None
     stop_reason: str | None
+    """Why the team stopped early; None when it finished on its own."""
     agents_run: list[str]
     handoffs: list[dict[str, Any]]
     """Every transfer of work in order: routes (``kind: route``) and direct handoffs."""
     artifacts: list[str]
-    usage: dict[str, dict[str, int]]
+    usage: dict[str, dict[str, Any]]
+    """Per role: counts, tokens, cost, seconds, and each agent's ``limits`` beside them."""
+    team_usage: dict[str, Any] = field(default_factory=dict)
+    violations: list[dict[str, str]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """What an interrupted task waits for: approval requests and ping-pong decisions."""
     models: dict[str, str] = field(default_factory=dict)
     """The model spec each role ran on."""
 
@@ -44,18 +60,25 @@ class RunResult:
         return self.status in ("succeeded", "degraded")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "thread_id": self.thread_id,
-            "status": self.status,
-            "answer": self.answer,
-            "stop_reason": self.stop_reason,
-            "agents_run": self.agents_run,
-            "handoffs": self.handoffs,
-            "artifacts": self.artifacts,
-            "usage": self.usage,
-            "models": self.models,
-        }
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Decision:
+    """A person's answer to a paused task."""
+
+    decision: Literal["approve", "reject", "edit"]
+    args: dict[str, Any] | None = None
+    """The replacement arguments, for ``edit``."""
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.decision not in ("approve", "reject", "edit"):
+            raise ConfigError(f"decision {self.decision!r} must be 'approve', 'reject' or 'edit'")
+        if self.decision == "edit" and not isinstance(self.args, dict):
+            raise ConfigError(
+                f"an edit needs the new arguments as a JSON object, got {self.args!r}"
+            )
 
 
 def resolve_model_specs(
@@ -96,7 +119,9 @@ def sqlite_checkpointer(path: Path) -> Iterator[Any]:
         conn.close()
 
 
-def _summarize(state: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
+def _summarize(state: dict[str, Any], policy: TeamPolicy, roles: tuple[str, ...]) -> dict[str, Any]:
+    from relaygraph.policies import LIMIT_NAMES
+
     turn = state.get("turn", 0)
     visits = [v for v in state.get("visits", []) if v["turn"] == turn]
     handoffs = [
@@ -110,15 +135,38 @@ def _summarize(state: dict[str, Any], roles: tuple[str, ...]) -> dict[str, Any]:
         for h in state.get("handoffs", [])
         if h.get("turn") == turn
     ]
-    usage: dict[str, dict[str, int]] = {}
+    fields = (*USAGE_FIELDS, "cost_usd", "seconds")
+    usage: dict[str, dict[str, Any]] = {}
+    team: dict[str, Any] = dict.fromkeys(fields, 0)
     for record in state.get("usage", []):
         if record["turn"] != turn:
             continue
-        totals = usage.setdefault(record["agent"], dict.fromkeys(USAGE_FIELDS, 0))
-        for key in USAGE_FIELDS:
-            totals[key] += record[key]
-    ordered = {role: usage[role] for role in roles if role in usage}
-    return {"agents_run": [v["agent"] for v in visits], "handoffs": handoffs, "usage": ordered}
+        totals = usage.setdefault(record["agent"], {**dict.fromkeys(fields, 0), "estimated": False})
+        for key in fields:
+            totals[key] += record.get(key, 0)
+            team[key] += record.get(key, 0)
+        totals["estimated"] = totals["estimated"] or record.get("estimated", False)
+    for role, totals in usage.items():
+        totals["cost_usd"] = round(totals["cost_usd"], 6)
+        totals["seconds"] = round(totals["seconds"], 3)
+        if role in policy.agents:
+            limits = asdict(policy.agents[role].limits)
+            totals["limits"] = {name: limits[name] for name in LIMIT_NAMES}
+    team["cost_usd"], team["seconds"] = round(team["cost_usd"], 6), round(team["seconds"], 3)
+    team["agent_runs"] = len(visits)
+    team["limits"] = {k: v for k, v in asdict(policy.team).items() if k != "on_exhausted"}
+    violations = [
+        {"agent": v["agent"], "kind": v["kind"], "detail": v["detail"]}
+        for v in state.get("violations", [])
+        if v["turn"] == turn
+    ]
+    return {
+        "agents_run": [v["agent"] for v in visits],
+        "handoffs": handoffs,
+        "usage": {role: usage[role] for role in roles if role in usage},
+        "team_usage": team,
+        "violations": violations,
+    }
 
 
 def _token_text(chunk: Any) -> str:
@@ -127,13 +175,140 @@ def _token_text(chunk: Any) -> str:
     return chunk.text if isinstance(chunk, AIMessageChunk) else ""
 
 
+def _pending_reason(pending: list[dict[str, Any]]) -> str:
+    first = pending[0]
+    if first.get("type") == "approval":
+        return f"awaiting approval: {first['agent']} wants to run {first['tool']}"
+    return f"awaiting a decision: {first.get('detail', first.get('type'))}"
+
+
+class _Task:
+    """Everything one task needs: its record on disk, models, policy, graph, config."""
+
+    def __init__(self, record: dict[str, Any], policy: TeamPolicy, home: Path) -> None:
+        self.record = record
+        self.policy = policy
+        self.home = home
+        self.dir = home / "tasks" / record["task_id"]
+
+    @property
+    def config(self) -> Any:
+        return {
+            "configurable": {
+                "thread_id": self.record["thread_id"],
+                "relaygraph_task_id": self.record["task_id"],
+            },
+            "recursion_limit": self.policy.recursion_limit,
+            "run_name": "relaygraph",
+            "metadata": {"task_id": self.record["task_id"]},
+        }
+
+    def save(self, **changes: Any) -> None:
+        self.record.update(changes, updated_at=datetime.now(UTC).isoformat())
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{TASK_FILE}.tmp"
+        tmp.write_text(json.dumps(self.record, indent=2), encoding="utf-8")
+        tmp.replace(self.dir / TASK_FILE)
+
+    def execute(self, graph_input: Any, emit: EventHandler, *, stream_tokens: bool) -> RunResult:
+        from langgraph.errors import GraphRecursionError
+
+        from relaygraph.agents.context import TaskContext
+        from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+        from relaygraph.models import load_model
+        from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
+
+        specs: dict[str, str] = self.record["models"]
+        roles = (SUPERVISOR, *self.policy.agents, FINALIZE)
+        models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
+        context = TaskContext.for_task(
+            self.home, task_id=self.record["task_id"], thread_id=self.record["thread_id"]
+        )
+        context.workspace.mkdir(parents=True, exist_ok=True)
+        context.artifacts.mkdir(parents=True, exist_ok=True)
+        with KnowledgeBase(context.knowledge_base) as kb:
+            ensure_sample_corpus(kb)
+        with sqlite_checkpointer(self.home / "checkpoints.sqlite") as checkpointer:
+            graph = build_team(models, policy=self.policy, checkpointer=checkpointer)
+            emit(
+                {
+                    "type": "run_started",
+                    "task_id": self.record["task_id"],
+                    "thread_id": self.record["thread_id"],
+                    "models": specs,
+                }
+            )
+            error: str | None = None
+            try:
+                modes = ["custom", "messages"] if stream_tokens else ["custom"]
+                for _ns, mode, data in graph.stream(  # type: ignore[call-overload]
+                    graph_input,
+                    self.config,
+                    context=context,
+                    stream_mode=modes,
+                    subgraphs=True,
+                ):
+                    if mode == "custom":
+                        emit(data)
+                    elif text := _token_text(data[0]):
+                        role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
+                        emit({"type": "token", "role": role, "text": text})
+            except GraphRecursionError:
+                # The team's own step guard finalizes before this; it stays a last resort
+                # that ends the task cleanly instead of surfacing LangGraph's error.
+                error = "budget:team:recursion_limit"
+            except RelaygraphError as exc:
+                error = f"error: {exc}"
+            except Exception as exc:  # A provider or tool failure ends this task, not the process.
+                error = f"error: {type(exc).__name__}: {exc}"
+            snapshot = graph.get_state(self.config)
+        state = snapshot.values
+        pending = [
+            {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
+            for i in snapshot.interrupts
+        ]
+        if error is not None:
+            status, stop_reason, answer = "failed", error, None
+        elif pending:
+            status, stop_reason, answer = "interrupted", _pending_reason(pending), None
+        else:
+            status = state.get("status") or "failed"
+            stop_reason, answer = state.get("stop_reason"), state.get("answer")
+        artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
+        result = RunResult(
+            task_id=self.record["task_id"],
+            thread_id=self.record["thread_id"],
+            status=status,
+            answer=answer,
+            stop_reason=stop_reason,
+            artifacts=artifacts,
+            models=specs,
+            pending=pending,
+            **_summarize(state, self.policy, roles),
+        )
+        self.save(status=status, stop_reason=stop_reason, pending=pending)
+        if pending:
+            for item in pending:
+                emit({**item, "type": "interrupted", "waits_for": item.get("type")})
+        emit({"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason})
+        return result
+
+
+def _policy_of(policy: TeamPolicy | str | Path | None) -> TeamPolicy:
+    if policy is None:
+        return default_policy()
+    if isinstance(policy, TeamPolicy):
+        return policy
+    return load_policy(policy)
+
+
 def run_task(
     request: str,
     *,
     model: str | None = None,
     agent_models: Mapping[str, str] | None = None,
     thread_id: str | None = None,
-    policy: TeamPolicy | None = None,
+    policy: TeamPolicy | str | Path | None = None,
     home: Path | None = None,
     on_event: EventHandler | None = None,
     stream_tokens: bool = False,
@@ -146,87 +321,86 @@ def run_task(
             defaults to the embedded model.
         agent_models: Per-role specs: agent names, ``supervisor``, ``finalize``.
         thread_id: Continue this earlier conversation; a new thread when None.
-        policy: The team policy; the defaults when None.
+        policy: The team policy, or the path of a policy file; the defaults when None.
         home: The data directory; ``$RELAYGRAPH_HOME`` or ``~/.relaygraph`` when None.
-        on_event: Called with each event (route, handoff, tool call, ...) as it happens.
+        on_event: Called with each event (route, handoff, tool call, violation, ...).
         stream_tokens: Also emit ``token`` events as models stream their text (models are
             then called in streaming mode).
 
     Raises:
-        ConfigError: Bad input (empty request, unknown thread, bad model spec) — before
-            anything runs. Failures while running are reported as ``status="failed"``.
+        ConfigError: Bad input (empty request, unknown thread, bad model spec, bad policy)
+            — before anything runs. Failures while running are reported as ``failed``.
     """
-    from relaygraph.agents.context import TaskContext
-    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
-    from relaygraph.models import load_model
-    from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
+    from relaygraph.policies import policy_to_mapping
+    from relaygraph.supervisor import FINALIZE, SUPERVISOR
 
     if not request.strip():
         raise ConfigError("the task is empty: say what the team should do")
-    policy = policy or default_policy()
-    roles = (SUPERVISOR, *policy.agents, FINALIZE)
+    team_policy = _policy_of(policy)
+    roles = (SUPERVISOR, *team_policy.agents, FINALIZE)
     specs = resolve_model_specs(model, agent_models or {}, roles)
-    models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
     home = data_home(home)
-    emit = on_event or (lambda event: None)
-
-    with sqlite_checkpointer(home / "checkpoints.sqlite") as checkpointer:
-        graph = build_team(models, policy=policy, checkpointer=checkpointer)
-        known = {"configurable": {"thread_id": thread_id}}
-        if thread_id is not None and checkpointer.get_tuple(known) is None:
-            raise ConfigError(
-                f"thread {thread_id!r} has no earlier run in {home}; "
-                "leave out --thread to start a new conversation"
-            )
-        thread_id = thread_id or str(uuid.uuid4())
-        task_id = str(uuid.uuid4())
-        context = TaskContext.for_task(home, task_id=task_id, thread_id=thread_id)
-        context.workspace.mkdir(parents=True, exist_ok=True)
-        context.artifacts.mkdir(parents=True, exist_ok=True)
-        with KnowledgeBase(context.knowledge_base) as kb:
-            ensure_sample_corpus(kb)
-        config: Any = {
-            "configurable": {"thread_id": thread_id, "relaygraph_task_id": task_id},
-            "recursion_limit": policy.recursion_limit,
-            "run_name": "relaygraph",
-            "metadata": {"task_id": task_id},
-        }
-        emit({"type": "run_started", "task_id": task_id, "thread_id": thread_id, "models": specs})
-        status, stop_reason, answer = "failed", None, None
-        try:
-            modes = ["custom", "messages"] if stream_tokens else ["custom"]
-            for _ns, mode, data in graph.stream(  # type: ignore[call-overload]
-                {"request": request},
-                config,
-                context=context,
-                stream_mode=modes,
-                subgraphs=True,
-            ):
-                if mode == "custom":
-                    emit(data)
-                elif text := _token_text(data[0]):
-                    role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
-                    emit({"type": "token", "role": role, "text": text})
-        except RelaygraphError as exc:
-            stop_reason = f"error: {exc}"
-        except Exception as exc:  # A provider or tool failure ends this task, not the process.
-            stop_reason = f"error: {type(exc).__name__}: {exc}"
-        state = graph.get_state(config).values
-        if stop_reason is None:
-            status = state.get("status") or "failed"
-            stop_reason, answer = state.get("stop_reason"), state.get("answer")
-        summary = _summarize(state, roles)
-        artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
-
-    result = RunResult(
-        task_id=task_id,
-        thread_id=thread_id,
-        status=status,
-        answer=answer,
-        stop_reason=stop_reason,
-        artifacts=artifacts,
-        models=specs,
-        **summary,
+    if thread_id is not None:
+        with sqlite_checkpointer(home / "checkpoints.sqlite") as checkpointer:
+            if checkpointer.get_tuple({"configurable": {"thread_id": thread_id}}) is None:
+                raise ConfigError(
+                    f"thread {thread_id!r} has no earlier run in {home}; "
+                    "leave out --thread to start a new conversation"
+                )
+    now = datetime.now(UTC).isoformat()
+    task = _Task(
+        {
+            "task_id": str(uuid.uuid4()),
+            "thread_id": thread_id or str(uuid.uuid4()),
+            "request": request,
+            "models": specs,
+            "policy": policy_to_mapping(team_policy),
+            "policy_source": team_policy.source,
+            "status": "running",
+            "created_at": now,
+        },
+        team_policy,
+        home,
     )
-    emit({"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason})
-    return result
+    task.save()
+    return task.execute(
+        {"request": request}, on_event or (lambda event: None), stream_tokens=stream_tokens
+    )
+
+
+def resume_task(
+    task_id: str,
+    decision: Decision,
+    *,
+    home: Path | None = None,
+    on_event: EventHandler | None = None,
+    stream_tokens: bool = False,
+) -> RunResult:
+    """Continue a task that is waiting for a person's decision, from its checkpoint.
+
+    The decision answers every request the task waits for (usually one approval).
+
+    Raises:
+        ConfigError: No such task, or it is not waiting for a decision.
+    """
+    from langgraph.types import Command
+
+    from relaygraph.policies import parse_policy
+
+    home = data_home(home)
+    file = home / "tasks" / task_id / TASK_FILE
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"no task {task_id!r} in {home}") from None
+    if record.get("status") != "interrupted" or not record.get("pending"):
+        raise ConfigError(
+            f"task {task_id!r} is not waiting for a decision (its status is "
+            f"{record.get('status')!r})"
+        )
+    policy = parse_policy(record["policy"], source=record.get("policy_source") or "<task>")
+    task = _Task(record, policy, home)
+    answer = {k: v for k, v in asdict(decision).items() if v is not None}
+    resume = Command(resume={item["id"]: answer for item in record["pending"]})
+    task.save(status="running")
+    return task.execute(resume, on_event or (lambda event: None), stream_tokens=stream_tokens)

@@ -559,8 +559,9 @@ class LocalChatModel(BaseChatModel):
     With tools bound, the model emits one decision: call one bound tool with arguments that
     match its schema, or answer. Its first decision after a human message is always one of
     its work tools (not a handoff, not an answer). After :data:`MAX_TOOL_RESULTS` tool
-    results since the last human message only an answer is offered. ``with_structured_output`` constrains the
-    output to the given schema. Load it with :func:`load_local_model`.
+    results since the last human message only an answer is offered.
+    ``with_structured_output`` constrains the output to the given schema. Load it with
+    :func:`load_local_model`.
     """
 
     model: str = "smollm2"

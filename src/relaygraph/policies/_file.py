@@ -294,3 +294,29 @@ def load_policy(
     return parse_policy(
         data, source=repr(str(file)), agent_names=agent_names, tool_names=tool_names
     )
+
+
+def policy_to_mapping(policy: TeamPolicy) -> dict[str, Any]:
+    """The policy in the policy file's shape; :func:`parse_policy` reads it back unchanged.
+
+    A paused task stores its policy this way, so a resume in another process enforces
+    exactly the rules the task started with.
+    """
+
+    def unset_none(values: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if v is not None}
+
+    return {
+        "team": unset_none(dataclasses.asdict(policy.team)),
+        "ping_pong": dataclasses.asdict(policy.ping_pong),
+        "agents": {
+            name: {
+                "tools": list(agent.tools),
+                "handoffs": list(agent.handoffs),
+                "approval": list(agent.approval),
+                **unset_none(dataclasses.asdict(agent.limits)),
+            }
+            for name, agent in policy.agents.items()
+        },
+        "prices": {name: dataclasses.asdict(price) for name, price in policy.prices.items()},
+    }
