@@ -240,14 +240,15 @@ class _Task:
             )
             error: str | None = None
             try:
-                modes = ["custom", "messages"] if stream_tokens else ["custom"]
-                for _ns, mode, data in graph.stream(  # type: ignore[call-overload]
+                modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
+                stream: Any = graph.stream(
                     graph_input,
                     self.config,
                     context=context,
                     stream_mode=modes,
                     subgraphs=True,
-                ):
+                )
+                for _ns, mode, data in stream:
                     if mode == "custom":
                         emit(data)
                     elif text := _token_text(data[0]):
@@ -267,6 +268,9 @@ class _Task:
             {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
             for i in snapshot.interrupts
         ]
+        status: str
+        stop_reason: str | None
+        answer: str | None
         if error is not None:
             status, stop_reason, answer = "failed", error, None
         elif pending:
@@ -401,6 +405,6 @@ def resume_task(
     policy = parse_policy(record["policy"], source=record.get("policy_source") or "<task>")
     task = _Task(record, policy, home)
     answer = {k: v for k, v in asdict(decision).items() if v is not None}
-    resume = Command(resume={item["id"]: answer for item in record["pending"]})
+    resume: Command[Any] = Command(resume={item["id"]: answer for item in record["pending"]})
     task.save(status="running")
     return task.execute(resume, on_event or (lambda event: None), stream_tokens=stream_tokens)
