@@ -20,6 +20,7 @@ import atexit
 import hashlib
 import importlib.resources
 import json
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -133,8 +134,19 @@ def _engine(name: str, *, spec: str | None = None) -> _Engine:
             # Freed by its finalizer at interpreter teardown, llama_cpp's module globals are
             # already gone and it prints a TypeError traceback; closing at exit avoids that.
             atexit.register(llama.close)
+            atexit.register(_close_llama_devnull)
             engine = _ENGINES[name] = _Engine(llama)
         return engine
+
+
+def _close_llama_devnull() -> None:
+    """llama_cpp._utils opens os.devnull twice at import and never closes it, which Python
+    reports at exit as an unclosed-file ResourceWarning; close those files at exit."""
+    utils = sys.modules.get("llama_cpp._utils")
+    for attr in ("outnull_file", "errnull_file"):
+        handle = getattr(utils, attr, None)
+        if handle is not None and not handle.closed:
+            handle.close()
 
 
 def _load_llama(name: str, *, spec: str) -> Llama:
