@@ -114,6 +114,9 @@ class VisitBudget:
     """Results of this agent's earlier tool calls, by :func:`normalize_call` key."""
     step: int | None = None
     """The team graph's super-step of this visit, for approval payloads."""
+    barred: Mapping[str, str] = field(default_factory=dict)
+    """Peers this agent may not hand work to now (a barred ping-pong pair, a peer out of
+    budget), with the reason."""
 
 
 def _visit_budget() -> VisitBudget | None:
@@ -224,11 +227,29 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 detail,
                 f"Not run: {name!r} is not allowed for {self.agent}. Allowed tools: {allowed}.",
             )
-        if handoff_target(name) is not None:
+        budget = _visit_budget()
+        if (peer := handoff_target(name)) is not None:
+            if budget is not None and peer in budget.barred:
+                why = budget.barred[peer]
+                detail = f"{self.agent!r} called {name!r}, which is barred now: {why}"
+                emit(
+                    {
+                        "type": "violation",
+                        "agent": self.agent,
+                        "kind": "handoff_not_allowed",
+                        "detail": detail,
+                    }
+                )
+                return _refusal(
+                    call,
+                    "handoff_not_allowed",
+                    detail,
+                    f"Not run: {self.agent} may not hand work to {peer} now ({why}). "
+                    "Finish your task yourself, or answer so the supervisor decides.",
+                )
             return handler(request)
 
         messages: list[BaseMessage] = list(request.state.get("messages", []))
-        budget = _visit_budget()
         if budget is not None:
             refusal = self._check_tool(call, messages, budget)
             if refusal is not None:

@@ -33,7 +33,9 @@ def bounces(sequence: Sequence[str]) -> tuple[tuple[str, str] | None, int]:
         return None, 0
     a, b = sequence[-2], sequence[-1]
     length = 2
-    while length < len(sequence) and sequence[-length - 1] == (a if length % 2 == 0 else b):
+    # Walking back from the end the run reads b, a, b, a, ...: an even number of elements
+    # already taken means the next one back must be ``b``.
+    while length < len(sequence) and sequence[-length - 1] == (b if length % 2 == 0 else a):
         length += 1
     return (a, b), length - 2
 
@@ -80,7 +82,9 @@ def detect_ping_pong(
 
 def _normalize(value: Any) -> Any:
     if isinstance(value, str):
-        return " ".join(value.split())
+        # Only the whitespace around a value: inside one it can matter ("a  b" written to a
+        # file, indentation or a string literal in code), so those calls are different.
+        return value.strip()
     if isinstance(value, Mapping):
         return {str(k): _normalize(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -90,5 +94,5 @@ def _normalize(value: Any) -> Any:
 
 def normalize_call(name: str, args: Mapping[str, Any]) -> str:
     """A key equal for calls of the same tool with the same arguments, whatever the key order
-    or the whitespace in string arguments."""
+    or the whitespace around string arguments."""
     return f"{name}:{json.dumps(_normalize(args), sort_keys=True, ensure_ascii=False)}"

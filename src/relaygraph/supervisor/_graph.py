@@ -18,7 +18,7 @@ from langgraph.types import Checkpointer, Command, interrupt
 from relaygraph.agents import AGENTS, AgentSpec, TaskContext, build_agent
 from relaygraph.errors import ConfigError
 from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
-from relaygraph.policies import TeamPolicy, default_policy
+from relaygraph.policies import AgentLimits, TeamPolicy, default_policy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget, check_team_budget
 from relaygraph.policies.middleware import (
     BUDGET_KEY,
@@ -75,8 +75,7 @@ def _exhausted(
     )
 
 
-def _team_stop(state: TeamState, policy: TeamPolicy, config: RunnableConfig) -> BudgetHit | None:
-    """A team limit reached before the next step: visits, tokens, cost, time, graph steps."""
+def _visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
     runs = len(_prompts.turn_visits(state))
     if runs >= policy.team.max_agent_runs:
         return BudgetHit(
@@ -86,6 +85,15 @@ def _team_stop(state: TeamState, policy: TeamPolicy, config: RunnableConfig) -> 
             used=runs,
             allowed=policy.team.max_agent_runs,
         )
+    return None
+
+
+def _team_stop(
+    state: TeamState, policy: TeamPolicy, config: RunnableConfig, *, visits: bool = True
+) -> BudgetHit | None:
+    """A team limit reached before the next step: visits, tokens, cost, time, graph steps."""
+    if visits and (hit := _visits_spent(state, policy)):
+        return hit
     step, limit = acc.step_of(config), config.get("recursion_limit")
     if step is not None and limit is not None and step + _STEP_MARGIN >= limit:
         return BudgetHit(
@@ -126,8 +134,14 @@ def _on_ping_pong(
             return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})
         action = "finalize"
     if action == "supervisor":
-        last = source if source != SUPERVISOR else None
-        bar = acc.add_bar(state, candidate, found.detail, after=last)
+        if len(found.agents) == 2:
+            # Bar the pair both ways: neither may pass work to the other, directly or
+            # through a route taken right after the other's visit.
+            a, b = found.agents
+            bar = acc.add_bar(state, b, found.detail, after=a)
+            bar = acc.add_bar({"barred": bar}, a, found.detail, after=b)
+        else:  # The same task sent again: that agent gets no more routes this turn.
+            bar = acc.add_bar(state, candidate, found.detail)
         return Command(goto=SUPERVISOR, update={**update, "barred": bar, "assignment": None})
     return Command(
         goto=FINALIZE,
@@ -139,8 +153,11 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
     system = _prompts.supervisor_prompt({a: AGENTS[a] for a in agents})
 
     def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
-        if hit := _team_stop(state, policy, config):
+        if hit := _team_stop(state, policy, config, visits=False):
             return _exhausted(policy, hit, state, config)
+        # With every visit spent the supervisor may still say FINISH: only a route to one
+        # more agent goes over max_agent_runs.
+        visits_spent = _visits_spent(state, policy)
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
         unavailable = acc.bars_now(state, last)
@@ -209,6 +226,8 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             if decision.fallback:
                 finish |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
             return Command(goto=FINALIZE, update=finish)
+        if visits_spent is not None:
+            return _exhausted(policy, visits_spent, state, config, {"usage": [usage]})
         record = HandoffRecord(
             id=ns,
             kind="route",
@@ -259,11 +278,23 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
     return supervisor
 
 
+def _agent_recursion_limit(rules: AgentLimits) -> int:
+    """The recursion limit of one visit's subgraph: above what the agent's own budget allows.
+
+    A model call takes at most three of its super-steps (the policy check, the model, the
+    tools); the team's recursion limit counts the team's steps and is far too low for an
+    agent's loop, which its ``max_model_calls`` ends gracefully instead.
+    """
+    calls = rules.max_model_calls if rules.max_model_calls is not None else 1000
+    return 3 * (calls + 1) + 10
+
+
 def _make_agent_node(
     spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy
 ) -> Any:
     name = spec.name
     rules = policy.agent(name)
+    recursion_limit = _agent_recursion_limit(rules.limits)
 
     def agent_node(state: TeamState, config: RunnableConfig) -> Command[Any]:
         if hit := _team_stop(state, policy, config):
@@ -301,16 +332,19 @@ def _make_agent_node(
             started=started,
             earlier_results=acc.earlier_results(state, name),
             step=acc.step_of(config),
+            barred=acc.bars_now(state, name),
         )
         values: dict[str, Any] = {"messages": [scoped]}
         handoff: Command[Any] | None = None
         try:
             # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
             # the visit's transcript and usage in hand.
+            visit_config = acc.with_prior_calls(
+                config, acc.prior_calls(state, name), **{BUDGET_KEY: budget}
+            )
+            visit_config["recursion_limit"] = recursion_limit
             for values in graph.stream(  # noqa: B007
-                {"messages": [scoped]},
-                acc.with_prior_calls(config, acc.prior_calls(state, name), **{BUDGET_KEY: budget}),
-                stream_mode="values",
+                {"messages": [scoped]}, visit_config, stream_mode="values"
             ):
                 pass
         except ParentCommand as exc:
@@ -350,6 +384,11 @@ def _make_agent_node(
         )
         if budget_note is not None:
             hit = BudgetHit(**budget_note)
+            # A tool call refused at the same limit recorded it already: record it once.
+            violations = [
+                v for v in violations if not (v["kind"] == "budget" and v["detail"] == hit.message)
+            ]
+            update["violations"] = violations
             if hit.scope == "team":
                 return _exhausted(policy, hit, state, config, update)
             update["violations"] = [
