@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest.importorskip("llama_cpp", reason="the embedded model needs relaygraph[local]")
+# find_spec, not importorskip: importing llama_cpp opens files it never closes.
+if importlib.util.find_spec("llama_cpp") is None:
+    pytest.skip("the embedded model needs relaygraph[local]", allow_module_level=True)
 
 
 @pytest.mark.slow

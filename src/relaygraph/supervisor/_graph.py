@@ -161,29 +161,28 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
         unavailable = acc.bars_now(state, last)
+        spent_agents: list[BudgetHit] = []
         for agent in agents:
             spent = check_agent_budget(
                 agent, policy.agent(agent).limits, acc.turn_usage(state, agent), before="model"
             )
             if spent is not None:
+                spent_agents.append(spent)
                 unavailable.setdefault(agent, f"out of budget: {spent.message}")
         available = tuple(a for a in agents if a not in unavailable)
         if not available:
-            hit = BudgetHit(
-                scope="team",
-                agent=None,
-                limit="max_agent_runs",
-                used=len(visits),
-                allowed=len(visits),
-            )
-            update = {
-                "stop_reason": "no agent left: "
-                + "; ".join(f"{a}: {why}" for a, why in unavailable.items())
-            }
-            return (
-                Command(goto=FINALIZE, update={**update, "status": "degraded"})
-                if visits
-                else _exhausted(policy, hit, state, config)
+            if spent_agents:
+                # Every agent is barred or spent: the task ends at the agents' budgets (each
+                # hit was recorded as a violation when it happened).
+                status = "failed" if policy.team.on_exhausted == "fail" else "degraded"
+                return Command(
+                    goto=FINALIZE,
+                    update={"status": status, "stop_reason": spent_agents[0].stop_reason},
+                )
+            reason = "; ".join(f"{a}: {why}" for a, why in unavailable.items())
+            return Command(
+                goto=FINALIZE,
+                update={"status": "degraded", "stop_reason": f"no agent left: {reason}"},
             )
         messages: list[BaseMessage] = [
             SystemMessage(content=system),
