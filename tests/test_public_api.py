@@ -14,6 +14,7 @@ PACKAGES = [
     "relaygraph.policies",
     "relaygraph.supervisor",
     "relaygraph.run",
+    "relaygraph.store",
 ]
 
 

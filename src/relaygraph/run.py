@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import uuid
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +18,7 @@ from relaygraph.policies import TeamPolicy, default_policy, load_policy
 __all__ = [
     "Decision",
     "RunResult",
+    "TaskRunner",
     "resolve_model_specs",
     "resume_task",
     "run_task",
@@ -28,7 +27,6 @@ __all__ = [
 
 EventHandler = Callable[[dict[str, Any]], None]
 USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
-TASK_FILE = "task.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,71 +180,103 @@ def _pending_reason(pending: list[dict[str, Any]]) -> str:
     return f"awaiting a decision: {first.get('detail', first.get('type'))}"
 
 
-class _Task:
-    """Everything one task needs: its record on disk, models, policy, graph, config."""
+def _ledger_for(home: Path) -> Any:
+    """The ledger: ``$RELAYGRAPH_DATABASE_URL`` if set, else SQLite in the data directory.
 
-    def __init__(self, record: dict[str, Any], policy: TeamPolicy, home: Path) -> None:
-        self.record = record
-        self.policy = policy
+    Opened with its schema brought up to date, so a first run needs no set-up step.
+    """
+    import os
+
+    from relaygraph.store import DATABASE_URL_ENV, Ledger
+
+    url = None if os.environ.get(DATABASE_URL_ENV) else f"sqlite:///{home / 'ledger.sqlite'}"
+    ledger = Ledger(url)
+    if not ledger.is_current():
+        ledger.upgrade()
+    return ledger
+
+
+class TaskRunner:
+    """Runs the ledger's tasks through the team: fresh, continued after a restart, or
+    resumed after a person's decision. Every event goes to the ledger as it happens."""
+
+    def __init__(self, *, ledger: Any, home: Path) -> None:
+        self.ledger = ledger
         self.home = home
-        self.dir = home / "tasks" / record["task_id"]
 
-    @property
-    def config(self) -> Any:
-        return {
-            "configurable": {
-                "thread_id": self.record["thread_id"],
-                "relaygraph_task_id": self.record["task_id"],
-            },
-            "recursion_limit": self.policy.recursion_limit,
-            "run_name": "relaygraph",
-            "metadata": {"task_id": self.record["task_id"]},
-        }
+    def run(
+        self,
+        task: Any,
+        graph_input: Any,
+        *,
+        on_event: EventHandler | None = None,
+        stream_tokens: bool = False,
+        cancel: threading.Event | None = None,
+        identity: Mapping[str, str] | None = None,
+    ) -> RunResult:
+        """Run (or continue) ``task`` with ``graph_input``.
 
-    def save(self, **changes: Any) -> None:
-        self.record.update(changes, updated_at=datetime.now(UTC).isoformat())
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{TASK_FILE}.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2), encoding="utf-8")
-        tmp.replace(self.dir / TASK_FILE)
-
-    def execute(self, graph_input: Any, emit: EventHandler, *, stream_tokens: bool) -> RunResult:
+        Args:
+            task: The ledger's task record.
+            graph_input: ``{"request": ...}`` to start, a ``Command(resume=...)`` after a
+                decision, or None to continue from the last checkpoint after a restart.
+            on_event: Also called with each event, after the ledger has it.
+            stream_tokens: Emit ``token`` events (not stored in the ledger).
+            cancel: When set, the run stops at the next step boundary, status ``cancelled``.
+            identity: Who asked (team, user): goes into ``config["configurable"]``, never
+                into graph state.
+        """
         from langgraph.errors import GraphRecursionError
 
         from relaygraph.agents.context import TaskContext
         from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
         from relaygraph.models import load_model
+        from relaygraph.policies import parse_policy
         from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
 
-        specs: dict[str, str] = self.record["models"]
-        roles = (SUPERVISOR, *self.policy.agents, FINALIZE)
+        policy = parse_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
+        specs: dict[str, str] = dict(task.models)
+        roles = (SUPERVISOR, *policy.agents, FINALIZE)
         models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
-        context = TaskContext.for_task(
-            self.home, task_id=self.record["task_id"], thread_id=self.record["thread_id"]
-        )
+        context = TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id)
         context.workspace.mkdir(parents=True, exist_ok=True)
         context.artifacts.mkdir(parents=True, exist_ok=True)
         with KnowledgeBase(context.knowledge_base) as kb:
             ensure_sample_corpus(kb)
+        config: Any = {
+            "configurable": {
+                "thread_id": task.thread_id,
+                "relaygraph_task_id": task.id,
+                **{f"relaygraph_{k}": v for k, v in (identity or {}).items()},
+            },
+            "recursion_limit": policy.recursion_limit,
+            "run_name": "relaygraph",
+            "metadata": {"task_id": task.id},
+        }
+        user_emit = on_event or (lambda event: None)
+
+        def emit(event: dict[str, Any]) -> None:
+            if event.get("type") != "token":
+                self.ledger.append_event(task.id, event)
+            user_emit(event)
+
+        self.ledger.set_status(task.id, "running")
         with sqlite_checkpointer(self.home / "checkpoints.sqlite") as checkpointer:
-            graph = build_team(models, policy=self.policy, checkpointer=checkpointer)
+            graph = build_team(models, policy=policy, checkpointer=checkpointer)
             emit(
                 {
                     "type": "run_started",
-                    "task_id": self.record["task_id"],
-                    "thread_id": self.record["thread_id"],
+                    "task_id": task.id,
+                    "thread_id": task.thread_id,
                     "models": specs,
                 }
             )
             error: str | None = None
+            cancelled = False
             try:
                 modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
                 stream: Any = graph.stream(
-                    graph_input,
-                    self.config,
-                    context=context,
-                    stream_mode=modes,
-                    subgraphs=True,
+                    graph_input, config, context=context, stream_mode=modes, subgraphs=True
                 )
                 for _ns, mode, data in stream:
                     if mode == "custom":
@@ -254,6 +284,12 @@ class _Task:
                     elif text := _token_text(data[0]):
                         role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
                         emit({"type": "token", "role": role, "text": text})
+                    if cancel is not None and cancel.is_set():
+                        # Closing the stream stops the run after the step in progress;
+                        # its checkpoint stays, so nothing half-done is recorded as done.
+                        stream.close()
+                        cancelled = True
+                        break
             except GraphRecursionError:
                 # The team's own step guard finalizes before this; it stays a last resort
                 # that ends the task cleanly instead of surfacing LangGraph's error.
@@ -262,7 +298,7 @@ class _Task:
                 error = f"error: {exc}"
             except Exception as exc:  # A provider or tool failure ends this task, not the process.
                 error = f"error: {type(exc).__name__}: {exc}"
-            snapshot = graph.get_state(self.config)
+            snapshot = graph.get_state(config)
         state = snapshot.values
         pending = [
             {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
@@ -271,7 +307,9 @@ class _Task:
         status: str
         stop_reason: str | None
         answer: str | None
-        if error is not None:
+        if cancelled:
+            status, stop_reason, answer = "cancelled", "cancelled by request", None
+        elif error is not None:
             status, stop_reason, answer = "failed", error, None
         elif pending:
             status, stop_reason, answer = "interrupted", _pending_reason(pending), None
@@ -280,21 +318,21 @@ class _Task:
             stop_reason, answer = state.get("stop_reason"), state.get("answer")
         artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
         result = RunResult(
-            task_id=self.record["task_id"],
-            thread_id=self.record["thread_id"],
+            task_id=task.id,
+            thread_id=task.thread_id,
             status=status,
             answer=answer,
             stop_reason=stop_reason,
             artifacts=artifacts,
             models=specs,
             pending=pending,
-            **_summarize(state, self.policy, roles),
+            **_summarize(state, policy, roles),
         )
-        self.save(status=status, stop_reason=stop_reason, pending=pending)
-        if pending:
-            for item in pending:
-                emit({**item, "type": "interrupted", "waits_for": item.get("type")})
+        for item in pending:
+            emit({**item, "type": "interrupted", "waits_for": item.get("type")})
         emit({"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason})
+        self.ledger.record_usage(task.id, result.usage)
+        self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
         return result
 
 
@@ -351,25 +389,24 @@ def run_task(
                     f"thread {thread_id!r} has no earlier run in {home}; "
                     "leave out --thread to start a new conversation"
                 )
-    now = datetime.now(UTC).isoformat()
-    task = _Task(
-        {
-            "task_id": str(uuid.uuid4()),
-            "thread_id": thread_id or str(uuid.uuid4()),
-            "request": request,
-            "models": specs,
-            "policy": policy_to_mapping(team_policy),
-            "policy_source": team_policy.source,
-            "status": "running",
-            "created_at": now,
-        },
-        team_policy,
-        home,
-    )
-    task.save()
-    return task.execute(
-        {"request": request}, on_event or (lambda event: None), stream_tokens=stream_tokens
-    )
+    from relaygraph.store import LOCAL_TEAM_ID
+
+    ledger = _ledger_for(home)
+    try:
+        task, _ = ledger.create_task(
+            team_id=LOCAL_TEAM_ID,
+            input=request,
+            thread_id=thread_id,
+            policy=policy_to_mapping(team_policy),
+            models=specs,
+            metadata={"policy_source": team_policy.source},
+        )
+        runner = TaskRunner(ledger=ledger, home=home)
+        return runner.run(
+            task, {"request": request}, on_event=on_event, stream_tokens=stream_tokens
+        )
+    finally:
+        ledger.close()
 
 
 def resume_task(
@@ -379,6 +416,7 @@ def resume_task(
     home: Path | None = None,
     on_event: EventHandler | None = None,
     stream_tokens: bool = False,
+    decided_by: str = "cli",
 ) -> RunResult:
     """Continue a task that is waiting for a person's decision, from its checkpoint.
 
@@ -389,22 +427,31 @@ def resume_task(
     """
     from langgraph.types import Command
 
-    from relaygraph.policies import parse_policy
+    from relaygraph.store import LOCAL_TEAM_ID
 
     home = data_home(home)
-    file = home / "tasks" / task_id / TASK_FILE
+    ledger = _ledger_for(home)
     try:
-        record = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"no task {task_id!r} in {home}") from None
-    if record.get("status") != "interrupted" or not record.get("pending"):
-        raise ConfigError(
-            f"task {task_id!r} is not waiting for a decision (its status is "
-            f"{record.get('status')!r})"
-        )
-    policy = parse_policy(record["policy"], source=record.get("policy_source") or "<task>")
-    task = _Task(record, policy, home)
-    answer = {k: v for k, v in asdict(decision).items() if v is not None}
-    resume: Command[Any] = Command(resume={item["id"]: answer for item in record["pending"]})
-    task.save(status="running")
-    return task.execute(resume, on_event or (lambda event: None), stream_tokens=stream_tokens)
+        task = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
+        if task is None:
+            raise ConfigError(f"no task {task_id!r} in {ledger.url}")
+        waiting = [a for a in ledger.approvals(task_id) if a.pending]
+        if task.status != "interrupted" or not waiting:
+            raise ConfigError(
+                f"task {task_id!r} is not waiting for a decision (its status is {task.status!r})"
+            )
+        answer = {k: v for k, v in asdict(decision).items() if v is not None}
+        for approval in waiting:
+            ledger.record_decision(
+                task_id,
+                approval.interrupt_id,
+                decision=decision.decision,
+                decided_by=decided_by,
+                reason=decision.reason,
+                args=decision.args,
+            )
+        resume: Command[Any] = Command(resume={a.interrupt_id: answer for a in waiting})
+        runner = TaskRunner(ledger=ledger, home=home)
+        return runner.run(task, resume, on_event=on_event, stream_tokens=stream_tokens)
+    finally:
+        ledger.close()

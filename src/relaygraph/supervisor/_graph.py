@@ -212,6 +212,8 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
         get_stream_writer()(
             {
                 "type": "route",
+                "step": acc.step_of(config),
+                "checkpoint_ns": ns,
                 "next": route.next,
                 "task": route.task,
                 "reason": route.reason,
@@ -404,6 +406,8 @@ def _make_agent_node(
         emit(
             {
                 "type": "handoff",
+                "step": acc.step_of(config),
+                "checkpoint_ns": visit_id,
                 "source": name,
                 "target": target,
                 "task": sent["task"],

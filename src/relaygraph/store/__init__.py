@@ -1,0 +1,63 @@
+"""The ledger: teams, API keys, tasks and everything that happened in them, in SQL.
+
+SQLite in the data directory by default (``ledger.sqlite``, WAL mode); PostgreSQL when
+``RELAYGRAPH_DATABASE_URL`` says so. The schema comes from migrations shipped in this
+package: run ``relaygraph db upgrade`` (:func:`upgrade`) or :meth:`Ledger.upgrade`.
+
+    ledger = Ledger()
+    ledger.upgrade()
+    team, key = ledger.create_team("research")
+    task, created = ledger.create_task(team_id=team.id, input="...")
+    ledger.append_event(task.id, {"type": "route", "next": "researcher", ...})
+"""
+
+from relaygraph.store._engine import DATABASE_URL_ENV, database_url
+from relaygraph.store._errors import RecordConflict, RecordNotFound
+from relaygraph.store._ledger import Ledger, hash_key
+from relaygraph.store._models import LOCAL_TEAM_ID
+from relaygraph.store._records import (
+    FINISHED_STATUSES,
+    TASK_STATUSES,
+    AgentUsage,
+    ApiKey,
+    Approval,
+    Event,
+    Handoff,
+    Task,
+    TaskStatus,
+    Team,
+    ToolCall,
+)
+
+__all__ = [
+    "DATABASE_URL_ENV",
+    "FINISHED_STATUSES",
+    "LOCAL_TEAM_ID",
+    "TASK_STATUSES",
+    "AgentUsage",
+    "ApiKey",
+    "Approval",
+    "Event",
+    "Handoff",
+    "Ledger",
+    "RecordConflict",
+    "RecordNotFound",
+    "Task",
+    "TaskStatus",
+    "Team",
+    "ToolCall",
+    "database_url",
+    "hash_key",
+    "upgrade",
+]
+
+
+def upgrade(url: str | None = None) -> str:
+    """Migrate the ledger at ``url`` (default: see :func:`database_url`) to the latest schema.
+
+    Returns:
+        The database URL, password hidden, for the caller to report.
+    """
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        return ledger.url

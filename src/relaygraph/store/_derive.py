@@ -1,0 +1,252 @@
+"""Rows derived from a task's events: handoffs, tool calls, approvals and usage.
+
+Each function runs inside the transaction that appends the event, after the task row was
+locked, so the derived rows of one task are written one event at a time, in order.
+
+A resumed or recovered run re-emits some events (the agent that paused starts again and
+repeats its ``tool_call``; a node re-run after a crash repeats its ``agent_finished``); the
+derivations recognise those by their ids and do not count them twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from relaygraph.store import _usage
+from relaygraph.store._models import ApprovalRow, HandoffRow, ToolCallRow
+
+# The names the team graph uses (relaygraph.supervisor.SUPERVISOR and FINISH), repeated
+# here so that opening the ledger does not import LangGraph; a test keeps them equal.
+ROUTER = "supervisor"
+FINISH = "FINISH"
+NAME_CHARS = 64
+
+Deriver = Callable[[Session, str, int, dict[str, Any], datetime], None]
+
+
+def event_agent(event: Mapping[str, Any]) -> str | None:
+    """The role an event is about: the router for routes, the sender for handoffs."""
+    if event["type"] == "route":
+        return ROUTER
+    for key in ("agent", "source", "role"):
+        value = event.get(key)
+        if isinstance(value, str) and value:
+            return value[:NAME_CHARS]
+    return None
+
+
+def derive(session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime) -> None:
+    """Write the rows event number ``seq`` implies, if any."""
+    deriver = DERIVERS.get(event["type"])
+    if deriver is not None:
+        deriver(session, task_id, seq, event, now)
+
+
+def _text(event: Mapping[str, Any], key: str) -> str:
+    value = event.get(key)
+    return "" if value is None else str(value)
+
+
+def _name(event: Mapping[str, Any], key: str) -> str:
+    return _text(event, key)[:NAME_CHARS]
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _object(value: object) -> dict[str, Any] | None:
+    if value is None or isinstance(value, dict):
+        return value
+    return {"value": value}
+
+
+def _route(session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime) -> None:
+    target = event.get("next")
+    if target is None or target == FINISH:
+        return  # Finishing is not a transfer of work (RunResult.handoffs leaves it out too).
+    _add_handoff(session, task_id, seq, "route", ROUTER, str(target), event, now)
+
+
+def _handoff(
+    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+) -> None:
+    source, target = _name(event, "source"), _name(event, "target")
+    _add_handoff(session, task_id, seq, "direct", source, target, event, now)
+
+
+def _add_handoff(
+    session: Session,
+    task_id: str,
+    event_seq: int,
+    kind: str,
+    source: str,
+    target: str,
+    event: dict[str, Any],
+    now: datetime,
+) -> None:
+    last = session.scalar(
+        select(func.coalesce(func.max(HandoffRow.seq), 0)).where(HandoffRow.task_id == task_id)
+    )
+    tokens = _optional_int(event.get("tokens_so_far"))
+    if tokens is None:
+        tokens = _usage.tokens_so_far(session, task_id)
+    ns = event.get("checkpoint_ns")
+    session.add(
+        HandoffRow(
+            task_id=task_id,
+            seq=(last or 0) + 1,
+            event_seq=event_seq,
+            kind=kind,
+            source=source[:NAME_CHARS],
+            target=target[:NAME_CHARS],
+            task=_text(event, "task"),
+            reason=_text(event, "reason"),
+            step=_optional_int(event.get("step")),
+            checkpoint_ns=ns if isinstance(ns, str) and ns else None,
+            tokens_so_far=tokens,
+            created_at=now,
+        )
+    )
+
+
+def _open_call(session: Session, task_id: str, event: Mapping[str, Any]) -> ToolCallRow | None:
+    """The latest call this ``tool_result`` (or a repeated ``tool_call``) belongs to."""
+    query = select(ToolCallRow).where(
+        ToolCallRow.task_id == task_id, ToolCallRow.finished_at.is_(None)
+    )
+    call_id = event.get("tool_call_id")
+    if isinstance(call_id, str) and call_id:
+        query = query.where(ToolCallRow.tool_call_id == call_id)
+    else:
+        query = query.where(
+            ToolCallRow.agent == _name(event, "agent"), ToolCallRow.tool == _text(event, "tool")
+        )
+    return session.scalars(query.order_by(ToolCallRow.id.desc()).limit(1)).first()
+
+
+def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> ToolCallRow:
+    call_id = event.get("tool_call_id")
+    return ToolCallRow(
+        task_id=task_id,
+        event_seq=seq,
+        agent=_name(event, "agent"),
+        tool=_text(event, "tool")[:128],
+        tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
+        args=_object(event.get("args")),
+        status="pending",
+        created_at=now,
+    )
+
+
+def _tool_call(
+    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+) -> None:
+    has_id = isinstance(event.get("tool_call_id"), str) and event["tool_call_id"]
+    if has_id and _open_call(session, task_id, event) is not None:
+        return  # The same call announced again by an agent resumed after an approval.
+    session.add(_new_call(task_id, seq, event, now))
+
+
+def _tool_result(
+    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+) -> None:
+    row = _open_call(session, task_id, event)
+    if row is None:  # The call's own event was not recorded; keep the result all the same.
+        row = _new_call(task_id, seq, event, now)
+        row.args = None
+        session.add(row)
+    row.status = _text(event, "status")[:16] or "success"
+    preview = event.get("preview")
+    row.result_preview = None if preview is None else str(preview)
+    row.finished_at = now
+
+
+def _interrupted(
+    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+) -> None:
+    interrupt_id = event.get("id")
+    interrupt_id = str(interrupt_id) if interrupt_id is not None else None
+    if interrupt_id is not None:
+        known = session.scalar(
+            select(ApprovalRow.id).where(
+                ApprovalRow.task_id == task_id, ApprovalRow.interrupt_id == interrupt_id
+            )
+        )
+        if known is not None:
+            return  # Interrupted again on the same request (a restarted run).
+    call_id = event.get("tool_call_id")
+    session.add(
+        ApprovalRow(
+            task_id=task_id,
+            interrupt_id=interrupt_id,
+            kind=_text(event, "waits_for")[:32] or "approval",
+            agent=_name(event, "agent") or None,
+            tool=_text(event, "tool")[:128] or None,
+            tool_call_id=str(call_id) if call_id is not None else None,
+            args=_object(event.get("args")),
+            request={k: v for k, v in event.items() if k not in ("type", "id", "waits_for")},
+            requested_at=now,
+        )
+    )
+
+
+def _approval(
+    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+) -> None:
+    """The resumed run acted on a decision: mark the request it answered as applied."""
+    agent, tool = _name(event, "agent") or None, _text(event, "tool")[:128] or None
+    row = session.scalars(
+        select(ApprovalRow)
+        .where(
+            ApprovalRow.task_id == task_id,
+            ApprovalRow.kind == "approval",
+            ApprovalRow.agent == agent,
+            ApprovalRow.tool == tool,
+            ApprovalRow.applied_at.is_(None),
+        )
+        .order_by(ApprovalRow.id.desc())
+        .limit(1)
+    ).first()
+    if row is None:  # No recorded request (the interrupt's event was not appended).
+        row = ApprovalRow(
+            task_id=task_id,
+            kind="approval",
+            agent=agent,
+            tool=tool,
+            request={k: v for k, v in event.items() if k != "type"},
+            requested_at=now,
+        )
+        session.add(row)
+    if row.decision is None:  # Decided outside the ledger (e.g. `relaygraph resume`).
+        decision = event.get("decision")
+        row.decision = None if decision is None else str(decision)[:16]
+        reason = event.get("reason")
+        row.reason = None if reason is None else str(reason)
+        row.decided_at = now
+    row.applied_at = now
+
+
+def _agent_finished(
+    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+) -> None:
+    usage = event.get("usage")
+    if isinstance(usage, Mapping):
+        agent = _name(event, "agent") or _name(usage, "agent")
+        _usage.add_visit(session, task_id, agent, usage, now)
+
+
+DERIVERS: dict[str, Deriver] = {
+    "route": _route,
+    "handoff": _handoff,
+    "tool_call": _tool_call,
+    "tool_result": _tool_result,
+    "interrupted": _interrupted,
+    "approval": _approval,
+    "agent_finished": _agent_finished,
+}

@@ -1,0 +1,114 @@
+"""Which database the ledger uses, and an engine configured for it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from relaygraph._home import data_home
+from relaygraph.errors import ConfigError
+
+DATABASE_URL_ENV = "RELAYGRAPH_DATABASE_URL"
+LEDGER_FILE = "ledger.sqlite"
+WRITE_OPTION = "relaygraph_write"
+"""Execution option marking a connection that will write (SQLite then takes the lock up front)."""
+SQLITE_BUSY_SECONDS = 30.0
+PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
+def database_url(explicit: str | None = None) -> str:
+    """The ledger's database URL: ``explicit``, else ``$RELAYGRAPH_DATABASE_URL``, else SQLite.
+
+    The SQLite default is ``<data dir>/ledger.sqlite``. A bare ``postgresql://`` or
+    ``postgres://`` URL is given the psycopg 3 driver, the one relaygraph installs.
+
+    Raises:
+        ConfigError: The URL does not parse, names an in-memory SQLite database, or a
+            backend other than SQLite and PostgreSQL.
+    """
+    raw = explicit or os.environ.get(DATABASE_URL_ENV)
+    if not raw:
+        return f"sqlite:///{data_home() / LEDGER_FILE}"
+    return _parse(raw).render_as_string(hide_password=False)
+
+
+def display_url(url: str) -> str:
+    """The URL with its password hidden, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return PASSWORD.sub(r"\1***@", url)
+
+
+def _parse(raw: str) -> URL:
+    source = "the database URL" if raw != os.environ.get(DATABASE_URL_ENV) else DATABASE_URL_ENV
+    try:
+        url = make_url(raw)
+    except (ArgumentError, ValueError):
+        raise ConfigError(
+            f"{source} {display_url(raw)!r} is not a database URL; expected "
+            "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DATABASE"
+        ) from None
+    backend = url.get_backend_name()
+    if backend in ("postgres", "postgresql"):
+        if url.drivername in ("postgres", "postgresql"):
+            url = url.set(drivername="postgresql+psycopg")
+        return url
+    if backend != "sqlite":
+        raise ConfigError(
+            f"{source} {url.render_as_string(hide_password=True)!r} names the {backend!r} "
+            "backend; the ledger supports sqlite and postgresql"
+        )
+    if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
+        raise ConfigError(
+            f"{source} {raw!r} is an in-memory SQLite database, which every connection sees "
+            "empty; give the ledger a file (sqlite:///PATH)"
+        )
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``: SQLite in WAL mode with foreign keys, or PostgreSQL via psycopg."""
+    parsed = _parse(url)
+    serializer = functools.partial(json.dumps, ensure_ascii=False, allow_nan=False)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed, json_serializer=serializer, pool_pre_ping=True)
+    assert parsed.database is not None
+    Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        parsed,
+        json_serializer=serializer,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS},
+    )
+    event.listen(engine, "connect", _configure_sqlite)
+    event.listen(engine, "begin", _begin_sqlite)
+    return engine
+
+
+def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own implicit BEGIN is turned off so that _begin_sqlite decides how each
+    # transaction starts (and so DDL in migrations stays inside the transaction).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def _begin_sqlite(connection: Any) -> None:
+    # A deferred transaction that reads and then writes cannot wait for the lock in WAL mode
+    # (SQLite answers SQLITE_BUSY at once), so writers take the lock when they begin and
+    # queue behind each other for up to SQLITE_BUSY_SECONDS instead.
+    immediate = connection.get_execution_options().get(WRITE_OPTION, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -1,0 +1,637 @@
+"""The ledger: every team, task and thing that happened, in SQL."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from relaygraph.errors import ConfigError
+from relaygraph.store import _cursor, _usage
+from relaygraph.store import _validate as check
+from relaygraph.store._derive import derive, event_agent
+from relaygraph.store._engine import WRITE_OPTION, database_url, display_url, make_engine
+from relaygraph.store._errors import RecordConflict, RecordNotFound
+from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
+from relaygraph.store._models import (
+    ApiKeyRow,
+    ApprovalRow,
+    EventRow,
+    HandoffRow,
+    TaskRow,
+    TeamRow,
+    ToolCallRow,
+    UsageRow,
+)
+from relaygraph.store._records import (
+    FINISHED_STATUSES,
+    TASK_STATUSES,
+    AgentUsage,
+    ApiKey,
+    Approval,
+    Event,
+    Handoff,
+    Task,
+    Team,
+    ToolCall,
+    snapshot,
+)
+
+KEY_PREFIX = "rg_"
+KEY_DISPLAY_CHARS = 10
+MAX_PAGE = 200
+STATUS_FIELDS = ("answer", "stop_reason")
+DECISIONS = ("approve", "reject", "edit")
+R = TypeVar("R")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def hash_key(key: str) -> str:
+    """The SHA-256 hex digest the ledger stores in place of an API key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class Ledger:
+    """The SQL record of teams, API keys, tasks and everything that happened in each task.
+
+    Safe to share between threads: every call runs in its own short transaction. On SQLite
+    writers queue for the database lock; on PostgreSQL writes to one task queue on that
+    task's row, so a task's events get gap-free sequence numbers in commit order.
+
+    Args:
+        url: A SQLAlchemy URL; ``$RELAYGRAPH_DATABASE_URL`` when None, else the SQLite file
+            ``ledger.sqlite`` in the data directory.
+
+    Raises:
+        ConfigError: The URL is not one the ledger can use.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self._url = database_url(url)
+        self._engine = make_engine(self._url)
+        self._reader = sessionmaker(self._engine, expire_on_commit=False)
+        self._writer = sessionmaker(
+            self._engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        )
+
+    def __repr__(self) -> str:
+        return f"Ledger({display_url(self._url)!r})"
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return display_url(self._url)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    def close(self) -> None:
+        """Close the connection pool; the ledger opens new connections if used again."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # Schema
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply the shipped migrations up to ``revision``; does nothing when current."""
+        upgrade_engine(self._engine, revision)
+
+    def is_current(self) -> bool:
+        """Whether the database has every shipped migration (a readiness check)."""
+        return current_revision(self._engine) == head_revision()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with self._writer() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._reader() as session, session.begin():
+            yield session
+
+    # Teams and keys
+
+    def create_team(self, name: str) -> tuple[Team, str]:
+        """Create a team and its first API key.
+
+        Returns:
+            The team and the plain key, which the ledger does not keep: show it once.
+
+        Raises:
+            ConfigError: The name is invalid.
+            RecordConflict: A team of that name exists.
+        """
+        check.team_name(name)
+        now = _now()
+        team = TeamRow(id=str(uuid.uuid4()), name=name, created_at=now)
+        try:
+            with self._write() as session:
+                if session.scalar(select(TeamRow.id).where(TeamRow.name == name)) is not None:
+                    raise RecordConflict("team", name, "a team of that name exists")
+                session.add(team)
+                session.flush()
+                _, key = self._new_key(session, team.id, now)
+        except IntegrityError:
+            raise RecordConflict("team", name, "a team of that name exists") from None
+        return snapshot(Team, team), key
+
+    def create_api_key(self, team_id: str) -> tuple[ApiKey, str]:
+        """Give a team another API key; returns the record and the plain key (shown once)."""
+        with self._write() as session:
+            if session.get(TeamRow, team_id) is None:
+                raise RecordNotFound("team", team_id)
+            return self._new_key(session, team_id, _now())
+
+    def _new_key(self, session: Session, team_id: str, now: datetime) -> tuple[ApiKey, str]:
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        row = ApiKeyRow(
+            id=str(uuid.uuid4()),
+            team_id=team_id,
+            key_hash=hash_key(key),
+            prefix=key[:KEY_DISPLAY_CHARS],
+            created_at=now,
+        )
+        session.add(row)
+        return snapshot(ApiKey, row), key
+
+    def revoke_api_key(self, key_id: str) -> ApiKey:
+        """Stop a key from authenticating; the record stays for the audit trail."""
+        with self._write() as session:
+            row = session.get(ApiKeyRow, key_id)
+            if row is None:
+                raise RecordNotFound("api key", key_id)
+            row.revoked_at = row.revoked_at or _now()
+            return snapshot(ApiKey, row)
+
+    def api_keys(self, team_id: str) -> list[ApiKey]:
+        """A team's keys, oldest first, revoked ones included."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(ApiKeyRow)
+                .where(ApiKeyRow.team_id == team_id)
+                .order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+            )
+            return [snapshot(ApiKey, row) for row in rows]
+
+    def authenticate(self, key: str) -> Team | None:
+        """The team a live API key belongs to; None for an unknown or revoked key."""
+        if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
+            return None
+        with self._read() as session:
+            row = session.scalars(
+                select(TeamRow)
+                .join(ApiKeyRow, ApiKeyRow.team_id == TeamRow.id)
+                .where(ApiKeyRow.key_hash == hash_key(key), ApiKeyRow.revoked_at.is_(None))
+            ).first()
+            return snapshot(Team, row) if row is not None else None
+
+    def get_team(self, name: str) -> Team | None:
+        with self._read() as session:
+            row = session.scalars(select(TeamRow).where(TeamRow.name == name)).first()
+            return snapshot(Team, row) if row is not None else None
+
+    # Tasks
+
+    def create_task(
+        self,
+        *,
+        team_id: str,
+        input: str,
+        thread_id: str | None = None,
+        policy: Mapping[str, Any] | None = None,
+        models: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[Task, bool]:
+        """Record a new ``queued`` task, or find the one an earlier try created.
+
+        Args:
+            team_id: The owning team (``LOCAL_TEAM_ID`` for the CLI).
+            input: What the team is asked to do.
+            thread_id: The conversation to continue; a new one when None.
+            policy: The team policy the task runs under, as a JSON object.
+            models: The model spec of each role.
+            metadata: The caller's own JSON object, kept as given.
+            idempotency_key: A retry with the same key for the same team returns the task
+                the first try created.
+
+        Returns:
+            The task, and True when this call created it (False: an earlier call with the
+            same idempotency key did).
+
+        Raises:
+            ConfigError: A bad field, named in the message.
+            RecordNotFound: No such team.
+            RecordConflict: The idempotency key was used for a different input.
+        """
+        row = TaskRow(
+            id=str(uuid.uuid4()),
+            team_id=team_id,
+            input=check.text(input, "input"),
+            status="queued",
+            policy=None if policy is None else check.json_object(policy, "policy"),
+            models=check.json_object(models or {}, "models"),
+            thread_id=check.optional_text(thread_id, "thread_id", max_chars=255)
+            or str(uuid.uuid4()),
+            idempotency_key=check.optional_text(
+                idempotency_key, "idempotency_key", max_chars=check.MAX_KEY_CHARS
+            ),
+            meta=check.json_object(metadata or {}, "metadata"),
+            last_event_seq=0,
+        )
+        try:
+            with self._write() as session:
+                if session.get(TeamRow, team_id) is None:
+                    raise RecordNotFound("team", team_id)
+                earlier = self._by_idempotency_key(session, team_id, row.idempotency_key)
+                if earlier is not None:
+                    return _same_request(earlier, row), False
+                row.created_at = row.updated_at = _now()
+                session.add(row)
+            return _task(row), True
+        except IntegrityError:
+            # Another writer created the task with this key between our check and insert
+            # (PostgreSQL; SQLite's writers take turns and cannot race here).
+            with self._read() as session:
+                earlier = self._by_idempotency_key(session, team_id, row.idempotency_key)
+                if earlier is None:
+                    raise
+                return _same_request(earlier, row), False
+
+    def _by_idempotency_key(self, session: Session, team_id: str, key: str | None) -> Task | None:
+        if key is None:
+            return None
+        found = session.scalars(
+            select(TaskRow).where(TaskRow.team_id == team_id, TaskRow.idempotency_key == key)
+        ).first()
+        return _task(found) if found is not None else None
+
+    def get_task(self, task_id: str, *, team_id: str) -> Task | None:
+        """The task, if it belongs to ``team_id``; None otherwise, whether or not it exists."""
+        with self._read() as session:
+            row = session.get(TaskRow, task_id)
+            return _task(row) if row is not None and row.team_id == team_id else None
+
+    def list_tasks(
+        self,
+        *,
+        team_id: str,
+        status: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Task], str | None]:
+        """A page of the team's tasks, newest first.
+
+        The cursor marks a position, not an offset: tasks created while a client pages do
+        not shift later pages, so no task is seen twice or skipped.
+
+        Returns:
+            The tasks, and the cursor for the next page (None on the last page).
+
+        Raises:
+            ConfigError: An unknown status, a limit outside 1..200, or a cursor this
+                method did not return.
+        """
+        if status is not None and status not in TASK_STATUSES:
+            raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
+        query = select(TaskRow).where(TaskRow.team_id == team_id)
+        if status is not None:
+            query = query.where(TaskRow.status == status)
+        if cursor is not None:
+            created_at, last_id = _cursor.decode(cursor)
+            query = query.where(
+                or_(
+                    TaskRow.created_at < created_at,
+                    and_(TaskRow.created_at == created_at, TaskRow.id < last_id),
+                )
+            )
+        query = query.order_by(TaskRow.created_at.desc(), TaskRow.id.desc()).limit(limit + 1)
+        with self._read() as session:
+            tasks = [_task(row) for row in session.scalars(query)]
+        if len(tasks) <= limit:
+            return tasks, None
+        tasks = tasks[:limit]
+        return tasks, _cursor.encode(tasks[-1].created_at, tasks[-1].id)
+
+    def unfinished_tasks(self) -> list[Task]:
+        """Every team's ``queued`` and ``running`` tasks, oldest first: what a restarted
+        server picks up again."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(TaskRow)
+                .where(TaskRow.status.in_(("queued", "running")))
+                .order_by(TaskRow.created_at, TaskRow.id)
+            )
+            return [_task(row) for row in rows]
+
+    def active_task_on_thread(self, thread_id: str) -> Task | None:
+        """The oldest task on the thread that is queued, running or waiting for a person."""
+        with self._read() as session:
+            row = session.scalars(
+                select(TaskRow)
+                .where(
+                    TaskRow.thread_id == thread_id,
+                    TaskRow.status.in_(("queued", "running", "interrupted")),
+                )
+                .order_by(TaskRow.created_at, TaskRow.id)
+                .limit(1)
+            ).first()
+            return _task(row) if row is not None else None
+
+    def set_status(self, task_id: str, status: str, **fields: str | None) -> Task:
+        """Move a task to ``status``, with its ``answer`` or ``stop_reason`` if given.
+
+        ``running`` stamps ``started_at`` the first time; a finished status
+        (succeeded, degraded, failed, cancelled) stamps ``finished_at``.
+
+        Raises:
+            ConfigError: An unknown status or field.
+            RecordNotFound: No such task.
+        """
+        values = _status_values(status, fields)
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            _apply_status(row, values)
+            return _task(row)
+
+    def claim(
+        self, task_id: str, status: str = "running", *, only_from: Iterable[str] = ("queued",)
+    ) -> Task | None:
+        """Move a task to ``status`` only if its status is one of ``only_from``, atomically.
+
+        Two workers that claim the same task cannot both win: use it to start a queued task
+        or to mark a running one ``cancelled``.
+
+        Returns:
+            The updated task, or None when its status was not in ``only_from`` (or there is
+            no such task).
+        """
+        values = _status_values(status, {})
+        allowed = tuple(only_from)
+        for each in allowed:
+            if each not in TASK_STATUSES:
+                raise ConfigError(f"only_from status {each!r} is not a task status")
+        with self._write() as session:
+            claimed = session.scalar(
+                update(TaskRow)
+                .where(TaskRow.id == task_id, TaskRow.status.in_(allowed))
+                .values(status=status, updated_at=values["updated_at"])
+                .returning(TaskRow.id)
+            )
+            if claimed is None:
+                return None
+            row = session.get(TaskRow, task_id, populate_existing=True)
+            assert row is not None
+            _apply_status(row, values)
+            return _task(row)
+
+    # Events and what they imply
+
+    def append_event(self, task_id: str, event: Mapping[str, Any]) -> int:
+        """Record the task's next event and the rows it implies; returns its sequence number.
+
+        A ``route`` or ``handoff`` adds a handoff row; ``tool_call`` and ``tool_result`` a
+        tool-call row; an ``interrupted`` event an approval request and ``approval`` its
+        outcome; ``agent_finished`` adds the visit's usage to the agent's total.
+
+        Raises:
+            ConfigError: The event is not a JSON object with a ``type``.
+            RecordNotFound: No such task.
+        """
+        data = check.event_data(event)
+        now = _now()
+        with self._write() as session:
+            # The update locks the task's row until commit, so concurrent appends to one
+            # task take their sequence numbers (and commit) strictly one after another.
+            seq = session.scalar(
+                update(TaskRow)
+                .where(TaskRow.id == task_id)
+                .values(last_event_seq=TaskRow.last_event_seq + 1, updated_at=now)
+                .returning(TaskRow.last_event_seq)
+            )
+            if seq is None:
+                raise RecordNotFound("task", task_id)
+            session.add(
+                EventRow(
+                    task_id=task_id,
+                    seq=seq,
+                    type=data["type"][:32],
+                    agent=event_agent(data),
+                    data=data,
+                    created_at=now,
+                )
+            )
+            derive(session, task_id, seq, data, now)
+        return seq
+
+    def events_after(
+        self, task_id: str, after_seq: int = 0, *, limit: int | None = None
+    ) -> list[Event]:
+        """The task's events with a sequence number above ``after_seq``, in order."""
+        query = (
+            select(EventRow)
+            .where(EventRow.task_id == task_id, EventRow.seq > after_seq)
+            .order_by(EventRow.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as session:
+            return [snapshot(Event, row) for row in session.scalars(query)]
+
+    def handoffs(self, task_id: str) -> list[Handoff]:
+        """Every transfer of work in the task, in order."""
+        query = select(HandoffRow).where(HandoffRow.task_id == task_id).order_by(HandoffRow.seq)
+        return self._snapshots(Handoff, query)
+
+    def tool_calls(self, task_id: str) -> list[ToolCall]:
+        """The task's tool calls, in the order they were made."""
+        query = select(ToolCallRow).where(ToolCallRow.task_id == task_id)
+        return self._snapshots(ToolCall, query.order_by(ToolCallRow.id))
+
+    def approvals(self, task_id: str) -> list[Approval]:
+        """The task's pauses for a person, oldest first, decided or not."""
+        query = select(ApprovalRow).where(ApprovalRow.task_id == task_id)
+        return self._snapshots(Approval, query.order_by(ApprovalRow.id))
+
+    def usage(self, task_id: str) -> list[AgentUsage]:
+        """The task's usage, one entry per role."""
+        query = select(UsageRow).where(UsageRow.task_id == task_id).order_by(UsageRow.agent)
+        return self._snapshots(AgentUsage, query)
+
+    def _snapshots(self, record: type[R], query: Select[Any]) -> list[R]:
+        with self._read() as session:
+            return [snapshot(record, row) for row in session.scalars(query)]
+
+    def record_usage(self, task_id: str, usage: Mapping[str, Mapping[str, Any]]) -> None:
+        """Set each role's totals for the task, replacing what events added up.
+
+        Events carry the agents' usage; the supervisor's and finalize's arrive only in the
+        run's result, so a worker records ``RunResult.usage`` here when a run ends.
+        """
+        now = _now()
+        with self._write() as session:
+            if not _lock_task(session, task_id, now):
+                raise RecordNotFound("task", task_id)
+            for agent, totals in usage.items():
+                if not isinstance(totals, Mapping):
+                    raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
+                _usage.set_totals(session, task_id, agent, totals, now)
+
+    def usage_for_team(
+        self, team_id: str, since: datetime | None = None, until: datetime | None = None
+    ) -> dict[str, Any]:
+        """What the team's tasks created in ``[since, until)`` used, per role and in total.
+
+        Returns:
+            ``{"team_id", "since", "until", "tasks", "total": {...}, "agents": {role: {...}}}``
+            where each usage entry has model and tool calls, input and output tokens,
+            ``cost_usd``, ``seconds`` and ``estimated``; times are ISO 8601 or None.
+
+        Raises:
+            ConfigError: ``since`` or ``until`` has no time zone, or ``since`` is later.
+        """
+        start = check.aware(since, "since")
+        end = check.aware(until, "until")
+        if start is not None and end is not None and start > end:
+            raise ConfigError(f"since {start.isoformat()!r} is after until {end.isoformat()!r}")
+        with self._read() as session:
+            usage = _usage.team_usage(session, team_id, start, end)
+        return {
+            "team_id": team_id,
+            "since": start.astimezone(UTC).isoformat() if start else None,
+            "until": end.astimezone(UTC).isoformat() if end else None,
+            **usage,
+        }
+
+    # Approvals
+
+    def get_approval(self, task_id: str, approval_id: str) -> Approval | None:
+        """The task's pause with interrupt id ``approval_id``."""
+        with self._read() as session:
+            row = session.scalars(
+                select(ApprovalRow).where(
+                    ApprovalRow.task_id == task_id, ApprovalRow.interrupt_id == approval_id
+                )
+            ).first()
+            return snapshot(Approval, row) if row is not None else None
+
+    def record_decision(
+        self,
+        task_id: str,
+        approval_id: str,
+        *,
+        decision: str,
+        decided_by: str,
+        reason: str | None = None,
+        args: Mapping[str, Any] | None = None,
+    ) -> Approval:
+        """Record who decided a paused task's request, what, and when.
+
+        Args:
+            task_id: The paused task.
+            approval_id: The interrupt id from the ``interrupted`` event.
+            decision: ``approve``, ``reject`` or ``edit``.
+            decided_by: Who decided (a team name, a person).
+            reason: Why, in the person's words.
+            args: The replacement arguments; required for ``edit`` and only for it.
+
+        Raises:
+            ConfigError: A bad field, named in the message.
+            RecordNotFound: The task has no such request.
+            RecordConflict: It was decided already.
+        """
+        if decision not in DECISIONS:
+            raise ConfigError(f"decision {decision!r} must be 'approve', 'reject' or 'edit'")
+        if decision == "edit" and not isinstance(args, Mapping):
+            raise ConfigError(f"an edit needs the new arguments as a JSON object, got {args!r}")
+        if decision != "edit" and args is not None:
+            raise ConfigError(f"args {args!r} are only for an 'edit', not for {decision!r}")
+        edited = check.json_object(args, "args") if args is not None else None
+        who = check.text(decided_by, "decided_by", max_chars=255)
+        why = None if reason is None else check.text(reason, "reason")
+        with self._write() as session:
+            # Locked, so that of two people deciding at once one wins and the other hears so.
+            row = session.scalars(
+                select(ApprovalRow)
+                .where(ApprovalRow.task_id == task_id, ApprovalRow.interrupt_id == approval_id)
+                .with_for_update()
+            ).first()
+            if row is None:
+                raise RecordNotFound("approval", approval_id)
+            if row.decision is not None:
+                raise RecordConflict(
+                    "approval",
+                    approval_id,
+                    f"already decided: {row.decision!r} by {row.decided_by!r}",
+                )
+            row.decision, row.decided_by, row.reason = decision, who, why
+            row.edited_args, row.decided_at = edited, _now()
+            return snapshot(Approval, row)
+
+
+def _lock_task(session: Session, task_id: str, now: datetime) -> bool:
+    locked = session.scalar(
+        update(TaskRow).where(TaskRow.id == task_id).values(updated_at=now).returning(TaskRow.id)
+    )
+    return locked is not None
+
+
+def _status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    if status not in TASK_STATUSES:
+        raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
+    unknown = [name for name in fields if name not in STATUS_FIELDS]
+    if unknown:
+        raise ConfigError(
+            f"set_status got unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"it takes {', '.join(STATUS_FIELDS)}"
+        )
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{name} {value!r} must be a string or None")
+    return {"status": status, "updated_at": _now(), **fields}
+
+
+def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
+    for name, value in values.items():
+        setattr(row, name, value)
+    if row.status == "running" and row.started_at is None:
+        row.started_at = values["updated_at"]
+    if row.status in FINISHED_STATUSES:
+        row.finished_at = values["updated_at"]
+
+
+def _same_request(earlier: Task, new: TaskRow) -> Task:
+    if earlier.input != new.input:
+        raise RecordConflict(
+            "task",
+            earlier.id,
+            f"idempotency key {new.idempotency_key!r} was used for a different input",
+        )
+    return earlier
+
+
+def _task(row: TaskRow) -> Task:
+    return snapshot(Task, row, metadata=row.meta)

@@ -1,0 +1,215 @@
+"""The ledger's tables as SQLAlchemy declarative models.
+
+The migrations in ``migrations/versions`` create exactly these tables; a test compares the
+two on SQLite and PostgreSQL, so a change here needs a new migration.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+LOCAL_TEAM_ID = "local"
+"""The built-in team that owns tasks started from the CLI (``relaygraph run``)."""
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSONB on PostgreSQL (indexable, validated), JSON text on SQLite. A Python None is stored
+# as SQL NULL rather than JSON null, so "no policy" reads the same on both.
+JSONValue = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# Row ids that PostgreSQL may count past 2**31; SQLite only auto-increments INTEGER keys.
+RowId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python, on every backend.
+
+    SQLite has no time zones: values are stored as naive UTC text and read back as UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"timestamp {value.isoformat()!r} has no time zone")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSONValue,
+    }
+
+
+class TeamRow(Base):
+    __tablename__ = "teams"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        UniqueConstraint("team_id", "idempotency_key"),
+        Index(None, "team_id", "created_at", "id"),
+        Index(None, "team_id", "status", "created_at", "id"),
+        Index(None, "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    input: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    answer: Mapped[str | None] = mapped_column(Text)
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    policy: Mapped[dict[str, Any] | None]
+    models: Mapped[dict[str, Any]]
+    thread_id: Mapped[str] = mapped_column(String(255), index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    # ``metadata`` is taken on declarative classes, so the attribute has another name.
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONValue)
+    last_event_seq: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(32))
+    agent: Mapped[str | None] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class HandoffRow(Base):
+    __tablename__ = "handoffs"
+    __table_args__ = (CheckConstraint("kind IN ('route', 'direct')", name="kind"),)
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    event_seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8))
+    source: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(64))
+    task: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    step: Mapped[int | None] = mapped_column(Integer)
+    checkpoint_ns: Mapped[str | None] = mapped_column(String(255))
+    tokens_so_far: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+
+
+class ToolCallRow(Base):
+    __tablename__ = "tool_calls"
+    __table_args__ = (Index(None, "task_id", "tool_call_id"),)
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    event_seq: Mapped[int] = mapped_column(Integer)
+    agent: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(128))
+    tool_call_id: Mapped[str | None] = mapped_column(String(255))
+    args: Mapped[dict[str, Any] | None]
+    status: Mapped[str] = mapped_column(String(16))
+    result_preview: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class ApprovalRow(Base):
+    __tablename__ = "approvals"
+    __table_args__ = (UniqueConstraint("task_id", "interrupt_id"),)
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    interrupt_id: Mapped[str | None] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    agent: Mapped[str | None] = mapped_column(String(64))
+    tool: Mapped[str | None] = mapped_column(String(128))
+    tool_call_id: Mapped[str | None] = mapped_column(String(255))
+    args: Mapped[dict[str, Any] | None]
+    request: Mapped[dict[str, Any]]
+    requested_at: Mapped[datetime]
+    decision: Mapped[str | None] = mapped_column(String(16))
+    decided_by: Mapped[str | None] = mapped_column(String(255))
+    decided_at: Mapped[datetime | None]
+    reason: Mapped[str | None] = mapped_column(Text)
+    edited_args: Mapped[dict[str, Any] | None]
+    applied_at: Mapped[datetime | None]
+
+
+class UsageRow(Base):
+    __tablename__ = "usage"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    agent: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model_calls: Mapped[int] = mapped_column(Integer)
+    tool_calls: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    cost_usd: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+    estimated: Mapped[bool]
+    visits: Mapped[list[str]] = mapped_column(JSONValue)
+    """Ids of the usage records already counted, so a re-sent ``agent_finished`` adds nothing."""
+    updated_at: Mapped[datetime]

@@ -1,0 +1,182 @@
+"""What the ledger hands back: frozen snapshots of rows, never live ORM objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+R = TypeVar("R")
+
+TaskStatus = Literal[
+    "queued", "running", "interrupted", "succeeded", "degraded", "failed", "cancelled"
+]
+TASK_STATUSES: tuple[TaskStatus, ...] = (
+    "queued",
+    "running",
+    "interrupted",
+    "succeeded",
+    "degraded",
+    "failed",
+    "cancelled",
+)
+FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "degraded", "failed", "cancelled"})
+"""Statuses a task does not leave: it has an answer or a reason it has none."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Team:
+    """A team that submits tasks; every task and API key belongs to one."""
+
+    id: str
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApiKey:
+    """An API key as stored: its display prefix, never the key itself."""
+
+    id: str
+    team_id: str
+    prefix: str
+    """The key's first characters (``rg_`` and a few more), to tell keys apart in a list."""
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Task:
+    """One task: what was asked, how it ran, and how it ended."""
+
+    id: str
+    team_id: str
+    input: str
+    status: TaskStatus
+    answer: str | None
+    stop_reason: str | None
+    policy: dict[str, Any] | None
+    """The team policy the task ran under, as ``policies.policy_to_mapping`` writes it."""
+    models: dict[str, Any]
+    """The model spec each role runs on."""
+    thread_id: str
+    idempotency_key: str | None
+    metadata: dict[str, Any]
+    last_event_seq: int
+    """Sequence number of the task's latest event; 0 before the first."""
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    """One thing that happened in a task, in order: ``seq`` counts from 1 per task."""
+
+    task_id: str
+    seq: int
+    type: str
+    agent: str | None
+    data: dict[str, Any]
+    """The event as the run emitted it, ``type`` included."""
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Handoff:
+    """A transfer of work: a supervisor route (``route``) or an agent's own handoff (``direct``)."""
+
+    task_id: str
+    seq: int
+    """Order among the task's handoffs, from 1."""
+    event_seq: int
+    """The event that recorded it."""
+    kind: Literal["route", "direct"]
+    source: str
+    target: str
+    task: str
+    reason: str
+    step: int | None
+    """LangGraph super-step, when the event carried it."""
+    checkpoint_ns: str | None
+    """Checkpoint namespace of the node that handed off, when the event carried it."""
+    tokens_so_far: int
+    """Input plus output tokens the task's agents had used when the work moved."""
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolCall:
+    """One tool call by an agent, and its result once it came back."""
+
+    id: int
+    task_id: str
+    agent: str
+    tool: str
+    tool_call_id: str | None
+    args: dict[str, Any] | None
+    status: str
+    """``pending`` until the result arrives, then the tool message's ``success`` or ``error``."""
+    result_preview: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Approval:
+    """A pause for a person: a tool waiting for approval, or a ping-pong decision."""
+
+    id: int
+    task_id: str
+    interrupt_id: str | None
+    """LangGraph's interrupt id: the id to resume with (the API's approval id)."""
+    kind: str
+    """``approval`` for a tool call, ``ping_pong`` for a loop the policy sends to a person."""
+    agent: str | None
+    tool: str | None
+    tool_call_id: str | None
+    args: dict[str, Any] | None
+    """The arguments the agent asked to run the tool with."""
+    request: dict[str, Any]
+    """Everything the interrupt asked, as emitted."""
+    requested_at: datetime
+    decision: str | None
+    """``approve``, ``reject`` or ``edit``; None while it waits."""
+    decided_by: str | None
+    decided_at: datetime | None
+    reason: str | None
+    edited_args: dict[str, Any] | None
+    applied_at: datetime | None
+    """When the resumed run acted on the decision."""
+
+    @property
+    def pending(self) -> bool:
+        return self.decision is None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentUsage:
+    """What one role used over a whole task."""
+
+    task_id: str
+    agent: str
+    model_calls: int
+    tool_calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    seconds: float
+    estimated: bool
+    """True when some token counts were estimated because the provider reported none."""
+
+
+def snapshot(record: type[R], row: object, **overrides: Any) -> R:
+    """A ``record`` holding ``row``'s values (each field read from the row's attribute)."""
+    names = [f.name for f in fields(record)]  # type: ignore[arg-type]
+    values = {name: getattr(row, name) for name in names if name not in overrides}
+    return record(**values, **overrides)

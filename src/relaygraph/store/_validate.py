@@ -1,0 +1,122 @@
+"""Checks on what callers hand the ledger; each failure names the field and the value."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from relaygraph.errors import ConfigError
+
+TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_KEY_CHARS = 255
+NUL = "\x00"
+REPLACEMENT = "\ufffd"
+
+
+def team_name(name: object) -> str:
+    if not isinstance(name, str) or not TEAM_NAME.fullmatch(name):
+        raise ConfigError(
+            f"team name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def text(value: object, field: str, *, max_chars: int | None = None) -> str:
+    """A non-blank string without NUL characters (PostgreSQL text cannot hold them)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{field} {value!r} must be a non-empty string")
+    if NUL in value:
+        raise ConfigError(f"{field} {_short(value)!r} contains a NUL character")
+    if max_chars is not None and len(value) > max_chars:
+        raise ConfigError(f"{field} {_short(value)!r} is longer than {max_chars} characters")
+    return value
+
+
+def optional_text(value: object, field: str, *, max_chars: int | None = None) -> str | None:
+    return None if value is None else text(value, field, max_chars=max_chars)
+
+
+def json_object(value: object, field: str) -> dict[str, Any]:
+    """A JSON object given by the caller, as it will read back (tuples become lists)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{field} {_short(value)!r} must be a JSON object")
+    result = _json_copy(value, field, scrub=False)
+    assert isinstance(result, dict)
+    return result
+
+
+def event_data(value: object) -> dict[str, Any]:
+    """An event as the ledger stores it.
+
+    NUL characters (which a tool's output may contain) become U+FFFD instead of failing the
+    write: PostgreSQL cannot store them, and losing the event would be worse.
+    """
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"event {_short(value)!r} must be a mapping with a 'type'")
+    kind = value.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"event 'type' {kind!r} must be a non-empty string")
+    result = _json_copy(value, "event", scrub=True)
+    assert isinstance(result, dict)
+    return result
+
+
+def aware(value: object, field: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ConfigError(f"{field} {value!r} must be a timezone-aware datetime")
+    return value
+
+
+def count(value: object, field: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"{field} {value!r} must be a non-negative number")
+    return int(value)
+
+
+def amount(value: object, field: str) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"{field} {value!r} must be a non-negative number")
+    return float(value)
+
+
+def _json_copy(value: object, path: str, *, scrub: bool) -> object:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{path} = {value!r} is not a finite number, which JSON cannot hold")
+        return value
+    if isinstance(value, str):
+        if NUL in value:
+            if scrub:
+                return value.replace(NUL, REPLACEMENT)
+            raise ConfigError(f"{path} {_short(value)!r} contains a NUL character")
+        return value
+    if isinstance(value, Mapping):
+        copy: dict[str, object] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{path} has the key {key!r}; JSON object keys are strings")
+            copy[key] = _json_copy(item, f"{path}.{key}", scrub=scrub)
+        return copy
+    if isinstance(value, list | tuple):
+        return [_json_copy(item, f"{path}[{i}]", scrub=scrub) for i, item in enumerate(value)]
+    raise ConfigError(
+        f"{path} = {_short(value)!r} is a {type(value).__name__}, which JSON cannot hold"
+    )
+
+
+def _short(value: object, limit: int = 80) -> object:
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "…"
+    return value

@@ -1,0 +1,783 @@
+"""The ledger, on SQLite and on PostgreSQL.
+
+Every test that takes ``ledger`` or ``url`` runs twice: on a fresh SQLite file, and in a
+fresh schema of the PostgreSQL database ``test`` on 127.0.0.1:5432 (dropped afterwards, so
+parallel runs never meet). Without a reachable server the PostgreSQL half is skipped, or
+fails loudly when ``RELAYGRAPH_REQUIRE_POSTGRES=1`` (as CI sets it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from relaygraph.errors import ConfigError
+from relaygraph.run import Decision, RunResult, resume_task, run_task
+from relaygraph.store import (
+    DATABASE_URL_ENV,
+    LOCAL_TEAM_ID,
+    Ledger,
+    RecordConflict,
+    RecordNotFound,
+    database_url,
+    upgrade,
+)
+from tests.conftest import EXAMPLE_RELAY
+
+POSTGRES_URLS = (
+    "postgresql+psycopg://root@127.0.0.1:5432/test",
+    "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+)
+POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
+REQUIRE_POSTGRES_ENV = "RELAYGRAPH_REQUIRE_POSTGRES"
+TABLES = {"teams", "api_keys", "tasks", "events", "handoffs", "tool_calls", "approvals", "usage"}
+RELAY_SPEC = f"scripted:{EXAMPLE_RELAY}"
+
+
+# Databases
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """A URL of the PostgreSQL server that answers (``$RELAYGRAPH_TEST_POSTGRES_URL`` first)."""
+    override = os.environ.get(POSTGRES_URL_ENV)
+    problems = []
+    for url in [override] if override else POSTGRES_URLS:
+        engine = create_engine(url, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            return url
+        except SQLAlchemyError as exc:
+            problems.append(f"{url}: {str(exc.orig or exc).strip().splitlines()[0]}")
+        finally:
+            engine.dispose()
+    message = "PostgreSQL is not reachable: " + "; ".join(problems)
+    if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
+        pytest.fail(f"{message} (and {REQUIRE_POSTGRES_ENV}=1 requires it)", pytrace=False)
+    pytest.skip(f"{message}; set {REQUIRE_POSTGRES_ENV}=1 to make this a failure")
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A URL whose connections work in a new, empty schema of their own."""
+    schema = f"rg_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        # psycopg passes ``options`` to the server: every session starts in the schema.
+        yield f"{postgres_server}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def ledger(url: str) -> Iterator[Ledger]:
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        yield ledger
+
+
+def all_rows(url: str) -> list[str]:
+    """Every value in every ledger table, as text."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [
+                str(value)
+                for table in TABLES
+                for row in connection.execute(text(f"SELECT * FROM {table}"))
+                for value in row
+            ]
+    finally:
+        engine.dispose()
+
+
+# Real runs of the scripted team, whose events the ledger records
+
+
+@dataclass(frozen=True)
+class Paused:
+    before: list[dict[str, Any]]
+    paused: RunResult
+    after: list[dict[str, Any]]
+    finished: RunResult
+
+
+@pytest.fixture(scope="module")
+def relay_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], RunResult]:
+    """The events and result of the example relay (route, handoff, tools, finish)."""
+    events: list[dict[str, Any]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RELAYGRAPH_HOME", str(tmp_path_factory.mktemp("relay-home")))
+        result = run_task("x", model=RELAY_SPEC, on_event=events.append)
+    assert result.status == "succeeded", result
+    return events, result
+
+
+@pytest.fixture(scope="module")
+def approval_run(tmp_path_factory: pytest.TempPathFactory) -> Paused:
+    """The relay with ``run_python`` under approval: paused, then approved and finished."""
+    home = tmp_path_factory.mktemp("approval-home")
+    policy = home / "policy.toml"
+    policy.write_text('[agents.coder]\napproval = ["run_python"]\n', encoding="utf-8")
+    before: list[dict[str, Any]] = []
+    after: list[dict[str, Any]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RELAYGRAPH_HOME", str(home))
+        paused = run_task("x", model=RELAY_SPEC, policy=policy, on_event=before.append)
+        assert paused.status == "interrupted", paused
+        decision = Decision(decision="approve", reason="safe arithmetic")
+        finished = resume_task(paused.task_id, decision, on_event=after.append)
+    assert finished.status == "succeeded", finished
+    return Paused(before=before, paused=paused, after=after, finished=finished)
+
+
+def recorded_task(ledger: Ledger, result: RunResult) -> str:
+    task, _ = ledger.create_task(
+        team_id=LOCAL_TEAM_ID, input="x", thread_id=result.thread_id, models=result.models
+    )
+    return task.id
+
+
+# Schema and configuration
+
+
+def test_migrations_build_the_schema_from_an_empty_database(url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from relaygraph.store._migrate import VERSION_TABLE, alembic_config
+    from relaygraph.store._models import Base
+
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []
+        with Ledger(url) as ledger:
+            assert not ledger.is_current()
+            ledger.upgrade()
+            ledger.upgrade()  # Nothing left to do: a no-op, not an error.
+            assert ledger.is_current()
+            local = ledger.get_team("local")
+            assert local is not None and local.id == LOCAL_TEAM_ID
+        assert set(inspect(engine).get_table_names()) == TABLES | {VERSION_TABLE}
+        with engine.connect() as connection:
+            # The migrations build exactly what the models describe (types included).
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "version_table": VERSION_TABLE}
+            )
+            assert compare_metadata(context, Base.metadata) == []
+        with engine.begin() as connection:
+            from alembic import command
+
+            command.downgrade(alembic_config(connection), "base")
+        assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
+        assert upgrade(url) == Ledger(url).url
+        assert set(inspect(engine).get_table_names()) == TABLES | {VERSION_TABLE}
+    finally:
+        engine.dispose()
+
+
+def test_default_database_is_sqlite_in_the_data_directory(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relaygraph.store._engine import make_engine
+
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    assert database_url() == f"sqlite:///{home / 'ledger.sqlite'}"
+    with Ledger() as ledger:
+        ledger.upgrade()
+        assert ledger.dialect == "sqlite"
+    engine = make_engine(database_url())
+    try:
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            with pytest.raises(SQLAlchemyError, match="FOREIGN KEY"):
+                connection.exec_driver_sql(
+                    "INSERT INTO api_keys VALUES ('k', 'no-team', 'h', 'p', '2024-01-01', NULL)"
+                )
+    finally:
+        engine.dispose()
+
+
+def test_database_url_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DATABASE_URL_ENV, "postgresql://auditor:s3cret@db.internal:5432/ledger")
+    # A bare postgresql:// URL gets the psycopg 3 driver, which relaygraph installs.
+    assert database_url() == "postgresql+psycopg://auditor:s3cret@db.internal:5432/ledger"
+    ledger = Ledger()
+    assert ledger.url == "postgresql+psycopg://auditor:***@db.internal:5432/ledger"
+    assert "s3cret" not in repr(ledger)
+    assert database_url("sqlite:///x.sqlite") == "sqlite:///x.sqlite"  # an explicit URL wins
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("not a url", "'not a url' is not a database URL"),
+        ("mysql://u:hunter2@h/db", "names the 'mysql' backend"),
+        ("postgresql://u:hunter2@h:port/db", "'postgresql://u:\\*\\*\\*@h:port/db' is not"),
+        ("sqlite://", "in-memory SQLite database"),
+        ("sqlite:///:memory:", "in-memory SQLite database"),
+    ],
+)
+def test_bad_database_urls_are_named(raw: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected) as caught:
+        Ledger(raw)
+    assert "hunter2" not in str(caught.value)
+
+
+# Teams and keys
+
+
+def test_keys_are_stored_hashed_and_authenticate(ledger: Ledger, url: str) -> None:
+    team, key = ledger.create_team("research")
+    other, other_key = ledger.create_team("ops")
+    assert key.startswith("rg_") and len(key) > 40 and key != other_key
+    (record,) = ledger.api_keys(team.id)
+    assert record.prefix == key[:10] and record.revoked_at is None
+
+    rows = all_rows(url)
+    assert hashlib.sha256(key.encode()).hexdigest() in rows
+    assert not any(key in value or other_key in value for value in rows)
+    if url.startswith("sqlite"):
+        files = Path(url.removeprefix("sqlite:///")).parent.glob("ledger.sqlite*")
+        assert not any(key.encode() in path.read_bytes() for path in files)
+
+    assert ledger.authenticate(key) == team
+    assert ledger.authenticate(other_key) == other
+    assert ledger.authenticate(key[:-1]) is None
+    assert ledger.authenticate("") is None
+    assert ledger.authenticate(hashlib.sha256(key.encode()).hexdigest()) is None
+
+    second, second_key = ledger.create_api_key(team.id)
+    ledger.revoke_api_key(record.id)
+    assert ledger.authenticate(key) is None
+    assert ledger.authenticate(second_key) == team
+    assert [k.id for k in ledger.api_keys(team.id)] == [record.id, second.id]
+
+
+def test_team_names_are_unique_and_checked(ledger: Ledger) -> None:
+    ledger.create_team("research")
+    with pytest.raises(RecordConflict, match="team 'research': a team of that name exists"):
+        ledger.create_team("research")
+    with pytest.raises(ConfigError, match="'local'"):
+        ledger.create_team("local")  # The CLI's built-in team.
+    for bad in ["", "has space", "-dash", "x" * 65]:
+        with pytest.raises(ConfigError, match=f"team name {bad!r} is invalid"):
+            ledger.create_team(bad)
+    with pytest.raises(RecordNotFound, match="no team 'ghost'"):
+        ledger.create_api_key("ghost")
+
+
+# Tasks
+
+
+def test_idempotency_key_returns_the_first_task(ledger: Ledger) -> None:
+    team, _ = ledger.create_team("research")
+    other, _ = ledger.create_team("ops")
+    first, created = ledger.create_task(team_id=team.id, input="sum", idempotency_key="req-1")
+    again, created_again = ledger.create_task(
+        team_id=team.id, input="sum", idempotency_key="req-1", thread_id="another-thread"
+    )
+    assert created and not created_again
+    assert again == first
+    # Keys are per team, and tasks without a key are always new.
+    theirs, theirs_created = ledger.create_task(
+        team_id=other.id, input="sum", idempotency_key="req-1"
+    )
+    assert theirs_created and theirs.id != first.id
+    assert ledger.create_task(team_id=team.id, input="sum")[0].id != first.id
+    with pytest.raises(RecordConflict, match="'req-1' was used for a different input"):
+        ledger.create_task(team_id=team.id, input="product", idempotency_key="req-1")
+
+
+def test_concurrent_retries_create_one_task(ledger: Ledger) -> None:
+    team, _ = ledger.create_team("research")
+    start = threading.Barrier(8)
+    results: list[tuple[str, bool]] = []
+
+    def submit() -> None:
+        start.wait()
+        task, created = ledger.create_task(team_id=team.id, input="sum", idempotency_key="race")
+        results.append((task.id, created))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({task_id for task_id, _ in results}) == 1
+    assert sorted(created for _, created in results) == [False] * 7 + [True]
+
+
+def test_a_team_never_sees_another_teams_tasks(ledger: Ledger) -> None:
+    team, _ = ledger.create_team("research")
+    other, _ = ledger.create_team("ops")
+    mine, _ = ledger.create_task(team_id=team.id, input="mine")
+    cli, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="from the CLI")
+    assert ledger.get_task(mine.id, team_id=team.id) == mine
+    assert ledger.get_task(mine.id, team_id=other.id) is None
+    assert ledger.get_task(cli.id, team_id=team.id) is None
+    assert ledger.get_task("no-such-task", team_id=team.id) is None
+    assert ledger.list_tasks(team_id=other.id) == ([], None)
+    assert [t.id for t in ledger.list_tasks(team_id=team.id)[0]] == [mine.id]
+
+
+def test_cursor_pages_cover_every_task_once_newest_first(ledger: Ledger) -> None:
+    team, _ = ledger.create_team("research")
+    other, _ = ledger.create_team("ops")
+    created = []
+    for n in range(120):
+        task, _ = ledger.create_task(team_id=team.id, input=f"task {n}")
+        if n % 3 == 0:
+            task = ledger.set_status(task.id, "succeeded", answer=str(n))
+        created.append(task)
+        if n % 30 == 0:
+            ledger.create_task(team_id=other.id, input="not yours")
+    newest_first = sorted(created, key=lambda t: (t.created_at, t.id), reverse=True)
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        page, cursor = ledger.list_tasks(team_id=team.id, limit=25, cursor=cursor)
+        seen += page
+        pages += 1
+        if pages == 1:
+            # A task created while the client pages does not shift the later pages.
+            ledger.create_task(team_id=team.id, input="arrived late")
+        if cursor is None:
+            break
+    assert pages == 5
+    assert [t.id for t in seen] == [t.id for t in newest_first]
+
+    done, cursor = [], None
+    while True:
+        page, cursor = ledger.list_tasks(
+            team_id=team.id, status="succeeded", limit=7, cursor=cursor
+        )
+        done += page
+        if cursor is None:
+            break
+    assert [t.id for t in done] == [t.id for t in newest_first if t.status == "succeeded"]
+    assert len(done) == 40
+
+
+def test_status_changes_stamp_times_and_claims_are_exclusive(ledger: Ledger) -> None:
+    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", thread_id="thread-1")
+    assert task.status == "queued" and task.started_at is None
+    assert ledger.active_task_on_thread("thread-1") == task
+    assert [t.id for t in ledger.unfinished_tasks()] == [task.id]
+
+    running = ledger.claim(task.id)
+    assert running is not None and running.status == "running" and running.started_at
+    assert ledger.claim(task.id) is None  # A second worker loses.
+    paused = ledger.set_status(task.id, "interrupted", stop_reason="awaiting approval")
+    assert paused.finished_at is None and not paused.finished
+    assert ledger.unfinished_tasks() == []
+    assert ledger.claim(task.id, "cancelled", only_from=("running", "interrupted"))
+    finished = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    assert finished is not None and finished.status == "cancelled" and finished.finished
+    assert finished.finished_at is not None and finished.finished_at >= running.started_at
+    assert finished.stop_reason == "awaiting approval"
+    assert ledger.active_task_on_thread("thread-1") is None
+
+
+# Events
+
+
+def test_event_numbers_stay_in_order_under_concurrent_appends(ledger: Ledger) -> None:
+    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    start = threading.Barrier(8)
+    numbers: dict[int, list[int]] = {}
+    failures: list[BaseException] = []
+
+    def append(worker: int) -> None:
+        try:
+            start.wait()
+            numbers[worker] = [
+                ledger.append_event(
+                    task.id, {"type": "token", "role": f"w{worker}", "text": str(n)}
+                )
+                for n in range(25)
+            ]
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=append, args=(worker,)) for worker in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert sorted(n for seqs in numbers.values() for n in seqs) == list(range(1, 201))
+    for seqs in numbers.values():
+        assert seqs == sorted(seqs)
+
+    events = ledger.events_after(task.id)
+    assert [e.seq for e in events] == list(range(1, 201))
+    for worker in range(8):
+        texts = [e.data["text"] for e in events if e.agent == f"w{worker}"]
+        assert texts == [str(n) for n in range(25)]
+    assert [e.seq for e in ledger.events_after(task.id, 150)] == list(range(151, 201))
+    assert [e.seq for e in ledger.events_after(task.id, 150, limit=3)] == [151, 152, 153]
+    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    assert stored is not None and stored.last_event_seq == 200
+
+
+def test_a_real_run_yields_handoff_tool_and_usage_rows(
+    ledger: Ledger, relay_run: tuple[list[dict[str, Any]], RunResult]
+) -> None:
+    events, result = relay_run
+    task_id = recorded_task(ledger, result)
+    assert [ledger.append_event(task_id, event) for event in events] == list(
+        range(1, len(events) + 1)
+    )
+
+    stored = ledger.events_after(task_id)
+    assert [e.data for e in stored] == events
+    assert [e.agent for e in stored if e.type in ("route", "handoff")] == [
+        "supervisor",
+        "researcher",
+        "supervisor",
+        "supervisor",
+    ]
+
+    handoffs = ledger.handoffs(task_id)
+    assert [(h.kind, h.source, h.target, h.task, h.reason) for h in handoffs] == [
+        (h["kind"], h["from"], h["to"], h["task"], h["reason"]) for h in result.handoffs
+    ]
+    assert [h.seq for h in handoffs] == [1, 2, 3]
+    assert [stored[h.event_seq - 1].type for h in handoffs] == ["route", "handoff", "route"]
+    tokens = {role: u["input_tokens"] + u["output_tokens"] for role, u in result.usage.items()}
+    assert [h.tokens_so_far for h in handoffs] == [
+        0,
+        tokens["researcher"],
+        tokens["researcher"] + tokens["coder"],
+    ]
+
+    calls = ledger.tool_calls(task_id)
+    sent = [e for e in events if e["type"] == "tool_call"]
+    assert [(c.agent, c.tool, c.tool_call_id, c.args) for c in calls] == [
+        (e["agent"], e["tool"], e["tool_call_id"], e["args"]) for e in sent
+    ]
+    assert [c.status for c in calls] == ["success"] * 3
+    assert calls[1].result_preview and "41 checkpoints" in calls[1].result_preview
+    assert all(c.finished_at and c.finished_at >= c.created_at for c in calls)
+
+    fields = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
+    usage = {u.agent: u for u in ledger.usage(task_id)}
+    assert set(usage) == {"researcher", "coder", "writer"}
+    for role, entry in usage.items():
+        assert {f: getattr(entry, f) for f in fields} == {f: result.usage[role][f] for f in fields}
+        assert entry.estimated == result.usage[role]["estimated"]
+
+    # A node that runs again after a crash sends its agent_finished again: counted once.
+    finished = next(e for e in events if e["type"] == "agent_finished")
+    ledger.append_event(task_id, finished)
+    assert ledger.usage(task_id)[1] == usage["researcher"]
+
+    # The supervisor's and finalize's usage arrive with the result.
+    ledger.record_usage(task_id, result.usage)
+    assert {u.agent for u in ledger.usage(task_id)} == set(result.usage)
+    team = ledger.usage_for_team(LOCAL_TEAM_ID)
+    assert team["tasks"] == 1
+    for name in fields:
+        assert team["total"][name] == result.team_usage[name]
+    assert team["agents"]["coder"]["input_tokens"] == result.usage["coder"]["input_tokens"]
+
+
+def test_a_paused_run_yields_an_approval_with_who_decided(
+    ledger: Ledger, approval_run: Paused
+) -> None:
+    task_id = recorded_task(ledger, approval_run.paused)
+    for event in approval_run.before:
+        ledger.append_event(task_id, event)
+    (pending,) = approval_run.paused.pending
+    (request,) = ledger.approvals(task_id)
+    assert request.pending and request.kind == "approval"
+    assert (request.interrupt_id, request.agent, request.tool, request.args) == (
+        pending["id"],
+        "coder",
+        "run_python",
+        pending["args"],
+    )
+    assert request.tool_call_id == pending["tool_call_id"]
+    assert request.request["step"] == pending["step"]
+    assert [c.status for c in ledger.tool_calls(task_id)] == ["success", "pending"]
+    assert ledger.get_approval(task_id, pending["id"]) == request
+
+    decided = ledger.record_decision(
+        task_id, pending["id"], decision="approve", decided_by="alice", reason="safe arithmetic"
+    )
+    assert (decided.decision, decided.decided_by, decided.reason) == (
+        "approve",
+        "alice",
+        "safe arithmetic",
+    )
+    assert decided.decided_at is not None and decided.applied_at is None
+    with pytest.raises(RecordConflict, match="already decided: 'approve' by 'alice'"):
+        ledger.record_decision(task_id, pending["id"], decision="reject", decided_by="bob")
+
+    for event in approval_run.after:
+        ledger.append_event(task_id, event)
+    (applied,) = ledger.approvals(task_id)
+    assert applied.applied_at is not None and applied.decided_by == "alice"
+    # The resumed agent announces its call again; the ledger keeps one call, now answered.
+    calls = ledger.tool_calls(task_id)
+    assert [(c.agent, c.tool, c.status) for c in calls] == [
+        ("researcher", "search_docs", "success"),
+        ("coder", "run_python", "success"),
+        ("writer", "save_artifact", "success"),
+    ]
+    coder = next(u for u in ledger.usage(task_id) if u.agent == "coder")
+    assert coder.model_calls == approval_run.finished.usage["coder"]["model_calls"]
+
+
+def test_a_decision_made_outside_the_api_is_taken_from_the_event(
+    ledger: Ledger, approval_run: Paused
+) -> None:
+    task_id = recorded_task(ledger, approval_run.paused)
+    for event in approval_run.before + approval_run.after:
+        ledger.append_event(task_id, event)
+    (approval,) = ledger.approvals(task_id)
+    assert (approval.decision, approval.reason, approval.decided_by) == (
+        "approve",
+        "safe arithmetic",
+        None,
+    )
+    assert approval.applied_at is not None
+
+
+def test_usage_for_a_team_counts_tasks_created_in_the_window(ledger: Ledger) -> None:
+    team, _ = ledger.create_team("research")
+    other, _ = ledger.create_team("ops")
+    early, _ = ledger.create_task(team_id=team.id, input="early")
+    middle = datetime.now(UTC)
+    late, _ = ledger.create_task(team_id=team.id, input="late")
+    theirs, _ = ledger.create_task(team_id=other.id, input="theirs")
+    spent = {"model_calls": 2, "input_tokens": 100, "output_tokens": 10, "cost_usd": 0.25}
+    for task in (early, late, theirs):
+        ledger.record_usage(task.id, {"coder": spent, "supervisor": {**spent, "estimated": True}})
+
+    everything = ledger.usage_for_team(team.id)
+    assert everything["tasks"] == 2
+    assert everything["total"]["input_tokens"] == 400
+    assert everything["total"]["cost_usd"] == pytest.approx(1.0)
+    assert everything["total"]["estimated"] is True
+    assert everything["agents"]["coder"]["model_calls"] == 4
+    assert everything["agents"]["coder"]["estimated"] is False
+
+    before = ledger.usage_for_team(team.id, until=middle)
+    assert before["tasks"] == 1 and before["total"]["input_tokens"] == 200
+    after = ledger.usage_for_team(team.id, since=middle, until=middle + timedelta(hours=1))
+    assert after["tasks"] == 1 and after["since"] == middle.isoformat()
+    assert ledger.usage_for_team(team.id, since=middle + timedelta(hours=1))["tasks"] == 0
+
+
+# Values in and out
+
+
+def test_json_round_trips(ledger: Ledger) -> None:
+    policy = {
+        "team": {"max_cost_usd": 0.1, "max_tokens": 2**53, "on_exhausted": "finalize"},
+        "agents": {"coder": {"tools": ["run_python"], "approval": [], "max_seconds": None}},
+        "flags": [True, False, None, 0, -1.5e-7],
+    }
+    metadata = {"ticket": "ÉQ-42 ✓ 日本語 🎉", "tags": ("a", "b"), "nested": {"deep": [[{}]]}}
+    task, _ = ledger.create_task(
+        team_id=LOCAL_TEAM_ID,
+        input="say “hi” — in 日本語",
+        policy=policy,
+        models={"coder": "openai:gpt-4o-mini"},
+        metadata=metadata,
+    )
+    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    assert stored == task
+    assert stored.policy == policy and stored.input == "say “hi” — in 日本語"
+    assert stored.metadata == {**metadata, "tags": ["a", "b"]}  # A tuple reads back a list.
+    assert ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")[0].policy is None
+
+    # Tool output may hold NUL characters, which PostgreSQL cannot store: they are replaced.
+    event = {"type": "tool_result", "agent": "coder", "tool": "run_python", "preview": "a\x00b"}
+    ledger.append_event(task.id, {**event, "extra": {"n": 1.25, "list": [1, "二"]}})
+    (stored_event,) = ledger.events_after(task.id)
+    assert stored_event.data["preview"] == "a\ufffdb"
+    assert stored_event.data["extra"] == {"n": 1.25, "list": [1, "二"]}
+    assert ledger.tool_calls(task.id)[0].result_preview == "a\ufffdb"
+
+    ledger.append_event(
+        task.id,
+        {"type": "interrupted", "id": "int-1", "waits_for": "approval", "agent": "coder",
+         "tool": "run_python", "args": {"code": "print('✓')"}},
+    )  # fmt: skip
+    edited = ledger.record_decision(
+        task.id, "int-1", decision="edit", decided_by="alice", args={"code": "print(2 ** 10)"}
+    )
+    assert ledger.approvals(task.id) == [edited]
+    assert edited.edited_args == {"code": "print(2 ** 10)"}
+    assert edited.args == {"code": "print('✓')"}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"when": datetime(2024, 1, 1)}, "metadata.when = .* is a datetime"),
+        ({"score": float("nan")}, "metadata.score = nan is not a finite number"),
+        ({1: "one"}, "metadata has the key 1"),
+        ({"tags": {"a"}}, r"metadata.tags = \{'a'\} is a set"),
+        ({"text": "a\x00b"}, r"metadata.text 'a\\x00b' contains a NUL"),
+        ("not an object", "metadata 'not an object' must be a JSON object"),
+    ],
+)
+def test_values_json_cannot_hold_are_refused_by_name(
+    ledger: Ledger, metadata: Any, expected: str
+) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", metadata=metadata)
+
+
+def test_bad_input_errors_name_the_value(ledger: Ledger) -> None:
+    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (lambda: ledger.create_task(team_id=LOCAL_TEAM_ID, input="  "), ConfigError, "input '  '"),
+        (lambda: ledger.create_task(team_id="ghost", input="x"), RecordNotFound, "team 'ghost'"),
+        (
+            lambda: ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", idempotency_key="k" * 256),
+            ConfigError,
+            "idempotency_key 'kkk.*' is longer than 255",
+        ),
+        (lambda: ledger.set_status(task.id, "done"), ConfigError, "status 'done' is not one of"),
+        (
+            lambda: ledger.set_status(task.id, "failed", reason="x"),
+            ConfigError,
+            "unknown field.* 'reason'",
+        ),
+        (lambda: ledger.set_status(task.id, "failed", answer=3), ConfigError, "answer 3 must be"),
+        (lambda: ledger.set_status("ghost", "failed"), RecordNotFound, "no task 'ghost'"),
+        (lambda: ledger.claim(task.id, only_from=("new",)), ConfigError, "'new'"),
+        (lambda: ledger.append_event(task.id, {"no": "type"}), ConfigError, "'type' None"),
+        (lambda: ledger.append_event(task.id, "route"), ConfigError, "event 'route' must be"),
+        (lambda: ledger.append_event("ghost", {"type": "x"}), RecordNotFound, "'ghost'"),
+        (
+            lambda: ledger.append_event(
+                task.id, {"type": "agent_finished", "agent": "a", "usage": {"input_tokens": -1}}
+            ),
+            ConfigError,
+            "usage.input_tokens -1 must be a non-negative number",
+        ),
+        (lambda: ledger.list_tasks(team_id="t", limit=0), ConfigError, "limit 0 must be"),
+        (lambda: ledger.list_tasks(team_id="t", limit=201), ConfigError, "limit 201"),
+        (lambda: ledger.list_tasks(team_id="t", status="bogus"), ConfigError, "'bogus'"),
+        (lambda: ledger.list_tasks(team_id="t", cursor="zz!"), ConfigError, "cursor 'zz!'"),
+        (
+            lambda: ledger.record_decision(task.id, "i", decision="maybe", decided_by="a"),
+            ConfigError,
+            "decision 'maybe'",
+        ),
+        (
+            lambda: ledger.record_decision(task.id, "i", decision="edit", decided_by="a"),
+            ConfigError,
+            "an edit needs the new arguments",
+        ),
+        (
+            lambda: ledger.record_decision(
+                task.id, "i", decision="approve", decided_by="a", args={"x": 1}
+            ),
+            ConfigError,
+            "only for an 'edit'",
+        ),
+        (
+            lambda: ledger.record_decision(task.id, "i", decision="approve", decided_by=" "),
+            ConfigError,
+            "decided_by ' '",
+        ),
+        (
+            lambda: ledger.record_decision(task.id, "ghost", decision="approve", decided_by="a"),
+            RecordNotFound,
+            "no approval 'ghost'",
+        ),
+        (
+            lambda: ledger.record_usage(task.id, {"coder": {"cost_usd": "free"}}),
+            ConfigError,
+            "usage\\['coder'\\].cost_usd 'free'",
+        ),
+        (
+            lambda: ledger.usage_for_team("t", since=datetime(2024, 1, 1)),
+            ConfigError,
+            "since datetime.datetime\\(2024, 1, 1, 0, 0\\) must be a timezone-aware",
+        ),
+        (
+            lambda: ledger.usage_for_team(
+                "t", since=datetime(2024, 2, 1, tzinfo=UTC), until=datetime(2024, 1, 1, tzinfo=UTC)
+            ),
+            ConfigError,
+            "since '2024-02-01T00:00:00\\+00:00' is after until",
+        ),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    # Nothing above wrote anything.
+    assert ledger.events_after(task.id) == []
+    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    assert stored is not None and stored.status == "queued"
+
+
+def test_public_names_import() -> None:
+    module = importlib.import_module("relaygraph.store")
+    for name in module.__all__:
+        assert hasattr(module, name), name
+    assert issubclass(RecordNotFound, ConfigError) and issubclass(RecordConflict, ConfigError)
+
+
+def test_event_names_match_the_team_graph() -> None:
+    from relaygraph.store._derive import FINISH, ROUTER
+    from relaygraph.supervisor import FINISH as GRAPH_FINISH
+    from relaygraph.supervisor import SUPERVISOR
+
+    assert (ROUTER, FINISH) == (SUPERVISOR, GRAPH_FINISH)
+
+
+def test_of_two_people_deciding_at_once_one_wins(ledger: Ledger) -> None:
+    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    interrupted = {"type": "interrupted", "id": "int-1", "waits_for": "approval", "tool": "t"}
+    ledger.append_event(task.id, interrupted)
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def decide(who: str) -> None:
+        start.wait()
+        try:
+            ledger.record_decision(task.id, "int-1", decision="approve", decided_by=who)
+            outcomes.append("won")
+        except RecordConflict:
+            outcomes.append("told")
+
+    threads = [threading.Thread(target=decide, args=(who,)) for who in ("alice", "bob")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["told", "won"]
