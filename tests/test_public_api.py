@@ -15,6 +15,7 @@ PACKAGES = [
     "relaygraph.supervisor",
     "relaygraph.run",
     "relaygraph.store",
+    "relaygraph.api",
 ]
 
 

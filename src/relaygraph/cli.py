@@ -34,6 +34,18 @@ def _agent_model(value: str) -> tuple[str, str]:
     return agent.strip(), spec.strip()
 
 
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port between 1 and 65535, got {value!r}")
+    return int(value)
+
+
 def _json_object(value: str) -> dict[str, Any]:
     try:
         parsed = json.loads(value)
@@ -110,6 +122,36 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON object on stdout and nothing else"
     )
 
+    serve = commands.add_parser(
+        "serve",
+        help="run the task service (HTTP API under /v1)",
+        description="Serve the task API. Migrations run at start; tasks that were queued or "
+        "running when the server stopped are picked up again.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    serve.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="default model for tasks that name none (default local:smollm2)",
+    )
+    serve.add_argument(
+        "--workers", type=_positive, metavar="N", help="tasks that run at once (default 2)"
+    )
+    serve.add_argument("--policy", metavar="FILE", type=Path, help="the teams' base policy")
+
+    teams = commands.add_parser("teams", help="manage teams and their API keys")
+    team_commands = teams.add_subparsers(
+        dest="teams_command", metavar="TEAMS_COMMAND", required=True
+    )
+    create = team_commands.add_parser("create", help="create a team and print its API key (once)")
+    create.add_argument("name")
+    create.add_argument("--json", action="store_true", help='print {"team": ..., "key": ...}')
+
+    db = commands.add_parser("db", help="manage the ledger database")
+    db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
+    db_commands.add_parser("upgrade", help="apply the ledger's migrations")
+
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
 
@@ -134,6 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _resume(args)
         if args.command == "graph":
             return _graph(args)
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "teams":
+            return _teams(args)
+        if args.command == "db":
+            return _db(args)
         return _kb(args)
     except ConfigError as exc:
         print(f"relaygraph: error: {exc}", file=sys.stderr)
@@ -188,6 +236,59 @@ def _report(result: Any, *, as_json: bool) -> int:
     if result.status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _ledger_url(home: Path | None) -> str | None:
+    import os
+
+    from relaygraph._home import data_home
+    from relaygraph.store import DATABASE_URL_ENV
+
+    if os.environ.get(DATABASE_URL_ENV):
+        return None
+    return f"sqlite:///{data_home(home) / 'ledger.sqlite'}"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from relaygraph.api import ServiceSettings, create_app
+
+    overrides: dict[str, Any] = {"home": args.home}
+    if args.model:
+        overrides["default_model"] = args.model
+    if args.workers:
+        overrides["workers"] = args.workers
+    if args.policy:
+        overrides["policy_file"] = args.policy
+    settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
+    app = create_app(settings)
+    print(
+        f"relaygraph serving on http://{args.host}:{args.port} (OpenAPI at /openapi.json)",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK
+
+
+def _teams(args: argparse.Namespace) -> int:
+    from relaygraph.store import Ledger
+
+    with Ledger(_ledger_url(args.home)) as ledger:
+        ledger.upgrade()
+        team, key = ledger.create_team(args.name)
+    if args.json:
+        print(json.dumps({"team": team.name, "key": key}))
+    else:
+        print(f"team {team.name} created. Its API key (shown once, keep it safe):\n{key}")
+    return EXIT_OK
+
+
+def _db(args: argparse.Namespace) -> int:
+    from relaygraph.store import upgrade
+
+    print(f"ledger at {upgrade(_ledger_url(args.home))} is up to date")
+    return EXIT_OK
 
 
 def _graph(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy
 
 __all__ = [
+    "CONTINUE",
     "Decision",
     "RunResult",
     "TaskRunner",
@@ -26,6 +27,8 @@ __all__ = [
 ]
 
 EventHandler = Callable[[dict[str, Any]], None]
+CONTINUE: Any = object()
+"""Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
 USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
 
 
@@ -219,7 +222,8 @@ class TaskRunner:
         Args:
             task: The ledger's task record.
             graph_input: ``{"request": ...}`` to start, a ``Command(resume=...)`` after a
-                decision, or None to continue from the last checkpoint after a restart.
+                decision, or :data:`CONTINUE` after a restart: on from the task's last
+                checkpoint if it made one, else from the start.
             on_event: Also called with each event, after the ledger has it.
             stream_tokens: Emit ``token`` events (not stored in the ledger).
             cancel: When set, the run stops at the next step boundary, status ``cancelled``.

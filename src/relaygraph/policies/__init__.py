@@ -17,6 +17,7 @@ from relaygraph.policies._policy import (
     TeamPolicy,
     default_policy,
 )
+from relaygraph.policies._tighten import tighten
 
 __all__ = [
     "DEFAULT_TOOLS",
@@ -31,4 +32,5 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "policy_to_mapping",
+    "tighten",
 ]

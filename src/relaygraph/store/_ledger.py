@@ -345,6 +345,13 @@ class Ledger:
             )
             return [_task(row) for row in rows]
 
+    def thread_owner(self, thread_id: str) -> str | None:
+        """The team whose tasks use ``thread_id``, or None for a thread nobody used yet."""
+        with self._read() as session:
+            return session.scalar(
+                select(TaskRow.team_id).where(TaskRow.thread_id == thread_id).limit(1)
+            )
+
     def active_task_on_thread(self, thread_id: str) -> Task | None:
         """The oldest task on the thread that is queued, running or waiting for a person."""
         with self._read() as session:

@@ -1,0 +1,100 @@
+"""Request and response bodies of the API (pydantic: the HTTP boundary)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from relaygraph.store import Approval, Task
+
+
+class TaskCreate(BaseModel):
+    """``POST /v1/tasks``."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: str = Field(min_length=1, max_length=100_000, description="What the team should do.")
+    thread_id: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Continue this conversation."
+    )
+    policy: dict[str, Any] | None = Field(
+        default=None, description="Policy-file-shaped overrides; may only tighten the team's."
+    )
+    model: str | None = Field(default=None, description="Model spec for every role.")
+    agent_models: dict[str, str] | None = Field(default=None, description="Spec per role.")
+    metadata: dict[str, Any] | None = None
+    multitask: Literal["reject", "enqueue"] = Field(
+        default="reject",
+        description="When the thread is busy: refuse with 409, or queue behind its task.",
+    )
+
+
+class DecisionIn(BaseModel):
+    """``POST /v1/tasks/{id}/approvals/{approval_id}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "reject", "edit"]
+    args: dict[str, Any] | None = None
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class TaskOut(BaseModel):
+    id: str
+    status: str
+    input: str
+    answer: str | None
+    stop_reason: str | None
+    thread_id: str
+    models: dict[str, Any]
+    metadata: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_event_seq: int
+
+    @classmethod
+    def of(cls, task: Task) -> TaskOut:
+        return cls(
+            id=task.id,
+            status=task.status,
+            input=task.input,
+            answer=task.answer,
+            stop_reason=task.stop_reason,
+            thread_id=task.thread_id,
+            models=task.models,
+            metadata=task.metadata,
+            created_at=task.created_at,
+            started_at=task.started_at,
+            finished_at=task.finished_at,
+            last_event_seq=task.last_event_seq,
+        )
+
+
+class TaskPage(BaseModel):
+    tasks: list[TaskOut]
+    next_cursor: str | None
+
+
+class ApprovalOut(BaseModel):
+    id: str | None
+    kind: str
+    agent: str | None
+    tool: str | None
+    args: dict[str, Any] | None
+    decision: str | None
+    decided_by: str | None
+    reason: str | None
+
+    @classmethod
+    def of(cls, approval: Approval) -> ApprovalOut:
+        return cls(
+            id=approval.interrupt_id,
+            kind=approval.kind,
+            agent=approval.agent,
+            tool=approval.tool,
+            args=approval.args,
+            decision=approval.decision,
+            decided_by=approval.decided_by,
+            reason=approval.reason,
+        )

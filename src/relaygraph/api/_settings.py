@@ -1,0 +1,41 @@
+"""The task service's settings, from ``RELAYGRAPH_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from relaygraph.models import DEFAULT_MODEL
+
+
+class ServiceSettings(BaseSettings):
+    """How ``relaygraph serve`` runs. Every field is also ``RELAYGRAPH_<FIELD>`` in the env."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAYGRAPH_", extra="ignore", frozen=True)
+
+    default_model: str = DEFAULT_MODEL
+    """The model of tasks that name none (``serve --model``)."""
+    allowed_models: list[str] = Field(default_factory=lambda: ["openai:*", "local:smollm2"])
+    """Model specs a request may name; ``*`` matches anything (``openai:*``)."""
+    allow_scripted: bool = False
+    """Let requests name ``scripted:`` specs (they read a file on the server)."""
+    workers: int = Field(default=2, ge=1, le=64)
+    """Tasks that run at once in the server process."""
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+    policy_file: Path | None = None
+    """The teams' base policy; a request's policy may only tighten it."""
+    database_url: str | None = None
+    """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
+    home: Path | None = None
+    """The data directory (else ``$RELAYGRAPH_HOME`` or ``~/.relaygraph``)."""
+
+    def model_allowed(self, spec: str) -> bool:
+        if spec == self.default_model:
+            return True
+        if spec.startswith("scripted:"):
+            return self.allow_scripted or self.default_model.startswith("scripted:")
+        return any(fnmatch.fnmatchcase(spec, pattern) for pattern in self.allowed_models)

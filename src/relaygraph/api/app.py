@@ -1,0 +1,319 @@
+"""The task service: FastAPI routes under ``/v1`` over the ledger and the task workers."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from relaygraph._home import data_home
+from relaygraph.api._errors import ApiError, BodyLimit, error_body, install_error_handlers
+from relaygraph.api._schemas import ApprovalOut, DecisionIn, TaskCreate, TaskOut, TaskPage
+from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._workers import TaskWorkers
+from relaygraph.errors import ConfigError
+from relaygraph.models import parse_model_spec
+from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
+from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Team
+
+__all__ = ["create_app"]
+
+SSE_POLL_SECONDS = 0.2
+
+
+def create_app(settings: ServiceSettings | None = None, *, start_workers: bool = True) -> FastAPI:
+    """Build the API app. Migrations run and unfinished tasks restart when it starts.
+
+    Args:
+        settings: Service settings; read from the environment when None.
+        start_workers: Pick up unfinished tasks at start-up (tests of a stopped server
+            turn it off).
+    """
+    settings = settings or ServiceSettings()
+    home = data_home(settings.home)
+    base_policy = load_policy(settings.policy_file) if settings.policy_file else default_policy()
+    parse_model_spec(settings.default_model)
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import os
+
+        from relaygraph.store import DATABASE_URL_ENV
+
+        url = settings.database_url
+        if url is None and not os.environ.get(DATABASE_URL_ENV):
+            url = f"sqlite:///{home / 'ledger.sqlite'}"
+        ledger = Ledger(url)
+        await to_thread.run_sync(ledger.upgrade)
+        workers = TaskWorkers(ledger, home=home, workers=settings.workers)
+        state.update(ledger=ledger, workers=workers)
+        if start_workers:
+            await to_thread.run_sync(workers.recover)
+        try:
+            yield
+        finally:
+            workers.shutdown(wait=False)
+            ledger.close()
+
+    app = FastAPI(
+        title="relaygraph",
+        version="0.1.0",
+        description="Submit tasks to a supervised team of agents and follow them as they run.",
+        lifespan=lifespan,
+        openapi_url="/openapi.json",
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    def ledger() -> Ledger:
+        return state["ledger"]
+
+    def team_of(authorization: Annotated[str | None, Header()] = None) -> Team:
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
+        team = ledger().authenticate(key.strip())
+        if team is None:
+            raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
+        return team
+
+    TeamDep = Annotated[Team, Depends(team_of)]
+
+    def own_task(task_id: str, team: Team) -> Any:
+        task = ledger().get_task(task_id, team_id=team.id)
+        if task is None:  # Another team's task is as absent as a missing one: 404, not 403.
+            raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
+        return task
+
+    def check_models(body: TaskCreate) -> dict[str, str]:
+        from relaygraph.run import resolve_model_specs
+        from relaygraph.supervisor import FINALIZE, SUPERVISOR
+
+        roles = (SUPERVISOR, *base_policy.agents, FINALIZE)
+        try:
+            specs = resolve_model_specs(
+                body.model or settings.default_model, body.agent_models or {}, roles
+            )
+        except ConfigError as exc:
+            field = "agent_models" if "agent" in str(exc) else "model"
+            raise ApiError(422, "invalid_model", str(exc), field) from None
+        for role, spec in specs.items():
+            if not settings.model_allowed(spec):
+                field = "model" if spec == body.model else f"agent_models.{role}"
+                raise ApiError(
+                    422,
+                    "model_not_allowed",
+                    f"model {spec!r} is not allowed on this server "
+                    f"(allowed: {', '.join(settings.allowed_models)})",
+                    field,
+                )
+        return specs
+
+    def task_policy(body: TaskCreate) -> TeamPolicy:
+        if body.policy is None:
+            return base_policy
+        try:
+            return tighten(base_policy, body.policy, source="policy")
+        except ConfigError as exc:
+            code = "policy_loosens" if "loosens" in str(exc) else "invalid_policy"
+            raise ApiError(422, code, str(exc), "policy") from None
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        try:
+            current = ledger().is_current()
+        except Exception as exc:  # Any database failure means not ready.
+            return JSONResponse(error_body("not_ready", f"database: {exc}"), status_code=503)
+        if not current:
+            return JSONResponse(error_body("not_ready", "migrations pending"), status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.post("/v1/tasks", status_code=202, response_model=TaskOut)
+    def create_task(
+        body: TaskCreate,
+        team: TeamDep,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> TaskOut:
+        specs = check_models(body)
+        policy = task_policy(body)
+        if body.thread_id is not None:
+            owner = ledger().thread_owner(body.thread_id)
+            if owner is not None and owner != team.id:
+                raise ApiError(
+                    404, "thread_not_found", f"no thread {body.thread_id!r}", "thread_id"
+                )
+            busy = ledger().active_task_on_thread(body.thread_id)
+            if busy is not None and body.multitask == "reject":
+                raise ApiError(
+                    409,
+                    "thread_busy",
+                    f"thread {body.thread_id!r} is busy with task {busy.id} ({busy.status}); "
+                    'retry later or send "multitask": "enqueue"',
+                    "thread_id",
+                )
+        else:
+            busy = None
+        try:
+            task, created = ledger().create_task(
+                team_id=team.id,
+                input=body.input,
+                thread_id=body.thread_id,
+                policy=policy_to_mapping(policy),
+                models=specs,
+                metadata=body.metadata or {},
+                idempotency_key=idempotency_key,
+            )
+        except RecordConflict as exc:
+            raise ApiError(409, "idempotency_conflict", str(exc), "Idempotency-Key") from None
+        if created and busy is None:
+            state["workers"].start(task, team=team.id)
+        return TaskOut.of(task)
+
+    @app.get("/v1/tasks", response_model=TaskPage)
+    def list_tasks(
+        team: TeamDep,
+        status: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        tasks, next_cursor = ledger().list_tasks(
+            team_id=team.id, status=status, limit=limit, cursor=cursor
+        )
+        return TaskPage(tasks=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
+
+    @app.get("/v1/tasks/{task_id}", response_model=TaskOut)
+    def get_task(task_id: str, team: TeamDep) -> TaskOut:
+        return TaskOut.of(own_task(task_id, team))
+
+    @app.get("/v1/tasks/{task_id}/handoffs")
+    def handoffs(task_id: str, team: TeamDep) -> dict[str, Any]:
+        own_task(task_id, team)
+        return {
+            "handoffs": [
+                {
+                    "kind": h.kind,
+                    "from": h.source,
+                    "to": h.target,
+                    "task": h.task,
+                    "reason": h.reason,
+                    "step": h.step,
+                    "checkpoint_ns": h.checkpoint_ns,
+                    "tokens_so_far": h.tokens_so_far,
+                    "at": h.created_at.isoformat(),
+                }
+                for h in ledger().handoffs(task_id)
+            ]
+        }
+
+    @app.get("/v1/tasks/{task_id}/approvals")
+    def approvals(task_id: str, team: TeamDep) -> dict[str, Any]:
+        own_task(task_id, team)
+        return {"approvals": [ApprovalOut.of(a).model_dump() for a in ledger().approvals(task_id)]}
+
+    @app.post("/v1/tasks/{task_id}/cancel", status_code=202, response_model=TaskOut)
+    def cancel(task_id: str, team: TeamDep) -> TaskOut:
+        task = own_task(task_id, team)
+        if task.finished:
+            raise ApiError(409, "task_finished", f"task {task_id} already {task.status}")
+        stopped = ledger().claim(task_id, "cancelled", only_from=("queued", "interrupted"))
+        if stopped is None:
+            state["workers"].cancel(task_id)  # Running: stops at the next step boundary.
+        return TaskOut.of(own_task(task_id, team))
+
+    @app.post(
+        "/v1/tasks/{task_id}/approvals/{approval_id}", status_code=202, response_model=TaskOut
+    )
+    def decide(task_id: str, approval_id: str, body: DecisionIn, team: TeamDep) -> TaskOut:
+        from langgraph.types import Command
+
+        task = own_task(task_id, team)
+        approval = ledger().get_approval(task_id, approval_id)
+        if approval is None:
+            raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
+        if not approval.pending or task.status != "interrupted":
+            raise ApiError(
+                409,
+                "not_waiting",
+                f"approval {approval_id} is already decided or the task is {task.status}",
+            )
+        if body.decision == "edit" and body.args is None:
+            raise ApiError(422, "invalid_request", "an edit needs 'args'", "args")
+        ledger().record_decision(
+            task_id,
+            approval_id,
+            decision=body.decision,
+            decided_by=team.name,
+            reason=body.reason,
+            args=body.args,
+        )
+        answer = body.model_dump(exclude_none=True)
+        if ledger().claim(task_id, "running", only_from=("interrupted",)) is None:
+            raise ApiError(409, "not_waiting", f"task {task_id} is no longer waiting")
+        state["workers"].start(task, Command(resume={approval_id: answer}), team=team.id)
+        return TaskOut.of(own_task(task_id, team))
+
+    @app.get("/v1/usage")
+    def usage(
+        team: TeamDep, since: datetime | None = None, until: datetime | None = None
+    ) -> dict[str, Any]:
+        return ledger().usage_for_team(team.id, since, until)
+
+    @app.get("/v1/tasks/{task_id}/events")
+    async def events(
+        task_id: str,
+        request: Request,
+        team: TeamDep,
+        last_event_id: Annotated[str | None, Header()] = None,
+        after: Annotated[int | None, Query(ge=0)] = None,
+    ) -> EventSourceResponse:
+        await to_thread.run_sync(own_task, task_id, team)
+        start = after if after is not None else _event_id(last_event_id)
+
+        async def stream() -> AsyncIterator[dict[str, Any]]:
+            seq = start
+            while True:
+                batch = await to_thread.run_sync(ledger().events_after, task_id, seq)
+                for event in batch:
+                    seq = event.seq
+                    yield {
+                        "id": str(event.seq),
+                        "event": event.type,
+                        "data": json.dumps(event.data, ensure_ascii=False),
+                    }
+                if not batch:
+                    task = await to_thread.run_sync(
+                        lambda: ledger().get_task(task_id, team_id=team.id)
+                    )
+                    if task is None or task.status in FINISHED_STATUSES:
+                        return
+                    if await request.is_disconnected():
+                        return
+                    await asyncio.sleep(SSE_POLL_SECONDS)
+
+        return EventSourceResponse(stream())
+
+    return app
+
+
+def _event_id(value: str | None) -> int:
+    if value is None or not value.strip():
+        return 0
+    if not value.strip().isdigit():
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"Last-Event-ID {value!r} is not a sequence number",
+            "Last-Event-ID",
+        )
+    return int(value)

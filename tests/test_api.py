@@ -1,0 +1,262 @@
+"""The task API in process (httpx.ASGITransport, lifespan run by hand)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from relaygraph.api import ServiceSettings, create_app
+from relaygraph.store import Ledger
+
+from .conftest import EXAMPLE_RELAY
+
+Script = Callable[[dict[str, Any]], str]
+
+
+class Api:
+    def __init__(self, client: httpx.AsyncClient, ledger_url: str) -> None:
+        self.client = client
+        self.ledger_url = ledger_url
+
+    def key(self, name: str) -> str:
+        with Ledger(self.ledger_url) as ledger:
+            return ledger.create_team(name)[1]
+
+    async def wait(
+        self,
+        task_id: str,
+        key: str,
+        statuses: tuple[str, ...] = ("succeeded", "degraded", "failed", "cancelled", "interrupted"),
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = await self.client.get(f"/v1/tasks/{task_id}", headers=auth(key))
+            if got.json()["status"] in statuses:
+                return got.json()  # type: ignore[no-any-return]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"task {task_id} did not reach {statuses}")
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def api(home: Path) -> AsyncIterator[Api]:
+    settings = ServiceSettings(
+        default_model=f"scripted:{EXAMPLE_RELAY}",
+        allow_scripted=True,
+        home=home,
+        workers=2,
+        max_body_bytes=4096,
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield Api(client, f"sqlite:///{home / 'ledger.sqlite'}")
+
+
+async def test_submit_follow_and_replay(api: Api) -> None:
+    key = api.key("acme")
+    made = await api.client.post(
+        "/v1/tasks", json={"input": "When are checkpoints written?"}, headers=auth(key)
+    )
+    assert made.status_code == 202, made.text
+    task = await api.wait(made.json()["id"], key)
+    assert task["status"] == "succeeded"
+    assert "41 checkpoints" in task["answer"]
+    # Events replay from the ledger, in order, each with its sequence id, and close.
+    events = await api.client.get(f"/v1/tasks/{task['id']}/events", headers=auth(key))
+    frames = [f for f in events.text.split("\r\n\r\n") if f.strip()]
+    ids = [int(line[4:]) for f in frames for line in f.splitlines() if line.startswith("id: ")]
+    assert ids == list(range(1, len(ids) + 1))
+    kinds = [line[7:] for f in frames for line in f.splitlines() if line.startswith("event: ")]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+    assert "handoff" in kinds
+    # Last-Event-ID resumes after that event: no loss, no repetition.
+    again = await api.client.get(
+        f"/v1/tasks/{task['id']}/events", headers={**auth(key), "Last-Event-ID": str(ids[4])}
+    )
+    again_ids = [int(line[4:]) for line in again.text.splitlines() if line.startswith("id: ")]
+    assert again_ids == ids[5:]
+    handoffs = (await api.client.get(f"/v1/tasks/{task['id']}/handoffs", headers=auth(key))).json()
+    assert [(h["kind"], h["from"], h["to"]) for h in handoffs["handoffs"]] == [
+        ("route", "supervisor", "researcher"),
+        ("direct", "researcher", "coder"),
+        ("route", "supervisor", "writer"),
+    ]
+    assert handoffs["handoffs"][1]["step"] is not None
+
+
+async def test_auth_and_team_isolation(api: Api) -> None:
+    assert (await api.client.get("/v1/tasks")).status_code == 401
+    bad = await api.client.get("/v1/tasks", headers=auth("rg_nope"))
+    assert bad.status_code == 401
+    assert bad.json()["error"]["code"] == "unauthorized"
+    a, b = api.key("a-team"), api.key("b-team")
+    made = await api.client.post("/v1/tasks", json={"input": "x"}, headers=auth(a))
+    other = await api.client.get(f"/v1/tasks/{made.json()['id']}", headers=auth(b))
+    assert other.status_code == 404  # not 403: another team's task does not exist for b
+    assert other.json()["error"]["code"] == "task_not_found"
+    listed = await api.client.get("/v1/tasks", headers=auth(b))
+    assert listed.json()["tasks"] == []
+    await api.wait(made.json()["id"], a)
+
+
+async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
+    key = api.key("acme")
+    headers = {**auth(key), "Idempotency-Key": "retry-1"}
+    first = await api.client.post("/v1/tasks", json={"input": "x"}, headers=headers)
+    second = await api.client.post("/v1/tasks", json={"input": "x"}, headers=headers)
+    assert first.json()["id"] == second.json()["id"]
+    await api.wait(first.json()["id"], key)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "field"),
+    [
+        ({"input": ""}, 422, "invalid_request", "input"),
+        ({"input": "x", "colour": "red"}, 422, "invalid_request", "colour"),
+        ({"input": "x", "model": "gpt-4o"}, 422, "invalid_model", "model"),
+        (
+            {"input": "x", "model": "openai:gpt-4o", "agent_models": {"pilot": "openai:x"}},
+            422,
+            "invalid_model",
+            "agent_models",
+        ),
+        ({"input": "x", "model": "acme:big"}, 422, "invalid_model", "model"),
+        (
+            {"input": "x", "policy": {"team": {"max_tokens": 10**9}}},
+            422,
+            "policy_loosens",
+            "policy",
+        ),
+        ({"input": "x", "policy": {"team": {"max_tokenz": 1}}}, 422, "invalid_policy", "policy"),
+        ({"input": "x" * 5000}, 413, "body_too_large", None),
+    ],
+)
+async def test_bad_bodies_are_refused_naming_the_field(
+    api: Api, body: dict[str, Any], status: int, code: str, field: str | None
+) -> None:
+    key = api.key("acme")
+    got = await api.client.post("/v1/tasks", json=body, headers=auth(key))
+    assert got.status_code == status, got.text
+    error = got.json()["error"]
+    assert error["code"] == code
+    if field is not None:
+        assert error.get("field") == field or field in error["message"]
+
+
+async def test_policy_in_body_tightens(api: Api, script: Script) -> None:
+    key = api.key("acme")
+    made = await api.client.post(
+        "/v1/tasks",
+        json={"input": "x", "policy": {"team": {"max_agent_runs": 1}}},
+        headers=auth(key),
+    )
+    assert made.status_code == 202, made.text
+    task = await api.wait(made.json()["id"], key)
+    assert task["status"] == "degraded"
+    assert task["stop_reason"] == "budget:team:max_agent_runs"
+
+
+async def test_approval_resumes_and_busy_thread_is_409(
+    api: Api, script: Script, home: Path
+) -> None:
+    key = api.key("acme")
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "coder": [
+                {"tool_calls": [{"name": "run_python", "args": {"code": "print(6*7)"}}]},
+                {"content": "42"},
+            ],
+            "finalize": [{"content": "The answer is 42."}],
+        }
+    )
+    made = await api.client.post(
+        "/v1/tasks",
+        json={
+            "input": "6*7?",
+            "model": spec,
+            "policy": {"agents": {"coder": {"approval": ["run_python"]}}},
+        },
+        headers=auth(key),
+    )
+    task = await api.wait(made.json()["id"], key)
+    assert task["status"] == "interrupted"
+    busy = await api.client.post(
+        "/v1/tasks", json={"input": "more", "thread_id": task["thread_id"]}, headers=auth(key)
+    )
+    assert busy.status_code == 409
+    assert busy.json()["error"]["code"] == "thread_busy"
+    pending = await api.client.get(f"/v1/tasks/{task['id']}/approvals", headers=auth(key))
+    approval = pending.json()["approvals"][0]
+    assert (approval["agent"], approval["tool"], approval["decision"]) == (
+        "coder",
+        "run_python",
+        None,
+    )
+    decided = await api.client.post(
+        f"/v1/tasks/{task['id']}/approvals/{approval['id']}",
+        json={"decision": "approve", "reason": "fine"},
+        headers=auth(key),
+    )
+    assert decided.status_code == 202, decided.text
+    done = await api.wait(task["id"], key, ("succeeded", "degraded", "failed"))
+    assert done["status"] == "succeeded"
+    assert done["answer"] == "The answer is 42."
+    record = await api.client.get(f"/v1/tasks/{task['id']}/approvals", headers=auth(key))
+    assert record.json()["approvals"][0]["decided_by"] == "acme"
+    again = await api.client.post(
+        f"/v1/tasks/{task['id']}/approvals/{approval['id']}",
+        json={"decision": "approve"},
+        headers=auth(key),
+    )
+    assert again.status_code == 409
+
+
+async def test_cancel_an_interrupted_task_and_usage(api: Api, script: Script) -> None:
+    key = api.key("acme")
+    spec = script(
+        {
+            "supervisor": [{"route": {"next": "coder", "task": "compute", "reason": "math"}}],
+            "coder": [{"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]}],
+        }
+    )
+    made = await api.client.post(
+        "/v1/tasks",
+        json={
+            "input": "x",
+            "model": spec,
+            "policy": {"agents": {"coder": {"approval": ["run_python"]}}},
+        },
+        headers=auth(key),
+    )
+    task = await api.wait(made.json()["id"], key)
+    cancelled = await api.client.post(f"/v1/tasks/{task['id']}/cancel", headers=auth(key))
+    assert cancelled.json()["status"] == "cancelled"
+    again = await api.client.post(f"/v1/tasks/{task['id']}/cancel", headers=auth(key))
+    assert again.status_code == 409
+    usage = (await api.client.get("/v1/usage", headers=auth(key))).json()
+    # The supervisor's route is counted; the coder's visit was never finished, so its
+    # usage is not recorded (visits are accounted when they end).
+    assert usage["agents"]["supervisor"]["model_calls"] == 1
+    assert usage["tasks"] == 1
+
+
+async def test_health_and_openapi(api: Api) -> None:
+    assert (await api.client.get("/healthz")).json() == {"status": "ok"}
+    assert (await api.client.get("/readyz")).status_code == 200
+    spec = (await api.client.get("/openapi.json")).json()
+    assert "/v1/tasks" in spec["paths"]
