@@ -1,0 +1,66 @@
+"""The LangGraph checkpointer follows the ledger's database choice.
+
+SQLite file in the data directory by default; PostgreSQL (``langgraph-checkpoint-postgres``)
+when ``RELAYGRAPH_DATABASE_URL`` names a PostgreSQL database, so a service's checkpoints
+live beside its ledger and survive the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+_SETUP_DONE: set[str] = set()
+_SETUP_LOCK = threading.Lock()
+
+
+@contextmanager
+def sqlite_checkpointer(path: Path) -> Iterator[Any]:
+    """A SqliteSaver in WAL mode.
+
+    A default-settings SqliteSaver measured about 5x slower than in-memory on these
+    machines; with WAL and ``synchronous=NORMAL`` it is about the same as in-memory.
+    """
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(path, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        yield SqliteSaver(conn)
+    finally:
+        conn.close()
+
+
+def postgres_conninfo(url: str) -> str | None:
+    """The libpq URL for a SQLAlchemy PostgreSQL URL, or None for another database."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] not in ("postgresql", "postgres"):
+        return None
+    return f"postgresql://{rest}"
+
+
+@contextmanager
+def open_checkpointer(home: Path) -> Iterator[Any]:
+    """The checkpointer for runs: PostgreSQL when the ledger is on PostgreSQL, else SQLite."""
+    from relaygraph.store import DATABASE_URL_ENV
+
+    conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
+    if conninfo is None:
+        with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
+            yield saver
+        return
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    with PostgresSaver.from_conn_string(conninfo) as saver:
+        with _SETUP_LOCK:
+            # setup() runs the saver's own migrations; once per database per process.
+            if conninfo not in _SETUP_DONE:
+                saver.setup()
+                _SETUP_DONE.add(conninfo)
+        yield saver
