@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RELAY = REPO / "examples" / "scripts" / "relay.json"
+POSTGRES_URLS = (
+    "postgresql+psycopg://root@127.0.0.1:5432/test",
+    "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+)
+POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
+REQUIRE_POSTGRES_ENV = "RELAYGRAPH_REQUIRE_POSTGRES"
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +55,43 @@ def script(tmp_path: Path) -> Callable[[dict[str, Any]], str]:
         return f"scripted:{path}"
 
     return write
+
+
+# PostgreSQL: CI requires it (RELAYGRAPH_REQUIRE_POSTGRES=1); elsewhere it is skipped.
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """A URL of the PostgreSQL server that answers (``$RELAYGRAPH_TEST_POSTGRES_URL`` first)."""
+    override = os.environ.get(POSTGRES_URL_ENV)
+    problems = []
+    for url in [override] if override else POSTGRES_URLS:
+        engine = create_engine(url, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            return url
+        except SQLAlchemyError as exc:
+            problems.append(f"{url}: {str(exc.orig or exc).strip().splitlines()[0]}")
+        finally:
+            engine.dispose()
+    message = "PostgreSQL is not reachable: " + "; ".join(problems)
+    if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
+        pytest.fail(f"{message} (and {REQUIRE_POSTGRES_ENV}=1 requires it)", pytrace=False)
+    pytest.skip(f"{message}; set {REQUIRE_POSTGRES_ENV}=1 to make this a failure")
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A URL whose connections work in a new, empty schema of their own."""
+    schema = f"rg_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        # psycopg passes ``options`` to the server: every session starts in the schema.
+        yield f"{postgres_server}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -47,43 +45,6 @@ RELAY_SPEC = f"scripted:{EXAMPLE_RELAY}"
 
 
 # Databases
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> str:
-    """A URL of the PostgreSQL server that answers (``$RELAYGRAPH_TEST_POSTGRES_URL`` first)."""
-    override = os.environ.get(POSTGRES_URL_ENV)
-    problems = []
-    for url in [override] if override else POSTGRES_URLS:
-        engine = create_engine(url, connect_args={"connect_timeout": 3})
-        try:
-            with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            return url
-        except SQLAlchemyError as exc:
-            problems.append(f"{url}: {str(exc.orig or exc).strip().splitlines()[0]}")
-        finally:
-            engine.dispose()
-    message = "PostgreSQL is not reachable: " + "; ".join(problems)
-    if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
-        pytest.fail(f"{message} (and {REQUIRE_POSTGRES_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{message}; set {REQUIRE_POSTGRES_ENV}=1 to make this a failure")
-
-
-@pytest.fixture
-def postgres_url(postgres_server: str) -> Iterator[str]:
-    """A URL whose connections work in a new, empty schema of their own."""
-    schema = f"rg_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        # psycopg passes ``options`` to the server: every session starts in the schema.
-        yield f"{postgres_server}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
