@@ -16,6 +16,8 @@ PACKAGES = [
     "relaygraph.run",
     "relaygraph.store",
     "relaygraph.api",
+    "relaygraph.client",
+    "relaygraph.tracing",
 ]
 
 

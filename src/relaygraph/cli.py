@@ -152,6 +152,15 @@ def _parser() -> argparse.ArgumentParser:
     db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
     db_commands.add_parser("upgrade", help="apply the ledger's migrations")
 
+    trace = commands.add_parser(
+        "trace",
+        help="print a task's timeline from the ledger",
+        description="Each route and handoff with its reason, each agent visit with its start, "
+        "duration, tokens and tools, each violation and budget hit.",
+    )
+    trace.add_argument("task_id", metavar="TASK_ID")
+    trace.add_argument("--json", action="store_true", help="print the timeline as one JSON object")
+
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
 
@@ -176,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _resume(args)
         if args.command == "graph":
             return _graph(args)
+        if args.command == "trace":
+            return _trace(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "teams":
@@ -288,6 +299,23 @@ def _db(args: argparse.Namespace) -> int:
     from relaygraph.store import upgrade
 
     print(f"ledger at {upgrade(_ledger_url(args.home))} is up to date")
+    return EXIT_OK
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+    from relaygraph.tracing import build_timeline, render_timeline
+
+    with Ledger(_ledger_url(args.home)) as ledger:
+        if not ledger.is_current():
+            ledger.upgrade()
+        timeline = build_timeline(ledger, args.task_id, team_id=LOCAL_TEAM_ID)
+    if args.json:
+        sys.stdout.write(json.dumps(timeline, ensure_ascii=False) + "\n")
+    else:
+        Console(highlight=False).print(render_timeline(timeline))
     return EXIT_OK
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -10,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from relaygraph._checkpoint import open_checkpointer, sqlite_checkpointer
 from relaygraph._home import data_home
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
@@ -30,6 +30,7 @@ EventHandler = Callable[[dict[str, Any]], None]
 CONTINUE: Any = object()
 """Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
 USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
+SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,8 @@ class RunResult:
     task_id: str
     thread_id: str
     status: str
-    """``succeeded``, ``degraded``, ``failed`` or ``interrupted``."""
+    """``succeeded``, ``degraded``, ``failed``, ``interrupted`` or ``cancelled``; ``running``
+    when a server shutting down stopped it to be continued later."""
     answer: str | None
     stop_reason: str | None
     """Why the team stopped early; None when it finished on its own."""
@@ -100,24 +102,6 @@ def resolve_model_specs(
     for spec in set(specs.values()):
         parse_model_spec(spec)
     return specs
-
-
-@contextmanager
-def sqlite_checkpointer(path: Path) -> Iterator[Any]:
-    """A SqliteSaver in WAL mode.
-
-    A default-settings SqliteSaver measured about 5x slower than in-memory on these
-    machines; with WAL and ``synchronous=NORMAL`` it is about the same as in-memory.
-    """
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    conn = sqlite3.connect(path, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
 
 
 def _summarize(state: dict[str, Any], policy: TeamPolicy, roles: tuple[str, ...]) -> dict[str, Any]:
@@ -215,7 +199,9 @@ class TaskRunner:
         on_event: EventHandler | None = None,
         stream_tokens: bool = False,
         cancel: threading.Event | None = None,
+        stop: threading.Event | None = None,
         identity: Mapping[str, str] | None = None,
+        callbacks: list[Any] | None = None,
     ) -> RunResult:
         """Run (or continue) ``task`` with ``graph_input``.
 
@@ -227,16 +213,22 @@ class TaskRunner:
             on_event: Also called with each event, after the ledger has it.
             stream_tokens: Emit ``token`` events (not stored in the ledger).
             cancel: When set, the run stops at the next step boundary, status ``cancelled``.
+            stop: When set (the server is shutting down), the run stops at the next step
+                boundary and stays ``running``, so that a restarted server continues it
+                (:data:`CONTINUE`); the result's status is then ``running``.
             identity: Who asked (team, user): goes into ``config["configurable"]``, never
                 into graph state.
+            callbacks: LangChain callback handlers added to the graph call (tracing).
         """
-        from langgraph.errors import GraphRecursionError
+        from langgraph.errors import GraphDrained, GraphRecursionError
+        from langgraph.runtime import RunControl
 
         from relaygraph.agents.context import TaskContext
         from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
         from relaygraph.models import load_model
         from relaygraph.policies import parse_policy
         from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
+        from relaygraph.tracing import langsmith_config, tracing_callbacks
 
         policy = parse_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
         specs: dict[str, str] = dict(task.models)
@@ -257,6 +249,16 @@ class TaskRunner:
             "run_name": "relaygraph",
             "metadata": {"task_id": task.id},
         }
+        traced = {
+            "task_id": task.id,
+            "thread_id": task.thread_id,
+            "team": (identity or {}).get("team", task.team_id),
+            "policy_source": task.metadata.get("policy_source"),
+            "models": specs,
+        }
+        # Both are empty when tracing is off: no handler, no cost.
+        config["callbacks"] = [*tracing_callbacks(**traced), *(callbacks or [])]
+        config.update(langsmith_config(**traced, request=task.input))
         user_emit = on_event or (lambda event: None)
 
         def emit(event: dict[str, Any]) -> None:
@@ -265,8 +267,10 @@ class TaskRunner:
             user_emit(event)
 
         self.ledger.set_status(task.id, "running")
-        with sqlite_checkpointer(self.home / "checkpoints.sqlite") as checkpointer:
+        with open_checkpointer(self.home) as checkpointer:
             graph = build_team(models, policy=policy, checkpointer=checkpointer)
+            if graph_input is CONTINUE:
+                graph_input = self._continue_input(graph, config, task)
             emit(
                 {
                     "type": "run_started",
@@ -276,24 +280,30 @@ class TaskRunner:
                 }
             )
             error: str | None = None
-            cancelled = False
+            drained = False
+            # Cancel and stop ask LangGraph to drain: the run ends at the next super-step
+            # boundary (in whichever graph or agent subgraph is running) after that step's
+            # writes are checkpointed, so a continued run neither loses nor repeats work.
+            control = RunControl()
             try:
                 modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
                 stream: Any = graph.stream(
-                    graph_input, config, context=context, stream_mode=modes, subgraphs=True
+                    graph_input,
+                    config,
+                    context=context,
+                    stream_mode=modes,
+                    subgraphs=True,
+                    control=control,
                 )
-                for _ns, mode, data in stream:
-                    if mode == "custom":
-                        emit(data)
-                    elif text := _token_text(data[0]):
-                        role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
-                        emit({"type": "token", "role": role, "text": text})
-                    if cancel is not None and cancel.is_set():
-                        # Closing the stream stops the run after the step in progress;
-                        # its checkpoint stays, so nothing half-done is recorded as done.
-                        stream.close()
-                        cancelled = True
-                        break
+                with _drain_when(control, cancel=cancel, stop=stop):
+                    for _ns, mode, data in stream:
+                        if mode == "custom":
+                            emit(data)
+                        elif text := _token_text(data[0]):
+                            role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
+                            emit({"type": "token", "role": role, "text": text})
+            except GraphDrained:
+                drained = True
             except GraphRecursionError:
                 # The team's own step guard finalizes before this; it stays a last resort
                 # that ends the task cleanly instead of surfacing LangGraph's error.
@@ -311,8 +321,12 @@ class TaskRunner:
         status: str
         stop_reason: str | None
         answer: str | None
+        cancelled = drained and cancel is not None and cancel.is_set()
+        suspended = drained and not cancelled
         if cancelled:
             status, stop_reason, answer = "cancelled", "cancelled by request", None
+        elif suspended:
+            status, stop_reason, answer = "running", SUSPENDED, None
         elif error is not None:
             status, stop_reason, answer = "failed", error, None
         elif pending:
@@ -332,12 +346,78 @@ class TaskRunner:
             pending=pending,
             **_summarize(state, policy, roles),
         )
+        if suspended:
+            # Not finished: the task stays ``running`` for the next server to continue.
+            emit({"type": "run_suspended", "reason": SUSPENDED})
+            self.ledger.record_usage(task.id, result.usage)
+            return result
         for item in pending:
             emit({**item, "type": "interrupted", "waits_for": item.get("type")})
         emit({"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason})
         self.ledger.record_usage(task.id, result.usage)
         self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
         return result
+
+    def _continue_input(self, graph: Any, config: Any, task: Any) -> Any:
+        """The graph input that continues ``task`` after a restart (:data:`CONTINUE`).
+
+        On from the task's last checkpoint if it made one (the thread's latest checkpoint
+        is this task's); else from the start, as if it had just been claimed. A task that
+        was resuming after a decision when the server stopped, and still waits at that
+        interrupt, is resumed with the decisions the ledger recorded.
+        """
+        latest = graph.get_state(config)
+        if (latest.metadata or {}).get("relaygraph_task_id") != task.id:
+            return {"request": task.input}
+        decided = {a.interrupt_id: a for a in self.ledger.approvals(task.id) if not a.pending}
+        waiting = [i.id for i in latest.interrupts]
+        if waiting and all(i in decided for i in waiting):
+            from langgraph.types import Command
+
+            answers = {
+                i: {
+                    k: v
+                    for k, v in (
+                        ("decision", decided[i].decision),
+                        ("args", decided[i].edited_args),
+                        ("reason", decided[i].reason),
+                    )
+                    if v is not None
+                }
+                for i in waiting
+            }
+            return Command(resume=answers)
+        return None
+
+
+@contextmanager
+def _drain_when(
+    control: Any, *, cancel: threading.Event | None, stop: threading.Event | None
+) -> Iterator[None]:
+    """While in the block, ask ``control`` to drain as soon as ``cancel`` or ``stop`` is set.
+
+    A watcher thread, so that the request reaches LangGraph before its next step boundary
+    even when the step in progress emits no event (a long model or tool call).
+    """
+    events = [event for event in (cancel, stop) if event is not None]
+    if not events:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if any(event.is_set() for event in events):
+                control.request_drain("cancel" if cancel and cancel.is_set() else "shutdown")
+                return
+
+    watcher = threading.Thread(target=watch, name="relaygraph-drain", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _policy_of(policy: TeamPolicy | str | Path | None) -> TeamPolicy:
@@ -358,6 +438,7 @@ def run_task(
     home: Path | None = None,
     on_event: EventHandler | None = None,
     stream_tokens: bool = False,
+    callbacks: list[Any] | None = None,
 ) -> RunResult:
     """Run ``request`` through the team and return the result.
 
@@ -372,6 +453,7 @@ def run_task(
         on_event: Called with each event (route, handoff, tool call, violation, ...).
         stream_tokens: Also emit ``token`` events as models stream their text (models are
             then called in streaming mode).
+        callbacks: LangChain callback handlers added to the graph call (tracing).
 
     Raises:
         ConfigError: Bad input (empty request, unknown thread, bad model spec, bad policy)
@@ -387,7 +469,7 @@ def run_task(
     specs = resolve_model_specs(model, agent_models or {}, roles)
     home = data_home(home)
     if thread_id is not None:
-        with sqlite_checkpointer(home / "checkpoints.sqlite") as checkpointer:
+        with open_checkpointer(home) as checkpointer:
             if checkpointer.get_tuple({"configurable": {"thread_id": thread_id}}) is None:
                 raise ConfigError(
                     f"thread {thread_id!r} has no earlier run in {home}; "
@@ -407,7 +489,11 @@ def run_task(
         )
         runner = TaskRunner(ledger=ledger, home=home)
         return runner.run(
-            task, {"request": request}, on_event=on_event, stream_tokens=stream_tokens
+            task,
+            {"request": request},
+            on_event=on_event,
+            stream_tokens=stream_tokens,
+            callbacks=callbacks,
         )
     finally:
         ledger.close()

@@ -192,6 +192,19 @@ def _load_unshare() -> Callable[[int], int] | None:
 
 
 _LIBC_UNSHARE = _load_unshare()
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        func = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    func.restype = ctypes.c_int
+    return func
+
+
+_LIBC_PRCTL = _load_prctl()
 
 
 def _unshare(flags: int) -> int:
@@ -214,6 +227,11 @@ def _set_limit(which: int, value: int) -> None:
 
 def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap) -> None:
     """Run in the child between fork and exec: apply limits, then leave the network."""
+    if _LIBC_PRCTL is not None:
+        # If the process that started the program dies (a server killed mid-run), the
+        # program dies with it instead of finishing unobserved; a restarted server runs
+        # the interrupted step again from its checkpoint.
+        _LIBC_PRCTL(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
     mib = 1024 * 1024
     # The hard CPU limit is one second above the soft one: SIGXCPU comes first, and SIGKILL
     # follows if the program ignores SIGXCPU.

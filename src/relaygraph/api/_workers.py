@@ -19,7 +19,11 @@ log = logging.getLogger("relaygraph.api")
 
 
 class TaskWorkers:
-    """Starts queued tasks, one run per thread at a time, and cancels running ones."""
+    """Starts queued tasks, one run per thread at a time, and cancels running ones.
+
+    Shutting down is not cancelling: running tasks stop at their next step boundary and
+    stay ``running`` in the ledger, and :meth:`recover` continues them on the next start.
+    """
 
     def __init__(self, ledger: Ledger, *, home: Path, workers: int) -> None:
         self.ledger = ledger
@@ -28,6 +32,7 @@ class TaskWorkers:
         self._cancel: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._futures: set[Future[Any]] = set()
+        self._stopping = threading.Event()
 
     def start(self, task: Task, graph_input: Any = None, *, team: str) -> None:
         """Run ``task`` (queued, or interrupted with a decision) when a worker is free."""
@@ -47,40 +52,63 @@ class TaskWorkers:
         return True
 
     def recover(self) -> int:
-        """Start again what was queued or running when the server stopped. Returns how many."""
-        tasks = self.ledger.unfinished_tasks()
-        for task in tasks:
+        """Start again what was queued or running when the server stopped. Returns how many.
+
+        Only the oldest active task of each thread starts; tasks enqueued behind it start
+        when it ends, as they would have without the restart.
+        """
+        started = 0
+        for task in self.ledger.unfinished_tasks():
+            first = self.ledger.active_task_on_thread(task.thread_id)
+            if first is None or first.id != task.id:
+                continue
             self.start(task, CONTINUE if task.status == "running" else None, team=task.team_id)
-        return len(tasks)
+            started += 1
+        return started
 
     def _run(self, task: Task, graph_input: Any, team: str) -> None:
+        ran = False
         try:
             if graph_input is None:
+                if self._stopping.is_set():
+                    return  # Stays queued for the next start.
+                first = self.ledger.active_task_on_thread(task.thread_id)
+                if first is not None and first.id != task.id:
+                    return  # Its thread is busy (a race at submission): it starts next.
                 if self.ledger.claim(task.id, "running", only_from=("queued",)) is None:
                     return  # Cancelled while queued, or another worker has it.
                 graph_input = {"request": task.input}
+            ran = True
             self.runner.run(
                 task,
                 graph_input,
                 cancel=self._cancel[task.id],
+                stop=self._stopping,
                 identity={"team": team},
             )
         except Exception:  # The runner reports task failures itself; this is a bug guard.
             log.exception("task %s crashed its worker", task.id)
             self.ledger.set_status(task.id, "failed", stop_reason="error: worker crashed")
         finally:
-            with self._lock:
-                self._cancel.pop(task.id, None)
-            self._start_next_on_thread(task.thread_id)
+            if ran:  # A duplicate start that found the task taken leaves its cancel alone.
+                with self._lock:
+                    self._cancel.pop(task.id, None)
+            self.start_next(task.thread_id)
 
-    def _start_next_on_thread(self, thread_id: str) -> None:
-        """A task enqueued behind this one on the same thread may start now."""
+    def start_next(self, thread_id: str) -> None:
+        """Start the task enqueued next on the thread, if its turn has come."""
+        if self._stopping.is_set():
+            return
         waiting = self.ledger.active_task_on_thread(thread_id)
         if waiting is not None and waiting.status == "queued":
             self.start(waiting, team=waiting.team_id)
 
     def shutdown(self, *, wait: bool = True) -> None:
-        with self._lock:
-            for event in self._cancel.values():
-                event.set()
+        """Stop: running tasks stop at their next step boundary and stay ``running``;
+        queued ones stay ``queued``. Both are picked up by :meth:`recover` on the next start.
+
+        Args:
+            wait: Return only when the running tasks have stopped.
+        """
+        self._stopping.set()
         self._pool.shutdown(wait=wait, cancel_futures=True)

@@ -59,7 +59,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         try:
             yield
         finally:
-            workers.shutdown(wait=False)
+            # Running tasks stop at their next step boundary and stay `running`, for the
+            # next start to continue; the ledger closes after their last writes.
+            await to_thread.run_sync(lambda: workers.shutdown(wait=True))
             ledger.close()
 
     app = FastAPI(
@@ -229,6 +231,8 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         stopped = ledger().claim(task_id, "cancelled", only_from=("queued", "interrupted"))
         if stopped is None:
             state["workers"].cancel(task_id)  # Running: stops at the next step boundary.
+        else:
+            state["workers"].start_next(task.thread_id)  # A task enqueued behind it.
         return TaskOut.of(own_task(task_id, team))
 
     @app.post(
@@ -262,6 +266,14 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             raise ApiError(409, "not_waiting", f"task {task_id} is no longer waiting")
         state["workers"].start(task, Command(resume={approval_id: answer}), team=team.id)
         return TaskOut.of(own_task(task_id, team))
+
+    @app.get("/v1/tasks/{task_id}/trace")
+    def trace(task_id: str, team: TeamDep) -> dict[str, Any]:
+        """The task's timeline (the span-tree shape): visits, routes, handoffs, violations."""
+        from relaygraph.tracing import build_timeline
+
+        own_task(task_id, team)
+        return build_timeline(ledger(), task_id, team_id=team.id)
 
     @app.get("/v1/usage")
     def usage(

@@ -1,0 +1,52 @@
+"""Tracing and audit: OpenTelemetry GenAI spans, LangSmith traces, the ledger's timeline.
+
+Both tracers are LangChain callback handlers made per task run by
+:func:`tracing_callbacks` from the standard environment variables
+(``OTEL_TRACES_EXPORTER``, ``LANGSMITH_TRACING``); with neither set it returns no handler.
+A handoff is shown as a handoff, never as an error. :func:`build_timeline` rebuilds a
+task's timeline from the ledger for ``relaygraph trace`` and ``GET /v1/tasks/{id}/trace``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from relaygraph.tracing._config import (
+    exporting_provider,
+    langsmith_config,
+    langsmith_enabled,
+    otel_exporters,
+    tracing_callbacks,
+)
+from relaygraph.tracing._timeline import build_timeline, render_timeline
+
+if TYPE_CHECKING:
+    from relaygraph.tracing._langsmith import LangSmithTracer
+    from relaygraph.tracing._otel import OpenTelemetryCallbackHandler
+
+__all__ = [
+    "LangSmithTracer",
+    "OpenTelemetryCallbackHandler",
+    "build_timeline",
+    "exporting_provider",
+    "langsmith_config",
+    "langsmith_enabled",
+    "otel_exporters",
+    "render_timeline",
+    "tracing_callbacks",
+]
+
+# The tracers import LangChain's tracer and OpenTelemetry; loaded on first use, so that
+# importing this package (the CLI's `trace`, the API) costs neither.
+_LAZY = {
+    "LangSmithTracer": "relaygraph.tracing._langsmith",
+    "OpenTelemetryCallbackHandler": "relaygraph.tracing._otel",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

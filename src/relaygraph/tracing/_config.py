@@ -1,0 +1,207 @@
+"""Which tracers a task run gets, from the standard environment variables.
+
+OpenTelemetry follows ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``; a comma
+separated list for more than one), ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (read by the OTLP exporter itself) and
+``OTEL_SERVICE_NAME``. LangSmith follows ``LANGSMITH_TRACING`` and its usual companions.
+With neither on, :func:`tracing_callbacks` returns no handler and nothing is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from relaygraph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from langchain_core.callbacks import BaseCallbackHandler
+    from opentelemetry.sdk.trace import TracerProvider
+
+EXPORTERS_ENV = "OTEL_TRACES_EXPORTER"
+SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
+DEFAULT_SERVICE_NAME = "relaygraph"
+KNOWN_EXPORTERS = ("otlp", "console", "none")
+RUN_NAME_CHARS = 60
+
+_providers: dict[tuple[Any, ...], TracerProvider] = {}
+_providers_lock = threading.Lock()
+
+
+def otel_exporters(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The span exporters ``OTEL_TRACES_EXPORTER`` asks for; empty when tracing is off.
+
+    Raises:
+        ConfigError: It names an exporter relaygraph does not ship.
+    """
+    env = os.environ if environ is None else environ
+    names = [n.strip().lower() for n in env.get(EXPORTERS_ENV, "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in KNOWN_EXPORTERS]
+    if unknown:
+        raise ConfigError(
+            f"{EXPORTERS_ENV}={env[EXPORTERS_ENV]!r} names {', '.join(map(repr, unknown))}; "
+            f"relaygraph supports {', '.join(KNOWN_EXPORTERS)}"
+        )
+    return tuple(dict.fromkeys(n for n in names if n != "none"))
+
+
+class _Stderr:
+    """Writes to whatever ``sys.stderr`` is at the time, so stdout stays for the result
+    (``relaygraph run --json``) and a redirected stderr still gets the spans."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def exporting_provider(exporters: tuple[str, ...]) -> TracerProvider:
+    """The process's tracer provider for these exporters, made once and then reused.
+
+    ``console`` prints each span to stderr as it ends; ``otlp`` batches spans to the
+    OTLP/HTTP endpoint from the environment (``http://localhost:4318/v1/traces`` unless set).
+    """
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
+    service = os.environ.get(SERVICE_NAME_ENV) or DEFAULT_SERVICE_NAME
+    endpoints = tuple(
+        os.environ.get(name, "")
+        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    key = (exporters, service, endpoints)
+    with _providers_lock:
+        if key in _providers:
+            return _providers[key]
+        provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+        for name in exporters:
+            if name == "console":
+                provider.add_span_processor(
+                    SimpleSpanProcessor(ConsoleSpanExporter(out=_Stderr()))  # type: ignore[arg-type]
+                )
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        _providers[key] = provider
+        return provider
+
+
+def langsmith_enabled() -> bool:
+    """Whether LangSmith tracing is on (``LANGSMITH_TRACING=true`` or a tracing context)."""
+    from langsmith.utils import tracing_is_enabled
+
+    return bool(tracing_is_enabled())
+
+
+def tracing_callbacks(
+    *,
+    task_id: str,
+    thread_id: str,
+    team: str | None = None,
+    policy_source: str | None = None,
+    models: Mapping[str, str] | None = None,
+    tracer_provider: Any = None,
+) -> list[BaseCallbackHandler]:
+    """The callback handlers that trace one task run; empty when tracing is off.
+
+    Add them to the graph call's ``callbacks``. With ``OTEL_TRACES_EXPORTER`` set, an
+    :class:`OpenTelemetryCallbackHandler`; with LangSmith tracing on, a
+    :class:`LangSmithTracer` (in place of LangChain's own, which then is not added), so
+    a handoff is recorded as one and not as an error.
+
+    Args:
+        task_id: The ledger's task id.
+        thread_id: The conversation the task continues.
+        team: The team the task belongs to.
+        policy_source: Where the team policy came from.
+        models: The model spec of each role.
+        tracer_provider: Send OpenTelemetry spans here instead of to the exporters the
+            environment names (an application's own provider, or a test's).
+
+    Raises:
+        ConfigError: ``OTEL_TRACES_EXPORTER`` names an unknown exporter.
+    """
+    handlers: list[BaseCallbackHandler] = []
+    exporters = otel_exporters()
+    if tracer_provider is not None or exporters:
+        from relaygraph.tracing._otel import INSTRUMENTATION, OpenTelemetryCallbackHandler
+
+        provider = tracer_provider or exporting_provider(exporters)
+        handlers.append(
+            OpenTelemetryCallbackHandler(
+                provider.get_tracer(INSTRUMENTATION),
+                task_id=task_id,
+                thread_id=thread_id,
+                team=team,
+                policy_source=policy_source,
+                models=models,
+            )
+        )
+    if langsmith_enabled():
+        from relaygraph.tracing._langsmith import LangSmithTracer
+
+        handlers.append(LangSmithTracer())
+    return handlers
+
+
+def _run_name(task_id: str, request: str | None) -> str:
+    text = " ".join((request or "").split())
+    if not text:
+        return f"relaygraph task {task_id}"
+    if len(text) > RUN_NAME_CHARS:
+        text = text[: RUN_NAME_CHARS - 1].rstrip() + "…"
+    return f"relaygraph: {text}"
+
+
+def langsmith_config(
+    *,
+    task_id: str,
+    thread_id: str,
+    request: str | None = None,
+    team: str | None = None,
+    policy_source: str | None = None,
+    models: Mapping[str, str] | None = None,
+    tags: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """What the task's graph config needs for LangSmith: ``run_name``, ``metadata``, ``tags``.
+
+    Empty when LangSmith tracing is off, so merging it changes nothing. The metadata is
+    inherited by every run of the task, so any run can be found by ``task_id``; LangSmith
+    groups a thread's tasks by ``thread_id``.
+
+    Args:
+        task_id: The ledger's task id.
+        thread_id: The conversation the task continues.
+        request: What was asked; the root run is named for it.
+        team: The team the task belongs to.
+        policy_source: Where the team policy came from.
+        models: The model spec of each role.
+        tags: More tags for every run of the task.
+    """
+    if not langsmith_enabled():
+        return {}
+    metadata: dict[str, Any] = {
+        "task_id": task_id,
+        "thread_id": thread_id,
+        "team": team,
+        "policy_source": policy_source,
+        "models": dict(models or {}),
+    }
+    team_tags = [f"team:{team}"] if team else []
+    return {
+        "run_name": _run_name(task_id, request),
+        "metadata": {k: v for k, v in metadata.items() if v is not None},
+        "tags": ["relaygraph", *team_tags, *tags],
+    }

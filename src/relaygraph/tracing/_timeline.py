@@ -1,0 +1,318 @@
+"""The audit view: a task's timeline rebuilt from the ledger, shaped like a span tree.
+
+The ledger keeps every event a run emitted, in order and with the time it was recorded,
+so the timeline needs no tracer: ``relaygraph trace TASK_ID`` and
+``GET /v1/tasks/{id}/trace`` work for every task, traced or not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from rich.markup import escape
+from rich.tree import Tree
+
+from relaygraph.store import Ledger, RecordNotFound
+
+USAGE_KEYS = (
+    "model_calls",
+    "tool_calls",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "seconds",
+    "estimated",
+)
+_TEXT_CHARS = 100
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def _usage(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    record = record or {}
+    return {key: record.get(key, False if key == "estimated" else 0) for key in USAGE_KEYS}
+
+
+def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[str, Any] | None:
+    """A timeline node for one event outside the visit bookkeeping, or None to skip it."""
+    base: dict[str, Any] = {"kind": kind, "at": _iso(at), "seq": seq}
+    if kind == "route":
+        return base | {
+            "from": "supervisor",
+            "to": data.get("next"),
+            "task": data.get("task", ""),
+            "reason": data.get("reason", ""),
+            "step": data.get("step"),
+            "repaired": bool(data.get("repaired")),
+            "fallback": bool(data.get("fallback")),
+        }
+    if kind == "handoff":
+        return base | {
+            "from": data.get("source"),
+            "to": data.get("target"),
+            "task": data.get("task", ""),
+            "reason": data.get("reason", ""),
+            "step": data.get("step"),
+        }
+    if kind == "violation":
+        budget = data.get("kind") == "budget"
+        return base | {
+            "kind": "budget_hit" if budget else "violation",
+            "agent": data.get("agent"),
+            "violation": data.get("kind"),
+            "detail": data.get("detail", ""),
+        }
+    if kind == "interrupted":
+        return base | {
+            "waits_for": data.get("waits_for"),
+            "agent": data.get("agent"),
+            "tool": data.get("tool"),
+            "detail": data.get("detail"),
+        }
+    if kind == "approval":
+        return base | {
+            "agent": data.get("agent"),
+            "tool": data.get("tool"),
+            "decision": data.get("decision"),
+            "reason": data.get("reason"),
+        }
+    if kind == "run_started":
+        return base
+    if kind == "run_finished":
+        return base | {"status": data.get("status"), "stop_reason": data.get("stop_reason")}
+    return None
+
+
+def build_timeline(ledger: Ledger, task_id: str, *, team_id: str) -> dict[str, Any]:
+    """The task's timeline, from the ledger, as a JSON-ready span tree.
+
+    The root is the task (status, times, usage per role and in total). Its ``children``
+    are, in order: ``route`` (supervisor → agent, with task and reason), ``agent`` visits
+    (start, end, duration, usage, and their own ``children``: each ``tool`` call with its
+    status, and the ``violation`` / ``budget_hit`` / ``approval`` / ``interrupted``
+    events inside the visit), ``handoff`` (from, to, task, reason), violations and budget
+    hits outside a visit, and ``run_started`` / ``run_finished`` marks (a resumed task
+    has more than one run).
+
+    Raises:
+        RecordNotFound: ``team_id`` has no task ``task_id``.
+    """
+    task = ledger.get_task(task_id, team_id=team_id)
+    if task is None:
+        raise RecordNotFound("task", task_id)
+    children: list[dict[str, Any]] = []
+    visit: dict[str, Any] | None = None
+    calls: dict[str, dict[str, Any]] = {}
+    call: dict[str, Any] | None
+    for event in ledger.events_after(task_id):
+        data, kind, at = event.data, event.type, event.created_at
+        if kind == "agent_started":
+            visit = {
+                "kind": "agent",
+                "agent": data.get("agent"),
+                "start": _iso(at),
+                "end": None,
+                "duration_s": None,
+                "task": data.get("task", ""),
+                "source": data.get("source"),
+                "ended": None,
+                "output": None,
+                "usage": _usage(None),
+                "children": [],
+                "seq": event.seq,
+                "_start": at,
+            }
+            children.append(visit)
+            calls = {}
+            continue
+        if kind == "agent_finished" and visit is not None:
+            visit |= {
+                "end": _iso(at),
+                "duration_s": _seconds(visit["_start"], at),
+                "ended": data.get("ended"),
+                "output": data.get("output"),
+                "usage": _usage(data.get("usage")),
+            }
+            visit = None
+            continue
+        if kind == "tool_call" and visit is not None:
+            started: dict[str, Any] = {
+                "kind": "tool",
+                "tool": data.get("tool"),
+                "tool_call_id": data.get("tool_call_id"),
+                "args": data.get("args"),
+                "start": _iso(at),
+                "end": None,
+                "duration_s": None,
+                "status": "pending",
+                "preview": None,
+                "seq": event.seq,
+                "_start": at,
+            }
+            calls[str(data.get("tool_call_id") or data.get("tool"))] = started
+            visit["children"].append(started)
+            continue
+        if kind == "tool_result" and visit is not None:
+            key = str(data.get("tool_call_id") or data.get("tool"))
+            call = calls.pop(key, None)
+            if call is None:  # A refused call: it never started, only its answer exists.
+                call = {
+                    "kind": "tool",
+                    "tool": data.get("tool"),
+                    "tool_call_id": data.get("tool_call_id"),
+                    "args": None,
+                    "start": _iso(at),
+                    "seq": event.seq,
+                    "_start": at,
+                }
+                visit["children"].append(call)
+            call |= {
+                "end": _iso(at),
+                "duration_s": _seconds(call["_start"], at),
+                "status": data.get("status") or "success",
+                "preview": data.get("preview"),
+            }
+            continue
+        entry = _entry(kind, data, at, event.seq)
+        if entry is None:
+            continue
+        if kind == "run_finished" and visit is not None:
+            # The run stopped inside the visit (a pause for a person, a failure).
+            visit["ended"] = "interrupted" if data.get("status") == "interrupted" else "stopped"
+            visit = None
+        if visit is not None and kind in ("violation", "approval", "interrupted"):
+            visit["children"].append(entry)
+        else:
+            children.append(entry)
+    _drop_private(children)
+    usage = {u.agent: _usage(_fields(u)) for u in ledger.usage(task_id)}
+    total = {
+        key: round(sum(u[key] for u in usage.values()), 6)
+        if key != "estimated"
+        else any(u[key] for u in usage.values())
+        for key in USAGE_KEYS
+    }
+    start = task.started_at or task.created_at
+    return {
+        "kind": "task",
+        "task_id": task.id,
+        "team_id": task.team_id,
+        "thread_id": task.thread_id,
+        "input": task.input,
+        "status": task.status,
+        "stop_reason": task.stop_reason,
+        "answer": task.answer,
+        "models": task.models,
+        "start": _iso(start),
+        "end": _iso(task.finished_at),
+        "duration_s": _seconds(start, task.finished_at),
+        "usage": {"total": total, "agents": usage},
+        "children": children,
+    }
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    return {key: getattr(record, key) for key in USAGE_KEYS}
+
+
+def _drop_private(nodes: list[dict[str, Any]]) -> None:
+    for node in nodes:
+        node.pop("_start", None)
+        _drop_private(node.get("children", []))
+
+
+# -- the terminal view -----------------------------------------------------------------
+
+
+def _short(text: Any, limit: int = _TEXT_CHARS) -> str:
+    value = " ".join(str(text or "").split())
+    return escape(value if len(value) <= limit else value[: limit - 1] + "…")
+
+
+def _offset(start: datetime | None, at: str | None) -> str:
+    if start is None or at is None:
+        return "      "
+    return f"+{(datetime.fromisoformat(at) - start).total_seconds():6.2f}s"
+
+
+def _tokens(usage: Mapping[str, Any]) -> str:
+    return f"{usage.get('input_tokens', 0) + usage.get('output_tokens', 0):,} tokens"
+
+
+def _label(node: Mapping[str, Any], start: datetime | None) -> str:
+    kind = node["kind"]
+    when = f"[dim]{_offset(start, node.get('at') or node.get('start'))}[/]"
+    if kind == "route":
+        if node["to"] == "FINISH":
+            return f"{when} [cyan]route[/] supervisor → FINISH [dim]({_short(node['reason'])})[/]"
+        return (
+            f"{when} [cyan]route[/] supervisor → [bold]{node['to']}[/]: {_short(node['task'])}"
+            f" [dim]({_short(node['reason'])})[/]"
+        )
+    if kind == "handoff":
+        return (
+            f"{when} [magenta]handoff[/] [bold]{node['from']}[/] → [bold]{node['to']}[/]: "
+            f"{_short(node['task'])} [dim]({_short(node['reason']) or 'no reason given'})[/]"
+        )
+    if kind == "agent":
+        usage = node["usage"]
+        duration = f"{node['duration_s']:.2f} s" if node["duration_s"] is not None else "unfinished"
+        return (
+            f"{when} [bold green]{node['agent']}[/] {duration} · {_tokens(usage)} · "
+            f"{usage['model_calls']} model calls · {usage['tool_calls']} tool calls · "
+            f"{node['ended'] or 'running'}"
+        )
+    if kind == "tool":
+        ok = {"success": "[green]ok[/]", "pending": "[yellow]pending[/]"}.get(
+            node.get("status") or "", f"[red]{node.get('status')}[/]"
+        )
+        args = json.dumps(node.get("args"), ensure_ascii=False) if node.get("args") else ""
+        return f"{when} [magenta]{node['tool']}[/]({_short(args, 60)}) {ok}"
+    if kind in ("violation", "budget_hit"):
+        what = "budget hit" if kind == "budget_hit" else node["violation"]
+        return f"{when} [bold red]{what}[/] ({node['agent']}): {_short(node['detail'])}"
+    if kind == "interrupted":
+        detail = node.get("tool") or node.get("detail") or ""
+        return f"{when} [yellow]waiting for {node['waits_for']}[/]: {_short(detail)}"
+    if kind == "approval":
+        reason = f" ({_short(node['reason'])})" if node.get("reason") else ""
+        return f"{when} approval of {node['agent']}'s {node['tool']}: {node['decision']}{reason}"
+    if kind == "run_finished":
+        return f"{when} [dim]run finished: {node['status']}[/]"
+    return f"{when} [dim]run started[/]"
+
+
+def render_timeline(timeline: Mapping[str, Any]) -> Tree:
+    """The timeline as a rich tree for the terminal: one line per route, visit, tool,
+    handoff and violation, with its offset from the task's start."""
+    start = datetime.fromisoformat(timeline["start"]) if timeline.get("start") else None
+    total = timeline["usage"]["total"]
+    duration = timeline.get("duration_s")
+    header = (
+        f"[bold]task {timeline['task_id']}[/] {timeline['status']}"
+        + (f" · {duration:.2f} s" if duration is not None else "")
+        + f" · {_tokens(total)} · {total['model_calls']} model calls"
+        + f" · thread {timeline['thread_id']}"
+    )
+    if timeline.get("stop_reason"):
+        header += f"\n[yellow]stop reason:[/] {_short(timeline['stop_reason'])}"
+    tree = Tree(header)
+
+    def add(branch: Tree, nodes: list[Mapping[str, Any]]) -> None:
+        for node in nodes:
+            child = branch.add(_label(node, start))
+            add(child, node.get("children", []))
+
+    add(tree, timeline["children"])
+    return tree

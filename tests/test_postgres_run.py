@@ -1,0 +1,65 @@
+"""A run with the ledger and the checkpoints on PostgreSQL (CI requires the server)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from relaygraph.run import run_task
+from relaygraph.store import DATABASE_URL_ENV, LOCAL_TEAM_ID, Ledger
+
+from .conftest import EXAMPLE_RELAY
+
+Script = Callable[[dict[str, Any]], str]
+
+
+def count(url: str, table: str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_ledger_and_checkpoints_live_in_postgres(
+    home: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch, script: Script
+) -> None:
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url)
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "researcher", "task": "one", "reason": "first"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+                {"route": {"next": "writer", "task": "two", "reason": "second"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "researcher": [{"content": "found"}],
+            "writer": [{"content": "wrote"}],
+            "finalize": [{"content": "answer one"}, {"content": "answer two"}],
+        }
+    )
+    first = run_task("first", model=spec)
+    assert first.status == "succeeded", first.stop_reason
+    # Nothing went to the SQLite files of the data directory.
+    assert not (home / "checkpoints.sqlite").exists()
+    assert not (home / "ledger.sqlite").exists()
+    assert count(postgres_url, "checkpoints") > 0
+    second = run_task("again", model=spec, thread_id=first.thread_id)
+    assert second.answer == "answer two"
+    assert second.agents_run == ["writer"]
+    with Ledger(postgres_url) as ledger:
+        task = ledger.get_task(first.task_id, team_id=LOCAL_TEAM_ID)
+        assert task is not None and task.status == "succeeded"
+        assert [h.target for h in ledger.handoffs(first.task_id)] == ["researcher"]
+
+
+def test_relay_on_postgres(home: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url)
+    result = run_task("When?", model=f"scripted:{EXAMPLE_RELAY}")
+    assert result.status == "succeeded"
+    assert result.agents_run == ["researcher", "coder", "writer"]

@@ -1,0 +1,422 @@
+"""The task service as deployed: a real ``relaygraph serve`` process on loopback, driven by
+:class:`relaygraph.client.Client` (submit, stream, cancel, approve, restart recovery)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from relaygraph.client import ApiError, Client
+from relaygraph.errors import ConfigError
+
+from .conftest import EXAMPLE_RELAY
+
+Script = Callable[[dict[str, Any]], str]
+
+SLEEPY_CODE = (
+    "import time\n"
+    "time.sleep({seconds})\n"
+    "with open('ran.txt', 'a') as f:\n"
+    "    f.write('ran\\n')\n"
+    "print('slept')"
+)
+"""The coder's program: slow, with a side effect that shows how often it ran."""
+
+
+def sleepy_coder(seconds: float = 3) -> dict[str, Any]:
+    """A task where the coder runs a slow program once, then the team finishes."""
+    return {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "compute slowly", "reason": "math"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [
+            {
+                "tool_calls": [
+                    {"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=seconds)}}
+                ]
+            },
+            {"content": "It slept and wrote ran.txt."},
+        ],
+        "finalize": [{"content": "Done: it slept."}],
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)  # conftest: no API key, a dead OpenAI endpoint.
+    env["RELAYGRAPH_HOME"] = str(home)
+    env.pop("RELAYGRAPH_DATABASE_URL", None)  # The SQLite ledger in this test's home.
+    return env
+
+
+class Server:
+    """One ``relaygraph serve`` process; a restart is a new Server on the same port."""
+
+    def __init__(self, home: Path, model: str, port: int, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        command = [sys.executable, "-m", "relaygraph.cli", "serve", "--port", str(port)]
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [*command, "--model", model],
+                env=_env(home),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the server exited early:\n{self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        pytest.fail(f"the server did not answer /healthz in {timeout} s:\n{self.log.read_text()}")
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 20) -> int:
+        """Send ``sig`` and wait for the process to exit; returns its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the server did not stop on {sig.name}:\n{self.log.read_text()}")
+
+
+@pytest.fixture
+def serve(home: Path, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Start servers on this test's home; every one still running is killed at the end."""
+    started: list[Server] = []
+    default_port = _free_port()
+
+    def start(model: str = f"scripted:{EXAMPLE_RELAY}", *, port: int | None = None) -> Server:
+        server = Server(home, model, port or default_port, tmp_path / "serve.log")
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
+def create_team(home: Path, name: str) -> str:
+    """``relaygraph teams create NAME --json`` in its own process; returns the key."""
+    done = subprocess.run(
+        [sys.executable, "-m", "relaygraph.cli", "teams", "create", name, "--json"],
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    made = json.loads(done.stdout)
+    assert made["team"] == name
+    key: str = made["key"]
+    return key
+
+
+def ran_lines(home: Path, task_id: str) -> list[str]:
+    """The side-effect file of the sleepy program, one line per completed run."""
+    path = home / "tasks" / task_id / "workspace" / "ran.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [event["event"] for event in events]
+
+
+def test_submit_and_stream_events_to_the_end(serve: Callable[..., Server], home: Path) -> None:
+    server = serve()
+    key = create_team(home, "acme")
+    with Client(server.url, key) as client:
+        task = client.submit("When are checkpoints written?", metadata={"ticket": "T-1"})
+        assert task["status"] in ("queued", "running")
+        events = list(client.events(task["id"]))
+        assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+        assert events[0]["event"] == "run_started"
+        assert events[-1]["event"] == "run_finished"
+        assert events[-1]["data"]["status"] == "succeeded"
+        assert all(e["data"]["type"] == e["event"] for e in events)
+        assert {"route", "handoff", "tool_call", "tool_result", "final"} <= set(kinds(events))
+
+        done = client.get(task["id"])
+        assert done["status"] == "succeeded"
+        assert "41 checkpoints" in done["answer"]
+        assert done["metadata"] == {"ticket": "T-1"}
+        assert done["last_event_seq"] == len(events)
+        # A finished task replays from the ledger; `after` resumes without repetition.
+        assert list(client.events(task["id"], after=5)) == events[5:]
+        assert [(h["kind"], h["from"], h["to"]) for h in client.handoffs(task["id"])] == [
+            ("route", "supervisor", "researcher"),
+            ("direct", "researcher", "coder"),
+            ("route", "supervisor", "writer"),
+        ]
+        assert [t["id"] for t in client.list(status="succeeded")["tasks"]] == [task["id"]]
+        assert client.usage()["tasks"] == 1
+
+        with pytest.raises(ApiError) as missing:
+            client.get("no-such-task")
+        assert (missing.value.status, missing.value.code) == (404, "task_not_found")
+        with pytest.raises(ApiError) as bad:
+            client.submit("x", model="acme:big")
+        assert (bad.value.status, bad.value.code, bad.value.field) == (
+            422,
+            "invalid_model",
+            "model",
+        )
+    with Client(server.url, "rg_not-a-key") as stranger, pytest.raises(ApiError) as denied:
+        stranger.get(task["id"])
+    assert (denied.value.status, denied.value.code) == (401, "unauthorized")
+
+
+def test_cancel_stops_a_running_task_at_the_next_step(
+    serve: Callable[..., Server], home: Path, script: Script
+) -> None:
+    server = serve()
+    key = create_team(home, "acme")
+    with Client(server.url, key) as client:
+        task = client.submit("sleep on it", model=script(sleepy_coder(seconds=2)))
+        events = []
+        for event in client.events(task["id"]):
+            events.append(event)
+            if event["event"] == "tool_call":
+                # The program is running: the cancel waits for the step boundary.
+                assert client.cancel(task["id"])["status"] == "running"
+        done = client.get(task["id"])
+        assert (done["status"], done["stop_reason"]) == ("cancelled", "cancelled by request")
+        assert done["answer"] is None
+        # The step in progress finished (the program ran once); nothing after it ran:
+        # no second coder turn, no route back, no finalize.
+        assert kinds(events)[-3:] == ["tool_call", "tool_result", "run_finished"]
+        assert events[-1]["data"]["status"] == "cancelled"
+        assert "final" not in kinds(events)
+        assert ran_lines(home, task["id"]) == ["ran"]
+        time.sleep(0.5)
+        assert client.get(task["id"])["last_event_seq"] == len(events)
+        assert "finalize" not in client.usage()["agents"]
+        with pytest.raises(ApiError) as again:
+            client.cancel(task["id"])
+        assert (again.value.status, again.value.code) == (409, "task_finished")
+
+
+def test_approval_round_trip(serve: Callable[..., Server], home: Path, script: Script) -> None:
+    server = serve()
+    key = create_team(home, "acme")
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "coder": [
+                {
+                    "tool_calls": [
+                        {"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=0)}}
+                    ]
+                },
+                {"content": "It ran."},
+            ],
+            "finalize": [{"content": "Done, with approval."}],
+        }
+    )
+    with Client(server.url, key) as client:
+        task = client.submit(
+            "run it if allowed",
+            model=spec,
+            policy={"agents": {"coder": {"approval": ["run_python"]}}},
+        )
+        waiting = client.wait(task["id"], timeout=30)
+        assert waiting["status"] == "interrupted"
+        assert ran_lines(home, task["id"]) == []  # Nothing ran before the approval.
+        [approval] = client.approvals(task["id"])
+        assert (approval["agent"], approval["tool"], approval["decision"]) == (
+            "coder",
+            "run_python",
+            None,
+        )
+        resumed = client.approve(task["id"], reason="looks safe")
+        assert resumed["status"] in ("running", "succeeded")
+        done = client.wait(task["id"], timeout=30, until=("succeeded", "degraded", "failed"))
+        assert (done["status"], done["answer"]) == ("succeeded", "Done, with approval.")
+        assert ran_lines(home, task["id"]) == ["ran"]  # The approved tool ran once.
+        [decided] = client.approvals(task["id"])
+        assert (decided["decision"], decided["decided_by"], decided["reason"]) == (
+            "approve",
+            "acme",
+            "looks safe",
+        )
+        events = list(client.events(task["id"]))
+        assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+        assert kinds(events).count("interrupted") == 1
+        assert kinds(events).count("run_started") == 2
+        assert events[-1]["data"]["status"] == "succeeded"
+        with pytest.raises(ConfigError, match="0 pending approvals"):
+            client.approve(task["id"])
+        with pytest.raises(ApiError) as again:
+            client.approve(task["id"], approval["id"])
+        assert (again.value.status, again.value.code) == (409, "not_waiting")
+
+
+def test_busy_thread_is_refused_or_enqueued(
+    serve: Callable[..., Server], home: Path, script: Script
+) -> None:
+    server = serve()
+    key = create_team(home, "acme")
+    turns = sleepy_coder(seconds=1.5)
+    # The thread's second request plays the next turns of the same script.
+    turns["supervisor"] += [
+        {"route": {"next": "writer", "task": "sum up", "reason": "a follow-up"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+    ]
+    turns["writer"] = [{"content": "It slept."}]
+    turns["finalize"].append({"content": "Still done."})
+    spec = script(turns)
+    with Client(server.url, key) as client:
+        first = client.submit("sleep on it", model=spec)
+        with pytest.raises(ApiError) as busy:
+            client.submit("and then?", model=spec, thread_id=first["thread_id"])
+        assert (busy.value.status, busy.value.code, busy.value.field) == (
+            409,
+            "thread_busy",
+            "thread_id",
+        )
+        second = client.submit(
+            "and then?", model=spec, thread_id=first["thread_id"], multitask="enqueue"
+        )
+        assert second["status"] == "queued"
+        assert client.get(second["id"])["status"] == "queued"  # Waits while the first runs.
+        one = client.wait(first["id"], timeout=30, until=("succeeded", "degraded", "failed"))
+        two = client.wait(second["id"], timeout=30, until=("succeeded", "degraded", "failed"))
+        assert (one["status"], two["status"]) == ("succeeded", "succeeded"), two
+        assert two["answer"] == "Still done."
+        assert two["started_at"] >= one["finished_at"]  # ISO 8601 in UTC sorts as text.
+        assert ran_lines(home, first["id"]) == ["ran"]
+
+
+def test_cancelling_a_waiting_task_starts_the_next_on_its_thread(
+    serve: Callable[..., Server], home: Path, script: Script
+) -> None:
+    server = serve()
+    key = create_team(home, "acme")
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
+                {"route": {"next": "writer", "task": "write instead", "reason": "follow-up"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "coder": [{"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]}],
+            "writer": [{"content": "Written."}],
+            "finalize": [{"content": "The follow-up is done."}],
+        }
+    )
+    policy = {"agents": {"coder": {"approval": ["run_python"]}}}
+    with Client(server.url, key) as client:
+        first = client.submit("compute", model=spec, policy=policy)
+        assert client.wait(first["id"], timeout=30)["status"] == "interrupted"
+        second = client.submit(
+            "write", model=spec, thread_id=first["thread_id"], multitask="enqueue"
+        )
+        time.sleep(0.3)
+        assert client.get(second["id"])["status"] == "queued"  # Behind the waiting task.
+        assert client.cancel(first["id"])["status"] == "cancelled"
+        done = client.wait(second["id"], timeout=30)
+        assert (done["status"], done["answer"]) == ("succeeded", "The follow-up is done.")
+
+
+def _follow_through_restart(
+    serve: Callable[..., Server], home: Path, script: Script, sig: signal.Signals
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """Submit a sleepy task and another enqueued behind it on its thread, stop the server
+    with ``sig`` while the program runs, start a new server on the same home and port, and
+    follow the first task's events to the end. Returns both tasks at the end, and the events.
+    """
+    turns = sleepy_coder(seconds=3)
+    turns["supervisor"] += [
+        {"route": {"next": "writer", "task": "sum up", "reason": "a follow-up"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+    ]
+    turns["writer"] = [{"content": "It slept."}]
+    turns["finalize"].append({"content": "Still done."})
+    spec = script(turns)
+    server = serve()
+    key = create_team(home, "acme")
+    with Client(server.url, key) as client:
+        task = client.submit("sleep on it", model=spec)
+        queued = client.submit(
+            "and then?", model=spec, thread_id=task["thread_id"], multitask="enqueue"
+        )
+        events = []
+        for event in client.events(task["id"], retry_for=30):
+            events.append(event)
+            if event["event"] == "tool_call" and kinds(events).count("tool_call") == 1:
+                server.stop(sig)
+                server = serve()  # Same home, same port: the client reconnects.
+        second = client.wait(queued["id"], timeout=30)
+        return client.get(task["id"]), events, second
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_restart_continues_the_task_once(
+    serve: Callable[..., Server], home: Path, script: Script, sig: signal.Signals
+) -> None:
+    done, events, second = _follow_through_restart(serve, home, script, sig)
+    assert done["status"] == "succeeded"
+    assert done["answer"] == "Done: it slept."
+    # One stream across both servers: increasing ids, none lost or repeated.
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    assert done["last_event_seq"] == len(events)
+    assert kinds(events).count("run_started") == 2  # The first server's run and the continuation.
+    assert kinds(events).count("run_finished") == 1  # ... which finished once.
+    assert kinds(events).count("final") == 1
+    assert events[-1]["data"]["status"] == "succeeded"
+    # Continued from the checkpoint: the supervisor did not route to the coder again.
+    assert [e["data"]["next"] for e in events if e["event"] == "route"] == ["coder", "FINISH"]
+    # The task enqueued behind it stayed queued through the restart and ran after it.
+    assert (second["status"], second["answer"]) == ("succeeded", "Still done.")
+    assert second["started_at"] >= done["finished_at"]
+    if sig == signal.SIGTERM:
+        # A graceful stop drains: the program finished, its result was checkpointed, the
+        # task stayed `running`, and the new server went on from there.
+        assert kinds(events).count("run_suspended") == 1
+        assert kinds(events).count("tool_call") == 1
+        assert kinds(events).count("tool_result") == 1
+        assert ran_lines(home, done["id"]) == ["ran"]
+        return
+    # Killed mid-step: that step (the tool call) runs again, once, and nothing else does.
+    assert "run_suspended" not in kinds(events)
+    assert kinds(events).count("tool_call") == 2
+    assert kinds(events).count("tool_result") == 1
+    time.sleep(0.5)  # Let an orphan of the killed server finish, if it is still running.
+    lines = ran_lines(home, done["id"])
+    # The killed server's sandbox child died with it (parent-death signal), so only the
+    # re-run finished the program.
+    assert lines == ["ran"]
