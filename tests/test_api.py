@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -260,3 +261,43 @@ async def test_health_and_openapi(api: Api) -> None:
     assert (await api.client.get("/readyz")).status_code == 200
     spec = (await api.client.get("/openapi.json")).json()
     assert "/v1/tasks" in spec["paths"]
+
+
+async def test_trace_endpoint_returns_the_timeline(api: Api) -> None:
+    key = api.key("acme")
+    made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
+    task = await api.wait(made.json()["id"], key)
+    trace = await api.client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(key))
+    assert trace.status_code == 200
+    body = json.dumps(trace.json())
+    for agent in ("researcher", "coder", "writer"):
+        assert agent in body
+    other = api.key("other")
+    hidden = await api.client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(other))
+    assert hidden.status_code == 404
+
+
+async def test_scripted_models_are_refused_unless_the_server_allows_them(
+    home: Path, script: Script
+) -> None:
+    settings = ServiceSettings(home=home, allowed_models=["openai:*"])
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+                key = ledger.create_team("acme")[1]
+            spec = script({"supervisor": []})
+            got = await client.post(
+                "/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key)
+            )
+            assert got.status_code == 422
+            assert got.json()["error"]["code"] == "model_not_allowed"
+            assert got.json()["error"]["field"] == "model"
+            other = await client.post(
+                "/v1/tasks",
+                json={"input": "x", "model": "openai:gpt-4o", "agent_models": {"coder": spec}},
+                headers=auth(key),
+            )
+            assert other.status_code == 422
+            assert other.json()["error"]["field"] == "agent_models.coder"
