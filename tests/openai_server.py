@@ -36,7 +36,6 @@ four characters per token of the request's message texts and of the output).
 from __future__ import annotations
 
 import json
-import math
 import re
 import socket
 import threading
@@ -48,9 +47,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
-
-from relaygraph.models.scripted import ScriptTurn, load_script
+from relaygraph.errors import ConfigError
+from relaygraph.models.scripted import ScriptTurn, estimate_tokens, load_script, parse_turns
 
 __all__ = ["MODEL_PREFIX", "FakeOpenAI", "serve_script"]
 
@@ -89,27 +87,13 @@ def _parse_script(script: dict[str, Any] | Path | str) -> dict[str, list[ScriptT
         return dict(load_script(script).turns)
     if not isinstance(script, dict):
         raise TypeError(f"a script is a dict or a path to a JSON file, not {type(script)!r}")
-    turns: dict[str, list[ScriptTurn]] = {}
-    for key, key_turns in script.items():
-        if not isinstance(key_turns, list):
-            raise ValueError(f"script: {key!r} must be a list of turns")
-        parsed = []
-        for number, turn in enumerate(key_turns, start=1):
-            try:
-                parsed.append(ScriptTurn.model_validate(turn))
-            except ValidationError as exc:
-                problem = "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc']) or 'turn'}: {err['msg']}"
-                    for err in exc.errors()
-                )
-                raise ValueError(f"script: {key!r} turn {number} is invalid: {problem}") from None
-        turns[str(key)] = parsed
-    return turns
+    try:
+        return parse_turns(script, source="script")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
-def _estimate_tokens(text: str) -> int:
-    # The same estimate as relaygraph.models.scripted.estimate_tokens.
-    return math.ceil(len(text) / 4) if text else 0
+_estimate_tokens = estimate_tokens
 
 
 def _message_text(message: dict[str, Any]) -> str:

@@ -30,7 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from relaygraph.errors import ConfigError, ScriptError
 
-__all__ = ["PRIOR_CALLS_KEY", "Script", "ScriptTurn", "ScriptedChatModel", "load_script"]
+__all__ = [
+    "PRIOR_CALLS_KEY",
+    "Script",
+    "ScriptTurn",
+    "ScriptedChatModel",
+    "estimate_tokens",
+    "load_script",
+    "parse_turns",
+]
 
 PRIOR_CALLS_KEY = "relaygraph_prior_calls"
 """``config["metadata"]`` / ``config["configurable"]`` key: model calls this role made before
@@ -102,14 +110,23 @@ def load_script(path: str | Path) -> Script:
         raise ConfigError(
             f"script file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno}"
         ) from None
+    turns = parse_turns(raw, source=f"script file {str(file)!r}")
+    return Script(path=file.resolve(), turns=turns)
+
+
+def parse_turns(raw: Any, *, source: str) -> dict[str, list[ScriptTurn]]:
+    """Validate a script's content: a mapping of script key to its list of turns.
+
+    Raises:
+        ConfigError: Not a mapping, a key without a list, or a malformed turn; the message
+            starts with ``source`` and names the key and the turn number.
+    """
     if not isinstance(raw, dict):
-        raise ConfigError(
-            f"script file {str(file)!r} must hold a JSON object of agent name -> list of turns"
-        )
+        raise ConfigError(f"{source} must hold a JSON object of agent name -> list of turns")
     turns: dict[str, list[ScriptTurn]] = {}
     for agent, agent_turns in raw.items():
         if not isinstance(agent_turns, list):
-            raise ConfigError(f"script file {str(file)!r}: {agent!r} must be a list of turns")
+            raise ConfigError(f"{source}: {agent!r} must be a list of turns")
         parsed = []
         for number, turn in enumerate(agent_turns, start=1):
             try:
@@ -120,10 +137,10 @@ def load_script(path: str | Path) -> Script:
                     for err in exc.errors()
                 )
                 raise ConfigError(
-                    f"script file {str(file)!r}: {agent!r} turn {number} is invalid: {problem}"
+                    f"{source}: {agent!r} turn {number} is invalid: {problem}"
                 ) from None
-        turns[agent] = parsed
-    return Script(path=file.resolve(), turns=turns)
+        turns[str(agent)] = parsed
+    return turns
 
 
 def estimate_tokens(text: str) -> int:
