@@ -527,3 +527,27 @@ def test_ensure_sample_corpus_leaves_a_non_empty_kb_alone(kb: KnowledgeBase, not
 
 def test_index_report_defaults_are_empty() -> None:
     assert IndexReport().summary() == "0 added, 0 updated, 0 unchanged, 0 removed, 0 skipped"
+
+
+def test_first_runs_at_once_index_the_samples_once(tmp_path: Path) -> None:
+    import threading
+
+    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+
+    errors: list[BaseException] = []
+
+    def first_run() -> None:
+        try:
+            with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+                ensure_sample_corpus(kb)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_run) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with KnowledgeBase(tmp_path / "kb.sqlite") as kb:
+        assert kb.count() == len(list(sample_corpus_path().glob("*.md")))

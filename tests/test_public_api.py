@@ -18,6 +18,7 @@ PACKAGES = [
     "relaygraph.api",
     "relaygraph.client",
     "relaygraph.tracing",
+    "relaygraph.evals",
 ]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from relaygraph import __version__
 from relaygraph.errors import ConfigError, RelaygraphError
+from relaygraph.evals._cli import add_eval_parser, run_eval_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
 
@@ -164,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
 
+    add_eval_parser(commands)
+
     kb = commands.add_parser("kb", help="manage the researcher's knowledge base")
     kb_commands = kb.add_subparsers(dest="kb_command", metavar="KB_COMMAND", required=True)
     kb_add = kb_commands.add_parser("add", help="index a folder of Markdown and text files")
@@ -187,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _graph(args)
         if args.command == "trace":
             return _trace(args)
+        if args.command == "eval":
+            return run_eval_command(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "teams":

@@ -493,8 +493,20 @@ def ensure_sample_corpus(kb: KnowledgeBase) -> None:
     A knowledge base that already has documents is left alone, so a user's own folders are
     never mixed with the samples behind their back.
     """
-    if kb.count() == 0:
-        kb.add_folder(sample_corpus_path())
+    # Two first runs at once (API workers, eval cases, two processes) must not both index
+    # the samples: one lock within the process; across processes the loser of the race
+    # sees the winner's rows through the unique constraint and stands back.
+    with _SAMPLE_LOCK:
+        if kb.count() != 0:
+            return
+        try:
+            kb.add_folder(sample_corpus_path())
+        except sqlite3.IntegrityError:
+            if kb.count() == 0:
+                raise
+
+
+_SAMPLE_LOCK = threading.Lock()
 
 
 def _require_fts5(conn: sqlite3.Connection) -> None:

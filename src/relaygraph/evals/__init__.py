@@ -1,7 +1,99 @@
-"""Evals: scoring the team against golden sets (``relaygraph eval``).
+"""Evals: score the team against golden sets, offline or on a real model, and catch regressions.
 
-Nothing is exported yet: the golden-set runner and its metrics arrive with the eval issue.
-The package exists now so the import path users will write is fixed from the first release.
+A golden set is a JSON Lines file of cases: a request, and what the team is expected to do
+with it (who is routed first, which agents run, who hands off to whom, which tools run, what
+the answer says, what it may cost). :func:`run_eval` runs every case through the same team
+the API runs and scores each run on what it did, not only on its final text::
+
+    from relaygraph.evals import run_eval
+
+    report = run_eval("examples/golden/golden.jsonl", out="eval-report")
+    print(report.metrics.pass_rate, report.regressions)
+
+``relaygraph eval`` is the same from the command line; ``docs/evals.md`` has the format.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relaygraph.evals._checks import Check, Observation, agents_match, check_expectations
+    from relaygraph.evals._golden import (
+        AGENTS_MATCH_MODES,
+        VIOLATION_KINDS,
+        AgentsMatch,
+        Expectation,
+        GoldenCase,
+        GoldenLineError,
+        GoldenSet,
+        load_golden,
+    )
+    from relaygraph.evals._metrics import EvalMetrics, compute_metrics, pass_at_k, pass_hat_k
+    from relaygraph.evals._report import load_baseline, render_markdown, write_report
+    from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
+    from relaygraph.evals._runner import run_case, run_eval
+
+__all__ = [
+    "AGENTS_MATCH_MODES",
+    "VIOLATION_KINDS",
+    "AgentsMatch",
+    "CaseResult",
+    "Check",
+    "EvalMetrics",
+    "EvalReport",
+    "Expectation",
+    "GoldenCase",
+    "GoldenLineError",
+    "GoldenSet",
+    "Observation",
+    "TrialResult",
+    "agents_match",
+    "check_expectations",
+    "compute_metrics",
+    "load_baseline",
+    "load_golden",
+    "pass_at_k",
+    "pass_hat_k",
+    "render_markdown",
+    "run_case",
+    "run_eval",
+    "write_report",
+]
+
+# Loaded on first use: ``relaygraph --help`` imports the eval command's parser from this
+# package and should not pay for pydantic, LangGraph or agentevals.
+_LAZY = {
+    "AGENTS_MATCH_MODES": "_golden",
+    "VIOLATION_KINDS": "_golden",
+    "AgentsMatch": "_golden",
+    "Expectation": "_golden",
+    "GoldenCase": "_golden",
+    "GoldenLineError": "_golden",
+    "GoldenSet": "_golden",
+    "load_golden": "_golden",
+    "Check": "_checks",
+    "Observation": "_checks",
+    "agents_match": "_checks",
+    "check_expectations": "_checks",
+    "EvalMetrics": "_metrics",
+    "compute_metrics": "_metrics",
+    "pass_at_k": "_metrics",
+    "pass_hat_k": "_metrics",
+    "load_baseline": "_report",
+    "render_markdown": "_report",
+    "write_report": "_report",
+    "CaseResult": "_results",
+    "EvalReport": "_results",
+    "TrialResult": "_results",
+    "run_case": "_runner",
+    "run_eval": "_runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"relaygraph.evals.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

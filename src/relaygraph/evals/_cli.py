@@ -1,0 +1,259 @@
+"""``relaygraph eval``: run a golden set, show each case and the metrics, gate on the result.
+
+Only argparse is imported here; the runner, rich and the team load when the command runs,
+so ``relaygraph --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+__all__ = ["add_eval_parser", "run_eval_command"]
+
+
+def _agent_model(value: str) -> tuple[str, str]:
+    agent, sep, spec = value.partition("=")
+    if not sep or not agent.strip() or not spec.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected AGENT=SPEC, for example coder=openai:gpt-4.1, got {value!r}"
+        )
+    return agent.strip(), spec.strip()
+
+
+def _positive(value: str) -> int:
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def _rate(value: str) -> float:
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = math.nan
+    if not 0.0 <= rate <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a share between 0 and 1 (0.9 for 90%), got {value!r}"
+        )
+    return rate
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``eval`` command to ``relaygraph``'s sub-commands; returns its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "eval",
+        help="score the team against a golden set",
+        description="Run every case of a golden set (JSON Lines, see docs/evals.md) through "
+        "the team and score what it did: routes, agents, handoffs, tools, answer, status, "
+        "budget. Progress goes to stderr; the cases and metrics to stdout.",
+    )
+    parser.add_argument("golden", metavar="GOLDEN", type=Path, help="the golden file (.jsonl)")
+    parser.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model for every role of every case (default: each case's script, offline)",
+    )
+    parser.add_argument(
+        "--agent-model",
+        metavar="AGENT=SPEC",
+        type=_agent_model,
+        action="append",
+        default=[],
+        help="model for one role (researcher, coder, writer, supervisor, finalize); repeatable",
+    )
+    parser.add_argument(
+        "--concurrency", metavar="N", type=_positive, default=1, help="runs at once (default 1)"
+    )
+    parser.add_argument(
+        "--repeat",
+        metavar="K",
+        type=_positive,
+        default=1,
+        help="runs per case; adds pass@k and pass^k (default 1)",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", type=Path, help="write DIR/report.json and DIR/report.md"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REPORT",
+        type=Path,
+        help="an earlier report.json (or its folder): cases that passed there and fail now "
+        "are regressions, and fail the command",
+    )
+    parser.add_argument(
+        "--min-pass-rate",
+        metavar="X",
+        type=_rate,
+        help="fail the command when the pass rate is under X (0 to 1)",
+    )
+    parser.add_argument(
+        "--tag",
+        metavar="T",
+        action="append",
+        default=[],
+        help="run only cases with this tag; repeatable (any of them)",
+    )
+    parser.add_argument(
+        "--langsmith-dataset",
+        metavar="NAME",
+        help="create or update this LangSmith dataset and record the run as an experiment "
+        "(without it nothing is sent to LangSmith)",
+    )
+    return parser
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    """Run ``relaygraph eval`` with parsed ``args``; returns the exit code.
+
+    0 when the gate passes; 1 when the pass rate is under ``--min-pass-rate``, a case
+    regressed against ``--baseline`` or LangSmith failed; 2 for bad input (flags, paths,
+    golden lines that could not be read — the other cases still run and are reported).
+    """
+    from relaygraph.errors import ConfigError, RelaygraphError
+
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"relaygraph: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RelaygraphError as exc:
+        print(f"relaygraph: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from relaygraph.evals._results import TrialResult
+    from relaygraph.evals._runner import run_eval
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = Console(highlight=False)
+    # A bar on a terminal; in a pipeline's log, one line per finished run instead.
+    progress = Progress(
+        TextColumn("[bold]eval[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+    bar = progress.add_task("", total=None)
+
+    def advance(done: int, total: int, trial: TrialResult) -> None:
+        mark = "[green]passed[/]" if trial.passed else "[red]failed[/]"
+        if err.is_terminal:
+            progress.update(
+                bar, completed=done, total=total, description=f"{escape(trial.case_id)} {mark}"
+            )
+        else:
+            run = f" (run {trial.trial})" if args.repeat > 1 else ""
+            err.print(f"eval {done}/{total}: {escape(trial.case_id)}{run} {mark}")
+
+    with progress:
+        report = run_eval(
+            args.golden,
+            model=args.model,
+            agent_models=dict(args.agent_model),
+            concurrency=args.concurrency,
+            repeat=args.repeat,
+            tags=tuple(args.tag),
+            out=args.out,
+            baseline=args.baseline,
+            on_progress=advance,
+            langsmith_dataset=args.langsmith_dataset,
+            home=getattr(args, "home", None),
+        )
+    _print_report(report, out)
+    for error in report.invalid_lines:
+        err.print(f"[red]relaygraph: {escape(str(args.golden))}, {escape(str(error))}[/]")
+    if args.out is not None:
+        err.print(f"report: {args.out / 'report.json'} and {args.out / 'report.md'}")
+    code = EXIT_OK
+    if report.langsmith is not None:
+        if "error" in report.langsmith:
+            err.print(f"[red]LangSmith: {escape(report.langsmith['error'])}[/]")
+            code = EXIT_FAILED
+        else:
+            err.print(
+                f"LangSmith: dataset {report.langsmith['dataset']}, "
+                f"experiment {report.langsmith['experiment']}"
+            )
+    reasons = report.gate(min_pass_rate=args.min_pass_rate)
+    for reason in reasons:
+        err.print(f"[bold red]relaygraph eval: failed:[/] {escape(reason)}")
+    if reasons:
+        code = EXIT_FAILED
+    if report.invalid_lines:
+        err.print(
+            f"[red]relaygraph: error: {len(report.invalid_lines)} line(s) of "
+            f"{escape(str(args.golden))} could not be read (above); the other cases ran[/]"
+        )
+        code = EXIT_USAGE
+    return code
+
+
+def _print_report(report: Any, console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from relaygraph.evals._report import case_outcome, metric_rows
+
+    cases = Table(title=f"{len(report.cases)} cases", title_justify="left")
+    cases.add_column("case", overflow="fold")
+    cases.add_column("result", overflow="fold")
+    if report.repeat > 1:
+        cases.add_column("runs passed", justify="right")
+    cases.add_column("tokens", justify="right")
+    cases.add_column("task", overflow="fold")
+    regressed = set(report.regressions)
+    for case in report.cases:
+        outcome = escape(case_outcome(case))
+        style = "green" if case.passed else "red"
+        if case.id in regressed:
+            outcome += " [bold](regression)[/]"
+        row = [escape(case.id), f"[{style}]{outcome}[/]"]
+        if report.repeat > 1:
+            row.append(f"{case.passes}/{len(case.trials)}")
+        row.append(
+            str(
+                sum(
+                    int(t.usage.get("input_tokens", 0)) + int(t.usage.get("output_tokens", 0))
+                    for t in case.trials
+                )
+            )
+        )
+        row.append(case.trials[-1].task_id or "–")
+        cases.add_row(*row)
+    console.print(cases)
+    metrics = Table(title="metrics", title_justify="left")
+    metrics.add_column("metric")
+    metrics.add_column("value", justify="right")
+    for name, value in metric_rows(report):
+        metrics.add_row(name, escape(value))
+    console.print(metrics)
+    if report.baseline is not None:
+        console.print(
+            f"against {escape(report.baseline)}: "
+            f"{len(report.regressions)} regression(s)"
+            + (f" ({escape(', '.join(report.regressions))})" if report.regressions else "")
+            + f", {len(report.fixed)} fixed"
+            + (f" ({escape(', '.join(report.fixed))})" if report.fixed else "")
+        )

@@ -1,0 +1,293 @@
+"""Golden sets: JSON Lines of cases, each a request and what the team is expected to do.
+
+Pydantic parses each line (the file is a boundary); the result is frozen values. A line that
+does not parse is kept as a :class:`GoldenLineError` with its line number, so one typo does
+not stop the rest of the set from running.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from relaygraph.errors import ConfigError
+
+AgentsMatch = Literal["strict", "unordered", "subset", "superset"]
+AGENTS_MATCH_MODES: tuple[AgentsMatch, ...] = ("strict", "unordered", "subset", "superset")
+"""How ``agents`` is compared with the agents that ran: agentevals' trajectory match modes."""
+
+RunStatus = Literal["succeeded", "degraded", "failed", "interrupted", "cancelled"]
+ViolationKind = Literal[
+    "tool_not_allowed", "handoff_not_allowed", "ping_pong", "repeated_tool_call", "budget"
+]
+VIOLATION_KINDS: tuple[ViolationKind, ...] = (
+    "tool_not_allowed",
+    "handoff_not_allowed",
+    "ping_pong",
+    "repeated_tool_call",
+    "budget",
+)
+"""The kinds of violation the team records (``relaygraph.supervisor`` state's ``kind``)."""
+
+EXPECT_KEYS = (
+    "first_agent",
+    "agents",
+    "agents_match",
+    "handoffs",
+    "tools_used",
+    "tools_not_used",
+    "answer_contains",
+    "answer_not_contains",
+    "status",
+    "stop_reason",
+    "violations",
+    "max_tokens",
+    "max_cost_usd",
+)
+
+# Strict: a typo in a key or a number written as a string is refused, never silently
+# ignored; an expectation that is not checked would let every run pass.
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class _Expect(BaseModel):
+    model_config = _STRICT
+    first_agent: str | None = None
+    agents: list[str] | None = None
+    agents_match: AgentsMatch = "strict"
+    handoffs: list[tuple[str, str]] | None = None
+    tools_used: list[str] | None = None
+    tools_not_used: list[str] | None = None
+    answer_contains: list[str] | None = None
+    answer_not_contains: list[str] | None = None
+    status: RunStatus | None = None
+    stop_reason: str | None = None
+    violations: list[ViolationKind] | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_cost_usd: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _agents_match_needs_agents(self) -> _Expect:
+        if "agents_match" in self.model_fields_set and self.agents is None:
+            raise ValueError("agents_match is given without agents")
+        nullable = ("first_agent", "stop_reason")
+        for name in self.model_fields_set - set(nullable):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name} is null; leave the key out to not check it")
+        return self
+
+
+class _Case(BaseModel):
+    model_config = _STRICT
+    id: str = Field(min_length=1)
+    input: str = Field(min_length=1)
+    script: str | None = None
+    policy: str | None = None
+    expect: _Expect = Field(default_factory=_Expect)
+    tags: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Expectation:
+    """What a case expects of a run. Only the keys in :attr:`given` are checked."""
+
+    given: frozenset[str] = frozenset()
+    """The ``expect`` keys the case names; ``stop_reason: null`` checks for no stop reason."""
+    first_agent: str | None = None
+    agents: tuple[str, ...] | None = None
+    agents_match: AgentsMatch = "strict"
+    handoffs: tuple[tuple[str, str], ...] | None = None
+    """Direct handoffs as ``(from, to)`` pairs, in order; supervisor routes are not listed."""
+    tools_used: tuple[str, ...] | None = None
+    tools_not_used: tuple[str, ...] | None = None
+    answer_contains: tuple[str, ...] | None = None
+    answer_not_contains: tuple[str, ...] | None = None
+    status: RunStatus | None = None
+    stop_reason: str | None = None
+    violations: tuple[ViolationKind, ...] | None = None
+    max_tokens: int | None = None
+    """Input plus output tokens of the whole team (supervisor and finalize included)."""
+    max_cost_usd: float | None = None
+    """US dollars for the whole team, priced from the policy's ``[prices]``."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The given keys, as the golden file writes them."""
+        values = {
+            "first_agent": self.first_agent,
+            "agents": _list(self.agents),
+            "agents_match": self.agents_match,
+            "handoffs": [list(pair) for pair in self.handoffs or ()],
+            "tools_used": _list(self.tools_used),
+            "tools_not_used": _list(self.tools_not_used),
+            "answer_contains": _list(self.answer_contains),
+            "answer_not_contains": _list(self.answer_not_contains),
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+            "violations": _list(self.violations),
+            "max_tokens": self.max_tokens,
+            "max_cost_usd": self.max_cost_usd,
+        }
+        return {key: values[key] for key in EXPECT_KEYS if key in self.given}
+
+
+def _list(values: tuple[Any, ...] | None) -> list[Any] | None:
+    return None if values is None else list(values)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GoldenCase:
+    """One case of a golden set."""
+
+    id: str
+    input: str
+    """The request the team gets."""
+    expect: Expectation
+    script: Path | None = None
+    """The scripted model's file (resolved against the golden file); used without ``--model``."""
+    policy: Path | None = None
+    """The policy file (resolved against the golden file); the default policy when None."""
+    tags: tuple[str, ...] = ()
+    line: int = 0
+    """Line number in the golden file, from 1."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GoldenLineError:
+    """A line of the golden file that is not a valid case; the other lines still run."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GoldenSet:
+    """The cases of a golden file, and the lines that could not be read."""
+
+    path: Path
+    cases: tuple[GoldenCase, ...] = ()
+    errors: tuple[GoldenLineError, ...] = field(default=())
+
+    def with_tags(self, tags: tuple[str, ...] | list[str]) -> GoldenSet:
+        """Only the cases that carry at least one of ``tags`` (all of them when empty)."""
+        if not tags:
+            return self
+        wanted = set(tags)
+        kept = tuple(case for case in self.cases if wanted & set(case.tags))
+        return GoldenSet(path=self.path, cases=kept, errors=self.errors)
+
+
+def load_golden(path: str | Path) -> GoldenSet:
+    """Read a golden set (JSON Lines, one case per line; blank lines are skipped).
+
+    ``script`` and ``policy`` paths are relative to the golden file's folder. A line that is
+    not a valid case (bad JSON, an unknown key, a missing file, a duplicate id) becomes a
+    :class:`GoldenLineError` naming its line number; the other cases are still returned.
+
+    Raises:
+        ConfigError: The file itself is missing or cannot be read.
+    """
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"golden file {str(file)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"golden file {str(file)!r} cannot be read: {exc}") from None
+    cases: list[GoldenCase] = []
+    errors: list[GoldenLineError] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            case = _parse_line(raw, number, folder=file.parent)
+        except ValueError as exc:
+            errors.append(GoldenLineError(line=number, message=str(exc)))
+            continue
+        if case.id in seen:
+            message = f"case id {case.id!r} is already used on line {seen[case.id]}"
+            errors.append(GoldenLineError(line=number, message=message))
+            continue
+        seen[case.id] = number
+        cases.append(case)
+    return GoldenSet(path=file, cases=tuple(cases), errors=tuple(errors))
+
+
+def _parse_line(raw: str, number: int, *, folder: Path) -> GoldenCase:
+    """One case from one line; ``ValueError`` with a message naming what is wrong."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    try:
+        # JSON mode: strict still reads a JSON array as a (from, to) pair.
+        parsed = _Case.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'case'}: {err['msg']}"
+            + (f" (got {err['input']!r})" if err["type"] != "missing" else "")
+            for err in exc.errors()
+        )
+        name = f"case {data['id']!r}: " if isinstance(data.get("id"), str) else ""
+        raise ValueError(f"{name}{problems}") from None
+    script = _resolve(folder, parsed.script, what="script", case=parsed.id)
+    policy = _resolve(folder, parsed.policy, what="policy", case=parsed.id)
+    # A broken script or policy is refused here, on its case's line, not midway through a run.
+    try:
+        if script is not None:
+            from relaygraph.models.scripted import load_script
+
+            load_script(script)
+        if policy is not None:
+            from relaygraph.policies import load_policy
+
+            load_policy(policy)
+    except ConfigError as exc:
+        raise ValueError(f"case {parsed.id!r}: {exc}") from None
+    expect = parsed.expect
+    return GoldenCase(
+        id=parsed.id,
+        input=parsed.input,
+        script=script,
+        policy=policy,
+        tags=tuple(parsed.tags),
+        line=number,
+        expect=Expectation(
+            given=frozenset(expect.model_fields_set),
+            first_agent=expect.first_agent,
+            agents=_tuple(expect.agents),
+            agents_match=expect.agents_match,
+            handoffs=None if expect.handoffs is None else tuple(expect.handoffs),
+            tools_used=_tuple(expect.tools_used),
+            tools_not_used=_tuple(expect.tools_not_used),
+            answer_contains=_tuple(expect.answer_contains),
+            answer_not_contains=_tuple(expect.answer_not_contains),
+            status=expect.status,
+            stop_reason=expect.stop_reason,
+            violations=_tuple(expect.violations),
+            max_tokens=expect.max_tokens,
+            max_cost_usd=expect.max_cost_usd,
+        ),
+    )
+
+
+def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def _resolve(folder: Path, value: str | None, *, what: str, case: str) -> Path | None:
+    if value is None:
+        return None
+    path = (folder / Path(value).expanduser()).resolve()
+    if not path.is_file():
+        raise ValueError(f"case {case!r}: {what} {value!r} does not exist (looked at {path})")
+    return path
