@@ -290,3 +290,20 @@ def test_script_errors_fail_the_task_naming_agent_and_turn(
     result = run_task("go", model=script(turns))
     assert result.status == "failed"
     assert expected in (result.stop_reason or "")
+
+
+def test_a_two_agent_team_runs_as_configured(home: Path, script: Script) -> None:
+    from relaygraph.policies import default_policy
+
+    spec = script(
+        {
+            "supervisor": [route("researcher"), route(FINISH)],
+            "researcher": [call("transfer_to_writer", task="write it", reason="done")],
+            "writer": [say("written")],
+            "finalize": [say("final")],
+        }
+    )
+    result = run_task("go", model=spec, policy=default_policy(("researcher", "writer")))
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    assert set(result.usage) == {"supervisor", "researcher", "writer", "finalize"}

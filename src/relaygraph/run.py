@@ -226,11 +226,11 @@ class TaskRunner:
         from relaygraph.agents.context import TaskContext
         from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
         from relaygraph.models import load_model
-        from relaygraph.policies import parse_policy
+        from relaygraph.policies import stored_policy
         from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
         from relaygraph.tracing import langsmith_config, tracing_callbacks
 
-        policy = parse_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
+        policy = stored_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
         specs: dict[str, str] = dict(task.models)
         roles = (SUPERVISOR, *policy.agents, FINALIZE)
         models = {role: load_model(spec, agent=role) for role, spec in specs.items()}

@@ -5,7 +5,7 @@ budgets that end a task gracefully instead of letting it run away, and what to d
 agents bounce work back and forth. :func:`load_policy` reads one from a TOML file.
 """
 
-from relaygraph.policies._file import load_policy, parse_policy, policy_to_mapping
+from relaygraph.policies._file import load_policy, parse_policy, policy_to_mapping, stored_policy
 from relaygraph.policies._policy import (
     DEFAULT_TOOLS,
     LIMIT_NAMES,
@@ -32,5 +32,6 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "policy_to_mapping",
+    "stored_policy",
     "tighten",
 ]

@@ -296,6 +296,12 @@ def load_policy(
     )
 
 
+def stored_policy(mapping: Mapping[str, Any], *, source: str) -> TeamPolicy:
+    """Read back a policy written by :func:`policy_to_mapping`, with exactly its agents."""
+    agents = tuple(mapping.get("agents") or ()) or tuple(DEFAULT_TOOLS)
+    return parse_policy(mapping, source=source, agent_names=agents)
+
+
 def policy_to_mapping(policy: TeamPolicy) -> dict[str, Any]:
     """The policy in the policy file's shape; :func:`parse_policy` reads it back unchanged.
 

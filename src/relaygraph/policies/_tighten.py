@@ -37,7 +37,9 @@ def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "pol
             or handoff the base does not allow, an approval removed, a price changed. The
             message names the key and both values.
     """
-    merged = parse_policy(_merge(policy_to_mapping(base), override), source=source)
+    merged = parse_policy(
+        _merge(policy_to_mapping(base), override), source=source, agent_names=tuple(base.agents)
+    )
     problems: list[str] = []
     for key in _TEAM_LIMITS:
         new, old = getattr(merged.team, key), getattr(base.team, key)
