@@ -134,7 +134,6 @@ def _engine(name: str, *, spec: str | None = None) -> _Engine:
             # Freed by its finalizer at interpreter teardown, llama_cpp's module globals are
             # already gone and it prints a TypeError traceback; closing at exit avoids that.
             atexit.register(llama.close)
-            atexit.register(_close_llama_devnull)
             engine = _ENGINES[name] = _Engine(llama)
         return engine
 
@@ -147,6 +146,10 @@ def _close_llama_devnull() -> None:
         handle = getattr(utils, attr, None)
         if handle is not None and not handle.closed:
             handle.close()
+
+
+# Registered at import: llama_cpp may be imported by anything in this process.
+atexit.register(_close_llama_devnull)
 
 
 def _load_llama(name: str, *, spec: str) -> Llama:

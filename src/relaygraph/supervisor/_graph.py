@@ -10,33 +10,30 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
-from langgraph.errors import ParentCommand
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Checkpointer, Command, interrupt
+from langgraph.types import Checkpointer, Command
 
-from relaygraph.agents import AGENTS, AgentSpec, TaskContext, build_agent
+from relaygraph.agents import AGENTS, TaskContext, build_agent
 from relaygraph.errors import ConfigError
-from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
-from relaygraph.policies import AgentLimits, TeamPolicy, default_policy
-from relaygraph.policies.budget import BudgetHit, check_agent_budget, check_team_budget
-from relaygraph.policies.middleware import (
-    BUDGET_KEY,
-    VisitBudget,
-    is_model_output,
-    transcript_usage,
-)
-from relaygraph.policies.pingpong import PingPong, detect_ping_pong
+from relaygraph.handoffs import Assignment, HandoffRecord
+from relaygraph.policies import TeamPolicy, default_policy
+from relaygraph.policies.budget import BudgetHit, check_agent_budget
+from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
+from relaygraph.supervisor._agent_node import _make_agent_node
+from relaygraph.supervisor._control import (
+    FINALIZE,
+    ROLES,
+    SUPERVISOR,
+    _exhausted,
+    _on_ping_pong,
+    _team_stop,
+    _visits_spent,
+)
 from relaygraph.supervisor._route import FINISH, route_next_agent
-from relaygraph.supervisor._state import TeamState, Visit
-
-SUPERVISOR = "supervisor"
-FINALIZE = "finalize"
-ROLES = (SUPERVISOR, FINALIZE)
-_STEP_MARGIN = 3
-"""Steps kept in reserve below the recursion limit: enough to reach finalize and end."""
+from relaygraph.supervisor._state import TeamState
 
 
 def _begin(state: TeamState) -> dict[str, Any]:
@@ -49,104 +46,6 @@ def _begin(state: TeamState) -> dict[str, Any]:
         "status": None,
         "stop_reason": None,
     }
-
-
-def _exhausted(
-    policy: TeamPolicy,
-    hit: BudgetHit,
-    state: TeamState,
-    config: RunnableConfig,
-    update: dict[str, Any] | None = None,
-) -> Command[Any]:
-    """Stop the task at a budget: finalize answers from what exists (or the task fails)."""
-    turn = state.get("turn", 0)
-    record = acc.violation(
-        f"{acc.task_ns(config)}:{hit.stop_reason}",
-        turn,
-        hit.agent or "team",
-        "budget",
-        hit.message,
-    )
-    update = dict(update or {})
-    update["violations"] = [*update.get("violations", []), record]
-    status = "failed" if policy.team.on_exhausted == "fail" else "degraded"
-    return Command(
-        goto=FINALIZE, update={**update, "status": status, "stop_reason": hit.stop_reason}
-    )
-
-
-def _visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
-    runs = len(_prompts.turn_visits(state))
-    if runs >= policy.team.max_agent_runs:
-        return BudgetHit(
-            scope="team",
-            agent=None,
-            limit="max_agent_runs",
-            used=runs,
-            allowed=policy.team.max_agent_runs,
-        )
-    return None
-
-
-def _team_stop(
-    state: TeamState, policy: TeamPolicy, config: RunnableConfig, *, visits: bool = True
-) -> BudgetHit | None:
-    """A team limit reached before the next step: visits, tokens, cost, time, graph steps."""
-    if visits and (hit := _visits_spent(state, policy)):
-        return hit
-    step, limit = acc.step_of(config), config.get("recursion_limit")
-    if step is not None and limit is not None and step + _STEP_MARGIN >= limit:
-        return BudgetHit(
-            scope="team", agent=None, limit="recursion_limit", used=step, allowed=limit
-        )
-    return check_team_budget(policy.team, acc.turn_usage(state))
-
-
-def _on_ping_pong(
-    policy: TeamPolicy,
-    found: PingPong,
-    state: TeamState,
-    config: RunnableConfig,
-    *,
-    source: str,
-    proceed: Command[Any],
-    update: dict[str, Any],
-) -> Command[Any]:
-    """Act on a detected ping-pong as the policy says; ``proceed`` is the transfer itself."""
-    turn, candidate = state.get("turn", 0), str(proceed.goto)
-    record = acc.violation(
-        f"{acc.task_ns(config)}:ping_pong", turn, candidate, "ping_pong", found.detail
-    )
-    update = {**update, "violations": [*update.get("violations", []), record]}
-    action = policy.ping_pong.on_detect
-    if action == "human":
-        answer = interrupt(
-            {
-                "type": "ping_pong",
-                "detail": found.detail,
-                "agents": list(found.agents),
-                "next": candidate,
-                "source": source,
-            }
-        )
-        verdict = answer.get("decision") if isinstance(answer, Mapping) else answer
-        if verdict == "approve":
-            return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})
-        action = "finalize"
-    if action == "supervisor":
-        if len(found.agents) == 2:
-            # Bar the pair both ways: neither may pass work to the other, directly or
-            # through a route taken right after the other's visit.
-            a, b = found.agents
-            bar = acc.add_bar(state, b, found.detail, after=a)
-            bar = acc.add_bar({"barred": bar}, a, found.detail, after=b)
-        else:  # The same task sent again: that agent gets no more routes this turn.
-            bar = acc.add_bar(state, candidate, found.detail)
-        return Command(goto=SUPERVISOR, update={**update, "barred": bar, "assignment": None})
-    return Command(
-        goto=FINALIZE,
-        update={**update, "status": "degraded", "stop_reason": found.stop_reason},
-    )
 
 
 def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str, ...]) -> Any:
@@ -277,192 +176,6 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
         return Command(goto=proceed.goto, update={"usage": [usage], **(proceed.update or {})})
 
     return supervisor
-
-
-def _agent_recursion_limit(rules: AgentLimits) -> int:
-    """The recursion limit of one visit's subgraph: above what the agent's own budget allows.
-
-    A model call takes at most three of its super-steps (the policy check, the model, the
-    tools); the team's recursion limit counts the team's steps and is far too low for an
-    agent's loop, which its ``max_model_calls`` ends gracefully instead.
-    """
-    calls = rules.max_model_calls if rules.max_model_calls is not None else 1000
-    return 3 * (calls + 1) + 10
-
-
-def _make_agent_node(
-    spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy
-) -> Any:
-    name = spec.name
-    rules = policy.agent(name)
-    recursion_limit = _agent_recursion_limit(rules.limits)
-
-    def agent_node(state: TeamState, config: RunnableConfig) -> Command[Any]:
-        if hit := _team_stop(state, policy, config):
-            return _exhausted(policy, hit, state, config)
-        turn, visit_id = state.get("turn", 0), acc.task_ns(config)
-        agent_before = acc.turn_usage(state, name)
-        if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
-            # Reached through a direct handoff: the supervisor already could not route here.
-            record = acc.violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
-            return Command(
-                goto=SUPERVISOR,
-                update={
-                    "violations": [record],
-                    "assignment": None,
-                    "barred": acc.add_bar(state, name, f"out of budget: {spent.message}"),
-                },
-            )
-        emit = get_stream_writer()
-        assignment = state.get("assignment") or Assignment(
-            agent=name, task=state.get("request", ""), reason="", source=SUPERVISOR, kind="route"
-        )
-        emit(
-            {
-                "type": "agent_started",
-                "agent": name,
-                "task": assignment["task"],
-                "source": assignment["source"],
-            }
-        )
-        scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
-        started = time.monotonic()
-        budget = VisitBudget(
-            agent_before=agent_before,
-            team_before=acc.turn_usage(state),
-            started=started,
-            earlier_results=acc.earlier_results(state, name),
-            step=acc.step_of(config),
-            barred=acc.bars_now(state, name),
-        )
-        values: dict[str, Any] = {"messages": [scoped]}
-        handoff: Command[Any] | None = None
-        try:
-            # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
-            # the visit's transcript and usage in hand.
-            visit_config = acc.with_prior_calls(
-                config, acc.prior_calls(state, name), **{BUDGET_KEY: budget}
-            )
-            visit_config["recursion_limit"] = recursion_limit
-            for values in graph.stream(  # noqa: B007
-                {"messages": [scoped]}, visit_config, stream_mode="values"
-            ):
-                pass
-        except ParentCommand as exc:
-            command = exc.args[0]
-            if command.graph != visit_id or not isinstance(command.update, dict):
-                raise  # Not a handoff from this agent's tools: let LangGraph route it.
-            handoff = command
-        transcript: list[BaseMessage] = list(values["messages"])
-        target = str(handoff.goto) if handoff is not None else None
-        if handoff is not None:
-            transcript += handoff.update.get("messages", [])  # type: ignore[union-attr]
-            transcript += answer_unanswered_calls(transcript, carried_out=f"transfer_to_{target}")
-        totals = transcript_usage(transcript, policy, seconds=time.monotonic() - started)
-        outputs = [m for m in transcript if is_model_output(m)]
-        usage = acc.usage_record(visit_id, name, turn, totals, outputs)
-        violations = acc.transcript_violations(transcript, name, turn)
-        last = transcript[-1]
-        budget_note = last.additional_kwargs.get(BUDGET_KEY) if handoff is None else None
-        ended = "handed_off" if handoff else "budget" if budget_note else "finished"
-        output = (
-            f"Handed off to {target}: {handoff.update['handoffs'][0]['task']}"  # type: ignore[index]
-            if handoff is not None
-            else last.text
-            if isinstance(last, AIMessage)
-            else ""
-        )
-        visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
-        update: dict[str, Any] = {"visits": [visit], "usage": [usage], "violations": violations}
-        emit(
-            {
-                "type": "agent_finished",
-                "agent": name,
-                "ended": ended,
-                "output": output,
-                "usage": usage,
-            }
-        )
-        if budget_note is not None:
-            hit = BudgetHit(**budget_note)
-            # A tool call refused at the same limit recorded it already: record it once.
-            violations = [
-                v for v in violations if not (v["kind"] == "budget" and v["detail"] == hit.message)
-            ]
-            update["violations"] = violations
-            if hit.scope == "team":
-                return _exhausted(policy, hit, state, config, update)
-            update["violations"] = [
-                *violations,
-                acc.violation(f"{visit_id}:budget", turn, name, "budget", hit.message),
-            ]
-            update["barred"] = acc.add_bar(state, name, f"out of budget: {hit.message}")
-            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
-        if handoff is None or target is None:
-            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
-
-        sent: HandoffRecord = handoff.update["handoffs"][0]  # type: ignore[index]
-        sent = {**sent, "step": acc.step_of(config), "turn": turn}
-        emit(
-            {
-                "type": "handoff",
-                "step": acc.step_of(config),
-                "checkpoint_ns": visit_id,
-                "source": name,
-                "target": target,
-                "task": sent["task"],
-                "reason": sent["reason"],
-            }
-        )
-        proceed = Command(
-            goto=target,
-            update={"handoffs": [sent], "assignment": handoff.update["assignment"]},  # type: ignore[index]
-        )
-        visited = [v["agent"] for v in _prompts.turn_visits(state)] + [name]
-        found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
-        if found is not None:
-            return _on_ping_pong(
-                policy,
-                found,
-                state,
-                config,
-                source=name,
-                proceed=proceed,
-                update={**update, "handoffs": [sent]},
-            )
-        return Command(goto=target, update={**update, **(proceed.update or {})})
-
-    return agent_node
-
-
-def _visit(
-    visit_id: str,
-    agent: str,
-    turn: int,
-    assignment: Assignment,
-    output: str,
-    ended: Any,
-    transcript: list[BaseMessage],
-) -> Visit:
-    from langchain_core.messages import ToolMessage
-
-    from relaygraph.handoffs import handoff_target
-
-    return Visit(
-        id=visit_id,
-        agent=agent,
-        turn=turn,
-        task=assignment["task"],
-        source=assignment["source"],
-        output=output,
-        ended=ended,
-        tools=[
-            m.name or ""
-            for m in transcript
-            if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
-        ],
-        messages=transcript,  # type: ignore[typeddict-item]
-    )
 
 
 def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:

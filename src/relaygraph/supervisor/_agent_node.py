@@ -1,0 +1,221 @@
+"""An agent's node in the team graph: one visit of its subgraph, scoped, accounted, and
+handed on (to the supervisor, or straight to a peer)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_stream_writer
+from langgraph.errors import ParentCommand
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
+
+from relaygraph.agents import AgentSpec
+from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
+from relaygraph.policies import AgentLimits, TeamPolicy
+from relaygraph.policies.budget import BudgetHit, check_agent_budget
+from relaygraph.policies.middleware import (
+    BUDGET_KEY,
+    VisitBudget,
+    is_model_output,
+    transcript_usage,
+)
+from relaygraph.policies.pingpong import detect_ping_pong
+from relaygraph.supervisor import _accounting as acc
+from relaygraph.supervisor import _prompts
+from relaygraph.supervisor._control import (
+    SUPERVISOR,
+    _exhausted,
+    _on_ping_pong,
+    _team_stop,
+)
+from relaygraph.supervisor._state import TeamState, Visit
+
+
+def _agent_recursion_limit(rules: AgentLimits) -> int:
+    """The recursion limit of one visit's subgraph: above what the agent's own budget allows.
+
+    A model call takes at most three of its super-steps (the policy check, the model, the
+    tools); the team's recursion limit counts the team's steps and is far too low for an
+    agent's loop, which its ``max_model_calls`` ends gracefully instead.
+    """
+    calls = rules.max_model_calls if rules.max_model_calls is not None else 1000
+    return 3 * (calls + 1) + 10
+
+
+def _make_agent_node(
+    spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy
+) -> Any:
+    name = spec.name
+    rules = policy.agent(name)
+    recursion_limit = _agent_recursion_limit(rules.limits)
+
+    def agent_node(state: TeamState, config: RunnableConfig) -> Command[Any]:
+        if hit := _team_stop(state, policy, config):
+            return _exhausted(policy, hit, state, config)
+        turn, visit_id = state.get("turn", 0), acc.task_ns(config)
+        agent_before = acc.turn_usage(state, name)
+        if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
+            # Reached through a direct handoff: the supervisor already could not route here.
+            record = acc.violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
+            return Command(
+                goto=SUPERVISOR,
+                update={
+                    "violations": [record],
+                    "assignment": None,
+                    "barred": acc.add_bar(state, name, f"out of budget: {spent.message}"),
+                },
+            )
+        emit = get_stream_writer()
+        assignment = state.get("assignment") or Assignment(
+            agent=name, task=state.get("request", ""), reason="", source=SUPERVISOR, kind="route"
+        )
+        emit(
+            {
+                "type": "agent_started",
+                "agent": name,
+                "task": assignment["task"],
+                "source": assignment["source"],
+            }
+        )
+        scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
+        started = time.monotonic()
+        budget = VisitBudget(
+            agent_before=agent_before,
+            team_before=acc.turn_usage(state),
+            started=started,
+            earlier_results=acc.earlier_results(state, name),
+            step=acc.step_of(config),
+            barred=acc.bars_now(state, name),
+        )
+        values: dict[str, Any] = {"messages": [scoped]}
+        handoff: Command[Any] | None = None
+        try:
+            # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
+            # the visit's transcript and usage in hand.
+            visit_config = acc.with_prior_calls(
+                config, acc.prior_calls(state, name), **{BUDGET_KEY: budget}
+            )
+            visit_config["recursion_limit"] = recursion_limit
+            for values in graph.stream(  # noqa: B007
+                {"messages": [scoped]}, visit_config, stream_mode="values"
+            ):
+                pass
+        except ParentCommand as exc:
+            command = exc.args[0]
+            if command.graph != visit_id or not isinstance(command.update, dict):
+                raise  # Not a handoff from this agent's tools: let LangGraph route it.
+            handoff = command
+        transcript: list[BaseMessage] = list(values["messages"])
+        target = str(handoff.goto) if handoff is not None else None
+        if handoff is not None:
+            transcript += handoff.update.get("messages", [])  # type: ignore[union-attr]
+            transcript += answer_unanswered_calls(transcript, carried_out=f"transfer_to_{target}")
+        totals = transcript_usage(transcript, policy, seconds=time.monotonic() - started)
+        outputs = [m for m in transcript if is_model_output(m)]
+        usage = acc.usage_record(visit_id, name, turn, totals, outputs)
+        violations = acc.transcript_violations(transcript, name, turn)
+        last = transcript[-1]
+        budget_note = last.additional_kwargs.get(BUDGET_KEY) if handoff is None else None
+        ended = "handed_off" if handoff else "budget" if budget_note else "finished"
+        output = (
+            f"Handed off to {target}: {handoff.update['handoffs'][0]['task']}"  # type: ignore[index]
+            if handoff is not None
+            else last.text
+            if isinstance(last, AIMessage)
+            else ""
+        )
+        visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
+        update: dict[str, Any] = {"visits": [visit], "usage": [usage], "violations": violations}
+        emit(
+            {
+                "type": "agent_finished",
+                "agent": name,
+                "ended": ended,
+                "output": output,
+                "usage": usage,
+            }
+        )
+        if budget_note is not None:
+            hit = BudgetHit(**budget_note)
+            # A tool call refused at the same limit recorded it already: record it once.
+            violations = [
+                v for v in violations if not (v["kind"] == "budget" and v["detail"] == hit.message)
+            ]
+            update["violations"] = violations
+            if hit.scope == "team":
+                return _exhausted(policy, hit, state, config, update)
+            update["violations"] = [
+                *violations,
+                acc.violation(f"{visit_id}:budget", turn, name, "budget", hit.message),
+            ]
+            update["barred"] = acc.add_bar(state, name, f"out of budget: {hit.message}")
+            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
+        if handoff is None or target is None:
+            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
+
+        sent: HandoffRecord = handoff.update["handoffs"][0]  # type: ignore[index]
+        sent = {**sent, "step": acc.step_of(config), "turn": turn}
+        emit(
+            {
+                "type": "handoff",
+                "step": acc.step_of(config),
+                "checkpoint_ns": visit_id,
+                "source": name,
+                "target": target,
+                "task": sent["task"],
+                "reason": sent["reason"],
+            }
+        )
+        proceed = Command(
+            goto=target,
+            update={"handoffs": [sent], "assignment": handoff.update["assignment"]},  # type: ignore[index]
+        )
+        visited = [v["agent"] for v in _prompts.turn_visits(state)] + [name]
+        found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
+        if found is not None:
+            return _on_ping_pong(
+                policy,
+                found,
+                state,
+                config,
+                source=name,
+                proceed=proceed,
+                update={**update, "handoffs": [sent]},
+            )
+        return Command(goto=target, update={**update, **(proceed.update or {})})
+
+    return agent_node
+
+
+def _visit(
+    visit_id: str,
+    agent: str,
+    turn: int,
+    assignment: Assignment,
+    output: str,
+    ended: Any,
+    transcript: list[BaseMessage],
+) -> Visit:
+    from langchain_core.messages import ToolMessage
+
+    from relaygraph.handoffs import handoff_target
+
+    return Visit(
+        id=visit_id,
+        agent=agent,
+        turn=turn,
+        task=assignment["task"],
+        source=assignment["source"],
+        output=output,
+        ended=ended,
+        tools=[
+            m.name or ""
+            for m in transcript
+            if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
+        ],
+        messages=transcript,  # type: ignore[typeddict-item]
+    )

@@ -1,0 +1,121 @@
+"""How work stops or bounces: team limits, budgets, ping-pong, and the constants of the
+team graph's node names."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.types import Command, interrupt
+
+from relaygraph.policies import TeamPolicy
+from relaygraph.policies.budget import BudgetHit, check_team_budget
+from relaygraph.policies.pingpong import PingPong
+from relaygraph.supervisor import _accounting as acc
+from relaygraph.supervisor import _prompts
+from relaygraph.supervisor._state import TeamState
+
+SUPERVISOR = "supervisor"
+FINALIZE = "finalize"
+ROLES = (SUPERVISOR, FINALIZE)
+_STEP_MARGIN = 3
+"""Steps kept in reserve below the recursion limit: enough to reach finalize and end."""
+
+
+def _exhausted(
+    policy: TeamPolicy,
+    hit: BudgetHit,
+    state: TeamState,
+    config: RunnableConfig,
+    update: dict[str, Any] | None = None,
+) -> Command[Any]:
+    """Stop the task at a budget: finalize answers from what exists (or the task fails)."""
+    turn = state.get("turn", 0)
+    record = acc.violation(
+        f"{acc.task_ns(config)}:{hit.stop_reason}",
+        turn,
+        hit.agent or "team",
+        "budget",
+        hit.message,
+    )
+    update = dict(update or {})
+    update["violations"] = [*update.get("violations", []), record]
+    status = "failed" if policy.team.on_exhausted == "fail" else "degraded"
+    return Command(
+        goto=FINALIZE, update={**update, "status": status, "stop_reason": hit.stop_reason}
+    )
+
+
+def _visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
+    runs = len(_prompts.turn_visits(state))
+    if runs >= policy.team.max_agent_runs:
+        return BudgetHit(
+            scope="team",
+            agent=None,
+            limit="max_agent_runs",
+            used=runs,
+            allowed=policy.team.max_agent_runs,
+        )
+    return None
+
+
+def _team_stop(
+    state: TeamState, policy: TeamPolicy, config: RunnableConfig, *, visits: bool = True
+) -> BudgetHit | None:
+    """A team limit reached before the next step: visits, tokens, cost, time, graph steps."""
+    if visits and (hit := _visits_spent(state, policy)):
+        return hit
+    step, limit = acc.step_of(config), config.get("recursion_limit")
+    if step is not None and limit is not None and step + _STEP_MARGIN >= limit:
+        return BudgetHit(
+            scope="team", agent=None, limit="recursion_limit", used=step, allowed=limit
+        )
+    return check_team_budget(policy.team, acc.turn_usage(state))
+
+
+def _on_ping_pong(
+    policy: TeamPolicy,
+    found: PingPong,
+    state: TeamState,
+    config: RunnableConfig,
+    *,
+    source: str,
+    proceed: Command[Any],
+    update: dict[str, Any],
+) -> Command[Any]:
+    """Act on a detected ping-pong as the policy says; ``proceed`` is the transfer itself."""
+    turn, candidate = state.get("turn", 0), str(proceed.goto)
+    record = acc.violation(
+        f"{acc.task_ns(config)}:ping_pong", turn, candidate, "ping_pong", found.detail
+    )
+    update = {**update, "violations": [*update.get("violations", []), record]}
+    action = policy.ping_pong.on_detect
+    if action == "human":
+        answer = interrupt(
+            {
+                "type": "ping_pong",
+                "detail": found.detail,
+                "agents": list(found.agents),
+                "next": candidate,
+                "source": source,
+            }
+        )
+        verdict = answer.get("decision") if isinstance(answer, Mapping) else answer
+        if verdict == "approve":
+            return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})
+        action = "finalize"
+    if action == "supervisor":
+        if len(found.agents) == 2:
+            # Bar the pair both ways: neither may pass work to the other, directly or
+            # through a route taken right after the other's visit.
+            a, b = found.agents
+            bar = acc.add_bar(state, b, found.detail, after=a)
+            bar = acc.add_bar({"barred": bar}, a, found.detail, after=b)
+        else:  # The same task sent again: that agent gets no more routes this turn.
+            bar = acc.add_bar(state, candidate, found.detail)
+        return Command(goto=SUPERVISOR, update={**update, "barred": bar, "assignment": None})
+    return Command(
+        goto=FINALIZE,
+        update={**update, "status": "degraded", "stop_reason": found.stop_reason},
+    )
