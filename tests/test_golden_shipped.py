@@ -1,0 +1,43 @@
+"""The golden set shipped inside the package runs offline and passes every case."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+
+from relaygraph.evals import run_eval
+
+REQUIRED_TAGS = {"routing", "handoff", "tools", "budget", "violation", "ping_pong", "approval"}
+
+
+def _golden() -> Path:
+    resource = importlib.resources.files("relaygraph.evals") / "golden" / "golden.jsonl"
+    assert resource.is_file(), "the golden set must ship inside the relaygraph.evals package"
+    return Path(str(resource))
+
+
+def test_shipped_golden_is_in_the_package() -> None:
+    golden = _golden()
+    folder = golden.parent
+    cases = [json.loads(line) for line in golden.read_text("utf-8").splitlines() if line.strip()]
+    assert len(cases) >= 30
+    for case in cases:
+        assert case.get("script"), f"{case['id']} needs a script to run offline"
+        assert (folder / case["script"]).is_file(), case["id"]
+        if "policy" in case:
+            assert (folder / case["policy"]).is_file(), case["id"]
+        assert case.get("tags"), f"{case['id']} has no tags"
+
+
+def test_shipped_golden_passes_offline(home: Path) -> None:
+    report = run_eval(_golden(), concurrency=2, home=home)
+
+    assert not report.invalid_lines
+    assert len(report.cases) >= 30
+    failed = [case.id for case in report.cases if not case.passed]
+    assert failed == []
+    assert report.metrics.pass_rate == 1.0
+    assert report.gate(min_pass_rate=1.0) == []
+    tags = {tag for case in report.cases for tag in case.tags}
+    assert tags >= REQUIRED_TAGS, f"missing tags: {sorted(REQUIRED_TAGS - tags)}"
