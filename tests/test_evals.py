@@ -791,3 +791,77 @@ def test_a_langsmith_failure_is_reported_beside_the_results(
     report = json.loads((out / "report.json").read_text())
     assert report["cases"][0]["passed"] and report["langsmith"]["dataset"] == "x"
     assert report["langsmith"]["error"]
+
+
+def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import relaygraph.run
+    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+
+    real = relaygraph.run.run_task
+
+    def flaky(request: str, **kwargs: Any) -> Any:
+        if "crash" in request:
+            raise RuntimeError("provider exploded")
+        return real(request, **kwargs)
+
+    monkeypatch.setattr(relaygraph.run, "run_task", flaky)
+    path = write_golden(
+        tmp_path,
+        case("fine", first_agent="coder", tags=["smoke"]),
+        case("wrong", first_agent="writer", tags=["smoke"]),
+        case("crash", tags=["smoke"]),
+    )
+    out = tmp_path / "out"
+    report = run_eval(path, repeat=2, concurrency=2, tags=["smoke"], out=out, home=home)
+    assert report.eval_run_id is not None
+    saved = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert saved["eval_run_id"] == report.eval_run_id
+
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        run = ledger.eval_run(report.eval_run_id)
+        assert [r.id for r in ledger.eval_runs()] == [run.id]
+        tasks = {
+            c.case_id: ledger.get_task(c.task_id, team_id=LOCAL_TEAM_ID)
+            for c in run.cases
+            if c.task_id
+        }
+    assert run.finished and run.golden == str(path)
+    assert run.options == {
+        "repeat": 2,
+        "concurrency": 2,
+        "tags": ["smoke"],
+        "baseline": None,
+        "langsmith_dataset": None,
+    }
+    assert run.models == {"model": None, "agent_models": {}}
+    counts = (run.case_count, run.run_count, run.passed_case_count, run.passed_run_count)
+    assert counts == (3, 6, 1, 2)
+    assert run.pass_rate == report.metrics.pass_rate == round(1 / 3, 4)
+    assert run.metrics == report.metrics.to_json()
+    assert [(c.case_id, c.trial, c.passed) for c in run.cases] == [
+        ("crash", 1, False),
+        ("crash", 2, False),
+        ("fine", 1, True),
+        ("fine", 2, True),
+        ("wrong", 1, False),
+        ("wrong", 2, False),
+    ]
+    by_key = {(c.case_id, c.trial): c for c in run.cases}
+    for result in report.cases:
+        for trial in result.trials:
+            stored = by_key[(result.id, trial.trial)]
+            assert stored.task_id == trial.task_id
+            assert stored.checks == [check.to_json() for check in trial.checks]
+            assert stored.latency_seconds == trial.latency_seconds
+            assert stored.usage == json.loads(json.dumps(trial.usage))
+    # Cases that ran point at real tasks of the ledger; the crash never had one.
+    assert set(tasks) == {"fine", "wrong"}
+    assert all(task is not None and task.input == f"request for {k}" for k, task in tasks.items())
+    crash = by_key[("crash", 1)]
+    assert crash.task_id is None and crash.error == "RuntimeError: provider exploded"
+    assert crash.first_failure is not None and crash.first_failure["name"] == "run"
+    wrong = by_key[("wrong", 1)].first_failure
+    assert wrong is not None
+    assert (wrong["name"], wrong["expected"], wrong["actual"]) == ("first_agent", "writer", "coder")

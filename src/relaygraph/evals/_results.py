@@ -121,6 +121,8 @@ class EvalReport:
     """Ids of cases that failed in the baseline and pass now."""
     langsmith: dict[str, Any] | None = None
     """The LangSmith dataset and experiment, with ``--langsmith-dataset``."""
+    eval_run_id: str | None = None
+    """The ledger's record of this run (``Ledger.eval_run``), with every case result."""
 
     @property
     def failed(self) -> tuple[CaseResult, ...]:
@@ -144,6 +146,7 @@ class EvalReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "eval_run_id": self.eval_run_id,
             "golden": self.golden,
             "started_at": self.started_at,
             "seconds": self.seconds,

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from relaygraph._home import data_home
 from relaygraph.errors import ConfigError
 from relaygraph.evals._checks import Check, Observation, check_expectations
 from relaygraph.evals._golden import GoldenCase, load_golden
@@ -184,7 +185,6 @@ def _prepare_home(home: Path | None) -> None:
     """
     import os
 
-    from relaygraph._home import data_home
     from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
     from relaygraph.store import DATABASE_URL_ENV, Ledger
 
@@ -208,6 +208,62 @@ def _record(report: EvalReport, dataset: str) -> dict[str, Any]:
         return record_experiment(report, dataset=dataset)
     except Exception as exc:  # No key, refused, unreachable: the client's own exceptions.
         return {"dataset": dataset, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _record_trial(ledger: Any, eval_run_id: str, trial: TrialResult) -> None:
+    """Store one run's result in the ledger, linked to the run's task (if it got one)."""
+    ledger.record_eval_case(
+        eval_run_id,
+        case_id=trial.case_id,
+        trial=trial.trial,
+        passed=trial.passed,
+        checks=[check.to_json() for check in trial.checks],
+        task_id=trial.task_id,
+        usage=trial.usage,
+        latency_seconds=trial.latency_seconds,
+        error=trial.error,
+    )
+
+
+def _run_jobs(
+    jobs: Sequence[tuple[GoldenCase, int]],
+    results: dict[tuple[str, int], TrialResult],
+    *,
+    ledger: Any,
+    eval_run_id: str,
+    model: str | None,
+    agent_models: Mapping[str, str],
+    concurrency: int,
+    home: Path | None,
+    trace: bool,
+    on_progress: ProgressHandler | None,
+) -> None:
+    """Run every (case, trial) job, ``concurrency`` at once, recording each as it ends."""
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="relaygraph-eval") as pool:
+        pending: set[Future[TrialResult]] = {
+            pool.submit(
+                run_case,
+                case,
+                trial=n,
+                model=model,
+                agent_models=agent_models,
+                home=home,
+                trace=trace,
+            )
+            for case, n in jobs
+        }
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    trial = future.result()
+                    results[(trial.case_id, trial.trial)] = trial
+                    _record_trial(ledger, eval_run_id, trial)
+                    if on_progress is not None:
+                        on_progress(len(results), len(jobs), trial)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def run_eval(
@@ -275,59 +331,68 @@ def run_eval(
     jobs = [(case, n) for n in range(1, repeat + 1) for case in selected.cases]
     results: dict[tuple[str, int], TrialResult] = {}
     trace = langsmith_dataset is not None
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="relaygraph-eval") as pool:
-        pending: set[Future[TrialResult]] = {
-            pool.submit(
-                run_case,
-                case,
-                trial=n,
-                model=model,
-                agent_models=agent_models,
-                home=home,
-                trace=trace,
-            )
-            for case, n in jobs
-        }
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    trial = future.result()
-                    results[(trial.case_id, trial.trial)] = trial
-                    if on_progress is not None:
-                        on_progress(len(results), len(jobs), trial)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    from relaygraph.run import _ledger_for
 
-    cases = tuple(
-        CaseResult(
-            id=case.id,
-            input=case.input,
-            expect=case.expect,
-            tags=case.tags,
-            line=case.line,
-            trials=tuple(results[(case.id, n)] for n in range(1, repeat + 1)),
+    ledger = _ledger_for(data_home(home))
+    try:
+        eval_run_id = ledger.record_eval_run(
+            golden=str(golden_set.path),
+            models={"model": model, "agent_models": agent_models},
+            options={
+                "repeat": repeat,
+                "concurrency": concurrency,
+                "tags": list(tags),
+                "baseline": None if baseline is None else str(baseline),
+                "langsmith_dataset": langsmith_dataset,
+            },
+            case_count=len(selected.cases),
+            run_count=len(jobs),
+            started_at=started_at,
         )
-        for case in selected.cases
-    )
-    regressions, fixed = compare(earlier, cases) if earlier is not None else ((), ())
-    report = EvalReport(
-        golden=str(golden_set.path),
-        cases=cases,
-        metrics=compute_metrics(cases),
-        invalid_lines=golden_set.errors,
-        model=model,
-        agent_models=agent_models,
-        repeat=repeat,
-        concurrency=concurrency,
-        tags=tuple(tags),
-        started_at=started_at.isoformat(timespec="seconds"),
-        seconds=round(time.perf_counter() - clock, 3),
-        baseline=None if baseline is None else str(baseline),
-        regressions=regressions,
-        fixed=fixed,
-    )
+        _run_jobs(
+            jobs,
+            results,
+            ledger=ledger,
+            eval_run_id=eval_run_id,
+            model=model,
+            agent_models=agent_models,
+            concurrency=concurrency,
+            home=home,
+            trace=trace,
+            on_progress=on_progress,
+        )
+        cases = tuple(
+            CaseResult(
+                id=case.id,
+                input=case.input,
+                expect=case.expect,
+                tags=case.tags,
+                line=case.line,
+                trials=tuple(results[(case.id, n)] for n in range(1, repeat + 1)),
+            )
+            for case in selected.cases
+        )
+        regressions, fixed = compare(earlier, cases) if earlier is not None else ((), ())
+        report = EvalReport(
+            golden=str(golden_set.path),
+            cases=cases,
+            metrics=compute_metrics(cases),
+            invalid_lines=golden_set.errors,
+            model=model,
+            agent_models=agent_models,
+            repeat=repeat,
+            concurrency=concurrency,
+            tags=tuple(tags),
+            started_at=started_at.isoformat(timespec="seconds"),
+            seconds=round(time.perf_counter() - clock, 3),
+            baseline=None if baseline is None else str(baseline),
+            regressions=regressions,
+            fixed=fixed,
+            eval_run_id=eval_run_id,
+        )
+        ledger.finish_eval_run(eval_run_id, metrics=report.metrics.to_json())
+    finally:
+        ledger.close()
     if langsmith_dataset is not None:
         report = replace(report, langsmith=_record(report, langsmith_dataset))
     if out is not None:

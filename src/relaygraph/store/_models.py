@@ -213,3 +213,42 @@ class UsageRow(Base):
     visits: Mapped[list[str]] = mapped_column(JSONValue)
     """Ids of the usage records already counted, so a re-sent ``agent_finished`` adds nothing."""
     updated_at: Mapped[datetime]
+
+
+class EvalRunRow(Base):
+    __tablename__ = "eval_runs"
+    __table_args__ = (Index(None, "started_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    golden: Mapped[str] = mapped_column(Text)
+    models: Mapped[dict[str, Any]]
+    options: Mapped[dict[str, Any]]
+    case_count: Mapped[int] = mapped_column(Integer)
+    run_count: Mapped[int] = mapped_column(Integer)
+    passed_case_count: Mapped[int | None] = mapped_column(Integer)
+    passed_run_count: Mapped[int | None] = mapped_column(Integer)
+    pass_rate: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any] | None]
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class EvalCaseRow(Base):
+    __tablename__ = "eval_case_results"
+    __table_args__ = (UniqueConstraint("eval_run_id", "case_id", "trial"),)
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    eval_run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"))
+    case_id: Mapped[str] = mapped_column(String(255))
+    trial: Mapped[int] = mapped_column(Integer)
+    passed: Mapped[bool]
+    checks: Mapped[list[dict[str, Any]]] = mapped_column(JSONValue)
+    first_failure: Mapped[dict[str, Any] | None]
+    usage: Mapped[dict[str, Any]]
+    latency_seconds: Mapped[float] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    # A case that could not run has no task; deleting a task keeps the eval's result.
+    task_id: Mapped[str | None] = mapped_column(
+        ForeignKey("tasks.id", ondelete="SET NULL"), index=True
+    )
+    created_at: Mapped[datetime]

@@ -175,6 +175,61 @@ class AgentUsage:
     """True when some token counts were estimated because the provider reported none."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalCaseRecord:
+    """One run of one golden case in an eval run, as the ledger keeps it."""
+
+    id: int
+    eval_run_id: str
+    case_id: str
+    trial: int
+    """Which run of the case, from 1 (``--repeat``)."""
+    passed: bool
+    checks: list[dict[str, Any]]
+    """Every check: ``name``, ``passed``, ``expected``, ``actual`` (and ``message``)."""
+    first_failure: dict[str, Any] | None
+    """The first check that failed; None when the run passed."""
+    usage: dict[str, Any]
+    latency_seconds: float
+    error: str | None
+    """Why the case could not run at all."""
+    task_id: str | None
+    """The task the run was (``tasks.id``); None when the case failed before it had one."""
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalRunRecord:
+    """One ``relaygraph eval`` run: the golden set, how it ran, its metrics and its cases."""
+
+    id: str
+    golden: str
+    """The golden file's path."""
+    models: dict[str, Any]
+    """``{"model": spec or None, "agent_models": {role: spec}}``."""
+    options: dict[str, Any]
+    """How it ran: ``repeat``, ``concurrency``, ``tags``, ``baseline``."""
+    case_count: int
+    """Cases selected to run."""
+    run_count: int
+    """Case runs planned: cases times ``repeat``."""
+    passed_case_count: int | None
+    """Cases all of whose runs passed, among the recorded ones; None until finished."""
+    passed_run_count: int | None
+    pass_rate: float | None
+    metrics: dict[str, Any] | None
+    """The report's metrics; None until finished."""
+    started_at: datetime
+    finished_at: datetime | None
+    """None while it runs, or if it was stopped before the end."""
+    cases: tuple[EvalCaseRecord, ...] = ()
+    """Each recorded run of each case, by case id then trial."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+
 def snapshot(record: type[R], row: object, **overrides: Any) -> R:
     """A ``record`` holding ``row``'s values (each field read from the row's attribute)."""
     names = [f.name for f in fields(record)]  # type: ignore[arg-type]

@@ -49,6 +49,39 @@ def json_object(value: object, field: str) -> dict[str, Any]:
     return result
 
 
+def json_list(value: object, field: str, *, scrub: bool = False) -> list[Any]:
+    """A JSON array given by the caller, as it will read back; ``scrub`` replaces NULs."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple):
+        raise ConfigError(f"{field} {_short(value)!r} must be a list")
+    result = _json_copy(value, field, scrub=scrub)
+    assert isinstance(result, list)
+    return result
+
+
+def scrubbed_object(value: object, field: str) -> dict[str, Any]:
+    """A JSON object whose NUL characters become U+FFFD (text a run produced)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{field} {_short(value)!r} must be a JSON object")
+    result = _json_copy(value, field, scrub=True)
+    assert isinstance(result, dict)
+    return result
+
+
+def whole(value: object, field: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{field} {value!r} must be a whole number of at least {minimum}")
+    return value
+
+
+def share(value: object, field: str) -> float | None:
+    """A fraction from 0 to 1, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(f"{field} {value!r} must be a number from 0 to 1, or None")
+    return float(value)
+
+
 def event_data(value: object) -> dict[str, Any]:
     """An event as the ledger stores it.
 
