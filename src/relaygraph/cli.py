@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relaygraph import __version__
+from relaygraph._argtypes import agent_model, positive
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.evals._cli import add_eval_parser, run_eval_command
 
@@ -24,21 +25,6 @@ LOCAL_MODEL_NOTE = (
     "answers are shallow. For real work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
     "set, or OPENAI_BASE_URL pointing at any Chat Completions server (vLLM, Ollama, LiteLLM)."
 )
-
-
-def _agent_model(value: str) -> tuple[str, str]:
-    agent, sep, spec = value.partition("=")
-    if not sep or not agent.strip() or not spec.strip():
-        raise argparse.ArgumentTypeError(
-            f"expected AGENT=SPEC, for example coder=openai:gpt-4.1, got {value!r}"
-        )
-    return agent.strip(), spec.strip()
-
-
-def _positive(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
-    return int(value)
 
 
 def _port(value: str) -> int:
@@ -86,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--agent-model",
         metavar="AGENT=SPEC",
-        type=_agent_model,
+        type=agent_model,
         action="append",
         default=[],
         help="model for one role (researcher, coder, writer, supervisor, finalize); repeatable",
@@ -137,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         help="default model for tasks that name none (default local:smollm2)",
     )
     serve.add_argument(
-        "--workers", type=_positive, metavar="N", help="tasks that run at once (default 2)"
+        "--workers", type=positive, metavar="N", help="tasks that run at once (default 2)"
     )
     serve.add_argument("--policy", metavar="FILE", type=Path, help="the teams' base policy")
 

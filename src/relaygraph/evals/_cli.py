@@ -12,24 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from relaygraph._argtypes import agent_model, positive
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 __all__ = ["add_eval_parser", "run_eval_command"]
-
-
-def _agent_model(value: str) -> tuple[str, str]:
-    agent, sep, spec = value.partition("=")
-    if not sep or not agent.strip() or not spec.strip():
-        raise argparse.ArgumentTypeError(
-            f"expected AGENT=SPEC, for example coder=openai:gpt-4.1, got {value!r}"
-        )
-    return agent.strip(), spec.strip()
-
-
-def _positive(value: str) -> int:
-    if not value.strip().isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
-    return int(value)
 
 
 def _rate(value: str) -> float:
@@ -62,18 +49,18 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--agent-model",
         metavar="AGENT=SPEC",
-        type=_agent_model,
+        type=agent_model,
         action="append",
         default=[],
         help="model for one role (researcher, coder, writer, supervisor, finalize); repeatable",
     )
     parser.add_argument(
-        "--concurrency", metavar="N", type=_positive, default=1, help="runs at once (default 1)"
+        "--concurrency", metavar="N", type=positive, default=1, help="runs at once (default 1)"
     )
     parser.add_argument(
         "--repeat",
         metavar="K",
-        type=_positive,
+        type=positive,
         default=1,
         help="runs per case; adds pass@k and pass^k (default 1)",
     )
