@@ -69,6 +69,8 @@ def test_refused_tool_input_is_answered_not_fatal(home: Path, script: Any) -> No
     # The path escape is refused with a message naming the path; a tool the coder does not
     # have is answered with an error naming it, not run.
     assert "../../../etc/passwd" in errors[0]["preview"]
+    assert errors[0]["ran"] is True  # the tool ran and refused the path itself
     assert errors[1]["tool"] == "read_doc"
+    assert errors[1]["ran"] is False  # the policy refused the call: the tool never ran
     assert "read_doc" in errors[1]["preview"]
     assert len(errors) == 2

@@ -12,6 +12,7 @@ from langgraph.types import Command
 
 from relaygraph.errors import ToolInputError
 from relaygraph.handoffs import handoff_target
+from relaygraph.policies.middleware import was_run
 
 PREVIEW_CHARS = 300
 
@@ -67,6 +68,7 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
                     "tool": call["name"],
                     "tool_call_id": call["id"],
                     "status": result.status,
+                    "ran": was_run(result),
                     "preview": str(result.content)[:PREVIEW_CHARS],
                 }
             )

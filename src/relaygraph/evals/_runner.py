@@ -22,19 +22,13 @@ from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
 ProgressHandler = Callable[[int, int, TrialResult], None]
 """Called after each run with (runs done, runs in all, the run's result)."""
 
-# The policy answers a call it refuses (not allowed, over budget, needing approval) and a
-# person's rejection with a tool message in place of the tool's result. The event stream
-# marks such a result only by its error status and its opening words
-# (relaygraph.policies.middleware), so that is what tells a refused call from one that ran.
-_NOT_RUN_PREFIXES = ("Not run", "A person rejected")
-
 
 class _ToolLog:
     """Collects a run's tool calls from its events: which ran, which were refused."""
 
     def __init__(self) -> None:
         self._calls: list[tuple[str, str]] = []
-        self._results: dict[str, tuple[str, str]] = {}
+        self._ran: dict[str, bool] = {}
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -42,18 +36,16 @@ class _ToolLog:
         if kind == "tool_call":
             self._calls.append((key, str(event["tool"])))
         elif kind == "tool_result":
-            self._results[key] = (str(event.get("status")), str(event.get("preview") or ""))
+            # The event says whether the tool ran: a policy refusal or a person's rejection
+            # answers the call without running it.
+            self._ran[key] = bool(event.get("ran", True))
 
     def split(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(tools that ran, tools called but not run), one entry per call, in order."""
         ran: list[str] = []
         not_run: list[str] = []
         for key, tool in self._calls:
-            result = self._results.get(key)
-            refused = result is None or (
-                result[0] == "error" and result[1].startswith(_NOT_RUN_PREFIXES)
-            )
-            (not_run if refused else ran).append(tool)
+            (ran if self._ran.get(key, False) else not_run).append(tool)
         return tuple(ran), tuple(not_run)
 
 

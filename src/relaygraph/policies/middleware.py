@@ -41,17 +41,22 @@ from relaygraph.policies.pingpong import normalize_call
 __all__ = [
     "BUDGET_KEY",
     "MODEL_CALL_MARK",
+    "NOT_RUN_KEY",
     "VIOLATION_KEY",
     "PolicyMiddleware",
     "VisitBudget",
     "is_model_output",
     "transcript_usage",
+    "was_run",
 ]
 
 MODEL_CALL_MARK = "relaygraph_agent"
 """``response_metadata`` key set on every AI message a model produced (not a middleware)."""
 VIOLATION_KEY = "relaygraph_violation"
 """``additional_kwargs`` key on a message that records a violation: ``{"kind", "detail"}``."""
+NOT_RUN_KEY = "relaygraph_approval_rejected"
+"""``additional_kwargs`` key on the ToolMessage that stands in for a call a person (or the
+approval rule) did not let run."""
 BUDGET_KEY = "relaygraph_budget"
 """``config["configurable"]`` key holding the :class:`VisitBudget` of the running visit."""
 
@@ -61,13 +66,20 @@ def is_model_output(message: BaseMessage) -> bool:
     return isinstance(message, AIMessage) and MODEL_CALL_MARK in message.response_metadata
 
 
+def was_run(message: ToolMessage) -> bool:
+    """Whether the tool behind this ToolMessage ran: not refused by the policy, not rejected
+    or held back for approval. Tools that ran and reported an error did run."""
+    return VIOLATION_KEY not in message.additional_kwargs and (
+        NOT_RUN_KEY not in message.additional_kwargs
+    )
+
+
 def _executed(message: BaseMessage) -> bool:
     """A ToolMessage of a work tool that actually ran (not refused, not a handoff)."""
     return (
         isinstance(message, ToolMessage)
         and handoff_target(message.name or "") is None
-        and VIOLATION_KEY not in message.additional_kwargs
-        and "relaygraph_approval_rejected" not in message.additional_kwargs
+        and was_run(message)
     )
 
 
@@ -332,7 +344,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 name=call["name"],
                 tool_call_id=call["id"] or "",
                 status="error",
-                additional_kwargs={"relaygraph_approval_rejected": True},
+                additional_kwargs={NOT_RUN_KEY: True},
             )
         decision = interrupt(
             {
@@ -366,5 +378,5 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             name=call["name"],
             tool_call_id=call["id"] or "",
             status="error",
-            additional_kwargs={"relaygraph_approval_rejected": True},
+            additional_kwargs={NOT_RUN_KEY: True},
         )
