@@ -130,7 +130,13 @@ async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
             {"input": "x", "model": "openai:gpt-4o", "agent_models": {"pilot": "openai:x"}},
             422,
             "invalid_model",
-            "agent_models",
+            "agent_models.pilot",
+        ),
+        (
+            {"input": "x", "agent_models": {"coder": "gpt-4o"}},
+            422,
+            "invalid_model",
+            "agent_models.coder",
         ),
         ({"input": "x", "model": "acme:big"}, 422, "invalid_model", "model"),
         (

@@ -99,16 +99,26 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         from relaygraph.supervisor import FINALIZE, SUPERVISOR
 
         roles = (SUPERVISOR, *base_policy.agents, FINALIZE)
-        try:
-            specs = resolve_model_specs(
-                body.model or settings.default_model, body.agent_models or {}, roles
-            )
-        except ConfigError as exc:
-            field = "agent_models" if "agent" in str(exc) else "model"
-            raise ApiError(422, "invalid_model", str(exc), field) from None
-        for role, spec in specs.items():
+        agent_models = body.agent_models or {}
+        for role in agent_models:
+            if role not in roles:
+                raise ApiError(
+                    422,
+                    "invalid_model",
+                    f"agent_models names unknown role {role!r}; known: {', '.join(roles)}",
+                    f"agent_models.{role}",
+                )
+        named = [("model", body.model)] + [
+            (f"agent_models.{r}", s) for r, s in agent_models.items()
+        ]
+        for field, spec in named:
+            if spec is None:
+                continue
+            try:
+                parse_model_spec(spec)
+            except ConfigError as exc:
+                raise ApiError(422, "invalid_model", str(exc), field) from None
             if not settings.model_allowed(spec):
-                field = "model" if spec == body.model else f"agent_models.{role}"
                 raise ApiError(
                     422,
                     "model_not_allowed",
@@ -116,6 +126,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     f"(allowed: {', '.join(settings.allowed_models)})",
                     field,
                 )
+        specs = resolve_model_specs(body.model or settings.default_model, agent_models, roles)
         return specs
 
     def task_policy(body: TaskCreate) -> TeamPolicy:
