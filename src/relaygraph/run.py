@@ -468,17 +468,17 @@ def run_task(
     roles = (SUPERVISOR, *team_policy.agents, FINALIZE)
     specs = resolve_model_specs(model, agent_models or {}, roles)
     home = data_home(home)
-    if thread_id is not None:
-        with open_checkpointer(home) as checkpointer:
-            if checkpointer.get_tuple({"configurable": {"thread_id": thread_id}}) is None:
-                raise ConfigError(
-                    f"thread {thread_id!r} has no earlier run in {home}; "
-                    "leave out --thread to start a new conversation"
-                )
     from relaygraph.store import LOCAL_TEAM_ID
 
     ledger = _ledger_for(home)
     try:
+        # The ledger knows every thread and whose it is: a thread of the API's teams is
+        # as unknown here as one that never existed.
+        if thread_id is not None and ledger.thread_owner(thread_id) != LOCAL_TEAM_ID:
+            raise ConfigError(
+                f"thread {thread_id!r} has no earlier run in {ledger.url}; "
+                "leave out --thread to start a new conversation"
+            )
         task, _ = ledger.create_task(
             team_id=LOCAL_TEAM_ID,
             input=request,
