@@ -855,7 +855,26 @@ def test_bad_eval_input_is_refused_by_name(ledger: Ledger) -> None:
     assert ledger.eval_run(run_id).cases == () and not ledger.eval_run(run_id).finished
 
 
-def test_eval_migration_upgrades_a_ledger_with_tasks_and_downgrades(url: str) -> None:
+def _task_at_0001(url: str) -> str:
+    """Insert a task as revision 0001 had them (the ORM writes today's columns)."""
+    task_id = "00000000-0000-0000-0000-000000000001"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO tasks (id, team_id, input, status, models, thread_id, "
+                    "metadata, last_event_seq, created_at, updated_at) VALUES (:id, :team, "
+                    "'kept', 'succeeded', '{}', 'thread-old', '{}', 0, :now, :now)"
+                ),
+                {"id": task_id, "team": LOCAL_TEAM_ID, "now": datetime.now(UTC)},
+            )
+    finally:
+        engine.dispose()
+    return task_id
+
+
+def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
     from alembic import command
 
     from relaygraph.store._migrate import alembic_config
@@ -863,16 +882,27 @@ def test_eval_migration_upgrades_a_ledger_with_tasks_and_downgrades(url: str) ->
     with Ledger(url) as ledger:
         ledger.upgrade("0001")
         assert not ledger.is_current()
-        task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="kept")
+    task_id = _task_at_0001(url)
+    with Ledger(url) as ledger:
         ledger.upgrade()
+        old = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
+        assert old is not None and old.topology is None  # Before topologies: structured.
+        assert ledger.thread_topology("thread-old") is None
         run_id = ledger.record_eval_run(
             golden="g", models={}, options={}, case_count=1, run_count=1
         )
         ledger.record_eval_case(
-            run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task.id
+            run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task_id
         )
+        new, _ = ledger.create_task(
+            team_id=LOCAL_TEAM_ID, input="x", thread_id="t", topology={"kind": "swarm"}
+        )
+        assert ledger.thread_topology("t") == {"kind": "swarm"} == new.topology
     engine = create_engine(url)
     try:
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0002")
+        assert "topology" not in {c["name"] for c in inspect(engine).get_columns("tasks")}
         with engine.begin() as connection:
             command.downgrade(alembic_config(connection), "0001")
         names = set(inspect(engine).get_table_names())
@@ -880,6 +910,6 @@ def test_eval_migration_upgrades_a_ledger_with_tasks_and_downgrades(url: str) ->
     finally:
         engine.dispose()
     with Ledger(url) as ledger:
-        assert ledger.get_task(task.id, team_id=LOCAL_TEAM_ID) is not None
         ledger.upgrade()
+        assert ledger.get_task(task_id, team_id=LOCAL_TEAM_ID) is not None
         assert ledger.eval_runs() == []

@@ -14,12 +14,14 @@ from relaygraph._home import data_home
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy
+from relaygraph.topology import Topology
 
 __all__ = [
     "CONTINUE",
     "Decision",
     "RunResult",
     "TaskRunner",
+    "check_thread_topology",
     "resolve_model_specs",
     "resume_task",
     "run_task",
@@ -57,6 +59,8 @@ class RunResult:
     """What an interrupted task waits for: approval requests and ping-pong decisions."""
     models: dict[str, str] = field(default_factory=dict)
     """The model spec each role ran on."""
+    topology: dict[str, Any] = field(default_factory=lambda: {"kind": "structured"})
+    """How the agents were arranged (``kind``: structured, swarm, supervisor-tools)."""
 
     @property
     def ok(self) -> bool:
@@ -227,12 +231,13 @@ class TaskRunner:
         from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
         from relaygraph.models import load_model
         from relaygraph.policies import stored_policy
-        from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
+        from relaygraph.supervisor import build_team
         from relaygraph.tracing import langsmith_config, tracing_callbacks
 
         policy = stored_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
+        topology = Topology.from_mapping(task.topology)
         specs: dict[str, str] = dict(task.models)
-        roles = (SUPERVISOR, *policy.agents, FINALIZE)
+        roles = topology.roles(tuple(policy.agents))
         models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
         context = TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id)
         context.workspace.mkdir(parents=True, exist_ok=True)
@@ -268,7 +273,7 @@ class TaskRunner:
 
         self.ledger.set_status(task.id, "running")
         with open_checkpointer(self.home) as checkpointer:
-            graph = build_team(models, policy=policy, checkpointer=checkpointer)
+            graph = build_team(models, policy=policy, checkpointer=checkpointer, topology=topology)
             if graph_input is CONTINUE:
                 graph_input = self._continue_input(graph, config, task)
             emit(
@@ -277,6 +282,7 @@ class TaskRunner:
                     "task_id": task.id,
                     "thread_id": task.thread_id,
                     "models": specs,
+                    "topology": topology.to_mapping(),
                 }
             )
             error: str | None = None
@@ -343,6 +349,7 @@ class TaskRunner:
             stop_reason=stop_reason,
             artifacts=artifacts,
             models=specs,
+            topology=topology.to_mapping(),
             pending=pending,
             **_summarize(state, policy, roles),
         )
@@ -420,6 +427,19 @@ def _drain_when(
         watcher.join()
 
 
+def check_thread_topology(thread_id: str, earlier: Topology, topology: Topology) -> None:
+    """A thread keeps its topology: its checkpoints hold that graph's state.
+
+    Raises:
+        ConfigError: ``topology`` differs in kind from the thread's earlier tasks.
+    """
+    if earlier.kind != topology.kind:
+        raise ConfigError(
+            f"thread {thread_id!r} runs the {earlier.kind!r} topology, not {topology.kind!r}; "
+            "continue it with that topology, or start a new thread"
+        )
+
+
 def _policy_of(policy: TeamPolicy | str | Path | None) -> TeamPolicy:
     if policy is None:
         return default_policy()
@@ -439,6 +459,7 @@ def run_task(
     on_event: EventHandler | None = None,
     stream_tokens: bool = False,
     callbacks: list[Any] | None = None,
+    topology: Topology | None = None,
 ) -> RunResult:
     """Run ``request`` through the team and return the result.
 
@@ -454,18 +475,22 @@ def run_task(
         stream_tokens: Also emit ``token`` events as models stream their text (models are
             then called in streaming mode).
         callbacks: LangChain callback handlers added to the graph call (tracing).
+        topology: How the agents are arranged; the structured supervisor when None. A
+            thread keeps the topology it started with.
 
     Raises:
-        ConfigError: Bad input (empty request, unknown thread, bad model spec, bad policy)
-            — before anything runs. Failures while running are reported as ``failed``.
+        ConfigError: Bad input (empty request, unknown thread, bad model spec, bad policy,
+            a thread of another topology) — before anything runs. Failures while running
+            are reported as ``failed``.
     """
     from relaygraph.policies import policy_to_mapping
-    from relaygraph.supervisor import FINALIZE, SUPERVISOR
 
     if not request.strip():
         raise ConfigError("the task is empty: say what the team should do")
     team_policy = _policy_of(policy)
-    roles = (SUPERVISOR, *team_policy.agents, FINALIZE)
+    topology = topology or Topology()
+    topology.check_agents(tuple(team_policy.agents))
+    roles = topology.roles(tuple(team_policy.agents))
     specs = resolve_model_specs(model, agent_models or {}, roles)
     home = data_home(home)
     from relaygraph.store import LOCAL_TEAM_ID
@@ -479,12 +504,17 @@ def run_task(
                 f"thread {thread_id!r} has no earlier run in {ledger.url}; "
                 "leave out --thread to start a new conversation"
             )
+        if thread_id is not None:
+            check_thread_topology(
+                thread_id, Topology.from_mapping(ledger.thread_topology(thread_id)), topology
+            )
         task, _ = ledger.create_task(
             team_id=LOCAL_TEAM_ID,
             input=request,
             thread_id=thread_id,
             policy=policy_to_mapping(team_policy),
             models=specs,
+            topology=topology.to_mapping(),
             metadata={"policy_source": team_policy.source},
         )
         runner = TaskRunner(ledger=ledger, home=home)

@@ -20,8 +20,10 @@ from pydantic import BaseModel, Field
 __all__ = [
     "HANDOFF_PREFIX",
     "Assignment",
+    "HandoffArgs",
     "HandoffRecord",
     "answer_unanswered_calls",
+    "calling_message",
     "create_handoff_tool",
     "handoff_target",
     "merge_by_id",
@@ -109,7 +111,9 @@ def handoff_target(tool_name: str) -> str | None:
     return tool_name.removeprefix(HANDOFF_PREFIX) if tool_name.startswith(HANDOFF_PREFIX) else None
 
 
-class _HandoffArgs(BaseModel):
+class HandoffArgs(BaseModel):
+    """The arguments of every transfer tool: what to do, and why."""
+
     task: str = Field(
         description="What the other agent must do, self-contained: it sees only this task and "
         "the results so far, not your conversation."
@@ -117,7 +121,8 @@ class _HandoffArgs(BaseModel):
     reason: str = Field(default="", description="Why this agent should do it, in one sentence.")
 
 
-def _calling_message(runtime: ToolRuntime[Any, Any]) -> AIMessage | None:
+def calling_message(runtime: ToolRuntime[Any, Any]) -> AIMessage | None:
+    """The AI message whose tool call is running now."""
     for message in reversed(runtime.state.get("messages", [])):
         if isinstance(message, AIMessage) and any(
             call["id"] == runtime.tool_call_id for call in message.tool_calls
@@ -155,7 +160,7 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     def handoff(
         task: str, runtime: ToolRuntime[Any, Any], reason: str = ""
     ) -> Command[Any] | ToolMessage:
-        message = _calling_message(runtime)
+        message = calling_message(runtime)
         calls = message.tool_calls if message is not None else []
         handoffs = [c for c in calls if handoff_target(c["name"]) is not None]
         if handoffs and handoffs[0]["id"] != runtime.tool_call_id:
@@ -207,5 +212,5 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
         name=name,
         description=description
         or f"Hand the work directly to the {target} agent, with a self-contained task.",
-        args_schema=_HandoffArgs,
+        args_schema=HandoffArgs,
     )

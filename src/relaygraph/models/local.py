@@ -604,10 +604,12 @@ class LocalChatModel(BaseChatModel):
         tools: Sequence[ToolLike],
         *,
         tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools; ``tool_choice`` may be ``auto``, ``none``, ``any``/``required`` or a
-        tool name, and narrows the choices the grammar offers."""
+        tool name, and narrows the choices the grammar offers. The grammar allows one tool
+        call per message, so ``parallel_tool_calls`` is always off in effect."""
         specs = [convert_to_openai_tool(t) for t in tools]
         names = [s["function"]["name"] for s in specs]
         chosen = tool_choice

@@ -185,7 +185,11 @@ class ScriptedChatModel(BaseChatModel):
         prior = int(
             metadata.get(PRIOR_CALLS_KEY, cfg.get("configurable", {}).get(PRIOR_CALLS_KEY, 0))
         )
-        index = prior + sum(1 for m in messages if isinstance(m, AIMessage))
+        # Its own AI messages only: a tool-calling supervisor's input also holds the
+        # agents' messages, each named by its agent.
+        index = prior + sum(
+            1 for m in messages if isinstance(m, AIMessage) and m.name in (None, self.agent)
+        )
         turns = self.script.turns.get(self.agent)
         if turns is None:
             raise ScriptError(self.agent, index + 1, f"the script {self.model_name} has no turns")
@@ -251,10 +255,13 @@ class ScriptedChatModel(BaseChatModel):
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
         tool_choice: str | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         # The script decides which tools are called; an unknown tool name reaches the
         # agent's tool node, which answers it with an error ToolMessage like any model's.
+        # ``parallel_tool_calls=False`` is accepted and, as some providers do, not obeyed:
+        # a script may still play two calls in one message, to test that case.
         return self
 
     def with_structured_output(

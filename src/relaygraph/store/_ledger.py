@@ -223,6 +223,7 @@ class Ledger:
         thread_id: str | None = None,
         policy: Mapping[str, Any] | None = None,
         models: Mapping[str, str] | None = None,
+        topology: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> tuple[Task, bool]:
@@ -234,6 +235,7 @@ class Ledger:
             thread_id: The conversation to continue; a new one when None.
             policy: The team policy the task runs under, as a JSON object.
             models: The model spec of each role.
+            topology: How the agents are arranged, as ``Topology.to_mapping`` writes it.
             metadata: The caller's own JSON object, kept as given.
             idempotency_key: A retry with the same key for the same team returns the task
                 the first try created.
@@ -254,6 +256,7 @@ class Ledger:
             status="queued",
             policy=None if policy is None else check.json_object(policy, "policy"),
             models=check.json_object(models or {}, "models"),
+            topology=None if topology is None else check.json_object(topology, "topology"),
             thread_id=check.optional_text(thread_id, "thread_id", max_chars=255)
             or str(uuid.uuid4()),
             idempotency_key=check.optional_text(
@@ -354,6 +357,16 @@ class Ledger:
         with self._read() as session:
             return session.scalar(
                 select(TaskRow.team_id).where(TaskRow.thread_id == thread_id).limit(1)
+            )
+
+    def thread_topology(self, thread_id: str) -> dict[str, Any] | None:
+        """The topology of the thread's latest task (None: structured, or no task yet)."""
+        with self._read() as session:
+            return session.scalar(
+                select(TaskRow.topology)
+                .where(TaskRow.thread_id == thread_id)
+                .order_by(TaskRow.created_at.desc(), TaskRow.id.desc())
+                .limit(1)
             )
 
     def active_task_on_thread(self, thread_id: str) -> Task | None:

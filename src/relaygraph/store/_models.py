@@ -113,6 +113,7 @@ class TaskRow(Base):
     stop_reason: Mapped[str | None] = mapped_column(Text)
     policy: Mapped[dict[str, Any] | None]
     models: Mapped[dict[str, Any]]
+    topology: Mapped[dict[str, Any] | None]
     thread_id: Mapped[str] = mapped_column(String(255), index=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     # ``metadata`` is taken on declarative classes, so the attribute has another name.

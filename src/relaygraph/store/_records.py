@@ -59,6 +59,9 @@ class Task:
     """The team policy the task ran under, as ``policies.policy_to_mapping`` writes it."""
     models: dict[str, Any]
     """The model spec each role runs on."""
+    topology: dict[str, Any] | None
+    """How the agents were arranged (``relaygraph.topology.Topology.to_mapping``); None
+    for a task recorded before topologies existed, which ran the structured team."""
     thread_id: str
     idempotency_key: str | None
     metadata: dict[str, Any]

@@ -4,7 +4,8 @@ handed on (to the supervisor, or straight to a peer)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -27,6 +28,7 @@ from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._control import (
+    FINALIZE,
     SUPERVISOR,
     _exhausted,
     _on_ping_pong,
@@ -46,33 +48,90 @@ def _agent_recursion_limit(rules: AgentLimits) -> int:
     return 3 * (calls + 1) + 10
 
 
+ExitKind = Literal["finished", "spent", "handoff", "stop", "bounced"]
+"""How a visit ends: done; the agent's budget spent; work handed to a peer; the task stops
+(a team limit, a ping-pong to finalize); a handoff refused as ping-pong (the pair barred)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Exit:
+    """An agent node's outcome, in the structured team's terms (``command``), for the
+    topology to carry out in its own graph."""
+
+    kind: ExitKind
+    command: Command[Any]
+    """Where the structured team goes next (supervisor, finalize or the peer), and the update."""
+    agent: str
+    assignment: Assignment
+    visit: Visit | None = None
+    """The visit's record; None when the agent did not run (a limit reached first)."""
+    hit: BudgetHit | None = None
+    """The agent budget that was spent, for ``spent``."""
+
+
+class Exits(Protocol):
+    """How a topology carries out an agent node's outcome."""
+
+    entry_source: str
+    """Who gives the first agent of a request its task: ``supervisor`` or ``user``."""
+
+    def __call__(self, outcome: Exit, state: TeamState) -> Any: ...
+
+
+class StructuredExits:
+    """The structured team: the node's ``Command`` as it is."""
+
+    entry_source = SUPERVISOR
+
+    def __call__(self, outcome: Exit, state: TeamState) -> Any:
+        return outcome.command
+
+
 def _make_agent_node(
-    spec: AgentSpec, graph: CompiledStateGraph[Any, Any, Any, Any], policy: TeamPolicy
+    spec: AgentSpec,
+    graph: CompiledStateGraph[Any, Any, Any, Any],
+    policy: TeamPolicy,
+    exits: Exits | None = None,
 ) -> Any:
     name = spec.name
     rules = policy.agent(name)
     recursion_limit = _agent_recursion_limit(rules.limits)
+    leave = exits or StructuredExits()
 
-    def agent_node(state: TeamState, config: RunnableConfig) -> Command[Any]:
+    def agent_node(state: TeamState, config: RunnableConfig) -> Any:
+        assignment = state.get("assignment") or Assignment(
+            agent=name,
+            task=state.get("request", ""),
+            reason="",
+            source=leave.entry_source,
+            kind="route",
+        )
+
+        def out(kind: ExitKind, command: Command[Any], **more: Any) -> Any:
+            return leave(
+                Exit(kind=kind, command=command, agent=name, assignment=assignment, **more), state
+            )
+
         if hit := _team_stop(state, policy, config):
-            return _exhausted(policy, hit, state, config)
+            return out("stop", _exhausted(policy, hit, state, config))
         turn, visit_id = state.get("turn", 0), acc.task_ns(config)
         agent_before = acc.turn_usage(state, name)
         if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
             # Reached through a direct handoff: the supervisor already could not route here.
             record = acc.violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
-            return Command(
-                goto=SUPERVISOR,
-                update={
-                    "violations": [record],
-                    "assignment": None,
-                    "barred": acc.add_bar(state, name, f"out of budget: {spent.message}"),
-                },
+            return out(
+                "spent",
+                Command(
+                    goto=SUPERVISOR,
+                    update={
+                        "violations": [record],
+                        "assignment": None,
+                        "barred": acc.add_bar(state, name, f"out of budget: {spent.message}"),
+                    },
+                ),
+                hit=spent,
             )
         emit = get_stream_writer()
-        assignment = state.get("assignment") or Assignment(
-            agent=name, task=state.get("request", ""), reason="", source=SUPERVISOR, kind="route"
-        )
         emit(
             {
                 "type": "agent_started",
@@ -147,15 +206,17 @@ def _make_agent_node(
             ]
             update["violations"] = violations
             if hit.scope == "team":
-                return _exhausted(policy, hit, state, config, update)
+                return out("stop", _exhausted(policy, hit, state, config, update), visit=visit)
             update["violations"] = [
                 *violations,
                 acc.violation(f"{visit_id}:budget", turn, name, "budget", hit.message),
             ]
             update["barred"] = acc.add_bar(state, name, f"out of budget: {hit.message}")
-            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
+            back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
+            return out("spent", back, visit=visit, hit=hit)
         if handoff is None or target is None:
-            return Command(goto=SUPERVISOR, update={**update, "assignment": None})
+            back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
+            return out("finished", back, visit=visit)
 
         sent: HandoffRecord = handoff.update["handoffs"][0]  # type: ignore[index]
         sent = {**sent, "step": acc.step_of(config), "turn": turn}
@@ -177,7 +238,7 @@ def _make_agent_node(
         visited = [v["agent"] for v in _prompts.turn_visits(state)] + [name]
         found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
         if found is not None:
-            return _on_ping_pong(
+            decided = _on_ping_pong(
                 policy,
                 found,
                 state,
@@ -186,7 +247,19 @@ def _make_agent_node(
                 proceed=proceed,
                 update={**update, "handoffs": [sent]},
             )
-        return Command(goto=target, update={**update, **(proceed.update or {})})
+            kind: ExitKind = (
+                "stop"
+                if decided.goto == FINALIZE
+                else "bounced"
+                if decided.goto == SUPERVISOR
+                else "handoff"
+            )
+            return out(kind, decided, visit=visit)
+        return out(
+            "handoff",
+            Command(goto=target, update={**update, **(proceed.update or {})}),
+            visit=visit,
+        )
 
     return agent_node
 

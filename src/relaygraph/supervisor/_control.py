@@ -119,3 +119,45 @@ def _on_ping_pong(
         goto=FINALIZE,
         update={**update, "status": "degraded", "stop_reason": found.stop_reason},
     )
+
+
+def closing_answer(state: TeamState) -> str:
+    """The answer when no model writes one: the last result an agent finished with."""
+    visits = _prompts.turn_visits(state)
+    finished = [v for v in visits if v["ended"] == "finished" and v["output"].strip()]
+    if finished:
+        return finished[-1]["output"]
+    if visits and visits[-1]["output"].strip():
+        return visits[-1]["output"]
+    return "The team produced no result."
+
+
+def make_closing() -> Any:
+    """``finalize`` for the topologies without a finalize model (swarm, supervisor-tools).
+
+    The answer is the one the graph already has (the tool supervisor's last message), else
+    the last result an agent finished with; a stop reason is reported as in the structured
+    team, and ``on_exhausted = "fail"`` gives no answer.
+    """
+
+    def finalize(state: TeamState) -> dict[str, Any]:
+        from langchain_core.messages import AIMessage
+        from langgraph.config import get_stream_writer
+
+        status = state.get("status") or "succeeded"
+        answer = None if status == "failed" else state.get("answer") or closing_answer(state)
+        get_stream_writer()(
+            {
+                "type": "final",
+                "status": status,
+                "answer": answer,
+                "stop_reason": state.get("stop_reason"),
+            }
+        )
+        update: dict[str, Any] = {"answer": answer, "status": status}
+        messages = state.get("messages", [])
+        if answer is not None and not (messages and messages[-1].text == answer):
+            update["messages"] = [AIMessage(content=answer, name="relaygraph")]
+        return update
+
+    return finalize

@@ -25,7 +25,6 @@ from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import _make_agent_node
 from relaygraph.supervisor._control import (
     FINALIZE,
-    ROLES,
     SUPERVISOR,
     _exhausted,
     _on_ping_pong,
@@ -34,6 +33,7 @@ from relaygraph.supervisor._control import (
 )
 from relaygraph.supervisor._route import FINISH, route_next_agent
 from relaygraph.supervisor._state import TeamState
+from relaygraph.topology import Topology
 
 
 def _begin(state: TeamState) -> dict[str, Any]:
@@ -229,20 +229,24 @@ def build_team(
     *,
     policy: TeamPolicy | None = None,
     checkpointer: Checkpointer = None,
+    topology: Topology | None = None,
 ) -> CompiledStateGraph[TeamState, TaskContext, TeamState, TeamState]:
     """Compile the team graph.
 
     Args:
-        models: A chat model for ``supervisor``, ``finalize`` and each agent of the policy.
+        models: A chat model for each role of the topology (:meth:`Topology.roles`): each
+            agent of the policy, and ``supervisor`` and ``finalize`` where it has them.
         policy: Tools, handoffs and limits; :func:`~relaygraph.policies.default_policy` if None.
         checkpointer: Where runs are checkpointed (needed for ``--thread`` and approvals).
+        topology: How the agents are arranged; the structured supervisor if None.
 
     Raises:
         ConfigError: A model is missing for a role, or the policy is inconsistent.
     """
     policy = policy or default_policy()
+    topology = topology or Topology()
     agents = tuple(policy.agents)
-    missing = [role for role in (*ROLES, *agents) if role not in models]
+    missing = [role for role in topology.roles(agents) if role not in models]
     if missing:
         raise ConfigError(f"no model given for: {', '.join(missing)}")
     for name in agents:
@@ -251,6 +255,19 @@ def build_team(
         for peer in policy.agents[name].handoffs:
             if peer not in agents or peer == name:
                 raise ConfigError(f"agent {name!r} may not hand off to {peer!r}: not a peer")
+    topology.check_agents(agents)
+    if topology.kind == "swarm":
+        from relaygraph.supervisor._swarm import build_swarm_team
+
+        return build_swarm_team(
+            dict(models), policy=policy, topology=topology, checkpointer=checkpointer, begin=_begin
+        )
+    if topology.kind == "supervisor-tools":
+        from relaygraph.supervisor._tool_supervisor import build_tool_supervisor_team
+
+        return build_tool_supervisor_team(
+            dict(models), policy=policy, topology=topology, checkpointer=checkpointer, begin=_begin
+        )
 
     builder = StateGraph(TeamState, context_schema=TaskContext)
     builder.add_node("begin", _begin)
@@ -276,7 +293,9 @@ def build_team(
     return builder.compile(checkpointer=checkpointer, name="relaygraph")
 
 
-def draw_team(*, policy: TeamPolicy | None = None, ascii: bool = False) -> str:
+def draw_team(
+    *, policy: TeamPolicy | None = None, ascii: bool = False, topology: Topology | None = None
+) -> str:
     """The team graph's topology as Mermaid (default) or ASCII art.
 
     The drawing needs no model: each role gets an empty script, which is never called.
@@ -286,9 +305,11 @@ def draw_team(*, policy: TeamPolicy | None = None, ascii: bool = False) -> str:
     from relaygraph.models.scripted import Script, ScriptedChatModel
 
     policy = policy or default_policy()
+    topology = topology or Topology()
     empty = Script(path=Path("topology.json"), turns={})
     models = {
-        role: ScriptedChatModel(script=empty, agent=role) for role in (*ROLES, *policy.agents)
+        role: ScriptedChatModel(script=empty, agent=role)
+        for role in topology.roles(tuple(policy.agents))
     }
-    graph = build_team(models, policy=policy).get_graph()
+    graph = build_team(models, policy=policy, topology=topology).get_graph()
     return graph.draw_ascii() if ascii else graph.draw_mermaid()

@@ -47,15 +47,27 @@ def results_text(visits: Sequence[Visit]) -> str:
 
 
 def history_text(state: TeamState) -> str:
-    """The thread's earlier requests and answers, for a continued conversation."""
-    messages = state.get("messages", [])[:-1]  # The last one is the current request.
-    pairs = [m for m in messages if m.type in ("human", "ai")][-2 * MAX_HISTORY_TURNS :]
+    """The thread's earlier requests and answers, for a continued conversation.
+
+    A request is a human message; its answer is the last AI message without tool calls
+    before the next request (the tool supervisor's thread holds the agents' messages too).
+    """
+    messages = state.get("messages", [])
+    current = max((i for i, m in enumerate(messages) if m.type == "human"), default=0)
+    pairs: list[tuple[str, str]] = []
+    for message in messages[:current]:
+        if message.type == "human":
+            pairs.append(("User", message.text))
+        elif message.type == "ai" and not getattr(message, "tool_calls", None) and pairs:
+            if pairs[-1][0] == "Team":
+                pairs[-1] = ("Team", message.text)
+            else:
+                pairs.append(("Team", message.text))
+    pairs = pairs[-2 * MAX_HISTORY_TURNS :]
     if not pairs:
         return ""
     lines = ["Earlier in this conversation:"]
-    for message in pairs:
-        who = "User" if message.type == "human" else "Team"
-        lines.append(f"{who}: {_clip(message.text, MAX_HISTORY_CHARS)}")
+    lines += [f"{who}: {_clip(text, MAX_HISTORY_CHARS)}" for who, text in pairs]
     return "\n".join(lines) + "\n\n"
 
 
@@ -68,6 +80,18 @@ def supervisor_prompt(agents: Mapping[str, AgentSpec]) -> str:
         "Reply with a route: 'next' is the agent that works next, or FINISH once the results "
         "answer the request; 'task' tells that agent exactly what to do, self-contained; "
         "'reason' says why in one sentence. Do not send an agent the same task twice."
+    )
+
+
+def tool_supervisor_prompt(agents: Mapping[str, AgentSpec]) -> str:
+    """The ``supervisor-tools`` topology's supervisor: it routes by calling tools."""
+    roster = "\n".join(f"- {spec.name}: {spec.description}" for spec in agents.values())
+    return (
+        "You are the supervisor of a team of agents. You do no work yourself: give work to "
+        "one agent at a time with its transfer_to_<agent> tool ('task': exactly what it must "
+        "do, self-contained; 'reason': why, in one sentence). When the agents' results answer "
+        "the request, reply to the user with the final answer, keeping doc ids in square "
+        f"brackets as citations.\n\nThe agents:\n{roster}"
     )
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, Literal, TypedDict
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+from langgraph.managed import RemainingSteps
 
 from relaygraph.handoffs import Assignment, HandoffRecord, merge_by_id
 
@@ -85,3 +86,19 @@ class TeamState(TypedDict, total=False):
     answer: str | None
     status: Status | None
     stop_reason: str | None
+
+
+class SwarmTeamState(TeamState, total=False):
+    """The swarm's state: the team's, plus the agent a new request goes to."""
+
+    active_agent: str | None
+    """The agent that was active last; langgraph-swarm's router sends the next request to it."""
+
+
+class ToolsTeamState(TeamState, total=False):
+    """The tool-calling supervisor's state: the team's, plus what its prebuilt agent needs."""
+
+    remaining_steps: RemainingSteps
+    """Steps left before the recursion limit (required by LangGraph's prebuilt agent)."""
+    call_started: float
+    """When the supervisor's current model call started (wall clock), for its usage."""

@@ -1,0 +1,369 @@
+"""The ``supervisor-tools`` topology: ``langgraph_supervisor.create_supervisor`` over the
+team's agents, routing by tool calls.
+
+LangGraph's supervisor is a prebuilt tool-calling agent whose ``transfer_to_<agent>`` tools
+send work to an agent, which always returns to it; it answers the user in its last message.
+relaygraph gives it its own transfer tools (``create_supervisor`` accepts them when one
+exists per agent) and two hooks of the prebuilt agent, so that the policy holds here as in
+the structured team:
+
+- Before each of its model calls: the team's limits, a stop an agent asked for, a direct
+  handoff to relay, or no agent left (``pre_model_hook``).
+- After each call: its usage, and its final answer carried to ``finalize``
+  (``post_model_hook``).
+- Each transfer is checked like a structured route: an agent out of budget or barred is
+  refused with a ToolMessage saying why, the team's agent runs are counted, ping-pong is
+  detected, and only the first transfer of a message is carried out — parallel transfers
+  lose agents upstream (langgraph-supervisor #230); ``parallel_tool_calls`` stays off too.
+
+An agent's peer handoff cannot leave the agent's node for the peer directly here (the node's
+edge back to the supervisor would run the supervisor beside the peer), so the supervisor
+relays it, without a model call, still recorded as a ``direct`` handoff.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.config import get_stream_writer
+from langgraph.graph import END, START
+from langgraph.prebuilt import ToolRuntime
+from langgraph.types import Checkpointer, Command
+
+from relaygraph.agents import AGENTS, TaskContext, build_agent
+from relaygraph.handoffs import (
+    HANDOFF_PREFIX,
+    Assignment,
+    HandoffArgs,
+    HandoffRecord,
+    calling_message,
+)
+from relaygraph.policies import TeamPolicy
+from relaygraph.policies.budget import UsageTotals, check_agent_budget
+from relaygraph.policies.pingpong import detect_ping_pong
+from relaygraph.supervisor import _accounting as acc
+from relaygraph.supervisor import _prompts
+from relaygraph.supervisor._agent_node import Exit, _make_agent_node
+from relaygraph.supervisor._control import (
+    FINALIZE,
+    SUPERVISOR,
+    _exhausted,
+    _on_ping_pong,
+    _team_stop,
+    _visits_spent,
+    make_closing,
+)
+from relaygraph.supervisor._route import FINISH
+from relaygraph.supervisor._state import TeamState, ToolsTeamState
+from relaygraph.topology import Topology
+
+# langgraph_supervisor's marker for a handoff tool (langgraph_supervisor.handoff
+# METADATA_KEY_HANDOFF_DESTINATION): with one such tool per agent, create_supervisor uses
+# these instead of making its own.
+HANDOFF_DESTINATION = "__handoff_destination"
+CARRIED = ("messages", "usage", "violations", "handoffs")
+
+
+class ToolsExits:
+    """An agent's visit always returns to the supervisor, as a state update: the messages
+    its ``output_mode`` keeps, and its records. A stop or a peer handoff is left in the
+    state for the supervisor's hook to carry out."""
+
+    entry_source = SUPERVISOR
+
+    def __call__(self, outcome: Exit, state: TeamState) -> dict[str, Any]:
+        update = dict(outcome.command.update or {})
+        update["messages"] = _visit_messages(outcome)
+        return update
+
+
+def _visit_messages(outcome: Exit) -> list[BaseMessage]:
+    """The visit's transcript as the supervisor's thread gets it: the agent's own messages
+    (not its scoped input), ending with its result as a message of its own."""
+    visit, agent = outcome.visit, outcome.agent
+    if visit is None:
+        reason = (outcome.command.update or {}).get("stop_reason") or (
+            outcome.hit.message if outcome.hit else "a limit was reached"
+        )
+        return [AIMessage(content=f"{agent} did not run: {reason}", name=agent)]
+    messages: list[BaseMessage] = [m for m in visit["messages"] if not isinstance(m, HumanMessage)]
+    last = messages[-1] if messages else None
+    if isinstance(last, AIMessage) and not last.tool_calls:
+        return messages
+    result = AIMessage(
+        content=visit["output"] or "(no output)", name=agent, id=f"{visit['id']}:result"
+    )
+    return [*messages, result]
+
+
+def _this_run(state: TeamState, config: RunnableConfig) -> str:
+    """The supervisor node run's namespace (``supervisor:<task id>``): its usage record's id."""
+    ns = acc.task_ns(config)
+    return ns.rsplit("|", 1)[0] if "|" in ns else ns
+
+
+def _to_parent(
+    state: TeamState,
+    goto: str,
+    update: dict[str, Any] | None = None,
+    messages: Sequence[BaseMessage] = (),
+) -> Command[Any]:
+    """Leave the supervisor's own graph for ``goto`` in the team graph, carrying what this
+    run of it recorded (its messages, usage, refusals): a command to the parent graph
+    replaces the subgraph's output, so nothing else would arrive."""
+    update = dict(update or {})
+    found: Mapping[str, Any] = state
+    carried: dict[str, Any] = {key: list(found.get(key) or []) for key in CARRIED}
+    carried["messages"] += list(messages)
+    for key in CARRIED:
+        carried[key] += update.pop(key, [])
+    carried["barred"] = list(state.get("barred") or [])
+    return Command(graph=Command.PARENT, goto=goto, update={**carried, **update})
+
+
+def _answers(message: AIMessage | None, call_id: str, content: str) -> list[ToolMessage]:
+    """The answer to this transfer call, and a refusal for every other call of its message
+    (their own answers are lost when the supervisor's graph is left)."""
+    calls = message.tool_calls if message is not None else []
+    first = next((c["name"] for c in calls if c["id"] == call_id), "")
+    return [
+        ToolMessage(
+            content=content
+            if call["id"] == call_id
+            else f"Not carried out: only one transfer per message is carried out, and "
+            f"{first!r} came first in this message.",
+            name=call["name"],
+            tool_call_id=call["id"] or "",
+            status="success" if call["id"] == call_id else "error",
+        )
+        for call in calls
+    ] or [ToolMessage(content=content, tool_call_id=call_id)]
+
+
+def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
+    name = f"{HANDOFF_PREFIX}{target}"
+    limits = policy.agent(target).limits
+
+    def refuse(runtime: ToolRuntime[Any, Any], why: str, **update: Any) -> Command[Any]:
+        reply = ToolMessage(
+            content=f"Not carried out: {why}",
+            name=name,
+            tool_call_id=runtime.tool_call_id or "",
+            status="error",
+        )
+        return Command(update={"messages": [reply], **update})
+
+    def transfer(task: str, runtime: ToolRuntime[Any, Any], reason: str = "") -> Command[Any]:
+        state: TeamState = runtime.state
+        config = runtime.config
+        call_id = runtime.tool_call_id or ""
+        turn = state.get("turn", 0)
+        message = calling_message(runtime)
+        calls = message.tool_calls if message is not None else []
+        if calls and calls[0]["id"] != call_id:
+            return refuse(
+                runtime,
+                f"only one transfer per message is carried out, and {calls[0]['name']!r} "
+                "came first in this message.",
+            )
+        if not task.strip():
+            return refuse(runtime, "the 'task' argument is empty; say what the agent must do.")
+        visits = _prompts.turn_visits(state)
+        last = visits[-1]["agent"] if visits else None
+        why = acc.bars_now(state, last).get(target)
+        if why is None and (
+            spent := check_agent_budget(
+                target, limits, acc.turn_usage(state, target), before="model"
+            )
+        ):
+            why = f"out of budget: {spent.message}"
+        if why is not None:
+            detail = f"supervisor called {name!r}, which is barred now: {why}"
+            refused = acc.violation(
+                f"{call_id}:handoff_not_allowed", turn, SUPERVISOR, "handoff_not_allowed", detail
+            )
+            return refuse(runtime, f"{target} may not take work now ({why}).", violations=[refused])
+        if hit := _visits_spent(state, policy):
+            stop = _exhausted(policy, hit, state, config)
+            answers = _answers(message, call_id, f"Not carried out: {hit.message}")
+            return _to_parent(state, FINALIZE, dict(stop.update or {}), answers)
+        record = HandoffRecord(
+            id=call_id,
+            kind="route",
+            source=SUPERVISOR,
+            target=target,
+            task=task,
+            reason=reason,
+            step=None,
+            turn=turn,
+        )
+        _emit_route(config, target, task, reason)
+        assignment = Assignment(
+            agent=target, task=task, reason=reason, source=SUPERVISOR, kind="route"
+        )
+        answers = _answers(message, call_id, f"Transferred to {target}: {task}")
+        proceed = _to_parent(
+            state, target, {"handoffs": [record], "assignment": assignment}, answers
+        )
+        routes = [
+            (h["target"], h["task"])
+            for h in state.get("handoffs", [])
+            if h.get("turn") == turn and h["kind"] == "route"
+        ]
+        found = detect_ping_pong(
+            [v["agent"] for v in visits],
+            target,
+            max_bounces=policy.ping_pong.max_bounces,
+            task=task,
+            earlier_tasks=routes,
+        )
+        if found is None:
+            return proceed
+        carried = dict(proceed.update or {})
+        violations = carried.pop("violations")
+        decided = _on_ping_pong(
+            policy,
+            found,
+            state,
+            config,
+            source=SUPERVISOR,
+            proceed=Command(goto=target, update=carried),
+            update={},
+        )
+        update = dict(decided.update or {})
+        if decided.goto == FINALIZE:
+            answered = _answers(message, call_id, f"Not carried out: {found.detail}")
+            return _to_parent(state, FINALIZE, update, answered)
+        if decided.goto == SUPERVISOR:  # The pair is barred; the supervisor chooses again.
+            return refuse(
+                runtime,
+                f"{found.detail}; choose another agent or answer.",
+                barred=update["barred"],
+                violations=update["violations"],
+            )
+        update["violations"] = [*violations, *update["violations"]]
+        return Command(graph=Command.PARENT, goto=target, update=update)
+
+    return StructuredTool.from_function(
+        func=transfer,
+        name=name,
+        description=f"Give work to the {target} agent ({AGENTS[target].description}), "
+        "with a self-contained task.",
+        args_schema=HandoffArgs,
+        metadata={HANDOFF_DESTINATION: target},
+    )
+
+
+def _emit_route(config: RunnableConfig, target: str, task: str, reason: str) -> None:
+    get_stream_writer()(
+        {
+            "type": "route",
+            "step": None,
+            "checkpoint_ns": _this_run({}, config),
+            "next": target,
+            "task": task,
+            "reason": reason,
+            "repaired": False,
+            "fallback": False,
+            "error": None,
+        }
+    )
+
+
+def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
+    def before_model(state: ToolsTeamState, config: RunnableConfig) -> Any:
+        if state.get("status"):  # An agent's visit stopped the task (a limit, a ping-pong).
+            return _to_parent(state, FINALIZE)
+        pending = state.get("assignment")
+        if pending is not None and pending["kind"] == "direct":
+            return _to_parent(state, pending["agent"])  # An agent's handoff, relayed.
+        if hit := _team_stop(state, policy, config, visits=False):
+            stop = _exhausted(policy, hit, state, config)
+            return _to_parent(state, FINALIZE, dict(stop.update or {}))
+        visits = _prompts.turn_visits(state)
+        unavailable = acc.bars_now(state, visits[-1]["agent"] if visits else None)
+        spent = [
+            hit
+            for agent in agents
+            if (
+                hit := check_agent_budget(
+                    agent, policy.agent(agent).limits, acc.turn_usage(state, agent), before="model"
+                )
+            )
+        ]
+        if all(a in unavailable or any(h.agent == a for h in spent) for a in agents):
+            status = "failed" if spent and policy.team.on_exhausted == "fail" else "degraded"
+            reason = (
+                spent[0].stop_reason
+                if spent
+                else "no agent left: " + "; ".join(f"{a}: {why}" for a, why in unavailable.items())
+            )
+            return _to_parent(state, FINALIZE, {"status": status, "stop_reason": reason})
+        return {"call_started": time.time()}
+
+    def after_model(state: ToolsTeamState, config: RunnableConfig) -> Any:
+        reply = state["messages"][-1]
+        assert isinstance(reply, AIMessage)
+        record_id = _this_run(state, config)
+        seconds = max(0.0, time.time() - state.get("call_started", time.time()))
+        earlier = [u for u in state.get("usage", []) if u["id"] == record_id]
+        totals = UsageTotals.of(earlier) + acc.calls_usage(policy, [reply], seconds)
+        usage = acc.usage_record(record_id, SUPERVISOR, state.get("turn", 0), totals, [reply])
+        usage["estimated"] = usage["estimated"] or any(u["estimated"] for u in earlier)
+        if reply.tool_calls:
+            return {"usage": [usage]}
+        _emit_route(config, FINISH, "", "the supervisor answered")
+        return _to_parent(state, FINALIZE, {"usage": [usage], "answer": reply.text})
+
+    return before_model, after_model
+
+
+def build_tool_supervisor_team(
+    models: dict[str, BaseChatModel],
+    *,
+    policy: TeamPolicy,
+    topology: Topology,
+    checkpointer: Checkpointer,
+    begin: Any,
+) -> Any:
+    from langgraph_supervisor import create_supervisor
+
+    agents = tuple(policy.agents)
+    exits = ToolsExits()
+    workers = [
+        RunnableLambda(
+            _make_agent_node(
+                AGENTS[name], build_agent(AGENTS[name], models[name], policy), policy, exits
+            ),
+            name=name,
+        )
+        for name in agents
+    ]
+    before_model, after_model = _make_hooks(policy, agents)
+    builder = create_supervisor(
+        workers,  # Any runnable with a name serves as a worker.
+        model=models[SUPERVISOR],
+        tools=[_make_transfer(name, policy) for name in agents],
+        prompt=_prompts.tool_supervisor_prompt({a: AGENTS[a] for a in agents}),
+        pre_model_hook=before_model,
+        post_model_hook=after_model,
+        parallel_tool_calls=False,
+        state_schema=ToolsTeamState,
+        context_schema=TaskContext,
+        output_mode=topology.output_mode,
+        supervisor_name=SUPERVISOR,
+    )
+    # A new request first goes through ``begin`` (a new turn: fresh per-request fields).
+    builder.edges.discard((START, SUPERVISOR))
+    builder.add_node("begin", begin)
+    builder.add_edge(START, "begin")
+    builder.add_edge("begin", SUPERVISOR)
+    builder.add_node(FINALIZE, make_closing())
+    builder.add_edge(FINALIZE, END)
+    return builder.compile(checkpointer=checkpointer, name="relaygraph")
