@@ -87,7 +87,7 @@ def build_swarm_team(
         for name in agents
     ]
     builder = create_swarm(
-        members,  # Any runnable with a name serves as a member.
+        members,  # type: ignore[arg-type]  # Any named runnable serves as a member.
         default_active_agent=topology.start_agent or agents[0],
         state_schema=SwarmTeamState,
         context_schema=TaskContext,

@@ -347,7 +347,7 @@ def build_tool_supervisor_team(
     ]
     before_model, after_model = _make_hooks(policy, agents)
     builder = create_supervisor(
-        workers,  # Any runnable with a name serves as a worker.
+        workers,  # type: ignore[arg-type]  # Any named runnable serves as a worker.
         model=models[SUPERVISOR],
         tools=[_make_transfer(name, policy) for name in agents],
         prompt=_prompts.tool_supervisor_prompt({a: AGENTS[a] for a in agents}),
