@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def agent_model(value: str) -> tuple[str, str]:
@@ -20,3 +21,38 @@ def positive(value: str) -> int:
     if not value.strip().isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
     return int(value)
+
+
+def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--topology`` and its options, for ``run``, ``eval`` and ``graph``."""
+    from relaygraph.topology import OUTPUT_MODES, TOPOLOGIES
+
+    parser.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default="structured",
+        help="how the agents are arranged: relaygraph's structured supervisor (default), a "
+        "swarm (langgraph-swarm), or LangGraph's tool-calling supervisor (see docs/topologies.md)",
+    )
+    parser.add_argument(
+        "--start-agent",
+        metavar="AGENT",
+        help="swarm only: the agent a new thread starts with (default: the first agent)",
+    )
+    parser.add_argument(
+        "--output-mode",
+        choices=OUTPUT_MODES,
+        help="supervisor-tools only: what an agent's visit adds to the supervisor's messages "
+        "(default last_message)",
+    )
+
+
+def topology_of(args: argparse.Namespace) -> Any:
+    """The :class:`~relaygraph.topology.Topology` the arguments ask for.
+
+    Raises:
+        ConfigError: An option of another topology (``--start-agent`` without swarm, ...).
+    """
+    from relaygraph.topology import Topology
+
+    return Topology.parse(args.topology, start_agent=args.start_agent, output_mode=args.output_mode)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relaygraph import __version__
-from relaygraph._argtypes import agent_model, positive
+from relaygraph._argtypes import add_topology_arguments, agent_model, positive, topology_of
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.evals._cli import add_eval_parser, run_eval_command
 
@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
         type=agent_model,
         action="append",
         default=[],
-        help="model for one role (researcher, coder, writer, supervisor, finalize); repeatable",
+        help="model for one role (researcher, coder, writer, supervisor, finalize, as the "
+        "topology has them); repeatable",
     )
     run.add_argument("--thread", metavar="ID", help="continue the conversation of this thread")
     run.add_argument(
@@ -84,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)",
     )
+    add_topology_arguments(run)
     run.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout and nothing else"
     )
@@ -150,6 +152,10 @@ def _parser() -> argparse.ArgumentParser:
 
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
+    graph.add_argument(
+        "--policy", metavar="FILE", type=Path, help="draw the agents and handoffs of this policy"
+    )
+    add_topology_arguments(graph)
 
     add_eval_parser(commands)
 
@@ -210,6 +216,7 @@ def _run(args: argparse.Namespace) -> int:
         policy=args.policy,
         home=args.home,
         on_event=printer,
+        topology=topology_of(args),
     )
     return _report(result, as_json=args.json)
 
@@ -311,9 +318,11 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _graph(args: argparse.Namespace) -> int:
+    from relaygraph.policies import default_policy, load_policy
     from relaygraph.supervisor import draw_team
 
-    print(draw_team(ascii=args.ascii))
+    policy = load_policy(args.policy) if args.policy is not None else default_policy()
+    print(draw_team(ascii=args.ascii, policy=policy, topology=topology_of(args)))
     return EXIT_OK
 
 

@@ -24,6 +24,18 @@ class TaskCreate(BaseModel):
     model: str | None = Field(default=None, description="Model spec for every role.")
     agent_models: dict[str, str] | None = Field(default=None, description="Spec per role.")
     metadata: dict[str, Any] | None = None
+    topology: Literal["structured", "swarm", "supervisor-tools"] = Field(
+        default="structured",
+        description="How the agents are arranged; a thread keeps the topology it started with.",
+    )
+    start_agent: str | None = Field(
+        default=None, description="swarm only: the agent a new thread starts with."
+    )
+    output_mode: Literal["last_message", "full_history"] | None = Field(
+        default=None,
+        description="supervisor-tools only: what an agent's visit adds to the supervisor's "
+        "messages (default last_message).",
+    )
     multitask: Literal["reject", "enqueue"] = Field(
         default="reject",
         description="When the thread is busy: refuse with 409, or queue behind its task.",
@@ -47,6 +59,7 @@ class TaskOut(BaseModel):
     stop_reason: str | None
     thread_id: str
     models: dict[str, Any]
+    topology: dict[str, Any]
     metadata: dict[str, Any]
     created_at: datetime
     started_at: datetime | None
@@ -63,6 +76,7 @@ class TaskOut(BaseModel):
             stop_reason=task.stop_reason,
             thread_id=task.thread_id,
             models=task.models,
+            topology=task.topology or {"kind": "structured"},
             metadata=task.metadata,
             created_at=task.created_at,
             started_at=task.started_at,

@@ -20,7 +20,9 @@ from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
+from relaygraph.run import check_thread_topology
 from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Team
+from relaygraph.topology import Topology
 
 __all__ = ["create_app"]
 
@@ -94,11 +96,21 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
         return task
 
-    def check_models(body: TaskCreate) -> dict[str, str]:
-        from relaygraph.run import resolve_model_specs
-        from relaygraph.supervisor import FINALIZE, SUPERVISOR
+    def task_topology(body: TaskCreate) -> Topology:
+        try:
+            topology = Topology.parse(
+                body.topology, start_agent=body.start_agent, output_mode=body.output_mode
+            )
+            topology.check_agents(tuple(base_policy.agents))
+        except ConfigError as exc:
+            field = "start_agent" if "start_agent" in str(exc) else "output_mode"
+            raise ApiError(422, "invalid_topology", str(exc), field) from None
+        return topology
 
-        roles = (SUPERVISOR, *base_policy.agents, FINALIZE)
+    def check_models(body: TaskCreate, topology: Topology) -> dict[str, str]:
+        from relaygraph.run import resolve_model_specs
+
+        roles = topology.roles(tuple(base_policy.agents))
         agent_models = body.agent_models or {}
         for role in agent_models:
             if role not in roles:
@@ -158,7 +170,8 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         team: TeamDep,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> TaskOut:
-        specs = check_models(body)
+        topology = task_topology(body)
+        specs = check_models(body, topology)
         policy = task_policy(body)
         if body.thread_id is not None:
             owner = ledger().thread_owner(body.thread_id)
@@ -166,6 +179,12 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 raise ApiError(
                     404, "thread_not_found", f"no thread {body.thread_id!r}", "thread_id"
                 )
+            if owner is not None:
+                earlier = Topology.from_mapping(ledger().thread_topology(body.thread_id))
+                try:
+                    check_thread_topology(body.thread_id, earlier, topology)
+                except ConfigError as exc:
+                    raise ApiError(422, "invalid_topology", str(exc), "topology") from None
             busy = ledger().active_task_on_thread(body.thread_id)
             if busy is not None and body.multitask == "reject":
                 raise ApiError(
@@ -184,6 +203,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 thread_id=body.thread_id,
                 policy=policy_to_mapping(policy),
                 models=specs,
+                topology=topology.to_mapping(),
                 metadata=body.metadata or {},
                 idempotency_key=idempotency_key,
             )

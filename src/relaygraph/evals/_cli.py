@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from relaygraph._argtypes import agent_model, positive
+from relaygraph._argtypes import add_topology_arguments, agent_model, positive, topology_of
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -87,6 +87,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=[],
         help="run only cases with this tag; repeatable (any of them)",
     )
+    add_topology_arguments(parser)
     parser.add_argument(
         "--langsmith-dataset",
         metavar="NAME",
@@ -159,6 +160,7 @@ def _run(args: argparse.Namespace) -> int:
             args.golden,
             model=args.model,
             agent_models=dict(args.agent_model),
+            topology=topology_of(args),
             concurrency=args.concurrency,
             repeat=args.repeat,
             tags=tuple(args.tag),

@@ -107,6 +107,8 @@ class EvalReport:
     """Lines of the golden file that could not be read; the other cases ran."""
     model: str | None = None
     agent_models: dict[str, str] = field(default_factory=dict)
+    topology: dict[str, Any] = field(default_factory=lambda: {"kind": "structured"})
+    """How the agents were arranged (``relaygraph eval --topology``)."""
     repeat: int = 1
     concurrency: int = 1
     tags: tuple[str, ...] = ()
@@ -152,6 +154,7 @@ class EvalReport:
             "seconds": self.seconds,
             "model": self.model,
             "agent_models": self.agent_models,
+            "topology": self.topology,
             "repeat": self.repeat,
             "concurrency": self.concurrency,
             "tags": list(self.tags),

@@ -18,20 +18,25 @@ from relaygraph.evals._golden import GoldenCase, load_golden
 from relaygraph.evals._metrics import compute_metrics
 from relaygraph.evals._report import compare, load_baseline, write_report
 from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
+from relaygraph.topology import Topology
 
 ProgressHandler = Callable[[int, int, TrialResult], None]
 """Called after each run with (runs done, runs in all, the run's result)."""
 
 
 class _ToolLog:
-    """Collects a run's tool calls from its events: which ran, which were refused."""
+    """Collects a run's tool calls from its events (which ran, which were refused), and the
+    agent that started first."""
 
     def __init__(self) -> None:
         self._calls: list[tuple[str, str]] = []
         self._ran: dict[str, bool] = {}
+        self.first_agent: str | None = None
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
+        if kind == "agent_started" and self.first_agent is None:
+            self.first_agent = str(event.get("agent"))
         key = str(event.get("tool_call_id") or f"{event.get('agent')}:{event.get('tool')}")
         if kind == "tool_call":
             self._calls.append((key, str(event["tool"])))
@@ -73,13 +78,9 @@ def _observe(result: Any, tools: _ToolLog) -> Observation:
         status=result.status,
         answer=result.answer,
         stop_reason=result.stop_reason,
-        # The first transfer of work is the supervisor's first route; a run paused inside
-        # that agent's visit has it although the visit has not finished.
-        first_agent=(
-            result.handoffs[0]["to"]
-            if result.handoffs
-            else (result.agents_run[0] if result.agents_run else None)
-        ),
+        # The agent that started first (the supervisor's first route, or a swarm's starting
+        # agent); a run paused inside that visit has it although the visit has not finished.
+        first_agent=tools.first_agent or (result.agents_run[0] if result.agents_run else None),
         agents=tuple(result.agents_run),
         handoffs=tuple((h["from"], h["to"]) for h in result.handoffs if h["kind"] == "direct"),
         tools=ran,
@@ -98,16 +99,28 @@ def run_case(
     agent_models: Mapping[str, str] | None = None,
     home: Path | None = None,
     trace: bool = False,
+    topology: Topology | None = None,
 ) -> TrialResult:
     """Run ``case`` once through the team (:func:`relaygraph.run.run_task`) and score it.
 
     The case's script plays every role unless ``model`` is given; ``agent_models`` still
     overrides single roles. The run gets a thread of its own. A case that cannot run at all
-    fails with a ``run`` check that says why; it never raises.
+    fails with a ``run`` check that says why; it never raises. In another ``topology`` than
+    the structured team, the case's script is played as that topology's
+    (:mod:`relaygraph.evals._translate`).
     """
     from relaygraph.run import run_task
 
+    topology = topology or Topology()
     spec = model or (f"scripted:{case.script}" if case.script is not None else None)
+    if model is None and case.script is not None and topology.kind != "structured":
+        # The case's script is the structured team's; it is played as this topology's.
+        from relaygraph.evals._translate import translate_script
+
+        path, start = translate_script(case.script, topology.kind, data_home(home) / "eval-scripts")
+        spec = f"scripted:{path}"
+        if topology.kind == "swarm" and topology.start_agent is None:
+            topology = replace(topology, start_agent=start)
     tools = _ToolLog()
     started = time.perf_counter()
     try:
@@ -119,6 +132,7 @@ def run_case(
                 policy=case.policy,
                 home=home,
                 on_event=tools,
+                topology=topology,
             )
             observed = _observe(result, tools)
             checks = check_expectations(case.expect, observed)
@@ -159,14 +173,12 @@ def run_case(
     )
 
 
-def _check_models(model: str | None, agent_models: Mapping[str, str]) -> None:
+def _check_models(model: str | None, agent_models: Mapping[str, str], topology: Topology) -> None:
     """Refuse a bad ``--model`` or ``--agent-model`` before any case runs."""
     from relaygraph.policies import default_policy
     from relaygraph.run import resolve_model_specs
-    from relaygraph.supervisor import FINALIZE, SUPERVISOR
 
-    roles = (SUPERVISOR, *default_policy().agents, FINALIZE)
-    resolve_model_specs(model, agent_models, roles)
+    resolve_model_specs(model, agent_models, topology.roles(tuple(default_policy().agents)))
 
 
 def _prepare_home(home: Path | None) -> None:
@@ -229,6 +241,7 @@ def _run_jobs(
     home: Path | None,
     trace: bool,
     on_progress: ProgressHandler | None,
+    topology: Topology,
 ) -> None:
     """Run every (case, trial) job, ``concurrency`` at once, recording each as it ends."""
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="relaygraph-eval") as pool:
@@ -241,6 +254,7 @@ def _run_jobs(
                 agent_models=agent_models,
                 home=home,
                 trace=trace,
+                topology=topology,
             )
             for case, n in jobs
         }
@@ -271,6 +285,7 @@ def run_eval(
     on_progress: ProgressHandler | None = None,
     langsmith_dataset: str | None = None,
     home: Path | None = None,
+    topology: Topology | None = None,
 ) -> EvalReport:
     """Run a golden set through the team and score every case.
 
@@ -289,6 +304,8 @@ def run_eval(
         langsmith_dataset: Create or update this LangSmith dataset from the cases and record
             the runs as an experiment. Without it nothing is sent to LangSmith.
         home: The data directory (``$RELAYGRAPH_HOME`` when None).
+        topology: How the agents are arranged; the structured team when None. Run the set
+            once per topology to compare them.
 
     Raises:
         ConfigError: A bad argument, an unreadable golden file or baseline, a golden file
@@ -300,7 +317,8 @@ def run_eval(
     if repeat < 1:
         raise ConfigError(f"repeat must be at least 1, got {repeat}")
     agent_models = dict(agent_models or {})
-    _check_models(model, agent_models)
+    topology = topology or Topology()
+    _check_models(model, agent_models, topology)
     golden_set = load_golden(golden)
     if not golden_set.cases:
         problems = "; ".join(map(str, golden_set.errors)) or "the file has no cases"
@@ -336,6 +354,7 @@ def run_eval(
                 "tags": list(tags),
                 "baseline": None if baseline is None else str(baseline),
                 "langsmith_dataset": langsmith_dataset,
+                "topology": topology.to_mapping(),
             },
             case_count=len(selected.cases),
             run_count=len(jobs),
@@ -352,6 +371,7 @@ def run_eval(
             home=home,
             trace=trace,
             on_progress=on_progress,
+            topology=topology,
         )
         cases = tuple(
             CaseResult(
@@ -372,6 +392,7 @@ def run_eval(
             invalid_lines=golden_set.errors,
             model=model,
             agent_models=agent_models,
+            topology=topology.to_mapping(),
             repeat=repeat,
             concurrency=concurrency,
             tags=tuple(tags),

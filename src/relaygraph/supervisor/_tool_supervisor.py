@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -92,7 +93,13 @@ def _visit_messages(outcome: Exit) -> list[BaseMessage]:
             outcome.hit.message if outcome.hit else "a limit was reached"
         )
         return [AIMessage(content=f"{agent} did not run: {reason}", name=agent)]
-    messages: list[BaseMessage] = [m for m in visit["messages"] if not isinstance(m, HumanMessage)]
+    # Every AI message carries the agent's name, as LangGraph's supervisor expects (a
+    # policy note written for the agent has none): the supervisor's own are told apart so.
+    messages: list[BaseMessage] = [
+        m.model_copy(update={"name": agent}) if isinstance(m, AIMessage) and not m.name else m
+        for m in visit["messages"]
+        if not isinstance(m, HumanMessage)
+    ]
     last = messages[-1] if messages else None
     if isinstance(last, AIMessage) and not last.tool_calls:
         return messages
@@ -364,6 +371,9 @@ def build_tool_supervisor_team(
     builder.add_node("begin", begin)
     builder.add_edge(START, "begin")
     builder.add_edge("begin", SUPERVISOR)
+    # Its hooks and tools leave for finalize (not END) with a command to this graph;
+    # declaring it draws the edge.
+    builder.nodes[SUPERVISOR] = replace(builder.nodes[SUPERVISOR], ends=(*agents, FINALIZE))
     builder.add_node(FINALIZE, make_closing())
     builder.add_edge(FINALIZE, END)
     return builder.compile(checkpointer=checkpointer, name="relaygraph")
