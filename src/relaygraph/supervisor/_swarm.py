@@ -96,7 +96,8 @@ def build_swarm_team(
     # through ``begin`` (a new turn: fresh per-request fields), so the swarm's own router
     # moves behind it, unchanged.
     builder.branches["begin"] = builder.branches.pop(START)
-    builder.add_node("begin", begin)
+    # The router reads what ``begin`` reads: the swarm's state, ``active_agent`` included.
+    builder.add_node("begin", begin, input_schema=SwarmTeamState)
     builder.add_edge(START, "begin")
     for name in agents:
         # The members return Command(goto=...) themselves; declaring where they may go

@@ -1,0 +1,450 @@
+"""The swarm and the tool-calling supervisor run the same agents under the same policy, ledger
+and result shape as the structured team; each upstream defect they have is guarded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.errors import ConfigError
+from relaygraph.policies import parse_policy
+from relaygraph.run import Decision, RunResult, _ledger_for, resume_task, run_task
+from relaygraph.topology import Topology
+
+from .test_cli import relaygraph
+from .test_team import call, final_state, say
+
+Script = Callable[[dict[str, Any]], str]
+SWARM = Topology.parse("swarm")
+TOOLS = Topology.parse("supervisor-tools")
+
+
+def transfer(target: str, task: str = "do it", reason: str = "because") -> dict[str, Any]:
+    return call(f"transfer_to_{target}", task=task, reason=reason)
+
+
+def calls(*names_and_args: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"tool_calls": [{"name": n, "args": a} for n, a in names_and_args]}
+
+
+def events_of(result: RunResult, home: Path) -> list[dict[str, Any]]:
+    ledger = _ledger_for(home)
+    try:
+        return [e.data for e in ledger.events_after(result.task_id)]
+    finally:
+        ledger.close()
+
+
+def ledger_rows(result: RunResult, home: Path) -> tuple[Any, Any, Any]:
+    ledger = _ledger_for(home)
+    try:
+        return (
+            ledger.handoffs(result.task_id),
+            ledger.tool_calls(result.task_id),
+            ledger.get_task(result.task_id, team_id="local"),
+        )
+    finally:
+        ledger.close()
+
+
+# -- relay across the three agents ------------------------------------------------------------
+
+
+def test_swarm_relays_across_three_agents_by_direct_handoffs(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "researcher": [
+                call("search_docs", query="checkpoint"),
+                transfer("coder", task="count the checkpoints"),
+            ],
+            "coder": [call("run_python", code="print(40 + 1)"), transfer("writer", "write it")],
+            "writer": [say("Report: 41 checkpoints, one per super-step.")],
+        }
+    )
+    result = run_task("checkpoints?", model=spec, topology=SWARM)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.answer == "Report: 41 checkpoints, one per super-step."
+    assert result.agents_run == ["researcher", "coder", "writer"]
+    assert [(h["kind"], h["from"], h["to"]) for h in result.handoffs] == [
+        ("direct", "researcher", "coder"),
+        ("direct", "coder", "writer"),
+    ]
+    # The same result shape as the structured team; only the roles with models differ.
+    assert set(result.usage) == {"researcher", "coder", "writer"}
+    assert result.team_usage["agent_runs"] == 3
+    assert result.topology == {"kind": "swarm"}
+    handoffs, tools, task = ledger_rows(result, home)
+    assert [(h.kind, h.source, h.target) for h in handoffs] == [
+        ("direct", "researcher", "coder"),
+        ("direct", "coder", "writer"),
+    ]
+    assert [(t.agent, t.tool, t.status) for t in tools] == [
+        ("researcher", "search_docs", "success"),
+        ("coder", "run_python", "success"),
+    ]
+    assert task.topology == {"kind": "swarm"}
+    started = [e for e in events_of(result, home) if e["type"] == "agent_started"]
+    assert started[0]["source"] == "user"
+
+
+def test_tool_supervisor_relays_by_transfer_calls(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                transfer("researcher", "find the facts"),
+                transfer("coder", "count them"),
+                transfer("writer", "write it up"),
+                say("Final: 41 checkpoints."),
+            ],
+            "researcher": [call("search_docs", query="checkpoint"), say("one per super-step")],
+            "coder": [call("run_python", code="print(41)"), say("41")],
+            "writer": [say("Report: 41")],
+        }
+    )
+    result = run_task("checkpoints?", model=spec, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.answer == "Final: 41 checkpoints."
+    assert result.agents_run == ["researcher", "coder", "writer"]
+    # The supervisor's transfers are routes, with the task and reason it gave.
+    assert [(h["kind"], h["from"], h["to"], h["task"]) for h in result.handoffs] == [
+        ("route", "supervisor", "researcher", "find the facts"),
+        ("route", "supervisor", "coder", "count them"),
+        ("route", "supervisor", "writer", "write it up"),
+    ]
+    assert result.usage["supervisor"]["model_calls"] == 4
+    assert "finalize" not in result.usage
+    assert result.topology == {"kind": "supervisor-tools", "output_mode": "last_message"}
+    routes = [e for e in events_of(result, home) if e["type"] == "route"]
+    assert [r["next"] for r in routes] == ["researcher", "coder", "writer", "FINISH"]
+
+
+def test_output_mode_decides_what_the_supervisor_reads(home: Path, script: Script) -> None:
+    turns = {
+        "supervisor": [
+            {**transfer("researcher", "look"), "usage": None},
+            {**say("done"), "usage": None},
+        ],
+        "researcher": [
+            call("search_docs", query="checkpoint"),
+            call("read_doc", doc_id="langgraph-persistence"),
+            say("found it"),
+        ],
+    }
+    for turn in turns["supervisor"]:
+        turn.pop("usage")  # Estimated from the text the supervisor is sent.
+    sent = {}
+    for mode in ("last_message", "full_history"):
+        result = run_task(
+            "look it up",
+            model=script(turns),
+            topology=Topology.parse("supervisor-tools", output_mode=mode),
+        )
+        assert result.status == "succeeded", result.stop_reason
+        sent[mode] = result.usage["supervisor"]["input_tokens"]
+    # The whole transcript (a read document included) reaches the supervisor only in
+    # full_history.
+    assert sent["full_history"] > sent["last_message"] + 50
+
+
+# -- the upstream defects, guarded ------------------------------------------------------------
+
+
+def test_tool_supervisor_parallel_transfers_lose_no_agent(home: Path, script: Script) -> None:
+    """langgraph-supervisor #230: parallel handoffs lose agents. Here the first transfer is
+    carried out and the second is answered as not carried out; the supervisor sends it
+    again and both agents run."""
+    spec = script(
+        {
+            "supervisor": [
+                calls(
+                    ("transfer_to_researcher", {"task": "find", "reason": "a"}),
+                    ("transfer_to_coder", {"task": "compute", "reason": "b"}),
+                ),
+                transfer("coder", "compute"),
+                say("both done"),
+            ],
+            "researcher": [say("facts")],
+            "coder": [say("numbers")],
+        }
+    )
+    result = run_task("two things", model=spec, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "coder"]
+    state = final_state(home, result.thread_id)
+    answers = {
+        m.tool_call_id: m.text
+        for m in state["messages"]
+        if m.type == "tool" and m.name.startswith("transfer_to_")
+    }
+    first_message = next(m for m in state["messages"] if m.type == "ai" and len(m.tool_calls) == 2)
+    first, second = (c["id"] for c in first_message.tool_calls)
+    assert answers[first].startswith("Transferred to researcher")
+    assert "only one transfer per message" in answers[second]
+
+
+def test_swarm_two_handoffs_in_one_message_answer_the_second(home: Path, script: Script) -> None:
+    """langgraph-swarm #58: the second handoff of a message is dropped silently upstream."""
+    spec = script(
+        {
+            "researcher": [
+                calls(
+                    ("transfer_to_writer", {"task": "write"}),
+                    ("transfer_to_coder", {"task": "compute"}),
+                )
+            ],
+            "writer": [say("written")],
+        }
+    )
+    result = run_task("go", model=spec, topology=SWARM)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    _, tools, _ = ledger_rows(result, home)
+    refused = [t for t in tools if t.tool == "transfer_to_coder"]
+    assert len(refused) == 1 and refused[0].status == "error"
+    assert "only one handoff per message" in (refused[0].result_preview or "")
+
+
+def test_swarm_tool_call_beside_a_handoff_is_answered(home: Path, script: Script) -> None:
+    """langgraph-swarm #26/#82: a tool call next to a handoff loses its ToolMessage upstream.
+    Here the tool runs, the handoff is refused with a message, and the agent hands off next."""
+    spec = script(
+        {
+            "researcher": [
+                calls(
+                    ("search_docs", {"query": "checkpoint"}), ("transfer_to_writer", {"task": "w"})
+                ),
+                transfer("writer", "write it"),
+            ],
+            "writer": [say("written")],
+        }
+    )
+    result = run_task("go", model=spec, topology=SWARM)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    state = final_state(home, result.thread_id)
+    transcript = state["visits"][0]["messages"]
+    asked = {c["id"] for m in transcript if m.type == "ai" for c in m.tool_calls}
+    answered = {m.tool_call_id: m for m in transcript if m.type == "tool"}
+    assert asked == set(answered)  # Every call has its answer.
+    refusal = next(m for m in answered.values() if m.name == "transfer_to_writer")
+    assert "hand off in a message of its own" in refusal.text
+
+
+# -- the policy, the same in every topology ---------------------------------------------------
+
+
+@pytest.mark.parametrize("topology", [SWARM, TOOLS], ids=["swarm", "supervisor-tools"])
+def test_disallowed_tool_is_refused_and_recorded(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    researcher = [call("run_python", code="print(1)"), say("I may not run code")]
+    turns: dict[str, Any] = {"researcher": researcher}
+    if topology.kind == "supervisor-tools":
+        turns["supervisor"] = [transfer("researcher", "look"), say("done")]
+    result = run_task("go", model=script(turns), topology=topology)
+    assert result.status == "succeeded", result.stop_reason
+    assert [(v["agent"], v["kind"]) for v in result.violations] == [
+        ("researcher", "tool_not_allowed")
+    ]
+    _, tools, _ = ledger_rows(result, home)
+    assert [(t.tool, t.status) for t in tools] == [("run_python", "error")]
+    assert (tools[0].result_preview or "").startswith("Not run")
+
+
+def test_swarm_agent_budget_ends_the_task_degraded(home: Path, script: Script) -> None:
+    policy = parse_policy({"agents": {"researcher": {"max_model_calls": 1}}})
+    spec = script({"researcher": [call("search_docs", query="checkpoint"), say("never reached")]})
+    result = run_task("go", model=spec, policy=policy, topology=SWARM)
+    assert result.status == "degraded"
+    assert result.stop_reason == "budget:agent:researcher:max_model_calls"
+    assert [(v["agent"], v["kind"]) for v in result.violations] == [("researcher", "budget")]
+    assert result.usage["researcher"]["model_calls"] == 1
+    assert "never reached" not in (result.answer or "")
+
+
+def test_tool_supervisor_may_not_route_to_a_spent_agent(home: Path, script: Script) -> None:
+    policy = parse_policy({"agents": {"researcher": {"max_model_calls": 1}}})
+    spec = script(
+        {
+            "supervisor": [
+                transfer("researcher", "read"),
+                transfer("researcher", "read more"),  # refused: out of budget
+                transfer("writer", "write what exists"),
+                say("partial answer"),
+            ],
+            "researcher": [call("read_doc", doc_id="langgraph-persistence"), say("never")],
+            "writer": [say("written")],
+        }
+    )
+    result = run_task("go", model=spec, policy=policy, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    kinds = [(v["agent"], v["kind"]) for v in result.violations]
+    assert kinds == [("researcher", "budget"), ("supervisor", "handoff_not_allowed")]
+    assert "out of budget" in result.violations[1]["detail"]
+    state = final_state(home, result.thread_id)
+    told = [m.text for m in state["messages"] if m.type == "tool" and m.status == "error"]
+    assert any("researcher may not take work now (out of budget" in t for t in told)
+
+
+@pytest.mark.parametrize("topology", [SWARM, TOOLS], ids=["swarm", "supervisor-tools"])
+def test_team_agent_runs_are_capped(home: Path, script: Script, topology: Topology) -> None:
+    policy = parse_policy({"team": {"max_agent_runs": 2}})
+    bounce = {
+        "researcher": [transfer("coder", "a"), transfer("coder", "c")],
+        "coder": [transfer("researcher", "b")],
+    }
+    if topology.kind == "supervisor-tools":
+        bounce = {
+            "supervisor": [transfer("researcher", "a"), transfer("coder", "b"), transfer("writer")],
+            "researcher": [say("r")],
+            "coder": [say("c")],
+        }
+    result = run_task("go", model=script(bounce), policy=policy, topology=topology)
+    assert result.status == "degraded"
+    assert result.stop_reason == "budget:team:max_agent_runs"
+    assert result.team_usage["agent_runs"] == 2
+
+
+def test_swarm_ping_pong_between_two_agents_is_stopped(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "researcher": [transfer("coder", "a"), transfer("coder", "c"), say("never")],
+            "coder": [transfer("researcher", "b"), transfer("researcher", "d")],
+        }
+    )
+    result = run_task("go", model=spec, topology=SWARM)
+    assert result.status == "degraded"
+    assert (result.stop_reason or "").startswith("ping_pong")
+    assert [v["kind"] for v in result.violations] == ["ping_pong"]
+    assert result.agents_run == ["researcher", "coder", "researcher", "coder"]
+
+
+def test_swarm_ping_pong_to_supervisor_returns_the_work_barred(home: Path, script: Script) -> None:
+    policy = parse_policy({"ping_pong": {"on_detect": "supervisor"}})
+    spec = script(
+        {
+            "researcher": [transfer("coder", "a"), transfer("coder", "c")],
+            "coder": [
+                transfer("researcher", "b"),
+                transfer("researcher", "d"),  # the fourth pass: the pair is barred
+                transfer("researcher", "e"),  # refused now, and said so
+                say("finished it myself"),
+            ],
+        }
+    )
+    result = run_task("go", model=spec, policy=policy, topology=SWARM)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.answer == "finished it myself"
+    # The work went back to the agent that handed off, which may no longer pass it on.
+    assert result.agents_run == ["researcher", "coder", "researcher", "coder", "coder"]
+    assert [v["kind"] for v in result.violations] == ["ping_pong", "handoff_not_allowed"]
+
+
+def test_tool_supervisor_ping_pong_between_two_agents(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                transfer("researcher", "find A"),
+                transfer("coder", "check A"),
+                transfer("researcher", "find B"),
+                transfer("coder", "check B"),
+                transfer("researcher", "find C"),  # over max_bounces = 2
+            ],
+            "researcher": [say("r1"), say("r2")],
+            "coder": [say("c1"), say("c2")],
+        }
+    )
+    result = run_task("go", model=spec, topology=TOOLS)
+    assert result.status == "degraded"
+    assert "3 times (max_bounces = 2)" in (result.stop_reason or "")
+    assert result.agents_run == ["researcher", "coder", "researcher", "coder"]
+    assert result.answer == "c2"  # Without a finalize model: the last result.
+
+
+@pytest.mark.parametrize("topology", [SWARM, TOOLS], ids=["swarm", "supervisor-tools"])
+def test_approval_pauses_and_resumes(home: Path, script: Script, topology: Topology) -> None:
+    policy = parse_policy({"agents": {"coder": {"approval": ["run_python"]}}})
+    turns: dict[str, Any] = {
+        "coder": [call("run_python", code="print('ran')"), say("it printed ran")]
+    }
+    if topology.kind == "supervisor-tools":
+        turns["supervisor"] = [transfer("coder", "run it"), say("The code printed ran.")]
+    else:
+        topology = Topology.parse("swarm", start_agent="coder")
+    paused = run_task("run it", model=script(turns), policy=policy, topology=topology)
+    assert paused.status == "interrupted"
+    assert paused.pending[0]["tool"] == "run_python"
+    done = resume_task(paused.task_id, Decision(decision="approve"))
+    assert done.status == "succeeded", done.stop_reason
+    assert done.usage["coder"]["tool_calls"] == 1
+    assert done.usage["coder"]["model_calls"] == 2
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+
+def test_swarm_remembers_the_active_agent_across_turns(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "researcher": [transfer("writer", "write")],
+            "writer": [say("first answer"), say("second answer")],
+        }
+    )
+    first = run_task("one", model=spec, topology=SWARM)
+    assert first.agents_run == ["researcher", "writer"]
+    second = run_task("two", model=spec, topology=SWARM, thread_id=first.thread_id)
+    assert second.status == "succeeded", second.stop_reason
+    assert second.agents_run == ["writer"]  # The agent active last takes the next request.
+    assert second.answer == "second answer"
+
+
+def test_a_thread_keeps_its_topology(home: Path, script: Script) -> None:
+    spec = script({"researcher": [say("done")]})
+    first = run_task("one", model=spec, topology=SWARM)
+    with pytest.raises(ConfigError, match="runs the 'swarm' topology, not 'structured'"):
+        run_task("two", model=spec, thread_id=first.thread_id)
+
+
+def test_topology_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="'mesh' is not one of"):
+        Topology.parse("mesh")
+    with pytest.raises(ConfigError, match="start_agent 'coder' applies only to the swarm"):
+        Topology.parse("supervisor-tools", start_agent="coder")
+    with pytest.raises(ConfigError, match="output_mode 'everything' is not one of"):
+        Topology.parse("supervisor-tools", output_mode="everything")
+    with pytest.raises(ConfigError, match="start_agent 'critic' is not an agent"):
+        Topology.parse("swarm", start_agent="critic").check_agents(("researcher",))
+    assert Topology.from_mapping(None) == Topology()
+    tools = Topology.parse("supervisor-tools", output_mode="full_history")
+    assert Topology.from_mapping(tools.to_mapping()) == tools
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_cli_runs_each_topology_and_refuses_misplaced_options(home: Path, script: Script) -> None:
+    spec = script({"researcher": [say("swarm answer")]})
+    proc = relaygraph("run", "go", "--model", spec, "--topology", "swarm", "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["topology"] == {"kind": "swarm"} and out["answer"] == "swarm answer"
+    proc = relaygraph("run", "go", "--model", spec, "--output-mode", "full_history", home=home)
+    assert proc.returncode == 2
+    assert "output_mode 'full_history' applies only to the supervisor-tools topology" in proc.stderr
+    proc = relaygraph("run", "go", "--topology", "swarm", "--start-agent", "critic", home=home)
+    assert proc.returncode == 2
+    assert "start_agent 'critic' is not an agent of this team" in proc.stderr
+
+
+def test_graph_draws_each_topology(home: Path) -> None:
+    swarm = relaygraph("graph", "--topology", "swarm", home=home)
+    assert swarm.returncode == 0, swarm.stderr
+    assert "researcher -.-> coder;" in swarm.stdout and "supervisor" not in swarm.stdout
+    tools = relaygraph("graph", "--topology", "supervisor-tools", home=home)
+    assert "supervisor -.-> finalize;" in tools.stdout
+    assert "researcher --> supervisor;" in tools.stdout
