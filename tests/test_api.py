@@ -307,3 +307,31 @@ async def test_scripted_models_are_refused_unless_the_server_allows_them(
             )
             assert other.status_code == 422
             assert other.json()["error"]["field"] == "agent_models.coder"
+
+
+async def test_topology_in_the_body(api: Api, script: Script) -> None:
+    key = api.key("acme")
+    spec = script({"researcher": [{"content": "swarm answer"}]})
+    made = await api.client.post(
+        "/v1/tasks",
+        json={"input": "go", "model": spec, "topology": "swarm", "start_agent": "researcher"},
+        headers=auth(key),
+    )
+    assert made.status_code == 202, made.text
+    assert made.json()["topology"] == {"kind": "swarm", "start_agent": "researcher"}
+    task = await api.wait(made.json()["id"], key)
+    assert task["status"] == "succeeded" and task["answer"] == "swarm answer"
+    # A thread keeps its topology; options of another topology are refused by name.
+    cases = [
+        ({"thread_id": task["thread_id"]}, "topology", "runs the 'swarm' topology"),
+        ({"output_mode": "full_history"}, "output_mode", "applies only to the supervisor-tools"),
+        ({"topology": "swarm", "start_agent": "critic"}, "start_agent", "not an agent"),
+        ({"topology": "mesh"}, "topology", "structured"),
+    ]
+    for extra, field, message in cases:
+        bad = await api.client.post(
+            "/v1/tasks", json={"input": "go", "model": spec, **extra}, headers=auth(key)
+        )
+        assert bad.status_code == 422, bad.text
+        error = bad.json()["error"]
+        assert field in error["field"] and message in error["message"], error

@@ -448,3 +448,90 @@ def test_graph_draws_each_topology(home: Path) -> None:
     tools = relaygraph("graph", "--topology", "supervisor-tools", home=home)
     assert "supervisor -.-> finalize;" in tools.stdout
     assert "researcher --> supervisor;" in tools.stdout
+
+
+# -- tracing ----------------------------------------------------------------------------------
+
+
+def test_tool_supervisor_spans_show_routes_not_errors(home: Path, script: Script) -> None:
+    from opentelemetry.trace import StatusCode
+
+    from .test_tracing import events, named, traced_run
+
+    spec = script(
+        {
+            "supervisor": [transfer("researcher", "look", "facts"), say("answered")],
+            "researcher": [say("found")],
+        }
+    )
+    result, spans = traced_run(spec, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    supervisor = named(spans, "invoke_agent supervisor")
+    assert [s.status.status_code for s in supervisor] == [StatusCode.UNSET] * 2
+    [route] = events(supervisor[0], "relaygraph.route")
+    assert route["relaygraph.route.next"] == "researcher"
+    assert route["relaygraph.route.reason"] == "facts"
+    usage = supervisor[0].attributes or {}
+    assert usage["gen_ai.usage.input_tokens"] > 0
+    assert all(s.status.status_code is not StatusCode.ERROR for s in spans)
+
+
+def test_swarm_handoff_spans(home: Path, script: Script) -> None:
+    from .test_tracing import events, named, span_tree, traced_run
+
+    spec = script({"researcher": [transfer("writer", "write", "words")], "writer": [say("ok")]})
+    result, spans = traced_run(spec, topology=SWARM)
+    assert result.status == "succeeded", result.stop_reason
+    tree = span_tree(spans)
+    assert [node if isinstance(node, str) else node[0] for node in tree[0][1]] == [
+        "invoke_agent researcher",
+        "invoke_agent writer",
+        "invoke_agent finalize",
+    ]
+    [researcher] = named(spans, "invoke_agent researcher")
+    [handoff] = events(researcher, "relaygraph.handoff")
+    assert (handoff["relaygraph.handoff.to"], handoff["relaygraph.handoff.task"]) == (
+        "writer",
+        "write",
+    )
+
+
+# -- comparing the three on the shipped golden set --------------------------------------------
+
+
+@pytest.mark.slow
+def test_eval_compares_the_three_topologies_on_the_shipped_golden_set(
+    home: Path, tmp_path: Path
+) -> None:
+    import importlib.resources
+
+    from relaygraph.evals import run_eval
+
+    golden = Path(str(importlib.resources.files("relaygraph.evals") / "golden" / "golden.jsonl"))
+    reports = {
+        kind: run_eval(
+            golden,
+            topology=Topology.parse(kind),
+            concurrency=2,
+            out=tmp_path / kind,
+            home=home,
+        )
+        for kind in ("structured", "supervisor-tools", "swarm")
+    }
+    for kind, report in reports.items():
+        assert report.topology["kind"] == kind
+        assert len(report.cases) == 41
+        stored = json.loads((tmp_path / kind / "report.json").read_text())
+        assert stored["topology"]["kind"] == kind
+        assert all(c["trials"][0]["checks"][0]["name"] != "run" for c in stored["cases"]), (
+            kind
+        )  # every case ran in every topology
+    assert reports["structured"].metrics.pass_rate == 1.0
+    assert reports["supervisor-tools"].metrics.pass_rate == 1.0
+    # The swarm has no supervisor: routes become handoffs and a spent agent ends the task,
+    # which the cases written for a supervisor notice.
+    swarm = reports["swarm"]
+    assert swarm.metrics.routing_accuracy == 1.0
+    assert 0.5 < swarm.metrics.pass_rate < 1.0
+    failed = {c.id for c in swarm.failed}
+    assert {"three-agents-routed", "budget-agent-model-calls"} <= failed

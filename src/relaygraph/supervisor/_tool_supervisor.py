@@ -117,20 +117,27 @@ def _this_run(state: TeamState, config: RunnableConfig) -> str:
 
 def _to_parent(
     state: TeamState,
+    config: RunnableConfig,
     goto: str,
     update: dict[str, Any] | None = None,
     messages: Sequence[BaseMessage] = (),
 ) -> Command[Any]:
     """Leave the supervisor's own graph for ``goto`` in the team graph, carrying what this
-    run of it recorded (its messages, usage, refusals): a command to the parent graph
-    replaces the subgraph's output, so nothing else would arrive."""
+    run of it wrote: its messages, and the usage and violations recorded under its
+    namespace. A command to the parent graph replaces the subgraph's output, so nothing
+    else would arrive; the tracers read this run's records from it too."""
     update = dict(update or {})
+    run = _this_run(state, config)
     found: Mapping[str, Any] = state
-    carried: dict[str, Any] = {key: list(found.get(key) or []) for key in CARRIED}
-    carried["messages"] += list(messages)
+    carried: dict[str, Any] = {
+        key: [r for r in found.get(key) or [] if str(r["id"]).startswith(run)]
+        for key in ("usage", "violations")
+    }
+    carried["messages"] = [*found.get("messages", []), *messages]
+    carried["handoffs"] = []
     for key in CARRIED:
         carried[key] += update.pop(key, [])
-    carried["barred"] = list(state.get("barred") or [])
+    carried["barred"] = list(found.get("barred") or [])
     return Command(graph=Command.PARENT, goto=goto, update={**carried, **update})
 
 
@@ -193,13 +200,17 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         if why is not None:
             detail = f"supervisor called {name!r}, which is barred now: {why}"
             refused = acc.violation(
-                f"{call_id}:handoff_not_allowed", turn, SUPERVISOR, "handoff_not_allowed", detail
+                f"{_this_run(state, config)}:{call_id}:handoff_not_allowed",
+                turn,
+                SUPERVISOR,
+                "handoff_not_allowed",
+                detail,
             )
             return refuse(runtime, f"{target} may not take work now ({why}).", violations=[refused])
         if hit := _visits_spent(state, policy):
             stop = _exhausted(policy, hit, state, config)
             answers = _answers(message, call_id, f"Not carried out: {hit.message}")
-            return _to_parent(state, FINALIZE, dict(stop.update or {}), answers)
+            return _to_parent(state, config, FINALIZE, dict(stop.update or {}), answers)
         record = HandoffRecord(
             id=call_id,
             kind="route",
@@ -216,7 +227,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         )
         answers = _answers(message, call_id, f"Transferred to {target}: {task}")
         proceed = _to_parent(
-            state, target, {"handoffs": [record], "assignment": assignment}, answers
+            state, config, target, {"handoffs": [record], "assignment": assignment}, answers
         )
         routes = [
             (h["target"], h["task"])
@@ -246,7 +257,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         update = dict(decided.update or {})
         if decided.goto == FINALIZE:
             answered = _answers(message, call_id, f"Not carried out: {found.detail}")
-            return _to_parent(state, FINALIZE, update, answered)
+            return _to_parent(state, config, FINALIZE, update, answered)
         if decided.goto == SUPERVISOR:  # The pair is barred; the supervisor chooses again.
             return refuse(
                 runtime,
@@ -286,13 +297,13 @@ def _emit_route(config: RunnableConfig, target: str, task: str, reason: str) -> 
 def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
     def before_model(state: ToolsTeamState, config: RunnableConfig) -> Any:
         if state.get("status"):  # An agent's visit stopped the task (a limit, a ping-pong).
-            return _to_parent(state, FINALIZE)
+            return _to_parent(state, config, FINALIZE)
         pending = state.get("assignment")
         if pending is not None and pending["kind"] == "direct":
-            return _to_parent(state, pending["agent"])  # An agent's handoff, relayed.
+            return _to_parent(state, config, pending["agent"])  # An agent's handoff, relayed.
         if hit := _team_stop(state, policy, config, visits=False):
             stop = _exhausted(policy, hit, state, config)
-            return _to_parent(state, FINALIZE, dict(stop.update or {}))
+            return _to_parent(state, config, FINALIZE, dict(stop.update or {}))
         visits = _prompts.turn_visits(state)
         unavailable = acc.bars_now(state, visits[-1]["agent"] if visits else None)
         spent = [
@@ -311,7 +322,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
                 if spent
                 else "no agent left: " + "; ".join(f"{a}: {why}" for a, why in unavailable.items())
             )
-            return _to_parent(state, FINALIZE, {"status": status, "stop_reason": reason})
+            return _to_parent(state, config, FINALIZE, {"status": status, "stop_reason": reason})
         return {"call_started": time.time()}
 
     def after_model(state: ToolsTeamState, config: RunnableConfig) -> Any:
@@ -326,7 +337,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         if reply.tool_calls:
             return {"usage": [usage]}
         _emit_route(config, FINISH, "", "the supervisor answered")
-        return _to_parent(state, FINALIZE, {"usage": [usage], "answer": reply.text})
+        return _to_parent(state, config, FINALIZE, {"usage": [usage], "answer": reply.text})
 
     return before_model, after_model
 

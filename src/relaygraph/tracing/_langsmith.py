@@ -113,7 +113,13 @@ class LangSmithTracer(LangChainTracer):
             with self._tree_lock:
                 self._tree.forget(run_id)
             return super().on_chain_error(error, inputs=inputs, run_id=run_id, **kwargs)
-        self._mark_control_flow(self.run_map[str(run_id)], error)
+        run = self.run_map[str(run_id)]
+        self._mark_control_flow(run, error)
+        name = self._tree.nodes.get(run_id)
+        if name is not None and isinstance(error, ParentCommand) and error.args:
+            # A team node that leaves with a command to the team graph (the tool
+            # supervisor's transfers and answer): its records travel in the command.
+            self._record_node(run, name, _runs.node_records(error.args[0]))
         return self.on_chain_end(
             self._control_flow_output(error), run_id=run_id, inputs=inputs, **kwargs
         )

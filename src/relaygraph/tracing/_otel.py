@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langgraph.errors import GraphInterrupt
+from langgraph.errors import GraphInterrupt, ParentCommand
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -129,7 +129,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
     def _control_flow(span: Span, error: BaseException) -> None:
         """A handoff, a pause or a drain passed through this run: say so, leave the status."""
         span.set_attribute("relaygraph.control_flow", _runs.control_flow_kind(error))
-        if (handoff := _runs.handoff_of(error)) is not None:
+        if (handoff := _runs.handoff_of(error)) is not None and handoff.kind == "direct":
             span.add_event("relaygraph.handoff", _clean(handoff.attributes("relaygraph.handoff")))
             span.set_attribute("relaygraph.agent.ended", "handed_off")
         if isinstance(error, GraphInterrupt):
@@ -222,6 +222,15 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         with self._lock:
             span = self._spans.get(run_id)
+            name = self._runs.nodes.get(run_id)
+            if span is not None and name is not None and isinstance(error, ParentCommand):
+                # A team node that leaves with a command to the team graph (the tool
+                # supervisor's transfers and answer): its records travel in the command.
+                command = error.args[0] if error.args else None
+                self._end_node(span, run_id, name, _runs.node_records(command))
+                self._tokens.pop(run_id, None)
+                self._close(run_id, error)
+                return
             if span is not None:
                 tokens = self._tokens.pop(run_id, [0, 0])
                 if any(tokens):
