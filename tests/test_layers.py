@@ -13,6 +13,15 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "relaygraph"
 FORBIDDEN = {
     "errors": ["relaygraph."],
     "_home": ["relaygraph."],
+    "topology": [
+        "relaygraph.agents",
+        "relaygraph.supervisor",
+        "relaygraph.models",
+        "relaygraph.policies",
+        "relaygraph.run",
+        "relaygraph.store",
+        "langgraph",
+    ],
     "models": [
         "relaygraph.agents",
         "relaygraph.supervisor",

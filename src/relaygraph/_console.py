@@ -111,7 +111,8 @@ def print_result(result: RunResult) -> None:
                 f"{v['kind']} ({v['agent']}): {escape(v['detail'])}" for v in result.violations
             )
         )
+    kind = result.topology.get("kind", "structured")
+    again = f"--thread {result.thread_id}" + (f" --topology {kind}" if kind != "structured" else "")
     out.print(
-        f"\n[dim]status {result.status} · thread {result.thread_id} "
-        f"(continue with --thread {result.thread_id})[/]"
+        f"\n[dim]status {result.status} · thread {result.thread_id} (continue with {again})[/]"
     )
