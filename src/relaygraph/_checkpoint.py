@@ -28,11 +28,20 @@ def sqlite_checkpointer(path: Path) -> Iterator[Any]:
     """
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(path, check_same_thread=False)
+    conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        key = f"sqlite:{Path(path).resolve()}"
+        with _SETUP_LOCK:
+            # The first runs of a new data directory side by side (an eval with
+            # --concurrency) would each switch the new file to WAL and create the saver's
+            # tables, and collide ("database is locked"): once per file per process.
+            conn.execute("PRAGMA journal_mode=WAL")
+            saver = SqliteSaver(conn)
+            if key not in _SETUP_DONE:
+                saver.setup()
+                _SETUP_DONE.add(key)
         conn.execute("PRAGMA synchronous=NORMAL")
-        yield SqliteSaver(conn)
+        yield saver
     finally:
         conn.close()
 
