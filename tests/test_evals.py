@@ -834,6 +834,7 @@ def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
         "tags": ["smoke"],
         "baseline": None,
         "langsmith_dataset": None,
+        "topology": {"kind": "structured"},
     }
     assert run.models == {"model": None, "agent_models": {}}
     counts = (run.case_count, run.run_count, run.passed_case_count, run.passed_run_count)
