@@ -535,3 +535,33 @@ def test_eval_compares_the_three_topologies_on_the_shipped_golden_set(
     assert 0.5 < swarm.metrics.pass_rate < 1.0
     failed = {c.id for c in swarm.failed}
     assert {"three-agents-routed", "budget-agent-model-calls"} <= failed
+
+
+def test_tool_supervisor_langsmith_runs_carry_routes_not_errors(home: Path, script: Script) -> None:
+    from relaygraph.tracing import LangSmithTracer
+
+    from .test_tracing import LangSmithRecorder, langsmith_client, metadata
+
+    recorder = LangSmithRecorder()
+    spec = script(
+        {
+            "supervisor": [transfer("researcher", "look", "facts"), say("answered")],
+            "researcher": [say("found")],
+        }
+    )
+    tracer = LangSmithTracer(client=langsmith_client(recorder))
+    result = run_task("go", model=spec, topology=TOOLS, callbacks=[tracer])
+    assert result.status == "succeeded", result.stop_reason
+    [root] = [r for r in recorder.runs.values() if r.get("parent_run_id") is None]
+    assert [r["name"] for r in recorder.children(root)] == [
+        "begin",
+        "supervisor",
+        "researcher",
+        "supervisor",
+        "finalize",
+    ]
+    first = recorder.children(root)[1]
+    route = metadata(first)["relaygraph_route"]
+    assert (route["from"], route["to"], route["task"]) == ("supervisor", "researcher", "look")
+    assert metadata(first)["relaygraph_usage"]["model_calls"] == 1
+    assert [r["name"] for r in recorder.runs.values() if r.get("error")] == []

@@ -214,6 +214,7 @@ def build_timeline(ledger: Ledger, task_id: str, *, team_id: str) -> dict[str, A
         "stop_reason": task.stop_reason,
         "answer": task.answer,
         "models": task.models,
+        "topology": task.topology or {"kind": "structured"},
         "start": _iso(start),
         "end": _iso(task.finished_at),
         "duration_s": _seconds(start, task.finished_at),
@@ -305,6 +306,9 @@ def render_timeline(timeline: Mapping[str, Any]) -> Tree:
         + f" · {_tokens(total)} · {total['model_calls']} model calls"
         + f" · thread {timeline['thread_id']}"
     )
+    kind = (timeline.get("topology") or {}).get("kind", "structured")
+    if kind != "structured":
+        header += f" · {kind}"
     if timeline.get("stop_reason"):
         header += f"\n[yellow]stop reason:[/] {_short(timeline['stop_reason'])}"
     tree = Tree(header)
