@@ -565,3 +565,39 @@ def test_tool_supervisor_langsmith_runs_carry_routes_not_errors(home: Path, scri
     assert (route["from"], route["to"], route["task"]) == ("supervisor", "researcher", "look")
     assert metadata(first)["relaygraph_usage"]["model_calls"] == 1
     assert [r["name"] for r in recorder.runs.values() if r.get("error")] == []
+
+
+@pytest.mark.parametrize("topology", [Topology(), TOOLS], ids=["structured", "supervisor-tools"])
+def test_a_route_approved_after_a_ping_pong_is_recorded_once(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    """The supervisor's step re-runs after the person's decision and reports the route again;
+    the ledger keeps one row per transfer."""
+    tasks = ["find A", "check A", "find B", "check B", "find C"]
+    agents = ["researcher", "coder", "researcher", "coder", "researcher"]
+    if topology.kind == "structured":
+        supervisor = [
+            {"route": {"next": a, "task": t, "reason": "r"}}
+            for a, t in zip(agents, tasks, strict=True)
+        ] + [{"route": {"next": "FINISH", "task": "", "reason": "done"}}]
+    else:
+        supervisor = [transfer(a, t, "r") for a, t in zip(agents, tasks, strict=True)] + [
+            say("final")
+        ]
+    spec = script(
+        {
+            "supervisor": supervisor,
+            "researcher": [say("r1"), say("r2"), say("r3")],
+            "coder": [say("c1"), say("c2")],
+            "finalize": [say("final")],
+        }
+    )
+    policy = parse_policy({"ping_pong": {"on_detect": "human"}})
+    paused = run_task("go", model=spec, policy=policy, topology=topology)
+    assert paused.status == "interrupted"
+    assert paused.pending[0]["type"] == "ping_pong"
+    done = resume_task(paused.task_id, Decision(decision="approve"))
+    assert done.status == "succeeded", done.stop_reason
+    assert done.agents_run == agents
+    handoffs, _, _ = ledger_rows(done, home)
+    assert [h.task for h in handoffs] == tasks

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from relaygraph.store import _usage
@@ -90,13 +90,28 @@ def _add_handoff(
     event: dict[str, Any],
     now: datetime,
 ) -> None:
-    last = session.scalar(
-        select(func.coalesce(func.max(HandoffRow.seq), 0)).where(HandoffRow.task_id == task_id)
-    )
+    ns = event.get("checkpoint_ns")
+    task = _text(event, "task")
+    latest = session.scalars(
+        select(HandoffRow)
+        .where(HandoffRow.task_id == task_id)
+        .order_by(HandoffRow.seq.desc())
+        .limit(1)
+    ).first()
+    if (
+        latest is not None
+        and isinstance(ns, str)
+        and ns
+        and (latest.checkpoint_ns, latest.kind, latest.source, latest.target, latest.task)
+        == (ns, kind, source[:NAME_CHARS], target[:NAME_CHARS], task)
+    ):
+        # The same transfer from the same node run, reported again: the step re-ran after
+        # a person's decision (a ping-pong the human approved). One transfer, one row.
+        return
+    last = latest.seq if latest is not None else 0
     tokens = _optional_int(event.get("tokens_so_far"))
     if tokens is None:
         tokens = _usage.tokens_so_far(session, task_id)
-    ns = event.get("checkpoint_ns")
     session.add(
         HandoffRow(
             task_id=task_id,
@@ -105,7 +120,7 @@ def _add_handoff(
             kind=kind,
             source=source[:NAME_CHARS],
             target=target[:NAME_CHARS],
-            task=_text(event, "task"),
+            task=task,
             reason=_text(event, "reason"),
             step=_optional_int(event.get("step")),
             checkpoint_ns=ns if isinstance(ns, str) and ns else None,
