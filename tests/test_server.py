@@ -192,6 +192,13 @@ def test_submit_and_stream_events_to_the_end(serve: Callable[..., Server], home:
             "invalid_model",
             "model",
         )
+        with pytest.raises(ApiError) as misplaced:
+            client.submit("x", topology="swarm", output_mode="full_history")
+        assert (misplaced.value.status, misplaced.value.code, misplaced.value.field) == (
+            422,
+            "invalid_topology",
+            "output_mode",
+        )
     with Client(server.url, "rg_not-a-key") as stranger, pytest.raises(ApiError) as denied:
         stranger.get(task["id"])
     assert (denied.value.status, denied.value.code) == (401, "unauthorized")

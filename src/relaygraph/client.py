@@ -139,6 +139,9 @@ class Client:
         metadata: Mapping[str, Any] | None = None,
         multitask: Literal["reject", "enqueue"] | None = None,
         idempotency_key: str | None = None,
+        topology: Literal["structured", "swarm", "supervisor-tools"] | None = None,
+        start_agent: str | None = None,
+        output_mode: Literal["last_message", "full_history"] | None = None,
     ) -> dict[str, Any]:
         """Submit a task (``POST /v1/tasks``); it runs in the background.
 
@@ -153,6 +156,10 @@ class Client:
                 ``thread_busy``) or ``enqueue`` (run after the thread's current task).
             idempotency_key: A retry with the same key returns the task the first try
                 created instead of creating another.
+            topology: How the agents are arranged (default ``structured``); a thread keeps
+                the topology it started with.
+            start_agent: ``swarm`` only: the agent a new thread starts with.
+            output_mode: ``supervisor-tools`` only: ``last_message`` or ``full_history``.
 
         Returns:
             The task as the server recorded it (status ``queued`` or ``running``).
@@ -168,6 +175,9 @@ class Client:
             "agent_models": None if agent_models is None else dict(agent_models),
             "metadata": None if metadata is None else dict(metadata),
             "multitask": multitask,
+            "topology": topology,
+            "start_agent": start_agent,
+            "output_mode": output_mode,
         }
         body.update({name: value for name, value in optional.items() if value is not None})
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
