@@ -601,3 +601,15 @@ def test_a_route_approved_after_a_ping_pong_is_recorded_once(
     assert done.agents_run == agents
     handoffs, _, _ = ledger_rows(done, home)
     assert [h.task for h in handoffs] == tasks
+
+
+def test_tool_supervisor_out_of_steps_is_a_stop_not_an_answer(home: Path, script: Script) -> None:
+    """LangGraph's prebuilt supervisor would answer "need more steps" when its steps run out
+    in the middle of tool calls; the team's step guard stops the task before that reply
+    could pass for the supervisor's answer."""
+    policy = parse_policy({"team": {"max_agent_runs": 1}})  # recursion limit 12
+    spec = script({"supervisor": [call("transfer_to_nobody", task="x")] * 5 + [say("never")]})
+    result = run_task("go", model=spec, policy=policy, topology=TOOLS)
+    assert result.status == "degraded"
+    assert result.stop_reason == "budget:team:recursion_limit"
+    assert result.answer != "Sorry, need more steps to process this request."
