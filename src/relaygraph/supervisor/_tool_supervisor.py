@@ -109,7 +109,7 @@ def _visit_messages(outcome: Exit) -> list[BaseMessage]:
     return [*messages, result]
 
 
-def _this_run(state: TeamState, config: RunnableConfig) -> str:
+def _this_run(config: RunnableConfig) -> str:
     """The supervisor node run's namespace (``supervisor:<task id>``): its usage record's id."""
     ns = acc.task_ns(config)
     return ns.rsplit("|", 1)[0] if "|" in ns else ns
@@ -127,7 +127,7 @@ def _to_parent(
     namespace. A command to the parent graph replaces the subgraph's output, so nothing
     else would arrive; the tracers read this run's records from it too."""
     update = dict(update or {})
-    run = _this_run(state, config)
+    run = _this_run(config)
     found: Mapping[str, Any] = state
     carried: dict[str, Any] = {
         key: [r for r in found.get(key) or [] if str(r["id"]).startswith(run)]
@@ -200,7 +200,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         if why is not None:
             detail = f"supervisor called {name!r}, which is barred now: {why}"
             refused = acc.violation(
-                f"{_this_run(state, config)}:{call_id}:handoff_not_allowed",
+                f"{_this_run(config)}:{call_id}:handoff_not_allowed",
                 turn,
                 SUPERVISOR,
                 "handoff_not_allowed",
@@ -283,7 +283,7 @@ def _emit_route(config: RunnableConfig, target: str, task: str, reason: str) -> 
         {
             "type": "route",
             "step": None,
-            "checkpoint_ns": _this_run({}, config),
+            "checkpoint_ns": _this_run(config),
             "next": target,
             "task": task,
             "reason": reason,
@@ -328,7 +328,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
     def after_model(state: ToolsTeamState, config: RunnableConfig) -> Any:
         reply = state["messages"][-1]
         assert isinstance(reply, AIMessage)
-        record_id = _this_run(state, config)
+        record_id = _this_run(config)
         seconds = max(0.0, time.time() - state.get("call_started", time.time()))
         earlier = [u for u in state.get("usage", []) if u["id"] == record_id]
         totals = UsageTotals.of(earlier) + acc.calls_usage(policy, [reply], seconds)
