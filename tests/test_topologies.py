@@ -366,23 +366,43 @@ def test_tool_supervisor_ping_pong_between_two_agents(home: Path, script: Script
     assert result.answer == "c2"  # Without a finalize model: the last result.
 
 
-@pytest.mark.parametrize("topology", [SWARM, TOOLS], ids=["swarm", "supervisor-tools"])
+@pytest.mark.parametrize(
+    "topology", [Topology(), SWARM, TOOLS], ids=["structured", "swarm", "supervisor-tools"]
+)
 def test_approval_pauses_and_resumes(home: Path, script: Script, topology: Topology) -> None:
     policy = parse_policy({"agents": {"coder": {"approval": ["run_python"]}}})
-    turns: dict[str, Any] = {
-        "coder": [call("run_python", code="print('ran')"), say("it printed ran")]
+    asks = {
+        **call("run_python", code="print('ran')"),
+        "usage": {"input_tokens": 100, "output_tokens": 20},
     }
+    turns: dict[str, Any] = {"coder": [asks, say("it printed ran")]}
     if topology.kind == "supervisor-tools":
         turns["supervisor"] = [transfer("coder", "run it"), say("The code printed ran.")]
+    elif topology.kind == "structured":
+        turns["supervisor"] = [
+            {"route": {"next": "coder", "task": "run it", "reason": "code"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ]
+        turns["finalize"] = [say("The code printed ran.")]
     else:
         topology = Topology.parse("swarm", start_agent="coder")
     paused = run_task("run it", model=script(turns), policy=policy, topology=topology)
     assert paused.status == "interrupted"
     assert paused.pending[0]["tool"] == "run_python"
+    # The paused visit's call is counted already: the ledger shows what was spent.
+    coder = paused.usage["coder"]
+    assert (coder["model_calls"], coder["input_tokens"], coder["tool_calls"]) == (1, 100, 0)
+    ledger = _ledger_for(home)
+    try:
+        stored = {u.agent: u for u in ledger.usage(paused.task_id)}
+    finally:
+        ledger.close()
+    assert stored["coder"].input_tokens == 100
     done = resume_task(paused.task_id, Decision(decision="approve"))
     assert done.status == "succeeded", done.stop_reason
     assert done.usage["coder"]["tool_calls"] == 1
-    assert done.usage["coder"]["model_calls"] == 2
+    assert done.usage["coder"]["model_calls"] == 2  # Counted once, though counted while paused.
+    assert done.usage["coder"]["input_tokens"] > 100
 
 
 # -- threads ----------------------------------------------------------------------------------

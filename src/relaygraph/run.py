@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,7 +108,44 @@ def resolve_model_specs(
     return specs
 
 
-def _summarize(state: dict[str, Any], policy: TeamPolicy, roles: tuple[str, ...]) -> dict[str, Any]:
+def _in_flight_usage(
+    checkpointer: Any, thread_id: str, snapshot: Any, policy: TeamPolicy
+) -> list[dict[str, Any]]:
+    """What the agent visits still in progress spent so far: a task paused for a person,
+    cancelled or suspended mid-visit has made model and tool calls that no visit record
+    holds yet. Read from each pending agent task's own checkpoint (its namespace is the
+    node's name and task id, in every topology); the visit's record replaces this once
+    the visit finishes, so nothing is counted twice."""
+    from relaygraph.policies.middleware import transcript_usage
+
+    found: list[dict[str, Any]] = []
+    for pending in snapshot.tasks:
+        if pending.name not in policy.agents:
+            continue
+        ns = f"{pending.name}:{pending.id}"
+        saved = checkpointer.get_tuple(
+            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+        )
+        if saved is None:
+            continue
+        messages = saved.checkpoint["channel_values"].get("messages") or []
+        totals = transcript_usage(list(messages), policy)
+        estimated = any(
+            getattr(m, "usage_metadata", None) is None
+            or m.response_metadata.get("relaygraph_usage_estimated", False)
+            for m in messages
+            if m.type == "ai"
+        )
+        found.append({"agent": pending.name, **asdict(totals), "estimated": estimated})
+    return found
+
+
+def _summarize(
+    state: dict[str, Any],
+    policy: TeamPolicy,
+    roles: tuple[str, ...],
+    in_flight: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
     from relaygraph.policies import LIMIT_NAMES
 
     turn = state.get("turn", 0)
@@ -127,9 +164,8 @@ def _summarize(state: dict[str, Any], policy: TeamPolicy, roles: tuple[str, ...]
     fields = (*USAGE_FIELDS, "cost_usd", "seconds")
     usage: dict[str, dict[str, Any]] = {}
     team: dict[str, Any] = dict.fromkeys(fields, 0)
-    for record in state.get("usage", []):
-        if record["turn"] != turn:
-            continue
+    current = [r for r in state.get("usage", []) if r["turn"] == turn]
+    for record in [*current, *in_flight]:
         totals = usage.setdefault(record["agent"], {**dict.fromkeys(fields, 0), "estimated": False})
         for key in fields:
             totals[key] += record.get(key, 0)
@@ -319,6 +355,7 @@ class TaskRunner:
             except Exception as exc:  # A provider or tool failure ends this task, not the process.
                 error = f"error: {type(exc).__name__}: {exc}"
             snapshot = graph.get_state(config)
+            in_flight = _in_flight_usage(checkpointer, task.thread_id, snapshot, policy)
         state = snapshot.values
         pending = [
             {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
@@ -351,7 +388,7 @@ class TaskRunner:
             models=specs,
             topology=topology.to_mapping(),
             pending=pending,
-            **_summarize(state, policy, roles),
+            **_summarize(state, policy, roles, in_flight),
         )
         if suspended:
             # Not finished: the task stays ``running`` for the next server to continue.
