@@ -166,8 +166,12 @@ def test_agent_limit_stops_the_agent_and_the_supervisor_routes_elsewhere(
     # It stopped before the call that would go over: a.txt was written, b.txt never.
     assert files(home, result).get("a.txt") == "a"
     assert "b.txt" not in files(home, result)
-    # One violation, for the coder, naming the limit.
+    # One violation, for the coder, naming the limit; one live event for it, even where a
+    # tool call was refused at the same limit before the visit ended.
     assert kinds(result) == [("coder", "budget")]
+    assert [(e["agent"], e["kind"]) for e in events if e["type"] == "violation"] == [
+        ("coder", "budget")
+    ]
     unit = {
         "max_model_calls": "model calls",
         "max_tool_calls": "tool calls",

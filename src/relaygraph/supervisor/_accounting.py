@@ -115,8 +115,13 @@ def earlier_results(state: TeamState, agent: str) -> dict[str, str]:
     return results
 
 
-def violation(id: str, turn: int, agent: str, kind: Any, detail: str) -> Violation:
-    get_stream_writer()({"type": "violation", "agent": agent, "kind": kind, "detail": detail})
+def violation(
+    id: str, turn: int, agent: str, kind: Any, detail: str, *, announce: bool = True
+) -> Violation:
+    """A violation record, and its live event unless it was announced already (a tool call
+    refused at the same limit sent it when it happened)."""
+    if announce:
+        get_stream_writer()({"type": "violation", "agent": agent, "kind": kind, "detail": detail})
     return Violation(id=id, turn=turn, agent=agent, kind=kind, detail=detail)
 
 

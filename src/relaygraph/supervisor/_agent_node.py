@@ -200,16 +200,21 @@ def _make_agent_node(
         )
         if budget_note is not None:
             hit = BudgetHit(**budget_note)
-            # A tool call refused at the same limit recorded it already: record it once.
-            violations = [
+            # A tool call refused at the same limit recorded it already (and sent its
+            # event then): one record, one event.
+            kept = [
                 v for v in violations if not (v["kind"] == "budget" and v["detail"] == hit.message)
             ]
-            update["violations"] = violations
+            fresh = len(kept) == len(violations)
+            update["violations"] = violations = kept
             if hit.scope == "team":
-                return out("stop", _exhausted(policy, hit, state, config, update), visit=visit)
+                stop = _exhausted(policy, hit, state, config, update, announce=fresh)
+                return out("stop", stop, visit=visit)
             update["violations"] = [
                 *violations,
-                acc.violation(f"{visit_id}:budget", turn, name, "budget", hit.message),
+                acc.violation(
+                    f"{visit_id}:budget", turn, name, "budget", hit.message, announce=fresh
+                ),
             ]
             update["barred"] = acc.add_bar(state, name, f"out of budget: {hit.message}")
             back = Command(goto=SUPERVISOR, update={**update, "assignment": None})

@@ -29,6 +29,8 @@ def _exhausted(
     state: TeamState,
     config: RunnableConfig,
     update: dict[str, Any] | None = None,
+    *,
+    announce: bool = True,
 ) -> Command[Any]:
     """Stop the task at a budget: finalize answers from what exists (or the task fails)."""
     turn = state.get("turn", 0)
@@ -38,6 +40,7 @@ def _exhausted(
         hit.agent or "team",
         "budget",
         hit.message,
+        announce=announce,
     )
     update = dict(update or {})
     update["violations"] = [*update.get("violations", []), record]
