@@ -621,6 +621,8 @@ def test_a_route_approved_after_a_ping_pong_is_recorded_once(
     assert done.agents_run == agents
     handoffs, _, _ = ledger_rows(done, home)
     assert [h.task for h in handoffs] == tasks
+    violations = [e for e in events_of(done, home) if e["type"] == "violation"]
+    assert [(v["agent"], v["kind"]) for v in violations] == [("researcher", "ping_pong")]
 
 
 def test_tool_supervisor_out_of_steps_is_a_stop_not_an_answer(home: Path, script: Script) -> None:

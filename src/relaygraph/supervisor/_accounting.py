@@ -120,9 +120,22 @@ def violation(
 ) -> Violation:
     """A violation record, and its live event unless it was announced already (a tool call
     refused at the same limit sent it when it happened)."""
+    record = Violation(id=id, turn=turn, agent=agent, kind=kind, detail=detail)
     if announce:
-        get_stream_writer()({"type": "violation", "agent": agent, "kind": kind, "detail": detail})
-    return Violation(id=id, turn=turn, agent=agent, kind=kind, detail=detail)
+        announce_violation(record)
+    return record
+
+
+def announce_violation(record: Violation) -> None:
+    """Send a violation's live event."""
+    get_stream_writer()(
+        {
+            "type": "violation",
+            "agent": record["agent"],
+            "kind": record["kind"],
+            "detail": record["detail"],
+        }
+    )
 
 
 def transcript_violations(transcript: list[BaseMessage], agent: str, turn: int) -> list[Violation]:

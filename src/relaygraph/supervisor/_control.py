@@ -89,11 +89,18 @@ def _on_ping_pong(
 ) -> Command[Any]:
     """Act on a detected ping-pong as the policy says; ``proceed`` is the transfer itself."""
     turn, candidate = state.get("turn", 0), str(proceed.goto)
+    action = policy.ping_pong.on_detect
+    # Waiting for a person, the step runs again when the decision comes: its event is sent
+    # then, once (the pause itself is reported as the task's pending decision).
     record = acc.violation(
-        f"{acc.task_ns(config)}:ping_pong", turn, candidate, "ping_pong", found.detail
+        f"{acc.task_ns(config)}:ping_pong",
+        turn,
+        candidate,
+        "ping_pong",
+        found.detail,
+        announce=action != "human",
     )
     update = {**update, "violations": [*update.get("violations", []), record]}
-    action = policy.ping_pong.on_detect
     if action == "human":
         answer = interrupt(
             {
@@ -104,6 +111,7 @@ def _on_ping_pong(
                 "source": source,
             }
         )
+        acc.announce_violation(record)
         verdict = answer.get("decision") if isinstance(answer, Mapping) else answer
         if verdict == "approve":
             return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})
