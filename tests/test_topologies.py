@@ -635,3 +635,43 @@ def test_tool_supervisor_out_of_steps_is_a_stop_not_an_answer(home: Path, script
     assert result.status == "degraded"
     assert result.stop_reason == "budget:team:recursion_limit"
     assert result.answer != "Sorry, need more steps to process this request."
+
+
+@pytest.mark.parametrize(
+    "topology", [Topology(), SWARM, TOOLS], ids=["structured", "swarm", "supervisor-tools"]
+)
+def test_a_long_thread_keeps_its_step_budget_per_request(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    """LangGraph numbers a thread's steps on across its requests; the step guard counts
+    from each request's start, as LangGraph's recursion limit does."""
+    requests = 6
+    if topology.kind == "structured":
+        one = {
+            "supervisor": [
+                {"route": {"next": a, "task": f"part {a}", "reason": "r"}}
+                for a in ("researcher", "coder", "writer")
+            ]
+            + [{"route": {"next": "FINISH", "task": "", "reason": "done"}}],
+            "finalize": [say("answer")],
+        }
+    elif topology.kind == "supervisor-tools":
+        one = {
+            "supervisor": [transfer(a, f"part {a}") for a in ("researcher", "coder", "writer")]
+            + [say("answer")],
+        }
+    else:
+        one = {"researcher": [transfer("coder")], "coder": [transfer("writer")]}
+    turns: dict[str, Any] = {role: played * requests for role, played in one.items()}
+    if topology.kind != "swarm":
+        turns |= {a: [say(f"{a} done")] * requests for a in ("researcher", "coder", "writer")}
+    else:
+        # The swarm's next request goes to the agent active last: the writer, which
+        # passes it round again.
+        turns["writer"] = [say("answer")] + [transfer("researcher"), say("answer")] * requests
+    spec = script(turns)
+    thread = None
+    for n in range(requests):
+        result = run_task(f"request {n}", model=spec, topology=topology, thread_id=thread)
+        assert result.status == "succeeded", (n, result.stop_reason)
+        thread = result.thread_id

@@ -64,12 +64,24 @@ def _visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
 
 
 def _team_stop(
-    state: TeamState, policy: TeamPolicy, config: RunnableConfig, *, visits: bool = True
+    state: TeamState,
+    policy: TeamPolicy,
+    config: RunnableConfig,
+    *,
+    visits: bool = True,
+    own_graph: bool = False,
 ) -> BudgetHit | None:
-    """A team limit reached before the next step: visits, tokens, cost, time, graph steps."""
+    """A team limit reached before the next step: visits, tokens, cost, time, graph steps.
+
+    Steps are counted from the request's first (a thread's step numbers run on across its
+    requests, and LangGraph's recursion limit holds per request); ``own_graph``: the caller
+    runs in a graph of its own (the tool supervisor's), whose steps count from its start.
+    """
     if visits and (hit := _visits_spent(state, policy)):
         return hit
     step, limit = acc.step_of(config), config.get("recursion_limit")
+    if step is not None and not own_graph:
+        step -= state.get("turn_step", 0)
     if step is not None and limit is not None and step + _STEP_MARGIN >= limit:
         return BudgetHit(
             scope="team", agent=None, limit="recursion_limit", used=step, allowed=limit

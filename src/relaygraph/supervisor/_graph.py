@@ -36,9 +36,12 @@ from relaygraph.supervisor._state import TeamState
 from relaygraph.topology import Topology
 
 
-def _begin(state: TeamState) -> dict[str, Any]:
+def _begin(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
     return {
         "turn": state.get("turn", 0) + 1,
+        # LangGraph numbers a thread's steps on from request to request, while its
+        # recursion limit holds per request: the step guard counts from here.
+        "turn_step": acc.step_of(config) or 0,
         "messages": [HumanMessage(content=state.get("request", ""))],
         "assignment": None,
         "barred": [],

@@ -75,6 +75,8 @@ class TeamState(TypedDict, total=False):
     """The current user request."""
     turn: int
     """How many requests this thread has received; scopes visits and limits to a request."""
+    turn_step: int
+    """The team graph's step at which the current request began (``begin``)."""
     assignment: Assignment | None
     """The work waiting for the next agent."""
     visits: Annotated[list[Visit], merge_by_id]

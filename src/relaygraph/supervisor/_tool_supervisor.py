@@ -301,7 +301,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         pending = state.get("assignment")
         if pending is not None and pending["kind"] == "direct":
             return _to_parent(state, config, pending["agent"])  # An agent's handoff, relayed.
-        if hit := _team_stop(state, policy, config, visits=False):
+        if hit := _team_stop(state, policy, config, visits=False, own_graph=True):
             stop = _exhausted(policy, hit, state, config)
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}))
         visits = _prompts.turn_visits(state)
