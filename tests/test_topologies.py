@@ -675,3 +675,26 @@ def test_a_long_thread_keeps_its_step_budget_per_request(
         result = run_task(f"request {n}", model=spec, topology=topology, thread_id=thread)
         assert result.status == "succeeded", (n, result.stop_reason)
         thread = result.thread_id
+
+
+def test_tool_supervisor_transfer_beside_another_call_is_carried_out(
+    home: Path, script: Script
+) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                calls(
+                    ("search_docs", {"query": "x"}), ("transfer_to_researcher", {"task": "look"})
+                ),
+                say("done"),
+            ],
+            "researcher": [say("found")],
+        }
+    )
+    result = run_task("go", model=spec, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher"]
+    state = final_state(home, result.thread_id)
+    answers = {m.name: m.text for m in state["messages"] if m.type == "tool"}
+    assert answers["transfer_to_researcher"].startswith("Transferred to researcher")
+    assert "not a tool of the supervisor" in answers["search_docs"]

@@ -44,6 +44,7 @@ from relaygraph.handoffs import (
     HandoffArgs,
     HandoffRecord,
     calling_message,
+    handoff_target,
 )
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals, check_agent_budget
@@ -146,12 +147,18 @@ def _answers(message: AIMessage | None, call_id: str, content: str) -> list[Tool
     (their own answers are lost when the supervisor's graph is left)."""
     calls = message.tool_calls if message is not None else []
     first = next((c["name"] for c in calls if c["id"] == call_id), "")
+
+    def other(call: Mapping[str, Any]) -> str:
+        if handoff_target(call["name"]) is not None:
+            return (
+                "Not carried out: only one transfer per message is carried out, and "
+                f"{first!r} came first in this message."
+            )
+        return f"Not run: {call['name']!r} is not a tool of the supervisor; {first!r} ran."
+
     return [
         ToolMessage(
-            content=content
-            if call["id"] == call_id
-            else f"Not carried out: only one transfer per message is carried out, and "
-            f"{first!r} came first in this message.",
+            content=content if call["id"] == call_id else other(call),
             name=call["name"],
             tool_call_id=call["id"] or "",
             status="success" if call["id"] == call_id else "error",
@@ -180,10 +187,11 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         turn = state.get("turn", 0)
         message = calling_message(runtime)
         calls = message.tool_calls if message is not None else []
-        if calls and calls[0]["id"] != call_id:
+        transfers = [c for c in calls if handoff_target(c["name"]) is not None]
+        if transfers and transfers[0]["id"] != call_id:
             return refuse(
                 runtime,
-                f"only one transfer per message is carried out, and {calls[0]['name']!r} "
+                f"only one transfer per message is carried out, and {transfers[0]['name']!r} "
                 "came first in this message.",
             )
         if not task.strip():
