@@ -698,3 +698,19 @@ def test_tool_supervisor_transfer_beside_another_call_is_carried_out(
     answers = {m.name: m.text for m in state["messages"] if m.type == "tool"}
     assert answers["transfer_to_researcher"].startswith("Transferred to researcher")
     assert "not a tool of the supervisor" in answers["search_docs"]
+
+
+def test_a_thread_keeps_its_output_mode(home: Path, script: Script) -> None:
+    spec = script({"supervisor": [say("one"), say("two"), say("three")]})
+    full = Topology.parse("supervisor-tools", output_mode="full_history")
+    first = run_task("one", model=spec, topology=full)
+    # Continued without naming a mode: the thread's own.
+    second = run_task("two", model=spec, topology=TOOLS, thread_id=first.thread_id)
+    assert second.topology == {"kind": "supervisor-tools", "output_mode": "full_history"}
+    with pytest.raises(ConfigError, match="runs with output_mode 'full_history', not 'last_"):
+        run_task(
+            "three",
+            model=spec,
+            topology=Topology.parse("supervisor-tools", output_mode="last_message"),
+            thread_id=first.thread_id,
+        )

@@ -21,7 +21,6 @@ __all__ = [
     "Decision",
     "RunResult",
     "TaskRunner",
-    "check_thread_topology",
     "resolve_model_specs",
     "resume_task",
     "run_task",
@@ -464,19 +463,6 @@ def _drain_when(
         watcher.join()
 
 
-def check_thread_topology(thread_id: str, earlier: Topology, topology: Topology) -> None:
-    """A thread keeps its topology: its checkpoints hold that graph's state.
-
-    Raises:
-        ConfigError: ``topology`` differs in kind from the thread's earlier tasks.
-    """
-    if earlier.kind != topology.kind:
-        raise ConfigError(
-            f"thread {thread_id!r} runs the {earlier.kind!r} topology, not {topology.kind!r}; "
-            "continue it with that topology, or start a new thread"
-        )
-
-
 def _policy_of(policy: TeamPolicy | str | Path | None) -> TeamPolicy:
     if policy is None:
         return default_policy()
@@ -542,9 +528,8 @@ def run_task(
                 "leave out --thread to start a new conversation"
             )
         if thread_id is not None:
-            check_thread_topology(
-                thread_id, Topology.from_mapping(ledger.thread_topology(thread_id)), topology
-            )
+            earlier = Topology.from_mapping(ledger.thread_topology(thread_id))
+            topology = topology.continuing(thread_id, earlier)
         task, _ = ledger.create_task(
             team_id=LOCAL_TEAM_ID,
             input=request,

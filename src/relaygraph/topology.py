@@ -7,7 +7,7 @@ without loading the team graph.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, cast, get_args
 
 from relaygraph.errors import ConfigError
@@ -38,9 +38,15 @@ class Topology:
     kind: TopologyKind = "structured"
     start_agent: str | None = None
     """``swarm`` only: the agent a new thread starts with (default: the policy's first)."""
-    output_mode: OutputMode = "last_message"
+    output_mode: OutputMode | None = None
     """``supervisor-tools`` only: what an agent's visit adds to the supervisor's messages —
-    its last message, or its whole transcript."""
+    its last message, or its whole transcript. None: not chosen (``last_message`` for a new
+    thread, the thread's own for a continued one)."""
+
+    @property
+    def mode(self) -> OutputMode:
+        """The output mode in effect."""
+        return self.output_mode or "last_message"
 
     @classmethod
     def parse(
@@ -74,7 +80,7 @@ class Topology:
         return cls(
             kind=cast(TopologyKind, kind),
             start_agent=start_agent,
-            output_mode=cast(OutputMode, output_mode or "last_message"),
+            output_mode=cast(OutputMode | None, output_mode),
         )
 
     @classmethod
@@ -93,8 +99,33 @@ class Topology:
         if self.kind == "swarm" and self.start_agent is not None:
             data["start_agent"] = self.start_agent
         if self.kind == "supervisor-tools":
-            data["output_mode"] = self.output_mode
+            data["output_mode"] = self.mode
         return data
+
+    def continuing(self, thread_id: str, earlier: Topology) -> Topology:
+        """This topology for a thread whose earlier tasks ran ``earlier``: a thread keeps its
+        topology (its checkpoints hold that graph's state) and its output mode, unless
+        another mode is chosen explicitly.
+
+        Raises:
+            ConfigError: Another kind, or another explicit output mode, than the thread's.
+        """
+        if earlier.kind != self.kind:
+            raise ConfigError(
+                f"thread {thread_id!r} runs the {earlier.kind!r} topology, not {self.kind!r}; "
+                "continue it with that topology, or start a new thread"
+            )
+        if self.kind != "supervisor-tools":
+            return self
+        if self.output_mode is None:
+            return replace(self, output_mode=earlier.mode)
+        if self.output_mode != earlier.mode:
+            raise ConfigError(
+                f"thread {thread_id!r} runs with output_mode {earlier.mode!r}, not "
+                f"{self.output_mode!r}: the supervisor's messages so far were kept that way; "
+                "start a new thread for another mode"
+            )
+        return self
 
     def roles(self, agents: Sequence[str]) -> tuple[str, ...]:
         """The roles that need a model: the agents, plus the supervisor and finalize where

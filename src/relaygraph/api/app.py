@@ -20,7 +20,6 @@ from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
-from relaygraph.run import check_thread_topology
 from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Team
 from relaygraph.topology import Topology
 
@@ -182,9 +181,10 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             if owner is not None:
                 earlier = Topology.from_mapping(ledger().thread_topology(body.thread_id))
                 try:
-                    check_thread_topology(body.thread_id, earlier, topology)
+                    topology = topology.continuing(body.thread_id, earlier)
                 except ConfigError as exc:
-                    raise ApiError(422, "invalid_topology", str(exc), "topology") from None
+                    field = "output_mode" if "output_mode" in str(exc) else "topology"
+                    raise ApiError(422, "invalid_topology", str(exc), field) from None
             busy = ledger().active_task_on_thread(body.thread_id)
             if busy is not None and body.multitask == "reject":
                 raise ApiError(

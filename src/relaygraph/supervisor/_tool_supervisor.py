@@ -382,7 +382,7 @@ def build_tool_supervisor_team(
         parallel_tool_calls=False,
         state_schema=ToolsTeamState,
         context_schema=TaskContext,
-        output_mode=topology.output_mode,
+        output_mode=topology.mode,
         supervisor_name=SUPERVISOR,
     )
     # A new request first goes through ``begin`` (a new turn: fresh per-request fields).
