@@ -714,3 +714,29 @@ def test_a_thread_keeps_its_output_mode(home: Path, script: Script) -> None:
             topology=Topology.parse("supervisor-tools", output_mode="last_message"),
             thread_id=first.thread_id,
         )
+
+
+def test_a_failed_tool_supervisor_run_keeps_what_it_spent_and_refused(
+    home: Path, script: Script
+) -> None:
+    policy = parse_policy({"agents": {"researcher": {"max_model_calls": 1}}})
+    spec = script(
+        {
+            "supervisor": [
+                transfer("researcher", "look"),
+                transfer("researcher", "look again"),  # refused: out of budget
+                transfer("researcher", "and again"),  # refused again; then the script ends
+            ],
+            "researcher": [say("found")],
+        }
+    )
+    result = run_task("go", model=spec, policy=policy, topology=TOOLS)
+    assert result.status == "failed"
+    assert "ran out" in (result.stop_reason or "")
+    # The supervisor's run that failed had not left its graph: its calls and refusals are
+    # read from its own checkpoint.
+    assert result.usage["supervisor"]["model_calls"] == 3
+    assert [(v["agent"], v["kind"]) for v in result.violations] == [
+        ("supervisor", "handoff_not_allowed"),
+        ("supervisor", "handoff_not_allowed"),
+    ]

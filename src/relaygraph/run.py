@@ -107,43 +107,55 @@ def resolve_model_specs(
     return specs
 
 
-def _in_flight_usage(
+def _in_flight(
     checkpointer: Any, thread_id: str, snapshot: Any, policy: TeamPolicy
-) -> list[dict[str, Any]]:
-    """What the agent visits still in progress spent so far: a task paused for a person,
-    cancelled or suspended mid-visit has made model and tool calls that no visit record
-    holds yet. Read from each pending agent task's own checkpoint (its namespace is the
-    node's name and task id, in every topology); the visit's record replaces this once
-    the visit finishes, so nothing is counted twice."""
-    from relaygraph.policies.middleware import transcript_usage
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What the nodes still in progress spent and refused so far, as (usage, violations).
 
-    found: list[dict[str, Any]] = []
+    A task paused for a person, cancelled, suspended or failed mid-visit has made model and
+    tool calls that no visit record holds yet; so has a tool-calling supervisor whose run
+    has not left its own graph. Each is read from the pending task's own checkpoint (its
+    namespace is the node's name and task id, in every topology); the finished node's
+    records replace these on a later run, so nothing is counted twice.
+    """
+    from relaygraph.policies.middleware import transcript_usage
+    from relaygraph.supervisor import SUPERVISOR
+    from relaygraph.supervisor._accounting import transcript_violations
+
+    usage: list[dict[str, Any]] = []
+    violations: list[dict[str, Any]] = []
     for pending in snapshot.tasks:
-        if pending.name not in policy.agents:
+        if pending.name not in (*policy.agents, SUPERVISOR):
             continue
         ns = f"{pending.name}:{pending.id}"
         saved = checkpointer.get_tuple(
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
         )
-        if saved is None:
+        if saved is None:  # Not a graph of its own (the structured supervisor), or no step yet.
             continue
-        messages = saved.checkpoint["channel_values"].get("messages") or []
-        totals = transcript_usage(list(messages), policy)
+        values = saved.checkpoint["channel_values"]
+        if pending.name == SUPERVISOR:  # The tool supervisor: its records of this run.
+            usage += [u for u in values.get("usage") or [] if str(u["id"]).startswith(ns)]
+            violations += [v for v in values.get("violations") or [] if str(v["id"]).startswith(ns)]
+            continue
+        messages = list(values.get("messages") or [])
+        totals = transcript_usage(messages, policy)
         estimated = any(
             getattr(m, "usage_metadata", None) is None
             or m.response_metadata.get("relaygraph_usage_estimated", False)
             for m in messages
             if m.type == "ai"
         )
-        found.append({"agent": pending.name, **asdict(totals), "estimated": estimated})
-    return found
+        usage.append({"agent": pending.name, **asdict(totals), "estimated": estimated})
+        violations += [dict(v) for v in transcript_violations(messages, pending.name, 0)]
+    return usage, violations
 
 
 def _summarize(
     state: dict[str, Any],
     policy: TeamPolicy,
     roles: tuple[str, ...],
-    in_flight: Sequence[Mapping[str, Any]] = (),
+    in_flight: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]] = ((), ()),
 ) -> dict[str, Any]:
     from relaygraph.policies import LIMIT_NAMES
 
@@ -164,7 +176,7 @@ def _summarize(
     usage: dict[str, dict[str, Any]] = {}
     team: dict[str, Any] = dict.fromkeys(fields, 0)
     current = [r for r in state.get("usage", []) if r["turn"] == turn]
-    for record in [*current, *in_flight]:
+    for record in [*current, *in_flight[0]]:
         totals = usage.setdefault(record["agent"], {**dict.fromkeys(fields, 0), "estimated": False})
         for key in fields:
             totals[key] += record.get(key, 0)
@@ -181,8 +193,7 @@ def _summarize(
     team["limits"] = {k: v for k, v in asdict(policy.team).items() if k != "on_exhausted"}
     violations = [
         {"agent": v["agent"], "kind": v["kind"], "detail": v["detail"]}
-        for v in state.get("violations", [])
-        if v["turn"] == turn
+        for v in [*(v for v in state.get("violations", []) if v["turn"] == turn), *in_flight[1]]
     ]
     return {
         "agents_run": [v["agent"] for v in visits],
@@ -354,7 +365,7 @@ class TaskRunner:
             except Exception as exc:  # A provider or tool failure ends this task, not the process.
                 error = f"error: {type(exc).__name__}: {exc}"
             snapshot = graph.get_state(config)
-            in_flight = _in_flight_usage(checkpointer, task.thread_id, snapshot, policy)
+            in_flight = _in_flight(checkpointer, task.thread_id, snapshot, policy)
         state = snapshot.values
         pending = [
             {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
