@@ -740,3 +740,23 @@ def test_a_failed_tool_supervisor_run_keeps_what_it_spent_and_refused(
         ("supervisor", "handoff_not_allowed"),
         ("supervisor", "handoff_not_allowed"),
     ]
+
+
+def test_thread_history_shows_the_team_s_answers_not_agents_messages() -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from relaygraph.supervisor._prompts import history_text
+
+    messages = [
+        HumanMessage("first question"),
+        AIMessage("", name="supervisor", tool_calls=[{"name": "t", "args": {}, "id": "1"}]),
+        AIMessage("researcher's notes", name="researcher"),
+        AIMessage("the supervisor's answer", name="supervisor"),
+        HumanMessage("second question (failed: no answer)"),
+        AIMessage("coder did not run: out of budget", name="coder"),
+        HumanMessage("third question"),
+    ]
+    text = history_text({"messages": messages})
+    assert "Team: the supervisor's answer" in text
+    assert "researcher's notes" not in text and "did not run" not in text
+    assert "third question" not in text  # The current request is not history.

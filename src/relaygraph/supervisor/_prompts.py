@@ -18,6 +18,8 @@ MAX_RESULTS_SHOWN = 4
 MAX_RESULT_CHARS = 1500
 MAX_HISTORY_TURNS = 3
 MAX_HISTORY_CHARS = 600
+ANSWER_NAMES = (None, "relaygraph", "supervisor")
+"""Who writes the team's answers in a thread: finalize, the tool supervisor (unnamed: older)."""
 
 
 def _clip(text: str, limit: int) -> str:
@@ -49,8 +51,9 @@ def results_text(visits: Sequence[Visit]) -> str:
 def history_text(state: TeamState) -> str:
     """The thread's earlier requests and answers, for a continued conversation.
 
-    A request is a human message; its answer is the last AI message without tool calls
-    before the next request (the tool supervisor's thread holds the agents' messages too).
+    A request is a human message; its answer is the team's last answer before the next
+    request: finalize's (``relaygraph``) or the tool supervisor's own message, never an
+    agent's (the tool supervisor's thread holds the agents' messages too).
     """
     messages = state.get("messages", [])
     current = max((i for i, m in enumerate(messages) if m.type == "human"), default=0)
@@ -58,7 +61,12 @@ def history_text(state: TeamState) -> str:
     for message in messages[:current]:
         if message.type == "human":
             pairs.append(("User", message.text))
-        elif message.type == "ai" and not getattr(message, "tool_calls", None) and pairs:
+        elif (
+            message.type == "ai"
+            and not getattr(message, "tool_calls", None)
+            and getattr(message, "name", None) in ANSWER_NAMES
+            and pairs
+        ):
             if pairs[-1][0] == "Team":
                 pairs[-1] = ("Team", message.text)
             else:
