@@ -760,3 +760,37 @@ def test_thread_history_shows_the_team_s_answers_not_agents_messages() -> None:
     assert "Team: the supervisor's answer" in text
     assert "researcher's notes" not in text and "did not run" not in text
     assert "third question" not in text  # The current request is not history.
+
+
+def test_tool_supervisor_relays_an_agent_s_own_handoff(home: Path, script: Script) -> None:
+    from .test_tracing import events, named, traced_run
+
+    spec = script(
+        {
+            "supervisor": [transfer("researcher", "look"), say("final")],
+            "researcher": [transfer("writer", "write it", "words")],
+            "writer": [say("written")],
+        }
+    )
+    result, spans = traced_run(spec, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    assert [(h["kind"], h["from"], h["to"]) for h in result.handoffs] == [
+        ("route", "supervisor", "researcher"),
+        ("direct", "researcher", "writer"),
+    ]
+    # The relay takes no model call of the supervisor's.
+    assert result.usage["supervisor"]["model_calls"] == 2
+    first, relay, _answered = named(spans, "invoke_agent supervisor")
+    assert [e["relaygraph.route.next"] for e in events(first, "relaygraph.route")] == ["researcher"]
+    assert events(relay, "relaygraph.route") == []
+    [relayed] = events(relay, "relaygraph.relay")
+    assert (relayed["relaygraph.handoff.from"], relayed["relaygraph.handoff.to"]) == (
+        "researcher",
+        "writer",
+    )
+    handoffs, _, _ = ledger_rows(result, home)
+    assert [(h.kind, h.source, h.target) for h in handoffs] == [
+        ("route", "supervisor", "researcher"),
+        ("direct", "researcher", "writer"),
+    ]

@@ -308,7 +308,14 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
             return _to_parent(state, config, FINALIZE)
         pending = state.get("assignment")
         if pending is not None and pending["kind"] == "direct":
-            return _to_parent(state, config, pending["agent"])  # An agent's handoff, relayed.
+            # An agent's own handoff, relayed; its record goes along, so that traces show
+            # it as a relay and not as a route of the supervisor's.
+            sent = [
+                h
+                for h in state.get("handoffs", [])
+                if h["kind"] == "direct" and h["target"] == pending["agent"]
+            ][-1:]
+            return _to_parent(state, config, pending["agent"], {"handoffs": sent})
         if hit := _team_stop(state, policy, config, visits=False, own_graph=True):
             stop = _exhausted(policy, hit, state, config)
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}))

@@ -156,16 +156,24 @@ class LangSmithTracer(LangChainTracer):
         tags: list[str] = []
         if records.ended:
             metadata["relaygraph_ended"] = records.ended
+        is_router = _runs.node_role(name) == "supervisor"
         for handoff in records.handoffs:
             if handoff.kind == "route":
                 metadata["relaygraph_route"] = _handoff_json(handoff)
                 _event(run, "route", **_handoff_json(handoff))
+            elif is_router:
+                # The tool supervisor passing on an agent's own handoff.
+                metadata["relaygraph_relay"] = _handoff_json(handoff)
+                _event(run, "relay", **_handoff_json(handoff))
             else:
                 metadata["relaygraph_handoff"] = _handoff_json(handoff)
                 tags.append("handoff")
                 _event(run, "handoff", **_handoff_json(handoff))
-        is_router = _runs.node_role(name) == "supervisor"
-        if is_router and records.goto is not None and "relaygraph_route" not in metadata:
+        if (
+            is_router
+            and records.goto is not None
+            and not {"relaygraph_route", "relaygraph_relay"} & set(metadata)
+        ):
             metadata["relaygraph_route"] = {"from": name, "to": records.goto}
         violations = [
             {"kind": v.get("kind"), "agent": v.get("agent"), "detail": v.get("detail")}

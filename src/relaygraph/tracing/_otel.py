@@ -264,8 +264,13 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
             root[1] += int(records.usage.get("output_tokens", 0)) - tokens[1]
         if records.ended:
             span.set_attribute("relaygraph.agent.ended", records.ended)
-        if _runs.node_role(name) == "supervisor" and records.goto is not None:
-            route = next((h for h in records.handoffs if h.kind == "route"), None)
+        is_router = _runs.node_role(name) == "supervisor"
+        route = next((h for h in records.handoffs if h.kind == "route"), None)
+        relay = next((h for h in records.handoffs if h.kind == "direct"), None)
+        if is_router and route is None and relay is not None:
+            # The tool supervisor passing on an agent's own handoff: not a route of its own.
+            span.add_event("relaygraph.relay", _clean(relay.attributes("relaygraph.handoff")))
+        elif is_router and records.goto is not None:
             span.add_event(
                 "relaygraph.route",
                 _clean(
@@ -277,7 +282,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                 ),
             )
         for handoff in records.handoffs:
-            if handoff.kind == "direct":
+            if handoff.kind == "direct" and not is_router:
                 self._handoff(span, handoff)
         for violation in records.violations:
             budget = violation.get("kind") == "budget"
