@@ -794,3 +794,34 @@ def test_tool_supervisor_relays_an_agent_s_own_handoff(home: Path, script: Scrip
         ("route", "supervisor", "researcher"),
         ("direct", "researcher", "writer"),
     ]
+
+
+@pytest.mark.parametrize("topology", [Topology(), TOOLS], ids=["structured", "supervisor-tools"])
+def test_a_route_stopped_by_a_ping_pong_moves_no_work_in_the_ledger(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    tasks = ["find A", "check A", "find B", "check B", "find C"]
+    agents = ["researcher", "coder", "researcher", "coder", "researcher"]
+    if topology.kind == "structured":
+        supervisor = [
+            {"route": {"next": a, "task": t, "reason": "r"}}
+            for a, t in zip(agents, tasks, strict=True)
+        ]
+    else:
+        supervisor = [transfer(a, t, "r") for a, t in zip(agents, tasks, strict=True)]
+    spec = script(
+        {
+            "supervisor": supervisor,
+            "researcher": [say("r1"), say("r2")],
+            "coder": [say("c1"), say("c2")],
+            "finalize": [say("what we have")],
+        }
+    )
+    result = run_task("go", model=spec, topology=topology)
+    assert result.status == "degraded"
+    assert (result.stop_reason or "").startswith("ping_pong")
+    handoffs, _, _ = ledger_rows(result, home)
+    # The ledger's transfers are the result's: the stopped route moved no work.
+    assert [h.task for h in handoffs] == [h["task"] for h in result.handoffs] == tasks[:4]
+    routes = [e for e in events_of(result, home) if e["type"] == "route"]
+    assert [(r["task"], r["carried_out"]) for r in routes][-1] == ("find C", False)

@@ -34,6 +34,8 @@ class ProgressPrinter:
             )
         elif kind == "route":
             note = " [yellow](repaired)[/]" if event.get("repaired") else ""
+            if event.get("carried_out") is False:
+                note += " [yellow](not carried out)[/]"
             if event.get("fallback"):
                 say(
                     f"[yellow]supervisor output invalid twice ({escape(str(event['error']))});"

@@ -70,6 +70,8 @@ def _route(session: Session, task_id: str, seq: int, event: dict[str, Any], now:
     target = event.get("next")
     if target is None or target == FINISH:
         return  # Finishing is not a transfer of work (RunResult.handoffs leaves it out too).
+    if event.get("carried_out") is False:
+        return  # Decided, then stopped (a limit, a ping-pong): no work moved.
     _add_handoff(session, task_id, seq, "route", ROUTER, str(target), event, now)
 
 

@@ -111,25 +111,31 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             acc.calls_usage(policy, replies, time.monotonic() - started),
             list(replies),
         )
-        get_stream_writer()(
-            {
-                "type": "route",
-                "step": acc.step_of(config),
-                "checkpoint_ns": ns,
-                "next": route.next,
-                "task": route.task,
-                "reason": route.reason,
-                "repaired": decision.error is not None and not decision.fallback,
-                "fallback": decision.fallback,
-                "error": decision.error,
-            }
-        )
+        decided = {
+            "type": "route",
+            "step": acc.step_of(config),
+            "checkpoint_ns": ns,
+            "next": route.next,
+            "task": route.task,
+            "reason": route.reason,
+            "repaired": decision.error is not None and not decision.fallback,
+            "fallback": decision.fallback,
+            "error": decision.error,
+        }
+
+        def report(carried_out: bool) -> None:
+            # Sent once the route is carried out or stopped (a limit, a ping-pong): a route
+            # waiting for a person's decision is reported after it, not twice.
+            get_stream_writer()({**decided, "carried_out": carried_out})
+
         if route.next == FINISH:
+            report(True)
             finish: dict[str, Any] = {"usage": [usage]}
             if decision.fallback:
                 finish |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
             return Command(goto=FINALIZE, update=finish)
         if visits_spent is not None:
+            report(False)
             return _exhausted(policy, visits_spent, state, config, {"usage": [usage]})
         record = HandoffRecord(
             id=ns,
@@ -167,7 +173,7 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             earlier_tasks=routes,
         )
         if found is not None:
-            return _on_ping_pong(
+            outcome = _on_ping_pong(
                 policy,
                 found,
                 state,
@@ -176,6 +182,9 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
                 proceed=proceed,
                 update={"usage": [usage]},
             )
+            report(outcome.goto == route.next)
+            return outcome
+        report(True)
         return Command(goto=proceed.goto, update={"usage": [usage], **(proceed.update or {})})
 
     return supervisor

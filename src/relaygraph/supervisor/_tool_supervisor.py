@@ -229,7 +229,6 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             step=None,
             turn=turn,
         )
-        _emit_route(config, target, task, reason)
         assignment = Assignment(
             agent=target, task=task, reason=reason, source=SUPERVISOR, kind="route"
         )
@@ -250,6 +249,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             earlier_tasks=routes,
         )
         if found is None:
+            _emit_route(config, target, task, reason, carried_out=True)
             return proceed
         carried = dict(proceed.update or {})
         violations = carried.pop("violations")
@@ -263,6 +263,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             update={},
         )
         update = dict(decided.update or {})
+        _emit_route(config, target, task, reason, carried_out=decided.goto == target)
         if decided.goto == FINALIZE:
             answered = _answers(message, call_id, f"Not carried out: {found.detail}")
             return _to_parent(state, config, FINALIZE, update, answered)
@@ -286,7 +287,11 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
     )
 
 
-def _emit_route(config: RunnableConfig, target: str, task: str, reason: str) -> None:
+def _emit_route(
+    config: RunnableConfig, target: str, task: str, reason: str, *, carried_out: bool = True
+) -> None:
+    """Report a route once it is carried out or stopped (by a ping-pong), as the structured
+    supervisor does."""
     get_stream_writer()(
         {
             "type": "route",
@@ -298,6 +303,7 @@ def _emit_route(config: RunnableConfig, target: str, task: str, reason: str) -> 
             "repaired": False,
             "fallback": False,
             "error": None,
+            "carried_out": carried_out,
         }
     )
 

@@ -56,6 +56,7 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
             "step": data.get("step"),
             "repaired": bool(data.get("repaired")),
             "fallback": bool(data.get("fallback")),
+            "carried_out": data.get("carried_out") is not False,
         }
     if kind == "handoff":
         return base | {
@@ -257,9 +258,10 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
     if kind == "route":
         if node["to"] == "FINISH":
             return f"{when} [cyan]route[/] supervisor → FINISH [dim]({_short(node['reason'])})[/]"
+        stopped = "" if node.get("carried_out", True) else " [yellow](not carried out)[/]"
         return (
             f"{when} [cyan]route[/] supervisor → [bold]{node['to']}[/]: {_short(node['task'])}"
-            f" [dim]({_short(node['reason'])})[/]"
+            f" [dim]({_short(node['reason'])})[/]{stopped}"
         )
     if kind == "handoff":
         return (
