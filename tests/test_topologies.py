@@ -825,3 +825,33 @@ def test_a_route_stopped_by_a_ping_pong_moves_no_work_in_the_ledger(
     assert [h.task for h in handoffs] == [h["task"] for h in result.handoffs] == tasks[:4]
     routes = [e for e in events_of(result, home) if e["type"] == "route"]
     assert [(r["task"], r["carried_out"]) for r in routes][-1] == ("find C", False)
+
+
+def test_tool_supervisor_routes_carry_the_team_graph_s_step(home: Path, script: Script) -> None:
+    """The prebuilt supervisor runs as a graph of its own; its routes still carry the step of
+    the team graph, as the structured supervisor's do (the same shape of graph)."""
+    steps = {}
+    for topology in (Topology(), TOOLS):
+        if topology.kind == "structured":
+            supervisor = [
+                {"route": {"next": a, "task": a, "reason": "r"}} for a in ("researcher", "writer")
+            ] + [{"route": {"next": "FINISH", "task": "", "reason": "done"}}]
+        else:
+            supervisor = [transfer("researcher", "researcher"), transfer("writer", "writer")]
+            supervisor.append(say("answer"))
+        spec = script(  # Two requests.
+            {
+                "supervisor": supervisor * 2,
+                "researcher": [say("r")] * 2,
+                "writer": [say("w")] * 2,
+                "finalize": [say("answer")] * 2,
+            }
+        )
+        first = run_task("one", model=spec, topology=topology)
+        second = run_task("two", model=spec, topology=topology, thread_id=first.thread_id)
+        assert second.status == "succeeded", second.stop_reason
+        steps[topology.kind] = [
+            [h.step for h in ledger_rows(result, home)[0]] for result in (first, second)
+        ]
+    assert steps["supervisor-tools"] == steps["structured"]
+    assert all(isinstance(step, int) for run in steps["structured"] for step in run)

@@ -65,6 +65,8 @@ class Exit:
     assignment: Assignment
     visit: Visit | None = None
     """The visit's record; None when the agent did not run (a limit reached first)."""
+    step: int | None = None
+    """The team graph's step the node ran in."""
     hit: BudgetHit | None = None
     """The agent budget that was spent, for ``spent``."""
 
@@ -109,7 +111,15 @@ def _make_agent_node(
 
         def out(kind: ExitKind, command: Command[Any], **more: Any) -> Any:
             return leave(
-                Exit(kind=kind, command=command, agent=name, assignment=assignment, **more), state
+                Exit(
+                    kind=kind,
+                    command=command,
+                    agent=name,
+                    assignment=assignment,
+                    step=acc.step_of(config),
+                    **more,
+                ),
+                state,
             )
 
         if hit := _team_stop(state, policy, config):

@@ -104,3 +104,5 @@ class ToolsTeamState(TeamState, total=False):
     """Steps left before the recursion limit (required by LangGraph's prebuilt agent)."""
     call_started: float
     """When the supervisor's current model call started (wall clock), for its usage."""
+    supervisor_step: int
+    """The team graph's step the supervisor runs in next (its own graph has its own steps)."""

@@ -82,6 +82,8 @@ class ToolsExits:
     def __call__(self, outcome: Exit, state: TeamState) -> dict[str, Any]:
         update = dict(outcome.command.update or {})
         update["messages"] = _visit_messages(outcome)
+        if outcome.step is not None:
+            update["supervisor_step"] = outcome.step + 1  # The edge back: the next step.
         return update
 
 
@@ -108,6 +110,13 @@ def _visit_messages(outcome: Exit) -> list[BaseMessage]:
         content=visit["output"] or "(no output)", name=agent, id=f"{visit['id']}:result"
     )
     return [*messages, result]
+
+
+def _team_step(state: TeamState) -> int:
+    """The team graph's step the supervisor runs in: after ``begin`` in a request's first
+    run, else after the agent that returned to it (an older request's value is lower)."""
+    found: Mapping[str, Any] = state
+    return max(int(found.get("supervisor_step") or 0), int(found.get("turn_step") or 0) + 1)
 
 
 def _this_run(config: RunnableConfig) -> str:
@@ -226,7 +235,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             target=target,
             task=task,
             reason=reason,
-            step=None,
+            step=_team_step(state),
             turn=turn,
         )
         assignment = Assignment(
@@ -249,7 +258,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             earlier_tasks=routes,
         )
         if found is None:
-            _emit_route(config, target, task, reason, carried_out=True)
+            _emit_route(config, state, target, task, reason, carried_out=True)
             return proceed
         carried = dict(proceed.update or {})
         violations = carried.pop("violations")
@@ -263,7 +272,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             update={},
         )
         update = dict(decided.update or {})
-        _emit_route(config, target, task, reason, carried_out=decided.goto == target)
+        _emit_route(config, state, target, task, reason, carried_out=decided.goto == target)
         if decided.goto == FINALIZE:
             answered = _answers(message, call_id, f"Not carried out: {found.detail}")
             return _to_parent(state, config, FINALIZE, update, answered)
@@ -288,14 +297,20 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
 
 
 def _emit_route(
-    config: RunnableConfig, target: str, task: str, reason: str, *, carried_out: bool = True
+    config: RunnableConfig,
+    state: TeamState,
+    target: str,
+    task: str,
+    reason: str,
+    *,
+    carried_out: bool = True,
 ) -> None:
     """Report a route once it is carried out or stopped (by a ping-pong), as the structured
     supervisor does."""
     get_stream_writer()(
         {
             "type": "route",
-            "step": None,
+            "step": _team_step(state),
             "checkpoint_ns": _this_run(config),
             "next": target,
             "task": task,
@@ -357,7 +372,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         usage["estimated"] = usage["estimated"] or any(u["estimated"] for u in earlier)
         if reply.tool_calls:
             return {"usage": [usage]}
-        _emit_route(config, FINISH, "", "the supervisor answered")
+        _emit_route(config, state, FINISH, "", "the supervisor answered")
         return _to_parent(state, config, FINALIZE, {"usage": [usage], "answer": reply.text})
 
     return before_model, after_model
