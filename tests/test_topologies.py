@@ -616,6 +616,9 @@ def test_a_route_approved_after_a_ping_pong_is_recorded_once(
     paused = run_task("go", model=spec, policy=policy, topology=topology)
     assert paused.status == "interrupted"
     assert paused.pending[0]["type"] == "ping_pong"
+    # The violation is reported at the pause, whether or not a decision ever comes.
+    assert [(v["agent"], v["kind"]) for v in paused.violations] == [("researcher", "ping_pong")]
+    assert [e["kind"] for e in events_of(paused, home) if e["type"] == "violation"] == ["ping_pong"]
     done = resume_task(paused.task_id, Decision(decision="approve"))
     assert done.status == "succeeded", done.stop_reason
     assert done.agents_run == agents
@@ -623,6 +626,16 @@ def test_a_route_approved_after_a_ping_pong_is_recorded_once(
     assert [h.task for h in handoffs] == tasks
     violations = [e for e in events_of(done, home) if e["type"] == "violation"]
     assert [(v["agent"], v["kind"]) for v in violations] == [("researcher", "ping_pong")]
+    assert [(v["agent"], v["kind"]) for v in done.violations] == [("researcher", "ping_pong")]
+    # Each transfer's tokens_so_far is what the agents had spent when the work moved (the
+    # supervisor's tokens, in the ledger's rows after the pause, are not among them).
+    spent, expected = 0, []
+    for event in events_of(done, home):
+        if event["type"] == "agent_finished":
+            spent += event["usage"]["input_tokens"] + event["usage"]["output_tokens"]
+        elif event["type"] == "route" and event["next"] != "FINISH":
+            expected.append(spent)
+    assert [h.tokens_so_far for h in handoffs] == expected
 
 
 def test_tool_supervisor_out_of_steps_is_a_stop_not_an_answer(home: Path, script: Script) -> None:
@@ -855,3 +868,47 @@ def test_tool_supervisor_routes_carry_the_team_graph_s_step(home: Path, script: 
         ]
     assert steps["supervisor-tools"] == steps["structured"]
     assert all(isinstance(step, int) for run in steps["structured"] for step in run)
+
+
+@pytest.mark.parametrize(
+    "topology", [Topology(), SWARM, TOOLS], ids=["structured", "swarm", "supervisor-tools"]
+)
+def test_a_resumed_visit_is_counted_once_in_the_ledger_while_it_runs(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    policy = parse_policy({"agents": {"coder": {"approval": ["run_python"]}}})
+    asks = {
+        **call("run_python", code="print(1)"),
+        "usage": {"input_tokens": 100, "output_tokens": 20},
+    }
+    answers = {**say("printed 1"), "usage": {"input_tokens": 200, "output_tokens": 30}}
+    turns: dict[str, Any] = {"coder": [asks, answers]}
+    if topology.kind == "supervisor-tools":
+        turns["supervisor"] = [transfer("coder", "run it"), say("done")]
+    elif topology.kind == "structured":
+        turns["supervisor"] = [
+            {"route": {"next": "coder", "task": "run it", "reason": "code"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ]
+        turns["finalize"] = [say("done")]
+    else:
+        topology = Topology.parse("swarm", start_agent="coder")
+    paused = run_task("go", model=script(turns), policy=policy, topology=topology)
+    assert paused.usage["coder"]["input_tokens"] == 100  # The paused visit, counted.
+    seen: list[int] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "agent_finished" and event["agent"] == "coder":
+            ledger = _ledger_for(home)
+            try:
+                seen.extend(
+                    u.input_tokens for u in ledger.usage(paused.task_id) if u.agent == "coder"
+                )
+            finally:
+                ledger.close()
+
+    done = resume_task(paused.task_id, Decision(decision="approve"), on_event=on_event)
+    assert done.status == "succeeded", done.stop_reason
+    # While the resumed run goes on, the ledger holds the visit once, not the paused part again.
+    assert seen == [300]
+    assert done.usage["coder"]["input_tokens"] == 300

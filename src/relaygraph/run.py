@@ -151,6 +151,16 @@ def _in_flight(
     return usage, violations
 
 
+def _waiting_violations(snapshot: Any) -> list[dict[str, Any]]:
+    """The ping-pongs a paused task waits on a person for: violations already, though the
+    step that detected them has not finished (it runs again on the decision)."""
+    return [
+        {"agent": i.value.get("next"), "kind": "ping_pong", "detail": i.value.get("detail")}
+        for i in snapshot.interrupts
+        if isinstance(i.value, dict) and i.value.get("type") == "ping_pong"
+    ]
+
+
 def _summarize(
     state: dict[str, Any],
     policy: TeamPolicy,
@@ -322,6 +332,8 @@ class TaskRunner:
             graph = build_team(models, policy=policy, checkpointer=checkpointer, topology=topology)
             if graph_input is CONTINUE:
                 graph_input = self._continue_input(graph, config, task)
+            if not (isinstance(graph_input, dict) and "request" in graph_input):
+                self._settle_usage(graph, config, task, policy, roles)
             emit(
                 {
                     "type": "run_started",
@@ -367,6 +379,8 @@ class TaskRunner:
             snapshot = graph.get_state(config)
             in_flight = _in_flight(checkpointer, task.thread_id, snapshot, policy)
         state = snapshot.values
+        waiting = _waiting_violations(snapshot)
+        in_flight = (in_flight[0], [*in_flight[1], *waiting])
         pending = [
             {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
             for i in snapshot.interrupts
@@ -405,12 +419,35 @@ class TaskRunner:
             emit({"type": "run_suspended", "reason": SUSPENDED})
             self.ledger.record_usage(task.id, result.usage)
             return result
+        reported = {a.interrupt_id for a in self.ledger.approvals(task.id)}
         for item in pending:
+            if item.get("type") == "ping_pong" and item["id"] not in reported:
+                # The detection step re-runs when the decision comes, so the violation is
+                # reported here, at the pause: once, even if no decision ever comes.
+                emit(
+                    {
+                        "type": "violation",
+                        "agent": item.get("next"),
+                        "kind": "ping_pong",
+                        "detail": item.get("detail"),
+                    }
+                )
             emit({**item, "type": "interrupted", "waits_for": item.get("type")})
         emit({"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason})
         self.ledger.record_usage(task.id, result.usage)
         self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
         return result
+
+    def _settle_usage(
+        self, graph: Any, config: Any, task: Any, policy: TeamPolicy, roles: tuple[str, ...]
+    ) -> None:
+        """Before a paused or stopped task goes on: its usage rows back to what finished
+        nodes spent. The calls of a visit in progress, counted when it stopped, arrive
+        again with the visit's ``agent_finished`` (which adds it whole)."""
+        done = _summarize(graph.get_state(config).values, policy, roles)["usage"]
+        zero = {**dict.fromkeys((*USAGE_FIELDS, "cost_usd", "seconds"), 0), "estimated": False}
+        stale = {row.agent: zero for row in self.ledger.usage(task.id) if row.agent not in done}
+        self.ledger.record_usage(task.id, {**stale, **done})
 
     def _continue_input(self, graph: Any, config: Any, task: Any) -> Any:
         """The graph input that continues ``task`` after a restart (:data:`CONTINUE`).

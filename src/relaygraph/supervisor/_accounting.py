@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -50,6 +51,18 @@ def turn_usage(state: TeamState, role: str | None = None) -> UsageTotals:
         u
         for u in state.get("usage", [])
         if u["turn"] == turn and (role is None or u["agent"] == role)
+    )
+
+
+def agent_tokens(state: TeamState, agents: Iterable[str]) -> int:
+    """Input plus output tokens the agents spent on the current request, as recorded in
+    state: a handoff's ``tokens_so_far``, exact however the ledger's rows stand."""
+    names = set(agents)
+    turn = state.get("turn", 0)
+    return sum(
+        u["input_tokens"] + u["output_tokens"]
+        for u in state.get("usage", [])
+        if u["turn"] == turn and u["agent"] in names
     )
 
 

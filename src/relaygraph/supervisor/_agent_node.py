@@ -244,6 +244,9 @@ def _make_agent_node(
                 "target": target,
                 "task": sent["task"],
                 "reason": sent["reason"],
+                "tokens_so_far": acc.agent_tokens(state, policy.agents)
+                + usage["input_tokens"]
+                + usage["output_tokens"],
             }
         )
         proceed = Command(

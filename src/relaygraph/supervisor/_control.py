@@ -102,8 +102,8 @@ def _on_ping_pong(
     """Act on a detected ping-pong as the policy says; ``proceed`` is the transfer itself."""
     turn, candidate = state.get("turn", 0), str(proceed.goto)
     action = policy.ping_pong.on_detect
-    # Waiting for a person, the step runs again when the decision comes: its event is sent
-    # then, once (the pause itself is reported as the task's pending decision).
+    # Waiting for a person, the step runs again when the decision comes: the runner
+    # reports this violation from the pause itself (relaygraph.run), once.
     record = acc.violation(
         f"{acc.task_ns(config)}:ping_pong",
         turn,
@@ -123,7 +123,6 @@ def _on_ping_pong(
                 "source": source,
             }
         )
-        acc.announce_violation(record)
         verdict = answer.get("decision") if isinstance(answer, Mapping) else answer
         if verdict == "approve":
             return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})

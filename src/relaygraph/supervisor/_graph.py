@@ -121,6 +121,7 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             "repaired": decision.error is not None and not decision.fallback,
             "fallback": decision.fallback,
             "error": decision.error,
+            "tokens_so_far": acc.agent_tokens(state, agents),
         }
 
         def report(carried_out: bool) -> None:

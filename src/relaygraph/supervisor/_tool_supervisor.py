@@ -319,6 +319,7 @@ def _emit_route(
             "fallback": False,
             "error": None,
             "carried_out": carried_out,
+            "tokens_so_far": acc.agent_tokens(state, AGENTS),
         }
     )
 
