@@ -47,6 +47,7 @@ FORBIDDEN = {
     "store": ["relaygraph.run", "relaygraph.supervisor", "relaygraph.api", "relaygraph.cli"],
     "tracing": ["relaygraph.run", "relaygraph.api", "relaygraph.cli"],
     "run": ["relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
+    "_summary": ["relaygraph.run", "relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
     "evals": ["relaygraph.api", "relaygraph.cli"],
 }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from relaygraph._checkpoint import open_checkpointer, sqlite_checkpointer
 from relaygraph._home import data_home
+from relaygraph._summary import USAGE_FIELDS, in_flight_records, summarize, waiting_violations
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy
@@ -30,7 +31,6 @@ __all__ = [
 EventHandler = Callable[[dict[str, Any]], None]
 CONTINUE: Any = object()
 """Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
-USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
 SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
 
 
@@ -105,113 +105,6 @@ def resolve_model_specs(
     for spec in set(specs.values()):
         parse_model_spec(spec)
     return specs
-
-
-def _in_flight(
-    checkpointer: Any, thread_id: str, snapshot: Any, policy: TeamPolicy
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """What the nodes still in progress spent and refused so far, as (usage, violations).
-
-    A task paused for a person, cancelled, suspended or failed mid-visit has made model and
-    tool calls that no visit record holds yet; so has a tool-calling supervisor whose run
-    has not left its own graph. Each is read from the pending task's own checkpoint (its
-    namespace is the node's name and task id, in every topology); the finished node's
-    records replace these on a later run, so nothing is counted twice.
-    """
-    from relaygraph.policies.middleware import transcript_usage
-    from relaygraph.supervisor import SUPERVISOR
-    from relaygraph.supervisor._accounting import transcript_violations
-
-    usage: list[dict[str, Any]] = []
-    violations: list[dict[str, Any]] = []
-    for pending in snapshot.tasks:
-        if pending.name not in (*policy.agents, SUPERVISOR):
-            continue
-        ns = f"{pending.name}:{pending.id}"
-        saved = checkpointer.get_tuple(
-            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
-        )
-        if saved is None:  # Not a graph of its own (the structured supervisor), or no step yet.
-            continue
-        values = saved.checkpoint["channel_values"]
-        if pending.name == SUPERVISOR:  # The tool supervisor: its records of this run.
-            usage += [u for u in values.get("usage") or [] if str(u["id"]).startswith(ns)]
-            violations += [v for v in values.get("violations") or [] if str(v["id"]).startswith(ns)]
-            continue
-        messages = list(values.get("messages") or [])
-        totals = transcript_usage(messages, policy)
-        estimated = any(
-            getattr(m, "usage_metadata", None) is None
-            or m.response_metadata.get("relaygraph_usage_estimated", False)
-            for m in messages
-            if m.type == "ai"
-        )
-        usage.append({"agent": pending.name, **asdict(totals), "estimated": estimated})
-        violations += [dict(v) for v in transcript_violations(messages, pending.name, 0)]
-    return usage, violations
-
-
-def _waiting_violations(snapshot: Any) -> list[dict[str, Any]]:
-    """The ping-pongs a paused task waits on a person for: violations already, though the
-    step that detected them has not finished (it runs again on the decision)."""
-    return [
-        {"agent": i.value.get("next"), "kind": "ping_pong", "detail": i.value.get("detail")}
-        for i in snapshot.interrupts
-        if isinstance(i.value, dict) and i.value.get("type") == "ping_pong"
-    ]
-
-
-def _summarize(
-    state: dict[str, Any],
-    policy: TeamPolicy,
-    roles: tuple[str, ...],
-    in_flight: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]] = ((), ()),
-) -> dict[str, Any]:
-    from relaygraph.policies import LIMIT_NAMES
-
-    turn = state.get("turn", 0)
-    visits = [v for v in state.get("visits", []) if v["turn"] == turn]
-    handoffs = [
-        {
-            "kind": h["kind"],
-            "from": h["source"],
-            "to": h["target"],
-            "task": h["task"],
-            "reason": h["reason"],
-        }
-        for h in state.get("handoffs", [])
-        if h.get("turn") == turn
-    ]
-    fields = (*USAGE_FIELDS, "cost_usd", "seconds")
-    usage: dict[str, dict[str, Any]] = {}
-    team: dict[str, Any] = dict.fromkeys(fields, 0)
-    current = [r for r in state.get("usage", []) if r["turn"] == turn]
-    for record in [*current, *in_flight[0]]:
-        totals = usage.setdefault(record["agent"], {**dict.fromkeys(fields, 0), "estimated": False})
-        for key in fields:
-            totals[key] += record.get(key, 0)
-            team[key] += record.get(key, 0)
-        totals["estimated"] = totals["estimated"] or record.get("estimated", False)
-    for role, totals in usage.items():
-        totals["cost_usd"] = round(totals["cost_usd"], 6)
-        totals["seconds"] = round(totals["seconds"], 3)
-        if role in policy.agents:
-            limits = asdict(policy.agents[role].limits)
-            totals["limits"] = {name: limits[name] for name in LIMIT_NAMES}
-    team["cost_usd"], team["seconds"] = round(team["cost_usd"], 6), round(team["seconds"], 3)
-    team["agent_runs"] = len(visits)
-    team["limits"] = {k: v for k, v in asdict(policy.team).items() if k != "on_exhausted"}
-    violations = [
-        {"agent": v["agent"], "kind": v["kind"], "detail": v["detail"]}
-        for v in [*(v for v in state.get("violations", []) if v["turn"] == turn), *in_flight[1]]
-    ]
-    return {
-        "agents_run": [v["agent"] for v in visits],
-        "handoffs": handoffs,
-        "usage": {role: usage[role] for role in roles if role in usage},
-        "team_usage": team,
-        "violations": violations,
-    }
 
 
 def _token_text(chunk: Any) -> str:
@@ -377,9 +270,9 @@ class TaskRunner:
             except Exception as exc:  # A provider or tool failure ends this task, not the process.
                 error = f"error: {type(exc).__name__}: {exc}"
             snapshot = graph.get_state(config)
-            in_flight = _in_flight(checkpointer, task.thread_id, snapshot, policy)
+            in_flight = in_flight_records(checkpointer, task.thread_id, snapshot, policy)
         state = snapshot.values
-        waiting = _waiting_violations(snapshot)
+        waiting = waiting_violations(snapshot)
         in_flight = (in_flight[0], [*in_flight[1], *waiting])
         pending = [
             {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
@@ -412,7 +305,7 @@ class TaskRunner:
             models=specs,
             topology=topology.to_mapping(),
             pending=pending,
-            **_summarize(state, policy, roles, in_flight),
+            **summarize(state, policy, roles, in_flight),
         )
         if suspended:
             # Not finished: the task stays ``running`` for the next server to continue.
@@ -444,7 +337,7 @@ class TaskRunner:
         """Before a paused or stopped task goes on: its usage rows back to what finished
         nodes spent. The calls of a visit in progress, counted when it stopped, arrive
         again with the visit's ``agent_finished`` (which adds it whole)."""
-        done = _summarize(graph.get_state(config).values, policy, roles)["usage"]
+        done = summarize(graph.get_state(config).values, policy, roles)["usage"]
         zero = {**dict.fromkeys((*USAGE_FIELDS, "cost_usd", "seconds"), 0), "estimated": False}
         stale = {row.agent: zero for row in self.ledger.usage(task.id) if row.agent not in done}
         self.ledger.record_usage(task.id, {**stale, **done})
