@@ -312,7 +312,12 @@ class TaskRunner:
             emit({"type": "run_suspended", "reason": SUSPENDED})
             self.ledger.record_usage(task.id, result.usage)
             return result
-        reported = {a.interrupt_id for a in self.ledger.approvals(task.id)}
+        waits_on_ping_pong = any(item.get("type") == "ping_pong" for item in pending)
+        reported = (
+            {a.interrupt_id for a in self.ledger.approvals(task.id)}
+            if waits_on_ping_pong
+            else set()
+        )
         for item in pending:
             if item.get("type") == "ping_pong" and item["id"] not in reported:
                 # The detection step re-runs when the decision comes, so the violation is

@@ -4,11 +4,13 @@ handed on (to the supervisor, or straight to a peer)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.config import get_stream_writer
 from langgraph.errors import ParentCommand
 from langgraph.graph.state import CompiledStateGraph
@@ -310,3 +312,22 @@ def _visit(
         ],
         messages=transcript,  # type: ignore[typeddict-item]
     )
+
+
+def agent_members(
+    models: Mapping[str, BaseChatModel], policy: TeamPolicy, exits: Exits
+) -> list[RunnableLambda[Any, Any]]:
+    """Each agent of the policy as a named runnable running its node, for the prebuilt
+    multi-agent graphs (a swarm's members, a tool supervisor's workers), which take any
+    named runnable and add it as the agent's node."""
+    from relaygraph.agents import AGENTS, build_agent
+
+    return [
+        RunnableLambda(
+            _make_agent_node(
+                AGENTS[name], build_agent(AGENTS[name], models[name], policy), policy, exits
+            ),
+            name=name,
+        )
+        for name in policy.agents
+    ]

@@ -15,14 +15,13 @@ from dataclasses import replace
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START
 from langgraph.types import Checkpointer, Command
 
-from relaygraph.agents import AGENTS, TaskContext, build_agent
+from relaygraph.agents import TaskContext
 from relaygraph.handoffs import Assignment
 from relaygraph.policies import TeamPolicy
-from relaygraph.supervisor._agent_node import Exit, _make_agent_node
+from relaygraph.supervisor._agent_node import Exit, agent_members
 from relaygraph.supervisor._control import FINALIZE, make_closing
 from relaygraph.supervisor._state import SwarmTeamState, TeamState
 from relaygraph.topology import Topology
@@ -76,16 +75,7 @@ def build_swarm_team(
     from langgraph_swarm import create_swarm
 
     agents = tuple(policy.agents)
-    exits = SwarmExits(policy)
-    members = [
-        RunnableLambda(
-            _make_agent_node(
-                AGENTS[name], build_agent(AGENTS[name], models[name], policy), policy, exits
-            ),
-            name=name,
-        )
-        for name in agents
-    ]
+    members = agent_members(models, policy, SwarmExits(policy))
     builder = create_swarm(
         members,  # type: ignore[arg-type]  # Any named runnable serves as a member.
         default_active_agent=topology.start_agent or agents[0],

@@ -30,14 +30,14 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Checkpointer, Command
 
-from relaygraph.agents import AGENTS, TaskContext, build_agent
+from relaygraph.agents import AGENTS, TaskContext
 from relaygraph.handoffs import (
     HANDOFF_PREFIX,
     Assignment,
@@ -51,7 +51,7 @@ from relaygraph.policies.budget import UsageTotals, check_agent_budget
 from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._agent_node import Exit, _make_agent_node
+from relaygraph.supervisor._agent_node import Exit, agent_members
 from relaygraph.supervisor._control import (
     FINALIZE,
     SUPERVISOR,
@@ -390,16 +390,7 @@ def build_tool_supervisor_team(
     from langgraph_supervisor import create_supervisor
 
     agents = tuple(policy.agents)
-    exits = ToolsExits()
-    workers = [
-        RunnableLambda(
-            _make_agent_node(
-                AGENTS[name], build_agent(AGENTS[name], models[name], policy), policy, exits
-            ),
-            name=name,
-        )
-        for name in agents
-    ]
+    workers = agent_members(models, policy, ToolsExits())
     before_model, after_model = _make_hooks(policy, agents)
     builder = create_supervisor(
         workers,  # type: ignore[arg-type]  # Any named runnable serves as a worker.
