@@ -228,31 +228,32 @@ def run(home: Path) -> Section:
             crows.append([side, f"`{channel}`", early.get(channel, 0), late[channel]])
     section.add(
         f"What the top-level checkpoint blob holds (serialized bytes per channel, the largest "
-        f"at step {LATE}); SQLite's saver stores every channel's full value in each "
-        "checkpoint, so a channel that accumulates history is rewritten whole at every step:",
+        f"at step {LATE}; a delta channel stores nothing here):",
         "",
         *table(["side", "channel", f"step {EARLY}", f"step {LATE}"], crows),
         "",
     )
     rg_steps = sides["relaygraph"]
-    visits_growth = (rg_late.get("visits", 0) - rg_early.get("visits", 0)) / ((LATE - EARLY) / 2)
     agent_steps = [v["subgraphs"] for v in rg_steps.values() if v["subgraphs"]]
     early_blob, late_blob = rg_steps[EARLY]["checkpoint"], rg_steps[LATE]["checkpoint"]
+    bare_early_blob = sides["bare"][EARLY]["checkpoint"]
+    bare_late_blob = sides["bare"][LATE]["checkpoint"]
     section.add(
-        "**What costs the bytes.** On both sides the top-level checkpoint is rewritten whole "
-        "at every super-step and it holds an accumulating history. In relaygraph it is "
-        f"`visits` (every visit's full transcript, kept in state for audit: +{visits_growth:.0f} "
-        "bytes per visit), then `usage` and `handoffs`; its blob grows from "
-        f"{early_blob} bytes at step {EARLY} to {late_blob} at step {LATE}. What the agents "
-        "write in their own subgraphs stays flat (scoped inputs: "
-        f"{min(agent_steps) // 1024}–{max(agent_steps) // 1024} KiB per visit), and the "
-        "pending writes of a step are small, so per-step bytes grow linearly with the task "
-        "and the task's total quadratically. The fix is in the team state "
-        "(`src/relaygraph/supervisor/_state.py`), not in the saver's settings: keep the "
-        "transcripts out of the checkpointed channels (the ledger already records every "
-        "event), or make those append-only lists LangGraph `DeltaChannel`s (beta in "
-        "langgraph 1.2: the checkpoint keeps a sentinel and the value is rebuilt from each "
-        "step's writes; the reducer must then take a batch of writes).",
+        "**What costs the bytes.** SQLite's saver writes every channel's value into each "
+        "checkpoint, so a channel that accumulates history is rewritten whole at every "
+        "super-step. The bare team's `messages` is such a channel: its checkpoint grows "
+        f"from {bare_early_blob} bytes at step {EARLY} to {bare_late_blob} at step {LATE}, "
+        "and its workers' subgraphs are handed the whole history too. relaygraph's "
+        "accumulating records (`visits` with each visit's transcript, `handoffs`, `usage`, "
+        "`violations`; `src/relaygraph/supervisor/_state.py`) are LangGraph `DeltaChannel`s: "
+        "the checkpoint keeps a sentinel and the value is rebuilt from each step's writes, "
+        "which are written once anyway (a full snapshot every 100 updates bounds the "
+        f"replay). Its checkpoint stays at {early_blob}–{late_blob} bytes, the agents' "
+        f"subgraphs stay flat (scoped inputs: {min(agent_steps) // 1024}–"
+        f"{max(agent_steps) // 1024} KiB per visit), and the bytes per step do not grow "
+        "with the task. What still grows is the thread's own conversation (`messages`: "
+        "the user's requests and the team's answers, one pair per turn), which a single "
+        "task does not show.",
         "",
     )
     met = ratio["relaygraph"] <= TARGET

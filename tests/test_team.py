@@ -30,12 +30,27 @@ def say(text: str) -> dict[str, Any]:
 
 
 def final_state(home: Path, thread_id: str) -> dict[str, Any]:
-    from relaygraph.supervisor import build_team  # noqa: F401  (graph import warms the models)
+    """The thread's latest team state, read through the graph its last task ran on (the
+    team's records are delta channels, rebuilt from the checkpoints' writes)."""
+    from relaygraph._team_cache import team_cache
+    from relaygraph.policies import stored_policy
+    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+    from relaygraph.topology import Topology
 
+    ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
+    try:
+        tasks, _ = ledger.list_tasks(team_id=LOCAL_TEAM_ID, limit=100)
+    finally:
+        ledger.close()
+    task = next(t for t in tasks if t.thread_id == thread_id)
+    team = team_cache.get(
+        task.models,
+        policy=stored_policy(task.policy, source="<test>"),
+        topology=Topology.from_mapping(task.topology),
+    )
     with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
-        tup = saver.get_tuple({"configurable": {"thread_id": thread_id}})
-        assert tup is not None
-        return tup.checkpoint["channel_values"]
+        graph = team.copy({"checkpointer": saver})
+        return dict(graph.get_state({"configurable": {"thread_id": thread_id}}).values)
 
 
 def test_relay_visits_three_agents_with_direct_handoff(home: Path) -> None:

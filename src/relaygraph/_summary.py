@@ -13,15 +13,16 @@ USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
 
 
 def in_flight_records(
-    checkpointer: Any, thread_id: str, snapshot: Any, policy: TeamPolicy
+    snapshot: Any, policy: TeamPolicy
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """What the nodes still in progress spent and refused so far, as (usage, violations).
 
     A task paused for a person, cancelled, suspended or failed mid-visit has made model and
     tool calls that no visit record holds yet; so has a tool-calling supervisor whose run
-    has not left its own graph. Each is read from the pending task's own checkpoint (its
-    namespace is the node's name and task id, in every topology); the finished node's
-    records replace these on a later run, so nothing is counted twice.
+    has not left its own graph. Each is read from the pending task's own state (``snapshot``
+    is the team's, taken with ``subgraphs=True``; the task's namespace is the node's name
+    and task id, in every topology); the finished node's records replace these on a later
+    run, so nothing is counted twice.
     """
     from relaygraph.policies.middleware import transcript_usage
     from relaygraph.supervisor import SUPERVISOR
@@ -33,12 +34,11 @@ def in_flight_records(
         if pending.name not in (*policy.agents, SUPERVISOR):
             continue
         ns = f"{pending.name}:{pending.id}"
-        saved = checkpointer.get_tuple(
-            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
-        )
-        if saved is None:  # Not a graph of its own (the structured supervisor), or no step yet.
+        # Read through the graph, not from the raw checkpoint: the records are delta
+        # channels, which a checkpoint does not hold.
+        values = getattr(pending.state, "values", None)
+        if not values:  # Not a graph of its own (the structured supervisor), or no step yet.
             continue
-        values = saved.checkpoint["channel_values"]
         if pending.name == SUPERVISOR:  # The tool supervisor: its records of this run.
             usage += [u for u in values.get("usage") or [] if str(u["id"]).startswith(ns)]
             violations += [v for v in values.get("violations") or [] if str(v["id"]).startswith(ns)]

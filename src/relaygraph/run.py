@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relaygraph._checkpoint import open_checkpointer, sqlite_checkpointer
+from relaygraph._event_writer import EventWriter
 from relaygraph._home import data_home
 from relaygraph._summary import USAGE_FIELDS, in_flight_records, summarize, waiting_violations
+from relaygraph._team_cache import team_cache
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy
@@ -178,16 +180,14 @@ class TaskRunner:
 
         from relaygraph.agents.context import TaskContext
         from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
-        from relaygraph.models import load_model
         from relaygraph.policies import stored_policy
-        from relaygraph.supervisor import build_team
         from relaygraph.tracing import langsmith_config, tracing_callbacks
 
         policy = stored_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
         topology = Topology.from_mapping(task.topology)
         specs: dict[str, str] = dict(task.models)
         roles = topology.roles(tuple(policy.agents))
-        models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
+        team = team_cache.get(specs, policy=policy, topology=topology)
         context = TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id)
         context.workspace.mkdir(parents=True, exist_ok=True)
         context.artifacts.mkdir(parents=True, exist_ok=True)
@@ -213,128 +213,134 @@ class TaskRunner:
         # Both are empty when tracing is off: no handler, no cost.
         config["callbacks"] = [*tracing_callbacks(**traced), *(callbacks or [])]
         config.update(langsmith_config(**traced, request=task.input))
-        user_emit = on_event or (lambda event: None)
-
-        def emit(event: dict[str, Any]) -> None:
-            if event.get("type") != "token":
-                self.ledger.append_event(task.id, event)
-            user_emit(event)
-
         self.ledger.set_status(task.id, "running")
-        with open_checkpointer(self.home) as checkpointer:
-            graph = build_team(models, policy=policy, checkpointer=checkpointer, topology=topology)
-            if graph_input is CONTINUE:
-                graph_input = self._continue_input(graph, config, task)
-            if not (isinstance(graph_input, dict) and "request" in graph_input):
-                self._settle_usage(graph, config, task, policy, roles)
-            emit(
-                {
-                    "type": "run_started",
-                    "task_id": task.id,
-                    "thread_id": task.thread_id,
-                    "models": specs,
-                    "topology": topology.to_mapping(),
-                }
-            )
-            error: str | None = None
-            drained = False
-            # Cancel and stop ask LangGraph to drain: the run ends at the next super-step
-            # boundary (in whichever graph or agent subgraph is running) after that step's
-            # writes are checkpointed, so a continued run neither loses nor repeats work.
-            control = RunControl()
-            try:
-                modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
-                stream: Any = graph.stream(
-                    graph_input,
-                    config,
-                    context=context,
-                    stream_mode=modes,
-                    subgraphs=True,
-                    control=control,
-                )
-                with _drain_when(control, cancel=cancel, stop=stop):
-                    for _ns, mode, data in stream:
-                        if mode == "custom":
-                            emit(data)
-                        elif text := _token_text(data[0]):
-                            role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
-                            emit({"type": "token", "role": role, "text": text})
-            except GraphDrained:
-                drained = True
-            except GraphRecursionError:
-                # The team's own step guard finalizes before this; it stays a last resort
-                # that ends the task cleanly instead of surfacing LangGraph's error.
-                error = "budget:team:recursion_limit"
-            except RelaygraphError as exc:
-                error = f"error: {exc}"
-            except Exception as exc:  # A provider or tool failure ends this task, not the process.
-                error = f"error: {type(exc).__name__}: {exc}"
-            snapshot = graph.get_state(config)
-            in_flight = in_flight_records(checkpointer, task.thread_id, snapshot, policy)
-        state = snapshot.values
-        waiting = waiting_violations(snapshot)
-        in_flight = (in_flight[0], [*in_flight[1], *waiting])
-        pending = [
-            {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
-            for i in snapshot.interrupts
-        ]
-        status: str
-        stop_reason: str | None
-        answer: str | None
-        cancelled = drained and cancel is not None and cancel.is_set()
-        suspended = drained and not cancelled
-        if cancelled:
-            status, stop_reason, answer = "cancelled", "cancelled by request", None
-        elif suspended:
-            status, stop_reason, answer = "running", SUSPENDED, None
-        elif error is not None:
-            status, stop_reason, answer = "failed", error, None
-        elif pending:
-            status, stop_reason, answer = "interrupted", _pending_reason(pending), None
-        else:
-            status = state.get("status") or "failed"
-            stop_reason, answer = state.get("stop_reason"), state.get("answer")
-        artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
-        result = RunResult(
-            task_id=task.id,
-            thread_id=task.thread_id,
-            status=status,
-            answer=answer,
-            stop_reason=stop_reason,
-            artifacts=artifacts,
-            models=specs,
-            topology=topology.to_mapping(),
-            pending=pending,
-            **summarize(state, policy, roles, in_flight),
-        )
-        if suspended:
-            # Not finished: the task stays ``running`` for the next server to continue.
-            emit({"type": "run_suspended", "reason": SUSPENDED})
-            self.ledger.record_usage(task.id, result.usage)
-            return result
-        waits_on_ping_pong = any(item.get("type") == "ping_pong" for item in pending)
-        reported = (
-            {a.interrupt_id for a in self.ledger.approvals(task.id)}
-            if waits_on_ping_pong
-            else set()
-        )
-        for item in pending:
-            if item.get("type") == "ping_pong" and item["id"] not in reported:
-                # The detection step re-runs when the decision comes, so the violation is
-                # reported here, at the pause: once, even if no decision ever comes.
+        # The ledger's writes happen behind the graph (see EventWriter), in order.
+        writer = EventWriter(self.ledger, task.id, on_event or (lambda event: None))
+        emit = writer.put
+        try:
+            with open_checkpointer(self.home) as checkpointer:
+                graph = team.copy({"checkpointer": checkpointer})
+                if graph_input is CONTINUE:
+                    graph_input = self._continue_input(graph, config, task)
+                if not (isinstance(graph_input, dict) and "request" in graph_input):
+                    self._settle_usage(graph, config, task, policy, roles)
                 emit(
                     {
-                        "type": "violation",
-                        "agent": item.get("next"),
-                        "kind": "ping_pong",
-                        "detail": item.get("detail"),
+                        "type": "run_started",
+                        "task_id": task.id,
+                        "thread_id": task.thread_id,
+                        "models": specs,
+                        "topology": topology.to_mapping(),
                     }
                 )
-            emit({**item, "type": "interrupted", "waits_for": item.get("type")})
-        emit({"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason})
-        self.ledger.record_usage(task.id, result.usage)
-        self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
-        return result
+                error: str | None = None
+                drained = False
+                # Cancel and stop ask LangGraph to drain: the run ends at the next super-step
+                # boundary (in whichever graph or agent subgraph is running) after that step's
+                # writes are checkpointed, so a continued run neither loses nor repeats work.
+                control = RunControl()
+                try:
+                    modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
+                    stream: Any = graph.stream(
+                        graph_input,
+                        config,
+                        context=context,
+                        stream_mode=modes,
+                        subgraphs=True,
+                        control=control,
+                    )
+                    with _drain_when(control, cancel=cancel, stop=stop):
+                        for _ns, mode, data in stream:
+                            if mode == "custom":
+                                emit(data)
+                            elif text := _token_text(data[0]):
+                                role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
+                                emit({"type": "token", "role": role, "text": text})
+                except GraphDrained:
+                    drained = True
+                except GraphRecursionError:
+                    # The team's own step guard finalizes before this; it stays a last resort
+                    # that ends the task cleanly instead of surfacing LangGraph's error.
+                    error = "budget:team:recursion_limit"
+                except RelaygraphError as exc:
+                    error = f"error: {exc}"
+                except Exception as exc:
+                    # A provider or tool failure ends this task, not the process.
+                    error = f"error: {type(exc).__name__}: {exc}"
+                snapshot = graph.get_state(config, subgraphs=True)
+                in_flight = in_flight_records(snapshot, policy)
+            state = snapshot.values
+            waiting = waiting_violations(snapshot)
+            in_flight = (in_flight[0], [*in_flight[1], *waiting])
+            pending = [
+                {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
+                for i in snapshot.interrupts
+            ]
+            status: str
+            stop_reason: str | None
+            answer: str | None
+            cancelled = drained and cancel is not None and cancel.is_set()
+            suspended = drained and not cancelled
+            if cancelled:
+                status, stop_reason, answer = "cancelled", "cancelled by request", None
+            elif suspended:
+                status, stop_reason, answer = "running", SUSPENDED, None
+            elif error is not None:
+                status, stop_reason, answer = "failed", error, None
+            elif pending:
+                status, stop_reason, answer = "interrupted", _pending_reason(pending), None
+            else:
+                status = state.get("status") or "failed"
+                stop_reason, answer = state.get("stop_reason"), state.get("answer")
+            artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
+            result = RunResult(
+                task_id=task.id,
+                thread_id=task.thread_id,
+                status=status,
+                answer=answer,
+                stop_reason=stop_reason,
+                artifacts=artifacts,
+                models=specs,
+                topology=topology.to_mapping(),
+                pending=pending,
+                **summarize(state, policy, roles, in_flight),
+            )
+            if suspended:
+                # Not finished: the task stays ``running`` for the next server to continue.
+                emit({"type": "run_suspended", "reason": SUSPENDED})
+                writer.flush()
+                self.ledger.record_usage(task.id, result.usage)
+                return result
+            waits_on_ping_pong = any(item.get("type") == "ping_pong" for item in pending)
+            if waits_on_ping_pong:
+                writer.flush()  # The approvals read next come from `interrupted` events.
+            reported = (
+                {a.interrupt_id for a in self.ledger.approvals(task.id)}
+                if waits_on_ping_pong
+                else set()
+            )
+            for item in pending:
+                if item.get("type") == "ping_pong" and item["id"] not in reported:
+                    # The detection step re-runs when the decision comes, so the violation is
+                    # reported here, at the pause: once, even if no decision ever comes.
+                    emit(
+                        {
+                            "type": "violation",
+                            "agent": item.get("next"),
+                            "kind": "ping_pong",
+                            "detail": item.get("detail"),
+                        }
+                    )
+                emit({**item, "type": "interrupted", "waits_for": item.get("type")})
+            emit(
+                {"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason}
+            )
+            writer.flush()
+            self.ledger.record_usage(task.id, result.usage)
+            self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
+            return result
+        finally:
+            writer.close()
 
     def _settle_usage(
         self, graph: Any, config: Any, task: Any, policy: TeamPolicy, roles: tuple[str, ...]

@@ -79,6 +79,14 @@ def merge_by_id(left: Sequence[Any] | None, right: Any) -> list[Any]:
     return merged
 
 
+def merge_batch_by_id(left: Sequence[Any] | None, batch: Sequence[Any]) -> list[Any]:
+    """``merge_by_id`` over a batch of writes, for a LangGraph ``DeltaChannel``."""
+    merged = list(left or [])
+    for right in batch:
+        merged = merge_by_id(merged, right)
+    return merged
+
+
 def answer_unanswered_calls(
     messages: Sequence[BaseMessage], *, carried_out: str
 ) -> list[ToolMessage]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Literal, TypedDict
 
 from langchain_core.messages import AnyMessage
+from langgraph.channels import DeltaChannel
 from langgraph.graph.message import add_messages
 from langgraph.managed import RemainingSteps
 
-from relaygraph.handoffs import Assignment, HandoffRecord, merge_by_id
+from relaygraph.handoffs import Assignment, HandoffRecord, merge_batch_by_id
 
 Status = Literal["succeeded", "degraded", "failed", "interrupted"]
 
@@ -79,10 +80,10 @@ class TeamState(TypedDict, total=False):
     """The team graph's step at which the current request began (``begin``)."""
     assignment: Assignment | None
     """The work waiting for the next agent."""
-    visits: Annotated[list[Visit], merge_by_id]
-    handoffs: Annotated[list[HandoffRecord], merge_by_id]
-    usage: Annotated[list[Usage], merge_by_id]
-    violations: Annotated[list[Violation], merge_by_id]
+    visits: Annotated[list[Visit], DeltaChannel(merge_batch_by_id)]
+    handoffs: Annotated[list[HandoffRecord], DeltaChannel(merge_batch_by_id)]
+    usage: Annotated[list[Usage], DeltaChannel(merge_batch_by_id)]
+    violations: Annotated[list[Violation], DeltaChannel(merge_batch_by_id)]
     barred: list[Bar]
     """Routes the supervisor may not take in this turn, with the reason, told to it."""
     answer: str | None

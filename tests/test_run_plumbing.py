@@ -1,0 +1,190 @@
+"""What keeps a run lean: batched ledger writes behind the graph, a compiled team kept per
+process, and team records that checkpoints do not rewrite at every step."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph._event_writer import EventWriter
+from relaygraph._team_cache import TeamCache
+from relaygraph.errors import ConfigError
+from relaygraph.policies import default_policy
+from relaygraph.run import RunResult, run_task
+from relaygraph.store import LOCAL_TEAM_ID, Ledger
+from relaygraph.topology import Topology
+from tests.conftest import EXAMPLE_RELAY
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.upgrade()
+    yield ledger
+    ledger.close()
+
+
+Relay = tuple[list[dict[str, Any]], RunResult, Path]
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Relay:
+    """The shipped relay example, run once: its events, its result and its data directory."""
+    events: list[dict[str, Any]] = []
+    home = tmp_path_factory.mktemp("relay")
+    result = run_task(
+        "When are checkpoints written?",
+        model=f"scripted:{EXAMPLE_RELAY}",
+        home=home,
+        on_event=events.append,
+    )
+    return events, result, home
+
+
+def _rows(ledger: Ledger, task_id: str) -> dict[str, Any]:
+    def plain(records: list[Any], *drop: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in asdict(r).items() if k not in drop} for r in records]
+
+    volatile = ("id", "task_id", "created_at", "finished_at", "updated_at")
+    return {
+        "events": [(e.seq, e.type, e.agent, e.data) for e in ledger.events_after(task_id)],
+        "handoffs": plain(ledger.handoffs(task_id), *volatile),
+        "tool_calls": plain(ledger.tool_calls(task_id), *volatile),
+        "usage": plain(ledger.usage(task_id), *volatile),
+    }
+
+
+def test_a_batch_of_events_records_what_one_at_a_time_does(ledger: Ledger, relay: Relay) -> None:
+    events, _, _ = relay
+    one, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    batched, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    for event in events:
+        ledger.append_event(one.id, event)
+    half = len(events) // 2
+    assert ledger.append_events(batched.id, events[:half]) == list(range(1, half + 1))
+    assert ledger.append_events(batched.id, events[half:]) == list(range(half + 1, len(events) + 1))
+    assert ledger.append_events(batched.id, []) == []
+    expected = _rows(ledger, one.id)
+    assert expected["handoffs"] and expected["tool_calls"] and expected["usage"]
+    assert _rows(ledger, batched.id) == expected
+
+
+def test_a_bad_event_in_a_batch_writes_nothing(ledger: Ledger) -> None:
+    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    with pytest.raises(ConfigError, match="'type' 7"):
+        ledger.append_events(task.id, [{"type": "route", "next": "coder"}, {"type": 7}])
+    assert ledger.events_after(task.id) == []
+    assert ledger.handoffs(task.id) == []
+
+
+class _SlowLedger:
+    """Records batches; the first write waits, so the events behind it queue up."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.fail_on = fail_on
+        self.release = threading.Event()
+
+    def append_events(self, task_id: str, events: list[dict[str, Any]]) -> list[int]:
+        if not self.batches:
+            self.release.wait(5)
+        if any(e["type"] == self.fail_on for e in events):
+            raise RuntimeError(f"cannot write {self.fail_on}")
+        self.batches.append([e["type"] for e in events])
+        return []
+
+
+def test_the_event_writer_batches_in_order_and_hands_on_after_writing() -> None:
+    ledger = _SlowLedger()
+    seen: list[tuple[str, int]] = []
+    writer = EventWriter(ledger, "task-1", lambda e: seen.append((e["type"], len(ledger.batches))))
+    writer.put({"type": "run_started"})
+    time.sleep(0.05)  # The writer is now inside its first (held) write.
+    for kind in ("route", "token", "agent_started", "token", "agent_finished"):
+        writer.put({"type": kind})
+    assert seen == []  # Nothing is handed on before the ledger has it.
+    ledger.release.set()
+    writer.flush()
+    assert ledger.batches == [["run_started"], ["route", "agent_started", "agent_finished"]]
+    # Tokens are not stored but keep their place among the events handed on.
+    assert [kind for kind, _ in seen] == [
+        "run_started",
+        "route",
+        "token",
+        "agent_started",
+        "token",
+        "agent_finished",
+    ]
+    assert all(written >= 1 for _, written in seen)
+    writer.close()
+
+
+def test_a_failed_write_is_raised_on_the_runs_thread() -> None:
+    ledger = _SlowLedger(fail_on="handoff")
+    ledger.release.set()
+    seen: list[str] = []
+    writer = EventWriter(ledger, "task-1", lambda e: seen.append(e["type"]))
+    writer.put({"type": "route"})
+    writer.flush()
+    writer.put({"type": "handoff"})
+    with pytest.raises(RuntimeError, match="cannot write handoff"):
+        writer.flush()
+    with pytest.raises(RuntimeError, match="cannot write handoff"):
+        writer.put({"type": "final"})
+    with pytest.raises(RuntimeError, match="cannot write handoff"):
+        writer.close()
+    assert seen == ["route"]
+
+
+def test_the_team_cache_compiles_once_per_key(script: Callable[[dict[str, Any]], str]) -> None:
+    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "r"}}]})
+    roles = Topology().roles(tuple(default_policy().agents))
+    specs = dict.fromkeys(roles, spec)
+    cache = TeamCache(size=2)
+    policy, topology = default_policy(), Topology()
+    first = cache.get(specs, policy=policy, topology=topology)
+    assert cache.get(specs, policy=policy, topology=topology) is first
+    assert first.checkpointer is None  # Each run binds its own.
+
+    # Another topology, another policy, or an edited script file: compiled anew.
+    swarm = cache.get(specs, policy=policy, topology=Topology(kind="swarm"))
+    assert swarm is not first
+    path = Path(spec.removeprefix("scripted:"))
+    path.write_text(json.dumps({"supervisor": [], "writer": []}), encoding="utf-8")
+    edited = cache.get(specs, policy=policy, topology=topology)
+    assert edited is not first
+    # The least recently used key (swarm) was dropped.
+    assert cache.get(specs, policy=policy, topology=Topology(kind="swarm")) is not swarm
+
+
+def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
+    """visits, handoffs, usage and violations accumulate over a task; each checkpoint
+    would rewrite them whole (O(history) per step). They are delta channels: the state
+    has them, the checkpoint blobs do not."""
+    _, result, home = relay
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    serde = JsonPlusSerializer()
+    conn = sqlite3.connect(home / "checkpoints.sqlite")
+    try:
+        rows = conn.execute(
+            "SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''",
+            (result.thread_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+    assert len(rows) > 5
+    for kind, blob in rows:
+        values = serde.loads_typed((kind, blob))["channel_values"]
+        assert not {"visits", "handoffs", "usage", "violations"} & set(values)
+    # ... and the result, read back from the state, has them all.
+    assert [h["to"] for h in result.handoffs] == ["researcher", "coder", "writer"]
+    assert result.agents_run == ["researcher", "coder", "writer"]
