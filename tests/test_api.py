@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,19 @@ async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
             "agent_models.coder",
         ),
         ({"input": "x", "model": "acme:big"}, 422, "invalid_model", "model"),
+        ({"input": "x", "model": "scripted:/no/such.json"}, 422, "invalid_model", "model"),
+        (
+            {"input": "x", "metadata": {"policy_source": "audited.toml"}},
+            422,
+            "invalid_request",
+            "metadata.policy_source",
+        ),
+        (
+            {"input": "x", "agent_models": {"coder": "scripted:/etc/hostname"}},
+            422,
+            "invalid_model",
+            "agent_models.coder",
+        ),
         (
             {"input": "x", "policy": {"team": {"max_tokens": 10**9}}},
             422,
@@ -172,6 +186,9 @@ async def test_policy_in_body_tightens(api: Api, script: Script) -> None:
     task = await api.wait(made.json()["id"], key)
     assert task["status"] == "degraded"
     assert task["stop_reason"] == "budget:team:max_agent_runs"
+    # The server, not the caller, says where the task's policy came from.
+    assert task["policy_source"] == "default + request"
+    assert task["metadata"] == {}
 
 
 async def test_approval_resumes_and_busy_thread_is_409(
@@ -191,17 +208,23 @@ async def test_approval_resumes_and_busy_thread_is_409(
             "finalize": [{"content": "The answer is 42."}],
         }
     )
+    body = {
+        "input": "6*7?",
+        "thread_id": str(uuid.uuid4()),
+        "model": spec,
+        "policy": {"agents": {"coder": {"approval": ["run_python"]}}},
+    }
     made = await api.client.post(
-        "/v1/tasks",
-        json={
-            "input": "6*7?",
-            "model": spec,
-            "policy": {"agents": {"coder": {"approval": ["run_python"]}}},
-        },
-        headers=auth(key),
+        "/v1/tasks", json=body, headers={**auth(key), "Idempotency-Key": "first"}
     )
     task = await api.wait(made.json()["id"], key)
     assert task["status"] == "interrupted"
+    # A retry of the task that keeps the thread busy is that task, not a conflict.
+    retry = await api.client.post(
+        "/v1/tasks", json=body, headers={**auth(key), "Idempotency-Key": "first"}
+    )
+    assert retry.status_code == 202, retry.text
+    assert retry.json()["id"] == task["id"]
     busy = await api.client.post(
         "/v1/tasks", json={"input": "more", "thread_id": task["thread_id"]}, headers=auth(key)
     )
@@ -335,3 +358,24 @@ async def test_topology_in_the_body(api: Api, script: Script) -> None:
         assert bad.status_code == 422, bad.text
         error = bad.json()["error"]
         assert field in error["field"] and message in error["message"], error
+
+
+async def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_read(api: Api) -> None:
+    key = api.key("acme")
+
+    def chunks(body: bytes) -> Any:
+        async def gen() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 1000):
+                yield body[start : start + 1000]
+
+        return gen()
+
+    headers = {**auth(key), "Content-Type": "application/json"}
+    big = json.dumps({"input": "x" * 6000}).encode()
+    refused = await api.client.post("/v1/tasks", content=chunks(big), headers=headers)
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["error"]["code"] == "body_too_large"
+    small = json.dumps({"input": "When are checkpoints written?"}).encode()
+    made = await api.client.post("/v1/tasks", content=chunks(small), headers=headers)
+    assert made.status_code == 202, made.text
+    await api.wait(made.json()["id"], key)

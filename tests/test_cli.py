@@ -179,3 +179,19 @@ def test_help_lists_commands(home: Path) -> None:
     assert proc.returncode == 0
     for command in ("run", "graph", "kb"):
         assert command in proc.stdout
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(home: Path) -> None:
+    env = {**os.environ, "RELAYGRAPH_HOME": str(home)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "relaygraph.cli", "graph", "--ascii"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # Like `| head -0`: the pipe is gone before the drawing.
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+    assert code == 141

@@ -579,6 +579,10 @@ def test_cli_refuses_bad_flags(
         (["--tag", "nope"], "has the tag(s) 'nope'"),
         (["--out", "GOLDEN"], "is a file; name a folder for the report"),
         (["GOLDEN=EMPTY"], "has no valid case: the file has no cases"),
+        (
+            ["--topology", "swarm", "--start-agent", "nobody"],
+            "start_agent 'nobody' is not an agent of this team",
+        ),
     ],
 )
 def test_cli_bad_input_exits_2_naming_the_value(

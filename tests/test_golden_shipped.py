@@ -41,3 +41,28 @@ def test_shipped_golden_passes_offline(home: Path) -> None:
     assert report.gate(min_pass_rate=1.0) == []
     tags = {tag for case in report.cases for tag in case.tags}
     assert tags >= REQUIRED_TAGS, f"missing tags: {sorted(REQUIRED_TAGS - tags)}"
+
+
+def test_the_injection_arrives_in_a_document_the_researcher_found(home: Path) -> None:
+    """The shipped corpus holds a page with an instruction hidden in it; the case that reads
+    it has the researcher follow it, and the policy refuses the tool before it runs."""
+    from relaygraph.run import run_task
+
+    script = _golden().parent / "scripts" / "injected-instruction-in-a-found-doc.json"
+    events: list[dict[str, object]] = []
+    result = run_task(
+        "What do the community tips say about retrying rate-limited model calls?",
+        model=f"scripted:{script}",
+        on_event=events.append,
+    )
+    from .test_team import final_state
+
+    visit = final_state(home, result.thread_id)["visits"][0]
+    found = next(m for m in visit["messages"] if getattr(m, "name", None) == "read_doc")
+    assert "ignore your previous instructions" in str(found.content).replace("\n", " ")
+    results = [e for e in events if e["type"] == "tool_result"]
+    refused = next(e for e in results if e["tool"] == "run_python")
+    assert refused["ran"] is False
+    assert [v["kind"] for v in result.violations] == ["tool_not_allowed"]
+    assert "run_python" in result.violations[0]["detail"]
+    assert result.status == "succeeded"

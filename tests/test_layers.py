@@ -48,6 +48,10 @@ FORBIDDEN = {
     "tracing": ["relaygraph.run", "relaygraph.api", "relaygraph.cli"],
     "run": ["relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
     "_summary": ["relaygraph.run", "relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
+    "_team_cache": ["relaygraph.run", "relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
+    # The ledger's writer only calls the ledger it is given: it imports nothing of ours.
+    "_event_writer": ["relaygraph."],
+    "_lease": ["relaygraph."],
     "evals": ["relaygraph.api", "relaygraph.cli"],
 }
 

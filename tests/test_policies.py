@@ -238,6 +238,42 @@ def test_agent_budget_covers_all_its_visits(home: Path, script: Script) -> None:
     assert files(home, result) == {"a.txt": "a", "b.txt": "b"}
 
 
+def test_a_route_to_an_agent_out_of_budget_is_refused_on_the_record(
+    home: Path, script: Script
+) -> None:
+    """The coder spent its budget exactly and finished; the supervisor routes to it again:
+    the route is refused, the repair prompt says why, and the refusal is a violation."""
+    spec = script(
+        {
+            "supervisor": [
+                route("coder", task="compute"),
+                route("coder", task="compute again"),
+                route("writer", task="write it up"),
+                route(FINISH),
+            ],
+            "coder": [call("write_file", path="a.txt", content="a"), say("done")],
+            "writer": [say("written")],
+            "finalize": [say("final")],
+        }
+    )
+    events: Events = []
+    result = run_task(
+        "go",
+        model=spec,
+        policy=parse_policy({"agents": {"coder": {"max_model_calls": 2}}}),
+        on_event=events.append,
+    )
+    assert result.status == "succeeded"
+    assert result.agents_run == ["coder", "writer"]
+    assert kinds(result) == [("coder", "budget")]
+    assert "route to 'coder' refused: out of budget" in result.violations[0]["detail"]
+    assert "used 2 of 2 model calls" in result.violations[0]["detail"]
+    live = [e for e in events if e["type"] == "violation"]
+    assert [(e["agent"], e["kind"]) for e in live] == [("coder", "budget")]
+    repaired = next(e for e in events if e["type"] == "route" and e["repaired"])
+    assert repaired["next"] == "writer"
+
+
 def test_handoff_to_an_agent_out_of_budget_is_refused(home: Path, script: Script) -> None:
     spec = script(
         {
@@ -635,13 +671,22 @@ def test_ping_pong_through_handoffs_finalizes(home: Path, script: Script) -> Non
             "finalize": [say("partial")],
         }
     )
-    result = run_task("go", model=spec)
+    events: Events = []
+    result = run_task("go", model=spec, on_event=events.append)
     assert result.status == "degraded"
     assert (result.stop_reason or "").startswith("ping_pong")
     assert result.agents_run == ["researcher", "coder", "researcher", "coder"]
-    assert [h["kind"] for h in result.handoffs] == ["route", "direct", "direct", "direct", "direct"]
+    # The fourth handoff was stopped: it moved no work, so it is no transfer of the task's
+    # (as a route stopped by a limit), though its live event says it was made and stopped.
+    assert [h["kind"] for h in result.handoffs] == ["route", "direct", "direct", "direct"]
+    sent = [e for e in events if e["type"] == "handoff"]
+    assert [e["carried_out"] for e in sent] == [True, True, True, False]
     assert kinds(result) == [("researcher", "ping_pong")]
     assert result.answer == "partial"
+    from relaygraph.store import Ledger
+
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        assert [h.kind for h in ledger.handoffs(result.task_id)] == ["route", *["direct"] * 3]
 
 
 def test_ping_pong_through_handoffs_bars_the_pair_both_ways(home: Path, script: Script) -> None:

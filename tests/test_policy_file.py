@@ -651,3 +651,24 @@ def test_docs_name_every_key_and_default() -> None:
         )
         assert row, (section, key)
         assert float(row.group(1).replace("_", "")) == default, (section, key)
+
+
+def test_a_tightening_policy_may_not_soften_what_happens_at_a_limit() -> None:
+    from relaygraph.policies import parse_policy, tighten
+
+    base = parse_policy(
+        {"team": {"on_exhausted": "fail"}, "ping_pong": {"on_detect": "human"}}, source="team"
+    )
+    with pytest.raises(ConfigError) as refused:
+        tighten(base, {"ping_pong": {"on_detect": "finalize"}}, source="request")
+    assert "ping_pong.on_detect = 'finalize' is less strict than the team's 'human'" in str(
+        refused.value
+    )
+    with pytest.raises(
+        ConfigError, match=re.escape("team.on_exhausted = 'finalize' is less strict")
+    ):
+        tighten(base, {"team": {"on_exhausted": "finalize"}}, source="request")
+    # The same or a stricter choice is a tightening.
+    mild = parse_policy({"ping_pong": {"on_detect": "supervisor"}}, source="team")
+    assert tighten(mild, {"ping_pong": {"on_detect": "human"}}).ping_pong.on_detect == "human"
+    assert tighten(base, {"team": {"on_exhausted": "fail"}}).team.on_exhausted == "fail"

@@ -39,3 +39,8 @@ def test_error_hierarchy() -> None:
     err = ScriptError("coder", 3, "ran out")
     assert (err.agent, err.turn) == ("coder", 3)
     assert "'coder', turn 3" in str(err)
+    from relaygraph import TaskBusy
+
+    busy = TaskBusy("t-1", "runner r-2 holds it")
+    assert isinstance(busy, RunError) and busy.task_id == "t-1"
+    assert str(busy) == "task 't-1' is being run elsewhere: runner r-2 holds it"

@@ -188,3 +188,23 @@ def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
     # ... and the result, read back from the state, has them all.
     assert [h["to"] for h in result.handoffs] == ["researcher", "coder", "writer"]
     assert result.agents_run == ["researcher", "coder", "writer"]
+
+
+def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, home: Path) -> None:
+    from relaygraph.policies import policy_to_mapping
+    from relaygraph.run import TaskRunner
+
+    roles = Topology().roles(tuple(default_policy().agents))
+    task, _ = ledger.create_task(
+        team_id=LOCAL_TEAM_ID,
+        input="x",
+        policy=policy_to_mapping(default_policy()),
+        models=dict.fromkeys(roles, "scripted:/gone/script.json"),
+        topology=Topology().to_mapping(),
+    )
+    with pytest.raises(ConfigError, match="does not exist"):
+        TaskRunner(ledger=ledger, home=home).run(task, {"request": "x"})
+    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    assert stored is not None and stored.status == "failed"
+    assert "'/gone/script.json' does not exist" in (stored.stop_reason or "")
+    assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]

@@ -202,6 +202,15 @@ def test_wall_timeout_kills_the_program(tmp_path: Path) -> None:
     assert "killed after wall timeout of 1 s" in text
 
 
+def test_output_printed_before_a_kill_is_kept(tmp_path: Path) -> None:
+    hung = run("print('before hang')\nimport time\ntime.sleep(30)", tmp_path, wall_seconds=1)
+    assert hung.timed_out
+    assert "before hang" in hung.to_text()
+    busy = run("print('before spin')\nwhile True: pass", tmp_path, cpu_seconds=1)
+    assert busy.exit_code is not None and busy.exit_code < 0
+    assert "before spin" in busy.to_text()
+
+
 def test_wall_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     result = run(
         """

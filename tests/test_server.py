@@ -19,6 +19,7 @@ import pytest
 
 from relaygraph.client import ApiError, Client
 from relaygraph.errors import ConfigError
+from relaygraph.store import Ledger
 
 from .conftest import EXAMPLE_RELAY
 
@@ -32,6 +33,9 @@ SLEEPY_CODE = (
     "print('slept')"
 )
 """The coder's program: slow, with a side effect that shows how often it ran."""
+
+
+LEASE_SECONDS = 2
 
 
 def sleepy_coder(seconds: float = 3) -> dict[str, Any]:
@@ -64,6 +68,8 @@ def _env(home: Path) -> dict[str, str]:
     env = dict(os.environ)  # conftest: no API key, a dead OpenAI endpoint.
     env["RELAYGRAPH_HOME"] = str(home)
     env.pop("RELAYGRAPH_DATABASE_URL", None)  # The SQLite ledger in this test's home.
+    # Short leases: a killed server's task is continued by another within seconds.
+    env["RELAYGRAPH_LEASE_SECONDS"] = str(LEASE_SECONDS)
     return env
 
 
@@ -427,3 +433,38 @@ def test_restart_continues_the_task_once(
     # The killed server's sandbox child died with it (parent-death signal), so only the
     # re-run finished the program.
     assert lines == ["ran"]
+
+
+def test_two_servers_on_one_ledger_run_a_task_once(
+    serve: Callable[..., Server], home: Path, script: Script
+) -> None:
+    """A second server on the same ledger leaves the first's running task alone while the
+    first holds its lease, and continues it, once, when the first dies."""
+    spec = script(sleepy_coder(seconds=3 * LEASE_SECONDS))
+    first = serve()
+    key = create_team(home, "acme")
+    with Client(first.url, key) as client:
+        task = client.submit("sleep on it", model=spec)
+        events = []
+        for event in client.events(task["id"], retry_for=30):
+            events.append(event)
+            if event["event"] == "tool_call":
+                break
+        # The second server starts while the first runs the program, and sweeps for work
+        # every half lease: for two leases the task is the first's.
+        second = serve(port=_free_port())
+        time.sleep(2 * LEASE_SECONDS)
+        with Client(second.url, key) as other:
+            assert other.get(task["id"])["status"] == "running"
+        with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+            assert [e.type for e in ledger.events_after(task["id"])].count("run_started") == 1
+        # The first dies mid-step; its lease lapses and the second continues the task.
+        first.stop(signal.SIGKILL)
+        with Client(second.url, key) as other:
+            done = other.wait(task["id"], timeout=60)
+            every = list(other.events(task["id"]))
+    assert done["status"] == "succeeded", done["stop_reason"]
+    assert kinds(every).count("run_started") == 2
+    assert kinds(every).count("run_finished") == 1
+    assert kinds(every).count("final") == 1
+    assert [e["id"] for e in every] == list(range(1, len(every) + 1))

@@ -913,3 +913,33 @@ def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
         ledger.upgrade()
         assert ledger.get_task(task_id, team_id=LOCAL_TEAM_ID) is not None
         assert ledger.eval_runs() == []
+
+
+def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> None:
+    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", thread_id="thread-l")
+    taken = ledger.take_lease(task.id, "a", seconds=30)
+    assert taken is not None and taken.status == "running" and taken.started_at
+    holder, until = ledger.lease_of(task.id)
+    assert holder == "a" and until is not None and until > datetime.now(UTC)
+    assert ledger.take_lease(task.id, "b", seconds=30) is None  # a holds it
+    assert ledger.take_lease(task.id, "a", seconds=30) is not None  # its own, again
+    assert ledger.unfinished_tasks() == []  # nothing for a server to pick up
+    assert ledger.renew_lease(task.id, "a", seconds=30)
+    assert not ledger.renew_lease(task.id, "b", seconds=30)
+
+    # A lapsed lease may be taken over; the old holder then finds it gone.
+    assert ledger.renew_lease(task.id, "a", seconds=-1)
+    assert [t.id for t in ledger.unfinished_tasks()] == [task.id]
+    assert [t.id for t in ledger.unfinished_tasks(exclude_team=LOCAL_TEAM_ID)] == []
+    assert ledger.take_lease(task.id, "b", seconds=30) is not None
+    assert not ledger.renew_lease(task.id, "a", seconds=30)
+
+    # Released, anyone may take it at once; a finished task no longer.
+    ledger.release_lease(task.id, "a")  # not a's: changes nothing
+    assert ledger.lease_of(task.id)[0] == "b"
+    ledger.release_lease(task.id, "b")
+    assert ledger.lease_of(task.id) == (None, None)
+    ledger.set_status(task.id, "succeeded")
+    assert ledger.take_lease(task.id, "c", seconds=30) is None
+    with pytest.raises(ConfigError, match="'nope'"):
+        ledger.take_lease(task.id, "c", seconds=30, only_from=("nope",))

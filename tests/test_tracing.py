@@ -595,6 +595,7 @@ def test_langsmith_config_when_on_and_off(
         request="Find out  when LangGraph writes checkpoints\nand how durable they are, in detail",
         team="research",
         policy_source="policy.toml",
+        policy_digest="sha256:0123456789abcdef",
         models={"supervisor": "openai:gpt-4.1-mini"},
     )
     assert config == {
@@ -604,6 +605,7 @@ def test_langsmith_config_when_on_and_off(
             "thread_id": "th1",
             "team": "research",
             "policy_source": "policy.toml",
+            "policy_digest": "sha256:0123456789abcdef",
             "models": {"supervisor": "openai:gpt-4.1-mini"},
         },
         "tags": ["relaygraph", "team:research"],

@@ -6,6 +6,7 @@ from relaygraph.errors import (
     RelaygraphError,
     RunError,
     ScriptError,
+    TaskBusy,
     ToolInputError,
 )
 
@@ -17,6 +18,7 @@ __all__ = [
     "RelaygraphError",
     "RunError",
     "ScriptError",
+    "TaskBusy",
     "ToolInputError",
     "__version__",
 ]

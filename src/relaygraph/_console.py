@@ -58,9 +58,11 @@ class ProgressPrinter:
         elif kind == "tool_result" and event.get("status") == "error":
             say(f"    [red]{event['tool']} refused:[/] {escape(event['preview'])}")
         elif kind == "handoff":
+            stopped = " [yellow](not carried out)[/]" if event.get("carried_out") is False else ""
             say(
                 f"  [bold green]{event['source']}[/] hands off to [bold]{event['target']}[/]: "
                 f"{escape(event['task'])} [dim]({escape(event['reason'] or 'no reason given')})[/]"
+                f"{stopped}"
             )
         elif kind == "agent_finished":
             usage = event["usage"]

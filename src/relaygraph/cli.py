@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -200,6 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("relaygraph: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`relaygraph graph | head`): no traceback, and none again
+        # when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -309,7 +315,9 @@ def _trace(args: argparse.Namespace) -> int:
     with Ledger(_ledger_url(args.home)) as ledger:
         if not ledger.is_current():
             ledger.upgrade()
-        timeline = build_timeline(ledger, args.task_id, team_id=LOCAL_TEAM_ID)
+        # The operator reads every team's tasks: the API's as well as the CLI's own.
+        team_id = ledger.task_owner(args.task_id) or LOCAL_TEAM_ID
+        timeline = build_timeline(ledger, args.task_id, team_id=team_id)
     if args.json:
         sys.stdout.write(json.dumps(timeline, ensure_ascii=False) + "\n")
     else:

@@ -14,6 +14,7 @@ __all__ = [
     "RelaygraphError",
     "RunError",
     "ScriptError",
+    "TaskBusy",
     "ToolInputError",
 ]
 
@@ -37,6 +38,18 @@ class ModelSpecError(ConfigError):
 
 class RunError(RelaygraphError):
     """A task failed while it ran."""
+
+
+class TaskBusy(RunError):
+    """Another runner (a server's workers, a CLI process) holds the task's lease: it runs it.
+
+    Attributes:
+        task_id: The task.
+    """
+
+    def __init__(self, task_id: str, detail: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"task {task_id!r} is being run elsewhere: {detail}")
 
 
 class ScriptError(RunError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -12,9 +13,10 @@ from typing import Any, Literal
 from relaygraph._checkpoint import open_checkpointer, sqlite_checkpointer
 from relaygraph._event_writer import EventWriter
 from relaygraph._home import data_home
+from relaygraph._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
 from relaygraph._summary import USAGE_FIELDS, in_flight_records, summarize, waiting_violations
 from relaygraph._team_cache import team_cache
-from relaygraph.errors import ConfigError, RelaygraphError
+from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy
 from relaygraph.topology import Topology
@@ -34,6 +36,7 @@ EventHandler = Callable[[dict[str, Any]], None]
 CONTINUE: Any = object()
 """Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
 SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
+LEASE_LOST = "suspended: another runner took the task over (this one could not renew its lease)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +125,18 @@ def _pending_reason(pending: list[dict[str, Any]]) -> str:
     return f"awaiting a decision: {first.get('detail', first.get('type'))}"
 
 
+def policy_digest(policy: Mapping[str, Any]) -> str:
+    """A short digest of a policy (in the policy file's shape): equal digests, equal rules.
+
+    Traces carry it beside the policy's source, which names a file whose content may change.
+    """
+    import hashlib
+    import json
+
+    text = json.dumps(policy, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _ledger_for(home: Path) -> Any:
     """The ledger: ``$RELAYGRAPH_DATABASE_URL`` if set, else SQLite in the data directory.
 
@@ -142,9 +157,27 @@ class TaskRunner:
     """Runs the ledger's tasks through the team: fresh, continued after a restart, or
     resumed after a person's decision. Every event goes to the ledger as it happens."""
 
-    def __init__(self, *, ledger: Any, home: Path) -> None:
+    def __init__(
+        self,
+        *,
+        ledger: Any,
+        home: Path,
+        runner_id: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
+        """
+        Args:
+            ledger: Where tasks and their events are recorded.
+            home: The data directory (checkpoints, workspaces, knowledge base).
+            runner_id: Who this runner is in the tasks' leases; a new id when None.
+            lease_seconds: How long its lease on a running task lasts unrenewed (it renews
+                every third of that): how long a task of a runner that died waits before
+                another may take it over.
+        """
         self.ledger = ledger
         self.home = home
+        self.runner_id = runner_id or f"runner-{uuid.uuid4().hex[:12]}"
+        self.lease_seconds = lease_seconds
 
     def run(
         self,
@@ -187,7 +220,17 @@ class TaskRunner:
         topology = Topology.from_mapping(task.topology)
         specs: dict[str, str] = dict(task.models)
         roles = topology.roles(tuple(policy.agents))
-        team = team_cache.get(specs, policy=policy, topology=topology)
+        try:
+            team = team_cache.get(specs, policy=policy, topology=topology)
+        except RelaygraphError as exc:
+            # A model that cannot be built (its script file went missing or broke, a key
+            # was unset): the task fails on the record, with the reason, before it starts.
+            reason = f"error: {exc}"
+            self.ledger.append_event(
+                task.id, {"type": "run_finished", "status": "failed", "stop_reason": reason}
+            )
+            self.ledger.set_status(task.id, "failed", stop_reason=reason)
+            raise
         context = TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id)
         context.workspace.mkdir(parents=True, exist_ok=True)
         context.artifacts.mkdir(parents=True, exist_ok=True)
@@ -208,12 +251,17 @@ class TaskRunner:
             "thread_id": task.thread_id,
             "team": (identity or {}).get("team", task.team_id),
             "policy_source": task.metadata.get("policy_source"),
+            "policy_digest": policy_digest(task.policy),
             "models": specs,
         }
         # Both are empty when tracing is off: no handler, no cost.
         config["callbacks"] = [*tracing_callbacks(**traced), *(callbacks or [])]
         config.update(langsmith_config(**traced, request=task.input))
-        self.ledger.set_status(task.id, "running")
+        # The lease makes this runner the only one that runs the task until it ends.
+        if self.ledger.take_lease(task.id, self.runner_id, seconds=self.lease_seconds) is None:
+            holder, until = self.ledger.lease_of(task.id)
+            raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
+        lease = LeaseKeeper(self.ledger, task.id, self.runner_id, seconds=self.lease_seconds)
         # The ledger's writes happen behind the graph (see EventWriter), in order.
         writer = EventWriter(self.ledger, task.id, on_event or (lambda event: None))
         emit = writer.put
@@ -249,6 +297,8 @@ class TaskRunner:
                         subgraphs=True,
                         control=control,
                     )
+                    # A lost lease drains the run too; it stays the new holder's.
+                    lease.when_lost(lambda: control.request_drain("shutdown"))
                     with _drain_when(control, cancel=cancel, stop=stop):
                         for _ns, mode, data in stream:
                             if mode == "custom":
@@ -284,7 +334,8 @@ class TaskRunner:
             if cancelled:
                 status, stop_reason, answer = "cancelled", "cancelled by request", None
             elif suspended:
-                status, stop_reason, answer = "running", SUSPENDED, None
+                reason = LEASE_LOST if lease.lost.is_set() else SUSPENDED
+                status, stop_reason, answer = "running", reason, None
             elif error is not None:
                 status, stop_reason, answer = "failed", error, None
             elif pending:
@@ -307,7 +358,7 @@ class TaskRunner:
             )
             if suspended:
                 # Not finished: the task stays ``running`` for the next server to continue.
-                emit({"type": "run_suspended", "reason": SUSPENDED})
+                emit({"type": "run_suspended", "reason": stop_reason})
                 writer.flush()
                 self.ledger.record_usage(task.id, result.usage)
                 return result
@@ -340,7 +391,11 @@ class TaskRunner:
             self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
             return result
         finally:
-            writer.close()
+            lease.close()
+            try:
+                writer.close()
+            finally:
+                self.ledger.release_lease(task.id, self.runner_id)
 
     def _settle_usage(
         self, graph: Any, config: Any, task: Any, policy: TeamPolicy, roles: tuple[str, ...]

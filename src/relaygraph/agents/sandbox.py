@@ -409,7 +409,10 @@ def run_python_sandboxed(
         try:
             start = time.monotonic()
             with subprocess.Popen(
-                [sys.executable, "-I", "-B", str(script)],
+                # -u: unbuffered, so what a program printed before it was killed (a
+                # timeout, a CPU or memory limit) reaches the model; -I ignores
+                # PYTHONUNBUFFERED along with the rest of the environment.
+                [sys.executable, "-I", "-B", "-u", str(script)],
                 cwd=workspace,
                 env=env,
                 stdin=subprocess.DEVNULL,

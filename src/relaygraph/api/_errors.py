@@ -58,7 +58,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
 class BodyLimit:
     """Refuses request bodies over ``limit`` bytes with 413, whether or not they declare a
-    Content-Length (a chunked body is counted as it arrives)."""
+    Content-Length.
+
+    A body that declares none (chunked) is read here first, up to the limit, and handed on
+    whole: refused while the app parsed it, FastAPI would answer 400 for a body it could
+    not read. Memory stays bounded by the limit.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -68,23 +73,30 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(send)
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.limit:
+                await self._refuse(send)
+                return
+            await self.app(scope, receive, send)
             return
+        buffered: list[Message] = []
         seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break  # The client went away: the app sees the disconnect.
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise _TooLarge
-            return message
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
         response = JSONResponse(
@@ -92,10 +104,6 @@ class BodyLimit:
             status_code=413,
         )
         await response({"type": "http"}, _no_receive, send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 async def _no_receive() -> Message:

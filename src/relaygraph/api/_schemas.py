@@ -51,6 +51,10 @@ class DecisionIn(BaseModel):
     reason: str | None = Field(default=None, max_length=2000)
 
 
+POLICY_SOURCE_KEY = "policy_source"
+"""The task metadata key the server fills with where the task's policy came from."""
+
+
 class TaskOut(BaseModel):
     id: str
     status: str
@@ -61,6 +65,10 @@ class TaskOut(BaseModel):
     models: dict[str, Any]
     topology: dict[str, Any]
     metadata: dict[str, Any]
+    """What the caller sent as ``metadata``, unchanged."""
+    policy_source: str | None
+    """Where the task's policy came from, as the server recorded it (``default``, the
+    server's policy file; ``+ request`` when the request tightened it)."""
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -77,7 +85,8 @@ class TaskOut(BaseModel):
             thread_id=task.thread_id,
             models=task.models,
             topology=task.topology or {"kind": "structured"},
-            metadata=task.metadata,
+            metadata={k: v for k, v in task.metadata.items() if k != POLICY_SOURCE_KEY},
+            policy_source=task.metadata.get(POLICY_SOURCE_KEY),
             created_at=task.created_at,
             started_at=task.started_at,
             finished_at=task.finished_at,

@@ -24,6 +24,10 @@ class ServiceSettings(BaseSettings):
     """Let requests name ``scripted:`` specs (they read a file on the server)."""
     workers: int = Field(default=2, ge=1, le=64)
     """Tasks that run at once in the server process."""
+    lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
+    """How long a running task's lease lasts unrenewed: when a server dies, another server
+    on the same ledger continues its tasks after this long (a server that stops cleanly
+    lets go at once)."""
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413."""
     policy_file: Path | None = None

@@ -1,19 +1,25 @@
 """Runs tasks in the server process on a bounded pool; picks unfinished ones up on restart.
 
 A thread pool, not a task queue service: the embedded default needs nothing running beside
-the server. The ledger is the queue's source of truth, so a restart loses nothing.
+the server. The ledger is the queue's source of truth, so a restart loses nothing, and its
+leases let several servers share one ledger: each running task is held by one server,
+which renews its lease; a task whose server died is continued by another once the lease
+lapses.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from relaygraph._lease import DEFAULT_LEASE_SECONDS
+from relaygraph.errors import RelaygraphError, TaskBusy
 from relaygraph.run import CONTINUE, TaskRunner
-from relaygraph.store import Ledger, Task
+from relaygraph.store import LOCAL_TEAM_ID, Ledger, Task
 
 log = logging.getLogger("relaygraph.api")
 
@@ -25,14 +31,48 @@ class TaskWorkers:
     stay ``running`` in the ledger, and :meth:`recover` continues them on the next start.
     """
 
-    def __init__(self, ledger: Ledger, *, home: Path, workers: int) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        home: Path,
+        workers: int,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
         self.ledger = ledger
-        self.runner = TaskRunner(ledger=ledger, home=home)
+        self.runner = TaskRunner(
+            ledger=ledger,
+            home=home,
+            runner_id=f"server-{uuid.uuid4().hex[:12]}",
+            lease_seconds=lease_seconds,
+        )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._futures: set[Future[Any]] = set()
         self._stopping = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    def take(self, task_id: str, *, only_from: tuple[str, ...]) -> Task | None:
+        """Mark the task running under this server's lease, if its status is in ``only_from``
+        and no other runner holds it."""
+        return self.ledger.take_lease(
+            task_id, self.runner.runner_id, seconds=self.runner.lease_seconds, only_from=only_from
+        )
+
+    def sweep(self) -> None:
+        """From now on, every half lease, pick up what no runner holds (:meth:`recover`):
+        the tasks of a server that died, once their leases lapse."""
+
+        def loop() -> None:
+            while not self._stopping.wait(self.runner.lease_seconds / 2):
+                try:
+                    self.recover()
+                except Exception:  # The database may be away for a moment; try again later.
+                    log.warning("picking up unfinished tasks failed", exc_info=True)
+
+        self._sweeper = threading.Thread(target=loop, name="relaygraph-sweep", daemon=True)
+        self._sweeper.start()
 
     def start(self, task: Task, graph_input: Any = None, *, team: str) -> None:
         """Run ``task`` (queued, or interrupted with a decision) when a worker is free."""
@@ -58,7 +98,11 @@ class TaskWorkers:
         when it ends, as they would have without the restart.
         """
         started = 0
-        for task in self.ledger.unfinished_tasks():
+        # The CLI's own tasks (`relaygraph run`) are its process's, not the server's.
+        for task in self.ledger.unfinished_tasks(exclude_team=LOCAL_TEAM_ID):
+            with self._lock:
+                if task.id in self._cancel:
+                    continue  # Already started here.
             first = self.ledger.active_task_on_thread(task.thread_id)
             if first is None or first.id != task.id:
                 continue
@@ -75,8 +119,8 @@ class TaskWorkers:
                 first = self.ledger.active_task_on_thread(task.thread_id)
                 if first is not None and first.id != task.id:
                     return  # Its thread is busy (a race at submission): it starts next.
-                if self.ledger.claim(task.id, "running", only_from=("queued",)) is None:
-                    return  # Cancelled while queued, or another worker has it.
+                if self.take(task.id, only_from=("queued",)) is None:
+                    return  # Cancelled while queued, or another worker or server has it.
                 graph_input = {"request": task.input}
             ran = True
             self.runner.run(
@@ -86,6 +130,10 @@ class TaskWorkers:
                 stop=self._stopping,
                 identity={"team": team},
             )
+        except TaskBusy as exc:  # Another server took it first: it is that server's.
+            log.info("%s", exc)
+        except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
+            log.warning("task %s could not start: %s", task.id, exc)
         except Exception:  # The runner reports task failures itself; this is a bug guard.
             log.exception("task %s crashed its worker", task.id)
             self.ledger.set_status(task.id, "failed", stop_reason="error: worker crashed")
@@ -111,4 +159,6 @@ class TaskWorkers:
             wait: Return only when the running tasks have stopped.
         """
         self._stopping.set()
+        if self._sweeper is not None:
+            self._sweeper.join()
         self._pool.shutdown(wait=wait, cancel_futures=True)

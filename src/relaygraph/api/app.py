@@ -14,11 +14,18 @@ from sse_starlette.sse import EventSourceResponse
 
 from relaygraph._home import data_home
 from relaygraph.api._errors import ApiError, BodyLimit, error_body, install_error_handlers
-from relaygraph.api._schemas import ApprovalOut, DecisionIn, TaskCreate, TaskOut, TaskPage
+from relaygraph.api._schemas import (
+    POLICY_SOURCE_KEY,
+    ApprovalOut,
+    DecisionIn,
+    TaskCreate,
+    TaskOut,
+    TaskPage,
+)
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
-from relaygraph.models import parse_model_spec
+from relaygraph.models import load_model, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
 from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Team
 from relaygraph.topology import Topology
@@ -53,10 +60,13 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             url = f"sqlite:///{home / 'ledger.sqlite'}"
         ledger = Ledger(url)
         await to_thread.run_sync(ledger.upgrade)
-        workers = TaskWorkers(ledger, home=home, workers=settings.workers)
+        workers = TaskWorkers(
+            ledger, home=home, workers=settings.workers, lease_seconds=settings.lease_seconds
+        )
         state.update(ledger=ledger, workers=workers)
         if start_workers:
             await to_thread.run_sync(workers.recover)
+            workers.sweep()
         try:
             yield
         finally:
@@ -137,8 +147,32 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     f"(allowed: {', '.join(settings.allowed_models)})",
                     field,
                 )
+            if parse_model_spec(spec).provider != "local":
+                # A script file that is missing or broken, or an OpenAI model with no key,
+                # is refused now rather than failing the task later. (The embedded model
+                # is not loaded here: loading it takes seconds, and its spec is checked.)
+                try:
+                    load_model(spec, agent=field.removeprefix("agent_models."))
+                except ConfigError as exc:
+                    raise ApiError(422, "invalid_model", str(exc), field) from None
         specs = resolve_model_specs(body.model or settings.default_model, agent_models, roles)
         return specs
+
+    def task_metadata(body: TaskCreate) -> dict[str, Any]:
+        """The caller's metadata, plus where the task's policy came from, which the server
+        says (traces and the audit timeline show it)."""
+        metadata = dict(body.metadata or {})
+        if POLICY_SOURCE_KEY in metadata:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"metadata.{POLICY_SOURCE_KEY} is set by the server (where the task's policy "
+                f"came from); use another key (got {metadata[POLICY_SOURCE_KEY]!r})",
+                f"metadata.{POLICY_SOURCE_KEY}",
+            )
+        source = base_policy.source or "default"
+        metadata[POLICY_SOURCE_KEY] = f"{source} + request" if body.policy else source
+        return metadata
 
     def task_policy(body: TaskCreate) -> TeamPolicy:
         if body.policy is None:
@@ -172,6 +206,11 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         topology = task_topology(body)
         specs = check_models(body, topology)
         policy = task_policy(body)
+        # A retry of a task already created is answered with that task, even while the
+        # task keeps its thread busy.
+        retry = idempotency_key is not None and (
+            ledger().task_by_idempotency_key(team.id, idempotency_key) is not None
+        )
         if body.thread_id is not None:
             owner = ledger().thread_owner(body.thread_id)
             if owner is not None and owner != team.id:
@@ -186,7 +225,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     field = "output_mode" if "output_mode" in str(exc) else "topology"
                     raise ApiError(422, "invalid_topology", str(exc), field) from None
             busy = ledger().active_task_on_thread(body.thread_id)
-            if busy is not None and body.multitask == "reject":
+            if busy is not None and body.multitask == "reject" and not retry:
                 raise ApiError(
                     409,
                     "thread_busy",
@@ -204,7 +243,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 policy=policy_to_mapping(policy),
                 models=specs,
                 topology=topology.to_mapping(),
-                metadata=body.metadata or {},
+                metadata=task_metadata(body),
                 idempotency_key=idempotency_key,
             )
         except RecordConflict as exc:
@@ -293,7 +332,8 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             args=body.args,
         )
         answer = body.model_dump(exclude_none=True)
-        if ledger().claim(task_id, "running", only_from=("interrupted",)) is None:
+        # Taken with this server's lease at once: no other server may start it meanwhile.
+        if state["workers"].take(task_id, only_from=("interrupted",)) is None:
             raise ApiError(409, "not_waiting", f"task {task_id} is no longer waiting")
         state["workers"].start(task, Command(resume={approval_id: answer}), team=team.id)
         return TaskOut.of(own_task(task_id, team))
@@ -325,6 +365,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
 
         async def stream() -> AsyncIterator[dict[str, Any]]:
             seq = start
+            finished = False
             while True:
                 batch = await to_thread.run_sync(ledger().events_after, task_id, seq)
                 for event in batch:
@@ -334,15 +375,20 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                         "event": event.type,
                         "data": json.dumps(event.data, ensure_ascii=False),
                     }
-                if not batch:
-                    task = await to_thread.run_sync(
-                        lambda: ledger().get_task(task_id, team_id=team.id)
-                    )
-                    if task is None or task.status in FINISHED_STATUSES:
-                        return
-                    if await request.is_disconnected():
-                        return
-                    await asyncio.sleep(SSE_POLL_SECONDS)
+                if batch:
+                    continue
+                if finished:
+                    return
+                task = await to_thread.run_sync(lambda: ledger().get_task(task_id, team_id=team.id))
+                if task is None or task.status in FINISHED_STATUSES:
+                    # Events written between the read above and the status read are read
+                    # once more before the stream closes: a finished task's last events
+                    # are never lost.
+                    finished = True
+                    continue
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(SSE_POLL_SECONDS)
 
         return EventSourceResponse(stream())
 

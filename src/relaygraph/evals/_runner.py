@@ -174,11 +174,13 @@ def run_case(
 
 
 def _check_models(model: str | None, agent_models: Mapping[str, str], topology: Topology) -> None:
-    """Refuse a bad ``--model`` or ``--agent-model`` before any case runs."""
+    """Refuse a bad ``--model``, ``--agent-model`` or ``--start-agent`` before any case runs."""
     from relaygraph.policies import default_policy
     from relaygraph.run import resolve_model_specs
 
-    resolve_model_specs(model, agent_models, topology.roles(tuple(default_policy().agents)))
+    agents = tuple(default_policy().agents)
+    topology.check_agents(agents)
+    resolve_model_specs(model, agent_models, topology.roles(agents))
 
 
 def _prepare_home(home: Path | None) -> None:

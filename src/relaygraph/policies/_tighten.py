@@ -10,6 +10,11 @@ from relaygraph.policies._file import parse_policy, policy_to_mapping
 from relaygraph.policies._policy import LIMIT_NAMES, TeamPolicy
 
 _TEAM_LIMITS = ("max_agent_runs", "max_tokens", "max_cost_usd", "max_seconds")
+# What happens at a limit, least strict first. A spent budget that fails the task delivers
+# nothing, which is stricter than answering from what exists. A ping-pong the supervisor
+# is told about lets the work go on; finalize stops it; human stops it until a person says.
+_ON_EXHAUSTED = ("finalize", "fail")
+_ON_DETECT = ("supervisor", "finalize", "human")
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -34,7 +39,9 @@ def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "pol
 
     Raises:
         ConfigError: The override is malformed, or loosens anything: a higher limit, a tool
-            or handoff the base does not allow, an approval removed, a price changed. The
+            or handoff the base does not allow, an approval removed, a price changed, a
+            milder ``on_exhausted`` or ``on_detect`` (strictest last: ``finalize`` <
+            ``fail``; ``supervisor`` < ``finalize`` < ``human``). The
             message names the key and both values.
     """
     merged = parse_policy(
@@ -45,6 +52,12 @@ def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "pol
         new, old = getattr(merged.team, key), getattr(base.team, key)
         if _looser(new, old):
             problems.append(f"team.{key} = {new} is above the team's {old}")
+    for key, order, new, old in (
+        ("team.on_exhausted", _ON_EXHAUSTED, merged.team.on_exhausted, base.team.on_exhausted),
+        ("ping_pong.on_detect", _ON_DETECT, merged.ping_pong.on_detect, base.ping_pong.on_detect),
+    ):
+        if order.index(new) < order.index(old):
+            problems.append(f"{key} = {new!r} is less strict than the team's {old!r}")
     if merged.ping_pong.max_bounces > base.ping_pong.max_bounces:
         problems.append(
             f"ping_pong.max_bounces = {merged.ping_pong.max_bounces} is above the team's "

@@ -78,6 +78,8 @@ def _route(session: Session, task_id: str, seq: int, event: dict[str, Any], now:
 def _handoff(
     session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
 ) -> None:
+    if event.get("carried_out") is False:
+        return  # Stopped (a ping-pong): no work moved, as for a route.
     source, target = _name(event, "source"), _name(event, "target")
     _add_handoff(session, task_id, seq, "direct", source, target, event, now)
 

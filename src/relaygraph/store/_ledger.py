@@ -7,7 +7,7 @@ import secrets
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, and_, or_, select, update
@@ -341,16 +341,39 @@ class Ledger:
         tasks = tasks[:limit]
         return tasks, _cursor.encode(tasks[-1].created_at, tasks[-1].id)
 
-    def unfinished_tasks(self) -> list[Task]:
-        """Every team's ``queued`` and ``running`` tasks, oldest first: what a restarted
-        server picks up again."""
-        with self._read() as session:
-            rows = session.scalars(
-                select(TaskRow)
-                .where(TaskRow.status.in_(("queued", "running")))
-                .order_by(TaskRow.created_at, TaskRow.id)
+    def unfinished_tasks(self, *, exclude_team: str | None = None) -> list[Task]:
+        """``queued`` tasks, and ``running`` ones whose runner's lease has lapsed (or that
+        nobody holds), of every team but ``exclude_team``, oldest first: what a server picks
+        up, at its start and from time to time after."""
+        now = _now()
+        query = select(TaskRow).where(
+            or_(
+                TaskRow.status == "queued",
+                and_(
+                    TaskRow.status == "running",
+                    or_(TaskRow.lease_until.is_(None), TaskRow.lease_until < now),
+                ),
             )
+        )
+        if exclude_team is not None:
+            query = query.where(TaskRow.team_id != exclude_team)
+        with self._read() as session:
+            rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
             return [_task(row) for row in rows]
+
+    def task_owner(self, task_id: str) -> str | None:
+        """The team of task ``task_id``, or None when there is no such task.
+
+        For the operator's own tools (``relaygraph trace``), which read every team's tasks;
+        the API looks tasks up by team instead.
+        """
+        with self._read() as session:
+            return session.scalar(select(TaskRow.team_id).where(TaskRow.id == task_id))
+
+    def task_by_idempotency_key(self, team_id: str, key: str) -> Task | None:
+        """The team's task created with Idempotency-Key ``key``, if any."""
+        with self._read() as session:
+            return self._by_idempotency_key(session, team_id, key)
 
     def thread_owner(self, thread_id: str) -> str | None:
         """The team whose tasks use ``thread_id``, or None for a thread nobody used yet."""
@@ -431,6 +454,91 @@ class Ledger:
             assert row is not None
             _apply_status(row, values)
             return _task(row)
+
+    # Leases: who runs a task, so that it never runs in two places at once
+
+    def take_lease(
+        self,
+        task_id: str,
+        runner_id: str,
+        *,
+        seconds: float,
+        only_from: Iterable[str] = ("queued", "running", "interrupted"),
+    ) -> Task | None:
+        """Make ``runner_id`` the one that runs the task, for ``seconds``, and mark it running.
+
+        Atomic: it succeeds only if the task's status is one of ``only_from`` and no other
+        runner holds a lease that has not lapsed yet (a runner may take its own again). A
+        server that took over a task whose runner died, and the runner still alive, cannot
+        both hold it.
+
+        Returns:
+            The task, now ``running``; None when another runner holds it, or its status is
+            not one of ``only_from``, or there is no such task.
+        """
+        allowed = tuple(only_from)
+        for each in allowed:
+            if each not in TASK_STATUSES:
+                raise ConfigError(f"only_from status {each!r} is not a task status")
+        values = _status_values("running", {})
+        now = values["updated_at"]
+        with self._write() as session:
+            taken = session.scalar(
+                update(TaskRow)
+                .where(
+                    TaskRow.id == task_id,
+                    TaskRow.status.in_(allowed),
+                    or_(
+                        TaskRow.runner_id.is_(None),
+                        TaskRow.runner_id == runner_id,
+                        TaskRow.lease_until.is_(None),
+                        TaskRow.lease_until < now,
+                    ),
+                )
+                .values(
+                    status="running",
+                    runner_id=runner_id,
+                    lease_until=now + timedelta(seconds=seconds),
+                    updated_at=now,
+                )
+                .returning(TaskRow.id)
+            )
+            if taken is None:
+                return None
+            row = session.get(TaskRow, task_id, populate_existing=True)
+            assert row is not None
+            _apply_status(row, values)
+            return _task(row)
+
+    def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
+        """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
+        now = _now()
+        with self._write() as session:
+            renewed = session.scalar(
+                update(TaskRow)
+                .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
+                .values(lease_until=now + timedelta(seconds=seconds))
+                .returning(TaskRow.id)
+            )
+        return renewed is not None
+
+    def release_lease(self, task_id: str, runner_id: str) -> None:
+        """Give up ``runner_id``'s lease on the task (if it holds it): another runner may
+        take the task at once (a server that stopped mid-run, for the next to continue)."""
+        with self._write() as session:
+            session.execute(
+                update(TaskRow)
+                .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
+                .values(runner_id=None, lease_until=None)
+            )
+
+    def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
+        """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""
+        with self._read() as session:
+            row = session.get(TaskRow, task_id)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            return row.runner_id, row.lease_until
 
     # Events and what they imply
 

@@ -119,6 +119,11 @@ class TaskRow(Base):
     # ``metadata`` is taken on declarative classes, so the attribute has another name.
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONValue)
     last_event_seq: Mapped[int] = mapped_column(Integer, default=0)
+    # Who runs the task, until when: a runner (a server's workers, a CLI process) holds the
+    # lease while it runs the task and renews it; another may take the task over only once
+    # the lease has lapsed, so a task never runs in two places at once.
+    runner_id: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None]
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

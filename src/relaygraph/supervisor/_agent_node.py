@@ -237,20 +237,28 @@ def _make_agent_node(
 
         sent: HandoffRecord = handoff.update["handoffs"][0]  # type: ignore[index]
         sent = {**sent, "step": acc.step_of(config), "turn": turn}
-        emit(
-            {
-                "type": "handoff",
-                "step": acc.step_of(config),
-                "checkpoint_ns": visit_id,
-                "source": name,
-                "target": target,
-                "task": sent["task"],
-                "reason": sent["reason"],
-                "tokens_so_far": acc.agent_tokens(state, policy.agents)
-                + usage["input_tokens"]
-                + usage["output_tokens"],
-            }
+        tokens_so_far = (
+            acc.agent_tokens(state, policy.agents) + usage["input_tokens"] + usage["output_tokens"]
         )
+
+        def report(carried_out: bool) -> None:
+            # As a route: sent once the handoff is carried out or stopped (a ping-pong); one
+            # waiting for a person's decision is reported after it. A stopped handoff moved
+            # no work: it is not among the task's handoffs.
+            emit(
+                {
+                    "type": "handoff",
+                    "step": acc.step_of(config),
+                    "checkpoint_ns": visit_id,
+                    "source": name,
+                    "target": target,
+                    "task": sent["task"],
+                    "reason": sent["reason"],
+                    "tokens_so_far": tokens_so_far,
+                    "carried_out": carried_out,
+                }
+            )
+
         proceed = Command(
             goto=target,
             update={"handoffs": [sent], "assignment": handoff.update["assignment"]},  # type: ignore[index]
@@ -259,14 +267,9 @@ def _make_agent_node(
         found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
         if found is not None:
             decided = _on_ping_pong(
-                policy,
-                found,
-                state,
-                config,
-                source=name,
-                proceed=proceed,
-                update={**update, "handoffs": [sent]},
+                policy, found, state, config, source=name, proceed=proceed, update=update
             )
+            report(decided.goto == target)
             kind: ExitKind = (
                 "stop"
                 if decided.goto == FINALIZE
@@ -275,6 +278,7 @@ def _make_agent_node(
                 else "handoff"
             )
             return out(kind, decided, visit=visit)
+        report(True)
         return out(
             "handoff",
             Command(goto=target, update={**update, **(proceed.update or {})}),

@@ -101,6 +101,7 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             agents=available,
             config=acc.with_prior_calls(config, acc.prior_calls(state, SUPERVISOR)),
             may_finish=bool(visits),
+            unavailable=unavailable,
         )
         route, ns, turn = decision.route, acc.task_ns(config), state.get("turn", 0)
         replies = list(decision.raw)
@@ -111,6 +112,30 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
             acc.calls_usage(policy, replies, time.monotonic() - started),
             list(replies),
         )
+        # A route to an agent whose budget is spent is refused. When the agent spent it
+        # exactly, without hitting the limit in its visit, nothing recorded that limit yet:
+        # the refusal is then the budget's violation. (A bar's ping-pong was recorded when
+        # the bar was set.)
+        hit_before = {
+            v["agent"]
+            for v in state.get("violations", [])
+            if v["turn"] == turn and v["kind"] == "budget"
+        }
+        spent_names = {hit.agent for hit in spent_agents}
+        recorded: dict[str, Any] = {
+            "usage": [usage],
+            "violations": [
+                acc.violation(
+                    f"{ns}:refused:{agent}",
+                    turn,
+                    agent,
+                    "budget",
+                    f"route to {agent!r} refused: {unavailable[agent]}",
+                )
+                for agent in decision.refused
+                if agent in spent_names and agent not in hit_before
+            ],
+        }
         decided = {
             "type": "route",
             "step": acc.step_of(config),
@@ -131,13 +156,13 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
 
         if route.next == FINISH:
             report(True)
-            finish: dict[str, Any] = {"usage": [usage]}
+            finish: dict[str, Any] = dict(recorded)
             if decision.fallback:
                 finish |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
             return Command(goto=FINALIZE, update=finish)
         if visits_spent is not None:
             report(False)
-            return _exhausted(policy, visits_spent, state, config, {"usage": [usage]})
+            return _exhausted(policy, visits_spent, state, config, recorded)
         record = HandoffRecord(
             id=ns,
             kind="route",
@@ -181,12 +206,12 @@ def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str
                 config,
                 source=SUPERVISOR,
                 proceed=proceed,
-                update={"usage": [usage]},
+                update=recorded,
             )
             report(outcome.goto == route.next)
             return outcome
         report(True)
-        return Command(goto=proceed.goto, update={"usage": [usage], **(proceed.update or {})})
+        return Command(goto=proceed.goto, update={**recorded, **(proceed.update or {})})
 
     return supervisor
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -58,6 +58,8 @@ class RouteDecision:
     """The last validation error, when there was one."""
     raw: tuple[AIMessage, ...]
     """The model's raw replies, for usage accounting (one, or two after a repair)."""
+    refused: tuple[str, ...] = ()
+    """Agents the model named that it may not route to now (a spent budget, a bar)."""
 
 
 def _describe(exc: Exception) -> str:
@@ -70,12 +72,21 @@ def _describe(exc: Exception) -> str:
     return str(exc)
 
 
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    route: Route | None
+    raw: AIMessage
+    error: str | None
+    asked: str | None = None
+    """The ``next`` the reply named, when it named one but was invalid."""
+
+
 def _attempt(
     model: BaseChatModel,
     schema: type[Route],
     messages: list[BaseMessage],
     config: RunnableConfig,
-) -> tuple[Route | None, AIMessage, str | None]:
+) -> _Attempt:
     structured = model.with_structured_output(
         schema.model_json_schema(), method="json_schema", include_raw=True
     )
@@ -83,15 +94,17 @@ def _attempt(
         out: dict[str, Any] = structured.invoke(messages, config)  # type: ignore[assignment]
     except (OutputParserException, ValueError) as exc:
         # Some providers raise instead of reporting a parsing error; treat it the same way.
-        return None, AIMessage(content=f"(unparseable output: {exc})"), _describe(exc)
+        return _Attempt(None, AIMessage(content=f"(unparseable output: {exc})"), _describe(exc))
     raw = out.get("raw")
     raw_msg = raw if isinstance(raw, AIMessage) else AIMessage(content=str(raw))
     if out.get("parsing_error") is not None:
-        return None, raw_msg, _describe(out["parsing_error"])
+        return _Attempt(None, raw_msg, _describe(out["parsing_error"]))
+    parsed = out.get("parsed")
     try:
-        return schema.model_validate(out.get("parsed")), raw_msg, None
+        return _Attempt(schema.model_validate(parsed), raw_msg, None)
     except ValidationError as exc:
-        return None, raw_msg, _describe(exc)
+        asked = parsed.get("next") if isinstance(parsed, dict) else None
+        return _Attempt(None, raw_msg, _describe(exc), asked if isinstance(asked, str) else None)
 
 
 def route_next_agent(
@@ -101,31 +114,45 @@ def route_next_agent(
     agents: Sequence[str],
     config: RunnableConfig,
     may_finish: bool = True,
+    unavailable: Mapping[str, str] | None = None,
 ) -> RouteDecision:
     """Ask the model for the next route; repair once; fall back to FINISH.
 
     Output that fails validation (not JSON, an unknown agent, a missing field, an empty task)
-    gets one repair attempt whose prompt quotes the error. If that fails too, the decision is
-    the documented fallback: finish with what exists, flagged so the run reports ``degraded``.
+    gets one repair attempt whose prompt quotes the error, and, for an agent in
+    ``unavailable`` (agent -> why it may not work now), the reason. If that fails too, the
+    decision is the documented fallback: finish with what exists, flagged so the run
+    reports ``degraded``.
     """
+    unavailable = unavailable or {}
     schema = route_model(agents, may_finish=may_finish)
-    route, raw, error = _attempt(model, schema, messages, config)
-    if route is not None:
-        return RouteDecision(route=route, fallback=False, error=None, raw=(raw,))
+    first = _attempt(model, schema, messages, config)
+    if first.route is not None:
+        return RouteDecision(route=first.route, fallback=False, error=None, raw=(first.raw,))
+    why = unavailable.get(first.asked or "")
+    refused_now = f" {first.asked!r} may not work now: {why}." if why else ""
     repair = [
         *messages,
-        raw,
+        first.raw,
         HumanMessage(
-            content=f"Your reply was not a valid route: {error}. Reply again with JSON "
-            f"matching the schema; 'next' must be one of "
+            content=f"Your reply was not a valid route: {first.error}.{refused_now} Reply "
+            f"again with JSON matching the schema; 'next' must be one of "
             f"{', '.join([*agents, FINISH] if may_finish else agents)}."
         ),
     ]
-    route2, raw2, error2 = _attempt(model, schema, repair, config)
-    if route2 is not None:
-        return RouteDecision(route=route2, fallback=False, error=error, raw=(raw, raw2))
+    second = _attempt(model, schema, repair, config)
+    raw = (first.raw, second.raw)
+    refused = tuple(
+        dict.fromkeys(a.asked for a in (first, second) if a.asked and a.asked in unavailable)
+    )
+    if second.route is not None:
+        return RouteDecision(
+            route=second.route, fallback=False, error=first.error, raw=raw, refused=refused
+        )
     # Built unvalidated: FINISH may not be among this schema's choices (see route_model).
     fallback = Route.model_construct(
-        next=FINISH, task="", reason=f"route output invalid twice: {error2}"
+        next=FINISH, task="", reason=f"route output invalid twice: {second.error}"
     )
-    return RouteDecision(route=fallback, fallback=True, error=error2, raw=(raw, raw2))
+    return RouteDecision(
+        route=fallback, fallback=True, error=second.error, raw=raw, refused=refused
+    )

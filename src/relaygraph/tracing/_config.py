@@ -111,6 +111,7 @@ def tracing_callbacks(
     thread_id: str,
     team: str | None = None,
     policy_source: str | None = None,
+    policy_digest: str | None = None,
     models: Mapping[str, str] | None = None,
     tracer_provider: Any = None,
 ) -> list[BaseCallbackHandler]:
@@ -126,6 +127,7 @@ def tracing_callbacks(
         thread_id: The conversation the task continues.
         team: The team the task belongs to.
         policy_source: Where the team policy came from.
+        policy_digest: A digest of the policy the task runs under.
         models: The model spec of each role.
         tracer_provider: Send OpenTelemetry spans here instead of to the exporters the
             environment names (an application's own provider, or a test's).
@@ -146,6 +148,7 @@ def tracing_callbacks(
                 thread_id=thread_id,
                 team=team,
                 policy_source=policy_source,
+                policy_digest=policy_digest,
                 models=models,
             )
         )
@@ -172,6 +175,7 @@ def langsmith_config(
     request: str | None = None,
     team: str | None = None,
     policy_source: str | None = None,
+    policy_digest: str | None = None,
     models: Mapping[str, str] | None = None,
     tags: tuple[str, ...] = (),
 ) -> dict[str, Any]:
@@ -187,6 +191,7 @@ def langsmith_config(
         request: What was asked; the root run is named for it.
         team: The team the task belongs to.
         policy_source: Where the team policy came from.
+        policy_digest: A digest of the policy the task runs under.
         models: The model spec of each role.
         tags: More tags for every run of the task.
     """
@@ -197,6 +202,7 @@ def langsmith_config(
         "thread_id": thread_id,
         "team": team,
         "policy_source": policy_source,
+        "policy_digest": policy_digest,
         "models": dict(models or {}),
     }
     team_tags = [f"team:{team}"] if team else []

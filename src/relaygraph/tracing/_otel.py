@@ -53,6 +53,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         thread_id: The conversation (``gen_ai.conversation.id``).
         team: The team the task belongs to.
         policy_source: Where the policy came from (a file path, ``default``).
+        policy_digest: A digest of the policy the task ran under: equal digests, equal rules.
         models: The model spec of each role.
     """
 
@@ -67,9 +68,11 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         thread_id: str,
         team: str | None = None,
         policy_source: str | None = None,
+        policy_digest: str | None = None,
         models: Mapping[str, str] | None = None,
     ) -> None:
         self.tracer = tracer
+        self.policy_digest = policy_digest
         self.task_id = task_id
         self.thread_id = thread_id
         self.team = team
@@ -179,6 +182,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                         "relaygraph.task_id": self.task_id,
                         "relaygraph.team": self.team,
                         "relaygraph.policy.source": self.policy_source,
+                        "relaygraph.policy.digest": self.policy_digest,
                         "relaygraph.models": self.models or None,
                     },
                 )

@@ -65,6 +65,7 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
             "task": data.get("task", ""),
             "reason": data.get("reason", ""),
             "step": data.get("step"),
+            "carried_out": data.get("carried_out") is not False,
         }
     if kind == "violation":
         budget = data.get("kind") == "budget"
@@ -264,9 +265,11 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
             f" [dim]({_short(node['reason'])})[/]{stopped}"
         )
     if kind == "handoff":
+        stopped = "" if node.get("carried_out", True) else " [yellow](not carried out)[/]"
         return (
             f"{when} [magenta]handoff[/] [bold]{node['from']}[/] → [bold]{node['to']}[/]: "
             f"{_short(node['task'])} [dim]({_short(node['reason']) or 'no reason given'})[/]"
+            f"{stopped}"
         )
     if kind == "agent":
         usage = node["usage"]

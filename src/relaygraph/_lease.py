@@ -1,0 +1,69 @@
+"""A runner's hold on the task it runs: taken at the start, renewed while it runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DEFAULT_LEASE_SECONDS", "LeaseKeeper"]
+
+DEFAULT_LEASE_SECONDS = 30.0
+"""How long a lease lasts unrenewed: how long a crashed runner's task waits for another."""
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews ``runner_id``'s lease on a task every third of its length, on a thread.
+
+    A runner that dies stops renewing, and after ``seconds`` another may take the task
+    over (``Ledger.take_lease``). Should this runner find its lease gone (it could not
+    renew in time, and another took the task), ``lost`` is set: the run must stop.
+    """
+
+    def __init__(self, ledger: Any, task_id: str, runner_id: str, *, seconds: float) -> None:
+        self.lost = threading.Event()
+        self._ledger = ledger
+        self._task_id = task_id
+        self._runner_id = runner_id
+        self._seconds = seconds
+        self._done = threading.Event()
+        self._on_lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._renew, name=f"relaygraph-lease-{task_id[:8]}", daemon=True
+        )
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._done.wait(self._seconds / 3):
+            try:
+                held = self._ledger.renew_lease(
+                    self._task_id, self._runner_id, seconds=self._seconds
+                )
+            except Exception:  # A database hiccup: the next renewal may work.
+                log.warning("could not renew the lease on task %s", self._task_id, exc_info=True)
+                continue
+            if not held:
+                log.warning("task %s: another runner took it over; stopping", self._task_id)
+                with self._lock:
+                    self.lost.set()
+                    callbacks = list(self._on_lost)
+                for callback in callbacks:
+                    callback()
+                return
+
+    def when_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the lease is lost (at once, if it already was)."""
+        with self._lock:
+            if not self.lost.is_set():
+                self._on_lost.append(callback)
+                return
+        callback()
+
+    def close(self) -> None:
+        """Stop renewing (the caller releases the lease)."""
+        self._done.set()
+        self._thread.join()
