@@ -105,7 +105,12 @@ class _SlowLedger:
 def test_the_event_writer_batches_in_order_and_hands_on_after_writing() -> None:
     ledger = _SlowLedger()
     seen: list[tuple[str, int]] = []
-    writer = EventWriter(ledger, "task-1", lambda e: seen.append((e["type"], len(ledger.batches))))
+    writer = EventWriter(
+        ledger,
+        "task-1",
+        lambda e: seen.append((e["type"], len(ledger.batches))),
+        linger_seconds=0,
+    )
     writer.put({"type": "run_started"})
     time.sleep(0.05)  # The writer is now inside its first (held) write.
     for kind in ("route", "token", "agent_started", "token", "agent_finished"):
@@ -125,6 +130,21 @@ def test_the_event_writer_batches_in_order_and_hands_on_after_writing() -> None:
     ]
     assert all(written >= 1 for _, written in seen)
     writer.close()
+
+
+def test_the_event_writer_lingers_for_the_events_right_behind() -> None:
+    ledger = _SlowLedger()
+    ledger.release.set()
+    writer = EventWriter(ledger, "task-1", lambda e: None, linger_seconds=5)
+    writer.put({"type": "route"})
+    writer.put({"type": "agent_started"})
+    start = time.monotonic()
+    writer.flush()  # Ends the linger at once.
+    assert time.monotonic() - start < 2
+    assert ledger.batches == [["route", "agent_started"]]
+    writer.put({"type": "final"})
+    writer.close()
+    assert ledger.batches[-1] == ["final"]
 
 
 def test_a_failed_write_is_raised_on_the_runs_thread() -> None:

@@ -265,6 +265,7 @@ class TaskRunner:
         # The ledger's writes happen behind the graph (see EventWriter), in order.
         writer = EventWriter(self.ledger, task.id, on_event or (lambda event: None))
         emit = writer.put
+        released = False
         try:
             with open_checkpointer(self.home) as checkpointer:
                 graph = team.copy({"checkpointer": checkpointer})
@@ -360,7 +361,8 @@ class TaskRunner:
                 # Not finished: the task stays ``running`` for the next server to continue.
                 emit({"type": "run_suspended", "reason": stop_reason})
                 writer.flush()
-                self.ledger.record_usage(task.id, result.usage)
+                self.ledger.end_run(task.id, usage=result.usage, runner_id=self.runner_id)
+                released = True
                 return result
             waits_on_ping_pong = any(item.get("type") == "ping_pong" for item in pending)
             if waits_on_ping_pong:
@@ -387,15 +389,23 @@ class TaskRunner:
                 {"type": "run_finished", "status": result.status, "stop_reason": result.stop_reason}
             )
             writer.flush()
-            self.ledger.record_usage(task.id, result.usage)
-            self.ledger.set_status(task.id, status, answer=answer, stop_reason=stop_reason)
+            self.ledger.end_run(
+                task.id,
+                usage=result.usage,
+                runner_id=self.runner_id,
+                status=status,
+                answer=answer,
+                stop_reason=stop_reason,
+            )
+            released = True
             return result
         finally:
             lease.close()
             try:
                 writer.close()
             finally:
-                self.ledger.release_lease(task.id, self.runner_id)
+                if not released:  # A run that failed on the way: let another take it.
+                    self.ledger.release_lease(task.id, self.runner_id)
 
     def _settle_usage(
         self, graph: Any, config: Any, task: Any, policy: TeamPolicy, roles: tuple[str, ...]

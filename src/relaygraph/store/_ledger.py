@@ -650,6 +650,40 @@ class Ledger:
                     raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
                 _usage.set_totals(session, task_id, agent, totals, now)
 
+    def end_run(
+        self,
+        task_id: str,
+        *,
+        usage: Mapping[str, Mapping[str, Any]],
+        runner_id: str | None = None,
+        status: str | None = None,
+        **fields: str | None,
+    ) -> None:
+        """What a run writes when it ends, in one transaction: each role's usage (as
+        :meth:`record_usage`), the task's ``status`` with its ``answer`` or ``stop_reason``
+        (as :meth:`set_status`; None leaves it, as for a run that was suspended), and
+        ``runner_id``'s lease given up (as :meth:`release_lease`).
+
+        Raises:
+            ConfigError: An unknown status or field, or a usage entry that is not a mapping.
+            RecordNotFound: No such task.
+        """
+        values = _status_values(status, fields) if status is not None else None
+        now = _now()
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            for agent, totals in usage.items():
+                if not isinstance(totals, Mapping):
+                    raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
+                _usage.set_totals(session, task_id, agent, totals, now)
+            row.updated_at = now
+            if values is not None:
+                _apply_status(row, values)
+            if runner_id is not None and row.runner_id == runner_id:
+                row.runner_id = row.lease_until = None
+
     def usage_for_team(
         self, team_id: str, since: datetime | None = None, until: datetime | None = None
     ) -> dict[str, Any]:
