@@ -247,7 +247,12 @@ async def test_approval_resumes_and_busy_thread_is_409(
     assert done["status"] == "succeeded"
     assert done["answer"] == "The answer is 42."
     record = await api.client.get(f"/v1/tasks/{task['id']}/approvals", headers=auth(key))
-    assert record.json()["approvals"][0]["decided_by"] == "acme"
+    decided_record = record.json()["approvals"][0]
+    assert decided_record["decided_by"] == "acme"
+    assert decided_record["reason"] == "fine"
+    assert decided_record["decided_at"] >= decided_record["requested_at"]
+    assert decided_record["applied_at"] is not None
+    assert decided_record["edited_args"] is None
     again = await api.client.post(
         f"/v1/tasks/{task['id']}/approvals/{approval['id']}",
         json={"decision": "approve"},

@@ -195,3 +195,27 @@ def test_a_reader_that_goes_away_gets_no_traceback(home: Path) -> None:
         code = proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err
     assert code == 141
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--workers", "100"], {}, "RELAYGRAPH_WORKERS / --workers 100: Input should be less"),
+        ([], {"RELAYGRAPH_ALLOWED_MODELS": "openai:*"}, "RELAYGRAPH_ALLOWED_MODELS 'openai:*'"),
+        ([], {"RELAYGRAPH_LEASE_SECONDS": "0"}, "RELAYGRAPH_LEASE_SECONDS '0': Input should be"),
+    ],
+)
+def test_serve_refuses_bad_settings_by_name(
+    home: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "relaygraph.cli", "serve", "--port", "9", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RELAYGRAPH_HOME": str(home), **env},
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("relaygraph: error: bad server setting: "), proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -91,3 +91,30 @@ def test_openai_route_that_breaks_the_schema_is_repaired(
     assert next(e for e in events if e["type"] == "route")["repaired"] is True
     # The repair prompt quotes the error to the model.
     assert "not a valid route" in json.dumps(repair["messages"])
+
+
+def test_tool_supervisor_over_http_asks_for_one_transfer_at_a_time(
+    home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """langgraph-supervisor loses agents when a model sends parallel transfers (its #230):
+    the tool-calling supervisor's requests turn parallel tool calls off."""
+    from relaygraph.topology import Topology
+
+    script = json.loads((EXAMPLE_RELAY.parent / "tools-relay.json").read_text())
+    with serve_script(script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(
+            "When are checkpoints written? Write a report.",
+            agent_models={r: f"openai:script-{r}" for r in ("supervisor", "researcher", "writer")},
+            model="openai:script-coder",
+            topology=Topology.parse("supervisor-tools"),
+        )
+        requests = list(server.requests)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    routes = [r for r in requests if r["model"] == "script-supervisor"]
+    assert len(routes) == 3
+    for request in routes:
+        assert request["parallel_tool_calls"] is False
+        offered = {t["function"]["name"] for t in request["tools"]}
+        assert {"transfer_to_researcher", "transfer_to_coder", "transfer_to_writer"} <= offered

@@ -228,3 +228,48 @@ def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, 
     assert stored is not None and stored.status == "failed"
     assert "'/gone/script.json' does not exist" in (stored.stop_reason or "")
     assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
+
+
+def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: Path) -> None:
+    """The team identity travels in ``config["configurable"]`` (LangGraph records it in the
+    checkpoints' metadata), and nothing a model could write holds it."""
+    from relaygraph._checkpoint import sqlite_checkpointer
+    from relaygraph._team_cache import team_cache
+    from relaygraph.policies import policy_to_mapping
+    from relaygraph.run import TaskRunner
+
+    roles = Topology().roles(tuple(default_policy().agents))
+    specs = dict.fromkeys(roles, f"scripted:{EXAMPLE_RELAY}")
+    task, _ = ledger.create_task(
+        team_id=LOCAL_TEAM_ID,
+        input="When are checkpoints written?",
+        policy=policy_to_mapping(default_policy()),
+        models=specs,
+        topology=Topology().to_mapping(),
+    )
+    result = TaskRunner(ledger=ledger, home=home).run(
+        task, {"request": task.input}, identity={"team": "team-acme-7f3"}
+    )
+    assert result.status == "succeeded"
+    team = team_cache.get(specs, policy=default_policy(), topology=Topology())
+    with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
+        snapshot = team.copy({"checkpointer": saver}).get_state(
+            {"configurable": {"thread_id": task.thread_id}}
+        )
+    assert snapshot.metadata is not None
+    assert snapshot.metadata["relaygraph_team"] == "team-acme-7f3"
+    assert snapshot.metadata["relaygraph_task_id"] == task.id
+    assert "team-acme-7f3" not in json.dumps(snapshot.values, default=str)
+
+
+def test_a_script_key_that_names_no_role_is_refused(
+    home: Path, script: Callable[[dict[str, Any]], str]
+) -> None:
+    spec = script(
+        {
+            "supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "r"}}],
+            "reviewr": [{"content": "typo"}],
+        }
+    )
+    with pytest.raises(ConfigError, match="has turns for 'reviewr', which is no role"):
+        run_task("go", model=spec, home=home)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, policy_to_mapping
 from relaygraph.topology import Topology
@@ -35,6 +36,23 @@ def _spec_fingerprint(spec: str) -> tuple[Any, ...]:
             hashlib.sha256(key.encode()).hexdigest() if key else None,
         )
     return (spec,)
+
+
+def _check_script_keys(models: Mapping[str, Any], policy: TeamPolicy) -> None:
+    """A script's keys name roles; one that names none (a typo, an agent this team lacks)
+    would only fail later, at the first call of a role whose turns it should have held."""
+    from relaygraph.models.scripted import ScriptedChatModel
+
+    roles = (*policy.agents, "supervisor", "finalize")
+    for model in models.values():
+        if isinstance(model, ScriptedChatModel):
+            unknown = sorted(set(model.script.turns) - set(roles))
+            if unknown:
+                raise ConfigError(
+                    f"script file {str(model.script.path)!r} has turns for "
+                    f"{', '.join(map(repr, unknown))}, which is no role of this team; "
+                    f"roles: {', '.join(roles)}"
+                )
 
 
 class TeamCache:
@@ -81,6 +99,7 @@ class TeamCache:
             from relaygraph.supervisor import build_team
 
             models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
+            _check_script_keys(models, policy)
             graph = build_team(models, policy=policy, topology=topology)
             with self._lock:
                 self._graphs[key] = graph

@@ -267,7 +267,7 @@ def _ledger_url(home: Path | None) -> str | None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from relaygraph.api import ServiceSettings, create_app
+    from relaygraph.api import create_app, load_settings
 
     overrides: dict[str, Any] = {"home": args.home}
     if args.model:
@@ -276,7 +276,7 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["workers"] = args.workers
     if args.policy:
         overrides["policy_file"] = args.policy
-    settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
+    settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     app = create_app(settings)
     print(
         f"relaygraph serving on http://{args.host}:{args.port} (OpenAPI at /openapi.json)",

@@ -1,6 +1,6 @@
 """The task service's HTTP API (FastAPI): submit tasks, follow them, approve, cancel."""
 
-from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._settings import ServiceSettings, load_settings
 from relaygraph.api.app import create_app
 
-__all__ = ["ServiceSettings", "create_app"]
+__all__ = ["ServiceSettings", "create_app", "load_settings"]

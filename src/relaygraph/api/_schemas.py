@@ -105,9 +105,15 @@ class ApprovalOut(BaseModel):
     agent: str | None
     tool: str | None
     args: dict[str, Any] | None
+    requested_at: datetime
     decision: str | None
     decided_by: str | None
+    decided_at: datetime | None
     reason: str | None
+    edited_args: dict[str, Any] | None
+    """The arguments a person put in place of ``args`` (an ``edit``)."""
+    applied_at: datetime | None
+    """When the resumed run acted on the decision."""
 
     @classmethod
     def of(cls, approval: Approval) -> ApprovalOut:
@@ -117,7 +123,11 @@ class ApprovalOut(BaseModel):
             agent=approval.agent,
             tool=approval.tool,
             args=approval.args,
+            requested_at=approval.requested_at,
             decision=approval.decision,
             decided_by=approval.decided_by,
+            decided_at=approval.decided_at,
             reason=approval.reason,
+            edited_args=approval.edited_args,
+            applied_at=approval.applied_at,
         )

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from relaygraph.errors import ConfigError
 from relaygraph.models import DEFAULT_MODEL
+
+_FLAGS = {"default_model": "--model", "workers": "--workers", "policy_file": "--policy"}
 
 
 class ServiceSettings(BaseSettings):
@@ -43,3 +48,31 @@ class ServiceSettings(BaseSettings):
         if spec.startswith("scripted:"):
             return self.allow_scripted or self.default_model.startswith("scripted:")
         return any(fnmatch.fnmatchcase(spec, pattern) for pattern in self.allowed_models)
+
+
+def load_settings(**overrides: Any) -> ServiceSettings:
+    """The server's settings: ``overrides`` (the ``serve`` flags) over the environment.
+
+    Raises:
+        ConfigError: A setting is invalid; the message names its variable (and flag) and
+            the value.
+    """
+    try:
+        return ServiceSettings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            where = f"RELAYGRAPH_{field.upper()}"
+            if field in _FLAGS:
+                where += f" / {_FLAGS[field]}"
+            problems.append(f"{where} {error['input']!r}: {error['msg']}")
+        raise ConfigError("bad server setting: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # pydantic-settings reads list settings as JSON and names only the field.
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        name = f"RELAYGRAPH_{field.upper()}"
+        raise ConfigError(
+            f"bad server setting: {name} {os.environ.get(name)!r} is not valid JSON; "
+            f"""a list is written as '["openai:*", "local:smollm2"]'"""
+        ) from None

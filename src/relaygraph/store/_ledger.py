@@ -448,12 +448,7 @@ class Ledger:
                 .values(status=status, updated_at=values["updated_at"])
                 .returning(TaskRow.id)
             )
-            if claimed is None:
-                return None
-            row = session.get(TaskRow, task_id, populate_existing=True)
-            assert row is not None
-            _apply_status(row, values)
-            return _task(row)
+            return None if claimed is None else _updated(session, task_id, values)
 
     # Leases: who runs a task, so that it never runs in two places at once
 
@@ -503,12 +498,7 @@ class Ledger:
                 )
                 .returning(TaskRow.id)
             )
-            if taken is None:
-                return None
-            row = session.get(TaskRow, task_id, populate_existing=True)
-            assert row is not None
-            _apply_status(row, values)
-            return _task(row)
+            return None if taken is None else _updated(session, task_id, values)
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
@@ -986,6 +976,15 @@ def _status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{name} {value!r} must be a string or None")
     return {"status": status, "updated_at": _now(), **fields}
+
+
+def _updated(session: Session, task_id: str, values: Mapping[str, Any]) -> Task:
+    """The task row an UPDATE just changed, read again, with ``values`` applied (the times
+    a status stamps)."""
+    row = session.get(TaskRow, task_id, populate_existing=True)
+    assert row is not None
+    _apply_status(row, values)
+    return _task(row)
 
 
 def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
