@@ -384,3 +384,31 @@ async def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_read(api
     made = await api.client.post("/v1/tasks", content=chunks(small), headers=headers)
     assert made.status_code == 202, made.text
     await api.wait(made.json()["id"], key)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content", "field", "message"),
+    [
+        ("GET", "/v1/tasks?status=bogus", None, "status", "status 'bogus' is not one of"),
+        ("GET", "/v1/tasks?cursor=not-a-cursor", None, "cursor", "cursor"),
+        ("GET", "/v1/usage?since=2026-01-01T00:00:00", None, "since", "has no time zone"),
+        (
+            "GET",
+            "/v1/usage?since=2026-02-01T00:00:00Z&until=2026-01-01T00:00:00Z",
+            None,
+            "since",
+            "is after until",
+        ),
+        ("POST", "/v1/tasks", b"{not json", "body", "the body is not valid JSON"),
+    ],
+)
+async def test_bad_query_and_body_name_their_field(
+    api: Api, method: str, path: str, content: bytes | None, field: str, message: str
+) -> None:
+    key = api.key("acme")
+    headers = {**auth(key), "Content-Type": "application/json"}
+    got = await api.client.request(method, path, content=content, headers=headers)
+    assert got.status_code == 422, got.text
+    error = got.json()["error"]
+    assert (error["code"], error["field"]) == ("invalid_request", field)
+    assert message in error["message"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -137,20 +138,42 @@ def policy_digest(policy: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_LEDGERS: OrderedDict[str, Any] = OrderedDict()
+_LEDGERS_LOCK = threading.Lock()
+_LEDGERS_KEPT = 4
+
+
 def _ledger_for(home: Path) -> Any:
     """The ledger: ``$RELAYGRAPH_DATABASE_URL`` if set, else SQLite in the data directory.
 
-    Opened with its schema brought up to date, so a first run needs no set-up step.
+    Opened with its schema brought up to date, so a first run needs no set-up step, and
+    kept for the process (the last few databases used): opening one (an engine, a schema
+    check, a cold statement cache) cost each ``run_task`` about 8 ms. A caller may still
+    ``close()`` it: that only empties its connection pool, which refills on the next use.
     """
     import os
 
     from relaygraph.store import DATABASE_URL_ENV, Ledger
 
-    url = None if os.environ.get(DATABASE_URL_ENV) else f"sqlite:///{home / 'ledger.sqlite'}"
+    env_url = os.environ.get(DATABASE_URL_ENV)
+    url = None if env_url else f"sqlite:///{home / 'ledger.sqlite'}"
+    key = url or f"env:{env_url}"
+    with _LEDGERS_LOCK:
+        ledger = _LEDGERS.get(key)
+        if ledger is not None:
+            _LEDGERS.move_to_end(key)
+            return ledger
     ledger = Ledger(url)
     if not ledger.is_current():
         ledger.upgrade()
-    return ledger
+    with _LEDGERS_LOCK:
+        kept = _LEDGERS.setdefault(key, ledger)
+        _LEDGERS.move_to_end(key)
+        while len(_LEDGERS) > _LEDGERS_KEPT:
+            _LEDGERS.popitem(last=False)[1].close()
+    if kept is not ledger:  # Another thread opened it meanwhile.
+        ledger.close()
+    return kept
 
 
 class TaskRunner:
@@ -535,37 +558,34 @@ def run_task(
     home = data_home(home)
     from relaygraph.store import LOCAL_TEAM_ID
 
-    ledger = _ledger_for(home)
-    try:
-        # The ledger knows every thread and whose it is: a thread of the API's teams is
-        # as unknown here as one that never existed.
-        if thread_id is not None and ledger.thread_owner(thread_id) != LOCAL_TEAM_ID:
-            raise ConfigError(
-                f"thread {thread_id!r} has no earlier run in {ledger.url}; "
-                "leave out --thread to start a new conversation"
-            )
-        if thread_id is not None:
-            earlier = Topology.from_mapping(ledger.thread_topology(thread_id))
-            topology = topology.continuing(thread_id, earlier)
-        task, _ = ledger.create_task(
-            team_id=LOCAL_TEAM_ID,
-            input=request,
-            thread_id=thread_id,
-            policy=policy_to_mapping(team_policy),
-            models=specs,
-            topology=topology.to_mapping(),
-            metadata={"policy_source": team_policy.source},
+    ledger = _ledger_for(home)  # kept for the process: not closed here
+    # The ledger knows every thread and whose it is: a thread of the API's teams is
+    # as unknown here as one that never existed.
+    if thread_id is not None and ledger.thread_owner(thread_id) != LOCAL_TEAM_ID:
+        raise ConfigError(
+            f"thread {thread_id!r} has no earlier run in {ledger.url}; "
+            "leave out --thread to start a new conversation"
         )
-        runner = TaskRunner(ledger=ledger, home=home)
-        return runner.run(
-            task,
-            {"request": request},
-            on_event=on_event,
-            stream_tokens=stream_tokens,
-            callbacks=callbacks,
-        )
-    finally:
-        ledger.close()
+    if thread_id is not None:
+        earlier = Topology.from_mapping(ledger.thread_topology(thread_id))
+        topology = topology.continuing(thread_id, earlier)
+    task, _ = ledger.create_task(
+        team_id=LOCAL_TEAM_ID,
+        input=request,
+        thread_id=thread_id,
+        policy=policy_to_mapping(team_policy),
+        models=specs,
+        topology=topology.to_mapping(),
+        metadata={"policy_source": team_policy.source},
+    )
+    runner = TaskRunner(ledger=ledger, home=home)
+    return runner.run(
+        task,
+        {"request": request},
+        on_event=on_event,
+        stream_tokens=stream_tokens,
+        callbacks=callbacks,
+    )
 
 
 def resume_task(
@@ -589,28 +609,25 @@ def resume_task(
     from relaygraph.store import LOCAL_TEAM_ID
 
     home = data_home(home)
-    ledger = _ledger_for(home)
-    try:
-        task = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
-        if task is None:
-            raise ConfigError(f"no task {task_id!r} in {ledger.url}")
-        waiting = [a for a in ledger.approvals(task_id) if a.pending]
-        if task.status != "interrupted" or not waiting:
-            raise ConfigError(
-                f"task {task_id!r} is not waiting for a decision (its status is {task.status!r})"
-            )
-        answer = {k: v for k, v in asdict(decision).items() if v is not None}
-        for approval in waiting:
-            ledger.record_decision(
-                task_id,
-                approval.interrupt_id,
-                decision=decision.decision,
-                decided_by=decided_by,
-                reason=decision.reason,
-                args=decision.args,
-            )
-        resume: Command[Any] = Command(resume={a.interrupt_id: answer for a in waiting})
-        runner = TaskRunner(ledger=ledger, home=home)
-        return runner.run(task, resume, on_event=on_event, stream_tokens=stream_tokens)
-    finally:
-        ledger.close()
+    ledger = _ledger_for(home)  # kept for the process: not closed here
+    task = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
+    if task is None:
+        raise ConfigError(f"no task {task_id!r} in {ledger.url}")
+    waiting = [a for a in ledger.approvals(task_id) if a.pending]
+    if task.status != "interrupted" or not waiting:
+        raise ConfigError(
+            f"task {task_id!r} is not waiting for a decision (its status is {task.status!r})"
+        )
+    answer = {k: v for k, v in asdict(decision).items() if v is not None}
+    for approval in waiting:
+        ledger.record_decision(
+            task_id,
+            approval.interrupt_id,
+            decision=decision.decision,
+            decided_by=decided_by,
+            reason=decision.reason,
+            args=decision.args,
+        )
+    resume: Command[Any] = Command(resume={a.interrupt_id: answer for a in waiting})
+    runner = TaskRunner(ledger=ledger, home=home)
+    return runner.run(task, resume, on_event=on_event, stream_tokens=stream_tokens)

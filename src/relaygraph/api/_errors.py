@@ -41,6 +41,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems, first = [], None
         for err in exc.errors():
+            if err["type"] == "json_invalid":  # Its loc is a character offset, not a field.
+                problems.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error')}")
+                first = first or "body"
+                continue
             loc = [str(p) for p in err["loc"] if p != "body"]
             field = ".".join(loc) or "body"
             first = first or field

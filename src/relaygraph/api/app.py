@@ -27,7 +27,7 @@ from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
 from relaygraph.models import load_model, parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
-from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Team
+from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, RecordConflict, Team
 from relaygraph.topology import Topology
 
 __all__ = ["create_app"]
@@ -259,9 +259,19 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
         cursor: str | None = None,
     ) -> TaskPage:
-        tasks, next_cursor = ledger().list_tasks(
-            team_id=team.id, status=status, limit=limit, cursor=cursor
-        )
+        if status is not None and status not in TASK_STATUSES:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"status {status!r} is not one of {', '.join(TASK_STATUSES)}",
+                "status",
+            )
+        try:
+            tasks, next_cursor = ledger().list_tasks(
+                team_id=team.id, status=status, limit=limit, cursor=cursor
+            )
+        except ConfigError as exc:  # The status is known good: the cursor is at fault.
+            raise ApiError(422, "invalid_request", str(exc), "cursor") from None
         return TaskPage(tasks=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskOut)
@@ -350,6 +360,22 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     def usage(
         team: TeamDep, since: datetime | None = None, until: datetime | None = None
     ) -> dict[str, Any]:
+        for field, value in (("since", since), ("until", until)):
+            if value is not None and value.tzinfo is None:
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    f"{field} {value.isoformat()!r} has no time zone; add one, e.g. "
+                    f"{value.isoformat()}Z",
+                    field,
+                )
+        if since is not None and until is not None and since > until:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"since {since.isoformat()!r} is after until {until.isoformat()!r}",
+                "since",
+            )
         return ledger().usage_for_team(team.id, since, until)
 
     @app.get("/v1/tasks/{task_id}/events")
