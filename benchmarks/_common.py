@@ -106,6 +106,29 @@ def ratio_ci(
     return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
 
 
+def marginal_ratio_ci(
+    long_a: Sequence[float],
+    short_a: Sequence[float],
+    long_b: Sequence[float],
+    short_b: Sequence[float],
+    *,
+    rounds: int = 2000,
+    seed: int = 7,
+) -> tuple[float, float]:
+    """A 95% bootstrap interval for (median(long_a) − median(short_a)) over the same for b:
+    the ratio of two sides' marginal costs, each the difference of two scenarios."""
+    rng = random.Random(seed)
+
+    def median(xs: Sequence[float]) -> float:
+        return statistics.median(rng.choices(xs, k=len(xs)))
+
+    ratios = sorted(
+        (median(long_a) - median(short_a)) / (median(long_b) - median(short_b))
+        for _ in range(rounds)
+    )
+    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
