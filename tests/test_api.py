@@ -237,6 +237,15 @@ async def test_approval_resumes_and_busy_thread_is_409(
         "run_python",
         None,
     )
+    # Edited arguments the tool would refuse are refused here, and the task still waits.
+    refused = await api.client.post(
+        f"/v1/tasks/{task['id']}/approvals/{approval['id']}",
+        json={"decision": "edit", "args": {"cmd": "ls"}},
+        headers=auth(key),
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["field"] == "args"
+    assert "run_python takes code; not 'cmd'" in refused.json()["error"]["message"]
     decided = await api.client.post(
         f"/v1/tasks/{task['id']}/approvals/{approval['id']}",
         json={"decision": "approve", "reason": "fine"},

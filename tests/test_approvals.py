@@ -204,6 +204,14 @@ def test_resume_refuses_what_it_cannot_continue(
     no_decision = relaygraph("resume", task_id, home=home)
     assert no_decision.returncode == 2
     assert "one of the arguments --approve --reject --edit is required" in no_decision.stderr
+    wrong_args = relaygraph("resume", task_id, "--edit", '{"cmd": "ls"}', home=home)
+    assert wrong_args.returncode == 2
+    assert "run_python takes code; not 'cmd'" in wrong_args.stderr
+    wrong_type = relaygraph("resume", task_id, "--edit", '{"code": 7}', home=home)
+    assert wrong_type.returncode == 2
+    assert "arguments for run_python: code: Input should be a valid string (got 7)" in (
+        wrong_type.stderr
+    )
     unknown = relaygraph("resume", "no-such-task", "--approve", home=home)
     assert unknown.returncode == 2
     assert "no task 'no-such-task'" in unknown.stderr

@@ -35,6 +35,7 @@ from relaygraph.evals import (
     run_eval,
 )
 from relaygraph.evals._cli import add_eval_parser, run_eval_command
+from relaygraph.store import Ledger
 
 from .conftest import REPO
 
@@ -870,3 +871,24 @@ def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
     wrong = by_key[("wrong", 1)].first_failure
     assert wrong is not None
     assert (wrong["name"], wrong["expected"], wrong["actual"]) == ("first_agent", "writer", "coder")
+
+
+def test_cli_topology_flag_runs_the_set_in_that_topology(home: Path, tmp_path: Path) -> None:
+    out = tmp_path / "swarm"
+    code = eval_cli(
+        str(GOLDEN),
+        "--topology",
+        "swarm",
+        "--start-agent",
+        "researcher",
+        "--out",
+        str(out),
+        home=home,
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["topology"] == {"kind": "swarm", "start_agent": "researcher"}
+    assert code in (0, 1)  # the swarm fails some supervisor cases; the run itself worked
+    assert all(c["trials"][0]["checks"][0]["name"] != "run" for c in report["cases"])
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        [run] = ledger.eval_runs()
+        assert run.options["topology"]["kind"] == "swarm"

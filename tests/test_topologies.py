@@ -587,6 +587,37 @@ def test_tool_supervisor_langsmith_runs_carry_routes_not_errors(home: Path, scri
     assert [r["name"] for r in recorder.runs.values() if r.get("error")] == []
 
 
+def test_swarm_langsmith_runs_carry_handoffs_not_errors(home: Path, script: Script) -> None:
+    """In the swarm, an agent that hands off is annotated with the handoff and not failed,
+    though LangGraph's ParentCommand carries the handoff out of its subgraph."""
+    from relaygraph.tracing import LangSmithTracer
+
+    from .test_tracing import LangSmithRecorder, langsmith_client, metadata
+
+    recorder = LangSmithRecorder()
+    spec = script(
+        {
+            "researcher": [transfer("writer", "write it up", "a report was asked for")],
+            "writer": [say("written")],
+        }
+    )
+    tracer = LangSmithTracer(client=langsmith_client(recorder))
+    result = run_task("go", model=spec, topology=SWARM, callbacks=[tracer])
+    assert result.status == "succeeded", result.stop_reason
+    assert [(h["kind"], h["from"], h["to"]) for h in result.handoffs] == [
+        ("direct", "researcher", "writer")
+    ]
+    researcher = [r for r in recorder.runs.values() if r["name"] == "researcher"]
+    assert researcher, [r["name"] for r in recorder.runs.values()]
+    handoff = metadata(researcher[0])["relaygraph_handoff"]
+    assert (handoff["from"], handoff["to"], handoff["task"]) == (
+        "researcher",
+        "writer",
+        "write it up",
+    )
+    assert [r["name"] for r in recorder.runs.values() if r.get("error")] == []
+
+
 @pytest.mark.parametrize("topology", [Topology(), TOOLS], ids=["structured", "supervisor-tools"])
 def test_a_route_approved_after_a_ping_pong_is_recorded_once(
     home: Path, script: Script, topology: Topology

@@ -618,6 +618,12 @@ def resume_task(
         raise ConfigError(
             f"task {task_id!r} is not waiting for a decision (its status is {task.status!r})"
         )
+    if decision.decision == "edit" and decision.args is not None:
+        from relaygraph.agents.tools import check_tool_args
+
+        for approval in waiting:
+            if approval.tool:
+                check_tool_args(approval.tool, decision.args)
     answer = {k: v for k, v in asdict(decision).items() if v is not None}
     for approval in waiting:
         ledger.record_decision(

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from langchain_core.tools import BaseTool, tool
 from langgraph.prebuilt import ToolRuntime
+from pydantic import ValidationError
 
 from relaygraph.agents.context import TaskContext
 from relaygraph.agents.kb import KnowledgeBase
 from relaygraph.agents.sandbox import run_python_sandboxed
 from relaygraph.agents.workspace import ArtifactStore, Workspace
+from relaygraph.errors import ConfigError
 
-__all__ = ["TOOLS", "tool_names"]
+__all__ = ["TOOLS", "check_tool_args", "tool_names"]
 
 
 @tool
@@ -120,3 +123,35 @@ TOOLS: Mapping[str, BaseTool] = MappingProxyType(
 
 def tool_names() -> tuple[str, ...]:
     return tuple(TOOLS)
+
+
+def check_tool_args(name: str, args: Mapping[str, Any]) -> None:
+    """Check arguments a person wrote for tool ``name`` (an ``edit`` of a paused call).
+
+    Checked before the task goes on: edited arguments the tool refuses would otherwise fail
+    on the model's side, after the decision was recorded.
+
+    Raises:
+        ConfigError: An unknown argument, a missing one, or one of the wrong type; the
+            message names it and the value.
+    """
+    found = TOOLS.get(name)
+    if found is None:
+        return  # Not one of the shipped tools: nothing to check against.
+    schema = found.tool_call_schema
+    fields = getattr(schema, "model_fields", {})
+    unknown = sorted(set(args) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{name} takes {', '.join(fields) or 'no arguments'}; "
+            f"not {', '.join(map(repr, unknown))}"
+        )
+    try:
+        schema.model_validate(dict(args))  # type: ignore[union-attr]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+            + ("" if e["type"] == "missing" else f" (got {e['input']!r})")
+            for e in exc.errors()
+        )
+        raise ConfigError(f"arguments for {name}: {problems}") from None

@@ -333,6 +333,13 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             )
         if body.decision == "edit" and body.args is None:
             raise ApiError(422, "invalid_request", "an edit needs 'args'", "args")
+        if body.decision == "edit" and body.args is not None and approval.tool:
+            from relaygraph.agents.tools import check_tool_args
+
+            try:
+                check_tool_args(approval.tool, body.args)
+            except ConfigError as exc:
+                raise ApiError(422, "invalid_request", str(exc), "args") from None
         ledger().record_decision(
             task_id,
             approval_id,
