@@ -41,6 +41,10 @@ def test_shipped_golden_passes_offline(home: Path) -> None:
     assert report.gate(min_pass_rate=1.0) == []
     tags = {tag for case in report.cases for tag in case.tags}
     assert tags >= REQUIRED_TAGS, f"missing tags: {sorted(REQUIRED_TAGS - tags)}"
+    # The priced case costs something real, from its policy's price table, under its bound.
+    priced = next(case for case in report.cases if case.id == "priced-under-budget")
+    assert 0 < priced.trials[0].usage["cost_usd"] <= 0.001
+    assert report.metrics.total_cost_usd > 0
 
 
 def test_the_injection_arrives_in_a_document_the_researcher_found(home: Path) -> None:

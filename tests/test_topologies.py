@@ -540,7 +540,7 @@ def test_eval_compares_the_three_topologies_on_the_shipped_golden_set(
     }
     for kind, report in reports.items():
         assert report.topology["kind"] == kind
-        assert len(report.cases) == 42
+        assert len(report.cases) == 43
         stored = json.loads((tmp_path / kind / "report.json").read_text())
         assert stored["topology"]["kind"] == kind
         assert all(c["trials"][0]["checks"][0]["name"] != "run" for c in stored["cases"]), (
