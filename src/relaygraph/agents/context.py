@@ -27,6 +27,13 @@ class TaskContext:
     knowledge_base: Path
     """The SQLite file of the researcher's document index."""
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    sandbox_isolation_required: bool = False
+    """Refuse ``run_python`` when this host cannot isolate sandboxed code from the server's
+    files (no working bubblewrap), as a server for tenants must. When False, such code
+    runs with resource limits and a network namespace only, after one warning per process."""
+    data_dir: Path | None = None
+    """The data directory (ledger, checkpoints, every task's files). Sandboxed code never
+    sees it, even where it lies under a folder the sandbox mounts."""
 
     @classmethod
     def for_task(cls, home: Path, *, task_id: str, thread_id: str) -> TaskContext:
@@ -38,4 +45,5 @@ class TaskContext:
             workspace=task_dir / "workspace",
             artifacts=task_dir / "artifacts",
             knowledge_base=home / "kb.sqlite",
+            data_dir=home,
         )

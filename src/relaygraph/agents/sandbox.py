@@ -1,13 +1,16 @@
-"""Run untrusted Python for the coder agent in a limited child process.
+"""Run untrusted Python for the coder agent in an isolated child process.
 
-The program runs in a fresh interpreter (``python -I -B``) started in the task's workspace,
-with a scrubbed environment, resource limits (CPU time, address space, file size, core
-dumps, process count), a wall-clock timeout that kills its whole process group, capped
-output, and, when the kernel allows it, its own empty network namespace.
+The program runs in a fresh interpreter (``python -I -B``) in the task's workspace, with a
+scrubbed environment, resource limits (CPU time, address space, file size, core dumps,
+process count), a wall-clock timeout, capped output, and its own empty network namespace.
 
-This is damage control for mistakes in generated code, not a security boundary: the program
-can read any file the relaygraph user can read and is not confined to a container. See
-``docs/sandbox.md`` for what is and is not isolated.
+Where bubblewrap (``bwrap``) works, the program also runs in its own user, mount, PID, IPC,
+UTS and cgroup namespaces: it sees a read-only system (``/usr``, the Python installation)
+and its own workspace at ``/workspace``, and nothing else of the host's files, sockets or
+processes. :func:`filesystem_isolation` says whether this host has that; without it the
+program can read and write every file of the relaygraph user, and the result says so
+(``SandboxResult.isolation == "none"``). See ``docs/sandbox.md`` for what each mechanism
+isolates, and what it does not.
 """
 
 from __future__ import annotations
@@ -25,13 +28,26 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
-from relaygraph.errors import ConfigError
+from relaygraph.agents import _bubblewrap
+from relaygraph.errors import ConfigError, ToolInputError
 
-__all__ = ["SandboxLimits", "SandboxResult", "run_python_sandboxed"]
+__all__ = [
+    "Isolation",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "filesystem_isolation",
+    "run_python_sandboxed",
+]
+
+Isolation = Literal["bubblewrap", "none"]
+"""How a run was isolated from the host's files and processes: by bubblewrap's namespaces,
+or not at all (resource limits and a network namespace only)."""
 
 # Namespace flags from <linux/sched.h>; the stdlib exposes them only from Python 3.12 on.
 _CLONE_NEWUSER = 0x10000000
@@ -104,6 +120,9 @@ class SandboxResult:
     """stdout or stderr was longer than ``max_output_chars`` and was cut."""
     network_isolated: bool
     """The program ran in its own network namespace, with no interfaces up."""
+    isolation: Isolation
+    """``"bubblewrap"``: the program saw only the system and its workspace, and only its
+    own processes. ``"none"``: it could read and write every file of the relaygraph user."""
     duration_seconds: float
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     """The limits the run had; used to explain in ``to_text()`` which one was hit."""
@@ -147,6 +166,11 @@ class SandboxResult:
                 f"output truncated to {limits.max_output_chars} characters per stream "
                 "(the start and the end are kept); print less"
             )
+        if self.isolation == "none":
+            notes.append(
+                "files and processes were not isolated (bubblewrap is not available on this "
+                "system): the program could read and write every file of the server's user"
+            )
         if not self.network_isolated:
             notes.append("network was not isolated (this system refused a network namespace)")
         return notes
@@ -169,6 +193,40 @@ class SandboxResult:
         if self.stderr:
             lines.append(self.stderr.rstrip("\n"))
         return "\n".join(lines)
+
+
+class SandboxUnavailableError(ToolInputError):
+    """``run_python`` is refused: code from tenants must be isolated, and this host cannot.
+
+    Raised by the ``run_python`` tool when the task requires filesystem isolation
+    (``TaskContext.sandbox_isolation_required``) and :func:`filesystem_isolation` finds
+    none. The message is the tool result the model reads.
+
+    Attributes:
+        tool: The refused tool.
+    """
+
+    def __init__(self, tool: str = "run_python") -> None:
+        self.tool = tool
+        super().__init__(
+            f"{tool} is refused on this server: no filesystem isolation (bubblewrap) is "
+            "available to run code apart from the server's files. Do not call it again; "
+            "finish the task without running code. (The operator may allow unisolated code "
+            "with `relaygraph serve --unsafe-sandbox`.)"
+        )
+
+
+def filesystem_isolation() -> Literal["bubblewrap"] | None:
+    """The mechanism that isolates sandboxed code from the host's files here, if any.
+
+    bubblewrap is used when ``bwrap`` is found (``$RELAYGRAPH_BWRAP`` names it, or the empty
+    string turns it off) and a probe run works; the probe runs once per process and path.
+
+    Returns:
+        ``"bubblewrap"``, or None when code would run with limits and a network namespace
+        only (see ``docs/sandbox.md``).
+    """
+    return "bubblewrap" if _bubblewrap.available() is not None else None
 
 
 def _signal_name(number: int) -> str:
@@ -225,8 +283,12 @@ def _set_limit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap) -> None:
-    """Run in the child between fork and exec: apply limits, then leave the network."""
+def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap | None) -> None:
+    """Run in the child between fork and exec: apply limits, then leave the network.
+
+    With ``net_flag`` None the child is bubblewrap, which makes the namespaces itself; the
+    limits set here are inherited by the program it starts.
+    """
     if _LIBC_PRCTL is not None:
         # If the process that started the program dies (a server killed mid-run), the
         # program dies with it instead of finishing unobserved; a restarted server runs
@@ -247,6 +309,8 @@ def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap) -> None:
     _set_limit(resource.RLIMIT_FSIZE, limits.file_size_mb * mib)
     _set_limit(resource.RLIMIT_NPROC, limits.max_processes)
     _set_limit(resource.RLIMIT_CORE, 0)
+    if net_flag is None:
+        return
     # Limits are set before unshare: inside a new user namespace the process loses the
     # privilege to change hard limits. The network part must never fail the run.
     try:
@@ -323,8 +387,19 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _kill_run(proc: subprocess.Popen[bytes], namespace: _bubblewrap.NamespaceInit | None) -> None:
+    """Kill the program and everything it started: the PID namespace (if there is one) and
+    the process group."""
+    if namespace is not None:
+        namespace.kill()
+    _kill_group(proc.pid)
+
+
 def _collect(
-    proc: subprocess.Popen[bytes], limits: SandboxLimits, start: float
+    proc: subprocess.Popen[bytes],
+    limits: SandboxLimits,
+    start: float,
+    namespace: _bubblewrap.NamespaceInit | None,
 ) -> tuple[_CappedStream, _CappedStream, bool]:
     """Drain stdout and stderr until the program ends; kill it at the wall limit."""
     assert proc.stdout is not None and proc.stderr is not None
@@ -333,16 +408,22 @@ def _collect(
     deadline = start + limits.wall_seconds
     timed_out = False
     exited_at: float | None = None
+    sinks: list[tuple[int, _CappedStream | _bubblewrap.NamespaceInit]] = [
+        (proc.stdout.fileno(), out),
+        (proc.stderr.fileno(), err),
+    ]
+    if namespace is not None:
+        sinks.append((namespace.fileno(), namespace))
     with selectors.DefaultSelector() as selector:
-        for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
-            os.set_blocking(stream.fileno(), False)
-            selector.register(stream.fileno(), selectors.EVENT_READ, sink)
+        for fd, sink in sinks:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ, sink)
         while True:
             now = time.monotonic()
             if exited_at is None and _leader_exited(proc.pid):
                 exited_at = now
             if exited_at is None and not timed_out and now >= deadline:
-                _kill_group(proc.pid)
+                _kill_run(proc, namespace)
                 timed_out = True
             if exited_at is not None and (
                 not selector.get_map() or now >= exited_at + _PIPE_GRACE_SECONDS
@@ -362,87 +443,173 @@ def _collect(
                     key.data.feed(data)
                 else:
                     selector.unregister(key.fd)
-    # Anything still running in the group (background children) goes with the run.
-    _kill_group(proc.pid)
+    # Anything still running (background children) goes with the run.
+    _kill_run(proc, namespace)
     return out, err, timed_out
 
 
 def run_python_sandboxed(
-    code: str, *, workspace: Path, limits: SandboxLimits = SandboxLimits()
+    code: str,
+    *,
+    workspace: Path,
+    limits: SandboxLimits = SandboxLimits(),
+    hidden: Iterable[Path] = (),
 ) -> SandboxResult:
-    """Run ``code`` as a Python program in a limited child process inside ``workspace``.
+    """Run ``code`` as a Python program in an isolated child process inside ``workspace``.
 
     The program runs with ``sys.executable -I -B`` in ``workspace`` (created if missing),
-    with only ``PATH``, ``HOME``, ``LANG`` and ``TMPDIR`` set, stdin from /dev/null, its own
-    session and process group, the resource limits in ``limits``, and its own network
-    namespace when the kernel permits. Isolated mode (``-I``) means neither the workspace nor
-    the current directory is on ``sys.path``; a program that imports its own modules must
-    add ``"."`` to ``sys.path`` itself.
+    with only ``PATH``, ``HOME``, ``LANG`` and ``TMPDIR`` set, stdin from /dev/null, the
+    resource limits in ``limits``, and its own network namespace. Where bubblewrap works
+    (:func:`filesystem_isolation`), it runs in its own user, mount and PID namespaces too:
+    the workspace is mounted at ``/workspace`` (its cwd and ``HOME``) beside a read-only
+    system, and every process it starts ends with the run. Otherwise it runs with the
+    relaygraph user's view of the files, and the result's ``isolation`` is ``"none"``.
 
-    A failing program is not an error here: its exit code and traceback are in the result.
+    Isolated mode (``-I``) means neither the workspace nor the current directory is on
+    ``sys.path``; a program that imports its own modules must add ``"."`` itself. A failing
+    program is not an error here: its exit code and traceback are in the result.
 
     Args:
         code: The program's source.
         workspace: The task's workspace directory; the program's cwd and ``HOME``.
         limits: Resource limits for this run.
+        hidden: Host paths that must stay out of sight (the data directory) even if they
+            lie under a folder the sandbox mounts, such as the Python installation.
 
     Returns:
         The exit status, capped output and notes on which limits were hit.
     """
     workspace = Path(workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
+    bwrap = _bubblewrap.available()
     # A fresh folder per run, so concurrent runs in one workspace do not collide.
-    run_dir = workspace / _SANDBOX_DIR / f"run-{secrets.token_hex(6)}"
-    tmp_dir = run_dir / "tmp"
-    tmp_dir.mkdir(parents=True)
-    script = run_dir / "main.py"
-    script.write_text(code, encoding="utf-8", errors="surrogateescape")
+    run_name = f"run-{secrets.token_hex(6)}"
+    run_dir = workspace / _SANDBOX_DIR / run_name
+    (run_dir / "tmp").mkdir(parents=True)
+    (run_dir / "main.py").write_text(code, encoding="utf-8", errors="surrogateescape")
+    # The workspace as the program sees it.
+    seen = Path(_bubblewrap.WORKSPACE) if bwrap is not None else workspace
+    seen_run = seen / _SANDBOX_DIR / run_name
     env = {
         "PATH": "/usr/bin:/bin",
-        "HOME": str(workspace),
+        "HOME": str(seen),
         "LANG": "C.UTF-8",
-        "TMPDIR": str(tmp_dir),
+        "TMPDIR": str(seen_run / "tmp"),
     }
+    # -u: unbuffered, so what a program printed before it was killed (a timeout, a CPU or
+    # memory limit) reaches the model; -I ignores PYTHONUNBUFFERED with the environment.
+    command = [sys.executable, "-I", "-B", "-u", str(seen_run / "main.py")]
+    try:
+        if bwrap is None:
+            run = _run_unisolated(command, env=env, workspace=workspace, limits=limits)
+        else:
+            launch = _bubblewrap.BwrapLaunch(
+                bwrap,
+                workspace=workspace,
+                hidden=tuple(hidden),
+                tmpfs_bytes=limits.file_size_mb * 1024 * 1024,
+            )
+            with launch:
+                run = _run_in_bubblewrap(command, env=env, launch=launch, limits=limits)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (workspace / _SANDBOX_DIR).rmdir()
+    stdout, out_cut = run.out.text()
+    stderr, err_cut = run.err.text()
+    return SandboxResult(
+        exit_code=None if run.timed_out else run.returncode,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=run.timed_out,
+        truncated=out_cut or err_cut,
+        network_isolated=run.network_isolated,
+        isolation="none" if bwrap is None else "bubblewrap",
+        duration_seconds=run.duration,
+        limits=limits,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    returncode: int
+    out: _CappedStream
+    err: _CappedStream
+    timed_out: bool
+    network_isolated: bool
+    duration: float
+
+
+def _run_unisolated(
+    command: list[str], *, env: dict[str, str], workspace: Path, limits: SandboxLimits
+) -> _Run:
+    """Run with resource limits and (when permitted) a network namespace, nothing more."""
     # The child records in this shared page whether it entered a network namespace. The
     # page is shared across fork, and Popen returns only after exec, so the value is final.
     with mmap.mmap(-1, 1) as net_flag:
-        try:
-            start = time.monotonic()
-            with subprocess.Popen(
-                # -u: unbuffered, so what a program printed before it was killed (a
-                # timeout, a CPU or memory limit) reaches the model; -I ignores
-                # PYTHONUNBUFFERED along with the rest of the environment.
-                [sys.executable, "-I", "-B", "-u", str(script)],
-                cwd=workspace,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=lambda: _child_setup(limits, net_flag),
-            ) as proc:
-                isolation = net_flag[0]
-                try:
-                    out, err, timed_out = _collect(proc, limits, start)
-                finally:
-                    # Reached on any exception too, e.g. KeyboardInterrupt in the parent:
-                    # never leave the program running.
-                    _kill_group(proc.pid)
-                returncode = proc.wait()
-            duration = time.monotonic() - start
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                (workspace / _SANDBOX_DIR).rmdir()
-    stdout, out_cut = out.text()
-    stderr, err_cut = err.text()
-    return SandboxResult(
-        exit_code=None if timed_out else returncode,
-        stdout=stdout,
-        stderr=stderr,
-        timed_out=timed_out,
-        truncated=out_cut or err_cut,
-        network_isolated=isolation != _NET_NONE,
-        duration_seconds=duration,
-        limits=limits,
-    )
+        start = time.monotonic()
+        with subprocess.Popen(
+            command,
+            cwd=workspace,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=lambda: _child_setup(limits, net_flag),
+        ) as proc:
+            network = net_flag[0]
+            try:
+                out, err, timed_out = _collect(proc, limits, start, None)
+            finally:
+                # Reached on any exception too, e.g. KeyboardInterrupt in the parent:
+                # never leave the program running.
+                _kill_group(proc.pid)
+            returncode = proc.wait()
+        duration = time.monotonic() - start
+    return _Run(returncode, out, err, timed_out, network != _NET_NONE, duration)
+
+
+def _run_in_bubblewrap(
+    command: list[str],
+    *,
+    env: dict[str, str],
+    launch: _bubblewrap.BwrapLaunch,
+    limits: SandboxLimits,
+) -> _Run:
+    """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited."""
+    info_read, info_write = os.pipe()
+    namespace: _bubblewrap.NamespaceInit | None = None
+    try:
+        argv = launch.argv(command, env=env, info_fd=info_write)
+        start = time.monotonic()
+        with subprocess.Popen(
+            argv,
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=(*launch.pass_fds, info_write),
+            preexec_fn=lambda: _child_setup(limits, None),
+        ) as proc:
+            os.close(info_write)
+            info_write = -1
+            namespace = _bubblewrap.NamespaceInit(info_read, proc.pid)
+            info_read = -1
+            try:
+                out, err, timed_out = _collect(proc, limits, start, namespace)
+            finally:
+                _kill_run(proc, namespace)
+            returncode = proc.wait()
+        duration = time.monotonic() - start
+    finally:
+        if namespace is not None:
+            namespace.close()
+        for fd in (info_read, info_write):
+            if fd >= 0:
+                os.close(fd)
+    # bwrap reports a program killed by signal N as exit status 128 + N, as a shell does.
+    if 128 < returncode < 128 + signal.NSIG:
+        returncode = 128 - returncode
+    return _Run(returncode, out, err, timed_out, True, duration)

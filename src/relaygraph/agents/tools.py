@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -12,11 +14,17 @@ from pydantic import ValidationError
 
 from relaygraph.agents.context import TaskContext
 from relaygraph.agents.kb import KnowledgeBase
-from relaygraph.agents.sandbox import run_python_sandboxed
+from relaygraph.agents.sandbox import (
+    SandboxUnavailableError,
+    filesystem_isolation,
+    run_python_sandboxed,
+)
 from relaygraph.agents.workspace import ArtifactStore, Workspace
 from relaygraph.errors import ConfigError
 
 __all__ = ["TOOLS", "check_tool_args", "tool_names"]
+
+log = logging.getLogger(__name__)
 
 
 @tool
@@ -57,8 +65,26 @@ def run_python(code: str, runtime: ToolRuntime[TaskContext]) -> str:
         code: A complete Python program; print what you want to see.
     """
     ctx = runtime.context
+    if filesystem_isolation() is None:
+        if ctx.sandbox_isolation_required:
+            raise SandboxUnavailableError("run_python")
+        _warn_unisolated()
     ctx.workspace.mkdir(parents=True, exist_ok=True)
-    return run_python_sandboxed(code, workspace=ctx.workspace, limits=ctx.sandbox).to_text()
+    hidden = [p for p in (ctx.data_dir, ctx.artifacts, ctx.knowledge_base) if p is not None]
+    return run_python_sandboxed(
+        code, workspace=ctx.workspace, limits=ctx.sandbox, hidden=hidden
+    ).to_text()
+
+
+@functools.cache
+def _warn_unisolated() -> None:
+    # Once per process: whoever runs relaygraph on their own machine runs their own code,
+    # and a warning per call would only be noise.
+    log.warning(
+        "run_python runs code without filesystem isolation: bubblewrap (bwrap) is not "
+        "available, so the code can read and write every file of this user; install the "
+        "'bubblewrap' package to isolate it (see docs/sandbox.md)"
+    )
 
 
 @tool
