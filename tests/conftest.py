@@ -95,3 +95,21 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
         with admin.connect() as connection:
             connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A ledger URL: once a fresh SQLite file, once a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def ledger(url: str) -> Iterator[Any]:
+    """An upgraded ledger at ``url``, on each backend."""
+    from relaygraph.store import Ledger
+
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        yield ledger

@@ -197,7 +197,8 @@ def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
     try:
         rows = conn.execute(
             "SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''",
-            (result.thread_id,),
+            # The CLI's threads live under the local team's key (threads are per team).
+            (f"{LOCAL_TEAM_ID}/{result.thread_id}",),
         ).fetchall()
     finally:
         conn.close()
@@ -254,7 +255,7 @@ def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: P
     team = team_cache.get(specs, policy=default_policy(), topology=Topology())
     with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
         snapshot = team.copy({"checkpointer": saver}).get_state(
-            {"configurable": {"thread_id": task.thread_id}}
+            {"configurable": {"thread_id": task.checkpoint_thread}}
         )
     assert snapshot.metadata is not None
     assert snapshot.metadata["relaygraph_team"] == "team-acme-7f3"

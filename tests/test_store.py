@@ -12,7 +12,6 @@ import functools
 import hashlib
 import importlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -57,20 +56,6 @@ RELAY_SPEC = f"scripted:{EXAMPLE_RELAY}"
 
 
 # Databases
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def ledger(url: str) -> Iterator[Ledger]:
-    with Ledger(url) as ledger:
-        ledger.upgrade()
-        yield ledger
 
 
 def all_rows(url: str) -> list[str]:
@@ -272,18 +257,21 @@ def test_idempotency_key_returns_the_first_task(ledger: Ledger) -> None:
     team, _ = ledger.create_team("research")
     other, _ = ledger.create_team("ops")
     first, created = ledger.create_task(team_id=team.id, input="sum", idempotency_key="req-1")
-    again, created_again = ledger.create_task(
-        team_id=team.id, input="sum", idempotency_key="req-1", thread_id="another-thread"
-    )
+    again, created_again = ledger.create_task(team_id=team.id, input="sum", idempotency_key="req-1")
     assert created and not created_again
     assert again == first
+    # The key names the whole request: another thread is another request.
+    with pytest.raises(RecordConflict, match=r"\(thread_id differ\)"):
+        ledger.create_task(
+            team_id=team.id, input="sum", idempotency_key="req-1", thread_id="another-thread"
+        )
     # Keys are per team, and tasks without a key are always new.
     theirs, theirs_created = ledger.create_task(
         team_id=other.id, input="sum", idempotency_key="req-1"
     )
     assert theirs_created and theirs.id != first.id
     assert ledger.create_task(team_id=team.id, input="sum")[0].id != first.id
-    with pytest.raises(RecordConflict, match="'req-1' was used for a different input"):
+    with pytest.raises(RecordConflict, match=r"'req-1' was used for task .* \(input differ\)"):
         ledger.create_task(team_id=team.id, input="product", idempotency_key="req-1")
 
 
@@ -360,7 +348,7 @@ def test_cursor_pages_cover_every_task_once_newest_first(ledger: Ledger) -> None
 def test_status_changes_stamp_times_and_claims_are_exclusive(ledger: Ledger) -> None:
     task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", thread_id="thread-1")
     assert task.status == "queued" and task.started_at is None
-    assert ledger.active_task_on_thread("thread-1") == task
+    assert ledger.active_task_on_thread("thread-1", team_id=LOCAL_TEAM_ID) == task
     assert [t.id for t in ledger.unfinished_tasks()] == [task.id]
 
     running = ledger.claim(task.id)
@@ -374,7 +362,7 @@ def test_status_changes_stamp_times_and_claims_are_exclusive(ledger: Ledger) -> 
     assert finished is not None and finished.status == "cancelled" and finished.finished
     assert finished.finished_at is not None and finished.finished_at >= running.started_at
     assert finished.stop_reason == "awaiting approval"
-    assert ledger.active_task_on_thread("thread-1") is None
+    assert ledger.active_task_on_thread("thread-1", team_id=LOCAL_TEAM_ID) is None
 
 
 # Events
@@ -887,7 +875,9 @@ def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
         ledger.upgrade()
         old = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
         assert old is not None and old.topology is None  # Before topologies: structured.
-        assert ledger.thread_topology("thread-old") is None
+        assert ledger.thread_topology("thread-old", team_id=LOCAL_TEAM_ID) is None
+        # Its checkpoints stay where they were: under its thread id.
+        assert old.checkpoint_thread == "thread-old" and old.attempts == 0
         run_id = ledger.record_eval_run(
             golden="g", models={}, options={}, case_count=1, run_count=1
         )
@@ -897,7 +887,8 @@ def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
         new, _ = ledger.create_task(
             team_id=LOCAL_TEAM_ID, input="x", thread_id="t", topology={"kind": "swarm"}
         )
-        assert ledger.thread_topology("t") == {"kind": "swarm"} == new.topology
+        assert ledger.thread_topology("t", team_id=LOCAL_TEAM_ID) == {"kind": "swarm"}
+        assert new.topology == {"kind": "swarm"}
     engine = create_engine(url)
     try:
         with engine.begin() as connection:

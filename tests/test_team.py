@@ -50,7 +50,8 @@ def final_state(home: Path, thread_id: str) -> dict[str, Any]:
     )
     with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
         graph = team.copy({"checkpointer": saver})
-        return dict(graph.get_state({"configurable": {"thread_id": thread_id}}).values)
+        config: Any = {"configurable": {"thread_id": task.checkpoint_thread}}
+        return dict(graph.get_state(config).values)
 
 
 def test_relay_visits_three_agents_with_direct_handoff(home: Path) -> None:

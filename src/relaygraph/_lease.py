@@ -20,11 +20,22 @@ class LeaseKeeper:
 
     A runner that dies stops renewing, and after ``seconds`` another may take the task
     over (``Ledger.take_lease``). Should this runner find its lease gone (it could not
-    renew in time, and another took the task), ``lost`` is set: the run must stop.
+    renew in time, and another took the task), ``lost`` is set: the run must stop. Should
+    a cancel wait on the task (asked for on another server, ``Ledger.request_cancel``),
+    ``cancel`` is set: the run stops at its next step boundary, ``cancelled``.
     """
 
-    def __init__(self, ledger: Any, task_id: str, runner_id: str, *, seconds: float) -> None:
+    def __init__(
+        self,
+        ledger: Any,
+        task_id: str,
+        runner_id: str,
+        *,
+        seconds: float,
+        cancel: threading.Event | None = None,
+    ) -> None:
         self.lost = threading.Event()
+        self._cancel = cancel
         self._ledger = ledger
         self._task_id = task_id
         self._runner_id = runner_id
@@ -54,6 +65,12 @@ class LeaseKeeper:
                 for callback in callbacks:
                     callback()
                 return
+            if self._cancel is not None and not self._cancel.is_set():
+                try:
+                    if self._ledger.cancel_requested(self._task_id):
+                        self._cancel.set()
+                except Exception:  # As for the renewal: the next round may work.
+                    log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
 
     def when_lost(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the lease is lost (at once, if it already was)."""

@@ -129,6 +129,19 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=positive, metavar="N", help="tasks that run at once (default 2)"
     )
     serve.add_argument("--policy", metavar="FILE", type=Path, help="the teams' base policy")
+    serve.add_argument(
+        "--scripts",
+        metavar="DIR",
+        type=Path,
+        help="a folder of scripted models that requests may name by file name "
+        "(scripted:NAME.json); off by default",
+    )
+    serve.add_argument(
+        "--unsafe-sandbox",
+        action="store_true",
+        help="run tenants' run_python code even where this host has no filesystem "
+        "isolation (bubblewrap): the code can then read and write the server's files",
+    )
 
     teams = commands.add_parser("teams", help="manage teams and their API keys")
     team_commands = teams.add_subparsers(
@@ -276,6 +289,10 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["workers"] = args.workers
     if args.policy:
         overrides["policy_file"] = args.policy
+    if args.scripts:
+        overrides["scripts_dir"] = args.scripts
+    if args.unsafe_sandbox:
+        overrides["unsafe_sandbox"] = True
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     app = create_app(settings)
     print(

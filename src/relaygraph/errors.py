@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "ModelNotAllowed",
     "ModelSpecError",
     "RelaygraphError",
     "RunError",
@@ -34,6 +35,19 @@ class ModelSpecError(ConfigError):
         self.spec = spec
         self.problem = problem
         super().__init__(f"invalid model spec {spec!r}: {problem}")
+
+
+class ModelNotAllowed(ModelSpecError):
+    """A valid model spec that this server does not let a request name (a model outside
+    its allowlist, a scripted model outside its scripts folder)."""
+
+    def __init__(self, spec: str, problem: str = "") -> None:
+        self.spec = spec
+        self.problem = problem
+        ConfigError.__init__(
+            self,
+            f"model {spec!r} is not allowed on this server" + (f": {problem}" if problem else ""),
+        )
 
 
 class RunError(RelaygraphError):

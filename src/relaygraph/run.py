@@ -7,7 +7,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -187,6 +187,7 @@ class TaskRunner:
         home: Path,
         runner_id: str | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        sandbox_isolation_required: bool = False,
     ) -> None:
         """
         Args:
@@ -196,11 +197,15 @@ class TaskRunner:
             lease_seconds: How long its lease on a running task lasts unrenewed (it renews
                 every third of that): how long a task of a runner that died waits before
                 another may take it over.
+            sandbox_isolation_required: Refuse ``run_python`` where the host offers no
+                filesystem isolation for it (a server running tenants' tasks); when False
+                (a user's own runs), such code runs with a warning.
         """
         self.ledger = ledger
         self.home = home
         self.runner_id = runner_id or f"runner-{uuid.uuid4().hex[:12]}"
         self.lease_seconds = lease_seconds
+        self.sandbox_isolation_required = sandbox_isolation_required
 
     def run(
         self,
@@ -254,14 +259,19 @@ class TaskRunner:
             )
             self.ledger.set_status(task.id, "failed", stop_reason=reason)
             raise
-        context = TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id)
+        context = replace(
+            TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
+            sandbox_isolation_required=self.sandbox_isolation_required,
+        )
         context.workspace.mkdir(parents=True, exist_ok=True)
         context.artifacts.mkdir(parents=True, exist_ok=True)
         with KnowledgeBase(context.knowledge_base) as kb:
             ensure_sample_corpus(kb)
         config: Any = {
             "configurable": {
-                "thread_id": task.thread_id,
+                # The checkpointer's thread, unique across teams (a team's thread id is its
+                # own: another team may use the same one).
+                "thread_id": task.checkpoint_thread,
                 "relaygraph_task_id": task.id,
                 **{f"relaygraph_{k}": v for k, v in (identity or {}).items()},
             },
@@ -281,10 +291,20 @@ class TaskRunner:
         config["callbacks"] = [*tracing_callbacks(**traced), *(callbacks or [])]
         config.update(langsmith_config(**traced, request=task.input))
         # The lease makes this runner the only one that runs the task until it ends.
-        if self.ledger.take_lease(task.id, self.runner_id, seconds=self.lease_seconds) is None:
+        taken = self.ledger.take_lease(task.id, self.runner_id, seconds=self.lease_seconds)
+        if taken is None:
+            if self.ledger.cancel_requested(task.id):
+                raise TaskBusy(task.id, "a cancel waits on it")
             holder, until = self.ledger.lease_of(task.id)
             raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
-        lease = LeaseKeeper(self.ledger, task.id, self.runner_id, seconds=self.lease_seconds)
+        task = taken
+        # A cancel asked for on another server reaches this run through the ledger.
+        cancel = cancel or threading.Event()
+        if task.cancel_requested_at is not None:
+            cancel.set()
+        lease = LeaseKeeper(
+            self.ledger, task.id, self.runner_id, seconds=self.lease_seconds, cancel=cancel
+        )
         # The ledger's writes happen behind the graph (see EventWriter), in order.
         writer = EventWriter(self.ledger, task.id, on_event or (lambda event: None))
         emit = writer.put
@@ -559,15 +579,14 @@ def run_task(
     from relaygraph.store import LOCAL_TEAM_ID
 
     ledger = _ledger_for(home)  # kept for the process: not closed here
-    # The ledger knows every thread and whose it is: a thread of the API's teams is
-    # as unknown here as one that never existed.
-    if thread_id is not None and ledger.thread_owner(thread_id) != LOCAL_TEAM_ID:
+    # Threads are each team's own: the API's teams' threads are not the CLI's.
+    if thread_id is not None and not ledger.thread_exists(thread_id, team_id=LOCAL_TEAM_ID):
         raise ConfigError(
             f"thread {thread_id!r} has no earlier run in {ledger.url}; "
             "leave out --thread to start a new conversation"
         )
     if thread_id is not None:
-        earlier = Topology.from_mapping(ledger.thread_topology(thread_id))
+        earlier = Topology.from_mapping(ledger.thread_topology(thread_id, team_id=LOCAL_TEAM_ID))
         topology = topology.continuing(thread_id, earlier)
     task, _ = ledger.create_task(
         team_id=LOCAL_TEAM_ID,

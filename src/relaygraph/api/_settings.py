@@ -10,10 +10,17 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from relaygraph.errors import ConfigError
-from relaygraph.models import DEFAULT_MODEL
+from relaygraph.errors import ConfigError, ModelNotAllowed
+from relaygraph.models import DEFAULT_MODEL, load_model, parse_model_spec
+from relaygraph.models.scripted import ScriptFolder, load_script
 
-_FLAGS = {"default_model": "--model", "workers": "--workers", "policy_file": "--policy"}
+_FLAGS = {
+    "default_model": "--model",
+    "workers": "--workers",
+    "policy_file": "--policy",
+    "scripts_dir": "--scripts",
+    "unsafe_sandbox": "--unsafe-sandbox",
+}
 
 
 class ServiceSettings(BaseSettings):
@@ -25,14 +32,21 @@ class ServiceSettings(BaseSettings):
     """The model of tasks that name none (``serve --model``)."""
     allowed_models: list[str] = Field(default_factory=lambda: ["openai:*", "local:smollm2"])
     """Model specs a request may name; ``*`` matches anything (``openai:*``)."""
-    allow_scripted: bool = False
-    """Let requests name ``scripted:`` specs (they read a file on the server)."""
+    scripts_dir: Path | None = None
+    """The folder whose scripts requests may name as ``scripted:NAME.json`` (``serve
+    --scripts``); None (the default): requests may name no scripted model."""
     workers: int = Field(default=2, ge=1, le=64)
     """Tasks that run at once in the server process."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     """How long a running task's lease lasts unrenewed: when a server dies, another server
     on the same ledger continues its tasks after this long (a server that stops cleanly
     lets go at once)."""
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    """How many times a task is started whose runner died each time before it is failed
+    (a task that crashes its server must not take down every server that picks it up)."""
+    unsafe_sandbox: bool = False
+    """Run tenants' ``run_python`` code even where the host offers no filesystem isolation
+    (no bubblewrap): the code can then read and write the server's files."""
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413."""
     policy_file: Path | None = None
@@ -42,12 +56,34 @@ class ServiceSettings(BaseSettings):
     home: Path | None = None
     """The data directory (else ``$RELAYGRAPH_HOME`` or ``~/.relaygraph``)."""
 
-    def model_allowed(self, spec: str) -> bool:
-        if spec == self.default_model:
-            return True
-        if spec.startswith("scripted:"):
-            return self.allow_scripted or self.default_model.startswith("scripted:")
-        return any(fnmatch.fnmatchcase(spec, pattern) for pattern in self.allowed_models)
+    def request_model(self, spec: str) -> str:
+        """The model spec to record for a task whose request names ``spec``.
+
+        The server's default model is always allowed. A ``scripted:NAME`` spec names a
+        file of :attr:`scripts_dir` by its name alone and is recorded with that file's
+        path; any other spec must match :attr:`allowed_models`. Nothing here opens a file
+        that the request chose outside the scripts folder.
+
+        Raises:
+            ModelNotAllowed: The spec is valid but not allowed on this server.
+            ConfigError: The spec is invalid, or its script is malformed.
+        """
+        parsed = parse_model_spec(spec)
+        if spec.strip() == self.default_model:
+            return self.default_model
+        if parsed.provider == "scripted":
+            if self.scripts_dir is None:
+                raise ModelNotAllowed(spec, "this server takes no scripted models")
+            file = ScriptFolder(path=self.scripts_dir).resolve(parsed.name)
+            load_script(file)  # A broken script is refused now, not when the task runs.
+            return f"scripted:{file}"
+        if not any(fnmatch.fnmatchcase(spec, pattern) for pattern in self.allowed_models):
+            raise ModelNotAllowed(spec, f"allowed: {', '.join(self.allowed_models)}")
+        if parsed.provider != "local":
+            # An OpenAI model with no key is refused now rather than failing the task
+            # later. (The embedded model is not loaded here: that takes seconds.)
+            load_model(parsed, agent="check")
+        return str(parsed)
 
 
 def load_settings(**overrides: Any) -> ServiceSettings:
@@ -58,7 +94,7 @@ def load_settings(**overrides: Any) -> ServiceSettings:
             the value.
     """
     try:
-        return ServiceSettings(**overrides)
+        settings = ServiceSettings(**overrides)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
@@ -76,3 +112,15 @@ def load_settings(**overrides: Any) -> ServiceSettings:
             f"bad server setting: {name} {os.environ.get(name)!r} is not valid JSON; "
             f"""a list is written as '["openai:*", "local:smollm2"]'"""
         ) from None
+    default = parse_model_spec(settings.default_model)
+    if default.provider == "scripted":
+        # The operator's own script, named by any path: kept absolute, so the tasks' record
+        # does not depend on the server's working directory.
+        path = Path(default.name).expanduser().resolve()
+        settings = settings.model_copy(update={"default_model": f"scripted:{path}"})
+    if settings.scripts_dir is not None and not settings.scripts_dir.is_dir():
+        raise ConfigError(
+            f"bad server setting: RELAYGRAPH_SCRIPTS_DIR / --scripts {str(settings.scripts_dir)!r} "
+            "is not a folder"
+        )
+    return settings

@@ -21,6 +21,9 @@ from relaygraph.errors import RelaygraphError, TaskBusy
 from relaygraph.run import CONTINUE, TaskRunner
 from relaygraph.store import LOCAL_TEAM_ID, Ledger, Task
 
+DEFAULT_MAX_ATTEMPTS = 3
+"""How many times a task may be started without a run ending before it is failed."""
+
 log = logging.getLogger("relaygraph.api")
 
 
@@ -38,13 +41,28 @@ class TaskWorkers:
         home: Path,
         workers: int,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        sandbox_isolation_required: bool = True,
     ) -> None:
+        """
+        Args:
+            ledger: The ledger whose tasks this server runs.
+            home: The data directory.
+            workers: Tasks run at once.
+            lease_seconds: See :class:`~relaygraph.run.TaskRunner`.
+            max_attempts: Starts of a task without a run ending (its runner died each
+                time) before it is failed instead of started again.
+            sandbox_isolation_required: Refuse tenants' ``run_python`` where the host
+                offers no filesystem isolation (``serve --unsafe-sandbox`` turns it off).
+        """
         self.ledger = ledger
+        self.max_attempts = max_attempts
         self.runner = TaskRunner(
             ledger=ledger,
             home=home,
             runner_id=f"server-{uuid.uuid4().hex[:12]}",
             lease_seconds=lease_seconds,
+            sandbox_isolation_required=sandbox_isolation_required,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}
@@ -82,14 +100,24 @@ class TaskWorkers:
             self._futures.add(future)
             future.add_done_callback(self._futures.discard)
 
-    def cancel(self, task_id: str) -> bool:
-        """Ask a running task to stop at its next step boundary; False if it is not running."""
+    def cancel(self, task_id: str) -> Task:
+        """Cancel a task wherever it is (:meth:`Ledger.request_cancel`): at once when no live
+        runner holds it, else at its runner's next step boundary (here at once; on another
+        server when that server next renews its lease). The task enqueued next on its
+        thread starts when this one is cancelled.
+
+        Returns:
+            The task as it is now.
+        """
+        task = self.ledger.request_cancel(task_id)
+        if task.status == "cancelled":
+            self.start_next(task.thread_id, team_id=task.team_id)
+            return task
         with self._lock:
             event = self._cancel.get(task_id)
-        if event is None:
-            return False
-        event.set()
-        return True
+        if event is not None:
+            event.set()
+        return task
 
     def recover(self) -> int:
         """Start again what was queued or running when the server stopped. Returns how many.
@@ -103,7 +131,15 @@ class TaskWorkers:
             with self._lock:
                 if task.id in self._cancel:
                     continue  # Already started here.
-            first = self.ledger.active_task_on_thread(task.thread_id)
+            if task.status == "running":
+                # A task no live runner holds that must not run again (cancelled meanwhile,
+                # or its runner died on it too often) ends here instead.
+                settled = self.ledger.settle_abandoned(task.id, max_attempts=self.max_attempts)
+                if settled is not None:
+                    log.warning("task %s: %s", task.id, settled.stop_reason)
+                    self.start_next(task.thread_id, team_id=task.team_id)
+                    continue
+            first = self.ledger.active_task_on_thread(task.thread_id, team_id=task.team_id)
             if first is None or first.id != task.id:
                 continue
             self.start(task, CONTINUE if task.status == "running" else None, team=task.team_id)
@@ -116,7 +152,7 @@ class TaskWorkers:
             if graph_input is None:
                 if self._stopping.is_set():
                     return  # Stays queued for the next start.
-                first = self.ledger.active_task_on_thread(task.thread_id)
+                first = self.ledger.active_task_on_thread(task.thread_id, team_id=task.team_id)
                 if first is not None and first.id != task.id:
                     return  # Its thread is busy (a race at submission): it starts next.
                 if self.take(task.id, only_from=("queued",)) is None:
@@ -141,13 +177,13 @@ class TaskWorkers:
             if ran:  # A duplicate start that found the task taken leaves its cancel alone.
                 with self._lock:
                     self._cancel.pop(task.id, None)
-            self.start_next(task.thread_id)
+            self.start_next(task.thread_id, team_id=task.team_id)
 
-    def start_next(self, thread_id: str) -> None:
-        """Start the task enqueued next on the thread, if its turn has come."""
+    def start_next(self, thread_id: str, *, team_id: str) -> None:
+        """Start the task enqueued next on the team's thread, if its turn has come."""
         if self._stopping.is_set():
             return
-        waiting = self.ledger.active_task_on_thread(thread_id)
+        waiting = self.ledger.active_task_on_thread(thread_id, team_id=team_id)
         if waiting is not None and waiting.status == "queued":
             self.start(waiting, team=waiting.team_id)
 

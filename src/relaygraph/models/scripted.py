@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import stat
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,17 +31,24 @@ from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from relaygraph.errors import ConfigError, ScriptError
+from relaygraph.errors import ConfigError, ModelNotAllowed, ScriptError
 
 __all__ = [
+    "MAX_SCRIPT_BYTES",
     "PRIOR_CALLS_KEY",
     "Script",
+    "ScriptFolder",
     "ScriptTurn",
     "ScriptedChatModel",
     "estimate_tokens",
     "load_script",
     "parse_turns",
 ]
+
+MAX_SCRIPT_BYTES = 1024 * 1024
+"""The largest script file read."""
+
+_SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}\.json")
 
 PRIOR_CALLS_KEY = "relaygraph_prior_calls"
 """``config["metadata"]`` / ``config["configurable"]`` key: model calls this role made before
@@ -95,13 +105,37 @@ class Script(BaseModel):
 def load_script(path: str | Path) -> Script:
     """Read and validate a script file.
 
+    Only a regular file whose name ends in ``.json`` and that holds at most
+    :data:`MAX_SCRIPT_BYTES` is opened. The name rule keeps this reader away from the
+    ledger's and the checkpointer's SQLite files (``*.sqlite``): SQLite's locks are POSIX
+    advisory locks, which a process loses on *every* lock of a file as soon as it closes
+    *any* descriptor of that file, so merely opening and closing a database in a process
+    that holds it open lets another process checkpoint and delete its WAL under it
+    (https://www.sqlite.org/howtocorrupt.html, section 2.2). The regular-file rule keeps it
+    from devices and pipes (``/dev/zero`` would never end).
+
     Raises:
-        ConfigError: The file is missing, is not JSON, or a turn is malformed; the message
-            names the file, the agent and the turn number.
+        ConfigError: The file is missing, not a regular ``.json`` file, too large, not
+            JSON, or a turn is malformed; the message names the file, the agent and the
+            turn number.
     """
     file = Path(path).expanduser()
+    if file.suffix.lower() != ".json":
+        raise ConfigError(f"script file {str(file)!r} must be a .json file")
     try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
+        info = file.stat()  # stat, not open: see above.
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"script file {str(file)!r} is not a regular file")
+        if info.st_size > MAX_SCRIPT_BYTES:
+            raise ConfigError(
+                f"script file {str(file)!r} holds {info.st_size:,} bytes; "
+                f"the limit is {MAX_SCRIPT_BYTES:,}"
+            )
+        with file.open("rb") as handle:
+            data = handle.read(MAX_SCRIPT_BYTES + 1)
+        if len(data) > MAX_SCRIPT_BYTES:  # It grew since the stat.
+            raise ConfigError(f"script file {str(file)!r} is over {MAX_SCRIPT_BYTES:,} bytes")
+        raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"script file {str(file)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -112,6 +146,40 @@ def load_script(path: str | Path) -> Script:
         ) from None
     turns = parse_turns(raw, source=f"script file {str(file)!r}")
     return Script(path=file.resolve(), turns=turns)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScriptFolder:
+    """The folder whose scripts a server's requests may name (``serve --scripts DIR``).
+
+    A request names a script by its file name only (``scripted:relay.json``); nothing a
+    request says can make the server open a file outside this folder.
+    """
+
+    path: Path
+    """The folder, as the operator named it."""
+
+    def resolve(self, name: str) -> Path:
+        """The script file ``name`` names in this folder.
+
+        Raises:
+            ModelNotAllowed: ``name`` is not a plain ``.json`` file name (a path, ``..``,
+                a hidden file), is a symlink, or is no regular file in the folder. The
+                message says only that the spec is not allowed: it reveals nothing about
+                the server's files.
+        """
+        spec = f"scripted:{name}"
+        if not _SCRIPT_NAME.fullmatch(name):
+            raise ModelNotAllowed(spec, "name a .json file of the server's scripts folder")
+        root = self.path.expanduser().resolve()
+        file = root / name
+        try:
+            info = file.lstat()  # A symlink is refused, wherever it leads.
+        except OSError:
+            raise ModelNotAllowed(spec, "no such script in the server's scripts folder") from None
+        if not stat.S_ISREG(info.st_mode) or file.resolve().parent != root:
+            raise ModelNotAllowed(spec, "no such script in the server's scripts folder")
+        return file
 
 
 def parse_turns(raw: Any, *, source: str) -> dict[str, list[ScriptTurn]]:

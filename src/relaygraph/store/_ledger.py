@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -10,7 +11,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, case, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -247,8 +248,11 @@ class Ledger:
         Raises:
             ConfigError: A bad field, named in the message.
             RecordNotFound: No such team.
-            RecordConflict: The idempotency key was used for a different input.
+            RecordConflict: The idempotency key was used for a different request (any of
+                input, thread, policy, models, topology or metadata differs); the message
+                names what differs.
         """
+        given_thread = check.optional_text(thread_id, "thread_id", max_chars=255)
         row = TaskRow(
             id=str(uuid.uuid4()),
             team_id=team_id,
@@ -257,21 +261,23 @@ class Ledger:
             policy=None if policy is None else check.json_object(policy, "policy"),
             models=check.json_object(models or {}, "models"),
             topology=None if topology is None else check.json_object(topology, "topology"),
-            thread_id=check.optional_text(thread_id, "thread_id", max_chars=255)
-            or str(uuid.uuid4()),
+            thread_id=given_thread or str(uuid.uuid4()),
             idempotency_key=check.optional_text(
                 idempotency_key, "idempotency_key", max_chars=check.MAX_KEY_CHARS
             ),
             meta=check.json_object(metadata or {}, "metadata"),
             last_event_seq=0,
+            attempts=0,
         )
+        row.request_digest = _request_digest(row, given_thread)
         try:
             with self._write() as session:
                 if session.get(TeamRow, team_id) is None:
                     raise RecordNotFound("team", team_id)
                 earlier = self._by_idempotency_key(session, team_id, row.idempotency_key)
                 if earlier is not None:
-                    return _same_request(earlier, row), False
+                    return _same_request(session, earlier, row), False
+                row.checkpoint_thread = self._checkpoint_thread(session, team_id, row.thread_id)
                 row.created_at = row.updated_at = _now()
                 session.add(row)
             return _task(row), True
@@ -282,7 +288,18 @@ class Ledger:
                 earlier = self._by_idempotency_key(session, team_id, row.idempotency_key)
                 if earlier is None:
                     raise
-                return _same_request(earlier, row), False
+                return _same_request(session, earlier, row), False
+
+    @staticmethod
+    def _checkpoint_thread(session: Session, team_id: str, thread_id: str) -> str:
+        """The checkpointer's thread for the team's ``thread_id``: the one its earlier tasks
+        used, else a new one. Never the bare thread id: another team may use the same."""
+        earlier = session.scalar(
+            select(TaskRow.checkpoint_thread)
+            .where(TaskRow.team_id == team_id, TaskRow.thread_id == thread_id)
+            .limit(1)
+        )
+        return earlier or f"{team_id}/{thread_id}"
 
     def _by_idempotency_key(self, session: Session, team_id: str, key: str | None) -> Task | None:
         if key is None:
@@ -375,29 +392,38 @@ class Ledger:
         with self._read() as session:
             return self._by_idempotency_key(session, team_id, key)
 
-    def thread_owner(self, thread_id: str) -> str | None:
-        """The team whose tasks use ``thread_id``, or None for a thread nobody used yet."""
-        with self._read() as session:
-            return session.scalar(
-                select(TaskRow.team_id).where(TaskRow.thread_id == thread_id).limit(1)
-            )
+    # Threads: each team has its own namespace of thread ids, so every lookup names the team.
 
-    def thread_topology(self, thread_id: str) -> dict[str, Any] | None:
-        """The topology of the thread's latest task (None: structured, or no task yet)."""
+    def thread_exists(self, thread_id: str, *, team_id: str) -> bool:
+        """Whether the team has a task on ``thread_id`` (another team's use of the same id
+        does not count, and is never revealed)."""
+        with self._read() as session:
+            found = session.scalar(
+                select(TaskRow.id)
+                .where(TaskRow.team_id == team_id, TaskRow.thread_id == thread_id)
+                .limit(1)
+            )
+            return found is not None
+
+    def thread_topology(self, thread_id: str, *, team_id: str) -> dict[str, Any] | None:
+        """The topology of the team's latest task on the thread (None: structured, or no
+        task yet)."""
         with self._read() as session:
             return session.scalar(
                 select(TaskRow.topology)
-                .where(TaskRow.thread_id == thread_id)
+                .where(TaskRow.team_id == team_id, TaskRow.thread_id == thread_id)
                 .order_by(TaskRow.created_at.desc(), TaskRow.id.desc())
                 .limit(1)
             )
 
-    def active_task_on_thread(self, thread_id: str) -> Task | None:
-        """The oldest task on the thread that is queued, running or waiting for a person."""
+    def active_task_on_thread(self, thread_id: str, *, team_id: str) -> Task | None:
+        """The team's oldest task on the thread that is queued, running or waiting for a
+        person."""
         with self._read() as session:
             row = session.scalars(
                 select(TaskRow)
                 .where(
+                    TaskRow.team_id == team_id,
                     TaskRow.thread_id == thread_id,
                     TaskRow.status.in_(("queued", "running", "interrupted")),
                 )
@@ -462,14 +488,15 @@ class Ledger:
     ) -> Task | None:
         """Make ``runner_id`` the one that runs the task, for ``seconds``, and mark it running.
 
-        Atomic: it succeeds only if the task's status is one of ``only_from`` and no other
-        runner holds a lease that has not lapsed yet (a runner may take its own again). A
-        server that took over a task whose runner died, and the runner still alive, cannot
-        both hold it.
+        Atomic: it succeeds only if the task's status is one of ``only_from``, no other
+        runner holds a lease that has not lapsed yet (a runner may take its own again), and
+        no cancel waits on it. A server that took over a task whose runner died, and the
+        runner still alive, cannot both hold it. A runner that takes a task it did not hold
+        counts one more attempt (:meth:`settle_abandoned` fails a task after too many).
 
         Returns:
             The task, now ``running``; None when another runner holds it, or its status is
-            not one of ``only_from``, or there is no such task.
+            not one of ``only_from``, or a cancel waits on it, or there is no such task.
         """
         allowed = tuple(only_from)
         for each in allowed:
@@ -483,6 +510,7 @@ class Ledger:
                 .where(
                     TaskRow.id == task_id,
                     TaskRow.status.in_(allowed),
+                    TaskRow.cancel_requested_at.is_(None),
                     or_(
                         TaskRow.runner_id.is_(None),
                         TaskRow.runner_id == runner_id,
@@ -492,6 +520,10 @@ class Ledger:
                 )
                 .values(
                     status="running",
+                    attempts=case(
+                        (TaskRow.runner_id == runner_id, TaskRow.attempts),
+                        else_=TaskRow.attempts + 1,
+                    ),
                     runner_id=runner_id,
                     lease_until=now + timedelta(seconds=seconds),
                     updated_at=now,
@@ -521,6 +553,100 @@ class Ledger:
                 .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
                 .values(runner_id=None, lease_until=None)
             )
+
+    def cancel_requested(self, task_id: str) -> bool:
+        """Whether a cancel waits for the task's runner to act on it."""
+        with self._read() as session:
+            at = session.scalar(select(TaskRow.cancel_requested_at).where(TaskRow.id == task_id))
+            return at is not None
+
+    def request_cancel(self, task_id: str) -> Task:
+        """Cancel the task: at once if no live runner holds it (queued, waiting for a
+        person, or running under a lease that lapsed: its runner died); otherwise ask its
+        runner, which sees the request at its next lease renewal and stops at the next step
+        boundary. A task whose runner dies before then is cancelled by
+        :meth:`settle_abandoned` once its lease lapses, never run again.
+
+        Returns:
+            The task as it is now: ``cancelled``, or still running with
+            ``cancel_requested_at`` set, or finished already (unchanged).
+
+        Raises:
+            RecordNotFound: No such task.
+        """
+        values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+        now = values["updated_at"]
+        with self._write() as session:
+            cancelled = session.scalar(
+                update(TaskRow)
+                .where(
+                    TaskRow.id == task_id,
+                    or_(
+                        TaskRow.status.in_(("queued", "interrupted")),
+                        and_(TaskRow.status == "running", _no_live_lease(now)),
+                    ),
+                )
+                .values(
+                    status="cancelled",
+                    stop_reason=values["stop_reason"],
+                    runner_id=None,
+                    lease_until=None,
+                    updated_at=now,
+                )
+                .returning(TaskRow.id)
+            )
+            if cancelled is not None:
+                return _updated(session, task_id, values)
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            if row.status == "running" and row.cancel_requested_at is None:
+                row.cancel_requested_at = now
+            return _task(row)
+
+    def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:
+        """End a ``running`` task that no live runner holds, if it must not run again:
+        ``cancelled`` when a cancel waited on it, ``failed`` when runners already started it
+        ``max_attempts`` times without a run ending (each of them died on it: a task that
+        crashes its runner must not take down every server that picks it up).
+
+        Returns:
+            The task, now ``cancelled`` or ``failed``; None when it may run again (or is not
+            running, or a live runner holds it).
+        """
+        now = _now()
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None or row.status != "running":
+                return None
+            if row.runner_id is not None and row.lease_until is not None and row.lease_until >= now:
+                return None
+            if row.cancel_requested_at is not None:
+                values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+            elif row.attempts >= max_attempts:
+                values = _status_values(
+                    "failed",
+                    {
+                        "stop_reason": (
+                            f"error: the task was started {row.attempts} times and its runner "
+                            f"stopped without ending it each time (attempt limit "
+                            f"{max_attempts}, RELAYGRAPH_MAX_ATTEMPTS); it is not run again"
+                        )
+                    },
+                )
+            else:
+                return None
+            _apply_status(row, values)
+            row.runner_id = row.lease_until = None
+            row.updated_at = values["updated_at"]
+            row.last_event_seq += 1
+            event = {
+                "type": "run_finished",
+                "status": values["status"],
+                "stop_reason": values["stop_reason"],
+            }
+            _add_events(session, task_id, row.last_event_seq, [event], now)
+            return _task(row)
 
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
         """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""
@@ -572,19 +698,7 @@ class Ledger:
             if last is None:
                 raise RecordNotFound("task", task_id)
             first = last - len(batch) + 1
-            session.add_all(
-                EventRow(
-                    task_id=task_id,
-                    seq=seq,
-                    type=data["type"][:32],
-                    agent=event_agent(data),
-                    data=data,
-                    created_at=now,
-                )
-                for seq, data in enumerate(batch, start=first)
-            )
-            for seq, data in enumerate(batch, start=first):
-                derive(session, task_id, seq, data, now)
+            _add_events(session, task_id, first, batch, now)
         return list(range(first, last + 1))
 
     def events_after(
@@ -673,6 +787,16 @@ class Ledger:
                 _apply_status(row, values)
             if runner_id is not None and row.runner_id == runner_id:
                 row.runner_id = row.lease_until = None
+            # The run ended on its own (finished, paused or stopped cleanly): the next start
+            # is not a retry after a crash.
+            row.attempts = 0
+            if row.cancel_requested_at is not None and row.status == "interrupted":
+                # A cancel asked for while the run went on to a pause: it is not waited on.
+                _apply_status(
+                    row, _status_values("cancelled", {"stop_reason": "cancelled by request"})
+                )
+            if row.status in FINISHED_STATUSES:
+                row.cancel_requested_at = None
 
     def usage_for_team(
         self, team_id: str, since: datetime | None = None, until: datetime | None = None
@@ -956,6 +1080,32 @@ class Ledger:
         return [snapshot(EvalRunRecord, row, cases=tuple(cases[row.id])) for row in rows]
 
 
+def _add_events(
+    session: Session, task_id: str, first: int, batch: Sequence[dict[str, Any]], now: datetime
+) -> None:
+    """Add the event rows numbered from ``first``, and the rows derived from them."""
+    session.add_all(
+        EventRow(
+            task_id=task_id,
+            seq=seq,
+            type=data["type"][:32],
+            agent=event_agent(data),
+            data=data,
+            created_at=now,
+        )
+        for seq, data in enumerate(batch, start=first)
+    )
+    for seq, data in enumerate(batch, start=first):
+        derive(session, task_id, seq, data, now)
+
+
+def _no_live_lease(now: datetime) -> ColumnElement[bool]:
+    """No runner holds the task, or its lease has lapsed."""
+    return or_(
+        TaskRow.runner_id.is_(None), TaskRow.lease_until.is_(None), TaskRow.lease_until < now
+    )
+
+
 def _lock_task(session: Session, task_id: str, now: datetime) -> bool:
     locked = session.scalar(
         update(TaskRow).where(TaskRow.id == task_id).values(updated_at=now).returning(TaskRow.id)
@@ -996,12 +1146,48 @@ def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
         row.finished_at = values["updated_at"]
 
 
-def _same_request(earlier: Task, new: TaskRow) -> Task:
-    if earlier.input != new.input:
+_REQUEST_FIELDS = ("input", "thread_id", "policy", "models", "topology", "metadata")
+
+
+def _request_fields(row: TaskRow, thread_id: str | None) -> dict[str, Any]:
+    return {
+        "input": row.input,
+        "thread_id": thread_id,
+        "policy": row.policy,
+        "models": row.models,
+        "topology": row.topology,
+        "metadata": row.meta,
+    }
+
+
+def _request_digest(row: TaskRow, thread_id: str | None) -> str:
+    """A digest of everything a request asks: an idempotency key names one request."""
+    text = json.dumps(
+        _request_fields(row, thread_id), sort_keys=True, separators=(",", ":"), default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _same_request(session: Session, earlier: Task, new: TaskRow) -> Task:
+    """``earlier`` when ``new`` asks the same; else the conflict, naming what differs (the
+    IETF idempotency-key draft and Stripe answer a reused key with another body so)."""
+    stored = session.get(TaskRow, earlier.id)
+    assert stored is not None
+    if stored.request_digest is None:  # Recorded before digests: the input decides.
+        differs = [] if earlier.input == new.input else ["input"]
+    elif stored.request_digest == new.request_digest:
+        differs = []
+    else:
+        mine, theirs = _request_fields(new, None), _request_fields(stored, None)
+        # The thread is left out here: a request that named none got a new one. When
+        # nothing else differs, the requests named different threads (or one named none).
+        differs = [name for name in _REQUEST_FIELDS if mine[name] != theirs[name]] or ["thread_id"]
+    if differs:
         raise RecordConflict(
             "task",
             earlier.id,
-            f"idempotency key {new.idempotency_key!r} was used for a different input",
+            f"idempotency key {new.idempotency_key!r} was used for task {earlier.id} with a "
+            f"different request ({', '.join(differs)} differ); use a new key for a new request",
         )
     return earlier
 

@@ -103,6 +103,7 @@ class TaskRow(Base):
         Index(None, "team_id", "created_at", "id"),
         Index(None, "team_id", "status", "created_at", "id"),
         Index(None, "status", "created_at"),
+        Index(None, "team_id", "thread_id"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -114,8 +115,14 @@ class TaskRow(Base):
     policy: Mapped[dict[str, Any] | None]
     models: Mapped[dict[str, Any]]
     topology: Mapped[dict[str, Any] | None]
-    thread_id: Mapped[str] = mapped_column(String(255), index=True)
+    # A thread id is the tenant's own: two tenants may use the same one. The checkpoints
+    # of the thread live under ``checkpoint_thread``, which is unique across tenants.
+    thread_id: Mapped[str] = mapped_column(String(255))
+    checkpoint_thread: Mapped[str] = mapped_column(String(300))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    # A digest of the whole request: an Idempotency-Key reused for another request is
+    # refused. NULL on tasks recorded before it existed (their input decides).
+    request_digest: Mapped[str | None] = mapped_column(String(64))
     # ``metadata`` is taken on declarative classes, so the attribute has another name.
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONValue)
     last_event_seq: Mapped[int] = mapped_column(Integer, default=0)
@@ -124,6 +131,11 @@ class TaskRow(Base):
     # the lease has lapsed, so a task never runs in two places at once.
     runner_id: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[datetime | None]
+    # How many times a runner started running the task (a new lease, not a renewal): a
+    # task that kills its runner each time is failed after a bounded number.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A cancel asked for while a runner held the task; the holder sees it when it renews.
+    cancel_requested_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

@@ -63,10 +63,17 @@ class Task:
     """How the agents were arranged (``relaygraph.topology.Topology.to_mapping``); None
     for a task recorded before topologies existed, which ran the structured team."""
     thread_id: str
+    """The conversation, in the owning team's own namespace of thread ids."""
+    checkpoint_thread: str
+    """The LangGraph thread id its checkpoints live under (unique across teams)."""
     idempotency_key: str | None
     metadata: dict[str, Any]
     last_event_seq: int
     """Sequence number of the task's latest event; 0 before the first."""
+    attempts: int
+    """How many times a runner started running it (a restart after a crash counts)."""
+    cancel_requested_at: datetime | None
+    """When a cancel was asked for that its runner has not acted on yet."""
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
