@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -50,10 +51,34 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def api(home: Path) -> AsyncIterator[Api]:
+def scripts(tmp_path: Path) -> Path:
+    """The server's scripts folder (``serve --scripts``)."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
+    return folder
+
+
+@pytest.fixture
+def script(scripts: Path) -> Script:
+    """Write a script into the server's scripts folder; returns the spec a request names."""
+    counter = iter(range(1000))
+
+    def write(turns: dict[str, Any]) -> str:
+        name = f"script-{next(counter)}.json"
+        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
+        return f"scripted:{name}"
+
+    return write
+
+
+@pytest.fixture
+async def api(home: Path, scripts: Path) -> AsyncIterator[Api]:
     settings = ServiceSettings(
+        # The operator's own default may be a script anywhere; requests name only
+        # scripts of the scripts folder, by file name.
         default_model=f"scripted:{EXAMPLE_RELAY}",
-        allow_scripted=True,
+        scripts_dir=scripts,
         home=home,
         workers=2,
         max_body_bytes=4096,
@@ -140,7 +165,9 @@ async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
             "agent_models.coder",
         ),
         ({"input": "x", "model": "acme:big"}, 422, "invalid_model", "model"),
-        ({"input": "x", "model": "scripted:/no/such.json"}, 422, "invalid_model", "model"),
+        ({"input": "x", "model": "scripted:/no/such.json"}, 422, "model_not_allowed", "model"),
+        ({"input": "x", "model": "scripted:../relay.json"}, 422, "model_not_allowed", "model"),
+        ({"input": "x", "model": "scripted:missing.json"}, 422, "model_not_allowed", "model"),
         (
             {"input": "x", "metadata": {"policy_source": "audited.toml"}},
             422,
@@ -150,7 +177,7 @@ async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
         (
             {"input": "x", "agent_models": {"coder": "scripted:/etc/hostname"}},
             422,
-            "invalid_model",
+            "model_not_allowed",
             "agent_models.coder",
         ),
         (

@@ -38,19 +38,28 @@ SLEEPY_CODE = (
 LEASE_SECONDS = 2
 
 
-def sleepy_coder(seconds: float = 3) -> dict[str, Any]:
+GATED_CODE = (
+    "import os, time\n"
+    "deadline = time.monotonic() + 60\n"
+    "while not os.path.exists('go') and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "with open('ran.txt', 'a') as f:\n"
+    "    f.write('ran\\n')\n"
+    "print('went')"
+)
+"""The coder's program: runs until the test writes ``go`` into the task's workspace."""
+
+
+def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, Any]:
     """A task where the coder runs a slow program once, then the team finishes."""
+    code = code if code is not None else SLEEPY_CODE.format(seconds=seconds)
     return {
         "supervisor": [
             {"route": {"next": "coder", "task": "compute slowly", "reason": "math"}},
             {"route": {"next": "FINISH", "task": "", "reason": "done"}},
         ],
         "coder": [
-            {
-                "tool_calls": [
-                    {"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=seconds)}}
-                ]
-            },
+            {"tool_calls": [{"name": "run_python", "args": {"code": code}}]},
             {"content": "It slept and wrote ran.txt."},
         ],
         "finalize": [{"content": "Done: it slept."}],
@@ -76,13 +85,13 @@ def _env(home: Path) -> dict[str, str]:
 class Server:
     """One ``relaygraph serve`` process; a restart is a new Server on the same port."""
 
-    def __init__(self, home: Path, model: str, port: int, log: Path) -> None:
+    def __init__(self, home: Path, model: str, port: int, log: Path, scripts: Path) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         command = [sys.executable, "-m", "relaygraph.cli", "serve", "--port", str(port)]
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                [*command, "--model", model],
+                [*command, "--model", model, "--scripts", str(scripts)],
                 env=_env(home),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -115,13 +124,34 @@ class Server:
 
 
 @pytest.fixture
-def serve(home: Path, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+def scripts(tmp_path: Path) -> Path:
+    """The servers' scripts folder (``serve --scripts``)."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def script(scripts: Path) -> Script:
+    """Write a script into the servers' scripts folder; returns the spec a request names."""
+    counter = iter(range(1000))
+
+    def write(turns: dict[str, Any]) -> str:
+        name = f"script-{next(counter)}.json"
+        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
+        return f"scripted:{name}"
+
+    return write
+
+
+@pytest.fixture
+def serve(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Server]]:
     """Start servers on this test's home; every one still running is killed at the end."""
     started: list[Server] = []
     default_port = _free_port()
 
     def start(model: str = f"scripted:{EXAMPLE_RELAY}", *, port: int | None = None) -> Server:
-        server = Server(home, model, port or default_port, tmp_path / "serve.log")
+        server = Server(home, model, port or default_port, tmp_path / "serve.log", scripts)
         started.append(server)
         server.wait_ready()
         return server
@@ -440,7 +470,8 @@ def test_two_servers_on_one_ledger_run_a_task_once(
 ) -> None:
     """A second server on the same ledger leaves the first's running task alone while the
     first holds its lease, and continues it, once, when the first dies."""
-    spec = script(sleepy_coder(seconds=3 * LEASE_SECONDS))
+    # The program runs until the test lets it end, however slowly the servers start.
+    spec = script(sleepy_coder(code=GATED_CODE))
     first = serve()
     key = create_team(home, "acme")
     with Client(first.url, key) as client:
@@ -458,8 +489,10 @@ def test_two_servers_on_one_ledger_run_a_task_once(
             assert other.get(task["id"])["status"] == "running"
         with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
             assert [e.type for e in ledger.events_after(task["id"])].count("run_started") == 1
-        # The first dies mid-step; its lease lapses and the second continues the task.
+        # The first dies mid-step; its lease lapses and the second continues the task, whose
+        # program (run again) may now end.
         first.stop(signal.SIGKILL)
+        (home / "tasks" / task["id"] / "workspace" / "go").touch()
         with Client(second.url, key) as other:
             done = other.wait(task["id"], timeout=60)
             every = list(other.events(task["id"]))

@@ -8,9 +8,28 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relaygraph.api._schemas import ErrorBody, shown
 from relaygraph.errors import ConfigError
+
+ERROR_CODES: dict[int, str] = {
+    401: "`unauthorized`: no key, a malformed header, an unknown or revoked key.",
+    404: "`task_not_found` (another team's task too), `approval_not_found`.",
+    409: "`thread_busy`, `idempotency_key_reused`, `task_finished`, `not_waiting`.",
+    413: "`body_too_large`: the body is over the server's limit, declared or chunked.",
+    422: "`invalid_request` (a missing, unknown or ill-typed field, a body that is not JSON "
+    "or nests too deeply, a bad query parameter or header), `invalid_model`, "
+    "`model_not_allowed`, `invalid_policy`, `policy_loosens`, `invalid_topology`.",
+    503: "`not_ready`: the database is unreachable or not migrated.",
+}
+"""What each error status means; the OpenAPI document lists it per endpoint."""
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of an endpoint's errors: each an :class:`ErrorBody`."""
+    return {status: {"model": ErrorBody, "description": ERROR_CODES[status]} for status in statuses}
 
 
 class ApiError(Exception):
@@ -22,10 +41,23 @@ class ApiError(Exception):
 
 
 def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": code, "message": message}
+    """The JSON of an error answer. A lone surrogate quoted from the request is written as
+    its escape, so that the answer is always valid UTF-8."""
+    body: dict[str, Any] = {"code": code, "message": shown(message)}
     if field is not None:
-        body["field"] = field
+        body["field"] = shown(field)
     return {"error": body}
+
+
+def _body_unreadable(cause: BaseException | None) -> str | None:
+    """Why FastAPI could not parse a JSON body (it answers 400 for these), or None."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not valid UTF-8 ({cause.reason} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "the body nests too deeply to parse"
+    if isinstance(cause, ValueError):  # Python refuses integers of over 4,300 digits.
+        return f"the body is not JSON this server reads: {cause}"
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -41,23 +73,78 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems, first = [], None
         for err in exc.errors():
+            context = err.get("ctx") or {}
             if err["type"] == "json_invalid":  # Its loc is a character offset, not a field.
-                problems.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error')}")
+                problems.append(f"the body is not valid JSON: {context.get('error')}")
                 first = first or "body"
                 continue
-            loc = [str(p) for p in err["loc"] if p != "body"]
-            field = ".".join(loc) or "body"
+            if "field" in context:  # A check of the whole body that names the field.
+                problems.append(err["msg"])
+                first = first or context["field"]
+                continue
+            where, *path = err["loc"] or ("body",)  # body, query, path or header
+            field = _header_name(str(path[-1])) if where == "header" else _path(path)
             first = first or field
-            shown = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
-            problems.append(f"{field}: {err['msg']}{shown}")
+            got = "" if err["type"] == "missing" else f" (got {_quoted(err.get('input'))})"
+            problems.append(f"{field}: {err['msg']}{got}")
         return JSONResponse(
             error_body("invalid_request", "; ".join(problems), first), status_code=422
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        unreadable = _body_unreadable(exc.__cause__) if exc.status_code == 400 else None
+        if unreadable is not None:
+            return JSONResponse(error_body("invalid_request", unreadable, "body"), status_code=422)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path; `Allow` lists
+            # those of every route on it (GET and POST /v1/tasks are two routes).
+            headers["Allow"] = _allowed_methods(request)
+        return JSONResponse(
+            error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback and re-raises; the client still gets the error body.
+        return JSONResponse(
+            error_body("internal_error", "the server failed on this request; see its log"),
+            status_code=500,
+        )
+
+
+def _allowed_methods(request: Request) -> str:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+def _path(loc: list[int | str]) -> str:
+    """A body location as the docs write it: ``metadata.tags[1]``; ``body`` for the whole."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text or "body"
+
+
+def _header_name(name: str) -> str:
+    """``idempotency-key`` as the header is spelled: ``Idempotency-Key``."""
+    parts = name.replace("_", "-").split("-")
+    return (
+        "Last-Event-ID"
+        if parts == ["last", "event", "id"]
+        else "-".join(part.capitalize() for part in parts)
+    )
+
+
+def _quoted(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 class BodyLimit:

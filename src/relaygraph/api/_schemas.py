@@ -2,18 +2,101 @@
 
 from __future__ import annotations
 
+import math
+import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from relaygraph.store import Approval, Task
+from relaygraph.store import Approval, Handoff, Task
+
+MAX_BODY_DEPTH = 32
+"""How deeply a request body may nest (``metadata``, ``policy``, an edit's ``args``)."""
+NUL = "\x00"
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A UTF-16 surrogate on its own. JSON's ``\\udfff`` escape parses to one; it is not Unicode
+text, and neither the ledger (UTF-8) nor a JSON response can hold it."""
 
 
-class TaskCreate(BaseModel):
+def shown(text: str) -> str:
+    """``text`` as an error message may quote it: a lone surrogate becomes its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unstorable(text: str) -> str | None:
+    if NUL in text:
+        return "contains a NUL character"
+    if LONE_SURROGATE.search(text):
+        return "contains a lone UTF-16 surrogate, which is not Unicode text"
+    return None
+
+
+def _refuse(field: str, problem: str) -> PydanticCustomError:
+    # The field travels in the context: the error handler names it (a model validator's
+    # own location is the whole body).
+    return PydanticCustomError("invalid_text", "{problem}", {"field": field, "problem": problem})
+
+
+def check_json_text(value: Any, field: str = "", depth: int = 0) -> None:
+    """Refuse what JSON can carry but the ledger cannot store, naming the field: a NUL or
+    a lone surrogate in any string or key, a non-finite number, or nesting deeper than
+    :data:`MAX_BODY_DEPTH`.
+
+    Raises:
+        PydanticCustomError: ``invalid_text``, with the field (``metadata.ticket``) in its
+            context; a bad key is named by the object that holds it.
+    """
+    where = field or "body"
+    if isinstance(value, str):
+        if (problem := _unstorable(value)) is not None:
+            raise _refuse(where, f"{where} {shown(repr(value))[:120]} {problem}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise _refuse(where, f"{where} is {value!r}, not a finite number")
+    elif isinstance(value, dict | list) and depth >= MAX_BODY_DEPTH:
+        raise _refuse(where, f"{where} nests deeper than {MAX_BODY_DEPTH} levels")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if (problem := _unstorable(key)) is not None:
+                raise _refuse(
+                    where, f"{where} has the key {shown(repr(key))[:120]}, which {problem}"
+                )
+            check_json_text(item, f"{field}.{key}" if field else key, depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_json_text(item, f"{where}[{index}]", depth + 1)
+
+
+class _RequestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        check_json_text(data)
+        return data
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable, machine-readable: `task_not_found`, `thread_busy`, ...")
+    message: str = Field(description="What went wrong, naming the field and the value.")
+    field: str | None = Field(
+        default=None,
+        description="The request field at fault, when there is one: a body path "
+        "(`metadata.ticket`), a query parameter (`since`) or a header (`Idempotency-Key`).",
+    )
+
+
+class ErrorBody(BaseModel):
+    """What every error response of the API looks like."""
+
+    error: ErrorDetail
+
+
+class TaskCreate(_RequestBody):
     """``POST /v1/tasks``."""
 
-    model_config = ConfigDict(extra="forbid")
     input: str = Field(min_length=1, max_length=100_000, description="What the team should do.")
     thread_id: str | None = Field(
         default=None, min_length=1, max_length=200, description="Continue this conversation."
@@ -42,10 +125,9 @@ class TaskCreate(BaseModel):
     )
 
 
-class DecisionIn(BaseModel):
+class DecisionIn(_RequestBody):
     """``POST /v1/tasks/{id}/approvals/{approval_id}``."""
 
-    model_config = ConfigDict(extra="forbid")
     decision: Literal["approve", "reject", "edit"]
     args: dict[str, Any] | None = None
     reason: str | None = Field(default=None, max_length=2000)
@@ -73,6 +155,9 @@ class TaskOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     last_event_seq: int
+    cancel_requested_at: datetime | None
+    """When a cancel was asked of the runner that holds the running task; it stops at its
+    next step boundary."""
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
@@ -91,6 +176,7 @@ class TaskOut(BaseModel):
             started_at=task.started_at,
             finished_at=task.finished_at,
             last_event_seq=task.last_event_seq,
+            cancel_requested_at=task.cancel_requested_at,
         )
 
 
@@ -131,3 +217,57 @@ class ApprovalOut(BaseModel):
             edited_args=approval.edited_args,
             applied_at=approval.applied_at,
         )
+
+
+class ApprovalList(BaseModel):
+    approvals: list[ApprovalOut]
+
+    @classmethod
+    def of(cls, approvals: list[Approval]) -> ApprovalList:
+        return cls(approvals=[ApprovalOut.of(a) for a in approvals])
+
+
+class HandoffOut(BaseModel):
+    """A transfer of work: a supervisor's ``route`` or an agent's own ``direct`` handoff."""
+
+    kind: Literal["route", "direct"]
+    source: str = Field(alias="from")
+    target: str = Field(alias="to")
+    task: str
+    reason: str
+    step: int | None
+    checkpoint_ns: str | None
+    tokens_so_far: int
+    """Input plus output tokens the task's agents had used when the work moved."""
+    at: datetime
+
+
+class HandoffList(BaseModel):
+    handoffs: list[HandoffOut]
+
+    @classmethod
+    def of(cls, handoffs: list[Handoff]) -> HandoffList:
+        return cls(
+            handoffs=[
+                HandoffOut.model_validate(
+                    {
+                        "kind": h.kind,
+                        "from": h.source,
+                        "to": h.target,
+                        "task": h.task,
+                        "reason": h.reason,
+                        "step": h.step,
+                        "checkpoint_ns": h.checkpoint_ns,
+                        "tokens_so_far": h.tokens_so_far,
+                        "at": h.created_at,
+                    }
+                )
+                for h in handoffs
+            ]
+        )
+
+
+class Status(BaseModel):
+    """``/healthz`` and ``/readyz``."""
+
+    status: str

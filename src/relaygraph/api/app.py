@@ -2,30 +2,40 @@
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sse_starlette.sse import EventSourceResponse
 
 from relaygraph._home import data_home
-from relaygraph.api._errors import ApiError, BodyLimit, error_body, install_error_handlers
+from relaygraph.api._errors import (
+    ApiError,
+    BodyLimit,
+    error_body,
+    error_responses,
+    install_error_handlers,
+)
 from relaygraph.api._schemas import (
     POLICY_SOURCE_KEY,
-    ApprovalOut,
+    ApprovalList,
     DecisionIn,
+    HandoffList,
+    Status,
     TaskCreate,
     TaskOut,
     TaskPage,
 )
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._workers import TaskWorkers
-from relaygraph.errors import ConfigError
-from relaygraph.models import load_model, parse_model_spec
+from relaygraph.errors import ConfigError, ModelNotAllowed
+from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
 from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, RecordConflict, Team
 from relaygraph.topology import Topology
@@ -33,6 +43,13 @@ from relaygraph.topology import Topology
 __all__ = ["create_app"]
 
 SSE_POLL_SECONDS = 0.2
+MAX_EVENT_SEQ = 2**31 - 1
+"""The largest event sequence number: the ledger keeps it in a 32-bit integer column."""
+EVENT_ID = re.compile(r"[0-9]{1,19}")
+
+_bearer = HTTPBearer(
+    auto_error=False, description="A team's API key (`relaygraph teams create NAME`)."
+)
 
 
 def create_app(settings: ServiceSettings | None = None, *, start_workers: bool = True) -> FastAPI:
@@ -61,7 +78,12 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         ledger = Ledger(url)
         await to_thread.run_sync(ledger.upgrade)
         workers = TaskWorkers(
-            ledger, home=home, workers=settings.workers, lease_seconds=settings.lease_seconds
+            ledger,
+            home=home,
+            workers=settings.workers,
+            lease_seconds=settings.lease_seconds,
+            max_attempts=settings.max_attempts,
+            sandbox_isolation_required=not settings.unsafe_sandbox,
         )
         state.update(ledger=ledger, workers=workers)
         if start_workers:
@@ -88,11 +110,13 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     def ledger() -> Ledger:
         return state["ledger"]
 
-    def team_of(authorization: Annotated[str | None, Header()] = None) -> Team:
-        scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+    def team_of(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Team:
+        key = credentials.credentials.strip() if credentials is not None else ""
+        if not key:
             raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
-        team = ledger().authenticate(key.strip())
+        team = ledger().authenticate(key)
         if team is None:
             raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
         return team
@@ -100,7 +124,8 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     TeamDep = Annotated[Team, Depends(team_of)]
 
     def own_task(task_id: str, team: Team) -> Any:
-        task = ledger().get_task(task_id, team_id=team.id)
+        # An id the ledger could not hold (PostgreSQL text has no NUL) names no task.
+        task = None if "\x00" in task_id else ledger().get_task(task_id, team_id=team.id)
         if task is None:  # Another team's task is as absent as a missing one: 404, not 403.
             raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
         return task
@@ -129,34 +154,21 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     f"agent_models names unknown role {role!r}; known: {', '.join(roles)}",
                     f"agent_models.{role}",
                 )
-        named = [("model", body.model)] + [
-            (f"agent_models.{r}", s) for r, s in agent_models.items()
-        ]
-        for field, spec in named:
-            if spec is None:
-                continue
-            try:
-                parse_model_spec(spec)
-            except ConfigError as exc:
-                raise ApiError(422, "invalid_model", str(exc), field) from None
-            if not settings.model_allowed(spec):
-                raise ApiError(
-                    422,
-                    "model_not_allowed",
-                    f"model {spec!r} is not allowed on this server "
-                    f"(allowed: {', '.join(settings.allowed_models)})",
-                    field,
-                )
-            if parse_model_spec(spec).provider != "local":
-                # A script file that is missing or broken, or an OpenAI model with no key,
-                # is refused now rather than failing the task later. (The embedded model
-                # is not loaded here: loading it takes seconds, and its spec is checked.)
-                try:
-                    load_model(spec, agent=field.removeprefix("agent_models."))
-                except ConfigError as exc:
-                    raise ApiError(422, "invalid_model", str(exc), field) from None
-        specs = resolve_model_specs(body.model or settings.default_model, agent_models, roles)
-        return specs
+        model = settings.default_model if body.model is None else request_model(body.model, "model")
+        chosen = {
+            role: request_model(spec, f"agent_models.{role}") for role, spec in agent_models.items()
+        }
+        return resolve_model_specs(model, chosen, roles)
+
+    def request_model(spec: str, field: str) -> str:
+        """The spec to record for a model the request names (the settings decide: the
+        allowlist, the scripts folder); a refusal names the field."""
+        try:
+            return settings.request_model(spec)
+        except ModelNotAllowed as exc:
+            raise ApiError(422, "model_not_allowed", str(exc), field) from None
+        except ConfigError as exc:  # An invalid spec, a broken script, no OpenAI key.
+            raise ApiError(422, "invalid_model", str(exc), field) from None
 
     def task_metadata(body: TaskCreate) -> dict[str, Any]:
         """The caller's metadata, plus where the task's policy came from, which the server
@@ -183,12 +195,18 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             code = "policy_loosens" if "loosens" in str(exc) else "invalid_policy"
             raise ApiError(422, code, str(exc), "policy") from None
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Status)
     def healthz() -> dict[str, str]:
+        """Answers while the process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        response_model=Status,
+        responses={200: {"description": '`{"status": "ready"}`'}, **error_responses(503)},
+    )
     def readyz() -> JSONResponse:
+        """Ready when the database is reachable and migrated."""
         try:
             current = ledger().is_current()
         except Exception as exc:  # Any database failure means not ready.
@@ -197,12 +215,31 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             return JSONResponse(error_body("not_ready", "migrations pending"), status_code=503)
         return JSONResponse({"status": "ready"})
 
-    @app.post("/v1/tasks", status_code=202, response_model=TaskOut)
+    @app.post(
+        "/v1/tasks",
+        status_code=202,
+        response_model=TaskOut,
+        responses=error_responses(401, 409, 413, 422),
+    )
     def create_task(
         body: TaskCreate,
         team: TeamDep,
-        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                min_length=1,
+                max_length=200,
+                description="A retry with the same key and body returns the first task.",
+            ),
+        ] = None,
     ) -> TaskOut:
+        """Submit a task (202): it runs when a worker is free."""
+        if idempotency_key is not None:
+            if not idempotency_key.strip():
+                raise ApiError(
+                    422, "invalid_request", "Idempotency-Key is blank", "Idempotency-Key"
+                )
+            check_idempotency_key(idempotency_key)
         topology = task_topology(body)
         specs = check_models(body, topology)
         policy = task_policy(body)
@@ -212,19 +249,18 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             ledger().task_by_idempotency_key(team.id, idempotency_key) is not None
         )
         if body.thread_id is not None:
-            owner = ledger().thread_owner(body.thread_id)
-            if owner is not None and owner != team.id:
-                raise ApiError(
-                    404, "thread_not_found", f"no thread {body.thread_id!r}", "thread_id"
+            # Thread ids are the team's own: one that another team uses is, for this team,
+            # a new thread (and nothing says that the other team uses it).
+            if ledger().thread_exists(body.thread_id, team_id=team.id):
+                earlier = Topology.from_mapping(
+                    ledger().thread_topology(body.thread_id, team_id=team.id)
                 )
-            if owner is not None:
-                earlier = Topology.from_mapping(ledger().thread_topology(body.thread_id))
                 try:
                     topology = topology.continuing(body.thread_id, earlier)
                 except ConfigError as exc:
                     field = "output_mode" if "output_mode" in str(exc) else "topology"
                     raise ApiError(422, "invalid_topology", str(exc), field) from None
-            busy = ledger().active_task_on_thread(body.thread_id)
+            busy = ledger().active_task_on_thread(body.thread_id, team_id=team.id)
             if busy is not None and body.multitask == "reject" and not retry:
                 raise ApiError(
                     409,
@@ -246,19 +282,24 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 metadata=task_metadata(body),
                 idempotency_key=idempotency_key,
             )
-        except RecordConflict as exc:
-            raise ApiError(409, "idempotency_conflict", str(exc), "Idempotency-Key") from None
+        except RecordConflict as exc:  # The same key for a different request.
+            raise ApiError(409, "idempotency_key_reused", str(exc), "Idempotency-Key") from None
         if created and busy is None:
             state["workers"].start(task, team=team.id)
         return TaskOut.of(task)
 
-    @app.get("/v1/tasks", response_model=TaskPage)
+    @app.get("/v1/tasks", response_model=TaskPage, responses=error_responses(401, 422))
     def list_tasks(
         team: TeamDep,
-        status: str | None = None,
+        status: Annotated[
+            str | None, Query(description=f"One of {', '.join(TASK_STATUSES)}.")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
-        cursor: str | None = None,
+        cursor: Annotated[
+            str | None, Query(description="`next_cursor` of the page before.")
+        ] = None,
     ) -> TaskPage:
+        """The team's tasks, newest first."""
         if status is not None and status not in TASK_STATUSES:
             raise ApiError(
                 422,
@@ -274,55 +315,56 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             raise ApiError(422, "invalid_request", str(exc), "cursor") from None
         return TaskPage(tasks=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
 
-    @app.get("/v1/tasks/{task_id}", response_model=TaskOut)
+    @app.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=error_responses(401, 404))
     def get_task(task_id: str, team: TeamDep) -> TaskOut:
+        """One task."""
         return TaskOut.of(own_task(task_id, team))
 
-    @app.get("/v1/tasks/{task_id}/handoffs")
-    def handoffs(task_id: str, team: TeamDep) -> dict[str, Any]:
+    @app.get(
+        "/v1/tasks/{task_id}/handoffs",
+        response_model=HandoffList,
+        responses=error_responses(401, 404),
+    )
+    def handoffs(task_id: str, team: TeamDep) -> HandoffList:
+        """Every transfer of work, in order."""
         own_task(task_id, team)
-        return {
-            "handoffs": [
-                {
-                    "kind": h.kind,
-                    "from": h.source,
-                    "to": h.target,
-                    "task": h.task,
-                    "reason": h.reason,
-                    "step": h.step,
-                    "checkpoint_ns": h.checkpoint_ns,
-                    "tokens_so_far": h.tokens_so_far,
-                    "at": h.created_at.isoformat(),
-                }
-                for h in ledger().handoffs(task_id)
-            ]
-        }
+        return HandoffList.of(ledger().handoffs(task_id))
 
-    @app.get("/v1/tasks/{task_id}/approvals")
-    def approvals(task_id: str, team: TeamDep) -> dict[str, Any]:
+    @app.get(
+        "/v1/tasks/{task_id}/approvals",
+        response_model=ApprovalList,
+        responses=error_responses(401, 404),
+    )
+    def approvals(task_id: str, team: TeamDep) -> ApprovalList:
+        """The task's pauses for a person, decided or not."""
         own_task(task_id, team)
-        return {"approvals": [ApprovalOut.of(a).model_dump() for a in ledger().approvals(task_id)]}
+        return ApprovalList.of(ledger().approvals(task_id))
 
-    @app.post("/v1/tasks/{task_id}/cancel", status_code=202, response_model=TaskOut)
+    @app.post(
+        "/v1/tasks/{task_id}/cancel",
+        status_code=202,
+        response_model=TaskOut,
+        responses=error_responses(401, 404, 409),
+    )
     def cancel(task_id: str, team: TeamDep) -> TaskOut:
+        """Cancel the task: at once when it waits, at its next step boundary when it runs."""
         task = own_task(task_id, team)
         if task.finished:
             raise ApiError(409, "task_finished", f"task {task_id} already {task.status}")
-        stopped = ledger().claim(task_id, "cancelled", only_from=("queued", "interrupted"))
-        if stopped is None:
-            state["workers"].cancel(task_id)  # Running: stops at the next step boundary.
-        else:
-            state["workers"].start_next(task.thread_id)  # A task enqueued behind it.
-        return TaskOut.of(own_task(task_id, team))
+        return TaskOut.of(state["workers"].cancel(task_id))
 
     @app.post(
-        "/v1/tasks/{task_id}/approvals/{approval_id}", status_code=202, response_model=TaskOut
+        "/v1/tasks/{task_id}/approvals/{approval_id}",
+        status_code=202,
+        response_model=TaskOut,
+        responses=error_responses(401, 404, 409, 413, 422),
     )
     def decide(task_id: str, approval_id: str, body: DecisionIn, team: TeamDep) -> TaskOut:
+        """Decide a pending approval; the task resumes from its checkpoint."""
         from langgraph.types import Command
 
         task = own_task(task_id, team)
-        approval = ledger().get_approval(task_id, approval_id)
+        approval = None if "\x00" in approval_id else ledger().get_approval(task_id, approval_id)
         if approval is None:
             raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
         if not approval.pending or task.status != "interrupted":
@@ -355,7 +397,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         state["workers"].start(task, Command(resume={approval_id: answer}), team=team.id)
         return TaskOut.of(own_task(task_id, team))
 
-    @app.get("/v1/tasks/{task_id}/trace")
+    @app.get("/v1/tasks/{task_id}/trace", responses=error_responses(401, 404))
     def trace(task_id: str, team: TeamDep) -> dict[str, Any]:
         """The task's timeline (the span-tree shape): visits, routes, handoffs, violations."""
         from relaygraph.tracing import build_timeline
@@ -363,19 +405,18 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         own_task(task_id, team)
         return build_timeline(ledger(), task_id, team_id=team.id)
 
-    @app.get("/v1/usage")
+    @app.get("/v1/usage", responses=error_responses(401, 422))
     def usage(
-        team: TeamDep, since: datetime | None = None, until: datetime | None = None
+        team: TeamDep,
+        since: Annotated[
+            datetime | None, Query(description="ISO 8601 with a time zone; inclusive.")
+        ] = None,
+        until: Annotated[
+            datetime | None, Query(description="ISO 8601 with a time zone; exclusive.")
+        ] = None,
     ) -> dict[str, Any]:
-        for field, value in (("since", since), ("until", until)):
-            if value is not None and value.tzinfo is None:
-                raise ApiError(
-                    422,
-                    "invalid_request",
-                    f"{field} {value.isoformat()!r} has no time zone; add one, e.g. "
-                    f"{value.isoformat()}Z",
-                    field,
-                )
+        """The team's usage per role over the tasks created in ``[since, until)``."""
+        since, until = in_utc(since, "since"), in_utc(until, "until")
         if since is not None and until is not None and since > until:
             raise ApiError(
                 422,
@@ -385,14 +426,33 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             )
         return ledger().usage_for_team(team.id, since, until)
 
-    @app.get("/v1/tasks/{task_id}/events")
+    @app.get(
+        "/v1/tasks/{task_id}/events",
+        response_class=EventSourceResponse,
+        responses={
+            200: {
+                "description": "Server-Sent Events: `id` the event's sequence number, `event` "
+                "its type, `data` the event as JSON. A finished task's stream closes after "
+                "its last event.",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            **error_responses(401, 404, 422),
+        },
+    )
     async def events(
         task_id: str,
         request: Request,
         team: TeamDep,
-        last_event_id: Annotated[str | None, Header()] = None,
-        after: Annotated[int | None, Query(ge=0)] = None,
+        last_event_id: Annotated[
+            str | None,
+            Header(description="Resume after this event's sequence number (a reconnect)."),
+        ] = None,
+        after: Annotated[
+            int | None,
+            Query(ge=0, le=MAX_EVENT_SEQ, description="As Last-Event-ID, in the query."),
+        ] = None,
     ) -> EventSourceResponse:
+        """The task's events as they happen (Server-Sent Events)."""
         await to_thread.run_sync(own_task, task_id, team)
         start = after if after is not None else _event_id(last_event_id)
 
@@ -431,11 +491,42 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
 def _event_id(value: str | None) -> int:
     if value is None or not value.strip():
         return 0
-    if not value.strip().isdigit():
+    if not EVENT_ID.fullmatch(value.strip()) or int(value) > MAX_EVENT_SEQ:
         raise ApiError(
             422,
             "invalid_request",
-            f"Last-Event-ID {value!r} is not a sequence number",
+            f"Last-Event-ID {value[:40]!r} is not a sequence number (0 to {MAX_EVENT_SEQ})",
             "Last-Event-ID",
         )
     return int(value)
+
+
+def in_utc(value: datetime | None, field: str) -> datetime | None:
+    """A query's time, in UTC; one without a time zone, or outside what UTC can express,
+    is refused naming the field."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{field} {value.isoformat()!r} has no time zone; add one, e.g. {value.isoformat()}Z",
+            field,
+        )
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+14:00 is before the first UTC time.
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{field} {value.isoformat()!r} is outside the times UTC can express",
+            field,
+        ) from None
+
+
+def check_idempotency_key(key: str) -> None:
+    """Refuse a key the ledger cannot store (a header is Latin-1 text, NUL included)."""
+    if "\x00" in key:
+        raise ApiError(
+            422, "invalid_request", "Idempotency-Key contains a NUL character", "Idempotency-Key"
+        )

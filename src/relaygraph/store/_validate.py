@@ -5,15 +5,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from relaygraph.errors import ConfigError
 
 TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_KEY_CHARS = 255
+MAX_DEPTH = 64
+"""How deeply a caller's JSON object may nest (a run's own events are not limited)."""
 NUL = "\x00"
 REPLACEMENT = "\ufffd"
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A UTF-16 surrogate on its own: JSON's ``\\udfff`` escape parses to one, but it is not
+Unicode text, and neither UTF-8 (SQLite, PostgreSQL) nor a JSON response can carry it."""
 
 
 def team_name(name: object) -> str:
@@ -26,11 +31,13 @@ def team_name(name: object) -> str:
 
 
 def text(value: object, field: str, *, max_chars: int | None = None) -> str:
-    """A non-blank string without NUL characters (PostgreSQL text cannot hold them)."""
+    """A non-blank string that UTF-8 can hold, without NUL characters (PostgreSQL text
+    cannot hold them)."""
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{field} {value!r} must be a non-empty string")
-    if NUL in value:
-        raise ConfigError(f"{field} {_short(value)!r} contains a NUL character")
+    problem = unstorable(value)
+    if problem is not None:
+        raise ConfigError(f"{field} {_short(value)!r} {problem}")
     if max_chars is not None and len(value) > max_chars:
         raise ConfigError(f"{field} {_short(value)!r} is longer than {max_chars} characters")
     return value
@@ -99,11 +106,18 @@ def event_data(value: object) -> dict[str, Any]:
 
 
 def aware(value: object, field: str) -> datetime | None:
+    """A timezone-aware datetime, in UTC."""
     if value is None:
         return None
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise ConfigError(f"{field} {value!r} must be a timezone-aware datetime")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+14:00 is before the first UTC datetime.
+        raise ConfigError(
+            f"{field} {value.isoformat()!r} is outside the datetimes UTC can express "
+            "(years 1 to 9999)"
+        ) from None
 
 
 def count(value: object, field: str) -> int:
@@ -122,7 +136,20 @@ def amount(value: object, field: str) -> float:
     return float(value)
 
 
-def _json_copy(value: object, path: str, *, scrub: bool) -> object:
+def unstorable(value: str) -> str | None:
+    """What keeps ``value`` out of the ledger (a NUL, a lone surrogate), or None."""
+    if NUL in value:
+        return "contains a NUL character"
+    if LONE_SURROGATE.search(value):
+        return "contains a lone UTF-16 surrogate, which is not Unicode text"
+    return None
+
+
+def _scrubbed(value: str) -> str:
+    return LONE_SURROGATE.sub(REPLACEMENT, value.replace(NUL, REPLACEMENT))
+
+
+def _json_copy(value: object, path: str, *, scrub: bool, depth: int = 0) -> object:
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
@@ -130,20 +157,30 @@ def _json_copy(value: object, path: str, *, scrub: bool) -> object:
             raise ConfigError(f"{path} = {value!r} is not a finite number, which JSON cannot hold")
         return value
     if isinstance(value, str):
-        if NUL in value:
-            if scrub:
-                return value.replace(NUL, REPLACEMENT)
-            raise ConfigError(f"{path} {_short(value)!r} contains a NUL character")
+        if scrub:
+            return _scrubbed(value)
+        problem = unstorable(value)
+        if problem is not None:
+            raise ConfigError(f"{path} {_short(value)!r} {problem}")
         return value
+    if not scrub and depth >= MAX_DEPTH:
+        raise ConfigError(f"{path} nests deeper than {MAX_DEPTH} levels")
     if isinstance(value, Mapping):
         copy: dict[str, object] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ConfigError(f"{path} has the key {key!r}; JSON object keys are strings")
-            copy[key] = _json_copy(item, f"{path}.{key}", scrub=scrub)
+            if scrub:
+                key = _scrubbed(key)
+            elif (problem := unstorable(key)) is not None:
+                raise ConfigError(f"{path} has the key {_short(key)!r}, which {problem}")
+            copy[key] = _json_copy(item, f"{path}.{key}", scrub=scrub, depth=depth + 1)
         return copy
     if isinstance(value, list | tuple):
-        return [_json_copy(item, f"{path}[{i}]", scrub=scrub) for i, item in enumerate(value)]
+        return [
+            _json_copy(item, f"{path}[{i}]", scrub=scrub, depth=depth + 1)
+            for i, item in enumerate(value)
+        ]
     raise ConfigError(
         f"{path} = {_short(value)!r} is a {type(value).__name__}, which JSON cannot hold"
     )
