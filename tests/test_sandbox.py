@@ -14,9 +14,11 @@ import resource
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -84,13 +86,18 @@ def _pids_with(token: str) -> list[int]:
     return pids
 
 
-def _wait_all_gone(token: str, seconds: float = 10.0) -> bool:
+def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    """Poll ``condition()`` until it is true or ``seconds`` pass (generous: CI is busy)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not _pids_with(token):
+        if condition():
             return True
         time.sleep(0.05)
-    return not _pids_with(token)
+    return condition()
+
+
+def _wait_all_gone(token: str, seconds: float = 10.0) -> bool:
+    return _wait_until(lambda: not _pids_with(token), seconds)
 
 
 def _sleeper(token: str) -> str:
@@ -310,6 +317,33 @@ def test_background_children_are_killed_when_the_program_ends(tmp_path: Path) ->
     assert not result.timed_out
     assert result.duration_seconds < 5
     assert _wait_all_gone(token)
+
+
+_SERVER = """
+import sys
+from pathlib import Path
+from relaygraph.agents.sandbox import SandboxLimits, run_python_sandboxed
+limits = SandboxLimits(wall_seconds=120)
+run_python_sandboxed(sys.argv[1], workspace=Path(sys.argv[2]), limits=limits)
+"""
+
+
+def test_the_program_dies_with_the_server(tmp_path: Path) -> None:
+    # A server killed mid-run (SIGKILL: no cleanup code runs) takes the program with it.
+    # The program replaces itself with a process that carries a token, to be found.
+    token = f"relaygraph-test-{secrets.token_hex(8)}"
+    code = (
+        "import os, sys\n"
+        "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', "
+        f"{token!r}])\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, code, str(tmp_path)])
+    try:
+        assert _wait_until(lambda: bool(_pids_with(token)), 60), "the program never started"
+    finally:
+        server.kill()
+        server.wait()
+    assert _wait_all_gone(token, 30)
 
 
 def test_closing_output_does_not_end_the_run_early(tmp_path: Path) -> None:

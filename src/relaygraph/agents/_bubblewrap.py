@@ -171,9 +171,10 @@ def _system_mounts(roots: Iterable[Path], hidden: Iterable[Path]) -> list[_Mount
 
     kept = [r for r in roots if not covered(r)]
     mounts = [_Mount(r, ("--ro-bind", str(r), str(r)), 0) for r in kept]
-    for path in hidden:
-        if not any(_is_within(path, r) for r in [usr, *kept]):
-            continue  # not mounted, so not visible
+    visible = [h for h in hidden if any(_is_within(h, r) for r in [usr, *kept])]
+    for path in visible:
+        if any(other != path and path.is_relative_to(other) for other in visible):
+            continue  # inside a folder that is masked already
         if path.is_dir():
             mounts.append(_Mount(path, ("--tmpfs", str(path)), 1))
         elif path.exists():
@@ -277,8 +278,6 @@ class BwrapLaunch:
             self._fd("group", _GROUP.encode()),
             "/etc/group",
         ]
-        for mount in _system_mounts(python_roots(), self.hidden):
-            options += mount.args
         options += [
             "--proc",
             "/proc",
@@ -292,6 +291,11 @@ class BwrapLaunch:
             size,
             "--tmpfs",
             "/tmp",
+        ]
+        # After /tmp: a Python installation may live there (a virtual environment in CI).
+        for mount in _system_mounts(python_roots(), self.hidden):
+            options += mount.args
+        options += [
             "--bind",
             str(self.workspace),
             WORKSPACE,
