@@ -606,6 +606,36 @@ def test_a_signal_death_is_reported_as_a_signal(data_dir: DataDir) -> None:
     assert "killed by signal SIGSEGV" in result.to_text()
 
 
+@requires_bwrap
+def test_an_installation_reached_through_a_symlink_is_found(
+    tmp_path: Path, data_dir: DataDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only resolved folders are mounted; a link on the way (a home folder that is a link,
+    # as /home -> var/home) is recreated so that the interpreter's own paths still work.
+    (tmp_path / "var" / "home" / "lib").mkdir(parents=True)
+    (tmp_path / "var" / "home" / "lib" / "module.py").write_text("VALUE = 42\n")
+    (tmp_path / "home-link").symlink_to("var/home")
+    real_roots, real_paths = _bubblewrap.python_roots, _bubblewrap._interpreter_paths
+    monkeypatch.setattr(
+        _bubblewrap, "python_roots", lambda: [*real_roots(), tmp_path / "var" / "home"]
+    )
+    monkeypatch.setattr(
+        _bubblewrap,
+        "_interpreter_paths",
+        lambda: {*real_paths(), str(tmp_path / "home-link" / "lib")},
+    )
+    result = run(
+        f"""
+        sys.path.insert(0, {str(tmp_path / "home-link" / "lib")!r})
+        attempt('import', lambda: __import__('module').VALUE)
+        """,
+        data_dir.workspace_b,
+    )
+
+    assert outcomes(result) == {"import": "SUCCEEDED"}
+    assert "SUCCEEDED 42" in result.stdout
+
+
 # --- the fallback and the run_python gate --------------------------------------------------
 
 

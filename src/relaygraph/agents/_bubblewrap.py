@@ -37,6 +37,7 @@ SANDBOX_UID = 65534
 """The program's user and group id inside the sandbox (``nobody``); on disk its files belong
 to the relaygraph user, whom the user namespace maps to this id."""
 
+USR = Path("/usr")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_ENTRIES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives")
 """What the interpreter and the tools in /usr/bin read from /etc: the dynamic linker's
@@ -100,7 +101,7 @@ def _probe(path: str) -> Bubblewrap | None:
 def _try(bwrap: Bubblewrap, workspace: Path) -> str | None:
     """Run ``print('ok')`` in the sandbox; return None if it worked, else what went wrong."""
     with BwrapLaunch(bwrap, workspace=workspace, hidden=(), tmpfs_bytes=1 << 20) as launch:
-        command = launch.argv([sys.executable, "-I", "-S", "-c", "print('ok')"], env={})
+        command = launch.argv([sys.executable, "-I", "-B", "-c", "print('ok')"], env={})
         try:
             done = subprocess.run(
                 command,
@@ -119,13 +120,8 @@ def _try(bwrap: Bubblewrap, workspace: Path) -> str | None:
     return f"exit status {done.returncode}: {detail or '(no output)'}"
 
 
-def python_roots() -> list[Path]:
-    """The folders of the running Python installation the sandboxed interpreter needs.
-
-    The prefixes (a virtual environment and the installation it was made from), the
-    standard library and the site-packages folders, so the packages installed with
-    relaygraph stay importable. Folders under ``/usr`` are mounted with it already.
-    """
+def _interpreter_paths() -> set[str]:
+    """The paths by which the interpreter finds itself, as it names them (not resolved)."""
     paths = {
         sys.prefix,
         sys.base_prefix,
@@ -137,8 +133,38 @@ def python_roots() -> list[Path]:
     }
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         paths.add(sysconfig.get_path(key))
-    roots = {Path(os.path.realpath(p)) for p in paths if p}
+    return {os.path.abspath(p) for p in paths if p}
+
+
+def python_roots() -> list[Path]:
+    """The folders of the running Python installation the sandboxed interpreter needs.
+
+    The prefixes (a virtual environment and the installation it was made from), the
+    standard library and the site-packages folders, so the packages installed with
+    relaygraph stay importable, with symlinks resolved. Folders under ``/usr`` are mounted
+    with it already.
+    """
+    roots = {Path(os.path.realpath(p)) for p in _interpreter_paths()}
     return sorted(r for r in roots if r.is_dir() and r != Path("/"))
+
+
+def symlinked_components(paths: Iterable[str], mounted: Sequence[Path]) -> dict[Path, str]:
+    """The symlinks on the way to ``paths`` outside the ``mounted`` folders, with targets.
+
+    Only resolved folders are mounted; recreating these links (a home folder that is a
+    link, as ``/home -> var/home``) lets the interpreter find itself by the paths it knows.
+    """
+    links: dict[Path, str] = {}
+    for raw in paths:
+        parts = Path(raw).parts
+        for depth in range(2, len(parts) + 1):
+            prefix = Path(*parts[:depth])
+            if any(_is_within(prefix, m) for m in mounted):
+                break  # the mounted folder brings its own links
+            if prefix.is_symlink():
+                links[prefix] = os.readlink(prefix)
+                break  # what follows lies under the link's target
+    return links
 
 
 def _is_within(path: Path, root: Path) -> bool:
@@ -155,7 +181,7 @@ class _Mount:
 
 def _system_mounts(roots: Iterable[Path], hidden: Iterable[Path]) -> list[_Mount]:
     """Read-only binds of the Python roots, and tmpfs masks over hidden paths below them."""
-    usr = Path("/usr")
+    usr = USR
     hidden = [Path(os.path.realpath(h)) for h in hidden]
     roots = [r for r in roots if not _is_within(r, usr)]
 
@@ -293,8 +319,11 @@ class BwrapLaunch:
             "/tmp",
         ]
         # After /tmp: a Python installation may live there (a virtual environment in CI).
-        for mount in _system_mounts(python_roots(), self.hidden):
+        roots = python_roots()
+        for mount in _system_mounts(roots, self.hidden):
             options += mount.args
+        for link, target in symlinked_components(_interpreter_paths(), [USR, *roots]).items():
+            options += ["--symlink", target, str(link)]
         options += [
             "--bind",
             str(self.workspace),
