@@ -224,7 +224,7 @@ def _root_links() -> list[str]:
 
 
 def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)
+    fd = os.memfd_create(name)  # close-on-exec: only bwrap gets it, through pass_fds
     try:
         os.write(fd, data)
         os.lseek(fd, 0, os.SEEK_SET)
