@@ -1,16 +1,24 @@
 """Chat models named by spec strings: ``openai:MODEL``, ``scripted:PATH``, ``local:smollm2``.
 
 A spec string names a model everywhere (CLI flags, config, the API), so a team can swap the
-model of one agent without touching code.
+model of one agent without touching code. An ``openai:`` spec may carry options after ``?``
+(:class:`OpenAIOptions`; docs/model-servers.md): ``openai:smollm2?structured=function_calling``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from relaygraph.errors import ModelSpecError
+from relaygraph.models._errors import ModelCallError
+from relaygraph.models._options import (
+    STRUCTURED_ENV,
+    STRUCTURED_METHODS,
+    OpenAIOptions,
+    StructuredMethod,
+    parse_openai_options,
+)
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -18,7 +26,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MODEL",
     "PROVIDERS",
+    "STRUCTURED_ENV",
+    "STRUCTURED_METHODS",
+    "ModelCallError",
     "ModelSpec",
+    "OpenAIOptions",
+    "StructuredMethod",
     "load_model",
     "parse_model_spec",
 ]
@@ -28,6 +41,7 @@ DEFAULT_MODEL = "local:smollm2"
 
 Provider = Literal["openai", "openai-responses", "scripted", "local"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "openai-responses", "scripted", "local")
+OPENAI_PROVIDERS: tuple[Provider, ...] = ("openai", "openai-responses")
 LOCAL_MODELS = ("smollm2",)
 
 
@@ -38,19 +52,23 @@ class ModelSpec:
     provider: Provider
     name: str
     """The model name (``openai``), the script path (``scripted``) or the local model."""
+    options: OpenAIOptions | None = None
+    """An ``openai:`` spec's options (what followed ``?``); None when it has none."""
 
     def __str__(self) -> str:
-        return f"{self.provider}:{self.name}"
+        query = self.options.to_query() if self.options is not None else ""
+        return f"{self.provider}:{self.name}" + (f"?{query}" if query else "")
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
-    """Parse ``PROVIDER:NAME``.
+    """Parse ``PROVIDER:NAME``, or ``openai:NAME?OPTIONS`` (see :class:`OpenAIOptions`).
 
     Raises:
-        ModelSpecError: Unknown provider, empty name or unknown local model.
+        ModelSpecError: Unknown provider, empty name, unknown local model, options on a
+            provider that takes none, or a bad option (the message names it).
     """
-    provider, sep, name = spec.strip().partition(":")
-    if not sep or not name.strip():
+    provider, sep, rest = spec.strip().partition(":")
+    if not sep or not rest.strip():
         raise ModelSpecError(
             spec,
             "expected PROVIDER:NAME, for example openai:gpt-4o-mini, "
@@ -60,11 +78,27 @@ def parse_model_spec(spec: str) -> ModelSpec:
         raise ModelSpecError(
             spec, f"unknown provider {provider!r}; known providers: {', '.join(PROVIDERS)}"
         )
-    if provider == "local" and name not in LOCAL_MODELS:
-        raise ModelSpecError(
-            spec, f"unknown local model {name!r}; known: {', '.join(LOCAL_MODELS)}"
-        )
-    return ModelSpec(provider=provider, name=name.strip())
+    if provider == "scripted":
+        # A script is a path, and a path may hold '?': scripted models take no options.
+        return ModelSpec(provider=provider, name=rest.strip())
+    name, question, query = rest.partition("?")
+    name = name.strip()
+    if not name:
+        raise ModelSpecError(spec, f"the {provider} model's name is empty")
+    if provider == "local":
+        if name not in LOCAL_MODELS:
+            raise ModelSpecError(
+                spec, f"unknown local model {name!r}; known: {', '.join(LOCAL_MODELS)}"
+            )
+        if question:
+            raise ModelSpecError(spec, "local models take no options; only openai: models do")
+        return ModelSpec(provider=provider, name=name)
+    options = (
+        parse_openai_options(spec, query, responses_api=provider == "openai-responses")
+        if question
+        else None
+    )
+    return ModelSpec(provider=provider, name=name, options=options)
 
 
 def load_model(spec: str | ModelSpec, *, agent: str) -> BaseChatModel:
@@ -72,7 +106,8 @@ def load_model(spec: str | ModelSpec, *, agent: str) -> BaseChatModel:
 
     Args:
         spec: The spec string or parsed spec.
-        agent: Which role the model plays; the scripted model plays that key of its script.
+        agent: Which role the model plays; the scripted model plays that key of its script,
+            an OpenAI model names it in its errors and events.
 
     Raises:
         ModelSpecError: The spec is invalid, or the provider cannot be used here (no API key,
@@ -80,8 +115,10 @@ def load_model(spec: str | ModelSpec, *, agent: str) -> BaseChatModel:
         ConfigError: A scripted model's script file is missing or malformed.
     """
     parsed = spec if isinstance(spec, ModelSpec) else parse_model_spec(spec)
-    if parsed.provider in ("openai", "openai-responses"):
-        return _openai(parsed, responses_api=parsed.provider == "openai-responses")
+    if parsed.provider in OPENAI_PROVIDERS:
+        from relaygraph.models._openai import build_openai_model
+
+        return build_openai_model(parsed, role=agent)
     if parsed.provider == "scripted":
         from relaygraph.models.scripted import ScriptedChatModel, load_script
 
@@ -89,28 +126,3 @@ def load_model(spec: str | ModelSpec, *, agent: str) -> BaseChatModel:
     from relaygraph.models.local import load_local_model
 
     return load_local_model(parsed.name, spec=str(parsed))
-
-
-def _openai(spec: ModelSpec, *, responses_api: bool) -> BaseChatModel:
-    from langchain_openai import ChatOpenAI
-
-    api_key = os.environ.get("OPENAI_API_KEY")
-    base_url = os.environ.get("OPENAI_BASE_URL")
-    if not api_key:
-        if not base_url:
-            raise ModelSpecError(
-                str(spec),
-                "OPENAI_API_KEY is not set; set it, or set OPENAI_BASE_URL to a local server "
-                "that speaks the Chat Completions protocol (vLLM, Ollama, llama.cpp, LiteLLM)",
-            )
-        # Local OpenAI-compatible servers ignore the key, but the client insists on one.
-        api_key = "relaygraph-no-key"
-    return ChatOpenAI(
-        model=spec.name,
-        api_key=api_key,  # type: ignore[arg-type]
-        base_url=base_url,
-        use_responses_api=responses_api,
-        # Ask for usage in streamed replies too; budgets count tokens either way.
-        stream_usage=True,
-        max_retries=2,
-    )

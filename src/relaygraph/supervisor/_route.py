@@ -1,4 +1,11 @@
-"""The supervisor's routing decision: a validated :class:`Route`, repaired once, never a crash."""
+"""The supervisor's routing decision: a validated :class:`Route`, repaired once, never a crash.
+
+The route is asked for with the model's own structured-output method: an ``openai:`` model
+takes it from its spec (``?structured=...``, ``auto`` by default), so the same supervisor
+works on servers that reject ``response_format: json_schema``. A call the server fails
+(:class:`~relaygraph.models.ModelCallError`) is treated as a route that came back invalid:
+asked once more, then the documented fallback, with the server's words in the reason.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from relaygraph.models import ModelCallError
 
 FINISH = "FINISH"
 
@@ -55,11 +64,23 @@ class RouteDecision:
     fallback: bool
     """True when the model's output failed validation twice and the run finishes instead."""
     error: str | None
-    """The last validation error, when there was one."""
+    """The last validation error or failed call, when there was one."""
     raw: tuple[AIMessage, ...]
-    """The model's raw replies, for usage accounting (one, or two after a repair)."""
+    """The model's raw replies, for usage accounting (one, or two after a repair); a call
+    that failed gave none."""
     refused: tuple[str, ...] = ()
     """Agents the model named that it may not route to now (a spent budget, a bar)."""
+    call_failed: bool = False
+    """The last attempt's model call failed (the server's error, a timeout): the fallback
+    is the server's doing, not the model's."""
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why a fallback finishes the task: ``model_error: ...`` for a failed call,
+        ``invalid_route: ...`` for output that stayed invalid; None without a fallback."""
+        if not self.fallback:
+            return None
+        return f"{'model_error' if self.call_failed else 'invalid_route'}: {self.error}"
 
 
 def _describe(exc: Exception) -> str:
@@ -75,7 +96,8 @@ def _describe(exc: Exception) -> str:
 @dataclass(frozen=True, slots=True)
 class _Attempt:
     route: Route | None
-    raw: AIMessage
+    raw: AIMessage | None
+    """The reply; None when the call failed."""
     error: str | None
     asked: str | None = None
     """The ``next`` the reply named, when it named one but was invalid."""
@@ -87,11 +109,12 @@ def _attempt(
     messages: list[BaseMessage],
     config: RunnableConfig,
 ) -> _Attempt:
-    structured = model.with_structured_output(
-        schema.model_json_schema(), method="json_schema", include_raw=True
-    )
+    # No method named: each model uses its own (an openai: spec's ``structured`` option).
+    structured = model.with_structured_output(schema.model_json_schema(), include_raw=True)
     try:
         out: dict[str, Any] = structured.invoke(messages, config)  # type: ignore[assignment]
+    except ModelCallError as exc:
+        return _Attempt(None, None, f"the model call failed: {exc.reason}")
     except (OutputParserException, ValueError) as exc:
         # Some providers raise instead of reporting a parsing error; treat it the same way.
         return _Attempt(None, AIMessage(content=f"(unparseable output: {exc})"), _describe(exc))
@@ -120,28 +143,32 @@ def route_next_agent(
 
     Output that fails validation (not JSON, an unknown agent, a missing field, an empty task)
     gets one repair attempt whose prompt quotes the error, and, for an agent in
-    ``unavailable`` (agent -> why it may not work now), the reason. If that fails too, the
-    decision is the documented fallback: finish with what exists, flagged so the run
-    reports ``degraded``.
+    ``unavailable`` (agent -> why it may not work now), the reason. A call that failed (the
+    server's error after the client's retries) is made once more as it was: the model said
+    nothing to repair. If the second attempt fails too, the decision is the documented
+    fallback: finish with what exists, flagged so the run reports ``degraded``.
     """
     unavailable = unavailable or {}
     schema = route_model(agents, may_finish=may_finish)
     first = _attempt(model, schema, messages, config)
-    if first.route is not None:
+    if first.route is not None and first.raw is not None:
         return RouteDecision(route=first.route, fallback=False, error=None, raw=(first.raw,))
-    why = unavailable.get(first.asked or "")
-    refused_now = f" {first.asked!r} may not work now: {why}." if why else ""
-    repair = [
-        *messages,
-        first.raw,
-        HumanMessage(
-            content=f"Your reply was not a valid route: {first.error}.{refused_now} Reply "
-            f"again with JSON matching the schema; 'next' must be one of "
-            f"{', '.join([*agents, FINISH] if may_finish else agents)}."
-        ),
-    ]
-    second = _attempt(model, schema, repair, config)
-    raw = (first.raw, second.raw)
+    if first.raw is None:
+        second = _attempt(model, schema, messages, config)
+    else:
+        why = unavailable.get(first.asked or "")
+        refused_now = f" {first.asked!r} may not work now: {why}." if why else ""
+        repair = [
+            *messages,
+            first.raw,
+            HumanMessage(
+                content=f"Your reply was not a valid route: {first.error}.{refused_now} Reply "
+                f"again with JSON matching the schema; 'next' must be one of "
+                f"{', '.join([*agents, FINISH] if may_finish else agents)}."
+            ),
+        ]
+        second = _attempt(model, schema, repair, config)
+    raw = tuple(a.raw for a in (first, second) if a.raw is not None)
     refused = tuple(
         dict.fromkeys(a.asked for a in (first, second) if a.asked and a.asked in unavailable)
     )
@@ -149,10 +176,15 @@ def route_next_agent(
         return RouteDecision(
             route=second.route, fallback=False, error=first.error, raw=raw, refused=refused
         )
+    call_failed = second.raw is None
+    why_not = "the route could not be asked for" if call_failed else "route output invalid twice"
     # Built unvalidated: FINISH may not be among this schema's choices (see route_model).
-    fallback = Route.model_construct(
-        next=FINISH, task="", reason=f"route output invalid twice: {second.error}"
-    )
+    fallback = Route.model_construct(next=FINISH, task="", reason=f"{why_not}: {second.error}")
     return RouteDecision(
-        route=fallback, fallback=True, error=second.error, raw=raw, refused=refused
+        route=fallback,
+        fallback=True,
+        error=second.error,
+        raw=raw,
+        refused=refused,
+        call_failed=call_failed,
     )

@@ -1,0 +1,453 @@
+"""``openai:MODEL``: ``ChatOpenAI`` fitted to the server at hand, not only to OpenAI's.
+
+Servers that speak Chat Completions differ in what they accept (docs/model-servers.md):
+llama-cpp-python rejects ``response_format: json_schema`` and ``content: null``, vLLM without a
+tool parser rejects ``tool_choice: "auto"``, Ollama ignores ``tool_choice``. The model built
+here carries a spec's options (:class:`~relaygraph.models.OpenAIOptions`) into every request,
+asks for structured output with the method that works (``auto`` finds it and remembers it per
+server and model for the process), retries only what may pass (:mod:`._retry`), and turns
+every failed call into a :class:`~relaygraph.models.ModelCallError` naming the role, the
+model and the server's own words, reported as a ``model_error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import httpx2
+import openai
+from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, Field
+
+from relaygraph.errors import ConfigError, ModelSpecError
+from relaygraph.models._errors import ModelCallError, server_message
+from relaygraph.models._options import (
+    STRUCTURED_ENV,
+    STRUCTURED_METHODS,
+    OpenAIOptions,
+    StructuredMethod,
+)
+from relaygraph.models._retry import (
+    RetryingAsyncClient,
+    RetryingClient,
+    RetryNote,
+    RetryPolicy,
+    attempts_made,
+)
+
+if TYPE_CHECKING:
+    from langchain_core.callbacks import CallbackManagerForLLMRun
+    from langchain_core.outputs import ChatGenerationChunk, ChatResult
+
+    from relaygraph.models import ModelSpec
+
+__all__ = [
+    "AUTO_ORDER",
+    "RelaygraphChatOpenAI",
+    "build_openai_model",
+    "emit_event",
+    "learned_structured_method",
+]
+
+log = logging.getLogger("relaygraph.models")
+
+OPENAI_API = "https://api.openai.com/v1"
+AUTO_ORDER: tuple[StructuredMethod, ...] = ("json_schema", "function_calling", "json_mode")
+"""The methods ``auto`` tries, in order: the strictest first."""
+_REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
+    "json_schema": ("response_format", "json_schema"),
+    "json_mode": ("response_format", "json_object"),
+    "function_calling": ("tool", "function"),
+}
+"""Words in a 5xx body that show the server refused this method's part of the request."""
+_CALL_ERRORS: tuple[type[Exception], ...] = (openai.APIError, httpx2.HTTPError)
+
+_probing: ContextVar[StructuredMethod | None] = ContextVar("relaygraph_probing", default=None)
+"""The structured method ``auto`` is trying: its rejection is expected, not reported."""
+
+_learned: dict[tuple[str, str], StructuredMethod] = {}
+_learned_lock = threading.Lock()
+
+
+def learned_structured_method(base_url: str | None, model: str) -> StructuredMethod | None:
+    """The structured method ``auto`` found for this server and model in this process."""
+    with _learned_lock:
+        return _learned.get((base_url or OPENAI_API, model))
+
+
+def emit_event(event: dict[str, Any]) -> None:
+    """Send ``event`` to the running task's event stream; nothing outside a task."""
+    from langgraph.config import get_stream_writer
+
+    try:
+        writer = get_stream_writer()
+    except (RuntimeError, KeyError):
+        return  # Not inside a graph run (a bare model call, `relaygraph doctor`).
+    writer(event)
+
+
+def rejects(method: StructuredMethod, error: ModelCallError) -> bool:
+    """Whether ``error`` is the server refusing ``method``'s request (not a passing fault):
+    a 400 or 422, or a 5xx whose body names the method's part of the request."""
+    if error.status in (400, 422):
+        return True
+    if error.status is None or error.status < 500:
+        return False
+    detail = error.detail.lower()
+    return any(word in detail for word in _REQUEST_FIELDS.get(method, ()))
+
+
+def _schema_instruction(schema: Any) -> str:
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        schema = schema.model_json_schema()
+    return (
+        "Reply with one JSON object, and nothing else, that matches this JSON schema:\n"
+        + json.dumps(schema, separators=(",", ":"))
+    )
+
+
+def _with_instruction(messages: list[BaseMessage], instruction: str) -> list[BaseMessage]:
+    """The schema goes into the system message: a second system message later in the
+    conversation breaks some servers' chat templates."""
+    if messages and isinstance(messages[0], SystemMessage):
+        first = messages[0]
+        return [SystemMessage(content=f"{first.text}\n\n{instruction}"), *messages[1:]]
+    return [SystemMessage(content=instruction), *messages]
+
+
+def _parsed(out: dict[str, Any]) -> Any:
+    if out.get("parsing_error") is not None:
+        raise out["parsing_error"]
+    return out.get("parsed")
+
+
+class RelaygraphChatOpenAI(ChatOpenAI):
+    """``ChatOpenAI`` with a spec's options: its structured method, request tweaks for
+    servers other than OpenAI's, and failures as :class:`ModelCallError`.
+
+    Built by :func:`build_openai_model` (``load_model("openai:...")``); the fields below
+    come from the spec's options.
+    """
+
+    relaygraph_role: str = Field(default="", exclude=True)
+    """Who calls the model (an agent, ``supervisor``, ``finalize``), for errors and events."""
+    relaygraph_spec: str = Field(default="", exclude=True)
+    structured_method: StructuredMethod | None = Field(default=None, exclude=True)
+    """None: ``$RELAYGRAPH_OPENAI_STRUCTURED`` when the route is asked for, else ``auto``."""
+    omit_parallel_tool_calls: bool = Field(default=False, exclude=True)
+    empty_tool_call_content: bool = Field(default=False, exclude=True)
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = Field(
+        default="max_completion_tokens", exclude=True
+    )
+
+    # -- the request -------------------------------------------------------------------
+
+    def _get_request_payload(
+        self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = super()._get_request_payload(input_, stop=stop, **kwargs)
+        if "messages" not in payload:  # the Responses API: its own fields
+            return payload
+        if self.omit_parallel_tool_calls:
+            payload.pop("parallel_tool_calls", None)
+        if self.max_tokens_field == "max_tokens" and "max_completion_tokens" in payload:
+            payload["max_tokens"] = payload.pop("max_completion_tokens")
+        if self.empty_tool_call_content:
+            for message in payload["messages"]:
+                if message.get("role") == "assistant" and message.get("content") is None:
+                    message["content"] = ""
+        return payload
+
+    # -- failures ----------------------------------------------------------------------
+
+    def _failure(self, exc: Exception) -> ModelCallError:
+        status: int | None = None
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            try:
+                body: Any = exc.response.json()
+            except ValueError:
+                body = exc.response.text
+            detail = server_message(body, exc.message)
+        elif isinstance(exc, openai.APITimeoutError):
+            detail = "the request timed out"
+        elif isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__
+            detail = f"could not reach {self.openai_api_base or OPENAI_API}" + (
+                f": {type(cause).__name__}: {cause}" if cause else ""
+            )
+        elif isinstance(exc, httpx2.HTTPError):
+            detail = f"the answer was cut short: {type(exc).__name__}: {exc}"
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        error = ModelCallError(
+            role=self.relaygraph_role or "model",
+            model=self.relaygraph_spec or f"openai:{self.model_name}",
+            status=status,
+            detail=detail,
+            attempts=attempts_made.get(),
+        )
+        probing = _probing.get()
+        if probing is None or not rejects(probing, error):
+            self._report(error)
+        return error
+
+    def _report(self, error: ModelCallError) -> None:
+        log.warning("%s", error)
+        emit_event(error.to_event())
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        try:
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        except _CALL_ERRORS as exc:
+            raise self._failure(exc) from exc
+
+    async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
+        try:
+            return await super()._agenerate(*args, **kwargs)
+        except _CALL_ERRORS as exc:
+            raise self._failure(exc) from exc
+
+    def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        try:
+            yield from super()._stream(*args, **kwargs)
+        except _CALL_ERRORS as exc:
+            raise self._failure(exc) from exc
+
+    async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        try:
+            async for chunk in super()._astream(*args, **kwargs):
+                yield chunk
+        except _CALL_ERRORS as exc:
+            raise self._failure(exc) from exc
+
+    # -- structured output -------------------------------------------------------------
+
+    def chosen_structured_method(self) -> StructuredMethod:
+        """The spec's method, else ``$RELAYGRAPH_OPENAI_STRUCTURED``, else ``auto``.
+
+        Raises:
+            ConfigError: The environment variable names no method.
+        """
+        if self.structured_method is not None:
+            return self.structured_method
+        value = os.environ.get(STRUCTURED_ENV, "").strip() or "auto"
+        if value not in STRUCTURED_METHODS:
+            raise ConfigError(
+                f"{STRUCTURED_ENV}={value!r} is not a structured-output method; "
+                f"use one of {', '.join(STRUCTURED_METHODS)}"
+            )
+        return value
+
+    def with_structured_output(
+        self,
+        schema: Any = None,
+        *,
+        method: StructuredMethod | None = None,
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, Any]:
+        """Structured output by ``method``; when None, by the spec's method (see
+        :meth:`chosen_structured_method`). ``json_mode`` puts the schema into the system
+        message; ``auto`` tries :data:`AUTO_ORDER` and keeps the first the server takes.
+
+        With ``include_raw``, returns ``{"raw", "parsed", "parsing_error"}`` as ChatOpenAI
+        does (the raw reply of the method that answered).
+        """
+        chosen = method or self.chosen_structured_method()
+        if chosen == "auto":
+            runnable = self._auto_structured(schema, strict=strict, **kwargs)
+        else:
+            runnable = self._structured_by(chosen, schema, strict=strict, **kwargs)
+        if include_raw:
+            return runnable
+        return runnable | RunnableLambda(_parsed, name="structured_parsed")
+
+    def _structured_by(
+        self, method: StructuredMethod, schema: Any, *, strict: bool | None, **kwargs: Any
+    ) -> Runnable[Any, Any]:
+        if method == "json_mode":
+            instruction = _schema_instruction(schema)
+            bound = super().with_structured_output(
+                schema, method="json_mode", include_raw=True, **kwargs
+            )
+
+            def instructed(value: Any) -> list[BaseMessage]:
+                return _with_instruction(self._convert_input(value).to_messages(), instruction)
+
+            return RunnableLambda(instructed, name="json_mode_schema") | bound
+        if method == "auto":
+            raise ValueError("'auto' is no single method; use with_structured_output")
+        return super().with_structured_output(
+            schema,
+            method=method,
+            include_raw=True,
+            strict=strict,
+            **kwargs,
+        )
+
+    def _auto_structured(self, schema: Any, *, strict: bool | None, **kwargs: Any) -> Any:
+        key = (self.openai_api_base or OPENAI_API, self.model_name)
+        by_method = {m: self._structured_by(m, schema, strict=strict, **kwargs) for m in AUTO_ORDER}
+
+        def order() -> tuple[StructuredMethod, ...]:
+            with _learned_lock:
+                known = _learned.get(key)
+            if known is None:
+                return AUTO_ORDER
+            return (known, *(m for m in AUTO_ORDER if m != known))
+
+        def settle(method: StructuredMethod, rejected: dict[str, str]) -> None:
+            with _learned_lock:
+                before = _learned.get(key)
+                _learned[key] = method
+            if method == before or not rejected:
+                return
+            # Said once per process: only the call that found the method gets here.
+            refused = "; ".join(f"{m}: {why}" for m, why in rejected.items())
+            log.warning(
+                "%s at %s refused %s; structured output uses %s from now on in this "
+                "process (set it in the spec to skip the probe: ?structured=%s)",
+                self.model_name,
+                key[0],
+                refused,
+                method,
+                method,
+            )
+            emit_event(
+                {
+                    "type": "structured_method",
+                    "role": self.relaygraph_role,
+                    "model": self.relaygraph_spec,
+                    "base_url": key[0],
+                    "method": method,
+                    "rejected": rejected,
+                }
+            )
+
+        def give_up(error: ModelCallError) -> ModelCallError:
+            self._report(error)
+            return error
+
+        def run(value: Any, config: RunnableConfig) -> Any:
+            rejected: dict[str, str] = {}
+            last: ModelCallError | None = None
+            for method in order():
+                token = _probing.set(method)
+                try:
+                    out = by_method[method].invoke(value, config)
+                except ModelCallError as exc:
+                    if not rejects(method, exc):
+                        raise
+                    rejected[method], last = exc.reason, exc
+                    continue
+                finally:
+                    _probing.reset(token)
+                settle(method, rejected)
+                return out
+            assert last is not None
+            raise give_up(last)
+
+        async def arun(value: Any, config: RunnableConfig) -> Any:
+            rejected: dict[str, str] = {}
+            last: ModelCallError | None = None
+            for method in order():
+                token = _probing.set(method)
+                try:
+                    out = await by_method[method].ainvoke(value, config)
+                except ModelCallError as exc:
+                    if not rejects(method, exc):
+                        raise
+                    rejected[method], last = exc.reason, exc
+                    continue
+                finally:
+                    _probing.reset(token)
+                settle(method, rejected)
+                return out
+            assert last is not None
+            raise give_up(last)
+
+        return RunnableLambda(run, afunc=arun, name="structured_auto")
+
+
+def _report_retry(role: str, spec: str, note: RetryNote) -> None:
+    log.info("model call of %r (%s) retried: %s", role, spec, note.error)
+    emit_event(
+        {
+            "type": "model_retry",
+            "role": role,
+            "model": spec,
+            "attempt": note.attempt,
+            "status": note.status,
+            "error": note.error,
+            "wait_seconds": round(note.wait_seconds, 3),
+            "retry_after": note.retry_after,
+        }
+    )
+
+
+def _is_openai(base_url: str | None) -> bool:
+    return base_url is None or urlsplit(base_url).hostname == "api.openai.com"
+
+
+def build_openai_model(spec: ModelSpec, *, role: str) -> RelaygraphChatOpenAI:
+    """The chat model of an ``openai:`` or ``openai-responses:`` spec, for ``role``.
+
+    Raises:
+        ModelSpecError: Neither ``OPENAI_API_KEY`` nor ``OPENAI_BASE_URL`` is set.
+    """
+    from functools import partial
+
+    api_key = os.environ.get("OPENAI_API_KEY")
+    base_url = os.environ.get("OPENAI_BASE_URL") or None
+    if not api_key:
+        if not base_url:
+            raise ModelSpecError(
+                str(spec),
+                "OPENAI_API_KEY is not set; set it, or set OPENAI_BASE_URL to a local server "
+                "that speaks the Chat Completions protocol (vLLM, Ollama, llama.cpp, LiteLLM)",
+            )
+        # Local OpenAI-compatible servers ignore the key, but the client insists on one.
+        api_key = "relaygraph-no-key"
+    options = spec.options or OpenAIOptions()
+    timeout: Any = options.timeout if options.timeout is not None else openai.DEFAULT_TIMEOUT
+    policy = RetryPolicy(max_retries=options.max_retries)
+    on_retry = partial(_report_retry, role, str(spec))
+    return RelaygraphChatOpenAI(
+        model=spec.name,
+        api_key=api_key,  # type: ignore[arg-type]
+        base_url=base_url,
+        use_responses_api=spec.provider == "openai-responses",
+        # Ask for usage in streamed replies too; budgets count tokens either way.
+        stream_usage=True,
+        timeout=timeout,
+        # Retries happen in the HTTP client (relaygraph.models._retry), not in the SDK.
+        max_retries=0,
+        max_tokens=options.max_tokens,  # type: ignore[call-arg]
+        default_headers=options.extra_headers or None,
+        extra_body=options.extra_body or None,
+        http_client=RetryingClient(policy=policy, on_retry=on_retry, timeout=timeout),
+        http_async_client=RetryingAsyncClient(policy=policy, on_retry=on_retry, timeout=timeout),
+        relaygraph_role=role,
+        relaygraph_spec=str(spec),
+        structured_method=options.structured,
+        omit_parallel_tool_calls=options.parallel_tool_calls == "omit",
+        empty_tool_call_content=options.tool_call_content == "empty",
+        max_tokens_field="max_completion_tokens" if _is_openai(base_url) else "max_tokens",
+    )

@@ -1,0 +1,230 @@
+"""Retries of a model call's HTTP request: only what may pass, after the wait the server asks.
+
+The OpenAI SDK's own retries are turned off (``max_retries=0``) and these take their place,
+one layer below, in the HTTP client the SDK is given (as pydantic-ai's ``TenacityTransport``
+does). They differ where it matters for servers other than OpenAI's:
+
+- a 5xx whose body reports a validation error of the request is not retried: llama-cpp-python
+  answers 500 to a ``response_format`` it does not know, and the same body fails again;
+- ``Retry-After`` (or ``retry-after-ms``) is waited for as asked; a wait longer than
+  :attr:`RetryPolicy.max_retry_after` is not waited for at all: the call fails with the
+  server's answer instead of retrying early;
+- a truncated body of a non-streamed answer is retried (it is read here, where the request
+  can still be sent again).
+
+A call retried until it succeeded is one call to the caller: usage and cost come from its
+one answer. Each retry is reported (:class:`RetryNote`) to the model, which sends it on as a
+``model_retry`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import openai
+
+from relaygraph.models._errors import server_message
+
+__all__ = ["RETRY_STATUSES", "RetryNote", "RetryPolicy", "RetryingAsyncClient", "RetryingClient"]
+
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+"""Statuses that may pass on a second try (as the OpenAI SDK has them, 5xx spelled out)."""
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    httpx2.TimeoutException,
+    httpx2.NetworkError,
+    httpx2.RemoteProtocolError,
+)
+"""Failures with no answer: a timeout, a refused or dropped connection, a cut-off body."""
+
+attempts_made: ContextVar[int] = ContextVar("relaygraph_model_attempts", default=1)
+"""How many times the last request of this context was sent (read after a failure)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """When and how long to wait before sending a failed request again."""
+
+    max_retries: int = 2
+    base_delay: float = 0.5
+    """Seconds before the first retry without ``Retry-After``; doubled each time, jittered."""
+    max_delay: float = 8.0
+    """The longest wait of the backoff."""
+    max_retry_after: float = 60.0
+    """The longest ``Retry-After`` waited for; a server asking more fails the call."""
+
+    def backoff(self, attempt: int) -> float:
+        delay = min(self.base_delay * 2**attempt, self.max_delay)
+        return delay * (0.75 + random.random() / 2)  # jitter
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryNote:
+    """One failed attempt that will be retried."""
+
+    attempt: int
+    """The attempt that failed, from 1."""
+    status: int | None
+    """Its HTTP status; None when no answer came."""
+    error: str
+    wait_seconds: float
+    retry_after: float | None = None
+    """The server's ``Retry-After``, when it sent one."""
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the server asks to wait (``retry-after-ms``, ``retry-after`` in seconds or as
+    an HTTP date), or None."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(float(millis) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def is_request_error(text: str) -> bool:
+    """Whether a 5xx body says the request itself is invalid (it would fail again)."""
+    lowered = text.lower()
+    return "validation error" in lowered or "'loc': ('body'" in lowered
+
+
+def _decide(response: Any, attempt: int, policy: RetryPolicy) -> tuple[float | None, float | None]:
+    """``(wait, retry_after)`` for a failed response; wait None: do not retry."""
+    status = response.status_code
+    should = response.headers.get("x-should-retry")
+    if should == "false":
+        return None, None
+    if should != "true":
+        if status not in RETRY_STATUSES:
+            return None, None
+        if status >= 500 and is_request_error(response.text):
+            return None, None
+    asked = retry_after(response.headers)
+    if asked is None:
+        return policy.backoff(attempt), None
+    return (asked if asked <= policy.max_retry_after else None), asked
+
+
+def _describe(response: Any) -> str:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = response.text
+    return server_message(body, response.reason_phrase)
+
+
+def _no_answer(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+OnRetry = Callable[[RetryNote], None]
+
+
+class RetryingClient(openai.DefaultHttpxClient):
+    """The SDK's HTTP client, sending a failed request again where that may help."""
+
+    def __init__(self, *, policy: RetryPolicy, on_retry: OnRetry, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._policy = policy
+        self._on_retry = on_retry
+
+    def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            attempts_made.set(attempt + 1)
+            last = attempt >= self._policy.max_retries
+            try:
+                response = super().send(request, stream=stream, **kwargs)
+            except TRANSIENT_ERRORS as exc:
+                if last:
+                    raise
+                note = RetryNote(
+                    attempt=attempt + 1,
+                    status=None,
+                    error=_no_answer(exc),
+                    wait_seconds=self._policy.backoff(attempt),
+                )
+            else:
+                if last or response.status_code < 400:
+                    return response
+                if stream:
+                    response.read()
+                wait, asked = _decide(response, attempt, self._policy)
+                if wait is None:
+                    return response
+                note = RetryNote(
+                    attempt=attempt + 1,
+                    status=response.status_code,
+                    error=_describe(response),
+                    wait_seconds=wait,
+                    retry_after=asked,
+                )
+                response.close()
+            self._on_retry(note)
+            time.sleep(note.wait_seconds)
+            attempt += 1
+
+
+class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
+    """:class:`RetryingClient` for the SDK's async client."""
+
+    def __init__(self, *, policy: RetryPolicy, on_retry: OnRetry, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._policy = policy
+        self._on_retry = on_retry
+
+    async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            attempts_made.set(attempt + 1)
+            last = attempt >= self._policy.max_retries
+            try:
+                response = await super().send(request, stream=stream, **kwargs)
+            except TRANSIENT_ERRORS as exc:
+                if last:
+                    raise
+                note = RetryNote(
+                    attempt=attempt + 1,
+                    status=None,
+                    error=_no_answer(exc),
+                    wait_seconds=self._policy.backoff(attempt),
+                )
+            else:
+                if last or response.status_code < 400:
+                    return response
+                if stream:
+                    await response.aread()
+                wait, asked = _decide(response, attempt, self._policy)
+                if wait is None:
+                    return response
+                note = RetryNote(
+                    attempt=attempt + 1,
+                    status=response.status_code,
+                    error=_describe(response),
+                    wait_seconds=wait,
+                    retry_after=asked,
+                )
+                await response.aclose()
+            self._on_retry(note)
+            await asyncio.sleep(note.wait_seconds)
+            attempt += 1
