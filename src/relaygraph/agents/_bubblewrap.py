@@ -21,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ host's /etc (no ``passwd``, ``hosts``, credentials) is mounted."""
 _PASSWD = f"nobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{WORKSPACE}:/usr/sbin/nologin\n"
 _GROUP = f"nogroup:x:{SANDBOX_UID}:\n"
 
+_PROBE_LOCK = threading.Lock()
 _PROBE_SECONDS = 60.0
 """Generous: the probe starts an interpreter once, on a machine that may be busy."""
 
@@ -73,7 +75,9 @@ def available() -> Bubblewrap | None:
     path = bwrap_path()
     if path is None:
         return None
-    return _probe(path)
+    # Workers of a server ask at once on the first tasks; the probe must run once.
+    with _PROBE_LOCK:
+        return _probe(path)
 
 
 @functools.cache
