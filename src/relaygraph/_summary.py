@@ -117,3 +117,14 @@ def summarize(
         "team_usage": team,
         "violations": violations,
     }
+
+
+def honest_status(
+    status: str, stop_reason: str | None, summary: Mapping[str, Any]
+) -> tuple[str, str | None]:
+    """``succeeded`` only for a run that did real work: some agent ran. A supervisor that
+    says FINISH at once, or a prebuilt supervisor that answers itself, did no work the team
+    exists for, and must not look like a task done: ``degraded``, with the reason."""
+    if status == "succeeded" and not summary.get("agents_run"):
+        return "degraded", "no agent ran: the team answered without doing any work"
+    return status, stop_reason

@@ -15,7 +15,13 @@ from relaygraph._checkpoint import open_checkpointer, sqlite_checkpointer
 from relaygraph._event_writer import EventWriter
 from relaygraph._home import data_home
 from relaygraph._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
-from relaygraph._summary import USAGE_FIELDS, in_flight_records, summarize, waiting_violations
+from relaygraph._summary import (
+    USAGE_FIELDS,
+    honest_status,
+    in_flight_records,
+    summarize,
+    waiting_violations,
+)
 from relaygraph._team_cache import team_cache
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
@@ -387,6 +393,8 @@ class TaskRunner:
             else:
                 status = state.get("status") or "failed"
                 stop_reason, answer = state.get("stop_reason"), state.get("answer")
+            summary = summarize(state, policy, roles, in_flight)
+            status, stop_reason = honest_status(status, stop_reason, summary)
             artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
             result = RunResult(
                 task_id=task.id,
@@ -398,7 +406,7 @@ class TaskRunner:
                 models=specs,
                 topology=topology.to_mapping(),
                 pending=pending,
-                **summarize(state, policy, roles, in_flight),
+                **summary,
             )
             if suspended:
                 # Not finished: the task stays ``running`` for the next server to continue.
