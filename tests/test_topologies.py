@@ -547,7 +547,15 @@ def test_eval_compares_the_three_topologies_on_the_shipped_golden_set(
             kind
         )  # every case ran in every topology
     assert reports["structured"].metrics.pass_rate == 1.0
-    assert reports["supervisor-tools"].metrics.pass_rate == 1.0
+    # The case written around the structured supervisor's repair of an invalid route: here
+    # that route is a call of a transfer tool the supervisor lacks, refused and recorded as
+    # a violation, which the case (expecting none) notices.
+    tools = reports["supervisor-tools"]
+    assert {c.id for c in tools.failed} == {"invalid-route-repaired"}
+    repaired = next(c for c in tools.cases if c.id == "invalid-route-repaired")
+    assert [(c.name, c.actual) for c in repaired.trials[0].checks if not c.passed] == [
+        ("violations", ["handoff_not_allowed"])
+    ]
     # The swarm has no supervisor: routes become handoffs and a spent agent ends the task,
     # which the cases written for a supervisor notice.
     swarm = reports["swarm"]

@@ -22,11 +22,17 @@ AGENTS_MATCH_MODES: tuple[AgentsMatch, ...] = ("strict", "unordered", "subset", 
 
 RunStatus = Literal["succeeded", "degraded", "failed", "interrupted", "cancelled"]
 ViolationKind = Literal[
-    "tool_not_allowed", "handoff_not_allowed", "ping_pong", "repeated_tool_call", "budget"
+    "tool_not_allowed",
+    "handoff_not_allowed",
+    "invalid_arguments",
+    "ping_pong",
+    "repeated_tool_call",
+    "budget",
 ]
 VIOLATION_KINDS: tuple[ViolationKind, ...] = (
     "tool_not_allowed",
     "handoff_not_allowed",
+    "invalid_arguments",
     "ping_pong",
     "repeated_tool_call",
     "budget",

@@ -15,7 +15,8 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Command
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 __all__ = [
     "HANDOFF_PREFIX",
@@ -25,6 +26,7 @@ __all__ = [
     "answer_unanswered_calls",
     "calling_message",
     "create_handoff_tool",
+    "handoff_args_problem",
     "handoff_target",
     "merge_by_id",
 ]
@@ -128,6 +130,39 @@ class HandoffArgs(BaseModel):
     )
     reason: str = Field(default="", description="Why this agent should do it, in one sentence.")
 
+    @field_validator("task")
+    @classmethod
+    def _task_says_something(cls, task: str) -> str:
+        # A blank task would hand over work nobody described; the agent could only guess.
+        if not task.strip():
+            raise PydanticCustomError("blank_task", "is empty; say what the agent must do")
+        return task
+
+
+def handoff_args_problem(args: Any) -> str | None:
+    """What is wrong with a transfer call's arguments, in words a model can act on, or
+    ``None`` when they fit :class:`HandoffArgs`.
+
+    A transfer whose arguments do not fit (no ``task``, a task that is not a string or is
+    blank) is refused before it runs, and the refusal says which argument to fix.
+    """
+    try:
+        HandoffArgs.model_validate(args)
+    except ValidationError as exc:
+        return "; ".join(_problem(error) for error in exc.errors())
+    return None
+
+
+def _problem(error: ErrorDetails) -> str:
+    field = ".".join(str(part) for part in error["loc"])
+    if not field:
+        return f"the arguments are invalid: {error['msg']}"
+    if error["type"] == "missing":
+        return f"{field!r} is missing"
+    if error["type"] == "blank_task":
+        return f"{field!r} {error['msg']}"
+    return f"{field!r} is invalid: {error['msg']}"
+
 
 def calling_message(runtime: ToolRuntime[Any, Any]) -> AIMessage | None:
     """The AI message whose tool call is running now."""
@@ -156,7 +191,9 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     message runs; every other handoff call is answered with a ToolMessage saying it was not
     carried out and why. A handoff in the same message as ordinary tool calls is refused for
     the same reason (those tool results would be lost upstream, langgraph-swarm #26): the
-    agent sees the results first and may hand off in its next message.
+    agent sees the results first and may hand off in its next message. A call whose
+    arguments do not fit :class:`HandoffArgs` never reaches the tool: the agent's policy
+    middleware refuses it and records why (:func:`handoff_args_problem`).
 
     Args:
         target: The agent that receives the work.
@@ -186,8 +223,6 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
                 f"this message also calls {others}; hand off in a message of its own once "
                 "you have those results.",
             )
-        if not task.strip():
-            return _refusal(runtime, name, "the 'task' argument is empty; say what to do.")
         tool_message = ToolMessage(
             content=f"Transferred to {target}: {task}",
             name=name,

@@ -27,7 +27,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
-from relaygraph.handoffs import HANDOFF_PREFIX, handoff_target
+from relaygraph.handoffs import HANDOFF_PREFIX, handoff_args_problem, handoff_target
 from relaygraph.policies._policy import AgentPolicy, TeamPolicy
 from relaygraph.policies.budget import (
     BudgetHit,
@@ -229,53 +229,60 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         name = call["name"]
         emit = request.runtime.stream_writer
         if name not in self.allowed:
-            kind = "handoff_not_allowed" if handoff_target(name) else "tool_not_allowed"
             allowed = ", ".join(sorted(self.allowed)) or "none"
-            detail = f"{self.agent!r} called {name!r}, which it is not allowed"
-            emit({"type": "violation", "agent": self.agent, "kind": kind, "detail": detail})
-            return _refusal(
-                call,
-                kind,
-                detail,
+            return self._refused(
+                request,
+                "handoff_not_allowed" if handoff_target(name) else "tool_not_allowed",
+                f"{self.agent!r} called {name!r}, which it is not allowed",
                 f"Not run: {name!r} is not allowed for {self.agent}. Allowed tools: {allowed}.",
             )
         budget = _visit_budget()
         if (peer := handoff_target(name)) is not None:
             if budget is not None and peer in budget.barred:
                 why = budget.barred[peer]
-                detail = f"{self.agent!r} called {name!r}, which is barred now: {why}"
-                emit(
-                    {
-                        "type": "violation",
-                        "agent": self.agent,
-                        "kind": "handoff_not_allowed",
-                        "detail": detail,
-                    }
-                )
-                return _refusal(
-                    call,
+                return self._refused(
+                    request,
                     "handoff_not_allowed",
-                    detail,
+                    f"{self.agent!r} called {name!r}, which is barred now: {why}",
                     f"Not run: {self.agent} may not hand work to {peer} now ({why}). "
                     "Finish your task yourself, or answer so the supervisor decides.",
+                )
+            if (problem := handoff_args_problem(call["args"])) is not None:
+                # Refused here rather than by the tool's schema, so that the transfer that
+                # did not happen is recorded like every other refused call.
+                return self._refused(
+                    request,
+                    "invalid_arguments",
+                    f"{self.agent!r} called {name!r} with invalid arguments: {problem}",
+                    f"Not run: the arguments of {name} do not fit: {problem}. Call it again "
+                    "with a 'task' (text saying what to do) and, optionally, a 'reason'.",
                 )
             return handler(request)
 
         messages: list[BaseMessage] = list(request.state.get("messages", []))
         if budget is not None:
-            refusal = self._check_tool(call, messages, budget)
-            if refusal is not None:
+            refused = self._check_tool(call, messages, budget)
+            if refused is not None:
                 emit(
                     {
                         "type": "violation",
                         "agent": self.agent,
-                        **refusal.additional_kwargs[VIOLATION_KEY],
+                        **refused.additional_kwargs[VIOLATION_KEY],
                     }
                 )
-                return refusal
+                return refused
         if name in self.rules.approval:
             return self._with_approval(request, handler, messages, budget)
         return handler(request)
+
+    def _refused(
+        self, request: ToolCallRequest, kind: str, detail: str, content: str
+    ) -> ToolMessage:
+        """Refuse the call: its violation's live event, and the answer that records it."""
+        request.runtime.stream_writer(
+            {"type": "violation", "agent": self.agent, "kind": kind, "detail": detail}
+        )
+        return _refusal(request.tool_call, kind, detail, content)
 
     def _check_tool(
         self, call: Mapping[str, Any], messages: list[BaseMessage], budget: VisitBudget

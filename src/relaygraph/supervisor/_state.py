@@ -48,13 +48,19 @@ class Visit(TypedDict):
 
 
 class Violation(TypedDict):
-    """Something the policy refused or stopped: a disallowed tool, a budget, a ping-pong."""
+    """Something the policy refused or stopped: a disallowed tool, a transfer with invalid
+    arguments, a budget, a ping-pong."""
 
     id: str
     turn: int
     agent: str
     kind: Literal[
-        "tool_not_allowed", "handoff_not_allowed", "ping_pong", "repeated_tool_call", "budget"
+        "tool_not_allowed",
+        "handoff_not_allowed",
+        "invalid_arguments",
+        "ping_pong",
+        "repeated_tool_call",
+        "budget",
     ]
     detail: str
 

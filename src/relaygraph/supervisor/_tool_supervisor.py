@@ -9,8 +9,9 @@ the structured team:
 
 - Before each of its model calls: the team's limits, a stop an agent asked for, a direct
   handoff to relay, or no agent left (``pre_model_hook``).
-- After each call: its usage, and its final answer carried to ``finalize``
-  (``post_model_hook``).
+- After each call: its usage, its final answer carried to ``finalize``, and a refusal for
+  each call it may not make — a tool it does not have, a transfer whose arguments do not fit
+  — answered and recorded as a violation before any tool runs (``post_model_hook``).
 - Each transfer is checked like a structured route: an agent out of budget or barred is
   refused with a ToolMessage saying why, the team's agent runs are counted, ping-pong is
   detected, and only the first transfer of a message is carried out — parallel transfers
@@ -44,6 +45,7 @@ from relaygraph.handoffs import (
     HandoffArgs,
     HandoffRecord,
     calling_message,
+    handoff_args_problem,
     handoff_target,
 )
 from relaygraph.policies import TeamPolicy
@@ -62,7 +64,7 @@ from relaygraph.supervisor._control import (
     make_closing,
 )
 from relaygraph.supervisor._route import FINISH
-from relaygraph.supervisor._state import TeamState, ToolsTeamState
+from relaygraph.supervisor._state import TeamState, ToolsTeamState, Violation
 from relaygraph.topology import Topology
 
 # langgraph_supervisor's marker for a handoff tool (langgraph_supervisor.handoff
@@ -151,29 +153,73 @@ def _to_parent(
     return Command(graph=Command.PARENT, goto=goto, update={**carried, **update})
 
 
-def _answers(message: AIMessage | None, call_id: str, content: str) -> list[ToolMessage]:
-    """The answer to this transfer call, and a refusal for every other call of its message
-    (their own answers are lost when the supervisor's graph is left)."""
-    calls = message.tool_calls if message is not None else []
+def _answered(state: TeamState) -> set[str]:
+    """Ids of the tool calls already answered in the supervisor's thread (refused calls are,
+    before any transfer runs)."""
+    return {m.tool_call_id for m in state.get("messages", []) if isinstance(m, ToolMessage)}
+
+
+def _answers(
+    message: AIMessage | None, call_id: str, content: str, answered: set[str]
+) -> list[ToolMessage]:
+    """The answer to this transfer call, and one for every other transfer of its message
+    still unanswered (their own answers are lost when the supervisor's graph is left)."""
+    calls = [
+        c
+        for c in (message.tool_calls if message is not None else [])
+        if c["id"] == call_id or c["id"] not in answered
+    ]
     first = next((c["name"] for c in calls if c["id"] == call_id), "")
-
-    def other(call: Mapping[str, Any]) -> str:
-        if handoff_target(call["name"]) is not None:
-            return (
-                "Not carried out: only one transfer per message is carried out, and "
-                f"{first!r} came first in this message."
-            )
-        return f"Not run: {call['name']!r} is not a tool of the supervisor; {first!r} ran."
-
+    other = (
+        "Not carried out: only one transfer per message is carried out, and "
+        f"{first!r} came first in this message."
+    )
     return [
         ToolMessage(
-            content=content if call["id"] == call_id else other(call),
+            content=content if call["id"] == call_id else other,
             name=call["name"],
             tool_call_id=call["id"] or "",
             status="success" if call["id"] == call_id else "error",
         )
         for call in calls
     ] or [ToolMessage(content=content, tool_call_id=call_id)]
+
+
+def _refuse_calls(
+    reply: AIMessage, tools: Sequence[str], config: RunnableConfig, turn: int
+) -> tuple[list[ToolMessage], list[Violation]]:
+    """Answers and violations for the calls of the supervisor's reply that may not run: a
+    tool it does not have (models invent names), or a transfer whose arguments do not fit.
+    Answered here, before the prebuilt agent's tools run, so that each leaves a record;
+    the calls left unanswered run as usual."""
+    answers: list[ToolMessage] = []
+    violations: list[Violation] = []
+    for call in reply.tool_calls:
+        name = call["name"]
+        if name not in tools:
+            kind = "handoff_not_allowed" if handoff_target(name) else "tool_not_allowed"
+            detail = f"{SUPERVISOR!r} called {name!r}, which is not one of its tools"
+            content = (
+                f"Not run: {name!r} is not a tool of the supervisor. Its tools: "
+                f"{', '.join(tools)}; to answer the user, reply without a tool call."
+            )
+        elif (problem := handoff_args_problem(call["args"])) is not None:
+            kind = "invalid_arguments"
+            detail = f"{SUPERVISOR!r} called {name!r} with invalid arguments: {problem}"
+            content = (
+                f"Not carried out: the arguments of {name} do not fit: {problem}. Call it "
+                "again with a 'task' (text saying what to do) and, optionally, a 'reason'."
+            )
+        else:
+            continue
+        call_id = call["id"] or ""
+        answers.append(
+            ToolMessage(content=content, name=name, tool_call_id=call_id, status="error")
+        )
+        violations.append(
+            acc.violation(f"{_this_run(config)}:{call_id}:{kind}", turn, SUPERVISOR, kind, detail)
+        )
+    return answers, violations
 
 
 def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
@@ -195,16 +241,16 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         call_id = runtime.tool_call_id or ""
         turn = state.get("turn", 0)
         message = calling_message(runtime)
+        answered = _answered(state)
         calls = message.tool_calls if message is not None else []
-        transfers = [c for c in calls if handoff_target(c["name"]) is not None]
+        # Calls refused after the model call (see _refuse_calls) are answered already.
+        transfers = [c for c in calls if c["id"] not in answered]
         if transfers and transfers[0]["id"] != call_id:
             return refuse(
                 runtime,
                 f"only one transfer per message is carried out, and {transfers[0]['name']!r} "
                 "came first in this message.",
             )
-        if not task.strip():
-            return refuse(runtime, "the 'task' argument is empty; say what the agent must do.")
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
         why = acc.bars_now(state, last).get(target)
@@ -226,7 +272,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             return refuse(runtime, f"{target} may not take work now ({why}).", violations=[refused])
         if hit := _visits_spent(state, policy):
             stop = _exhausted(policy, hit, state, config)
-            answers = _answers(message, call_id, f"Not carried out: {hit.message}")
+            answers = _answers(message, call_id, f"Not carried out: {hit.message}", answered)
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}), answers)
         record = HandoffRecord(
             id=call_id,
@@ -241,7 +287,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         assignment = Assignment(
             agent=target, task=task, reason=reason, source=SUPERVISOR, kind="route"
         )
-        answers = _answers(message, call_id, f"Transferred to {target}: {task}")
+        answers = _answers(message, call_id, f"Transferred to {target}: {task}", answered)
         proceed = _to_parent(
             state, config, target, {"handoffs": [record], "assignment": assignment}, answers
         )
@@ -274,8 +320,8 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
         update = dict(decided.update or {})
         _emit_route(config, state, target, task, reason, carried_out=decided.goto == target)
         if decided.goto == FINALIZE:
-            answered = _answers(message, call_id, f"Not carried out: {found.detail}")
-            return _to_parent(state, config, FINALIZE, update, answered)
+            stopped = _answers(message, call_id, f"Not carried out: {found.detail}", answered)
+            return _to_parent(state, config, FINALIZE, update, stopped)
         if decided.goto == SUPERVISOR:  # The pair is barred; the supervisor chooses again.
             return refuse(
                 runtime,
@@ -325,6 +371,8 @@ def _emit_route(
 
 
 def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
+    tools = [f"{HANDOFF_PREFIX}{agent}" for agent in agents]
+
     def before_model(state: ToolsTeamState, config: RunnableConfig) -> Any:
         if state.get("status"):  # An agent's visit stopped the task (a limit, a ping-pong).
             return _to_parent(state, config, FINALIZE)
@@ -372,7 +420,8 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         usage = acc.usage_record(record_id, SUPERVISOR, state.get("turn", 0), totals, [reply])
         usage["estimated"] = usage["estimated"] or any(u["estimated"] for u in earlier)
         if reply.tool_calls:
-            return {"usage": [usage]}
+            refusals, violations = _refuse_calls(reply, tools, config, state.get("turn", 0))
+            return {"usage": [usage], "messages": refusals, "violations": violations}
         _emit_route(config, state, FINISH, "", "the supervisor answered")
         return _to_parent(state, config, FINALIZE, {"usage": [usage], "answer": reply.text})
 
