@@ -28,20 +28,37 @@ or script bug would make the real API fail, so tests catch it:
 * 401 without an ``Authorization: Bearer ...`` header (any key is accepted).
 
 A ``content`` turn answers a structured-output request verbatim, so a script can play malformed
-structured output; ``route`` turns are sent unvalidated against the request's JSON schema.
+structured output; ``route`` turns are sent unvalidated against the request's JSON schema, as
+content for ``response_format`` (``json_schema`` or ``json_object``) and as a call of the named
+function for a ``tool_choice`` that names one (structured output by function calling).
+
+**Profiles** (:class:`ServerProfile`) make the server behave as another server does, from that
+server's own code, docs and issue trackers: :data:`LLAMA_CPP_PYTHON` (500 on ``json_schema``
+and on ``content: null``, no usage in streams), :data:`VLLM_NO_TOOL_PARSER` (400 on
+``tool_choice: "auto"``, which vLLM implies whenever tools are sent), :data:`OLLAMA` (ignores
+``tool_choice``) and :data:`STRICT_FIELDS` (400 on ``parallel_tool_calls``).
+
+**Faults** (:class:`Faults`) are injected before a request is answered, at a chosen rate or
+in a given sequence: 429 with ``Retry-After``, 500, 503, a timeout (the server stalls and
+hangs up) and a truncated answer (half a body, or half a stream). A faulted request does not
+advance the script, and every request is logged with its arrival time and body digest
+(:attr:`FakeOpenAI.log`), so a test can check when a retried request came back.
 Usage comes from the turn, else it is estimated exactly as ``ScriptedChatModel`` does (about
 four characters per token of the request's message texts and of the output).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -50,7 +67,19 @@ from urllib.parse import urlsplit
 from relaygraph.errors import ConfigError
 from relaygraph.models.scripted import ScriptTurn, estimate_tokens, load_script, parse_turns
 
-__all__ = ["MODEL_PREFIX", "FakeOpenAI", "serve_script"]
+__all__ = [
+    "LLAMA_CPP_PYTHON",
+    "MODEL_PREFIX",
+    "OLLAMA",
+    "OPENAI",
+    "PROFILES",
+    "STRICT_FIELDS",
+    "VLLM_NO_TOOL_PARSER",
+    "FakeOpenAI",
+    "Faults",
+    "ServerProfile",
+    "serve_script",
+]
 
 MODEL_PREFIX = "script-"
 """A request for model ``script-<key>`` is answered by the script's ``<key>`` turns."""
@@ -59,6 +88,77 @@ _FINGERPRINT = "fp_relaygraph"
 _FRAGMENT = 8
 """Characters per streamed tool-call argument fragment."""
 _VALID_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerProfile:
+    """What a Chat Completions server accepts, where servers differ."""
+
+    name: str
+    json_schema: bool = True
+    """False: ``response_format: json_schema`` is answered 500 (llama-cpp-python's words)."""
+    null_tool_call_content: bool = True
+    """False: an assistant message with tool calls and ``content: null`` is answered 500."""
+    auto_tool_choice: bool = True
+    """False: ``tool_choice: "auto"`` (implied when tools are sent without a choice) is
+    answered 400, as vLLM does when started without ``--tool-call-parser``."""
+    honours_tool_choice: bool = True
+    """False: ``tool_choice`` is accepted and ignored (Ollama): a script turn that
+    contradicts it is played anyway."""
+    parallel_tool_calls_field: bool = True
+    """False: a request carrying ``parallel_tool_calls`` is answered 400 (an unknown field)."""
+    stream_usage: bool = True
+    """False: ``stream_options.include_usage`` is ignored: a stream carries no usage."""
+
+
+OPENAI = ServerProfile(name="openai")
+LLAMA_CPP_PYTHON = ServerProfile(
+    name="llama-cpp-python", json_schema=False, null_tool_call_content=False, stream_usage=False
+)
+VLLM_NO_TOOL_PARSER = ServerProfile(name="vllm-no-tool-parser", auto_tool_choice=False)
+OLLAMA = ServerProfile(name="ollama", honours_tool_choice=False)
+STRICT_FIELDS = ServerProfile(name="strict-fields", parallel_tool_calls_field=False)
+PROFILES = {
+    p.name: p for p in (OPENAI, LLAMA_CPP_PYTHON, VLLM_NO_TOOL_PARSER, OLLAMA, STRICT_FIELDS)
+}
+
+FAULT_KINDS = ("429", "500", "503", "timeout", "truncated")
+
+
+@dataclass(kw_only=True)
+class Faults:
+    """Which requests fail, and how.
+
+    The first requests take the faults of ``sequence`` in order (None: answered); after it,
+    each request fails with probability ``rate``, with a kind drawn from ``kinds``. Only
+    requests for ``models`` are faulted, when given.
+    """
+
+    rate: float = 0.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+    sequence: list[str | None] = field(default_factory=list)
+    retry_after: float = 1.0
+    """The ``Retry-After`` of a 429, in seconds."""
+    stall_seconds: float = 3.0
+    """How long a ``timeout`` fault holds the request before hanging up (set it above the
+    client's timeout)."""
+    models: frozenset[str] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted({*self.kinds, *(k for k in self.sequence if k)} - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {FAULT_KINDS}")
+        self._random = random.Random(self.seed)
+
+    def draw(self, model: Any) -> str | None:
+        if self.models is not None and model not in self.models:
+            return None
+        if self.sequence:
+            return self.sequence.pop(0)
+        if self.rate and self._random.random() < self.rate:
+            return self._random.choice(self.kinds)
+        return None
 
 
 class _APIError(Exception):
@@ -72,10 +172,13 @@ class _APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type_: str = "invalid_request_error",
+        body: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+        self.body = body or {
+            "error": {"message": message, "type": type_, "param": param, "code": code}
+        }
 
 
 def _bad_request(message: str, param: str | None = None, code: str | None = None) -> _APIError:
@@ -222,6 +325,75 @@ def _structured(response_format: Any) -> bool:
     return kind != "text"
 
 
+def _llama_cpp_validation(loc: str, message: str, value: Any) -> _APIError:
+    """A request llama-cpp-python's server refuses: its pydantic error, answered 500."""
+    text = (
+        f"1 validation error:\n  {{'type': 'literal_error', 'loc': {loc}, 'msg': "
+        f'"{message}", \'input\': {value!r}}}\n\n  File "llama_cpp/server/app.py", line 376, '
+        "in create_chat_completion\n    POST /v1/chat/completions"
+    )
+    return _APIError(500, text, type_="internal_server_error")
+
+
+def _check_profile(profile: ServerProfile, body: dict[str, Any]) -> None:
+    """Refuse what ``profile``'s server refuses, in its own words."""
+    response_format = body.get("response_format")
+    if (
+        not profile.json_schema
+        and isinstance(response_format, dict)
+        and response_format.get("type") == "json_schema"
+    ):
+        raise _llama_cpp_validation(
+            "('body', 'response_format', 'type')",
+            "Input should be 'text' or 'json_object'",
+            "json_schema",
+        )
+    if not profile.null_tool_call_content:
+        for i, message in enumerate(body["messages"]):
+            if message.get("role") == "assistant" and message.get("content", None) is None:
+                raise _llama_cpp_validation(
+                    f"('body', 'messages', {i}, 'ChatCompletionRequestAssistantMessage', "
+                    "'content')",
+                    "Input should be a valid string",
+                    None,
+                )
+    if (
+        not profile.auto_tool_choice
+        and body.get("tools")
+        and body.get("tool_choice", "auto") == "auto"
+    ):
+        message = (
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+        )
+        raise _APIError(
+            400,
+            message,
+            body={
+                "object": "error",
+                "message": message,
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            },
+        )
+    if not profile.parallel_tool_calls_field and "parallel_tool_calls" in body:
+        raise _bad_request(
+            "Unrecognized request argument supplied: parallel_tool_calls", "parallel_tool_calls"
+        )
+
+
+def _forced_function(body: dict[str, Any]) -> str | None:
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        name = choice.get("function", {}).get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class FakeOpenAI:
     """A Chat Completions server on ``127.0.0.1`` playing a script (see the module docstring).
 
@@ -229,9 +401,22 @@ class FakeOpenAI:
         base_url: The client's base URL, ``http://127.0.0.1:<port>/v1``.
         requests: Every JSON body posted to ``/v1/chat/completions``, in arrival order
             (rejected ones included).
+        log: One entry per request: ``at`` (monotonic seconds), ``digest`` (of the body),
+            ``model``, ``fault`` (its kind, or None).
+        profile: Which server it plays.
+        faults: The faults it injects, if any.
     """
 
-    def __init__(self, script: dict[str, Any] | Path | str) -> None:
+    def __init__(
+        self,
+        script: dict[str, Any] | Path | str,
+        *,
+        profile: ServerProfile = OPENAI,
+        faults: Faults | None = None,
+    ) -> None:
+        self.profile = profile
+        self.faults = faults
+        self.log: list[dict[str, Any]] = []
         self._turns = _parse_script(script)
         self._cursors = dict.fromkeys(self._turns, 0)
         self._lock = threading.Lock()
@@ -278,9 +463,26 @@ class FakeOpenAI:
 
     # -- request handling (called from handler threads) --------------------------------
 
-    def _record(self, body: dict[str, Any]) -> None:
+    def _record(self, body: dict[str, Any]) -> str | None:
+        """Record a request; returns the fault to inject into its answer, if any."""
         with self._lock:
             self.requests.append(body)
+            fault = self.faults.draw(body.get("model")) if self.faults is not None else None
+            self.log.append(
+                {
+                    "at": time.monotonic(),
+                    "digest": _digest(body),
+                    "model": body.get("model"),
+                    "fault": fault,
+                }
+            )
+            return fault
+
+    @property
+    def injected(self) -> list[dict[str, Any]]:
+        """The log's faulted requests."""
+        with self._lock:
+            return [entry for entry in self.log if entry["fault"]]
 
     def _key_of(self, model: Any) -> str:
         if not isinstance(model, str) or not model:
@@ -301,6 +503,7 @@ class FakeOpenAI:
         messages = _check_messages(body.get("messages"))
         tools = _tool_names(body.get("tools"))
         structured = _structured(body.get("response_format"))
+        _check_profile(self.profile, body)
         key = self._key_of(body.get("model"))
         with self._lock:
             index = self._cursors[key]
@@ -312,9 +515,14 @@ class FakeOpenAI:
                     code="script_exhausted",
                 )
             turn = turns[index]
-            _check_turn(key, index + 1, turn, body, tools, structured)
+            _check_turn(key, index + 1, turn, body, tools, structured, self.profile)
             self._cursors[key] = index + 1
             calls = []
+            forced = _forced_function(body)
+            if turn.route is not None and forced is not None and not structured:
+                # Structured output by function calling: the route is the call's arguments.
+                self._calls += 1
+                calls.append((f"call_{self._calls}", forced, turn.route))
             for call in turn.tool_calls or []:
                 call_id = call.id
                 if not call_id:
@@ -325,7 +533,7 @@ class FakeOpenAI:
             completion_id = f"chatcmpl-relaygraph{self._completions}"
 
         content: str | None = turn.content
-        if turn.route is not None:
+        if turn.route is not None and not calls:
             content = json.dumps(turn.route)
         if turn.usage is not None:
             prompt, completion = turn.usage.input_tokens, turn.usage.output_tokens
@@ -373,7 +581,11 @@ class FakeOpenAI:
         if not body.get("stream"):
             return completion_body, None
         options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        include_usage = (
+            self.profile.stream_usage
+            and isinstance(options, dict)
+            and bool(options.get("include_usage"))
+        )
         return completion_body, _chunks(head, message, finish, usage, include_usage)
 
 
@@ -384,16 +596,19 @@ def _check_turn(
     body: dict[str, Any],
     tools: list[str] | None,
     structured: bool,
+    profile: ServerProfile = OPENAI,
 ) -> None:
     """Reject a request the script's turn cannot answer as the real model would."""
     where = f"script {key!r}, turn {number}"
     tool_choice = body.get("tool_choice")
-    if turn.kind == "route" and not structured:
+    if turn.kind == "route" and not structured and _forced_function(body) is None:
         raise _bad_request(
             f"{where} is a 'route' turn (structured output), but the request has no "
-            "'response_format' of type 'json_schema'",
+            "'response_format' and no 'tool_choice' naming a function",
             "response_format",
         )
+    if turn.kind == "route" or not profile.honours_tool_choice:
+        return
     if turn.kind != "tool_calls":
         forced = None
         if isinstance(tool_choice, dict):
@@ -574,6 +789,67 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        with suppress(OSError):
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _inject(self, fault: str, body: dict[str, Any]) -> None:
+        """Answer with ``fault`` instead of the script's turn (which stays unplayed)."""
+        faults = self.server.app.faults
+        assert faults is not None
+        if fault == "429":
+            err = _APIError(
+                429,
+                f"Rate limit reached for requests. Please try again in {faults.retry_after:g}s.",
+                type_="requests",
+                code="rate_limit_exceeded",
+            )
+            self._send_json(429, err.body, {"Retry-After": f"{faults.retry_after:g}"})
+        elif fault == "500":
+            err = _APIError(
+                500,
+                "The server had an error while processing your request. Sorry about that!",
+                type_="server_error",
+            )
+            self._send_json(500, err.body)
+        elif fault == "503":
+            err = _APIError(
+                503,
+                "The engine is currently overloaded, please try again later.",
+                type_="server_error",
+            )
+            self._send_json(503, err.body)
+        elif fault == "timeout":
+            time.sleep(faults.stall_seconds)
+            self._hang_up()
+        elif body.get("stream"):  # truncated: half a stream, no end
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            head = {
+                "id": "chatcmpl-cut",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Half an"}}],
+            }
+            event = f"data: {json.dumps(head)}\n\n".encode()
+            with suppress(OSError):
+                self.wfile.write(f"{len(event):X}\r\n".encode() + event + b"\r\n")
+            self._hang_up()
+        else:  # truncated: half a body
+            data = json.dumps({"id": "chatcmpl-cut", "object": "chat.completion"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data) * 2))
+            self.end_headers()
+            with suppress(OSError):
+                self.wfile.write(data)
+            self._hang_up()
+
     def _authorized(self) -> bool:
         scheme, _, token = self.headers.get("Authorization", "").partition(" ")
         if scheme == "Bearer" and token.strip():
@@ -640,7 +916,10 @@ class _Handler(BaseHTTPRequestHandler):
                 ) from None
             if not isinstance(body, dict):
                 raise _bad_request("The request body must be a JSON object.")
-            app._record(body)
+            fault = app._record(body)
+            if fault is not None:
+                self._inject(fault, body)
+                return
             completion, chunks = app._answer(body)
         except _APIError as err:
             self._send_json(err.status, err.body)
@@ -659,9 +938,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve_script(script: dict[str, Any] | Path | str) -> Iterator[FakeOpenAI]:
-    """Serve ``script`` on a local port for the duration of the ``with`` block."""
-    server = FakeOpenAI(script)
+def serve_script(
+    script: dict[str, Any] | Path | str,
+    *,
+    profile: ServerProfile = OPENAI,
+    faults: Faults | None = None,
+) -> Iterator[FakeOpenAI]:
+    """Serve ``script`` on a local port for the duration of the ``with`` block, as
+    ``profile``'s server would, with ``faults`` injected."""
+    server = FakeOpenAI(script, profile=profile, faults=faults)
     try:
         yield server
     finally:

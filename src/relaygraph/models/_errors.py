@@ -34,14 +34,21 @@ def server_message(body: Any, fallback: str = "") -> str:
         text = body
     else:
         text = fallback
-    found = []
+    found: list[tuple[str, str]] = []
     for match in _PYDANTIC_ERROR.finditer(text):
         parts = [p.strip(" '\"") for p in match["loc"].split(",")]
-        where = ".".join(p for p in parts if p and p != "body")
-        found.append(f"{where}: {match['msg']}" if where else match["msg"])
+        found.append((".".join(p for p in parts if p and p != "body"), match["msg"]))
     if found:
-        # Unions are checked member by member; the same message names each: keep it once.
-        text = "; ".join(dict.fromkeys(found))
+        # A message is checked against each member of a union (system, user, assistant...
+        # messages): the members it is not fail on their role or a field it lacks. What is
+        # left is the error that matters.
+        telling = [
+            (where, msg)
+            for where, msg in found
+            if not (where.endswith(".role") or msg == "Field required")
+        ]
+        lines = [f"{where}: {msg}" if where else msg for where, msg in telling or found]
+        text = "; ".join(dict.fromkeys(lines))
     text = " ".join(text.split())
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
 

@@ -178,17 +178,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             except ValueError:
                 body = exc.response.text
             detail = server_message(body, exc.message)
-        elif isinstance(exc, openai.APITimeoutError):
-            detail = "the request timed out"
-        elif isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__
-            detail = f"could not reach {self.openai_api_base or OPENAI_API}" + (
-                f": {type(cause).__name__}: {cause}" if cause else ""
-            )
-        elif isinstance(exc, httpx2.HTTPError):
-            detail = f"the answer was cut short: {type(exc).__name__}: {exc}"
         else:
-            detail = f"{type(exc).__name__}: {exc}"
+            detail = self._no_answer(exc)
         error = ModelCallError(
             role=self.relaygraph_role or "model",
             model=self.relaygraph_spec or f"openai:{self.model_name}",
@@ -200,6 +191,21 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         if probing is None or not rejects(probing, error):
             self._report(error)
         return error
+
+    def _no_answer(self, exc: Exception) -> str:
+        """What went wrong when no answer came, from the transport's own error (the SDK and
+        LangChain wrap it, once each)."""
+        root: BaseException = exc
+        while isinstance(root, openai.APIError) and root.__cause__ is not None:
+            root = root.__cause__
+        said = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
+        if isinstance(root, httpx2.TimeoutException) or isinstance(exc, openai.APITimeoutError):
+            return f"the request timed out ({said})"
+        if isinstance(root, httpx2.ConnectError):
+            return f"could not reach {self.openai_api_base or OPENAI_API} ({said})"
+        if isinstance(root, httpx2.TransportError):
+            return f"the connection broke before the answer was complete ({said})"
+        return said
 
     def _report(self, error: ModelCallError) -> None:
         log.warning("%s", error)

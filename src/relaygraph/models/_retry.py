@@ -24,6 +24,7 @@ import email.utils
 import random
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -148,6 +149,13 @@ class RetryingClient(openai.DefaultHttpxClient):
         self._policy = policy
         self._on_retry = on_retry
 
+    def __del__(self) -> None:
+        # A model dropped with its client (a team cache's eviction) closes its connections,
+        # as the SDK's own client does.
+        with suppress(Exception):
+            if not self.is_closed:
+                self.close()
+
     def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
         attempt = 0
         while True:
@@ -192,6 +200,11 @@ class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
         super().__init__(**kwargs)
         self._policy = policy
         self._on_retry = on_retry
+
+    def __del__(self) -> None:
+        with suppress(Exception):
+            if not self.is_closed:
+                asyncio.get_running_loop().create_task(self.aclose())
 
     async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
         attempt = 0

@@ -9,6 +9,7 @@ asked once more, then the documented fallback, with the server's words in the re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -130,6 +131,15 @@ def _attempt(
         return _Attempt(None, raw_msg, _describe(exc), asked if isinstance(asked, str) else None)
 
 
+def _as_text(reply: AIMessage) -> AIMessage:
+    """The reply as plain text, to quote in a repair: a reply by function calling holds a
+    tool call that would otherwise need a tool message answering it."""
+    if not reply.tool_calls:
+        return reply
+    text = reply.text or json.dumps(reply.tool_calls[0]["args"], ensure_ascii=False)
+    return AIMessage(content=text)
+
+
 def route_next_agent(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -160,7 +170,7 @@ def route_next_agent(
         refused_now = f" {first.asked!r} may not work now: {why}." if why else ""
         repair = [
             *messages,
-            first.raw,
+            _as_text(first.raw),
             HumanMessage(
                 content=f"Your reply was not a valid route: {first.error}.{refused_now} Reply "
                 f"again with JSON matching the schema; 'next' must be one of "
