@@ -98,13 +98,17 @@ def test_supervisor_calling_a_tool_it_does_not_have_is_refused_and_recorded(
         {
             "supervisor": [
                 calls((tool, "sup-bad", {"code": "open('pwned.txt', 'w').write('x')"})),
+                calls(("transfer_to_researcher", "sup-ok", {"task": "find the facts"})),
                 say("I answer without it."),
-            ]
+            ],
+            "researcher": [say("facts")],
         }
     )
     result = run_task("go", model=spec, topology=TOOLS)
     assert result.status == "succeeded", result.stop_reason
-    assert result.answer == "I answer without it."  # Told why, the supervisor went on.
+    # Told why, the supervisor went on with its own tools.
+    assert result.agents_run == ["researcher"]
+    assert result.answer == "I answer without it."
     state = final_state(home, result.thread_id)
     answer = assert_recorded(
         result,
@@ -117,7 +121,6 @@ def test_supervisor_calling_a_tool_it_does_not_have_is_refused_and_recorded(
     assert f"Not run: '{tool}' is not a tool of the supervisor" in answer.text
     assert "transfer_to_researcher" in answer.text  # It is told what it may call.
     assert tool in result.violations[0]["detail"]
-    assert result.agents_run == []
 
 
 def test_supervisor_transfer_to_no_agent_of_the_team_is_refused(home: Path, script: Script) -> None:
@@ -125,8 +128,10 @@ def test_supervisor_transfer_to_no_agent_of_the_team_is_refused(home: Path, scri
         {
             "supervisor": [
                 calls(("transfer_to_reviewer", "sup-bad", {"task": "review it"})),
+                calls(("transfer_to_writer", "sup-ok", {"task": "review it"})),
                 say("answered"),
-            ]
+            ],
+            "writer": [say("reviewed")],
         }
     )
     result = run_task("go", model=spec, topology=TOOLS)
@@ -141,7 +146,7 @@ def test_supervisor_transfer_to_no_agent_of_the_team_is_refused(home: Path, scri
         messages=state["messages"],
     )
     assert "'transfer_to_reviewer' is not a tool of the supervisor" in answer.text
-    assert result.handoffs == []
+    assert [(h["from"], h["to"]) for h in result.handoffs] == [("supervisor", "writer")]
 
 
 def test_supervisor_tool_beside_a_transfer_is_recorded_and_the_transfer_runs(
