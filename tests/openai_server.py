@@ -109,6 +109,9 @@ class ServerProfile:
     """False: a request carrying ``parallel_tool_calls`` is answered 400 (an unknown field)."""
     stream_usage: bool = True
     """False: ``stream_options.include_usage`` is ignored: a stream carries no usage."""
+    tools: bool = True
+    """False: a request with ``tools`` is answered 400, as Ollama does for a model without
+    tool support."""
 
 
 OPENAI = ServerProfile(name="openai")
@@ -376,6 +379,8 @@ def _check_profile(profile: ServerProfile, body: dict[str, Any]) -> None:
                 "code": 400,
             },
         )
+    if not profile.tools and body.get("tools"):
+        raise _bad_request(f"registry.ollama.ai/library/{body.get('model')} does not support tools")
     if not profile.parallel_tool_calls_field and "parallel_tool_calls" in body:
         raise _bad_request(
             "Unrecognized request argument supplied: parallel_tool_calls", "parallel_tool_calls"

@@ -11,7 +11,15 @@ import pytest
 from relaygraph.run import run_task
 
 from .conftest import EXAMPLE_RELAY
-from .openai_server import serve_script
+from .openai_server import (
+    LLAMA_CPP_PYTHON,
+    OLLAMA,
+    OPENAI,
+    STRICT_FIELDS,
+    VLLM_NO_TOOL_PARSER,
+    ServerProfile,
+    serve_script,
+)
 
 ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
 
@@ -118,3 +126,164 @@ def test_tool_supervisor_over_http_asks_for_one_transfer_at_a_time(
         assert request["parallel_tool_calls"] is False
         offered = {t["function"]["name"] for t in request["tools"]}
         assert {"transfer_to_researcher", "transfer_to_coder", "transfer_to_writer"} <= offered
+
+
+# -- the team on other servers' behaviour (tests/openai_server.py profiles) ------------------
+
+
+def _specs(roles: tuple[str, ...], options: str = "") -> dict[str, str]:
+    return {role: f"openai:script-{role}{options}" for role in roles}
+
+
+@pytest.mark.parametrize(
+    ("profile", "options"),
+    [
+        pytest.param(OPENAI, "", id="openai"),
+        # llama-cpp-python: no json_schema (auto finds function calling), no null content.
+        pytest.param(LLAMA_CPP_PYTHON, "?tool_call_content=empty", id="llama-cpp-python"),
+        pytest.param(OLLAMA, "", id="ollama"),
+    ],
+)
+def test_structured_team_on_each_server(
+    home: Path,
+    openai_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: ServerProfile,
+    options: str,
+) -> None:
+    script = json.loads(EXAMPLE_RELAY.read_text())
+    events: list[dict[str, Any]] = []
+    with serve_script(script, profile=profile) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(
+            "When are checkpoints written?",
+            agent_models=_specs(ROLES, options),
+            on_event=events.append,
+        )
+        requests = list(server.requests)
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "coder", "writer"]
+    assert [h["kind"] for h in result.handoffs] == ["route", "direct", "route"]
+    assert [e["next"] for e in events if e["type"] == "route"] == [
+        "researcher",
+        "writer",
+        "FINISH",
+    ]
+    assert result.artifacts == ["report.md"]
+    assert not [e for e in events if e["type"] in ("model_error", "model_retry")]
+    routes = [r for r in requests if r["model"] == "script-supervisor"]
+    learned = [e for e in events if e["type"] == "structured_method"]
+    if profile is LLAMA_CPP_PYTHON:
+        # One json_schema request was refused; every later route came by function calling.
+        assert routes[0]["response_format"]["type"] == "json_schema"
+        assert all(r["tool_choice"]["function"]["name"] == "Route" for r in routes[1:])
+        assert [e["method"] for e in learned] == ["function_calling"]
+        assert all(
+            m["content"] == ""
+            for r in requests
+            for m in r["messages"]
+            if m["role"] == "assistant" and m.get("tool_calls")
+        )
+    else:
+        assert all(r["response_format"]["type"] == "json_schema" for r in routes)
+        assert learned == []
+
+
+@pytest.mark.parametrize(
+    ("profile", "options", "error"),
+    [
+        pytest.param(
+            LLAMA_CPP_PYTHON,
+            "",
+            "HTTP 500: messages.2.ChatCompletionRequestAssistantMessage.content: Input should "
+            "be a valid string",
+            id="llama-cpp-python-null-content",
+        ),
+        pytest.param(
+            VLLM_NO_TOOL_PARSER,
+            "",
+            'HTTP 400: "auto" tool choice requires --enable-auto-tool-choice and '
+            "--tool-call-parser to be set",
+            id="vllm-no-tool-parser",
+        ),
+    ],
+)
+def test_an_agents_failed_call_is_reported_with_the_servers_words(
+    home: Path,
+    openai_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    profile: ServerProfile,
+    options: str,
+    error: str,
+) -> None:
+    script = json.loads(EXAMPLE_RELAY.read_text())
+    events: list[dict[str, Any]] = []
+    with serve_script(script, profile=profile) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(
+            "When are checkpoints written?",
+            agent_models=_specs(ROLES, options),
+            on_event=events.append,
+        )
+    assert result.status != "succeeded"
+    assert error in (result.stop_reason or "")
+    failed = [e for e in events if e["type"] == "model_error"]
+    assert failed == [
+        {
+            "type": "model_error",
+            "role": "researcher",
+            "model": "openai:script-researcher",
+            "status": int(error.split()[1].rstrip(":")),
+            "error": error.split(": ", 1)[1],
+            "attempts": 1,  # a request the server refuses is not sent again
+        }
+    ]
+    # The supervisor's route was carried out before the agent's call failed.
+    assert [e["next"] for e in events if e["type"] == "route"] == ["researcher"]
+
+
+def test_tool_supervisor_on_a_server_that_rejects_parallel_tool_calls(
+    home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relaygraph.topology import Topology
+
+    script = json.loads((EXAMPLE_RELAY.parent / "tools-relay.json").read_text())
+    roles = ("supervisor", "researcher", "coder", "writer")
+    with serve_script(script, profile=STRICT_FIELDS) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        refused = run_task(
+            "When are checkpoints written? Write a report.",
+            agent_models=_specs(roles),
+            topology=Topology.parse("supervisor-tools"),
+        )
+        assert refused.status == "failed"
+        assert "Unrecognized request argument supplied: parallel_tool_calls" in (
+            refused.stop_reason or ""
+        )
+        result = run_task(
+            "When are checkpoints written? Write a report.",
+            agent_models=_specs(roles, "?parallel_tool_calls=omit"),
+            topology=Topology.parse("supervisor-tools"),
+        )
+        later = [r for r in server.requests[1:] if r["model"] == "script-supervisor"]
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "writer"]
+    assert later and all("parallel_tool_calls" not in r for r in later)
+
+
+def test_swarm_on_llama_cpp_python(
+    home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relaygraph.topology import Topology
+
+    script = json.loads((EXAMPLE_RELAY.parent / "swarm-relay.json").read_text())
+    with serve_script(script, profile=LLAMA_CPP_PYTHON) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(
+            "How many checkpoints does a 40-step run write? Write a report.",
+            agent_models=_specs(("researcher", "coder", "writer"), "?tool_call_content=empty"),
+            topology=Topology.parse("swarm"),
+        )
+    assert result.status == "succeeded", result.stop_reason
+    assert result.agents_run == ["researcher", "coder", "writer"]
+    assert [h["kind"] for h in result.handoffs] == ["direct", "direct"]
