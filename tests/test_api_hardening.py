@@ -362,3 +362,42 @@ async def test_cancel_of_a_task_another_live_runner_holds_is_asked_of_that_runne
     assert got.status_code == 202, got.text
     assert got.json()["status"] == "running"
     assert got.json()["cancel_requested_at"] is not None
+
+
+# Findings 1 and 2 (the endpoint): a scripted spec names a file of the scripts folder only,
+# and a refusal tells nothing about the server's files.
+
+
+async def test_a_refused_scripted_spec_reveals_nothing_of_the_servers_files(
+    api: Api, home: Path, scripts: Path
+) -> None:
+    key = api.key("acme")
+    (scripts / "relay.json").write_text(EXAMPLE_RELAY.read_text(), encoding="utf-8")
+    (scripts / "folder.json").mkdir()
+    messages = {}
+    for spec in (
+        "scripted:/etc/hostname",  # exists
+        "scripted:/no/such/file.json",  # does not
+        f"scripted:{home / 'ledger.sqlite'}",
+        "scripted:../scripts/relay.json",
+        "scripted:missing.json",
+        "scripted:folder.json",
+    ):
+        got = await api.client.post(
+            "/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key)
+        )
+        assert_error(got, 422, "model_not_allowed", "model")
+        message = got.json()["error"]["message"]
+        assert "not allowed on this server" in message
+        for hint in ("exist", "director", "UTF-8", "Errno", "keys", "must be"):
+            assert hint not in message, message
+        messages[spec] = message.replace(spec, "SPEC")
+    # A path that exists and one that does not are refused in the same words.
+    assert messages["scripted:/etc/hostname"] == messages["scripted:/no/such/file.json"]
+    assert messages["scripted:missing.json"] == messages["scripted:folder.json"]
+    named = await api.client.post(
+        "/v1/tasks", json={"input": "x", "model": "scripted:relay.json"}, headers=auth(key)
+    )
+    assert named.status_code == 202, named.text
+    assert named.json()["models"]["supervisor"] == f"scripted:{scripts.resolve() / 'relay.json'}"
+    await api.wait(named.json()["id"], key)

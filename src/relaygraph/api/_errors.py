@@ -40,6 +40,32 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.field = status, code, message, field
 
 
+def document_errors_only_as_answered(app: FastAPI) -> None:
+    """Make the app's OpenAPI document list as errors only what the API answers.
+
+    FastAPI describes a 422 of its own (``HTTPValidationError``) for every endpoint with a
+    parameter; this API answers 422 with an :class:`ErrorBody`, on the endpoints that
+    declare it, and never on one that does not (a path parameter cannot fail validation).
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = generate()
+        for operations in document.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.get("responses", {})
+                if "HTTPValidationError" in str(responses.get("422", "")):
+                    del responses["422"]
+        schemas = document.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
     """The JSON of an error answer. A lone surrogate quoted from the request is written as
     its escape, so that the answer is always valid UTF-8."""

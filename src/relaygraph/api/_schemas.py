@@ -78,6 +78,38 @@ class _RequestBody(BaseModel):
         return data
 
 
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One Server-Sent Event, as an EventSource client reads it.",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": "^[1-9][0-9]*$",
+            "description": "The event's sequence number in its task: 1, 2, 3, ... with no gaps.",
+        },
+        "event": {
+            "type": "string",
+            "description": "The event's type: run_started, route, agent_started, tool_call, "
+            "tool_result, handoff, agent_finished, violation, approval, interrupted, final, "
+            "run_finished, run_suspended.",
+        },
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"type": "string"}},
+            },
+            "description": "The event as JSON; its `type` is the event's type.",
+        },
+    },
+}
+"""What each event of ``GET /v1/tasks/{id}/events`` looks like (the OpenAPI schema of one
+``text/event-stream`` item)."""
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(description="Stable, machine-readable: `task_not_found`, `thread_busy`, ...")
     message: str = Field(description="What went wrong, naming the field and the value.")

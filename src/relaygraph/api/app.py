@@ -18,12 +18,14 @@ from relaygraph._home import data_home
 from relaygraph.api._errors import (
     ApiError,
     BodyLimit,
+    document_errors_only_as_answered,
     error_body,
     error_responses,
     install_error_handlers,
 )
 from relaygraph.api._schemas import (
     POLICY_SOURCE_KEY,
+    SSE_EVENT_SCHEMA,
     ApprovalList,
     DecisionIn,
     HandoffList,
@@ -36,7 +38,7 @@ from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models import parse_model_spec
-from relaygraph.policies import TeamPolicy, default_policy, load_policy, policy_to_mapping, tighten
+from relaygraph.policies import TeamPolicy, policy_to_mapping, tighten
 from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, RecordConflict, Team
 from relaygraph.topology import Topology
 
@@ -46,6 +48,19 @@ SSE_POLL_SECONDS = 0.2
 MAX_EVENT_SEQ = 2**31 - 1
 """The largest event sequence number: the ledger keeps it in a 32-bit integer column."""
 EVENT_ID = re.compile(r"[0-9]{1,19}")
+_TIME: dict[str, Any] = {"format": "date-time"}
+_TASK_LINKS = {
+    link: {"operationId": operation, "parameters": {"task_id": "$response.body#/id"}}
+    for link, operation in [
+        ("GetTask", "get_task"),
+        ("FollowEvents", "events"),
+        ("CancelTask", "cancel"),
+        ("ListApprovals", "approvals"),
+        ("ListHandoffs", "handoffs"),
+        ("GetTrace", "trace"),
+    ]
+}
+"""What a created task's id opens (OpenAPI links)."""
 
 _bearer = HTTPBearer(
     auto_error=False, description="A team's API key (`relaygraph teams create NAME`)."
@@ -62,7 +77,15 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     """
     settings = settings or ServiceSettings()
     home = data_home(settings.home)
-    base_policy = load_policy(settings.policy_file) if settings.policy_file else default_policy()
+    from relaygraph.team import default_team
+
+    # The agents' team (the tenants are the API keys' holders).
+    agent_team = default_team()
+    base_policy = (
+        agent_team.policy_from(settings.policy_file)
+        if settings.policy_file
+        else agent_team.resolved_policy
+    )
     parse_model_spec(settings.default_model)
     state: dict[str, Any] = {}
 
@@ -103,8 +126,11 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         description="Submit tasks to a supervised team of agents and follow them as they run.",
         lifespan=lifespan,
         openapi_url="/openapi.json",
+        # Operation ids are the routes' names (`create_task`, `cancel`): the links use them.
+        generate_unique_id_function=lambda route: route.name,
     )
     install_error_handlers(app)
+    document_errors_only_as_answered(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     def ledger() -> Ledger:
@@ -219,7 +245,10 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         "/v1/tasks",
         status_code=202,
         response_model=TaskOut,
-        responses=error_responses(401, 409, 413, 422),
+        responses={
+            202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
+            **error_responses(401, 409, 413, 422),
+        },
     )
     def create_task(
         body: TaskCreate,
@@ -281,6 +310,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 topology=topology.to_mapping(),
                 metadata=task_metadata(body),
                 idempotency_key=idempotency_key,
+                team=agent_team.record(),
             )
         except RecordConflict as exc:  # The same key for a different request.
             raise ApiError(409, "idempotency_key_reused", str(exc), "Idempotency-Key") from None
@@ -291,8 +321,13 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     @app.get("/v1/tasks", response_model=TaskPage, responses=error_responses(401, 422))
     def list_tasks(
         team: TeamDep,
+        # Checked here rather than by the schema, for an error that lists the statuses.
         status: Annotated[
-            str | None, Query(description=f"One of {', '.join(TASK_STATUSES)}.")
+            str | None,
+            Query(
+                description="Only tasks in this status.",
+                json_schema_extra={"enum": list(TASK_STATUSES)},
+            ),
         ] = None,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
         cursor: Annotated[
@@ -409,22 +444,24 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     def usage(
         team: TeamDep,
         since: Annotated[
-            datetime | None, Query(description="ISO 8601 with a time zone; inclusive.")
+            str | None,
+            Query(description="ISO 8601 with a time zone; inclusive.", json_schema_extra=_TIME),
         ] = None,
         until: Annotated[
-            datetime | None, Query(description="ISO 8601 with a time zone; exclusive.")
+            str | None,
+            Query(description="ISO 8601 with a time zone; exclusive.", json_schema_extra=_TIME),
         ] = None,
     ) -> dict[str, Any]:
         """The team's usage per role over the tasks created in ``[since, until)``."""
-        since, until = in_utc(since, "since"), in_utc(until, "until")
-        if since is not None and until is not None and since > until:
+        start, end = in_utc(since, "since"), in_utc(until, "until")
+        if start is not None and end is not None and start > end:
             raise ApiError(
                 422,
                 "invalid_request",
-                f"since {since.isoformat()!r} is after until {until.isoformat()!r}",
+                f"since {since!r} is after until {until!r}",
                 "since",
             )
-        return ledger().usage_for_team(team.id, since, until)
+        return ledger().usage_for_team(team.id, start, end)
 
     @app.get(
         "/v1/tasks/{task_id}/events",
@@ -434,7 +471,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 "description": "Server-Sent Events: `id` the event's sequence number, `event` "
                 "its type, `data` the event as JSON. A finished task's stream closes after "
                 "its last event.",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
             },
             **error_responses(401, 404, 422),
         },
@@ -445,7 +482,10 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         team: TeamDep,
         last_event_id: Annotated[
             str | None,
-            Header(description="Resume after this event's sequence number (a reconnect)."),
+            Header(
+                description="Resume after this event's sequence number (a reconnect).",
+                json_schema_extra={"pattern": "^[0-9]{0,10}$"},
+            ),
         ] = None,
         after: Annotated[
             int | None,
@@ -454,7 +494,8 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     ) -> EventSourceResponse:
         """The task's events as they happen (Server-Sent Events)."""
         await to_thread.run_sync(own_task, task_id, team)
-        start = after if after is not None else _event_id(last_event_id)
+        resumed = _event_id(last_event_id)  # Checked even when `after` is given.
+        start = after if after is not None else resumed
 
         async def stream() -> AsyncIterator[dict[str, Any]]:
             seq = start
@@ -501,11 +542,20 @@ def _event_id(value: str | None) -> int:
     return int(value)
 
 
-def in_utc(value: datetime | None, field: str) -> datetime | None:
-    """A query's time, in UTC; one without a time zone, or outside what UTC can express,
-    is refused naming the field."""
-    if value is None:
+def in_utc(text: str | None, field: str) -> datetime | None:
+    """A query's ISO 8601 time, in UTC; one that is not ISO 8601 (a bare number), has no
+    time zone, or is outside what UTC can express is refused naming the field."""
+    if text is None:
         return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{field} {text[:60]!r} is not an ISO 8601 time, e.g. 2026-01-01T00:00:00Z",
+            field,
+        ) from None
     if value.tzinfo is None:
         raise ApiError(
             422,
