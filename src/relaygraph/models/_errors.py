@@ -63,16 +63,27 @@ class ModelCallError(RunError):
             dropped connection, a stream cut short).
         detail: The server's message, or what went wrong on the way.
         attempts: How many times the call was made (retries included).
+        refused: The server refused the request itself (a 400 or 422, or a 5xx reporting a
+            validation error of the request): sent again, it fails again; another form of
+            it (an option) may pass.
     """
 
     def __init__(
-        self, *, role: str, model: str, status: int | None, detail: str, attempts: int = 1
+        self,
+        *,
+        role: str,
+        model: str,
+        status: int | None,
+        detail: str,
+        attempts: int = 1,
+        refused: bool = False,
     ) -> None:
         self.role = role
         self.model = model
         self.status = status
         self.detail = detail
         self.attempts = attempts
+        self.refused = refused
         super().__init__(f"model call of {role!r} ({model}) failed: {self.reason}")
 
     @property

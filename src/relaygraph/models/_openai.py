@@ -42,6 +42,7 @@ from relaygraph.models._retry import (
     RetryNote,
     RetryPolicy,
     attempts_made,
+    is_request_error,
 )
 
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 
     def _failure(self, exc: Exception) -> ModelCallError:
         status: int | None = None
+        refused = False
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             try:
@@ -178,6 +180,9 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             except ValueError:
                 body = exc.response.text
             detail = server_message(body, exc.message)
+            refused = status in (400, 422) or (
+                status >= 500 and is_request_error(exc.response.text)
+            )
         else:
             detail = self._no_answer(exc)
         error = ModelCallError(
@@ -186,6 +191,7 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             status=status,
             detail=detail,
             attempts=attempts_made.get(),
+            refused=refused,
         )
         probing = _probing.get()
         if probing is None or not rejects(probing, error):

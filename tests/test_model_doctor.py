@@ -1,0 +1,178 @@
+"""``relaygraph doctor`` against the local server playing each server profile.
+
+The script answers the doctor's probes in order: plain chat, the route by json_schema,
+function_calling and json_mode, a named tool_choice, tool_choice "auto", a tool round trip,
+parallel_tool_calls, a stream. A refused request does not advance it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from relaygraph.errors import ModelSpecError
+from relaygraph.models._doctor import add_doctor_parser, diagnose, run_doctor
+
+from .openai_server import (
+    LLAMA_CPP_PYTHON,
+    OLLAMA,
+    OPENAI,
+    STRICT_FIELDS,
+    VLLM_NO_TOOL_PARSER,
+    ServerProfile,
+    serve_script,
+)
+
+VERDICT = {"route": {"answer": "yes", "reason": "Rayleigh scattering."}}
+
+
+def probes_script(named: str = "get_time", routes: int = 3) -> dict[str, Any]:
+    """The probes' answers; ``routes``: how many structured methods the server accepts."""
+    return {
+        "doctor": [
+            {"content": "ready"},
+            *[VERDICT] * routes,
+            {"tool_calls": [{"name": named, "args": {"city": "Paris"}}]},
+            {"tool_calls": [{"name": "get_weather", "args": {"city": "Paris"}}]},
+            {"content": "It is sunny in Paris."},
+            {"tool_calls": [{"name": "get_weather", "args": {"city": "Paris"}}]},
+            {"content": "one two three four five"},
+        ]
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def doctor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    contexts: list[Any] = []
+
+    def run(profile: ServerProfile, spec: str = "openai:script-doctor", **script: Any) -> Any:
+        context = serve_script(probes_script(**script), profile=profile)
+        server = context.__enter__()
+        contexts.append(context)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        report = diagnose(spec, timeout=10)
+        return report, server
+
+    yield run
+    for context in contexts:
+        context.__exit__(None, None, None)
+
+
+def statuses(report: Any) -> dict[str, str]:
+    return {p.name: p.status for p in report.probes}
+
+
+def test_a_server_that_takes_everything_needs_no_options(doctor: Any) -> None:
+    report, server = doctor(OPENAI)
+    assert set(statuses(report).values()) == {"ok"}, report.probes
+    assert report.options == {}
+    assert report.spec == "openai:script-doctor"
+    assert report.notes == []
+    assert report.usable
+    assert server.remaining() == {"doctor": 0}  # every probe was answered once
+    by_name = {p.name: p for p in report.probes}
+    assert by_name["streaming"].detail.endswith("chunks, with usage")
+    assert by_name["tool_choice: named"].detail == 'called get_time({"city": "Paris"})'
+
+
+def test_llama_cpp_python_needs_function_calling_and_empty_content(doctor: Any) -> None:
+    report, server = doctor(LLAMA_CPP_PYTHON, routes=2)
+    assert statuses(report) == {
+        "chat": "ok",
+        "structured: json_schema": "rejected",
+        "structured: function_calling": "ok",
+        "structured: json_mode": "ok",
+        "tool_choice: named": "ok",
+        "tool_choice: auto": "ok",
+        "tool round trip": "weak",
+        "parallel_tool_calls": "ok",
+        "streaming": "ok",
+    }
+    by_name = {p.name: p for p in report.probes}
+    assert by_name["structured: json_schema"].detail == (
+        "HTTP 500: response_format.type: Input should be 'text' or 'json_object'"
+    )
+    assert report.options == {"structured": "function_calling", "tool_call_content": "empty"}
+    assert report.spec == (
+        "openai:script-doctor?structured=function_calling&tool_call_content=empty"
+    )
+    assert report.notes == [
+        "streamed answers carry no usage: where a run streams, tokens are estimated"
+    ]
+    assert report.usable
+    assert server.remaining() == {"doctor": 0}
+
+
+def test_vllm_without_a_tool_parser_is_told_to_start_one(doctor: Any) -> None:
+    report, _ = doctor(VLLM_NO_TOOL_PARSER)
+    found = statuses(report)
+    assert found["structured: json_schema"] == "ok"
+    assert found["tool_choice: named"] == "ok"
+    assert found["tool_choice: auto"] == "rejected"
+    assert found["tool round trip"] == "rejected"
+    assert found["parallel_tool_calls"] == "ok"
+    assert report.options == {}
+    assert any("--enable-auto-tool-choice --tool-call-parser" in n for n in report.notes)
+    assert not report.usable
+
+
+def test_ollama_ignoring_tool_choice_is_seen(doctor: Any) -> None:
+    report, _ = doctor(OLLAMA, named="get_weather")
+    by_name = {p.name: p for p in report.probes}
+    assert by_name["tool_choice: named"].status == "weak"
+    assert by_name["tool_choice: named"].detail == (
+        "called get_weather, not the named get_time: tool_choice is ignored"
+    )
+    assert report.options == {}
+    assert report.usable
+
+
+def test_a_server_refusing_parallel_tool_calls_gets_omit(doctor: Any) -> None:
+    report, _ = doctor(STRICT_FIELDS, spec="openai:script-doctor?header.X-Team=a&timeout=5")
+    assert statuses(report)["parallel_tool_calls"] == "rejected"
+    assert report.options == {"parallel_tool_calls": "omit"}
+    # The user's own options stay in the spec to use.
+    assert report.spec == "openai:script-doctor?timeout=5&parallel_tool_calls=omit&header.X-Team=a"
+
+
+def test_cli_json_and_exit_codes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="relaygraph")
+    add_doctor_parser(parser.add_subparsers(dest="command"))
+    with serve_script(probes_script(routes=2), profile=LLAMA_CPP_PYTHON) as server:
+        args = parser.parse_args(
+            ["doctor", "--model", "openai:script-doctor", "--base-url", server.base_url, "--json"]
+        )
+        monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # --base-url wins
+        assert run_doctor(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["usable"] is True
+    assert out["spec"] == "openai:script-doctor?structured=function_calling&tool_call_content=empty"
+    assert out["base_url"] == server.base_url
+    assert [p["name"] for p in out["probes"]][:2] == ["chat", "structured: json_schema"]
+
+    # Nothing listens: plain chat fails, the rest is skipped, exit code 1.
+    args = parser.parse_args(
+        ["doctor", "--model", "openai:m?max_retries=0", "--base-url", "http://127.0.0.1:9/v1"]
+    )
+    assert run_doctor(args) == 1
+    text = capsys.readouterr().out
+    assert "could not reach http://127.0.0.1:9/v1" in text
+    assert "skipped" in text
+    assert "a team cannot run on this server as it is" in text
+
+
+def test_doctor_probes_only_chat_completions() -> None:
+    with pytest.raises(ModelSpecError, match="doctor probes Chat Completions servers"):
+        diagnose("scripted:relay.json")
