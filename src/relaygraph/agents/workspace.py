@@ -1,19 +1,40 @@
 """A task's files: the coder's workspace folder and the writer's artifact store.
 
-Every path a model passes in is resolved inside the folder, following symlinks, and refused
-if it would land outside. The refusals are :class:`~relaygraph.errors.ToolInputError`, whose
-message the model reads as the tool result, so each one says what to do instead.
+The workspace is also mounted read-write in the ``run_python`` sandbox (docs/sandbox.md), so
+code a model wrote can put symlinks, FIFOs and hard links in it at any moment, also while a
+tool is running. Checking a path and then opening it would leave a gap in which a symlink
+could be swapped in, and the server would read or write a file of the sandbox's choosing (the
+ledger, say: merely opening and closing SQLite's file in the server drops SQLite's locks). So
+the tools here never check a path before using it and never follow a symlink:
+
+- ``..`` is settled on the text of the path, before the filesystem is touched;
+- every folder is opened one name at a time, relative to a descriptor of the folder above it,
+  with ``O_NOFOLLOW | O_DIRECTORY``, starting from a descriptor of the workspace's root;
+- a file is opened with ``O_NOFOLLOW | O_NONBLOCK`` and read only if ``fstat`` of the
+  descriptor says it is a regular file with a single link;
+- a write goes to a new file (``O_CREAT | O_EXCL | O_NOFOLLOW``) that is then renamed over the
+  name within the same folder descriptor, so whatever stood there is replaced, not written
+  through.
+
+The descriptor walk is in :mod:`relaygraph.agents._nofollow`. The refusals are
+:class:`~relaygraph.errors.ToolInputError`, whose message the model reads as the tool result,
+so each one says what to do instead.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import errno
 import os
+import posixpath
 import re
-import secrets
+import stat
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from relaygraph.agents import _nofollow
 from relaygraph.errors import ToolInputError
 
 __all__ = ["Artifact", "ArtifactStore", "Workspace", "WorkspaceEscapeError"]
@@ -24,11 +45,14 @@ MAX_WRITE_BYTES = 1_000_000
 _LISTED_FILES = 20
 """How many existing files a "no such file" message names."""
 
+_MAX_LISTED_DEPTH = 64
+"""How many folders deep ``list_files`` looks; code in the sandbox can nest folders without end."""
+
 _ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 class WorkspaceEscapeError(ToolInputError):
-    """A path is empty, malformed, or resolves outside the task's workspace.
+    """A path is empty, malformed, leaves the task's workspace, or goes through a symlink.
 
     Attributes:
         path: The path as the caller gave it.
@@ -56,8 +80,36 @@ def _utf8_size(content: str) -> int:
         ) from exc
 
 
+def _not_a_plain_file(info: os.stat_result) -> str | None:
+    """Why a file with this ``fstat`` may not be read, or None if it may."""
+    mode = info.st_mode
+    if stat.S_ISREG(mode):
+        if info.st_nlink > 1:
+            # Another name of the same file may lie outside the workspace (a hard link made
+            # where the sandbox is not isolated), and no check of this name can tell.
+            return (
+                f"has {info.st_nlink} hard links, and the workspace tools read only files "
+                "with one, since another link may be a file outside the workspace; copy it "
+                "(for example with shutil.copyfile) and read the copy"
+            )
+        return None
+    if stat.S_ISFIFO(mode):
+        kind = "a named pipe (FIFO)"
+    elif stat.S_ISSOCK(mode):
+        kind = "a socket"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        kind = "a device"
+    else:
+        kind = "a special file"
+    return f"is {kind}, not a regular file; only regular files can be read"
+
+
 class Workspace:
     """The folder a task's coder may read and write; nothing outside it is reachable.
+
+    Paths are relative to the folder (absolute ones only if they point inside it). Symlinks
+    are never followed, not even ones that point inside: code in the sandbox can change
+    where a symlink points at any moment, so a path through one is refused.
 
     Args:
         root: The folder; created if missing.
@@ -70,7 +122,8 @@ class Workspace:
     def __init__(self, root: Path, *, max_write_bytes: int = MAX_WRITE_BYTES) -> None:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
-        # Resolved once so containment checks compare real paths with a real root.
+        # The root's own path is the server's to choose, and the sandbox cannot replace it:
+        # there it is the mount point /workspace, and nothing above it is visible.
         self.root: Path = root.resolve()
         self.max_write_bytes = max_write_bytes
 
@@ -78,81 +131,89 @@ class Workspace:
         return f"Workspace({str(self.root)!r})"
 
     def resolve(self, path: str) -> Path:
-        """Return the real location of ``path`` (relative to the root), if it is inside.
+        """Return where ``path`` (relative to the root) is, if it stays inside without symlinks.
 
-        Absolute paths are accepted only when they point inside the root. Symlinks are
-        followed, so a link inside the workspace that points outside is refused.
+        ``..`` is settled on the text. The folders on the way and the last name are looked at
+        without following any of them, and a symlink among them is refused. The answer is for
+        showing: ``read_text`` and ``write_text`` do not open it, but walk the path again.
 
         Raises:
-            WorkspaceEscapeError: ``path`` is empty, has a NUL byte, or lands outside.
+            WorkspaceEscapeError: ``path`` is empty, has a NUL byte, leaves the workspace, or
+                goes through a symlink.
         """
-        if not path or not path.strip():
-            raise WorkspaceEscapeError(path, "is empty")
-        if "\x00" in path:
-            raise WorkspaceEscapeError(path, "contains a NUL byte")
-        # resolve() follows every symlink, including a final one that dangles, so the check
-        # below sees where a read or write would really go.
-        try:
-            resolved = (self.root / path).resolve()
-        except RuntimeError as exc:
-            # Python 3.11 reports a symlink loop this way.
-            raise WorkspaceEscapeError(path, "goes through a symlink loop") from exc
-        if resolved.is_relative_to(self.root):
-            return resolved
-        if Path(path).is_absolute():
-            raise WorkspaceEscapeError(path, "is an absolute path outside the workspace")
-        if ".." in Path(path).parts:
-            raise WorkspaceEscapeError(path, "uses '..' to leave the workspace")
-        raise WorkspaceEscapeError(path, "goes through a symlink that leads outside")
+        names = self._names(path)
+        if names:
+            try:
+                with self._folder(path, names[:-1]) as folder:
+                    entry = _nofollow.entry_at(folder, names[-1])
+            except (FileNotFoundError, NotADirectoryError):
+                entry = None  # Not there yet: this is where a write would create it.
+            if entry and stat.S_ISLNK(entry.st_mode):
+                raise self._symlink_error(path)
+        return self.root.joinpath(*names)
 
     def write_text(self, path: str, content: str) -> Path:
         """Write ``content`` as UTF-8 to ``path``, creating parent folders; replace any file.
 
+        The file is always a new one renamed into place, so a symlink or a hard link at
+        ``path`` is replaced, and what it pointed to is never touched.
+
         Returns:
-            The real path written.
+            The path written.
 
         Raises:
-            WorkspaceEscapeError: ``path`` is outside the workspace.
+            WorkspaceEscapeError: ``path`` leaves the workspace or goes through a symlink.
             ToolInputError: The content is too large, or ``path`` is a folder or lies
                 under a file.
         """
-        target = self.resolve(path)
+        names = self._names(path)
         size = _utf8_size(content)
         if size > self.max_write_bytes:
             raise ToolInputError(
                 f"content for {path!r} is {size:,} bytes; the limit is "
                 f"{self.max_write_bytes:,} bytes per file; split it into smaller files"
             )
-        if target == self.root or target.is_dir():
-            example = f"{path.rstrip('/')}/notes.txt"
-            raise ToolInputError(
-                f"{path!r} is a folder; give a file path inside it, such as {example!r}"
-            )
+        if not names:
+            raise self._folder_error(path)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
-        except (NotADirectoryError, FileExistsError) as exc:
+            with self._folder(path, names[:-1], create=True) as folder:
+                existing = _nofollow.entry_at(folder, names[-1])
+                if existing and stat.S_ISDIR(existing.st_mode):
+                    raise self._folder_error(path)
+                if existing and stat.S_ISLNK(existing.st_mode):
+                    raise self._symlink_error(path)
+                # Keep a replaced file's permission bits (an executable script stays one).
+                mode = stat.S_IMODE(existing.st_mode) & 0o777 if existing else None
+                _nofollow.replace_file(folder, names[-1], content.encode("utf-8"), mode=mode)
+        except NotADirectoryError as exc:
             raise ToolInputError(
                 f"cannot write {path!r}: a part of the path is an existing file, not a folder"
             ) from exc
-        return target
+        except IsADirectoryError as exc:
+            # A folder took the name after it was looked at.
+            raise self._folder_error(path) from exc
+        except OSError as exc:
+            raise ToolInputError(f"cannot write {path!r}: {exc.strerror or exc}") from exc
+        return self.root.joinpath(*names)
 
     def read_text(self, path: str, max_chars: int = 20000) -> str:
         """Read up to ``max_chars`` characters of a UTF-8 text file.
 
-        A longer file is cut, with a note at the end saying so and how large it is.
+        A longer file is cut, with a note at the end saying so and how large it is. Only a
+        regular file with one link is read: not a FIFO, socket or device, and not a file with
+        further hard links, one of which may lie outside the workspace.
 
         Raises:
-            WorkspaceEscapeError: ``path`` is outside the workspace.
-            ToolInputError: There is no such file, it is a folder, or it is not UTF-8 text.
+            WorkspaceEscapeError: ``path`` leaves the workspace or goes through a symlink.
+            ToolInputError: There is no such file, it is a folder or not a regular file, or
+                it is not UTF-8 text.
         """
-        target = self.resolve(path)
-        if target.is_dir():
+        names = self._names(path)
+        if not names:
             raise ToolInputError(f"{path!r} is a folder, not a file. {self._listing()}")
-        if not target.is_file():
-            raise ToolInputError(f"there is no file {path!r} in the workspace. {self._listing()}")
+        fd, info = self._open_for_reading(path, names)
         try:
-            with target.open(encoding="utf-8", errors="strict") as f:
+            with open(fd, encoding="utf-8", errors="strict", closefd=False) as f:
                 # Read one character more than needed to learn whether the file is longer,
                 # without loading a large file whole.
                 text = f.read(max_chars + 1)
@@ -160,29 +221,126 @@ class Workspace:
             raise ToolInputError(
                 f"{path!r} is not UTF-8 text (a binary file?); only text files can be read"
             ) from exc
+        finally:
+            os.close(fd)
         if "\x00" in text:
             raise ToolInputError(
                 f"{path!r} contains NUL bytes, so it is binary; only text files can be read"
             )
         if len(text) <= max_chars:
             return text
-        size = target.stat().st_size
         return (
             f"{text[:max_chars]}\n[truncated: showing the first {max_chars:,} characters "
-            f"of {size:,} bytes]"
+            f"of {info.st_size:,} bytes]"
         )
 
     def list_files(self) -> list[str]:
         """Every file in the workspace as a relative POSIX path, sorted.
 
-        Symlinks are listed but not followed into, so a link to a folder outside does not
-        pull that folder into the listing.
+        Symlinks, FIFOs and other entries that are not folders are listed by name; no
+        symlink is followed, so a link to a folder outside does not pull that folder into
+        the listing. Folders more than 64 levels deep are left out.
         """
         found: list[str] = []
-        for dirpath, _dirnames, filenames in os.walk(self.root):
-            base = Path(dirpath).relative_to(self.root)
-            found.extend((base / name).as_posix() for name in filenames)
+        pending: list[tuple[str, ...]] = [()]
+        with _nofollow.opened_folder(self.root) as root_fd:
+            while pending:
+                names = pending.pop()
+                try:
+                    # One descriptor at a time, reopened from the root, however deep or wide
+                    # the tree is.
+                    folder = _nofollow.open_folder(root_fd, names)
+                except (OSError, _nofollow.SymlinkOnTheWay):
+                    continue  # Changed while being listed.
+                with _nofollow.closing_fd(folder), os.scandir(folder) as entries:
+                    for entry in entries:
+                        if not entry.is_dir(follow_symlinks=False):
+                            found.append("/".join((*names, entry.name)))
+                        elif len(names) < _MAX_LISTED_DEPTH:
+                            pending.append((*names, entry.name))
         return sorted(found)
+
+    def _names(self, path: str) -> tuple[str, ...]:
+        """The names from the root to ``path``, with ``.`` and ``..`` settled on the text.
+
+        Since the kernel never sees a ``..``, no folder on the way, however it is linked,
+        can lead out of the workspace.
+        """
+        if not path or not path.strip():
+            raise WorkspaceEscapeError(path, "is empty")
+        if "\x00" in path:
+            raise WorkspaceEscapeError(path, "contains a NUL byte")
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise WorkspaceEscapeError(
+                path, f"has a character that is not valid Unicode text at index {exc.start}"
+            ) from exc
+        normal = PurePosixPath(posixpath.normpath(path))
+        if normal.is_absolute():
+            if not normal.is_relative_to(self.root):
+                raise WorkspaceEscapeError(path, "is an absolute path outside the workspace")
+            normal = normal.relative_to(self.root)
+        if normal.parts[:1] == ("..",):
+            raise WorkspaceEscapeError(path, "uses '..' to leave the workspace")
+        return normal.parts
+
+    @contextlib.contextmanager
+    def _folder(self, path: str, names: Sequence[str], *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the folder ``names`` below the root, opened without following."""
+        try:
+            with _nofollow.opened_folder(self.root) as root_fd:
+                folder = _nofollow.open_folder(root_fd, names, create=create)
+        except _nofollow.SymlinkOnTheWay:
+            raise self._symlink_error(path) from None
+        with _nofollow.closing_fd(folder):
+            yield folder
+
+    def _open_for_reading(self, path: str, names: Sequence[str]) -> tuple[int, os.stat_result]:
+        """Open the regular file at ``path`` for reading; return its descriptor and fstat."""
+        missing = f"there is no file {path!r} in the workspace"
+        try:
+            with self._folder(path, names[:-1]) as folder:
+                # Looking first keeps a FIFO or a socket from being opened at all; the fstat
+                # below decides, for whatever the name is by the time it is opened.
+                entry = _nofollow.entry_at(folder, names[-1])
+                if entry is None:
+                    raise ToolInputError(f"{missing}. {self._listing()}")
+                self._check_readable(path, entry)
+                fd = os.open(names[-1], _nofollow.READ_FLAGS, dir_fd=folder)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ToolInputError(f"{missing}. {self._listing()}") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # It became a symlink after it was looked at.
+                raise self._symlink_error(path) from None
+            raise ToolInputError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
+        try:
+            info = os.fstat(fd)
+            self._check_readable(path, info)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, info
+
+    def _check_readable(self, path: str, info: os.stat_result) -> None:
+        if stat.S_ISLNK(info.st_mode):
+            raise self._symlink_error(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise ToolInputError(f"{path!r} is a folder, not a file. {self._listing()}")
+        if problem := _not_a_plain_file(info):
+            raise ToolInputError(f"{path!r} {problem}")
+
+    def _symlink_error(self, path: str) -> WorkspaceEscapeError:
+        return WorkspaceEscapeError(
+            path, "goes through a symlink, and the workspace tools do not follow symlinks"
+        )
+
+    def _folder_error(self, path: str) -> ToolInputError:
+        example = f"{path.rstrip('/')}/notes.txt"
+        return ToolInputError(
+            f"{path!r} is a folder; give a file path inside it, such as {example!r}"
+        )
 
     def _listing(self) -> str:
         files = self.list_files()
@@ -206,6 +364,10 @@ class Artifact:
 
 class ArtifactStore:
     """A flat folder of a task's deliverables, each under a plain file name.
+
+    The folder is not mounted in the sandbox, but it is written the same way as the
+    workspace (through a descriptor of the folder, a new file renamed into place), and only
+    regular files are listed, so a symlink that got there somehow is never followed.
 
     Args:
         root: The folder; created if missing.
@@ -238,22 +400,20 @@ class ArtifactStore:
                 f"artifact {name!r} is {size:,} bytes; the limit is {self.max_bytes:,} bytes; "
                 "shorten it or split it into several artifacts"
             )
-        target = self.root / name
-        # Write to a hidden temporary file and rename, so a reader never sees half an
-        # artifact; hidden names never match _ARTIFACT_NAME, so list() skips leftovers.
-        tmp = self.root / f".{name}.{secrets.token_hex(4)}.tmp"
-        try:
-            tmp.write_text(content, encoding="utf-8")
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return Artifact(name=name, path=target, size_bytes=size)
+        # The temporary file's hidden name never matches _ARTIFACT_NAME, so list() skips a
+        # leftover one.
+        with _nofollow.opened_folder(self.root) as folder:
+            _nofollow.replace_file(folder, name, content.encode("utf-8"))
+        return Artifact(name=name, path=self.root / name, size_bytes=size)
 
     def list(self) -> builtins.list[Artifact]:
         """Every artifact saved so far, sorted by name."""
-        artifacts = [
-            Artifact(name=entry.name, path=entry, size_bytes=entry.stat().st_size)
-            for entry in self.root.iterdir()
-            if _ARTIFACT_NAME.fullmatch(entry.name) and entry.is_file()
-        ]
-        return sorted(artifacts, key=lambda a: a.name)
+        artifacts: builtins.list[Artifact] = []
+        with _nofollow.opened_folder(self.root) as folder:
+            for name in sorted(os.listdir(folder)):
+                entry = _nofollow.entry_at(folder, name) if _ARTIFACT_NAME.fullmatch(name) else None
+                if entry and stat.S_ISREG(entry.st_mode):
+                    artifacts.append(
+                        Artifact(name=name, path=self.root / name, size_bytes=entry.st_size)
+                    )
+        return artifacts

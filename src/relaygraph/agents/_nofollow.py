@@ -1,0 +1,126 @@
+"""Opening paths below a folder without ever following a symlink.
+
+The workspace tools run in the server on a folder that code in the sandbox can change at any
+moment (see :mod:`relaygraph.agents.workspace`). Everything here works on descriptors: a path
+is opened one name at a time, relative to a descriptor of the folder above it, and each name
+with ``O_NOFOLLOW``, so there is no moment at which a symlink swapped in gets followed. The
+kernel's ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` would do the walk in one call, but
+Python has no binding for it; the walk gives the same guarantee on every kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator, Sequence
+
+# O_DIRECTORY makes the kernel refuse anything but a folder before opening it, so a FIFO or a
+# device in a folder's place is never opened; O_NOFOLLOW refuses a symlink.
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer (fstat then
+# refuses it); O_NOCTTY keeps a terminal from becoming the server's controlling terminal.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+# O_EXCL with O_NOFOLLOW: the file is always new and ours, never an existing file, a symlink's
+# target or another name of someone else's file.
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class SymlinkOnTheWay(Exception):
+    """A folder on the way to a path is a symlink, which is never followed.
+
+    Only raised inside the walk; the workspace turns it into a message for the model.
+    """
+
+
+@contextlib.contextmanager
+def closing_fd(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def opened_folder(path: os.PathLike[str]) -> Iterator[int]:
+    """A descriptor of the folder at ``path``, a path the server chose (not the sandbox)."""
+    with closing_fd(os.open(path, FOLDER_FLAGS)) as fd:
+        yield fd
+
+
+def entry_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """The entry ``name`` itself (a symlink is not followed), or None if there is none."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def open_folder(root_fd: int, names: Sequence[str], *, create: bool = False) -> int:
+    """Open the folder ``names`` below ``root_fd``, one name at a time; return its descriptor.
+
+    A descriptor stays on its folder even if the folder is moved, and the sandbox can move
+    folders only within the workspace (a rename across its bind mount fails), so each step
+    stays inside.
+
+    Raises:
+        SymlinkOnTheWay: A name on the way is a symlink.
+        FileNotFoundError: A folder is missing (and ``create`` is false).
+        NotADirectoryError: A name on the way is a file.
+    """
+    fd = os.dup(root_fd)
+    try:
+        for name in names:
+            next_fd = _open_subfolder(fd, name, create=create)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_subfolder(dir_fd: int, name: str, *, create: bool) -> int:
+    try:
+        return os.open(name, FOLDER_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    except OSError as exc:
+        # With O_DIRECTORY a symlink fails as "not a directory" (ELOOP on some kernels); look
+        # at the entry itself only to say which it is. Nothing was followed either way.
+        entry = entry_at(dir_fd, name)
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP) and entry and stat.S_ISLNK(entry.st_mode):
+            raise SymlinkOnTheWay(name) from None
+        raise
+    # mkdirat, then open the new folder with O_NOFOLLOW again: if a symlink took its place
+    # in between, the open fails instead of following it.
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, dir_fd=dir_fd)
+    return _open_subfolder(dir_fd, name, create=False)
+
+
+def replace_file(dir_fd: int, name: str, data: bytes, *, mode: int | None = None) -> None:
+    """Make ``name`` in the folder ``dir_fd`` a new regular file holding ``data``.
+
+    The data goes to a fresh file under a random hidden name, which is then renamed to
+    ``name``: whatever stood there (a file, a hard link, a symlink, a FIFO) is replaced, never
+    written through, and a reader never sees half a file.
+
+    Args:
+        mode: Permission bits to give the file; by default those of a new file.
+    """
+    tmp = f".relaygraph-{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, CREATE_FLAGS, 0o666, dir_fd=dir_fd)
+    try:
+        with open(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            f.write(data)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
