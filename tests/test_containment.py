@@ -35,7 +35,8 @@ SCRIPTS = EXAMPLE_RELAY.parent
 
 def runnable(spec: str) -> dict[str, Any]:
     """What a task needs to run on the default team with one model spec for every role."""
-    from relaygraph.policies import default_policy, policy_to_mapping
+    from relaygraph.policies import policy_to_mapping
+    from tests.builtin_team import default_policy
 
     roles = ("researcher", "coder", "writer", "supervisor", "finalize")
     return {"policy": policy_to_mapping(default_policy()), "models": dict.fromkeys(roles, spec)}

@@ -42,8 +42,23 @@ FORBIDDEN = {
         "relaygraph.run",
         "relaygraph.store",
     ],
-    "agents": ["relaygraph.supervisor", "relaygraph.run", "relaygraph.cli", "relaygraph.api"],
-    "supervisor": ["relaygraph.run", "relaygraph.store", "relaygraph.cli", "relaygraph.api"],
+    "agents": [
+        "relaygraph.supervisor",
+        "relaygraph.team",
+        "relaygraph.run",
+        "relaygraph.cli",
+        "relaygraph.api",
+    ],
+    # A team is built from agents, policies and the supervisor; ``Team.run`` is run_task's
+    # method form (the one function-level import of run).
+    "team": ["relaygraph.store", "relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
+    "supervisor": [
+        "relaygraph.team",
+        "relaygraph.run",
+        "relaygraph.store",
+        "relaygraph.cli",
+        "relaygraph.api",
+    ],
     "store": ["relaygraph.run", "relaygraph.supervisor", "relaygraph.api", "relaygraph.cli"],
     "tracing": ["relaygraph.run", "relaygraph.api", "relaygraph.cli"],
     "run": ["relaygraph.api", "relaygraph.cli", "relaygraph.evals"],

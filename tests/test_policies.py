@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from relaygraph.policies import TeamPolicy, parse_policy
+from relaygraph.policies import TeamPolicy
 from relaygraph.run import Decision, RunResult, resume_task, run_task
 from relaygraph.supervisor import FINISH
+from tests.builtin_team import parse_policy
 
 from .openai_server import serve_script
 from .test_team import call, final_state, route, say

@@ -15,7 +15,6 @@ import pytest
 
 from relaygraph.errors import ConfigError
 from relaygraph.policies import (
-    DEFAULT_TOOLS,
     LIMIT_NAMES,
     AgentLimits,
     AgentPolicy,
@@ -23,10 +22,11 @@ from relaygraph.policies import (
     Price,
     TeamLimits,
     TeamPolicy,
-    default_policy,
-    load_policy,
-    parse_policy,
 )
+from relaygraph.team import default_team
+from tests.builtin_team import default_policy, load_policy, parse_policy
+
+DEFAULT_TOOLS = {name: entry.tools for name, entry in default_team().roster.items()}
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "policies"
@@ -196,23 +196,37 @@ def test_agents_not_named_keep_default_tools_and_hand_off_to_every_other_agent()
 
 
 def test_a_team_of_some_agents_hands_off_only_within_the_team() -> None:
-    policy = parse_policy({}, agent_names=("researcher", "writer"))
+    from relaygraph.agents import builtin
+    from relaygraph.policies import parse_policy as parse_over
+    from relaygraph.team import Team
+
+    two = Team(agents=[builtin.researcher(), builtin.writer()]).roster
+    policy = parse_over({}, roster=two)
     assert list(policy.agents) == ["researcher", "writer"]
     assert policy.agents["researcher"].handoffs == ("writer",)
     assert policy.agents["writer"].handoffs == ("researcher",)
-    message = refused_with(
-        {"agents": {"researcher": {"handoffs": ["coder"]}}}, agent_names=("researcher", "writer")
-    )
-    assert "agents.researcher.handoffs" in message and '"coder"' in message
-    message = refused_with({"agents": {"coder": {}}}, agent_names=("researcher", "writer"))
-    assert 'agents.coder: unknown agent "coder"' in message
+    with pytest.raises(ConfigError) as refused:
+        parse_over({"agents": {"researcher": {"handoffs": ["coder"]}}}, roster=two)
+    assert "agents.researcher.handoffs" in str(refused.value) and '"coder"' in str(refused.value)
+    with pytest.raises(ConfigError, match=r'agents\.coder: unknown agent "coder"'):
+        parse_over({"agents": {"coder": {}}}, roster=two)
 
 
-def test_custom_tool_names_replace_the_built_in_ones() -> None:
+def test_a_policy_may_give_an_agent_any_tool_of_its_team() -> None:
+    from relaygraph.agents import Agent, builtin
+    from relaygraph.policies import parse_policy as parse_over
+    from relaygraph.team import Team
+
+    def lint(code: str) -> str:
+        """Lint Python code."""
+        return "ok"
+
+    linter = Agent(name="linter", description="lints", prompt="You lint.", tools=[lint])
+    team = Team(agents=[builtin.coder(), linter])
     data = {"agents": {"coder": {"tools": ["lint"]}}}
-    policy = parse_policy(data, tool_names=["lint", "run_python"])
+    policy = parse_over(data, roster=team.roster)
     assert policy.agents["coder"].tools == ("lint",)
-    message = refused_with(data)
+    message = refused_with(data)  # The built-in team has no tool "lint".
     assert 'agents.coder.tools: unknown tool "lint"' in message
 
 
@@ -654,7 +668,8 @@ def test_docs_name_every_key_and_default() -> None:
 
 
 def test_a_tightening_policy_may_not_soften_what_happens_at_a_limit() -> None:
-    from relaygraph.policies import parse_policy, tighten
+    from relaygraph.policies import tighten
+    from tests.builtin_team import parse_policy
 
     base = parse_policy(
         {"team": {"on_exhausted": "fail"}, "ping_pong": {"on_detect": "human"}}, source="team"

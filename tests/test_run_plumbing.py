@@ -17,10 +17,11 @@ import pytest
 from relaygraph._event_writer import EventWriter
 from relaygraph._team_cache import TeamCache
 from relaygraph.errors import ConfigError
-from relaygraph.policies import default_policy
 from relaygraph.run import RunResult, run_task
 from relaygraph.store import LOCAL_TEAM_ID, Ledger
+from relaygraph.team import default_team
 from relaygraph.topology import Topology
+from tests.builtin_team import default_policy
 from tests.conftest import EXAMPLE_RELAY
 
 
@@ -169,20 +170,29 @@ def test_the_team_cache_compiles_once_per_key(script: Callable[[dict[str, Any]],
     roles = Topology().roles(tuple(default_policy().agents))
     specs = dict.fromkeys(roles, spec)
     cache = TeamCache(size=2)
+    team = default_team()
     policy, topology = default_policy(), Topology()
-    first = cache.get(specs, policy=policy, topology=topology)
-    assert cache.get(specs, policy=policy, topology=topology) is first
+    first = cache.get(specs, team=team, policy=policy, topology=topology)
+    assert cache.get(specs, team=team, policy=policy, topology=topology) is first
     assert first.checkpointer is None  # Each run binds its own.
 
     # Another topology, another policy, or an edited script file: compiled anew.
-    swarm = cache.get(specs, policy=policy, topology=Topology(kind="swarm"))
+    swarm = cache.get(specs, team=team, policy=policy, topology=Topology(kind="swarm"))
     assert swarm is not first
     path = Path(spec.removeprefix("scripted:"))
     path.write_text(json.dumps({"supervisor": [], "writer": []}), encoding="utf-8")
-    edited = cache.get(specs, policy=policy, topology=topology)
+    edited = cache.get(specs, team=team, policy=policy, topology=topology)
     assert edited is not first
-    # The least recently used key (swarm) was dropped.
-    assert cache.get(specs, policy=policy, topology=Topology(kind="swarm")) is not swarm
+    # Another team (even one equal to it in every field) is compiled anew: its tools' code
+    # is its own.
+    from relaygraph.agents import builtin
+    from relaygraph.team import Team
+
+    twin = Team(agents=builtin.agents(), name="default")
+    assert twin.digest == team.digest
+    assert cache.get(specs, team=twin, policy=policy, topology=topology) is not edited
+    # The least recently used keys were dropped.
+    assert cache.get(specs, team=team, policy=policy, topology=Topology(kind="swarm")) is not swarm
 
 
 def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
@@ -252,7 +262,7 @@ def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: P
         task, {"request": task.input}, identity={"team": "team-acme-7f3"}
     )
     assert result.status == "succeeded"
-    team = team_cache.get(specs, policy=default_policy(), topology=Topology())
+    team = team_cache.get(specs, team=default_team(), policy=default_policy(), topology=Topology())
     with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
         snapshot = team.copy({"checkpointer": saver}).get_state(
             {"configurable": {"thread_id": task.checkpoint_thread}}

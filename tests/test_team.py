@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 
 from relaygraph.run import run_task, sqlite_checkpointer
 from relaygraph.supervisor import FINISH
+from relaygraph.team import default_team
 
 from .conftest import EXAMPLE_RELAY
 
@@ -43,8 +44,11 @@ def final_state(home: Path, thread_id: str) -> dict[str, Any]:
     finally:
         ledger.close()
     task = next(t for t in tasks if t.thread_id == thread_id)
+    from relaygraph.run import team_of_record
+
     team = team_cache.get(
         task.models,
+        team=team_of_record(task),
         policy=stored_policy(task.policy, source="<test>"),
         topology=Topology.from_mapping(task.topology),
     )
@@ -93,7 +97,7 @@ def test_after_a_handoff_only_the_target_runs(home: Path) -> None:
 
     from relaygraph.agents import TaskContext
 
-    graph = build_team(models, checkpointer=InMemorySaver())
+    graph = build_team(models, team=default_team(), checkpointer=InMemorySaver())
     ctx = TaskContext.for_task(home, task_id="t1", thread_id="th1")
     config: Any = {"configurable": {"thread_id": "th1"}}
     by_step: dict[int, list[str]] = {}
@@ -252,7 +256,7 @@ def test_agent_input_is_scoped_and_stays_bounded(home: Path, script: Script) -> 
             "finalize": [say("done")],
         }
     )
-    from relaygraph.policies import parse_policy
+    from tests.builtin_team import parse_policy
 
     roomy = parse_policy(
         {"agents": {"researcher": {"max_model_calls": 100, "max_tool_calls": 100}}}
@@ -272,7 +276,8 @@ def test_agent_input_is_scoped_and_stays_bounded(home: Path, script: Script) -> 
 def test_team_visit_limit_ends_degraded(home: Path, script: Script) -> None:
     import dataclasses
 
-    from relaygraph.policies import TeamLimits, default_policy
+    from relaygraph.policies import TeamLimits
+    from tests.builtin_team import default_policy
 
     policy = dataclasses.replace(default_policy(), team=TeamLimits(max_agent_runs=2))
     spec = script(
@@ -309,7 +314,8 @@ def test_script_errors_fail_the_task_naming_agent_and_turn(
 
 
 def test_a_two_agent_team_runs_as_configured(home: Path, script: Script) -> None:
-    from relaygraph.policies import default_policy
+    from relaygraph.agents import builtin
+    from relaygraph.team import Team
 
     spec = script(
         {
@@ -319,7 +325,8 @@ def test_a_two_agent_team_runs_as_configured(home: Path, script: Script) -> None
             "finalize": [say("final")],
         }
     )
-    result = run_task("go", model=spec, policy=default_policy(("researcher", "writer")))
+    team = Team(agents=[builtin.researcher(), builtin.writer()])
+    result = run_task("go", model=spec, team=team)
     assert result.status == "succeeded", result.stop_reason
     assert result.agents_run == ["researcher", "writer"]
     assert set(result.usage) == {"supervisor", "researcher", "writer", "finalize"}

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from relaygraph.errors import ConfigError
-from relaygraph.policies import parse_policy
 from relaygraph.run import Decision, RunResult, _ledger_for, resume_task, run_task
 from relaygraph.topology import Topology
+from tests.builtin_team import parse_policy
 
 from .test_cli import relaygraph
 from .test_team import call, final_state, say

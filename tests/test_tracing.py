@@ -29,9 +29,9 @@ from opentelemetry.trace import StatusCode
 from rich.console import Console
 
 from relaygraph.errors import ConfigError
-from relaygraph.policies import parse_policy
 from relaygraph.run import RunResult, run_task
 from relaygraph.store import LOCAL_TEAM_ID, Ledger, RecordNotFound
+from tests.builtin_team import parse_policy
 
 from .conftest import EXAMPLE_RELAY
 from .test_team import call, route, say

@@ -30,9 +30,9 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--topology",
         choices=TOPOLOGIES,
-        default="structured",
-        help="how the agents are arranged: relaygraph's structured supervisor (default), a "
-        "swarm (langgraph-swarm), or LangGraph's tool-calling supervisor (see docs/topologies.md)",
+        help="how the agents are arranged: relaygraph's structured supervisor (the default, "
+        "unless a team file says otherwise), a swarm (langgraph-swarm), or LangGraph's "
+        "tool-calling supervisor (see docs/topologies.md)",
     )
     parser.add_argument(
         "--start-agent",
@@ -47,12 +47,16 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def topology_of(args: argparse.Namespace) -> Any:
-    """The :class:`~relaygraph.topology.Topology` the arguments ask for.
+def topology_of(args: argparse.Namespace, default: Any = None) -> Any:
+    """The :class:`~relaygraph.topology.Topology` the arguments ask for; ``default`` (the
+    team's own, when it has one) when they name none.
 
     Raises:
         ConfigError: An option of another topology (``--start-agent`` without swarm, ...).
     """
     from relaygraph.topology import Topology
 
-    return Topology.parse(args.topology, start_agent=args.start_agent, output_mode=args.output_mode)
+    if args.topology is None and args.start_agent is None and args.output_mode is None:
+        return default if default is not None else Topology()
+    kind = args.topology or (default.kind if default is not None else "structured")
+    return Topology.parse(kind, start_agent=args.start_agent, output_mode=args.output_mode)

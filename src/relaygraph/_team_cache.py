@@ -19,8 +19,11 @@ from relaygraph.topology import Topology
 __all__ = ["TeamCache", "team_cache"]
 
 
-def _spec_fingerprint(spec: str) -> tuple[Any, ...]:
-    """What else, beside the spec string, decides the model ``load_model`` builds."""
+def _spec_fingerprint(spec: Any) -> tuple[Any, ...]:
+    """What else, beside the spec string, decides the model ``load_model`` builds (a chat
+    model object given instead of a spec is itself)."""
+    if not isinstance(spec, str):
+        return ("object", id(spec))
     parsed = parse_model_spec(spec)
     if parsed.provider == "scripted":
         try:
@@ -73,36 +76,46 @@ class TeamCache:
 
     def get(
         self,
-        specs: Mapping[str, str],
+        specs: Mapping[str, Any],
         *,
+        team: Any,
         policy: TeamPolicy,
         topology: Topology,
     ) -> Any:
-        """The compiled team for these specs, policy and topology, with no checkpointer:
-        bind one with ``graph.copy({"checkpointer": saver})``.
+        """The compiled team for these specs (or chat models), team, policy and topology,
+        with no checkpointer: bind one with ``graph.copy({"checkpointer": saver})``.
 
         Raises:
             ConfigError: As :func:`relaygraph.models.load_model` and
                 :func:`relaygraph.supervisor.build_team` do.
         """
         key = (
+            # The digest says what the team is; the object, which of its tools' code runs
+            # (a function's body is not in the digest). The cache keeps the team alive, so
+            # its id is not reused while the key is here.
+            team.digest,
+            id(team),
             json.dumps(topology.to_mapping(), sort_keys=True),
             json.dumps(policy_to_mapping(policy), sort_keys=True, default=str),
             tuple(sorted((role, _spec_fingerprint(spec)) for role, spec in specs.items())),
         )
         with self._lock:
-            graph = self._graphs.get(key)
-            if graph is not None:
+            kept = self._graphs.get(key)
+            graph = kept[1] if kept is not None else None
+            if kept is not None:
                 self._graphs.move_to_end(key)
         if graph is None:
             from relaygraph.models import load_model
             from relaygraph.supervisor import build_team
 
-            models = {role: load_model(spec, agent=role) for role, spec in specs.items()}
+            models = {
+                role: load_model(spec, agent=role) if isinstance(spec, str) else spec
+                for role, spec in specs.items()
+            }
             _check_script_keys(models, policy)
-            graph = build_team(models, policy=policy, topology=topology)
+            graph = build_team(models, team=team, policy=policy, topology=topology)
             with self._lock:
-                self._graphs[key] = graph
+                self._graphs[key] = (team, graph)
                 while len(self._graphs) > self._size:
                     self._graphs.popitem(last=False)
         return graph

@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         help="model for one role (researcher, coder, writer, supervisor, finalize, as the "
         "topology has them); repeatable",
     )
+    _add_team_argument(run)
     run.add_argument("--thread", metavar="ID", help="continue the conversation of this thread")
     run.add_argument(
         "--policy",
@@ -108,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run the tool with these arguments instead (a JSON object)",
     )
     resume.add_argument("--reason", metavar="TEXT", help="why; shown to the model on --reject")
+    resume.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        help="the task's team file, when the task does not record where it is",
+    )
     resume.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout and nothing else"
     )
@@ -143,13 +150,35 @@ def _parser() -> argparse.ArgumentParser:
         "isolation (bubblewrap): the code can then read and write the server's files",
     )
 
-    teams = commands.add_parser("teams", help="manage teams and their API keys")
+    projects = commands.add_parser(
+        "projects", help="manage projects (the task service's tenants) and their API keys"
+    )
+    project_commands = projects.add_subparsers(
+        dest="projects_command", metavar="PROJECTS_COMMAND", required=True
+    )
+    create = project_commands.add_parser(
+        "create", help="create a project and print its API key (once)"
+    )
+    create.add_argument("name")
+    create.add_argument("--json", action="store_true", help='print {"project": ..., "key": ...}')
+
+    teams = commands.add_parser("teams", help="check team files (your own agents and tools)")
     team_commands = teams.add_subparsers(
         dest="teams_command", metavar="TEAMS_COMMAND", required=True
     )
-    create = team_commands.add_parser("create", help="create a team and print its API key (once)")
-    create.add_argument("name")
-    create.add_argument("--json", action="store_true", help='print {"team": ..., "key": ...}')
+    check = team_commands.add_parser(
+        "check",
+        help="validate a team file and print its agents, tools, handoffs and models",
+        description="Build the team a file describes (tools imported, MCP servers started "
+        "and listed) without calling any model, and print it.",
+    )
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument("--json", action="store_true", help="print the team as one JSON object")
+    old_create = team_commands.add_parser(
+        "create", help="deprecated: use 'relaygraph projects create' (a tenant, not a team)"
+    )
+    old_create.add_argument("name")
+    old_create.add_argument("--json", action="store_true", help='print {"team": ..., "key": ...}')
 
     db = commands.add_parser("db", help="manage the ledger database")
     db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
@@ -166,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
 
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
+    _add_team_argument(graph)
     graph.add_argument(
         "--policy", metavar="FILE", type=Path, help="draw the agents and handoffs of this policy"
     )
@@ -200,8 +230,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_eval_command(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "projects":
+            return _create_project(args, key="project")
         if args.command == "teams":
-            return _teams(args)
+            if args.teams_command == "create":
+                print(
+                    "relaygraph: 'teams create' is deprecated and goes in the next release: "
+                    "tenants are now projects, use 'relaygraph projects create'",
+                    file=sys.stderr,
+                )
+                return _create_project(args, key="team")
+            return _check_team(args)
         if args.command == "db":
             return _db(args)
         return _kb(args)
@@ -221,21 +260,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
+def _add_team_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        help="a team file (TOML): your own agents, tools and MCP servers (see docs/teams.md); "
+        "default: the built-in researcher, coder and writer",
+    )
+
+
+def _team_arg(args: argparse.Namespace) -> Any:
+    """The team ``--team`` names, or the built-in team."""
+    from relaygraph.team import default_team, load_team
+
+    return load_team(args.team) if args.team is not None else default_team()
+
+
 def _run(args: argparse.Namespace) -> int:
     from relaygraph._console import ProgressPrinter
     from relaygraph.run import run_task
 
     agent_models = dict(args.agent_model)
     printer = ProgressPrinter()
+    team = _team_arg(args)
     result = run_task(
         args.task,
+        team=team,
         model=args.model,
         agent_models=agent_models,
         thread_id=args.thread,
         policy=args.policy,
         home=args.home,
         on_event=printer,
-        topology=topology_of(args),
+        topology=topology_of(args, team.arrangement),
     )
     return _report(result, as_json=args.json)
 
@@ -248,7 +306,9 @@ def _resume(args: argparse.Namespace) -> int:
         decision = Decision(decision="edit", args=args.edit, reason=args.reason)
     else:
         decision = Decision(decision="approve" if args.approve else "reject", reason=args.reason)
-    result = resume_task(args.task_id, decision, home=args.home, on_event=ProgressPrinter())
+    result = resume_task(
+        args.task_id, decision, home=args.home, on_event=ProgressPrinter(), team=args.team
+    )
     return _report(result, as_json=args.json)
 
 
@@ -303,16 +363,37 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _teams(args: argparse.Namespace) -> int:
+def _create_project(args: argparse.Namespace, *, key: str) -> int:
     from relaygraph.store import Ledger
 
     with Ledger(_ledger_url(args.home)) as ledger:
         ledger.upgrade()
-        team, key = ledger.create_team(args.name)
+        project, secret = ledger.create_team(args.name)
     if args.json:
-        print(json.dumps({"team": team.name, "key": key}))
+        print(json.dumps({key: project.name, "key": secret}))
     else:
-        print(f"team {team.name} created. Its API key (shown once, keep it safe):\n{key}")
+        print(f"project {project.name} created. Its API key (shown once, keep it safe):\n{secret}")
+    return EXIT_OK
+
+
+def _check_team(args: argparse.Namespace) -> int:
+    from relaygraph.team import load_team
+
+    team = load_team(args.file)
+    described = team.describe()
+    if args.json:
+        sys.stdout.write(json.dumps(described, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    print(f"team {described['name']} ({described['digest']})")
+    if described["description"]:
+        print(f"  {described['description']}")
+    print(f"  topology: {described['topology']['kind']}; policy: {described['policy_source']}")
+    for agent in described["agents"]:
+        print(f"- {agent['name']}: {agent['description']}")
+        print(f"    model: {agent['model']}")
+        for tool in agent["tools"]:
+            print(f"    tool {tool['name']}  ({tool['origin']})")
+        print(f"    hands off to: {', '.join(agent['handoffs']) or 'nobody'}")
     return EXIT_OK
 
 
@@ -343,11 +424,12 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _graph(args: argparse.Namespace) -> int:
-    from relaygraph.policies import default_policy, load_policy
     from relaygraph.supervisor import draw_team
 
-    policy = load_policy(args.policy) if args.policy is not None else default_policy()
-    print(draw_team(ascii=args.ascii, policy=policy, topology=topology_of(args)))
+    team = _team_arg(args)
+    policy = team.policy_from(args.policy) if args.policy is not None else team.resolved_policy
+    topology = topology_of(args, team.arrangement)
+    print(draw_team(team=team, ascii=args.ascii, policy=policy, topology=topology))
     return EXIT_OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import uuid
 from collections import OrderedDict
@@ -25,7 +26,7 @@ from relaygraph._summary import (
 from relaygraph._team_cache import team_cache
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
-from relaygraph.policies import TeamPolicy, default_policy, load_policy
+from relaygraph.policies import TeamPolicy
 from relaygraph.topology import Topology
 
 __all__ = [
@@ -194,6 +195,7 @@ class TaskRunner:
         runner_id: str | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         sandbox_isolation_required: bool = False,
+        teams: Callable[[Any], Any] | None = None,
     ) -> None:
         """
         Args:
@@ -206,12 +208,15 @@ class TaskRunner:
             sandbox_isolation_required: Refuse ``run_python`` where the host offers no
                 filesystem isolation for it (a server running tenants' tasks); when False
                 (a user's own runs), such code runs with a warning.
+            teams: Finds the team a task records when the caller passes none (the task
+                service's registered teams); :func:`team_of_record` when None.
         """
         self.ledger = ledger
         self.home = home
         self.runner_id = runner_id or f"runner-{uuid.uuid4().hex[:12]}"
         self.lease_seconds = lease_seconds
         self.sandbox_isolation_required = sandbox_isolation_required
+        self.teams = teams or team_of_record
 
     def run(
         self,
@@ -224,6 +229,8 @@ class TaskRunner:
         stop: threading.Event | None = None,
         identity: Mapping[str, str] | None = None,
         callbacks: list[Any] | None = None,
+        team: Any = None,
+        models: Mapping[str, Any] | None = None,
     ) -> RunResult:
         """Run (or continue) ``task`` with ``graph_input``.
 
@@ -241,6 +248,10 @@ class TaskRunner:
             identity: Who asked (team, user): goes into ``config["configurable"]``, never
                 into graph state.
             callbacks: LangChain callback handlers added to the graph call (tracing).
+            team: The task's team (``relaygraph.team.Team``); when None, the team the
+                task records (:meth:`team_of`).
+            models: Each role's model spec or chat model, when the process has objects the
+                task's record only names; else the task's ``models``.
         """
         from langgraph.errors import GraphDrained, GraphRecursionError
         from langgraph.runtime import RunControl
@@ -252,10 +263,12 @@ class TaskRunner:
 
         policy = stored_policy(task.policy, source=task.metadata.get("policy_source") or "<task>")
         topology = Topology.from_mapping(task.topology)
-        specs: dict[str, str] = dict(task.models)
+        specs: dict[str, Any] = dict(models if models is not None else task.models)
+        recorded: dict[str, str] = dict(task.models)
         roles = topology.roles(tuple(policy.agents))
         try:
-            team = team_cache.get(specs, policy=policy, topology=topology)
+            team = team or self.team_of(task)
+            graph_team = team_cache.get(specs, team=team, policy=policy, topology=topology)
         except RelaygraphError as exc:
             # A model that cannot be built (its script file went missing or broke, a key
             # was unset): the task fails on the record, with the reason, before it starts.
@@ -269,10 +282,20 @@ class TaskRunner:
             TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
             sandbox_isolation_required=self.sandbox_isolation_required,
         )
+        folders = sorted({str(folder) for agent in team.agents for folder in agent.kb})
+        if folders:
+            # A team with folders of its own reads a knowledge base of exactly those (one
+            # per set of folders), brought up to date at each run.
+            key = hashlib.sha256("\n".join(folders).encode()).hexdigest()[:16]
+            context = replace(context, knowledge_base=self.home / "kb" / f"{key}.sqlite")
         context.workspace.mkdir(parents=True, exist_ok=True)
         context.artifacts.mkdir(parents=True, exist_ok=True)
+        context.knowledge_base.parent.mkdir(parents=True, exist_ok=True)
         with KnowledgeBase(context.knowledge_base) as kb:
-            ensure_sample_corpus(kb)
+            for folder in folders:
+                kb.add_folder(Path(folder))
+            if not folders:
+                ensure_sample_corpus(kb)
         config: Any = {
             "configurable": {
                 # The checkpointer's thread, unique across teams (a team's thread id is its
@@ -291,7 +314,7 @@ class TaskRunner:
             "team": (identity or {}).get("team", task.team_id),
             "policy_source": task.metadata.get("policy_source"),
             "policy_digest": policy_digest(task.policy),
-            "models": specs,
+            "models": recorded,
         }
         # Both are empty when tracing is off: no handler, no cost.
         config["callbacks"] = [*tracing_callbacks(**traced), *(callbacks or [])]
@@ -317,7 +340,7 @@ class TaskRunner:
         released = False
         try:
             with open_checkpointer(self.home) as checkpointer:
-                graph = team.copy({"checkpointer": checkpointer})
+                graph = graph_team.copy({"checkpointer": checkpointer})
                 if graph_input is CONTINUE:
                     graph_input = self._continue_input(graph, config, task)
                 if not (isinstance(graph_input, dict) and "request" in graph_input):
@@ -327,7 +350,7 @@ class TaskRunner:
                         "type": "run_started",
                         "task_id": task.id,
                         "thread_id": task.thread_id,
-                        "models": specs,
+                        "models": recorded,
                         "topology": topology.to_mapping(),
                     }
                 )
@@ -403,7 +426,7 @@ class TaskRunner:
                 answer=answer,
                 stop_reason=stop_reason,
                 artifacts=artifacts,
-                models=specs,
+                models=recorded,
                 topology=topology.to_mapping(),
                 pending=pending,
                 **summary,
@@ -457,6 +480,22 @@ class TaskRunner:
             finally:
                 if not released:  # A run that failed on the way: let another take it.
                     self.ledger.release_lease(task.id, self.runner_id)
+
+    def team_of(self, task: Any) -> Any:
+        """The team ``task`` records (see ``teams`` in the constructor).
+
+        Raises:
+            ConfigError: The team cannot be found, or is no longer the one that started the
+                task (its digest changed).
+        """
+        team = self.teams(task)
+        recorded = (task.team or {}).get("digest")
+        if recorded is not None and team.digest != recorded:
+            raise ConfigError(
+                f"team {team.name!r} changed since task {task.id} started (digest "
+                f"{recorded}, now {team.digest}); continue it with the definition it started with"
+            )
+        return team
 
     def _settle_usage(
         self, graph: Any, config: Any, task: Any, policy: TeamPolicy, roles: tuple[str, ...]
@@ -531,19 +570,43 @@ def _drain_when(
         watcher.join()
 
 
-def _policy_of(policy: TeamPolicy | str | Path | None) -> TeamPolicy:
-    if policy is None:
-        return default_policy()
-    if isinstance(policy, TeamPolicy):
-        return policy
-    return load_policy(policy)
+def team_of_record(task: Any) -> Any:
+    """The team a task records, from the process's own knowledge: the built-in team, or
+    the team file it was read from (read again; :meth:`TaskRunner.team_of` checks that it
+    is unchanged).
+
+    Raises:
+        ConfigError: The task's team is neither.
+    """
+    from relaygraph.team import DEFAULT_TEAM_NAME, default_team, load_team
+
+    record = task.team or {}
+    if record.get("source"):
+        return load_team(record["source"])
+    if record.get("name", DEFAULT_TEAM_NAME) == DEFAULT_TEAM_NAME:
+        return default_team()
+    raise ConfigError(
+        f"task {task.id} ran team {record.get('name')!r}, which this process does not know; "
+        "pass the team (relaygraph resume --team FILE)"
+    )
+
+
+def _team_of(team: Any) -> Any:
+    from relaygraph.team import Team, default_team, load_team
+
+    if team is None:
+        return default_team()
+    if isinstance(team, Team):
+        return team
+    return load_team(team)
 
 
 def run_task(
     request: str,
     *,
-    model: str | None = None,
-    agent_models: Mapping[str, str] | None = None,
+    team: Any = None,
+    model: Any = None,
+    agent_models: Mapping[str, Any] | None = None,
     thread_id: str | None = None,
     policy: TeamPolicy | str | Path | None = None,
     home: Path | None = None,
@@ -556,33 +619,45 @@ def run_task(
 
     Args:
         request: What the user asks for.
-        model: Spec of the model every role uses unless ``agent_models`` says otherwise;
-            defaults to the embedded model.
-        agent_models: Per-role specs: agent names, ``supervisor``, ``finalize``.
+        team: A :class:`~relaygraph.team.Team` or the path of a team file; the built-in
+            team (researcher, coder, writer) when None.
+        model: Spec (or chat model) every role uses unless ``agent_models`` or the team
+            says otherwise; defaults to the team's model, else the embedded model.
+        agent_models: Per-role specs or chat models: agent names, ``supervisor``,
+            ``finalize``.
         thread_id: Continue this earlier conversation; a new thread when None.
-        policy: The team policy, or the path of a policy file; the defaults when None.
+        policy: A policy over the team's agents, or the path of a policy file; the team's
+            own when None.
         home: The data directory; ``$RELAYGRAPH_HOME`` or ``~/.relaygraph`` when None.
         on_event: Called with each event (route, handoff, tool call, violation, ...).
         stream_tokens: Also emit ``token`` events as models stream their text (models are
             then called in streaming mode).
         callbacks: LangChain callback handlers added to the graph call (tracing).
-        topology: How the agents are arranged; the structured supervisor when None. A
-            thread keeps the topology it started with.
+        topology: How the agents are arranged; the team's own when None. A thread keeps
+            the topology it started with.
 
     Raises:
-        ConfigError: Bad input (empty request, unknown thread, bad model spec, bad policy,
-            a thread of another topology) — before anything runs. Failures while running
-            are reported as ``failed``.
+        ConfigError: Bad input (empty request, bad team file, unknown thread, bad model
+            spec, bad policy, a thread of another topology) — before anything runs.
+            Failures while running are reported as ``failed``.
     """
     from relaygraph.policies import policy_to_mapping
 
     if not request.strip():
         raise ConfigError("the task is empty: say what the team should do")
-    team_policy = _policy_of(policy)
-    topology = topology or Topology()
-    topology.check_agents(tuple(team_policy.agents))
-    roles = topology.roles(tuple(team_policy.agents))
-    specs = resolve_model_specs(model, agent_models or {}, roles)
+    the_team = _team_of(team)
+    team_policy = the_team.policy_from(policy) if policy is not None else the_team.resolved_policy
+    topology = topology or the_team.arrangement
+    topology.check_agents(the_team.agent_names)
+    chosen = {
+        role: spec
+        for role, spec in the_team.models_for(model, agent_models).items()
+        if role in topology.roles(the_team.agent_names)
+    }
+    for spec in chosen.values():
+        if isinstance(spec, str):
+            parse_model_spec(spec)
+    recorded = {role: _model_record(spec) for role, spec in chosen.items()}
     home = data_home(home)
     from relaygraph.store import LOCAL_TEAM_ID
 
@@ -601,9 +676,10 @@ def run_task(
         input=request,
         thread_id=thread_id,
         policy=policy_to_mapping(team_policy),
-        models=specs,
+        models=recorded,
         topology=topology.to_mapping(),
         metadata={"policy_source": team_policy.source},
+        team=the_team.record(),
     )
     runner = TaskRunner(ledger=ledger, home=home)
     return runner.run(
@@ -612,7 +688,18 @@ def run_task(
         on_event=on_event,
         stream_tokens=stream_tokens,
         callbacks=callbacks,
+        team=the_team,
+        models=chosen,
     )
+
+
+def _model_record(spec: Any) -> str:
+    """How the ledger names a role's model: its spec, or for a chat model object its class
+    and model name (an object cannot be stored; the process that runs it passes it)."""
+    if isinstance(spec, str):
+        return spec
+    name = getattr(spec, "model_name", None) or getattr(spec, "model", None) or ""
+    return f"object:{type(spec).__name__}:{name}"
 
 
 def resume_task(
@@ -623,13 +710,19 @@ def resume_task(
     on_event: EventHandler | None = None,
     stream_tokens: bool = False,
     decided_by: str = "cli",
+    team: Any = None,
 ) -> RunResult:
     """Continue a task that is waiting for a person's decision, from its checkpoint.
 
     The decision answers every request the task waits for (usually one approval).
 
+    Args:
+        team: The task's team (a :class:`~relaygraph.team.Team` or its file) when it is
+            neither the built-in team nor a team file the task records.
+
     Raises:
-        ConfigError: No such task, or it is not waiting for a decision.
+        ConfigError: No such task, it is not waiting for a decision, or its team cannot be
+            found or changed since it started.
     """
     from langgraph.types import Command
 
@@ -645,12 +738,14 @@ def resume_task(
         raise ConfigError(
             f"task {task_id!r} is not waiting for a decision (its status is {task.status!r})"
         )
+    runner = TaskRunner(ledger=ledger, home=home)
+    the_team = runner.team_of(task) if team is None else _team_of(team)
     if decision.decision == "edit" and decision.args is not None:
         from relaygraph.agents.tools import check_tool_args
 
         for approval in waiting:
             if approval.tool:
-                check_tool_args(approval.tool, decision.args)
+                check_tool_args(approval.tool, decision.args, the_team.tools)
     answer = {k: v for k, v in asdict(decision).items() if v is not None}
     for approval in waiting:
         ledger.record_decision(
@@ -662,5 +757,4 @@ def resume_task(
             args=decision.args,
         )
     resume: Command[Any] = Command(resume={a.interrupt_id: answer for a in waiting})
-    runner = TaskRunner(ledger=ledger, home=home)
-    return runner.run(task, resume, on_event=on_event, stream_tokens=stream_tokens)
+    return runner.run(task, resume, on_event=on_event, stream_tokens=stream_tokens, team=the_team)

@@ -22,7 +22,7 @@ from relaygraph.agents.sandbox import (
 from relaygraph.agents.workspace import ArtifactStore, Workspace
 from relaygraph.errors import ConfigError
 
-__all__ = ["TOOLS", "check_tool_args", "tool_names"]
+__all__ = ["BUILTIN_TOOLS", "check_tool_args"]
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def list_artifacts(runtime: ToolRuntime[TaskContext]) -> str:
     return "\n".join(f"{a.name} ({a.size_bytes} bytes)" for a in artifacts)
 
 
-TOOLS: Mapping[str, BaseTool] = MappingProxyType(
+BUILTIN_TOOLS: Mapping[str, BaseTool] = MappingProxyType(
     {
         t.name: t
         for t in (
@@ -144,14 +144,12 @@ TOOLS: Mapping[str, BaseTool] = MappingProxyType(
         )
     }
 )
-"""Every tool an agent can be given, by name."""
+"""The built-in tools by name: what a tool name in an agent's ``tools`` refers to."""
 
 
-def tool_names() -> tuple[str, ...]:
-    return tuple(TOOLS)
-
-
-def check_tool_args(name: str, args: Mapping[str, Any]) -> None:
+def check_tool_args(
+    name: str, args: Mapping[str, Any], tools: Mapping[str, BaseTool] = BUILTIN_TOOLS
+) -> None:
     """Check arguments a person wrote for tool ``name`` (an ``edit`` of a paused call).
 
     Checked before the task goes on: edited arguments the tool refuses would otherwise fail
@@ -161,9 +159,9 @@ def check_tool_args(name: str, args: Mapping[str, Any]) -> None:
         ConfigError: An unknown argument, a missing one, or one of the wrong type; the
             message names it and the value.
     """
-    found = TOOLS.get(name)
+    found = tools.get(name)
     if found is None:
-        return  # Not one of the shipped tools: nothing to check against.
+        return  # Not a tool we know the schema of: nothing to check against.
     schema = found.tool_call_schema
     fields = getattr(schema, "model_fields", {})
     unknown = sorted(set(args) - set(fields))

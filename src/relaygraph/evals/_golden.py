@@ -254,9 +254,9 @@ def _parse_line(raw: str, number: int, *, folder: Path) -> GoldenCase:
 
             load_script(script)
         if policy is not None:
-            from relaygraph.policies import load_policy
+            from relaygraph.team import default_team
 
-            load_policy(policy)
+            default_team().policy_from(policy)
     except ConfigError as exc:
         raise ValueError(f"case {parsed.id!r}: {exc}") from None
     expect = parsed.expect

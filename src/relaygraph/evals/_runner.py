@@ -175,10 +175,10 @@ def run_case(
 
 def _check_models(model: str | None, agent_models: Mapping[str, str], topology: Topology) -> None:
     """Refuse a bad ``--model``, ``--agent-model`` or ``--start-agent`` before any case runs."""
-    from relaygraph.policies import default_policy
     from relaygraph.run import resolve_model_specs
+    from relaygraph.team import default_team
 
-    agents = tuple(default_policy().agents)
+    agents = default_team().agent_names
     topology.check_agents(agents)
     resolve_model_specs(model, agent_models, topology.roles(agents))
 

@@ -26,7 +26,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from relaygraph.agents import AGENT_NAMES
 from relaygraph.handoffs import HANDOFF_PREFIX
 
 FINISH = "FINISH"
@@ -100,7 +99,7 @@ def to_swarm(turns: Turns) -> tuple[Turns, str | None]:
     """
     out = {k: copy.deepcopy(v) for k, v in turns.items() if k not in ("supervisor", "finalize")}
     routes = [r for t in turns.get("supervisor", []) if (r := _route(t)) is not None]
-    targets = [r for r in routes if r["next"] in AGENT_NAMES]
+    targets = [r for r in routes if r["next"] != FINISH]
     if not targets:
         return out, None
     answers = _answers(turns)

@@ -5,14 +5,20 @@ budgets that end a task gracefully instead of letting it run away, and what to d
 agents bounce work back and forth. :func:`load_policy` reads one from a TOML file.
 """
 
-from relaygraph.policies._file import load_policy, parse_policy, policy_to_mapping, stored_policy
+from relaygraph.policies._file import (
+    load_policy,
+    parse_policy,
+    policy_to_mapping,
+    read_policy_file,
+    stored_policy,
+)
 from relaygraph.policies._policy import (
-    DEFAULT_TOOLS,
     LIMIT_NAMES,
     AgentLimits,
     AgentPolicy,
     PingPongPolicy,
     Price,
+    Roster,
     TeamLimits,
     TeamPolicy,
     default_policy,
@@ -20,18 +26,19 @@ from relaygraph.policies._policy import (
 from relaygraph.policies._tighten import tighten
 
 __all__ = [
-    "DEFAULT_TOOLS",
     "LIMIT_NAMES",
     "AgentLimits",
     "AgentPolicy",
     "PingPongPolicy",
     "Price",
+    "Roster",
     "TeamLimits",
     "TeamPolicy",
     "default_policy",
     "load_policy",
     "parse_policy",
     "policy_to_mapping",
+    "read_policy_file",
     "stored_policy",
     "tighten",
 ]

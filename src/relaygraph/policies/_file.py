@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from relaygraph.errors import ConfigError
 from relaygraph.policies._policy import (
-    DEFAULT_TOOLS,
     AgentLimits,
     AgentPolicy,
     PingPongPolicy,
     Price,
+    Roster,
     TeamLimits,
     TeamPolicy,
 )
@@ -147,11 +147,12 @@ def _strings(value: Any) -> list[str] | None:
     return [item for item in value if isinstance(item, str)]
 
 
-def _check_names(
-    data: Mapping[str, Any], agent_names: tuple[str, ...], known_tools: set[str]
-) -> list[str]:
+def _check_names(data: Mapping[str, Any], roster: Roster) -> list[str]:
     """Agent, tool and peer names: checked on the raw data so that they are reported even
-    when some other part of the file does not validate."""
+    when some other part of the file does not validate. A policy may name any agent of the
+    team and give an agent any tool of the team."""
+    agent_names = tuple(roster)
+    known_tools = {tool for agent in roster.values() for tool in agent.tools}
     agents = data.get("agents")
     if not isinstance(agents, Mapping):
         return []
@@ -183,7 +184,7 @@ def _check_names(
                     f"agents.{name}.handoffs: unknown agent {_show(peer)} (peers: {peers})"
                 )
         if "tools" not in section:
-            tools = list(DEFAULT_TOOLS.get(name, ()))
+            tools = list(roster[name].tools)
         if tools is None:  # `tools` is not a list; validation reports it
             continue
         for tool in _strings(section.get("approval")) or []:
@@ -196,49 +197,36 @@ def _check_names(
 
 
 def parse_policy(
-    data: Mapping[str, Any],
-    *,
-    source: str = "<policy>",
-    agent_names: tuple[str, ...] = tuple(DEFAULT_TOOLS),
-    tool_names: Iterable[str] | None = None,
+    data: Mapping[str, Any], *, roster: Roster, source: str = "<policy>"
 ) -> TeamPolicy:
     """Build a :class:`TeamPolicy` from parsed TOML (or any mapping of the same shape).
 
     Args:
         data: The file's content.
+        roster: The team's agents, with the tools and peers each has unless the policy
+            narrows them (``Team.roster``).
         source: Where it came from, for messages.
-        agent_names: The team's agents.
-        tool_names: Every tool that exists; defaults to the built-in tools.
 
     Raises:
         ConfigError: Unknown key, agent, tool or handoff target; a zero or negative limit;
             a value of the wrong type; an approval for a tool the agent does not have. The
             message names each key and value; all problems in the data are reported at once.
     """
-    known_tools = (
-        set(tool_names)
-        if tool_names is not None
-        else {tool for tools in DEFAULT_TOOLS.values() for tool in tools}
-    )
     problems: list[str] = []
     parsed: _PolicyFile | None = None
     try:
         parsed = _PolicyFile.model_validate(data)
     except ValidationError as exc:
         problems.extend(_explain(exc, data))
-    problems.extend(_check_names(data, agent_names, known_tools))
+    problems.extend(_check_names(data, roster))
     if problems or parsed is None:
         raise ConfigError(f"policy {source}: " + "; ".join(problems))
 
     agents = {}
-    for name in agent_names:
+    for name, defaults in roster.items():
         section = parsed.agents.get(name, _Agent())
-        tools = section.tools if section.tools is not None else DEFAULT_TOOLS.get(name, ())
-        handoffs = (
-            section.handoffs
-            if section.handoffs is not None
-            else [peer for peer in agent_names if peer != name]
-        )
+        tools = section.tools if section.tools is not None else defaults.tools
+        handoffs = section.handoffs if section.handoffs is not None else defaults.handoffs
         agents[name] = AgentPolicy(
             tools=tuple(dict.fromkeys(tools)),
             handoffs=tuple(dict.fromkeys(handoffs)),
@@ -271,35 +259,48 @@ def parse_policy(
     )
 
 
-def load_policy(
-    path: str | Path,
-    *,
-    agent_names: tuple[str, ...] = tuple(DEFAULT_TOOLS),
-    tool_names: Iterable[str] | None = None,
-) -> TeamPolicy:
+def load_policy(path: str | Path, *, roster: Roster) -> TeamPolicy:
     """Read a policy TOML file; see :func:`parse_policy`.
 
     Raises:
         ConfigError: The file is missing, is not valid TOML, or its content is wrong.
     """
     file = Path(path).expanduser()
+    data = read_policy_file(file)
+    return parse_policy(data, source=repr(str(file)), roster=roster)
+
+
+def read_policy_file(path: str | Path) -> dict[str, Any]:
+    """The TOML content of a policy file, unchecked (a team file's ``policy`` names one).
+
+    Raises:
+        ConfigError: The file is missing or is not valid TOML.
+    """
+    file = Path(path).expanduser()
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
+        return tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"policy file {str(file)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"policy file {str(file)!r} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"policy file {str(file)!r} is not valid TOML: {exc}") from None
-    return parse_policy(
-        data, source=repr(str(file)), agent_names=agent_names, tool_names=tool_names
-    )
 
 
 def stored_policy(mapping: Mapping[str, Any], *, source: str) -> TeamPolicy:
-    """Read back a policy written by :func:`policy_to_mapping`, with exactly its agents."""
-    agents = tuple(mapping.get("agents") or ()) or tuple(DEFAULT_TOOLS)
-    return parse_policy(mapping, source=source, agent_names=agents)
+    """Read back a policy written by :func:`policy_to_mapping`, with exactly its agents
+    (a stored policy lists every agent's tools and handoffs in full)."""
+    agents = mapping.get("agents")
+    if not isinstance(agents, Mapping) or not agents:
+        raise ConfigError(f"policy {source}: a stored policy lists its agents; this one has none")
+    roster = {
+        name: AgentPolicy(
+            tools=tuple(section.get("tools") or ()) if isinstance(section, Mapping) else (),
+            handoffs=tuple(section.get("handoffs") or ()) if isinstance(section, Mapping) else (),
+        )
+        for name, section in agents.items()
+    }
+    return parse_policy(mapping, source=source, roster=roster)
 
 
 def policy_to_mapping(policy: TeamPolicy) -> dict[str, Any]:

@@ -9,15 +9,6 @@ from typing import Literal
 
 from relaygraph.errors import ConfigError
 
-DEFAULT_TOOLS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "researcher": ("search_docs", "read_doc"),
-        "coder": ("run_python", "write_file", "read_file"),
-        "writer": ("save_artifact", "list_artifacts"),
-    }
-)
-"""The tools each agent has unless a policy narrows them."""
-
 OnExhausted = Literal["finalize", "fail"]
 OnDetect = Literal["finalize", "supervisor", "human"]
 LIMIT_NAMES = ("max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd", "max_seconds")
@@ -128,16 +119,11 @@ class TeamPolicy:
         return self.prices[max(prefixes, key=len)] if prefixes else None
 
 
-def default_policy(agent_names: tuple[str, ...] = tuple(DEFAULT_TOOLS)) -> TeamPolicy:
-    """Every agent gets its default tools, a handoff to each other agent, default limits."""
-    return TeamPolicy(
-        agents=MappingProxyType(
-            {
-                name: AgentPolicy(
-                    tools=DEFAULT_TOOLS.get(name, ()),
-                    handoffs=tuple(peer for peer in agent_names if peer != name),
-                )
-                for name in agent_names
-            }
-        )
-    )
+Roster = Mapping[str, AgentPolicy]
+"""The team's agents with what each has unless a policy narrows it: its tools and peers
+(and default limits). A team makes it (``Team.roster``); a policy file may only narrow it."""
+
+
+def default_policy(roster: Roster) -> TeamPolicy:
+    """Every agent of ``roster`` gets its tools and handoffs there, and default limits."""
+    return TeamPolicy(agents=MappingProxyType(dict(roster)))

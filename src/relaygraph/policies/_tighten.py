@@ -45,7 +45,7 @@ def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "pol
             message names the key and both values.
     """
     merged = parse_policy(
-        _merge(policy_to_mapping(base), override), source=source, agent_names=tuple(base.agents)
+        _merge(policy_to_mapping(base), override), source=source, roster=base.agents
     )
     problems: list[str] = []
     for key in _TEAM_LIMITS:

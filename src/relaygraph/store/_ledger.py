@@ -227,6 +227,7 @@ class Ledger:
         topology: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        team: Mapping[str, Any] | None = None,
     ) -> tuple[Task, bool]:
         """Record a new ``queued`` task, or find the one an earlier try created.
 
@@ -240,6 +241,8 @@ class Ledger:
             metadata: The caller's own JSON object, kept as given.
             idempotency_key: A retry with the same key for the same team returns the task
                 the first try created.
+            team: Which team definition runs it (``Team.record()``: name, version,
+                digest, source).
 
         Returns:
             The task, and True when this call created it (False: an earlier call with the
@@ -261,6 +264,7 @@ class Ledger:
             policy=None if policy is None else check.json_object(policy, "policy"),
             models=check.json_object(models or {}, "models"),
             topology=None if topology is None else check.json_object(topology, "topology"),
+            team=None if team is None else check.json_object(team, "team"),
             thread_id=given_thread or str(uuid.uuid4()),
             idempotency_key=check.optional_text(
                 idempotency_key, "idempotency_key", max_chars=check.MAX_KEY_CHARS
@@ -1146,11 +1150,14 @@ def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
         row.finished_at = values["updated_at"]
 
 
-_REQUEST_FIELDS = ("input", "thread_id", "policy", "models", "topology", "metadata")
+_REQUEST_FIELDS = ("team", "input", "thread_id", "policy", "models", "topology", "metadata")
 
 
 def _request_fields(row: TaskRow, thread_id: str | None) -> dict[str, Any]:
+    # The team enters only when there is one, so the digests of tasks recorded before
+    # teams were recorded stay what they were.
     return {
+        **({"team": row.team} if row.team is not None else {}),
         "input": row.input,
         "thread_id": thread_id,
         "policy": row.policy,
@@ -1181,7 +1188,7 @@ def _same_request(session: Session, earlier: Task, new: TaskRow) -> Task:
         mine, theirs = _request_fields(new, None), _request_fields(stored, None)
         # The thread is left out here: a request that named none got a new one. When
         # nothing else differs, the requests named different threads (or one named none).
-        differs = [name for name in _REQUEST_FIELDS if mine[name] != theirs[name]] or ["thread_id"]
+        differs = [n for n in _REQUEST_FIELDS if mine.get(n) != theirs.get(n)] or ["thread_id"]
     if differs:
         raise RecordConflict(
             "task",

@@ -115,6 +115,8 @@ class TaskRow(Base):
     policy: Mapped[dict[str, Any] | None]
     models: Mapped[dict[str, Any]]
     topology: Mapped[dict[str, Any] | None]
+    # Which team definition ran it: name, version, digest (and its file); NULL: built-in.
+    team: Mapped[dict[str, Any] | None]
     # A thread id is the tenant's own: two tenants may use the same one. The checkpoints
     # of the thread live under ``checkpoint_thread``, which is unique across tenants.
     thread_id: Mapped[str] = mapped_column(String(255))

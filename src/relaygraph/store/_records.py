@@ -62,6 +62,9 @@ class Task:
     topology: dict[str, Any] | None
     """How the agents were arranged (``relaygraph.topology.Topology.to_mapping``); None
     for a task recorded before topologies existed, which ran the structured team."""
+    team: dict[str, Any] | None
+    """Which team definition ran it: ``name``, ``version``, ``digest`` and ``source`` (its
+    file); None for a task recorded before teams were recorded (the built-in team)."""
     thread_id: str
     """The conversation, in the owning team's own namespace of thread ids."""
     checkpoint_thread: str

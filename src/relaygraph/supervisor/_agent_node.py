@@ -16,7 +16,7 @@ from langgraph.errors import ParentCommand
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
-from relaygraph.agents import AgentSpec
+from relaygraph.agents import Agent
 from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
 from relaygraph.policies import AgentLimits, TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget
@@ -92,7 +92,7 @@ class StructuredExits:
 
 
 def _make_agent_node(
-    spec: AgentSpec,
+    spec: Agent,
     graph: CompiledStateGraph[Any, Any, Any, Any],
     policy: TeamPolicy,
     exits: Exits | None = None,
@@ -318,20 +318,35 @@ def _visit(
     )
 
 
-def agent_members(
-    models: Mapping[str, BaseChatModel], policy: TeamPolicy, exits: Exits
-) -> list[RunnableLambda[Any, Any]]:
-    """Each agent of the policy as a named runnable running its node, for the prebuilt
-    multi-agent graphs (a swarm's members, a tool supervisor's workers), which take any
-    named runnable and add it as the agent's node."""
-    from relaygraph.agents import AGENTS, build_agent
+def agent_nodes(
+    models: Mapping[str, BaseChatModel], team: Any, policy: TeamPolicy, exits: Exits | None
+) -> dict[str, Any]:
+    """Each agent of the team's policy, by name, as the node function that runs it.
 
-    return [
-        RunnableLambda(
-            _make_agent_node(
-                AGENTS[name], build_agent(AGENTS[name], models[name], policy), policy, exits
-            ),
-            name=name,
+    Args:
+        team: The team (``relaygraph.team.Team``): its agents and its tools by name.
+    """
+    from relaygraph.agents import build_agent
+
+    members = {agent.name: agent for agent in team.agents}
+    return {
+        name: _make_agent_node(
+            members[name],
+            build_agent(members[name], models[name], policy, team.tools),
+            policy,
+            exits,
         )
         for name in policy.agents
+    }
+
+
+def agent_members(
+    models: Mapping[str, BaseChatModel], team: Any, policy: TeamPolicy, exits: Exits
+) -> list[RunnableLambda[Any, Any]]:
+    """Each agent as a named runnable running its node, for the prebuilt multi-agent graphs
+    (a swarm's members, a tool supervisor's workers), which take any named runnable and add
+    it as the agent's node."""
+    return [
+        RunnableLambda(node, name=name)
+        for name, node in agent_nodes(models, team, policy, exits).items()
     ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -14,15 +14,15 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer, Command
 
-from relaygraph.agents import AGENTS, TaskContext, build_agent
+from relaygraph.agents import Agent, TaskContext
 from relaygraph.errors import ConfigError
 from relaygraph.handoffs import Assignment, HandoffRecord
-from relaygraph.policies import TeamPolicy, default_policy
+from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget
 from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._agent_node import _make_agent_node
+from relaygraph.supervisor._agent_node import agent_nodes
 from relaygraph.supervisor._control import (
     FINALIZE,
     SUPERVISOR,
@@ -51,8 +51,11 @@ def _begin(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
     }
 
 
-def _make_supervisor(model: BaseChatModel, policy: TeamPolicy, agents: tuple[str, ...]) -> Any:
-    system = _prompts.supervisor_prompt({a: AGENTS[a] for a in agents})
+def _make_supervisor(
+    model: BaseChatModel, policy: TeamPolicy, members: Sequence[Agent], extra: str | None
+) -> Any:
+    system = _prompts.supervisor_prompt(members, extra=extra)
+    agents = tuple(a.name for a in members)
 
     def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
         if hit := _team_stop(state, policy, config, visits=False):
@@ -265,6 +268,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
 def build_team(
     models: Mapping[str, BaseChatModel],
     *,
+    team: Any,
     policy: TeamPolicy | None = None,
     checkpointer: Checkpointer = None,
     topology: Topology | None = None,
@@ -273,56 +277,61 @@ def build_team(
 
     Args:
         models: A chat model for each role of the topology (:meth:`Topology.roles`): each
-            agent of the policy, and ``supervisor`` and ``finalize`` where it has them.
-        policy: Tools, handoffs and limits; :func:`~relaygraph.policies.default_policy` if None.
+            agent of the team, and ``supervisor`` and ``finalize`` where it has them.
+        team: The team (``relaygraph.team.Team``): its agents, tools and supervisor prompt.
+        policy: Tools, handoffs and limits; the team's own policy if None.
         checkpointer: Where runs are checkpointed (needed for ``--thread`` and approvals).
-        topology: How the agents are arranged; the structured supervisor if None.
+        topology: How the agents are arranged; the team's own if None.
 
     Raises:
-        ConfigError: A model is missing for a role, or the policy is inconsistent.
+        ConfigError: A model is missing for a role, or the policy does not fit the team.
     """
-    policy = policy or default_policy()
-    topology = topology or Topology()
+    policy = policy or team.resolved_policy
+    topology = topology or team.arrangement
+    members = {agent.name: agent for agent in team.agents}
     agents = tuple(policy.agents)
+    if set(agents) != set(members):
+        raise ConfigError(
+            f"the policy is over agents {', '.join(agents)}; the team has {', '.join(members)}"
+        )
     missing = [role for role in topology.roles(agents) if role not in models]
     if missing:
         raise ConfigError(f"no model given for: {', '.join(missing)}")
     for name in agents:
-        if name not in AGENTS:
-            raise ConfigError(f"unknown agent {name!r}; known agents: {', '.join(AGENTS)}")
         for peer in policy.agents[name].handoffs:
             if peer not in agents or peer == name:
                 raise ConfigError(f"agent {name!r} may not hand off to {peer!r}: not a peer")
     topology.check_agents(agents)
-    if topology.kind == "swarm":
-        from relaygraph.supervisor._swarm import build_swarm_team
-
-        return build_swarm_team(
-            dict(models), policy=policy, topology=topology, checkpointer=checkpointer, begin=_begin
-        )
-    if topology.kind == "supervisor-tools":
-        from relaygraph.supervisor._tool_supervisor import build_tool_supervisor_team
-
-        return build_tool_supervisor_team(
-            dict(models), policy=policy, topology=topology, checkpointer=checkpointer, begin=_begin
+    if topology.kind in ("swarm", "supervisor-tools"):
+        if topology.kind == "swarm":
+            from relaygraph.supervisor._swarm import build_swarm_team as build
+        else:
+            from relaygraph.supervisor._tool_supervisor import (
+                build_tool_supervisor_team as build,
+            )
+        return build(
+            dict(models),
+            team=team,
+            policy=policy,
+            topology=topology,
+            checkpointer=checkpointer,
+            begin=_begin,
         )
 
     builder = StateGraph(TeamState, context_schema=TaskContext)
     builder.add_node("begin", _begin)
     builder.add_node(
         SUPERVISOR,
-        _make_supervisor(models[SUPERVISOR], policy, agents),
+        _make_supervisor(
+            models[SUPERVISOR], policy, [members[a] for a in agents], team.supervisor_prompt
+        ),
         # It may also go to itself (a re-route after a refused ping-pong); that edge is not
         # declared because LangChain's ASCII renderer cannot draw a self-loop.
         destinations=(*agents, FINALIZE),
     )
-    for name in agents:
-        spec = AGENTS[name]
-        subgraph = build_agent(spec, models[name], policy)
+    for name, node in agent_nodes(models, team, policy, None).items():
         builder.add_node(
-            name,
-            _make_agent_node(spec, subgraph, policy),
-            destinations=(SUPERVISOR, FINALIZE, *policy.agents[name].handoffs),
+            name, node, destinations=(SUPERVISOR, FINALIZE, *policy.agents[name].handoffs)
         )
     builder.add_node(FINALIZE, _make_finalize(models[FINALIZE], policy))
     builder.add_edge(START, "begin")
@@ -332,7 +341,11 @@ def build_team(
 
 
 def draw_team(
-    *, policy: TeamPolicy | None = None, ascii: bool = False, topology: Topology | None = None
+    *,
+    team: Any,
+    policy: TeamPolicy | None = None,
+    ascii: bool = False,
+    topology: Topology | None = None,
 ) -> str:
     """The team graph's topology as Mermaid (default) or ASCII art.
 
@@ -342,12 +355,12 @@ def draw_team(
 
     from relaygraph.models.scripted import Script, ScriptedChatModel
 
-    policy = policy or default_policy()
-    topology = topology or Topology()
+    policy = policy or team.resolved_policy
+    topology = topology or team.arrangement
     empty = Script(path=Path("topology.json"), turns={})
     models = {
         role: ScriptedChatModel(script=empty, agent=role)
         for role in topology.roles(tuple(policy.agents))
     }
-    graph = build_team(models, policy=policy, topology=topology).get_graph()
+    graph = build_team(models, team=team, policy=policy, topology=topology).get_graph()
     return graph.draw_ascii() if ascii else graph.draw_mermaid()

@@ -7,9 +7,9 @@ the prompt grows with every step. Here the input is bounded by the constants bel
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from relaygraph.agents import AgentSpec
+from relaygraph.agents import Agent
 from relaygraph.handoffs import Assignment
 from relaygraph.supervisor._state import TeamState, Visit
 
@@ -79,27 +79,38 @@ def history_text(state: TeamState) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def supervisor_prompt(agents: Mapping[str, AgentSpec]) -> str:
-    roster = "\n".join(f"- {spec.name}: {spec.description}" for spec in agents.values())
-    return (
-        "You are the supervisor of a team of agents. You decide who works next; you do no "
-        "work yourself.\n\nThe agents:\n"
-        f"{roster}\n\n"
-        "Reply with a route: 'next' is the agent that works next, or FINISH once the results "
-        "answer the request; 'task' tells that agent exactly what to do, self-contained; "
-        "'reason' says why in one sentence. Do not send an agent the same task twice."
+def _with_extra(prompt: str, extra: str | None) -> str:
+    """The built-in prompt, and the team's own addition (a team file's [supervisor])."""
+    return f"{prompt}\n\n{extra.strip()}" if extra and extra.strip() else prompt
+
+
+def supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> str:
+    roster = "\n".join(f"- {agent.name}: {agent.description}" for agent in agents)
+    return _with_extra(
+        (
+            "You are the supervisor of a team of agents. You decide who works next; you do no "
+            "work yourself.\n\nThe agents:\n"
+            f"{roster}\n\n"
+            "Reply with a route: 'next' is the agent that works next, or FINISH once the results "
+            "answer the request; 'task' tells that agent exactly what to do, self-contained; "
+            "'reason' says why in one sentence. Do not send an agent the same task twice."
+        ),
+        extra,
     )
 
 
-def tool_supervisor_prompt(agents: Mapping[str, AgentSpec]) -> str:
+def tool_supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> str:
     """The ``supervisor-tools`` topology's supervisor: it routes by calling tools."""
-    roster = "\n".join(f"- {spec.name}: {spec.description}" for spec in agents.values())
-    return (
-        "You are the supervisor of a team of agents. You do no work yourself: give work to "
-        "one agent at a time with its transfer_to_<agent> tool ('task': exactly what it must "
-        "do, self-contained; 'reason': why, in one sentence). When the agents' results answer "
-        "the request, reply to the user with the final answer, keeping doc ids in square "
-        f"brackets as citations.\n\nThe agents:\n{roster}"
+    roster = "\n".join(f"- {agent.name}: {agent.description}" for agent in agents)
+    return _with_extra(
+        (
+            "You are the supervisor of a team of agents. You do no work yourself: give work to "
+            "one agent at a time with its transfer_to_<agent> tool ('task': exactly what it must "
+            "do, self-contained; 'reason': why, in one sentence). When the agents' results answer "
+            "the request, reply to the user with the final answer, keeping doc ids in square "
+            f"brackets as citations.\n\nThe agents:\n{roster}"
+        ),
+        extra,
     )
 
 

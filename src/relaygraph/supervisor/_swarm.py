@@ -67,6 +67,7 @@ class SwarmExits:
 def build_swarm_team(
     models: dict[str, BaseChatModel],
     *,
+    team: Any,
     policy: TeamPolicy,
     topology: Topology,
     checkpointer: Checkpointer,
@@ -75,7 +76,7 @@ def build_swarm_team(
     from langgraph_swarm import create_swarm
 
     agents = tuple(policy.agents)
-    members = agent_members(models, policy, SwarmExits(policy))
+    members = agent_members(models, team, policy, SwarmExits(policy))
     builder = create_swarm(
         members,  # type: ignore[arg-type]  # Any named runnable serves as a member.
         default_active_agent=topology.start_agent or agents[0],

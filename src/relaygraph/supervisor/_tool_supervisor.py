@@ -38,7 +38,7 @@ from langgraph.graph import END, START
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Checkpointer, Command
 
-from relaygraph.agents import AGENTS, TaskContext
+from relaygraph.agents import Agent, TaskContext
 from relaygraph.handoffs import (
     HANDOFF_PREFIX,
     Assignment,
@@ -222,7 +222,8 @@ def _refuse_calls(
     return answers, violations
 
 
-def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
+def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
+    target, description = member.name, member.description
     name = f"{HANDOFF_PREFIX}{target}"
     limits = policy.agent(target).limits
 
@@ -304,7 +305,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             earlier_tasks=routes,
         )
         if found is None:
-            _emit_route(config, state, target, task, reason, carried_out=True)
+            _emit_route(config, state, target, task, reason, policy, carried_out=True)
             return proceed
         carried = dict(proceed.update or {})
         violations = carried.pop("violations")
@@ -318,7 +319,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
             update={},
         )
         update = dict(decided.update or {})
-        _emit_route(config, state, target, task, reason, carried_out=decided.goto == target)
+        _emit_route(config, state, target, task, reason, policy, carried_out=decided.goto == target)
         if decided.goto == FINALIZE:
             stopped = _answers(message, call_id, f"Not carried out: {found.detail}", answered)
             return _to_parent(state, config, FINALIZE, update, stopped)
@@ -335,8 +336,7 @@ def _make_transfer(target: str, policy: TeamPolicy) -> BaseTool:
     return StructuredTool.from_function(
         func=transfer,
         name=name,
-        description=f"Give work to the {target} agent ({AGENTS[target].description}), "
-        "with a self-contained task.",
+        description=f"Give work to the {target} agent ({description}), with a self-contained task.",
         args_schema=HandoffArgs,
         metadata={HANDOFF_DESTINATION: target},
     )
@@ -348,6 +348,7 @@ def _emit_route(
     target: str,
     task: str,
     reason: str,
+    policy: TeamPolicy,
     *,
     carried_out: bool = True,
 ) -> None:
@@ -365,7 +366,7 @@ def _emit_route(
             "fallback": False,
             "error": None,
             "carried_out": carried_out,
-            "tokens_so_far": acc.agent_tokens(state, AGENTS),
+            "tokens_so_far": acc.agent_tokens(state, policy.agents),
         }
     )
 
@@ -422,7 +423,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         if reply.tool_calls:
             refusals, violations = _refuse_calls(reply, tools, config, state.get("turn", 0))
             return {"usage": [usage], "messages": refusals, "violations": violations}
-        _emit_route(config, state, FINISH, "", "the supervisor answered")
+        _emit_route(config, state, FINISH, "", "the supervisor answered", policy)
         return _to_parent(state, config, FINALIZE, {"usage": [usage], "answer": reply.text})
 
     return before_model, after_model
@@ -431,6 +432,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
 def build_tool_supervisor_team(
     models: dict[str, BaseChatModel],
     *,
+    team: Any,
     policy: TeamPolicy,
     topology: Topology,
     checkpointer: Checkpointer,
@@ -439,13 +441,16 @@ def build_tool_supervisor_team(
     from langgraph_supervisor import create_supervisor
 
     agents = tuple(policy.agents)
-    workers = agent_members(models, policy, ToolsExits())
+    members = {a.name: a for a in team.agents}
+    workers = agent_members(models, team, policy, ToolsExits())
     before_model, after_model = _make_hooks(policy, agents)
     builder = create_supervisor(
         workers,  # type: ignore[arg-type]  # Any named runnable serves as a worker.
         model=models[SUPERVISOR],
-        tools=[_make_transfer(name, policy) for name in agents],
-        prompt=_prompts.tool_supervisor_prompt({a: AGENTS[a] for a in agents}),
+        tools=[_make_transfer(members[name], policy) for name in agents],
+        prompt=_prompts.tool_supervisor_prompt(
+            [members[a] for a in agents], extra=team.supervisor_prompt
+        ),
         pre_model_hook=before_model,
         post_model_hook=after_model,
         parallel_tool_calls=False,

@@ -1,0 +1,174 @@
+"""An agent of a team, as its user declares it: a name, what it is for, a prompt, tools."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from relaygraph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.tools import BaseTool
+
+__all__ = ["RESERVED_NAMES", "Agent", "check_agent_name", "to_tool", "tool_name"]
+
+RESERVED_NAMES = frozenset({"supervisor", "finalize", "FINISH", "begin", "__start__", "__end__"})
+"""Names an agent may not take: the team graph's own nodes and the route's end."""
+
+# OpenAI-compatible servers accept tool names of [A-Za-z0-9_-]{1,64}; an agent's name is in
+# its peers' ``transfer_to_<name>`` tools, so it follows that rule with room to spare.
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
+
+
+def check_agent_name(name: object, *, where: str = "agent") -> str:
+    """``name`` if it can name an agent.
+
+    Raises:
+        ConfigError: Not a string of letters, digits, ``_`` and ``-`` starting with a letter
+            (at most 40), or a reserved name (``supervisor``, ``finalize``, ``FINISH``).
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"{where}: name {name!r} must be letters, digits, '_' or '-', starting with a "
+            "letter, at most 40 characters"
+        )
+    if name in RESERVED_NAMES:
+        raise ConfigError(
+            f"{where}: name {name!r} is reserved for the team graph "
+            f"({', '.join(sorted(RESERVED_NAMES))})"
+        )
+    return name
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Agent:
+    """One agent of a team.
+
+    Example:
+        reviewer = Agent(
+            name="reviewer",
+            description="checks a draft against the docs and lists concrete problems",
+            prompt="You are the reviewer. ...",
+            tools=[check_style, "search_docs"],
+            handoffs=["writer"],
+        )
+
+    Raises:
+        ConfigError: A bad name, an empty description or prompt, or a tool given twice.
+    """
+
+    name: str
+    description: str
+    """One line the supervisor reads when it chooses who works next."""
+    prompt: str
+    """The agent's system prompt."""
+    tools: tuple[Any, ...] = ()
+    """LangChain tools, plain typed functions with a docstring (made tools with LangChain's
+    ``tool()``), or names of built-in tools. A tool may take LangGraph's ``ToolRuntime`` to
+    reach the task's context (workspace, artifacts, knowledge base)."""
+    handoffs: tuple[str, ...] | None = None
+    """Peers it may transfer work to directly; None: every other agent of the team."""
+    model: str | BaseChatModel | None = None
+    """A model spec or chat model for this agent; None: the team's default model."""
+    kb: tuple[Path, ...] = ()
+    """Folders indexed into the task's knowledge base for its ``search_docs`` and
+    ``read_doc`` (the whole team reads one knowledge base)."""
+    origins: Mapping[str, str] = field(default_factory=dict)
+    """Where each tool came from, by tool name (``builtin``, ``tools.py:word_count``,
+    ``mcp:lint``), for ``relaygraph team check`` and audits."""
+
+    def __post_init__(self) -> None:
+        where = f"agent {self.name!r}"
+        check_agent_name(self.name, where=where)
+        for key in ("description", "prompt"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{where}: {key} is missing (a non-empty text)")
+        object.__setattr__(self, "tools", _as_tuple(self.tools, f"{where}: tools"))
+        if self.handoffs is not None:
+            handoffs = _as_tuple(self.handoffs, f"{where}: handoffs")
+            for peer in handoffs:
+                if not isinstance(peer, str):
+                    raise ConfigError(f"{where}: handoffs holds {peer!r}, not an agent name")
+            object.__setattr__(self, "handoffs", handoffs)
+        kb = _as_tuple(self.kb, f"{where}: kb")
+        object.__setattr__(self, "kb", tuple(Path(folder) for folder in kb))
+        names = [tool_name(t) for t in self.tools]
+        doubled = sorted({n for n in names if names.count(n) > 1})
+        if doubled:
+            raise ConfigError(f"{where}: tool(s) {', '.join(map(repr, doubled))} given twice")
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(tool_name(t) for t in self.tools)
+
+    def resolved_tools(self, builtins: Mapping[str, BaseTool]) -> tuple[BaseTool, ...]:
+        """The agent's tools as LangChain tools; names of built-in tools looked up in
+        ``builtins``.
+
+        Raises:
+            ConfigError: A name that is no built-in tool, or a function that cannot be a
+                tool (no docstring, untyped).
+        """
+        return tuple(to_tool(t, builtins, where=f"agent {self.name!r}") for t in self.tools)
+
+
+def _as_tuple(value: Any, where: str) -> tuple[Any, ...]:
+    if isinstance(value, str | bytes | Path) or not isinstance(value, Iterable):
+        if isinstance(value, str | Path) and where.endswith("kb"):
+            return (value,)
+        raise ConfigError(f"{where} must be a list, got {value!r}")
+    return tuple(value)
+
+
+def tool_name(value: Any) -> str:
+    """The name a tool-like value gives its tool."""
+    from langchain_core.tools import BaseTool
+
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseTool):
+        return value.name
+    name = getattr(value, "__name__", None)
+    if isinstance(name, str):
+        return name
+    raise ConfigError(f"{value!r} is not a tool: give a LangChain tool, a function or a name")
+
+
+def to_tool(value: Any, builtins: Mapping[str, BaseTool], *, where: str) -> BaseTool:
+    """A LangChain tool for a tool-like value (see :class:`Agent`'s ``tools``).
+
+    Raises:
+        ConfigError: An unknown built-in name, or a function LangChain cannot make a tool of.
+    """
+    from langchain_core.tools import BaseTool, tool
+
+    if isinstance(value, BaseTool):
+        return value
+    if isinstance(value, str):
+        found = builtins.get(value)
+        if found is None:
+            raise ConfigError(
+                f"{where}: unknown tool {value!r}; built-in tools: {', '.join(builtins)}"
+            )
+        return found
+    if callable(value):
+        if not (getattr(value, "__doc__", None) or "").strip():
+            raise ConfigError(
+                f"{where}: function {tool_name(value)!r} has no docstring; the model reads "
+                "it as the tool's description"
+            )
+        try:
+            made: BaseTool = tool(value)
+        except Exception as exc:  # LangChain's own message names what is wrong.
+            raise ConfigError(
+                f"{where}: function {tool_name(value)!r} cannot be a tool: {exc}"
+            ) from None
+        return made
+    raise ConfigError(
+        f"{where}: {value!r} is not a tool: give a LangChain tool, a function or a name"
+    )

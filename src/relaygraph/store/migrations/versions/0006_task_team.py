@@ -1,0 +1,33 @@
+"""Tasks record which team definition ran them: its name, version and digest.
+
+An audit can then answer "which prompt and which tools did the coder have on that run".
+NULL on tasks recorded before: they ran the built-in team.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = "0006"
+down_revision: str | Sequence[str] | None = "0005"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    json_type = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+    with op.batch_alter_table("tasks") as batch:
+        batch.add_column(sa.Column("team", json_type, nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("tasks") as batch:
+        batch.drop_column("team")

@@ -1,0 +1,23 @@
+"""Teams of your own: agents, their tools and MCP servers, in Python or a team file.
+
+    from relaygraph import Agent, Team, builtin
+
+    team = Team(agents=[builtin.researcher(kb="./docs"), builtin.writer(), reviewer])
+    result = team.run("Review the handoff docs", model="openai:gpt-4o-mini")
+
+:func:`load_team` reads a team file (TOML, docs/teams.md); :meth:`Team.default` is the
+built-in researcher, coder and writer, made through the same public path.
+"""
+
+from relaygraph.team._file import OPERATOR, TeamTrust, load_team, parse_team
+from relaygraph.team._team import DEFAULT_TEAM_NAME, Team, default_team
+
+__all__ = [
+    "DEFAULT_TEAM_NAME",
+    "OPERATOR",
+    "Team",
+    "TeamTrust",
+    "default_team",
+    "load_team",
+    "parse_team",
+]

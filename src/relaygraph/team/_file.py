@@ -1,0 +1,366 @@
+"""The team file (TOML): agents, their tools and MCP servers, policy, topology, model.
+
+    name = "docs-review"
+    model = "openai:gpt-4o-mini"
+    topology = "structured"
+    policy = "policy.toml"            # relative to this file; or an inline [policy] table
+
+    [supervisor]
+    prompt = "Prefer the reviewer before FINISH when a draft exists."
+
+    [agents.researcher]
+    use = "builtin:researcher"
+    kb = ["./docs"]
+
+    [agents.reviewer]
+    description = "checks a draft against the docs"
+    prompt = "You are the reviewer. ..."
+    tools = ["search_docs", "./tools.py:word_count", "mcp:lint/*"]
+    handoffs = ["writer"]
+
+    [mcp.lint]
+    command = ["python", "lint_server.py"]
+
+Every mistake is reported before any model is called, naming the file, the table and the
+key (docs/teams.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from relaygraph.agents import Agent
+from relaygraph.agents import builtin as _builtin
+from relaygraph.errors import ConfigError
+from relaygraph.team._refs import ToolRef, allowed_module, parse_tool_ref, resolve_python_ref
+from relaygraph.team._team import Team
+
+__all__ = ["OPERATOR", "TeamTrust", "load_team", "parse_team"]
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class _AgentTable(BaseModel):
+    model_config = _STRICT
+    use: str | None = None
+    description: str | None = None
+    prompt: str | None = None
+    model: str | None = None
+    tools: list[str] | None = None
+    handoffs: list[str] | None = None
+    kb: list[str] | str | None = None
+
+
+class _McpTable(BaseModel):
+    model_config = _STRICT
+    command: list[str] | None = Field(default=None, min_length=1)
+    url: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0)
+
+
+class _SupervisorTable(BaseModel):
+    model_config = _STRICT
+    prompt: str | None = None
+
+
+class _TeamFile(BaseModel):
+    model_config = _STRICT
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    description: str = ""
+    model: str | None = None
+    topology: str = "structured"
+    start_agent: str | None = None
+    output_mode: str | None = None
+    policy: str | dict[str, Any] | None = None
+    supervisor: _SupervisorTable = Field(default_factory=_SupervisorTable)
+    agents: dict[str, _AgentTable] = Field(min_length=1)
+    mcp: dict[str, _McpTable] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TeamTrust:
+    """What a team file may reference. The operator's own files may reference anything; a
+    tenant's registered definition only what the server allows (a tenant must not make the
+    server run a program or import a module of its choosing)."""
+
+    local_files: bool = True
+    """``./file.py`` tools, stdio MCP servers and ``kb`` folders (they run or read files on
+    the machine)."""
+    modules: tuple[str, ...] | None = None
+    """Python modules tools may come from (a module and its submodules); None: any."""
+    mcp_hosts: tuple[str, ...] | None = None
+    """Hosts of HTTP MCP servers; None: any."""
+
+
+OPERATOR = TeamTrust()
+"""Everything allowed: a file the person running relaygraph wrote."""
+
+
+def load_team(path: str | Path, *, trust: TeamTrust = OPERATOR) -> Team:
+    """Read and build a team file.
+
+    Raises:
+        ConfigError: The file is missing, is not TOML, or anything in it is wrong; the
+            message names the file, the table and the key.
+    """
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"team file {str(file)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"team file {str(file)!r} cannot be read: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"team file {str(file)!r} is not valid TOML: {exc}") from None
+    return parse_team(data, base=file.resolve().parent, source=file.resolve(), trust=trust)
+
+
+def parse_team(
+    data: Mapping[str, Any],
+    *,
+    base: Path,
+    source: Path | None = None,
+    trust: TeamTrust = OPERATOR,
+) -> Team:
+    """Build a team from a team file's content.
+
+    Args:
+        data: The parsed TOML.
+        base: The folder relative paths are read from (the team file's).
+        source: The file, for messages and the task record.
+        trust: What the file may reference.
+
+    Raises:
+        ConfigError: As :func:`load_team`.
+    """
+    where = f"team file {str(source)!r}" if source else "team definition"
+    try:
+        return _parse_team(data, base=base, source=source, trust=trust, where=where)
+    except ConfigError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _parse_team(
+    data: Mapping[str, Any], *, base: Path, source: Path | None, trust: TeamTrust, where: str
+) -> Team:
+    try:
+        parsed = _TeamFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: " + "; ".join(_explain(exc))) from None
+    servers = {
+        name: _mcp_server(name, table, base, trust, where) for name, table in parsed.mcp.items()
+    }
+    tables = parsed.agents
+    files: dict[str, str] = {}
+    agents = [_agent(name, tables, base, trust, servers, files, where, chain=()) for name in tables]
+    policy: Any = parsed.policy
+    if isinstance(policy, str):
+        if not trust.local_files:
+            raise ConfigError(f"{where}: policy = {policy!r}: name no file; give a [policy] table")
+        from relaygraph.policies import read_policy_file
+
+        policy = read_policy_file(base / policy)
+        files[parsed.policy] = _digest_json(policy)  # type: ignore[index]
+    from relaygraph.topology import Topology
+
+    topology = Topology.parse(
+        parsed.topology, start_agent=parsed.start_agent, output_mode=parsed.output_mode
+    )
+    name = parsed.name or (source.stem if source else "team")
+    definition = {**dict(data), "_files": files}
+    return Team(
+        agents=tuple(agents),
+        name=name,
+        description=parsed.description,
+        policy=policy,
+        topology=topology,
+        model=parsed.model,
+        supervisor_prompt=parsed.supervisor.prompt,
+        source=source,
+        definition=definition,
+    )
+
+
+def _agent(
+    name: str,
+    tables: Mapping[str, _AgentTable],
+    base: Path,
+    trust: TeamTrust,
+    servers: Mapping[str, Any],
+    files: dict[str, str],
+    where: str,
+    *,
+    chain: tuple[str, ...],
+) -> Agent:
+    """The agent ``name`` of the file, its ``use`` chain followed (a cycle is an error)."""
+    at = f"{where}: [agents.{name}]"
+    if name in chain:
+        raise ConfigError(f"{where}: a cycle of use: {' -> '.join((*chain, name))}")
+    table = tables[name]
+    start: Agent | None = None
+    if table.use is not None:
+        if table.use.startswith("builtin:"):
+            factory = _builtin.AGENT_FACTORIES.get(table.use.removeprefix("builtin:"))
+            if factory is None:
+                raise ConfigError(
+                    f"{at} use = {table.use!r}: no such built-in agent "
+                    f"(builtin:{', builtin:'.join(_builtin.AGENT_FACTORIES)})"
+                )
+            start = factory()
+        elif table.use in tables:
+            start = _agent(
+                table.use, tables, base, trust, servers, files, where, chain=(*chain, name)
+            )
+        else:
+            raise ConfigError(
+                f"{at} use = {table.use!r}: neither builtin:<agent> nor an agent of this file"
+            )
+    changes: dict[str, Any] = {"name": name}
+    for key in ("description", "prompt", "model", "handoffs"):
+        value = getattr(table, key)
+        if value is not None:
+            changes[key] = value
+    if start is None:
+        for key in ("description", "prompt"):
+            if key not in changes:
+                raise ConfigError(f"{at} {key}: required key is missing (or give use = ...)")
+    if table.kb is not None:
+        if not trust.local_files:
+            raise ConfigError(f"{at} kb: a registered team may name no folders of the server")
+        folders = [table.kb] if isinstance(table.kb, str) else table.kb
+        changes["kb"] = tuple((base / f).resolve() for f in folders)
+        for folder in changes["kb"]:
+            if not folder.is_dir():
+                raise ConfigError(f"{at} kb: {str(folder)!r} is not a folder")
+    if table.tools is not None:
+        tools: list[Any] = []
+        origins: dict[str, str] = {}
+        for text in table.tools:
+            ref = parse_tool_ref(text, where=f"{at} tools")
+            for made, origin in _resolve(ref, base, trust, servers, files, f"{at} tools"):
+                tools.append(made)
+                from relaygraph.agents._agent import tool_name
+
+                origins[tool_name(made)] = origin
+        changes["tools"] = tuple(tools)
+        changes["origins"] = origins
+    try:
+        return replace(start, **changes) if start is not None else Agent(**changes)
+    except ConfigError as exc:
+        raise ConfigError(f"{at}: {exc}") from None
+
+
+def _resolve(
+    ref: ToolRef,
+    base: Path,
+    trust: TeamTrust,
+    servers: Mapping[str, Any],
+    files: dict[str, str],
+    where: str,
+) -> list[tuple[Any, str]]:
+    if ref.kind == "builtin":
+        if ref.target not in _builtin.tools():
+            raise ConfigError(
+                f"{where}: unknown tool {ref.text!r}; built-in tools: {', '.join(_builtin.tools())}"
+            )
+        return [(ref.target, "builtin")]
+    if ref.kind == "mcp":
+        server = servers.get(ref.target)
+        if server is None:
+            known = ", ".join(servers) or "none"
+            raise ConfigError(
+                f"{where}: {ref.text!r}: no [mcp.{ref.target}] table (servers: {known})"
+            )
+        from relaygraph.team._mcp import mcp_tools
+
+        names = None if ref.attribute == "*" else [ref.attribute or ""]
+        return [(t, f"mcp:{ref.target}") for t in mcp_tools(server, names)]
+    if ref.kind == "file" and not trust.local_files:
+        raise ConfigError(
+            f"{where}: {ref.text!r}: a registered team may name no files of the server"
+        )
+    if (
+        ref.kind == "module"
+        and trust.modules is not None
+        and not allowed_module(ref.target, trust.modules)
+    ):
+        raise ConfigError(
+            f"{where}: {ref.text!r}: module {ref.target!r} is not allowed on this server "
+            f"(RELAYGRAPH_TOOL_MODULES: {', '.join(trust.modules) or 'none'})"
+        )
+    found, digest = resolve_python_ref(ref, base=base, where=where)
+    if digest is not None:
+        files[ref.target] = digest
+    return [(found, ref.text)]
+
+
+def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where: str) -> Any:
+    from relaygraph.team._mcp import McpServer
+
+    at = f"{where}: [mcp.{name}]"
+    if (table.command is None) == (table.url is None):
+        raise ConfigError(f"{at}: give exactly one of command (stdio) or url (streamable HTTP)")
+    if table.command is not None:
+        if not trust.local_files:
+            raise ConfigError(
+                f"{at} command: a registered team may start no programs on the server; "
+                "use an MCP server over HTTP"
+            )
+        command = list(table.command)
+        if command[0] in ("python", "python3"):
+            # The interpreter relaygraph runs on, whose packages (mcp among them) the
+            # server can import: "python" on PATH may be another one.
+            command[0] = sys.executable
+        return McpServer(
+            name=name,
+            command=tuple(command),
+            cwd=base,
+            env=table.env,
+            timeout_seconds=table.timeout_seconds,
+        )
+    url = table.url or ""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{at} url = {url!r}: an http:// or https:// URL")
+    if trust.mcp_hosts is not None and parts.hostname not in trust.mcp_hosts:
+        raise ConfigError(
+            f"{at} url = {url!r}: host {parts.hostname!r} is not allowed on this server "
+            f"(RELAYGRAPH_MCP_ALLOWED_HOSTS: {', '.join(trust.mcp_hosts) or 'none'})"
+        )
+    return McpServer(
+        name=name, url=url, headers=table.headers, timeout_seconds=table.timeout_seconds
+    )
+
+
+def _explain(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "missing":
+            problems.append(f"{loc}: required key is missing")
+        elif err["type"] == "extra_forbidden":
+            problems.append(f"{loc}: unknown key")
+        else:
+            problems.append(f"{loc} = {err.get('input')!r}: {err['msg']}")
+    return problems
+
+
+def _digest_json(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
