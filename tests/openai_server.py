@@ -44,7 +44,9 @@ hangs up) and a truncated answer (half a body, or half a stream). A faulted requ
 advance the script, and every request is logged with its arrival time and body digest
 (:attr:`FakeOpenAI.log`), so a test can check when a retried request came back.
 Usage comes from the turn, else it is estimated exactly as ``ScriptedChatModel`` does (about
-four characters per token of the request's message texts and of the output).
+four characters per token of the request's message texts and of the output). An answer longer
+than the request's ``max_tokens`` (or ``max_completion_tokens``) is cut there, with
+``finish_reason: "length"``.
 """
 
 from __future__ import annotations
@@ -546,12 +548,16 @@ class FakeOpenAI:
             out_text = (turn.content or "") + json.dumps(turn.route or [a for *_, a in calls])
             prompt = _estimate_tokens("\n".join(_message_text(m) for m in messages))
             completion = _estimate_tokens(out_text)
+        finish = "tool_calls" if calls else "stop"
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        if not calls and isinstance(limit, int) and completion > limit:
+            # The answer stops at the token limit, as a model's does (~4 characters a token).
+            content, completion, finish = (content or "")[: limit * 4], limit, "length"
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
-        finish = "tool_calls" if calls else "stop"
         tool_calls = [
             {
                 "id": call_id,

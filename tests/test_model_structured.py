@@ -231,3 +231,22 @@ def test_a_route_by_function_calling_is_repaired_as_text(
     # The invalid reply is quoted as text: a tool call there would need a tool answer.
     assert repair[2] == {"role": "assistant", "content": json.dumps(bad)}
     assert repair[3]["content"].startswith("Your reply was not a valid route")
+
+
+def test_an_answer_cut_at_max_tokens_is_repaired_like_invalid_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    long_reason = {**ROUTE, "reason": "because " * 40}
+    script = {"supervisor": [{"route": long_reason}, {"route": ROUTE}]}
+    with serve_script(script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        model = load_model(
+            "openai:script-supervisor?structured=json_schema&max_tokens=30", agent="supervisor"
+        )
+        decision = route_next_agent(model, PROMPT, agents=["writer"], config={})
+        first = server.requests[0]
+    assert first["max_tokens"] == 30
+    assert decision.fallback is False and decision.route.next == "writer"
+    assert decision.error == (
+        "the answer reached the token limit before its JSON was complete (30 tokens)"
+    )

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 import openai
+from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import BaseMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_openai import ChatOpenAI
@@ -71,6 +72,12 @@ _REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
 }
 """Words in a 5xx body that show the server refused this method's part of the request."""
 _CALL_ERRORS: tuple[type[Exception], ...] = (openai.APIError, httpx2.HTTPError)
+_UNPARSED_ANSWERS: tuple[type[Exception], ...] = (
+    openai.LengthFinishReasonError,
+    openai.ContentFilterFinishReasonError,
+)
+"""The SDK's structured-output parse gave up on an answer that came: an output problem
+(like invalid JSON), not a failed call."""
 
 _probing: ContextVar[StructuredMethod | None] = ContextVar("relaygraph_probing", default=None)
 """The structured method ``auto`` is trying: its rejection is expected, not reported."""
@@ -123,6 +130,19 @@ def _with_instruction(messages: list[BaseMessage], instruction: str) -> list[Bas
         first = messages[0]
         return [SystemMessage(content=f"{first.text}\n\n{instruction}"), *messages[1:]]
     return [SystemMessage(content=instruction), *messages]
+
+
+def _unparsed(exc: Exception) -> OutputParserException:
+    if isinstance(exc, openai.LengthFinishReasonError):
+        return OutputParserException(
+            "the answer reached the token limit before its JSON was complete"
+            + (
+                f" ({exc.completion.usage.completion_tokens} tokens)"
+                if exc.completion.usage
+                else ""
+            )
+        )
+    return OutputParserException("the server's content filter stopped the answer")
 
 
 def _parsed(out: dict[str, Any]) -> Any:
@@ -226,18 +246,24 @@ class RelaygraphChatOpenAI(ChatOpenAI):
     ) -> ChatResult:
         try:
             return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        except _UNPARSED_ANSWERS as exc:
+            raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
 
     async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
         try:
             return await super()._agenerate(*args, **kwargs)
+        except _UNPARSED_ANSWERS as exc:
+            raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         try:
             yield from super()._stream(*args, **kwargs)
+        except _UNPARSED_ANSWERS as exc:
+            raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
 
@@ -245,6 +271,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         try:
             async for chunk in super()._astream(*args, **kwargs):
                 yield chunk
+        except _UNPARSED_ANSWERS as exc:
+            raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
 

@@ -91,7 +91,8 @@ def _describe(exc: Exception) -> str:
             + (f" (got {err['input']!r})" if err["type"] != "missing" else "")
             for err in exc.errors()
         )
-    return str(exc)
+    # LangChain's parser errors end with a troubleshooting link: not for the model's eyes.
+    return str(exc).split("\nFor troubleshooting, visit:")[0].strip()
 
 
 @dataclass(frozen=True, slots=True)

