@@ -9,6 +9,7 @@ import pytest
 PACKAGES = [
     "relaygraph",
     "relaygraph.agents",
+    "relaygraph.team",
     "relaygraph.handoffs",
     "relaygraph.models",
     "relaygraph.policies",
@@ -44,3 +45,10 @@ def test_error_hierarchy() -> None:
     busy = TaskBusy("t-1", "runner r-2 holds it")
     assert isinstance(busy, RunError) and busy.task_id == "t-1"
     assert str(busy) == "task 't-1' is being run elsewhere: runner r-2 holds it"
+
+
+def test_teams_are_importable_from_the_top() -> None:
+    from relaygraph import Agent, Team, builtin
+
+    team = Team(agents=[builtin.researcher(), builtin.writer()])
+    assert isinstance(team.agents[0], Agent) and team.agent_names == ("researcher", "writer")

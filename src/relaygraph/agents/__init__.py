@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from relaygraph.agents import builtin
 from relaygraph.agents._agent import RESERVED_NAMES, Agent, check_agent_name
 from relaygraph.agents.context import TaskContext
 
@@ -22,7 +23,14 @@ if TYPE_CHECKING:
 
     from relaygraph.policies import TeamPolicy
 
-__all__ = ["RESERVED_NAMES", "Agent", "TaskContext", "build_agent", "check_agent_name"]
+__all__ = [
+    "RESERVED_NAMES",
+    "Agent",
+    "TaskContext",
+    "build_agent",
+    "builtin",
+    "check_agent_name",
+]
 
 
 def build_agent(
