@@ -409,7 +409,8 @@ class FakeOpenAI:
         requests: Every JSON body posted to ``/v1/chat/completions``, in arrival order
             (rejected ones included).
         log: One entry per request: ``at`` (monotonic seconds), ``digest`` (of the body),
-            ``model``, ``fault`` (its kind, or None).
+            ``model``, ``fault`` (its kind, or None), ``status`` (of the answer, None for a
+            fault) and ``usage`` (the answer's usage block, for a 200).
         profile: Which server it plays.
         faults: The faults it injects, if any.
     """
@@ -470,20 +471,22 @@ class FakeOpenAI:
 
     # -- request handling (called from handler threads) --------------------------------
 
-    def _record(self, body: dict[str, Any]) -> str | None:
-        """Record a request; returns the fault to inject into its answer, if any."""
+    def _record(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Record a request; returns its log entry, whose ``fault`` is the fault to inject
+        into its answer, if any (the handler adds ``status`` and ``usage``)."""
         with self._lock:
             self.requests.append(body)
             fault = self.faults.draw(body.get("model")) if self.faults is not None else None
-            self.log.append(
-                {
-                    "at": time.monotonic(),
-                    "digest": _digest(body),
-                    "model": body.get("model"),
-                    "fault": fault,
-                }
-            )
-            return fault
+            entry = {
+                "at": time.monotonic(),
+                "digest": _digest(body),
+                "model": body.get("model"),
+                "fault": fault,
+                "status": None,
+                "usage": None,
+            }
+            self.log.append(entry)
+            return entry
 
     @property
     def injected(self) -> list[dict[str, Any]]:
@@ -916,6 +919,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         app = self.server.app
+        entry: dict[str, Any] | None = None
         try:
             try:
                 body = json.loads(raw)
@@ -927,12 +931,15 @@ class _Handler(BaseHTTPRequestHandler):
                 ) from None
             if not isinstance(body, dict):
                 raise _bad_request("The request body must be a JSON object.")
-            fault = app._record(body)
-            if fault is not None:
-                self._inject(fault, body)
+            entry = app._record(body)
+            if entry["fault"] is not None:
+                self._inject(entry["fault"], body)
                 return
             completion, chunks = app._answer(body)
+            entry["status"], entry["usage"] = 200, completion["usage"]
         except _APIError as err:
+            if entry is not None:
+                entry["status"] = err.status
             self._send_json(err.status, err.body)
             return
         except Exception as exc:  # a server bug: fail the test at once, without retries
