@@ -55,7 +55,7 @@ def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], An
     from relaygraph.agents import TaskContext
     from relaygraph.policies import default_policy, policy_to_mapping
     from relaygraph.run import TaskRunner, _ledger_for, run_task
-    from relaygraph.store import LOCAL_TEAM_ID
+    from relaygraph.store import LOCAL_PROJECT_ID
     from relaygraph.supervisor import FINALIZE, SUPERVISOR
     from relaygraph.topology import Topology
 
@@ -129,7 +129,7 @@ def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], An
 
     def task_runner() -> None:
         task, _ = ledger.create_task(
-            team_id=LOCAL_TEAM_ID, input=REQUEST, policy=mapping, models=specs, metadata={}
+            project_id=LOCAL_PROJECT_ID, input=REQUEST, policy=mapping, models=specs, metadata={}
         )
         check(runner.run(task, {"request": REQUEST}))
 

@@ -29,7 +29,7 @@ class Api:
 
     def key(self, name: str) -> str:
         with Ledger(self.ledger_url) as ledger:
-            return ledger.create_team(name)[1]
+            return ledger.create_project(name)[1]
 
     async def wait(
         self,
@@ -122,15 +122,15 @@ async def test_submit_follow_and_replay(api: Api) -> None:
     assert handoffs["handoffs"][1]["step"] is not None
 
 
-async def test_auth_and_team_isolation(api: Api) -> None:
+async def test_auth_and_project_isolation(api: Api) -> None:
     assert (await api.client.get("/v1/tasks")).status_code == 401
     bad = await api.client.get("/v1/tasks", headers=auth("rg_nope"))
     assert bad.status_code == 401
     assert bad.json()["error"]["code"] == "unauthorized"
-    a, b = api.key("a-team"), api.key("b-team")
+    a, b = api.key("a-project"), api.key("b-project")
     made = await api.client.post("/v1/tasks", json={"input": "x"}, headers=auth(a))
     other = await api.client.get(f"/v1/tasks/{made.json()['id']}", headers=auth(b))
-    assert other.status_code == 404  # not 403: another team's task does not exist for b
+    assert other.status_code == 404  # not 403: another project's task does not exist for b
     assert other.json()["error"]["code"] == "task_not_found"
     listed = await api.client.get("/v1/tasks", headers=auth(b))
     assert listed.json()["tasks"] == []
@@ -324,6 +324,10 @@ async def test_cancel_an_interrupted_task_and_usage(api: Api, script: Script) ->
     # usage is not recorded (visits are accounted when they end).
     assert usage["agents"]["supervisor"]["model_calls"] == 1
     assert usage["tasks"] == 1
+    # The tenant is a project; its id keeps its old key for one release (deprecated).
+    assert usage["project_id"] == usage["team_id"] != ""
+    trace = (await api.client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(key))).json()
+    assert trace["project_id"] == trace["team_id"] == usage["project_id"]
 
 
 async def test_health_and_openapi(api: Api) -> None:
@@ -356,7 +360,7 @@ async def test_scripted_models_are_refused_unless_the_server_allows_them(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
-                key = ledger.create_team("acme")[1]
+                key = ledger.create_project("acme")[1]
             spec = script({"supervisor": []})
             got = await client.post(
                 "/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key)

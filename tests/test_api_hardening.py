@@ -29,7 +29,7 @@ class Api:
 
     def key(self, name: str) -> str:
         with Ledger(self.ledger_url) as ledger:
-            return ledger.create_team(name)[1]
+            return ledger.create_project(name)[1]
 
     async def post_raw(self, path: str, body: bytes, key: str, **headers: str) -> httpx.Response:
         sent = {**auth(key), "Content-Type": "application/json", **headers}
@@ -261,7 +261,7 @@ async def test_an_idempotency_key_reused_for_another_request_is_409(
     other = await api.client.post("/v1/tasks", json={**body, **change}, headers=headers)
     assert_error(other, 409, "idempotency_key_reused", "Idempotency-Key")
     assert named in other.json()["error"]["message"]
-    # Keys are per team: another team's same key is its own.
+    # Keys are per project: another project's same key is its own.
     stranger = api.key("other")
     theirs = await api.client.post(
         "/v1/tasks",
@@ -274,7 +274,7 @@ async def test_an_idempotency_key_reused_for_another_request_is_409(
     await api.wait(theirs.json()["id"], stranger)
 
 
-# Finding 7: thread ids are each team's own.
+# Finding 7: thread ids are each project's own.
 
 
 def two_turns() -> dict[str, Any]:
@@ -291,14 +291,14 @@ def two_turns() -> dict[str, Any]:
     }
 
 
-async def test_a_thread_id_another_team_uses_is_a_new_thread(api: Api, scripts: Path) -> None:
+async def test_a_thread_id_another_project_uses_is_a_new_thread(api: Api, scripts: Path) -> None:
     (scripts / "two-turns.json").write_text(json.dumps(two_turns()), encoding="utf-8")
-    b_key, a_key = api.key("b-team"), api.key("a-team")
+    b_key, a_key = api.key("b-project"), api.key("a-project")
     body = {"input": "go", "model": "scripted:two-turns.json", "thread_id": "ticket-4711"}
     b_first = await api.client.post("/v1/tasks", json=body, headers=auth(b_key))
     assert b_first.status_code == 202, b_first.text
     assert (await api.wait(b_first.json()["id"], b_key))["answer"] == "Answer one."
-    # Team A's first use of the id is a new thread of A's, in any topology: it neither
+    # Project A's first use of the id is a new thread of A's, in any topology: it neither
     # continues B's conversation nor learns that B uses the id.
     a_first = await api.client.post("/v1/tasks", json=body, headers=auth(a_key))
     assert a_first.status_code == 202, a_first.text
@@ -328,9 +328,9 @@ async def test_a_thread_id_another_team_uses_is_a_new_thread(api: Api, scripts: 
 async def test_cancel_ends_a_running_task_whose_runner_died(api: Api) -> None:
     key = api.key("acme")
     with Ledger(api.ledger_url) as ledger:
-        team = ledger.authenticate(key)
-        assert team is not None
-        task, _ = ledger.create_task(team_id=team.id, input="x", thread_id="t-1")
+        project = ledger.authenticate(key)
+        assert project is not None
+        task, _ = ledger.create_task(project_id=project.id, input="x", thread_id="t-1")
         # A runner took it and died: its lease lapses, unrenewed.
         assert ledger.take_lease(task.id, "server-dead", seconds=0.05) is not None
     behind = {"input": "When?", "thread_id": "t-1", "multitask": "enqueue"}
@@ -354,9 +354,9 @@ async def test_cancel_of_a_task_another_live_runner_holds_is_asked_of_that_runne
 ) -> None:
     key = api.key("acme")
     with Ledger(api.ledger_url) as ledger:
-        team = ledger.authenticate(key)
-        assert team is not None
-        task, _ = ledger.create_task(team_id=team.id, input="x")
+        project = ledger.authenticate(key)
+        assert project is not None
+        task, _ = ledger.create_task(project_id=project.id, input="x")
         assert ledger.take_lease(task.id, "server-elsewhere", seconds=60) is not None
     got = await api.client.post(f"/v1/tasks/{task.id}/cancel", headers=auth(key))
     assert got.status_code == 202, got.text

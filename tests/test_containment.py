@@ -1,6 +1,6 @@
 """What keeps tenants apart and faults contained, below the HTTP layer (issue 13).
 
-- Thread ids are each team's own: the same id used by two teams is two threads, whose
+- Thread ids are each project's own: the same id used by two projects is two threads, whose
   checkpoints never meet.
 - An idempotency key names one whole request: reused with any other field, it is refused.
 - A task whose runner dies on it every time is failed after a bounded number of starts.
@@ -27,7 +27,7 @@ from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models.scripted import MAX_SCRIPT_BYTES, ScriptFolder, load_script
 from relaygraph.run import TaskRunner, run_task
-from relaygraph.store import LOCAL_TEAM_ID, Ledger, RecordConflict
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordConflict
 from tests.conftest import EXAMPLE_RELAY
 
 SCRIPTS = EXAMPLE_RELAY.parent
@@ -47,46 +47,46 @@ def lapse(ledger: Ledger, task_id: str, runner_id: str) -> None:
     assert ledger.renew_lease(task_id, runner_id, seconds=-60)
 
 
-# Threads belong to a team
+# Threads belong to a project
 
 
-def test_two_teams_may_use_one_thread_id_without_meeting(ledger: Ledger) -> None:
-    a, _ = ledger.create_team("alpha")
-    b, _ = ledger.create_team("beta")
-    first_b, _ = ledger.create_task(team_id=b.id, input="b1", thread_id="ticket-4711")
-    assert not ledger.thread_exists("ticket-4711", team_id=a.id)
-    assert ledger.active_task_on_thread("ticket-4711", team_id=a.id) is None
-    assert ledger.thread_topology("ticket-4711", team_id=a.id) is None
+def test_two_projects_may_use_one_thread_id_without_meeting(ledger: Ledger) -> None:
+    a, _ = ledger.create_project("alpha")
+    b, _ = ledger.create_project("beta")
+    first_b, _ = ledger.create_task(project_id=b.id, input="b1", thread_id="ticket-4711")
+    assert not ledger.thread_exists("ticket-4711", project_id=a.id)
+    assert ledger.active_task_on_thread("ticket-4711", project_id=a.id) is None
+    assert ledger.thread_topology("ticket-4711", project_id=a.id) is None
 
     first_a, _ = ledger.create_task(
-        team_id=a.id, input="a1", thread_id="ticket-4711", topology={"kind": "swarm"}
+        project_id=a.id, input="a1", thread_id="ticket-4711", topology={"kind": "swarm"}
     )
-    # Two threads: each team's checkpoints live under a key of their own.
+    # Two threads: each project's checkpoints live under a key of their own.
     assert first_a.thread_id == first_b.thread_id == "ticket-4711"
     assert first_a.checkpoint_thread != first_b.checkpoint_thread
-    assert ledger.active_task_on_thread("ticket-4711", team_id=a.id) == first_a
-    assert ledger.active_task_on_thread("ticket-4711", team_id=b.id) == first_b
-    assert ledger.thread_topology("ticket-4711", team_id=b.id) is None
-    assert ledger.thread_topology("ticket-4711", team_id=a.id) == {"kind": "swarm"}
+    assert ledger.active_task_on_thread("ticket-4711", project_id=a.id) == first_a
+    assert ledger.active_task_on_thread("ticket-4711", project_id=b.id) == first_b
+    assert ledger.thread_topology("ticket-4711", project_id=b.id) is None
+    assert ledger.thread_topology("ticket-4711", project_id=a.id) == {"kind": "swarm"}
 
-    # A team's later task on its thread continues the same checkpoints.
-    second_a, _ = ledger.create_task(team_id=a.id, input="a2", thread_id="ticket-4711")
+    # A project's later task on its thread continues the same checkpoints.
+    second_a, _ = ledger.create_task(project_id=a.id, input="a2", thread_id="ticket-4711")
     assert second_a.checkpoint_thread == first_a.checkpoint_thread
 
 
-def test_a_thread_of_an_api_team_is_unknown_to_the_cli(home: Path) -> None:
+def test_a_thread_of_an_api_project_is_unknown_to_the_cli(home: Path) -> None:
     from relaygraph.run import _ledger_for
 
     ledger = _ledger_for(home)
-    team, _ = ledger.create_team("api-team")
-    ledger.create_task(team_id=team.id, input="x", thread_id="shared-id")
+    project, _ = ledger.create_project("api-project")
+    ledger.create_task(project_id=project.id, input="x", thread_id="shared-id")
     with pytest.raises(ConfigError, match="'shared-id' has no earlier run"):
         run_task("x", model=f"scripted:{EXAMPLE_RELAY}", thread_id="shared-id", home=home)
 
 
-def test_same_thread_id_in_two_teams_keeps_two_conversations(home: Path) -> None:
-    """Real runs: the second team's task on the same thread id sees none of the first's
-    history (its checkpoints are not the first team's)."""
+def test_same_thread_id_in_two_projects_keeps_two_conversations(home: Path) -> None:
+    """Real runs: the second project's task on the same thread id sees none of the first's
+    history (its checkpoints are not the first project's)."""
     from relaygraph.run import _ledger_for
 
     ledger = _ledger_for(home)
@@ -94,9 +94,9 @@ def test_same_thread_id_in_two_teams_keeps_two_conversations(home: Path) -> None
     spec = f"scripted:{EXAMPLE_RELAY}"
     answers = []
     for name in ("alpha", "beta"):
-        team, _ = ledger.create_team(name)
+        project, _ = ledger.create_project(name)
         task, _ = ledger.create_task(
-            team_id=team.id,
+            project_id=project.id,
             input=f"question of {name}",
             thread_id="ticket-4711",
             **runnable(spec),
@@ -133,7 +133,7 @@ def test_an_idempotency_key_reused_for_another_request_is_refused(
     ledger: Ledger, change: dict[str, Any], field: str
 ) -> None:
     request: dict[str, Any] = {
-        "team_id": LOCAL_TEAM_ID,
+        "project_id": LOCAL_PROJECT_ID,
         "input": "x",
         "policy": {"agents": {}},
         "models": {"coder": "openai:gpt-4o-mini"},
@@ -147,26 +147,26 @@ def test_an_idempotency_key_reused_for_another_request_is_refused(
     assert again.id == first.id and not created
     with pytest.raises(RecordConflict, match=rf"\({field} differ\)"):
         ledger.create_task(**{**request, **change})
-    assert len(ledger.list_tasks(team_id=LOCAL_TEAM_ID)[0]) == 1
+    assert len(ledger.list_tasks(project_id=LOCAL_PROJECT_ID)[0]) == 1
 
 
 def test_the_same_request_with_its_own_thread_returns_the_first_task(ledger: Ledger) -> None:
     first, _ = ledger.create_task(
-        team_id=LOCAL_TEAM_ID, input="x", thread_id="t-1", idempotency_key="k"
+        project_id=LOCAL_PROJECT_ID, input="x", thread_id="t-1", idempotency_key="k"
     )
     again, created = ledger.create_task(
-        team_id=LOCAL_TEAM_ID, input="x", thread_id="t-1", idempotency_key="k"
+        project_id=LOCAL_PROJECT_ID, input="x", thread_id="t-1", idempotency_key="k"
     )
     assert (again.id, created) == (first.id, False)
     with pytest.raises(RecordConflict, match="thread_id differ"):
-        ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", idempotency_key="k")
+        ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", idempotency_key="k")
 
 
 # Attempts: a task that kills its runner is not started forever
 
 
 def test_a_task_whose_runners_die_is_failed_after_max_attempts(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     for attempt, runner in enumerate(("a", "b", "c"), start=1):
         assert ledger.settle_abandoned(task.id, max_attempts=3) is None
         taken = ledger.take_lease(task.id, runner, seconds=30)
@@ -185,13 +185,13 @@ def test_a_task_whose_runners_die_is_failed_after_max_attempts(ledger: Ledger) -
 
 
 def test_a_run_that_ends_resets_the_attempts(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     ledger.take_lease(task.id, "a", seconds=30)
     lapse(ledger, task.id, "a")
     ledger.take_lease(task.id, "b", seconds=30)
     # b pauses the task for an approval: its run ended on its own.
     ledger.end_run(task.id, usage={}, runner_id="b", status="interrupted")
-    paused = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    paused = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert paused is not None and paused.attempts == 0
     assert ledger.take_lease(task.id, "c", seconds=30, only_from=("interrupted",)).attempts == 1  # type: ignore[union-attr]
 
@@ -200,7 +200,7 @@ def test_a_run_that_ends_resets_the_attempts(ledger: Ledger) -> None:
 
 
 def test_cancel_ends_a_task_whose_runner_is_dead_at_once(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     ledger.take_lease(task.id, "dead", seconds=30)
     lapse(ledger, task.id, "dead")
     cancelled = ledger.request_cancel(task.id)
@@ -211,7 +211,7 @@ def test_cancel_ends_a_task_whose_runner_is_dead_at_once(ledger: Ledger) -> None
 
 
 def test_cancel_of_a_task_held_by_a_live_runner_waits_for_it(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     ledger.take_lease(task.id, "live", seconds=30)
     asked = ledger.request_cancel(task.id)
     assert asked.status == "running" and asked.cancel_requested_at is not None
@@ -247,7 +247,7 @@ def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
             "finalize": [{"content": "done"}],
         }
     )
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", **runnable(spec))
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", **runnable(spec))
     runner = TaskRunner(ledger=ledger, home=home, lease_seconds=1.0)
     calling = threading.Event()
 
@@ -267,7 +267,7 @@ def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
     assert not thread.is_alive()
     result = outcome[0]
     assert result.status == "cancelled", result
-    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert stored is not None and stored.status == "cancelled"
     assert stored.cancel_requested_at is None
     # It stopped at the boundary after the first program: the second never ran.
@@ -277,16 +277,16 @@ def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
 def test_workers_settle_a_dead_servers_task_instead_of_running_it(
     ledger: Ledger, tmp_path: Path
 ) -> None:
-    team, _ = ledger.create_team("t")
-    task, _ = ledger.create_task(team_id=team.id, input="x", thread_id="th")
-    behind, _ = ledger.create_task(team_id=team.id, input="y", thread_id="th")
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", thread_id="th")
+    behind, _ = ledger.create_task(project_id=project.id, input="y", thread_id="th")
     for runner in ("s1", "s2", "s3"):
         ledger.take_lease(task.id, runner, seconds=30)
         lapse(ledger, task.id, runner)
     workers = TaskWorkers(ledger, home=tmp_path, workers=1, max_attempts=3)
     started: list[str] = []
 
-    def start(task: Any, graph_input: Any = None, *, team: str) -> None:
+    def start(task: Any, graph_input: Any = None, *, project: str) -> None:
         workers._cancel.setdefault(task.id, threading.Event())  # as the real one does
         started.append(task.id)
 
@@ -295,7 +295,7 @@ def test_workers_settle_a_dead_servers_task_instead_of_running_it(
         workers.recover()
     finally:
         workers.shutdown()
-    stored = ledger.get_task(task.id, team_id=team.id)
+    stored = ledger.get_task(task.id, project_id=project.id)
     assert stored is not None and stored.status == "failed"
     assert started == [behind.id]  # the task queued behind it on its thread goes on
 
@@ -363,7 +363,7 @@ def test_no_script_path_opens_the_ledgers_database_files(
     from relaygraph.run import _ledger_for
 
     ledger = _ledger_for(home)
-    ledger.create_team("x")
+    ledger.create_project("x")
     databases = {str(home / name) for name in ("ledger.sqlite", "checkpoints.sqlite")}
     (home / "checkpoints.sqlite").touch()
     opened: list[str] = []
@@ -436,7 +436,7 @@ def test_a_task_that_kills_its_server_is_failed_after_max_attempts(
 
     import httpx
 
-    from tests.test_server import _free_port, create_team
+    from tests.test_server import _free_port, create_project
 
     killer = script(
         {
@@ -482,7 +482,7 @@ def test_a_task_that_kills_its_server_is_failed_after_max_attempts(
         except subprocess.TimeoutExpired:
             return None
 
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     headers = {"Authorization": f"Bearer {key}"}
     deaths = 0
     server = start()

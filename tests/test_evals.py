@@ -429,7 +429,7 @@ def test_one_run_per_case_reports_no_pass_at_k() -> None:
 
 
 def test_report_files_hold_every_check_with_expected_and_actual(home: Path, tmp_path: Path) -> None:
-    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 
     path = write_golden(
         tmp_path,
@@ -457,7 +457,7 @@ def test_report_files_hold_every_check_with_expected_and_actual(home: Path, tmp_
     assert passes["passed"] and passes["trials"][0]["observed"]["tools"] == ["save_artifact"]
     # The task id is the ledger's: `relaygraph trace` opens its timeline.
     with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
-        task = ledger.get_task(trial["task_id"], team_id=LOCAL_TEAM_ID)
+        task = ledger.get_task(trial["task_id"], project_id=LOCAL_PROJECT_ID)
     assert task is not None and task.input == "request for fails"
     markdown = (out / "report.md").read_text()
     assert "| pass_rate | 50.0% (1/2 runs) |" in markdown
@@ -802,7 +802,7 @@ def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import relaygraph.run
-    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 
     real = relaygraph.run.run_task
 
@@ -828,7 +828,7 @@ def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
         run = ledger.eval_run(report.eval_run_id)
         assert [r.id for r in ledger.eval_runs()] == [run.id]
         tasks = {
-            c.case_id: ledger.get_task(c.task_id, team_id=LOCAL_TEAM_ID)
+            c.case_id: ledger.get_task(c.task_id, project_id=LOCAL_PROJECT_ID)
             for c in run.cases
             if c.task_id
         }

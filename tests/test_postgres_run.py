@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from relaygraph.run import run_task
-from relaygraph.store import DATABASE_URL_ENV, LOCAL_TEAM_ID, Ledger
+from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, Ledger
 
 from .conftest import EXAMPLE_RELAY
 
@@ -53,7 +53,7 @@ def test_ledger_and_checkpoints_live_in_postgres(
     assert second.answer == "answer two"
     assert second.agents_run == ["writer"]
     with Ledger(postgres_url) as ledger:
-        task = ledger.get_task(first.task_id, team_id=LOCAL_TEAM_ID)
+        task = ledger.get_task(first.task_id, project_id=LOCAL_PROJECT_ID)
         assert task is not None and task.status == "succeeded"
         assert [h.target for h in ledger.handoffs(first.task_id)] == ["researcher"]
 

@@ -17,7 +17,7 @@ import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
 from relaygraph.run import RunResult, run_task
-from relaygraph.store import LOCAL_TEAM_ID, Ledger
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.supervisor import FINISH
 from relaygraph.topology import Topology
 from relaygraph.tracing import build_timeline
@@ -72,7 +72,7 @@ def assert_recorded(
     assert len(found) == 1, result.violations
     with ledger_of(home) as ledger:
         events = [e.data for e in ledger.events_after(result.task_id)]
-        timeline = build_timeline(ledger, result.task_id, team_id=LOCAL_TEAM_ID)
+        timeline = build_timeline(ledger, result.task_id, project_id=LOCAL_PROJECT_ID)
     live = [e for e in events if e["type"] == "violation"]
     assert [(e["agent"], e["kind"], e["detail"]) for e in live] == [
         (v["agent"], v["kind"], v["detail"]) for v in result.violations

@@ -18,7 +18,7 @@ from relaygraph._event_writer import EventWriter
 from relaygraph._team_cache import TeamCache
 from relaygraph.errors import ConfigError
 from relaygraph.run import RunResult, run_task
-from relaygraph.store import LOCAL_TEAM_ID, Ledger
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import default_team
 from relaygraph.topology import Topology
 from tests.builtin_team import default_policy
@@ -65,8 +65,8 @@ def _rows(ledger: Ledger, task_id: str) -> dict[str, Any]:
 
 def test_a_batch_of_events_records_what_one_at_a_time_does(ledger: Ledger, relay: Relay) -> None:
     events, _, _ = relay
-    one, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
-    batched, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    one, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+    batched, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     for event in events:
         ledger.append_event(one.id, event)
     half = len(events) // 2
@@ -79,7 +79,7 @@ def test_a_batch_of_events_records_what_one_at_a_time_does(ledger: Ledger, relay
 
 
 def test_a_bad_event_in_a_batch_writes_nothing(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     with pytest.raises(ConfigError, match="'type' 7"):
         ledger.append_events(task.id, [{"type": "route", "next": "coder"}, {"type": 7}])
     assert ledger.events_after(task.id) == []
@@ -207,8 +207,8 @@ def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
     try:
         rows = conn.execute(
             "SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''",
-            # The CLI's threads live under the local team's key (threads are per team).
-            (f"{LOCAL_TEAM_ID}/{result.thread_id}",),
+            # The CLI's threads live under the local project's key (threads are per project).
+            (f"{LOCAL_PROJECT_ID}/{result.thread_id}",),
         ).fetchall()
     finally:
         conn.close()
@@ -227,7 +227,7 @@ def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, 
 
     roles = Topology().roles(tuple(default_policy().agents))
     task, _ = ledger.create_task(
-        team_id=LOCAL_TEAM_ID,
+        project_id=LOCAL_PROJECT_ID,
         input="x",
         policy=policy_to_mapping(default_policy()),
         models=dict.fromkeys(roles, "scripted:/gone/script.json"),
@@ -235,14 +235,14 @@ def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, 
     )
     with pytest.raises(ConfigError, match="does not exist"):
         TaskRunner(ledger=ledger, home=home).run(task, {"request": "x"})
-    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert stored is not None and stored.status == "failed"
     assert "'/gone/script.json' does not exist" in (stored.stop_reason or "")
     assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
 
 
 def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: Path) -> None:
-    """The team identity travels in ``config["configurable"]`` (LangGraph records it in the
+    """The project's identity travels in ``config["configurable"]`` (LangGraph records it in the
     checkpoints' metadata), and nothing a model could write holds it."""
     from relaygraph._checkpoint import sqlite_checkpointer
     from relaygraph._team_cache import team_cache
@@ -252,14 +252,14 @@ def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: P
     roles = Topology().roles(tuple(default_policy().agents))
     specs = dict.fromkeys(roles, f"scripted:{EXAMPLE_RELAY}")
     task, _ = ledger.create_task(
-        team_id=LOCAL_TEAM_ID,
+        project_id=LOCAL_PROJECT_ID,
         input="When are checkpoints written?",
         policy=policy_to_mapping(default_policy()),
         models=specs,
         topology=Topology().to_mapping(),
     )
     result = TaskRunner(ledger=ledger, home=home).run(
-        task, {"request": task.input}, identity={"team": "team-acme-7f3"}
+        task, {"request": task.input}, identity={"project": "project-acme-7f3"}
     )
     assert result.status == "succeeded"
     team = team_cache.get(specs, team=default_team(), policy=default_policy(), topology=Topology())
@@ -268,9 +268,9 @@ def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: P
             {"configurable": {"thread_id": task.checkpoint_thread}}
         )
     assert snapshot.metadata is not None
-    assert snapshot.metadata["relaygraph_team"] == "team-acme-7f3"
+    assert snapshot.metadata["relaygraph_project"] == "project-acme-7f3"
     assert snapshot.metadata["relaygraph_task_id"] == task.id
-    assert "team-acme-7f3" not in json.dumps(snapshot.values, default=str)
+    assert "project-acme-7f3" not in json.dumps(snapshot.values, default=str)
 
 
 def test_a_script_key_that_names_no_role_is_refused(

@@ -163,10 +163,10 @@ def serve(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., S
             server.process.wait()
 
 
-def create_team(home: Path, name: str) -> str:
-    """``relaygraph teams create NAME --json`` in its own process; returns the key."""
+def create_project(home: Path, name: str) -> str:
+    """``relaygraph projects create NAME --json`` in its own process; returns the key."""
     done = subprocess.run(
-        [sys.executable, "-m", "relaygraph.cli", "teams", "create", name, "--json"],
+        [sys.executable, "-m", "relaygraph.cli", "projects", "create", name, "--json"],
         env=_env(home),
         capture_output=True,
         text=True,
@@ -174,7 +174,7 @@ def create_team(home: Path, name: str) -> str:
         check=True,
     )
     made = json.loads(done.stdout)
-    assert made["team"] == name
+    assert made["project"] == name
     key: str = made["key"]
     return key
 
@@ -191,7 +191,7 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
 
 def test_submit_and_stream_events_to_the_end(serve: Callable[..., Server], home: Path) -> None:
     server = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     with Client(server.url, key) as client:
         task = client.submit("When are checkpoints written?", metadata={"ticket": "T-1"})
         assert task["status"] in ("queued", "running")
@@ -244,7 +244,7 @@ def test_cancel_stops_a_running_task_at_the_next_step(
     serve: Callable[..., Server], home: Path, script: Script
 ) -> None:
     server = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     with Client(server.url, key) as client:
         task = client.submit("sleep on it", model=script(sleepy_coder(seconds=2)))
         events = []
@@ -272,7 +272,7 @@ def test_cancel_stops_a_running_task_at_the_next_step(
 
 def test_approval_round_trip(serve: Callable[..., Server], home: Path, script: Script) -> None:
     server = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     spec = script(
         {
             "supervisor": [
@@ -332,7 +332,7 @@ def test_busy_thread_is_refused_or_enqueued(
     serve: Callable[..., Server], home: Path, script: Script
 ) -> None:
     server = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     turns = sleepy_coder(seconds=1.5)
     # The thread's second request plays the next turns of the same script.
     turns["supervisor"] += [
@@ -368,7 +368,7 @@ def test_cancelling_a_waiting_task_starts_the_next_on_its_thread(
     serve: Callable[..., Server], home: Path, script: Script
 ) -> None:
     server = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     spec = script(
         {
             "supervisor": [
@@ -411,7 +411,7 @@ def _follow_through_restart(
     turns["finalize"].append({"content": "Still done."})
     spec = script(turns)
     server = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     with Client(server.url, key) as client:
         task = client.submit("sleep on it", model=spec)
         queued = client.submit(
@@ -473,7 +473,7 @@ def test_two_servers_on_one_ledger_run_a_task_once(
     # The program runs until the test lets it end, however slowly the servers start.
     spec = script(sleepy_coder(code=GATED_CODE))
     first = serve()
-    key = create_team(home, "acme")
+    key = create_project(home, "acme")
     with Client(first.url, key) as client:
         task = client.submit("sleep on it", model=spec)
         events = []

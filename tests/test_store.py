@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import json
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +26,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.run import Decision, RunResult, resume_task, run_task
 from relaygraph.store import (
     DATABASE_URL_ENV,
-    LOCAL_TEAM_ID,
+    LOCAL_PROJECT_ID,
     Ledger,
     RecordConflict,
     RecordNotFound,
@@ -41,7 +42,7 @@ POSTGRES_URLS = (
 POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
 REQUIRE_POSTGRES_ENV = "RELAYGRAPH_REQUIRE_POSTGRES"
 TABLES = {
-    "teams",
+    "projects",
     "api_keys",
     "tasks",
     "events",
@@ -115,7 +116,7 @@ def approval_run(tmp_path_factory: pytest.TempPathFactory) -> Paused:
 
 def recorded_task(ledger: Ledger, result: RunResult) -> str:
     task, _ = ledger.create_task(
-        team_id=LOCAL_TEAM_ID, input="x", thread_id=result.thread_id, models=result.models
+        project_id=LOCAL_PROJECT_ID, input="x", thread_id=result.thread_id, models=result.models
     )
     return task.id
 
@@ -138,8 +139,8 @@ def test_migrations_build_the_schema_from_an_empty_database(url: str) -> None:
             ledger.upgrade()
             ledger.upgrade()  # Nothing left to do: a no-op, not an error.
             assert ledger.is_current()
-            local = ledger.get_team("local")
-            assert local is not None and local.id == LOCAL_TEAM_ID
+            local = ledger.get_project("local")
+            assert local is not None and local.id == LOCAL_PROJECT_ID
         assert set(inspect(engine).get_table_names()) == TABLES | {VERSION_TABLE}
         with engine.connect() as connection:
             # The migrations build exactly what the models describe (types included).
@@ -175,7 +176,7 @@ def test_default_database_is_sqlite_in_the_data_directory(
             assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
             with pytest.raises(SQLAlchemyError, match="FOREIGN KEY"):
                 connection.exec_driver_sql(
-                    "INSERT INTO api_keys VALUES ('k', 'no-team', 'h', 'p', '2024-01-01', NULL)"
+                    "INSERT INTO api_keys VALUES ('k', 'no-project', 'h', 'p', '2024-01-01', NULL)"
                 )
     finally:
         engine.dispose()
@@ -211,10 +212,10 @@ def test_bad_database_urls_are_named(raw: str, expected: str) -> None:
 
 
 def test_keys_are_stored_hashed_and_authenticate(ledger: Ledger, url: str) -> None:
-    team, key = ledger.create_team("research")
-    other, other_key = ledger.create_team("ops")
+    project, key = ledger.create_project("research")
+    other, other_key = ledger.create_project("ops")
     assert key.startswith("rg_") and len(key) > 40 and key != other_key
-    (record,) = ledger.api_keys(team.id)
+    (record,) = ledger.api_keys(project.id)
     assert record.prefix == key[:10] and record.revoked_at is None
 
     rows = all_rows(url)
@@ -224,29 +225,29 @@ def test_keys_are_stored_hashed_and_authenticate(ledger: Ledger, url: str) -> No
         files = Path(url.removeprefix("sqlite:///")).parent.glob("ledger.sqlite*")
         assert not any(key.encode() in path.read_bytes() for path in files)
 
-    assert ledger.authenticate(key) == team
+    assert ledger.authenticate(key) == project
     assert ledger.authenticate(other_key) == other
     assert ledger.authenticate(key[:-1]) is None
     assert ledger.authenticate("") is None
     assert ledger.authenticate(hashlib.sha256(key.encode()).hexdigest()) is None
 
-    second, second_key = ledger.create_api_key(team.id)
+    second, second_key = ledger.create_api_key(project.id)
     ledger.revoke_api_key(record.id)
     assert ledger.authenticate(key) is None
-    assert ledger.authenticate(second_key) == team
-    assert [k.id for k in ledger.api_keys(team.id)] == [record.id, second.id]
+    assert ledger.authenticate(second_key) == project
+    assert [k.id for k in ledger.api_keys(project.id)] == [record.id, second.id]
 
 
-def test_team_names_are_unique_and_checked(ledger: Ledger) -> None:
-    ledger.create_team("research")
-    with pytest.raises(RecordConflict, match="team 'research': a team of that name exists"):
-        ledger.create_team("research")
+def test_project_names_are_unique_and_checked(ledger: Ledger) -> None:
+    ledger.create_project("research")
+    with pytest.raises(RecordConflict, match="project 'research': a project of that name exists"):
+        ledger.create_project("research")
     with pytest.raises(ConfigError, match="'local'"):
-        ledger.create_team("local")  # The CLI's built-in team.
+        ledger.create_project("local")  # The CLI's built-in project.
     for bad in ["", "has space", "-dash", "x" * 65]:
-        with pytest.raises(ConfigError, match=f"team name {bad!r} is invalid"):
-            ledger.create_team(bad)
-    with pytest.raises(RecordNotFound, match="no team 'ghost'"):
+        with pytest.raises(ConfigError, match=f"project name {bad!r} is invalid"):
+            ledger.create_project(bad)
+    with pytest.raises(RecordNotFound, match="no project 'ghost'"):
         ledger.create_api_key("ghost")
 
 
@@ -254,35 +255,39 @@ def test_team_names_are_unique_and_checked(ledger: Ledger) -> None:
 
 
 def test_idempotency_key_returns_the_first_task(ledger: Ledger) -> None:
-    team, _ = ledger.create_team("research")
-    other, _ = ledger.create_team("ops")
-    first, created = ledger.create_task(team_id=team.id, input="sum", idempotency_key="req-1")
-    again, created_again = ledger.create_task(team_id=team.id, input="sum", idempotency_key="req-1")
+    project, _ = ledger.create_project("research")
+    other, _ = ledger.create_project("ops")
+    first, created = ledger.create_task(project_id=project.id, input="sum", idempotency_key="req-1")
+    again, created_again = ledger.create_task(
+        project_id=project.id, input="sum", idempotency_key="req-1"
+    )
     assert created and not created_again
     assert again == first
     # The key names the whole request: another thread is another request.
     with pytest.raises(RecordConflict, match=r"\(thread_id differ\)"):
         ledger.create_task(
-            team_id=team.id, input="sum", idempotency_key="req-1", thread_id="another-thread"
+            project_id=project.id, input="sum", idempotency_key="req-1", thread_id="another-thread"
         )
-    # Keys are per team, and tasks without a key are always new.
+    # Keys are per project, and tasks without a key are always new.
     theirs, theirs_created = ledger.create_task(
-        team_id=other.id, input="sum", idempotency_key="req-1"
+        project_id=other.id, input="sum", idempotency_key="req-1"
     )
     assert theirs_created and theirs.id != first.id
-    assert ledger.create_task(team_id=team.id, input="sum")[0].id != first.id
+    assert ledger.create_task(project_id=project.id, input="sum")[0].id != first.id
     with pytest.raises(RecordConflict, match=r"'req-1' was used for task .* \(input differ\)"):
-        ledger.create_task(team_id=team.id, input="product", idempotency_key="req-1")
+        ledger.create_task(project_id=project.id, input="product", idempotency_key="req-1")
 
 
 def test_concurrent_retries_create_one_task(ledger: Ledger) -> None:
-    team, _ = ledger.create_team("research")
+    project, _ = ledger.create_project("research")
     start = threading.Barrier(8)
     results: list[tuple[str, bool]] = []
 
     def submit() -> None:
         start.wait()
-        task, created = ledger.create_task(team_id=team.id, input="sum", idempotency_key="race")
+        task, created = ledger.create_task(
+            project_id=project.id, input="sum", idempotency_key="race"
+        )
         results.append((task.id, created))
 
     threads = [threading.Thread(target=submit) for _ in range(8)]
@@ -294,40 +299,40 @@ def test_concurrent_retries_create_one_task(ledger: Ledger) -> None:
     assert sorted(created for _, created in results) == [False] * 7 + [True]
 
 
-def test_a_team_never_sees_another_teams_tasks(ledger: Ledger) -> None:
-    team, _ = ledger.create_team("research")
-    other, _ = ledger.create_team("ops")
-    mine, _ = ledger.create_task(team_id=team.id, input="mine")
-    cli, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="from the CLI")
-    assert ledger.get_task(mine.id, team_id=team.id) == mine
-    assert ledger.get_task(mine.id, team_id=other.id) is None
-    assert ledger.get_task(cli.id, team_id=team.id) is None
-    assert ledger.get_task("no-such-task", team_id=team.id) is None
-    assert ledger.list_tasks(team_id=other.id) == ([], None)
-    assert [t.id for t in ledger.list_tasks(team_id=team.id)[0]] == [mine.id]
+def test_a_project_never_sees_another_projects_tasks(ledger: Ledger) -> None:
+    project, _ = ledger.create_project("research")
+    other, _ = ledger.create_project("ops")
+    mine, _ = ledger.create_task(project_id=project.id, input="mine")
+    cli, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="from the CLI")
+    assert ledger.get_task(mine.id, project_id=project.id) == mine
+    assert ledger.get_task(mine.id, project_id=other.id) is None
+    assert ledger.get_task(cli.id, project_id=project.id) is None
+    assert ledger.get_task("no-such-task", project_id=project.id) is None
+    assert ledger.list_tasks(project_id=other.id) == ([], None)
+    assert [t.id for t in ledger.list_tasks(project_id=project.id)[0]] == [mine.id]
 
 
 def test_cursor_pages_cover_every_task_once_newest_first(ledger: Ledger) -> None:
-    team, _ = ledger.create_team("research")
-    other, _ = ledger.create_team("ops")
+    project, _ = ledger.create_project("research")
+    other, _ = ledger.create_project("ops")
     created = []
     for n in range(120):
-        task, _ = ledger.create_task(team_id=team.id, input=f"task {n}")
+        task, _ = ledger.create_task(project_id=project.id, input=f"task {n}")
         if n % 3 == 0:
             task = ledger.set_status(task.id, "succeeded", answer=str(n))
         created.append(task)
         if n % 30 == 0:
-            ledger.create_task(team_id=other.id, input="not yours")
+            ledger.create_task(project_id=other.id, input="not yours")
     newest_first = sorted(created, key=lambda t: (t.created_at, t.id), reverse=True)
 
     seen, cursor, pages = [], None, 0
     while True:
-        page, cursor = ledger.list_tasks(team_id=team.id, limit=25, cursor=cursor)
+        page, cursor = ledger.list_tasks(project_id=project.id, limit=25, cursor=cursor)
         seen += page
         pages += 1
         if pages == 1:
             # A task created while the client pages does not shift the later pages.
-            ledger.create_task(team_id=team.id, input="arrived late")
+            ledger.create_task(project_id=project.id, input="arrived late")
         if cursor is None:
             break
     assert pages == 5
@@ -336,7 +341,7 @@ def test_cursor_pages_cover_every_task_once_newest_first(ledger: Ledger) -> None
     done, cursor = [], None
     while True:
         page, cursor = ledger.list_tasks(
-            team_id=team.id, status="succeeded", limit=7, cursor=cursor
+            project_id=project.id, status="succeeded", limit=7, cursor=cursor
         )
         done += page
         if cursor is None:
@@ -346,9 +351,9 @@ def test_cursor_pages_cover_every_task_once_newest_first(ledger: Ledger) -> None
 
 
 def test_status_changes_stamp_times_and_claims_are_exclusive(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", thread_id="thread-1")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", thread_id="thread-1")
     assert task.status == "queued" and task.started_at is None
-    assert ledger.active_task_on_thread("thread-1", team_id=LOCAL_TEAM_ID) == task
+    assert ledger.active_task_on_thread("thread-1", project_id=LOCAL_PROJECT_ID) == task
     assert [t.id for t in ledger.unfinished_tasks()] == [task.id]
 
     running = ledger.claim(task.id)
@@ -358,18 +363,18 @@ def test_status_changes_stamp_times_and_claims_are_exclusive(ledger: Ledger) -> 
     assert paused.finished_at is None and not paused.finished
     assert ledger.unfinished_tasks() == []
     assert ledger.claim(task.id, "cancelled", only_from=("running", "interrupted"))
-    finished = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    finished = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert finished is not None and finished.status == "cancelled" and finished.finished
     assert finished.finished_at is not None and finished.finished_at >= running.started_at
     assert finished.stop_reason == "awaiting approval"
-    assert ledger.active_task_on_thread("thread-1", team_id=LOCAL_TEAM_ID) is None
+    assert ledger.active_task_on_thread("thread-1", project_id=LOCAL_PROJECT_ID) is None
 
 
 # Events
 
 
 def test_event_numbers_stay_in_order_under_concurrent_appends(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     start = threading.Barrier(8)
     numbers: dict[int, list[int]] = {}
     failures: list[BaseException] = []
@@ -403,7 +408,7 @@ def test_event_numbers_stay_in_order_under_concurrent_appends(ledger: Ledger) ->
         assert texts == [str(n) for n in range(25)]
     assert [e.seq for e in ledger.events_after(task.id, 150)] == list(range(151, 201))
     assert [e.seq for e in ledger.events_after(task.id, 150, limit=3)] == [151, 152, 153]
-    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert stored is not None and stored.last_event_seq == 200
 
 
@@ -462,11 +467,11 @@ def test_a_real_run_yields_handoff_tool_and_usage_rows(
     # The supervisor's and finalize's usage arrive with the result.
     ledger.record_usage(task_id, result.usage)
     assert {u.agent for u in ledger.usage(task_id)} == set(result.usage)
-    team = ledger.usage_for_team(LOCAL_TEAM_ID)
-    assert team["tasks"] == 1
+    project = ledger.usage_for_project(LOCAL_PROJECT_ID)
+    assert project["tasks"] == 1
     for name in fields:
-        assert team["total"][name] == result.team_usage[name]
-    assert team["agents"]["coder"]["input_tokens"] == result.usage["coder"]["input_tokens"]
+        assert project["total"][name] == result.team_usage[name]
+    assert project["agents"]["coder"]["input_tokens"] == result.usage["coder"]["input_tokens"]
 
 
 def test_a_paused_run_yields_an_approval_with_who_decided(
@@ -531,18 +536,18 @@ def test_a_decision_made_outside_the_api_is_taken_from_the_event(
     assert approval.applied_at is not None
 
 
-def test_usage_for_a_team_counts_tasks_created_in_the_window(ledger: Ledger) -> None:
-    team, _ = ledger.create_team("research")
-    other, _ = ledger.create_team("ops")
-    early, _ = ledger.create_task(team_id=team.id, input="early")
+def test_usage_for_a_project_counts_tasks_created_in_the_window(ledger: Ledger) -> None:
+    project, _ = ledger.create_project("research")
+    other, _ = ledger.create_project("ops")
+    early, _ = ledger.create_task(project_id=project.id, input="early")
     middle = datetime.now(UTC)
-    late, _ = ledger.create_task(team_id=team.id, input="late")
-    theirs, _ = ledger.create_task(team_id=other.id, input="theirs")
+    late, _ = ledger.create_task(project_id=project.id, input="late")
+    theirs, _ = ledger.create_task(project_id=other.id, input="theirs")
     spent = {"model_calls": 2, "input_tokens": 100, "output_tokens": 10, "cost_usd": 0.25}
     for task in (early, late, theirs):
         ledger.record_usage(task.id, {"coder": spent, "supervisor": {**spent, "estimated": True}})
 
-    everything = ledger.usage_for_team(team.id)
+    everything = ledger.usage_for_project(project.id)
     assert everything["tasks"] == 2
     assert everything["total"]["input_tokens"] == 400
     assert everything["total"]["cost_usd"] == pytest.approx(1.0)
@@ -550,11 +555,11 @@ def test_usage_for_a_team_counts_tasks_created_in_the_window(ledger: Ledger) -> 
     assert everything["agents"]["coder"]["model_calls"] == 4
     assert everything["agents"]["coder"]["estimated"] is False
 
-    before = ledger.usage_for_team(team.id, until=middle)
+    before = ledger.usage_for_project(project.id, until=middle)
     assert before["tasks"] == 1 and before["total"]["input_tokens"] == 200
-    after = ledger.usage_for_team(team.id, since=middle, until=middle + timedelta(hours=1))
+    after = ledger.usage_for_project(project.id, since=middle, until=middle + timedelta(hours=1))
     assert after["tasks"] == 1 and after["since"] == middle.isoformat()
-    assert ledger.usage_for_team(team.id, since=middle + timedelta(hours=1))["tasks"] == 0
+    assert ledger.usage_for_project(project.id, since=middle + timedelta(hours=1))["tasks"] == 0
 
 
 # Values in and out
@@ -568,17 +573,17 @@ def test_json_round_trips(ledger: Ledger) -> None:
     }
     metadata = {"ticket": "ÉQ-42 ✓ 日本語 🎉", "tags": ("a", "b"), "nested": {"deep": [[{}]]}}
     task, _ = ledger.create_task(
-        team_id=LOCAL_TEAM_ID,
+        project_id=LOCAL_PROJECT_ID,
         input="say “hi” — in 日本語",
         policy=policy,
         models={"coder": "openai:gpt-4o-mini"},
         metadata=metadata,
     )
-    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert stored == task
     assert stored.policy == policy and stored.input == "say “hi” — in 日本語"
     assert stored.metadata == {**metadata, "tags": ["a", "b"]}  # A tuple reads back a list.
-    assert ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")[0].policy is None
+    assert ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")[0].policy is None
 
     # Tool output may hold NUL characters, which PostgreSQL cannot store: they are replaced.
     event = {"type": "tool_result", "agent": "coder", "tool": "run_python", "preview": "a\x00b"}
@@ -616,16 +621,26 @@ def test_values_json_cannot_hold_are_refused_by_name(
     ledger: Ledger, metadata: Any, expected: str
 ) -> None:
     with pytest.raises(ConfigError, match=expected):
-        ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", metadata=metadata)
+        ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", metadata=metadata)
 
 
 def test_bad_input_errors_name_the_value(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     cases: list[tuple[Any, type[Exception], str]] = [
-        (lambda: ledger.create_task(team_id=LOCAL_TEAM_ID, input="  "), ConfigError, "input '  '"),
-        (lambda: ledger.create_task(team_id="ghost", input="x"), RecordNotFound, "team 'ghost'"),
         (
-            lambda: ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", idempotency_key="k" * 256),
+            lambda: ledger.create_task(project_id=LOCAL_PROJECT_ID, input="  "),
+            ConfigError,
+            "input '  '",
+        ),
+        (
+            lambda: ledger.create_task(project_id="ghost", input="x"),
+            RecordNotFound,
+            "project 'ghost'",
+        ),
+        (
+            lambda: ledger.create_task(
+                project_id=LOCAL_PROJECT_ID, input="x", idempotency_key="k" * 256
+            ),
             ConfigError,
             "idempotency_key 'kkk.*' is longer than 255",
         ),
@@ -648,10 +663,10 @@ def test_bad_input_errors_name_the_value(ledger: Ledger) -> None:
             ConfigError,
             "usage.input_tokens -1 must be a non-negative number",
         ),
-        (lambda: ledger.list_tasks(team_id="t", limit=0), ConfigError, "limit 0 must be"),
-        (lambda: ledger.list_tasks(team_id="t", limit=201), ConfigError, "limit 201"),
-        (lambda: ledger.list_tasks(team_id="t", status="bogus"), ConfigError, "'bogus'"),
-        (lambda: ledger.list_tasks(team_id="t", cursor="zz!"), ConfigError, "cursor 'zz!'"),
+        (lambda: ledger.list_tasks(project_id="t", limit=0), ConfigError, "limit 0 must be"),
+        (lambda: ledger.list_tasks(project_id="t", limit=201), ConfigError, "limit 201"),
+        (lambda: ledger.list_tasks(project_id="t", status="bogus"), ConfigError, "'bogus'"),
+        (lambda: ledger.list_tasks(project_id="t", cursor="zz!"), ConfigError, "cursor 'zz!'"),
         (
             lambda: ledger.record_decision(task.id, "i", decision="maybe", decided_by="a"),
             ConfigError,
@@ -685,12 +700,12 @@ def test_bad_input_errors_name_the_value(ledger: Ledger) -> None:
             "usage\\['coder'\\].cost_usd 'free'",
         ),
         (
-            lambda: ledger.usage_for_team("t", since=datetime(2024, 1, 1)),
+            lambda: ledger.usage_for_project("t", since=datetime(2024, 1, 1)),
             ConfigError,
             "since datetime.datetime\\(2024, 1, 1, 0, 0\\) must be a timezone-aware",
         ),
         (
-            lambda: ledger.usage_for_team(
+            lambda: ledger.usage_for_project(
                 "t", since=datetime(2024, 2, 1, tzinfo=UTC), until=datetime(2024, 1, 1, tzinfo=UTC)
             ),
             ConfigError,
@@ -702,7 +717,7 @@ def test_bad_input_errors_name_the_value(ledger: Ledger) -> None:
             call()
     # Nothing above wrote anything.
     assert ledger.events_after(task.id) == []
-    stored = ledger.get_task(task.id, team_id=LOCAL_TEAM_ID)
+    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert stored is not None and stored.status == "queued"
 
 
@@ -722,7 +737,7 @@ def test_event_names_match_the_team_graph() -> None:
 
 
 def test_of_two_people_deciding_at_once_one_wins(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     interrupted = {"type": "interrupted", "id": "int-1", "waits_for": "approval", "tool": "t"}
     ledger.append_event(task.id, interrupted)
     start = threading.Barrier(2)
@@ -748,7 +763,7 @@ def test_of_two_people_deciding_at_once_one_wins(ledger: Ledger) -> None:
 
 
 def test_eval_runs_and_their_case_results(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     start = datetime(2020, 12, 1, 12, tzinfo=UTC)
     run_id = ledger.record_eval_run(
         golden="/golden.jsonl",
@@ -851,11 +866,12 @@ def _task_at_0001(url: str) -> str:
         with engine.begin() as connection:
             connection.execute(
                 text(
+                    # Revision 0001's column for the project (renamed in 0007).
                     "INSERT INTO tasks (id, team_id, input, status, models, thread_id, "
-                    "metadata, last_event_seq, created_at, updated_at) VALUES (:id, :team, "
+                    "metadata, last_event_seq, created_at, updated_at) VALUES (:id, :project, "
                     "'kept', 'succeeded', '{}', 'thread-old', '{}', 0, :now, :now)"
                 ),
-                {"id": task_id, "team": LOCAL_TEAM_ID, "now": datetime.now(UTC)},
+                {"id": task_id, "project": LOCAL_PROJECT_ID, "now": datetime.now(UTC)},
             )
     finally:
         engine.dispose()
@@ -873,9 +889,9 @@ def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
     task_id = _task_at_0001(url)
     with Ledger(url) as ledger:
         ledger.upgrade()
-        old = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
+        old = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
         assert old is not None and old.topology is None  # Before topologies: structured.
-        assert ledger.thread_topology("thread-old", team_id=LOCAL_TEAM_ID) is None
+        assert ledger.thread_topology("thread-old", project_id=LOCAL_PROJECT_ID) is None
         # Its checkpoints stay where they were: under its thread id.
         assert old.checkpoint_thread == "thread-old" and old.attempts == 0
         run_id = ledger.record_eval_run(
@@ -885,9 +901,9 @@ def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
             run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task_id
         )
         new, _ = ledger.create_task(
-            team_id=LOCAL_TEAM_ID, input="x", thread_id="t", topology={"kind": "swarm"}
+            project_id=LOCAL_PROJECT_ID, input="x", thread_id="t", topology={"kind": "swarm"}
         )
-        assert ledger.thread_topology("t", team_id=LOCAL_TEAM_ID) == {"kind": "swarm"}
+        assert ledger.thread_topology("t", project_id=LOCAL_PROJECT_ID) == {"kind": "swarm"}
         assert new.topology == {"kind": "swarm"}
     engine = create_engine(url)
     try:
@@ -902,12 +918,138 @@ def test_migrations_upgrade_a_ledger_with_tasks_and_downgrade(url: str) -> None:
         engine.dispose()
     with Ledger(url) as ledger:
         ledger.upgrade()
-        assert ledger.get_task(task_id, team_id=LOCAL_TEAM_ID) is not None
+        assert ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID) is not None
         assert ledger.eval_runs() == []
 
 
+def _rows(url: str, tables: set[str], rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every row of ``tables``, as sorted JSON text per table, columns by name; ``rename``
+    maps old table and column names to today's (a ledger taken back to an older revision)."""
+    rename = rename or {}
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {
+                rename.get(table, table): sorted(
+                    json.dumps(
+                        {rename.get(k, k): str(v) for k, v in row._mapping.items()},
+                        sort_keys=True,
+                    )
+                    for row in connection.execute(text(f"SELECT * FROM {table}"))
+                )
+                for table in tables
+            }
+    finally:
+        engine.dispose()
+
+
+def test_projects_migration_keeps_every_row_both_ways(
+    url: str, relay_run: tuple[list[dict[str, Any]], RunResult], approval_run: Paused
+) -> None:
+    """0007 renames the tenant (``teams`` to ``projects``, ``team_id`` to ``project_id``)
+    on a ledger full of rows, and back: no row is lost or changed either way (on SQLite
+    the copy of ``tasks`` keeps every event, handoff, tool call, approval and usage row)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from relaygraph.store._migrate import VERSION_TABLE, downgrade_engine, upgrade_engine
+    from relaygraph.store._models import Base
+
+    events, result = relay_run
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        project, key = ledger.create_project("research")
+        ledger.create_api_key(project.id)
+        task, _ = ledger.create_task(
+            project_id=project.id,
+            input="x",
+            thread_id="t-1",
+            idempotency_key="k-1",
+            models=result.models,
+            team={"name": "docs-review", "version": 2, "digest": "sha256:ab", "source": None},
+        )
+        ledger.append_events(task.id, events)
+        ledger.record_usage(task.id, result.usage)
+        paused, _ = ledger.create_task(project_id=project.id, input="y")
+        ledger.append_events(paused.id, approval_run.before)
+        run_id = ledger.record_eval_run(
+            golden="g", models={}, options={}, case_count=1, run_count=1
+        )
+        ledger.record_eval_case(
+            run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task.id
+        )
+    before = _rows(url, TABLES)
+    assert all(before[table] for table in TABLES - {"eval_runs"})  # Every table holds rows.
+    old = {"teams": "projects", "team_id": "project_id"}
+    engine = create_engine(url)
+    try:
+        downgrade_engine(engine, "0006")
+        assert set(inspect(engine).get_table_names()) == TABLES - {"projects"} | {
+            "teams",
+            VERSION_TABLE,
+        }
+        for table in ("api_keys", "tasks"):
+            assert "team_id" in {c["name"] for c in inspect(engine).get_columns(table)}
+        assert _rows(url, TABLES - {"projects"} | {"teams"}, old) == before
+        upgrade_engine(engine)
+        assert _rows(url, TABLES) == before
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "version_table": VERSION_TABLE}
+            )
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+    with Ledger(url) as ledger:
+        assert ledger.authenticate(key) == project
+        again, created = ledger.create_task(
+            project_id=project.id,
+            input="x",
+            thread_id="t-1",
+            idempotency_key="k-1",
+            models=result.models,
+            team={"name": "docs-review", "version": 2, "digest": "sha256:ab", "source": None},
+        )
+        assert (
+            not created and again.id == task.id and again.checkpoint_thread == f"{project.id}/t-1"
+        )
+        assert len(ledger.handoffs(task.id)) == 3 and ledger.approvals(paused.id)
+        assert ledger.usage_for_project(project.id)["tasks"] == 2
+
+
+def test_a_migration_that_copies_tasks_keeps_their_events(url: str) -> None:
+    """SQLite changes a table by copying it: with foreign keys on, dropping the old
+    ``tasks`` would cascade to every event (0005 copies it)."""
+    with Ledger(url) as ledger:
+        ledger.upgrade("0004")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    # Revision 0004's column for the project (renamed in 0007).
+                    "INSERT INTO tasks (id, team_id, input, status, models, thread_id, "
+                    "metadata, last_event_seq, created_at, updated_at) VALUES ('t', 'local', "
+                    "'x', 'succeeded', '{}', 'th', '{}', 1, :now, :now)"
+                ),
+                {"now": datetime.now(UTC)},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO events (task_id, seq, type, data, created_at) "
+                    "VALUES ('t', 1, 'final', '{\"type\": \"final\"}', :now)"
+                ),
+                {"now": datetime.now(UTC)},
+            )
+    finally:
+        engine.dispose()
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        assert [e.type for e in ledger.events_after("t")] == ["final"]
+
+
 def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(team_id=LOCAL_TEAM_ID, input="x", thread_id="thread-l")
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", thread_id="thread-l")
     taken = ledger.take_lease(task.id, "a", seconds=30)
     assert taken is not None and taken.status == "running" and taken.started_at
     holder, until = ledger.lease_of(task.id)
@@ -921,7 +1063,7 @@ def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> N
     # A lapsed lease may be taken over; the old holder then finds it gone.
     assert ledger.renew_lease(task.id, "a", seconds=-1)
     assert [t.id for t in ledger.unfinished_tasks()] == [task.id]
-    assert [t.id for t in ledger.unfinished_tasks(exclude_team=LOCAL_TEAM_ID)] == []
+    assert [t.id for t in ledger.unfinished_tasks(exclude_project=LOCAL_PROJECT_ID)] == []
     assert ledger.take_lease(task.id, "b", seconds=30) is not None
     assert not ledger.renew_lease(task.id, "a", seconds=30)
 

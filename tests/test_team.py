@@ -35,12 +35,12 @@ def final_state(home: Path, thread_id: str) -> dict[str, Any]:
     team's records are delta channels, rebuilt from the checkpoints' writes)."""
     from relaygraph._team_cache import team_cache
     from relaygraph.policies import stored_policy
-    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
     from relaygraph.topology import Topology
 
     ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
     try:
-        tasks, _ = ledger.list_tasks(team_id=LOCAL_TEAM_ID, limit=100)
+        tasks, _ = ledger.list_tasks(project_id=LOCAL_PROJECT_ID, limit=100)
     finally:
         ledger.close()
     task = next(t for t in tasks if t.thread_id == thread_id)

@@ -45,7 +45,7 @@ def ledger_rows(result: RunResult, home: Path) -> tuple[Any, Any, Any]:
         return (
             ledger.handoffs(result.task_id),
             ledger.tool_calls(result.task_id),
-            ledger.get_task(result.task_id, team_id="local"),
+            ledger.get_task(result.task_id, project_id="local"),
         )
     finally:
         ledger.close()

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from relaygraph.errors import ConfigError
 from relaygraph.run import RunResult, run_task
-from relaygraph.store import LOCAL_TEAM_ID, Ledger, RecordNotFound
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordNotFound
 from tests.builtin_team import parse_policy
 
 from .conftest import EXAMPLE_RELAY
@@ -643,7 +643,7 @@ def test_timeline_of_a_relay_run(home: Path) -> None:
 
     result = run_task("go", model=RELAY)
     with ledger_of(home) as ledger:
-        timeline = build_timeline(ledger, result.task_id, team_id=LOCAL_TEAM_ID)
+        timeline = build_timeline(ledger, result.task_id, project_id=LOCAL_PROJECT_ID)
     assert outline(timeline) == [
         "run_started",
         "route supervisor->researcher",
@@ -684,7 +684,7 @@ def test_timeline_shows_violations_and_budget_hits(home: Path, script: Script) -
 
     result = run_task("go", model=script(VIOLATIONS), policy=parse_policy(VIOLATIONS_POLICY))
     with ledger_of(home) as ledger:
-        timeline = build_timeline(ledger, result.task_id, team_id=LOCAL_TEAM_ID)
+        timeline = build_timeline(ledger, result.task_id, project_id=LOCAL_PROJECT_ID)
     assert outline(timeline) == [
         "run_started",
         "route supervisor->researcher",
@@ -708,9 +708,9 @@ def test_timeline_of_an_unknown_or_foreign_task(home: Path) -> None:
     result = run_task("go", model=RELAY)
     with ledger_of(home) as ledger:
         with pytest.raises(RecordNotFound):
-            build_timeline(ledger, "no-such-task", team_id=LOCAL_TEAM_ID)
+            build_timeline(ledger, "no-such-task", project_id=LOCAL_PROJECT_ID)
         with pytest.raises(RecordNotFound):
-            build_timeline(ledger, result.task_id, team_id="another-team")
+            build_timeline(ledger, result.task_id, project_id="another-project")
 
 
 def test_run_tree_finds_the_team_node_of_a_nested_run() -> None:

@@ -135,7 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers", type=positive, metavar="N", help="tasks that run at once (default 2)"
     )
-    serve.add_argument("--policy", metavar="FILE", type=Path, help="the teams' base policy")
+    serve.add_argument(
+        "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"
+    )
     serve.add_argument(
         "--scripts",
         metavar="DIR",
@@ -368,7 +370,7 @@ def _create_project(args: argparse.Namespace, *, key: str) -> int:
 
     with Ledger(_ledger_url(args.home)) as ledger:
         ledger.upgrade()
-        project, secret = ledger.create_team(args.name)
+        project, secret = ledger.create_project(args.name)
     if args.json:
         print(json.dumps({key: project.name, "key": secret}))
     else:
@@ -407,15 +409,15 @@ def _db(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from relaygraph.store import LOCAL_TEAM_ID, Ledger
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
     from relaygraph.tracing import build_timeline, render_timeline
 
     with Ledger(_ledger_url(args.home)) as ledger:
         if not ledger.is_current():
             ledger.upgrade()
-        # The operator reads every team's tasks: the API's as well as the CLI's own.
-        team_id = ledger.task_owner(args.task_id) or LOCAL_TEAM_ID
-        timeline = build_timeline(ledger, args.task_id, team_id=team_id)
+        # The operator reads every project's tasks: the API's as well as the CLI's own.
+        project_id = ledger.task_owner(args.task_id) or LOCAL_PROJECT_ID
+        timeline = build_timeline(ledger, args.task_id, project_id=project_id)
     if args.json:
         sys.stdout.write(json.dumps(timeline, ensure_ascii=False) + "\n")
     else:

@@ -71,11 +71,11 @@ class ApiError(RelaygraphError):
 
 
 class Client:
-    """A synchronous client for one team: its API key decides which tasks it sees.
+    """A synchronous client for one project: its API key decides which tasks it sees.
 
     Args:
         url: The server's base URL, for example ``http://127.0.0.1:8000``.
-        key: The team's API key (``relaygraph teams create NAME`` prints one).
+        key: The project's API key (``relaygraph projects create NAME`` prints one).
         timeout: Seconds to wait for each response (event streams wait as long as the
             task runs).
         transport: An httpx transport to use instead of the network (tests pass
@@ -188,7 +188,7 @@ class Client:
         """The task now (``GET /v1/tasks/{id}``): status, answer, stop reason, times.
 
         Raises:
-            ApiError: 404 ``task_not_found`` (also for another team's task).
+            ApiError: 404 ``task_not_found`` (also for another project's task).
         """
         task: dict[str, Any] = self._call("GET", f"/v1/tasks/{task_id}")
         return task
@@ -196,7 +196,7 @@ class Client:
     def list(
         self, status: str | None = None, limit: int = 50, cursor: str | None = None
     ) -> dict[str, Any]:
-        """One page of the team's tasks, newest first (``GET /v1/tasks``).
+        """One page of the project's tasks, newest first (``GET /v1/tasks``).
 
         Args:
             status: Only tasks with this status.
@@ -391,14 +391,14 @@ class Client:
     def usage(
         self, since: datetime | str | None = None, until: datetime | str | None = None
     ) -> dict[str, Any]:
-        """What the team's tasks created in ``[since, until)`` used (``GET /v1/usage``).
+        """What the project's tasks created in ``[since, until)`` used (``GET /v1/usage``).
 
         Args:
             since: Start of the range (a time-zone-aware datetime or ISO 8601 text).
             until: End of the range, excluded.
 
         Returns:
-            ``{"team_id", "since", "until", "tasks", "total": {...}, "agents": {...}}``.
+            ``{"project_id", "since", "until", "tasks", "total": {...}, "agents": {...}}``.
         """
         params = {
             name: value.isoformat() if isinstance(value, datetime) else value

@@ -245,7 +245,7 @@ class TaskRunner:
             stop: When set (the server is shutting down), the run stops at the next step
                 boundary and stays ``running``, so that a restarted server continues it
                 (:data:`CONTINUE`); the result's status is then ``running``.
-            identity: Who asked (team, user): goes into ``config["configurable"]``, never
+            identity: Who asked (project, user): goes into ``config["configurable"]``, never
                 into graph state.
             callbacks: LangChain callback handlers added to the graph call (tracing).
             team: The task's team (``relaygraph.team.Team``); when None, the team the
@@ -298,8 +298,8 @@ class TaskRunner:
                 ensure_sample_corpus(kb)
         config: Any = {
             "configurable": {
-                # The checkpointer's thread, unique across teams (a team's thread id is its
-                # own: another team may use the same one).
+                # The checkpointer's thread, unique across projects (a project's thread id
+                # is its own: another project may use the same one).
                 "thread_id": task.checkpoint_thread,
                 "relaygraph_task_id": task.id,
                 **{f"relaygraph_{k}": v for k, v in (identity or {}).items()},
@@ -311,7 +311,7 @@ class TaskRunner:
         traced = {
             "task_id": task.id,
             "thread_id": task.thread_id,
-            "team": (identity or {}).get("team", task.team_id),
+            "team": (identity or {}).get("project", task.project_id),
             "policy_source": task.metadata.get("policy_source"),
             "policy_digest": policy_digest(task.policy),
             "models": recorded,
@@ -659,20 +659,22 @@ def run_task(
             parse_model_spec(spec)
     recorded = {role: _model_record(spec) for role, spec in chosen.items()}
     home = data_home(home)
-    from relaygraph.store import LOCAL_TEAM_ID
+    from relaygraph.store import LOCAL_PROJECT_ID
 
     ledger = _ledger_for(home)  # kept for the process: not closed here
-    # Threads are each team's own: the API's teams' threads are not the CLI's.
-    if thread_id is not None and not ledger.thread_exists(thread_id, team_id=LOCAL_TEAM_ID):
+    # Threads are each project's own: the API's projects' threads are not the CLI's.
+    if thread_id is not None and not ledger.thread_exists(thread_id, project_id=LOCAL_PROJECT_ID):
         raise ConfigError(
             f"thread {thread_id!r} has no earlier run in {ledger.url}; "
             "leave out --thread to start a new conversation"
         )
     if thread_id is not None:
-        earlier = Topology.from_mapping(ledger.thread_topology(thread_id, team_id=LOCAL_TEAM_ID))
+        earlier = Topology.from_mapping(
+            ledger.thread_topology(thread_id, project_id=LOCAL_PROJECT_ID)
+        )
         topology = topology.continuing(thread_id, earlier)
     task, _ = ledger.create_task(
-        team_id=LOCAL_TEAM_ID,
+        project_id=LOCAL_PROJECT_ID,
         input=request,
         thread_id=thread_id,
         policy=policy_to_mapping(team_policy),
@@ -726,11 +728,11 @@ def resume_task(
     """
     from langgraph.types import Command
 
-    from relaygraph.store import LOCAL_TEAM_ID
+    from relaygraph.store import LOCAL_PROJECT_ID
 
     home = data_home(home)
     ledger = _ledger_for(home)  # kept for the process: not closed here
-    task = ledger.get_task(task_id, team_id=LOCAL_TEAM_ID)
+    task = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
     if task is None:
         raise ConfigError(f"no task {task_id!r} in {ledger.url}")
     waiting = [a for a in ledger.approvals(task_id) if a.pending]

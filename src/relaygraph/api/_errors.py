@@ -16,7 +16,7 @@ from relaygraph.errors import ConfigError
 
 ERROR_CODES: dict[int, str] = {
     401: "`unauthorized`: no key, a malformed header, an unknown or revoked key.",
-    404: "`task_not_found` (another team's task too), `approval_not_found`.",
+    404: "`task_not_found` (another project's task too), `approval_not_found`.",
     409: "`thread_busy`, `idempotency_key_reused`, `task_finished`, `not_waiting`.",
     413: "`body_too_large`: the body is over the server's limit, declared or chunked.",
     422: "`invalid_request` (a missing, unknown or ill-typed field, a body that is not JSON "

@@ -50,7 +50,8 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413."""
     policy_file: Path | None = None
-    """The teams' base policy; a request's policy may only tighten it."""
+    """The built-in team's base policy (``serve --policy``); a request's policy may only
+    tighten it."""
     database_url: str | None = None
     """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
     home: Path | None = None

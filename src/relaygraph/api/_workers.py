@@ -19,7 +19,7 @@ from typing import Any
 from relaygraph._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.errors import RelaygraphError, TaskBusy
 from relaygraph.run import CONTINUE, TaskRunner
-from relaygraph.store import LOCAL_TEAM_ID, Ledger, Task
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
 
 DEFAULT_MAX_ATTEMPTS = 3
 """How many times a task may be started without a run ending before it is failed."""
@@ -92,11 +92,11 @@ class TaskWorkers:
         self._sweeper = threading.Thread(target=loop, name="relaygraph-sweep", daemon=True)
         self._sweeper.start()
 
-    def start(self, task: Task, graph_input: Any = None, *, team: str) -> None:
+    def start(self, task: Task, graph_input: Any = None, *, project: str) -> None:
         """Run ``task`` (queued, or interrupted with a decision) when a worker is free."""
         with self._lock:
             self._cancel.setdefault(task.id, threading.Event())
-            future = self._pool.submit(self._run, task, graph_input, team)
+            future = self._pool.submit(self._run, task, graph_input, project)
             self._futures.add(future)
             future.add_done_callback(self._futures.discard)
 
@@ -111,7 +111,7 @@ class TaskWorkers:
         """
         task = self.ledger.request_cancel(task_id)
         if task.status == "cancelled":
-            self.start_next(task.thread_id, team_id=task.team_id)
+            self.start_next(task.thread_id, project_id=task.project_id)
             return task
         with self._lock:
             event = self._cancel.get(task_id)
@@ -127,7 +127,7 @@ class TaskWorkers:
         """
         started = 0
         # The CLI's own tasks (`relaygraph run`) are its process's, not the server's.
-        for task in self.ledger.unfinished_tasks(exclude_team=LOCAL_TEAM_ID):
+        for task in self.ledger.unfinished_tasks(exclude_project=LOCAL_PROJECT_ID):
             with self._lock:
                 if task.id in self._cancel:
                     continue  # Already started here.
@@ -137,22 +137,26 @@ class TaskWorkers:
                 settled = self.ledger.settle_abandoned(task.id, max_attempts=self.max_attempts)
                 if settled is not None:
                     log.warning("task %s: %s", task.id, settled.stop_reason)
-                    self.start_next(task.thread_id, team_id=task.team_id)
+                    self.start_next(task.thread_id, project_id=task.project_id)
                     continue
-            first = self.ledger.active_task_on_thread(task.thread_id, team_id=task.team_id)
+            first = self.ledger.active_task_on_thread(task.thread_id, project_id=task.project_id)
             if first is None or first.id != task.id:
                 continue
-            self.start(task, CONTINUE if task.status == "running" else None, team=task.team_id)
+            self.start(
+                task, CONTINUE if task.status == "running" else None, project=task.project_id
+            )
             started += 1
         return started
 
-    def _run(self, task: Task, graph_input: Any, team: str) -> None:
+    def _run(self, task: Task, graph_input: Any, project: str) -> None:
         ran = False
         try:
             if graph_input is None:
                 if self._stopping.is_set():
                     return  # Stays queued for the next start.
-                first = self.ledger.active_task_on_thread(task.thread_id, team_id=task.team_id)
+                first = self.ledger.active_task_on_thread(
+                    task.thread_id, project_id=task.project_id
+                )
                 if first is not None and first.id != task.id:
                     return  # Its thread is busy (a race at submission): it starts next.
                 if self.take(task.id, only_from=("queued",)) is None:
@@ -164,7 +168,7 @@ class TaskWorkers:
                 graph_input,
                 cancel=self._cancel[task.id],
                 stop=self._stopping,
-                identity={"team": team},
+                identity={"project": project},
             )
         except TaskBusy as exc:  # Another server took it first: it is that server's.
             log.info("%s", exc)
@@ -177,15 +181,15 @@ class TaskWorkers:
             if ran:  # A duplicate start that found the task taken leaves its cancel alone.
                 with self._lock:
                     self._cancel.pop(task.id, None)
-            self.start_next(task.thread_id, team_id=task.team_id)
+            self.start_next(task.thread_id, project_id=task.project_id)
 
-    def start_next(self, thread_id: str, *, team_id: str) -> None:
-        """Start the task enqueued next on the team's thread, if its turn has come."""
+    def start_next(self, thread_id: str, *, project_id: str) -> None:
+        """Start the task enqueued next on the project's thread, if its turn has come."""
         if self._stopping.is_set():
             return
-        waiting = self.ledger.active_task_on_thread(thread_id, team_id=team_id)
+        waiting = self.ledger.active_task_on_thread(thread_id, project_id=project_id)
         if waiting is not None and waiting.status == "queued":
-            self.start(waiting, team=waiting.team_id)
+            self.start(waiting, project=waiting.project_id)
 
     def shutdown(self, *, wait: bool = True) -> None:
         """Stop: running tasks stop at their next step boundary and stay ``running``;

@@ -39,7 +39,7 @@ from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, policy_to_mapping, tighten
-from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, RecordConflict, Team
+from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, Project, RecordConflict
 from relaygraph.topology import Topology
 
 __all__ = ["create_app"]
@@ -63,7 +63,7 @@ _TASK_LINKS = {
 """What a created task's id opens (OpenAPI links)."""
 
 _bearer = HTTPBearer(
-    auto_error=False, description="A team's API key (`relaygraph teams create NAME`)."
+    auto_error=False, description="A project's API key (`relaygraph projects create NAME`)."
 )
 
 
@@ -136,23 +136,23 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     def ledger() -> Ledger:
         return state["ledger"]
 
-    def team_of(
+    def project_of(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> Team:
+    ) -> Project:
         key = credentials.credentials.strip() if credentials is not None else ""
         if not key:
             raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
-        team = ledger().authenticate(key)
-        if team is None:
+        project = ledger().authenticate(key)
+        if project is None:
             raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
-        return team
+        return project
 
-    TeamDep = Annotated[Team, Depends(team_of)]
+    ProjectDep = Annotated[Project, Depends(project_of)]
 
-    def own_task(task_id: str, team: Team) -> Any:
+    def own_task(task_id: str, project: Project) -> Any:
         # An id the ledger could not hold (PostgreSQL text has no NUL) names no task.
-        task = None if "\x00" in task_id else ledger().get_task(task_id, team_id=team.id)
-        if task is None:  # Another team's task is as absent as a missing one: 404, not 403.
+        task = None if "\x00" in task_id else ledger().get_task(task_id, project_id=project.id)
+        if task is None:  # Another project's task is as absent as a missing one: 404, not 403.
             raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
         return task
 
@@ -252,7 +252,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     )
     def create_task(
         body: TaskCreate,
-        team: TeamDep,
+        project: ProjectDep,
         idempotency_key: Annotated[
             str | None,
             Header(
@@ -275,21 +275,21 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         # A retry of a task already created is answered with that task, even while the
         # task keeps its thread busy.
         retry = idempotency_key is not None and (
-            ledger().task_by_idempotency_key(team.id, idempotency_key) is not None
+            ledger().task_by_idempotency_key(project.id, idempotency_key) is not None
         )
         if body.thread_id is not None:
-            # Thread ids are the team's own: one that another team uses is, for this team,
-            # a new thread (and nothing says that the other team uses it).
-            if ledger().thread_exists(body.thread_id, team_id=team.id):
+            # Thread ids are the project's own: one that another project uses is, for this
+            # project, a new thread (and nothing says that the other project uses it).
+            if ledger().thread_exists(body.thread_id, project_id=project.id):
                 earlier = Topology.from_mapping(
-                    ledger().thread_topology(body.thread_id, team_id=team.id)
+                    ledger().thread_topology(body.thread_id, project_id=project.id)
                 )
                 try:
                     topology = topology.continuing(body.thread_id, earlier)
                 except ConfigError as exc:
                     field = "output_mode" if "output_mode" in str(exc) else "topology"
                     raise ApiError(422, "invalid_topology", str(exc), field) from None
-            busy = ledger().active_task_on_thread(body.thread_id, team_id=team.id)
+            busy = ledger().active_task_on_thread(body.thread_id, project_id=project.id)
             if busy is not None and body.multitask == "reject" and not retry:
                 raise ApiError(
                     409,
@@ -302,7 +302,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             busy = None
         try:
             task, created = ledger().create_task(
-                team_id=team.id,
+                project_id=project.id,
                 input=body.input,
                 thread_id=body.thread_id,
                 policy=policy_to_mapping(policy),
@@ -315,12 +315,12 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         except RecordConflict as exc:  # The same key for a different request.
             raise ApiError(409, "idempotency_key_reused", str(exc), "Idempotency-Key") from None
         if created and busy is None:
-            state["workers"].start(task, team=team.id)
+            state["workers"].start(task, project=project.id)
         return TaskOut.of(task)
 
     @app.get("/v1/tasks", response_model=TaskPage, responses=error_responses(401, 422))
     def list_tasks(
-        team: TeamDep,
+        project: ProjectDep,
         # Checked here rather than by the schema, for an error that lists the statuses.
         status: Annotated[
             str | None,
@@ -334,7 +334,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             str | None, Query(description="`next_cursor` of the page before.")
         ] = None,
     ) -> TaskPage:
-        """The team's tasks, newest first."""
+        """The project's tasks, newest first."""
         if status is not None and status not in TASK_STATUSES:
             raise ApiError(
                 422,
@@ -344,25 +344,25 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             )
         try:
             tasks, next_cursor = ledger().list_tasks(
-                team_id=team.id, status=status, limit=limit, cursor=cursor
+                project_id=project.id, status=status, limit=limit, cursor=cursor
             )
         except ConfigError as exc:  # The status is known good: the cursor is at fault.
             raise ApiError(422, "invalid_request", str(exc), "cursor") from None
         return TaskPage(tasks=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=error_responses(401, 404))
-    def get_task(task_id: str, team: TeamDep) -> TaskOut:
+    def get_task(task_id: str, project: ProjectDep) -> TaskOut:
         """One task."""
-        return TaskOut.of(own_task(task_id, team))
+        return TaskOut.of(own_task(task_id, project))
 
     @app.get(
         "/v1/tasks/{task_id}/handoffs",
         response_model=HandoffList,
         responses=error_responses(401, 404),
     )
-    def handoffs(task_id: str, team: TeamDep) -> HandoffList:
+    def handoffs(task_id: str, project: ProjectDep) -> HandoffList:
         """Every transfer of work, in order."""
-        own_task(task_id, team)
+        own_task(task_id, project)
         return HandoffList.of(ledger().handoffs(task_id))
 
     @app.get(
@@ -370,9 +370,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         response_model=ApprovalList,
         responses=error_responses(401, 404),
     )
-    def approvals(task_id: str, team: TeamDep) -> ApprovalList:
+    def approvals(task_id: str, project: ProjectDep) -> ApprovalList:
         """The task's pauses for a person, decided or not."""
-        own_task(task_id, team)
+        own_task(task_id, project)
         return ApprovalList.of(ledger().approvals(task_id))
 
     @app.post(
@@ -381,9 +381,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         response_model=TaskOut,
         responses=error_responses(401, 404, 409),
     )
-    def cancel(task_id: str, team: TeamDep) -> TaskOut:
+    def cancel(task_id: str, project: ProjectDep) -> TaskOut:
         """Cancel the task: at once when it waits, at its next step boundary when it runs."""
-        task = own_task(task_id, team)
+        task = own_task(task_id, project)
         if task.finished:
             raise ApiError(409, "task_finished", f"task {task_id} already {task.status}")
         return TaskOut.of(state["workers"].cancel(task_id))
@@ -394,11 +394,11 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         response_model=TaskOut,
         responses=error_responses(401, 404, 409, 413, 422),
     )
-    def decide(task_id: str, approval_id: str, body: DecisionIn, team: TeamDep) -> TaskOut:
+    def decide(task_id: str, approval_id: str, body: DecisionIn, project: ProjectDep) -> TaskOut:
         """Decide a pending approval; the task resumes from its checkpoint."""
         from langgraph.types import Command
 
-        task = own_task(task_id, team)
+        task = own_task(task_id, project)
         approval = None if "\x00" in approval_id else ledger().get_approval(task_id, approval_id)
         if approval is None:
             raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
@@ -421,7 +421,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             task_id,
             approval_id,
             decision=body.decision,
-            decided_by=team.name,
+            decided_by=project.name,
             reason=body.reason,
             args=body.args,
         )
@@ -429,20 +429,20 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         # Taken with this server's lease at once: no other server may start it meanwhile.
         if state["workers"].take(task_id, only_from=("interrupted",)) is None:
             raise ApiError(409, "not_waiting", f"task {task_id} is no longer waiting")
-        state["workers"].start(task, Command(resume={approval_id: answer}), team=team.id)
-        return TaskOut.of(own_task(task_id, team))
+        state["workers"].start(task, Command(resume={approval_id: answer}), project=project.id)
+        return TaskOut.of(own_task(task_id, project))
 
     @app.get("/v1/tasks/{task_id}/trace", responses=error_responses(401, 404))
-    def trace(task_id: str, team: TeamDep) -> dict[str, Any]:
+    def trace(task_id: str, project: ProjectDep) -> dict[str, Any]:
         """The task's timeline (the span-tree shape): visits, routes, handoffs, violations."""
         from relaygraph.tracing import build_timeline
 
-        own_task(task_id, team)
-        return build_timeline(ledger(), task_id, team_id=team.id)
+        own_task(task_id, project)
+        return build_timeline(ledger(), task_id, project_id=project.id)
 
     @app.get("/v1/usage", responses=error_responses(401, 422))
     def usage(
-        team: TeamDep,
+        project: ProjectDep,
         since: Annotated[
             str | None,
             Query(description="ISO 8601 with a time zone; inclusive.", json_schema_extra=_TIME),
@@ -452,7 +452,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             Query(description="ISO 8601 with a time zone; exclusive.", json_schema_extra=_TIME),
         ] = None,
     ) -> dict[str, Any]:
-        """The team's usage per role over the tasks created in ``[since, until)``."""
+        """The project's usage per role over the tasks created in ``[since, until)``."""
         start, end = in_utc(since, "since"), in_utc(until, "until")
         if start is not None and end is not None and start > end:
             raise ApiError(
@@ -461,7 +461,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 f"since {since!r} is after until {until!r}",
                 "since",
             )
-        return ledger().usage_for_team(team.id, start, end)
+        usage = ledger().usage_for_project(project.id, start, end)
+        # Deprecated: the project's id under its name from before projects (one release).
+        return {**usage, "team_id": usage["project_id"]}
 
     @app.get(
         "/v1/tasks/{task_id}/events",
@@ -479,7 +481,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     async def events(
         task_id: str,
         request: Request,
-        team: TeamDep,
+        project: ProjectDep,
         last_event_id: Annotated[
             str | None,
             Header(
@@ -493,7 +495,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         ] = None,
     ) -> EventSourceResponse:
         """The task's events as they happen (Server-Sent Events)."""
-        await to_thread.run_sync(own_task, task_id, team)
+        await to_thread.run_sync(own_task, task_id, project)
         resumed = _event_id(last_event_id)  # Checked even when `after` is given.
         start = after if after is not None else resumed
 
@@ -513,7 +515,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     continue
                 if finished:
                     return
-                task = await to_thread.run_sync(lambda: ledger().get_task(task_id, team_id=team.id))
+                task = await to_thread.run_sync(
+                    lambda: ledger().get_task(task_id, project_id=project.id)
+                )
                 if task is None or task.status in FINISHED_STATUSES:
                     # Events written between the read above and the status read are read
                     # once more before the stream closes: a finished task's last events

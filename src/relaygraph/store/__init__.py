@@ -1,4 +1,4 @@
-"""The ledger: teams, API keys, tasks and everything that happened in them, in SQL.
+"""The ledger: projects, API keys, tasks and everything that happened in them, in SQL.
 
 SQLite in the data directory by default (``ledger.sqlite``, WAL mode); PostgreSQL when
 ``RELAYGRAPH_DATABASE_URL`` says so. The schema comes from migrations shipped in this
@@ -6,15 +6,15 @@ package: run ``relaygraph db upgrade`` (:func:`upgrade`) or :meth:`Ledger.upgrad
 
     ledger = Ledger()
     ledger.upgrade()
-    team, key = ledger.create_team("research")
-    task, created = ledger.create_task(team_id=team.id, input="...")
+    project, key = ledger.create_project("research")
+    task, created = ledger.create_task(project_id=project.id, input="...")
     ledger.append_event(task.id, {"type": "route", "next": "researcher", ...})
 """
 
 from relaygraph.store._engine import DATABASE_URL_ENV, database_url
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._ledger import Ledger, hash_key
-from relaygraph.store._models import LOCAL_TEAM_ID
+from relaygraph.store._models import LOCAL_PROJECT_ID
 from relaygraph.store._records import (
     FINISHED_STATUSES,
     TASK_STATUSES,
@@ -25,16 +25,16 @@ from relaygraph.store._records import (
     EvalRunRecord,
     Event,
     Handoff,
+    Project,
     Task,
     TaskStatus,
-    Team,
     ToolCall,
 )
 
 __all__ = [
     "DATABASE_URL_ENV",
     "FINISHED_STATUSES",
-    "LOCAL_TEAM_ID",
+    "LOCAL_PROJECT_ID",
     "TASK_STATUSES",
     "AgentUsage",
     "ApiKey",
@@ -44,11 +44,11 @@ __all__ = [
     "Event",
     "Handoff",
     "Ledger",
+    "Project",
     "RecordConflict",
     "RecordNotFound",
     "Task",
     "TaskStatus",
-    "Team",
     "ToolCall",
     "database_url",
     "hash_key",

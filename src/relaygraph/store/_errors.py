@@ -9,7 +9,7 @@ class RecordNotFound(ConfigError):
     """The ledger has no such record (the HTTP API answers 404).
 
     Attributes:
-        kind: What was looked for: ``task``, ``team``, ``approval`` or ``api key``.
+        kind: What was looked for: ``task``, ``project``, ``team``, ``approval`` or ``api key``.
         key: The id it was looked for by.
     """
 
@@ -23,7 +23,7 @@ class RecordConflict(ConfigError):
     """The write contradicts a record that exists (the HTTP API answers 409).
 
     Attributes:
-        kind: The kind of record: ``team``, ``task`` or ``approval``.
+        kind: The kind of record: ``project``, ``team``, ``task`` or ``approval``.
         key: The record's name or id.
     """
 

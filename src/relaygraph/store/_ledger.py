@@ -1,4 +1,4 @@
-"""The ledger: every team, task and thing that happened, in SQL."""
+"""The ledger: every project, task and thing that happened, in SQL."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from relaygraph.store._models import (
     EvalRunRow,
     EventRow,
     HandoffRow,
+    ProjectRow,
     TaskRow,
-    TeamRow,
     ToolCallRow,
     UsageRow,
 )
@@ -44,8 +44,8 @@ from relaygraph.store._records import (
     EvalRunRecord,
     Event,
     Handoff,
+    Project,
     Task,
-    Team,
     ToolCall,
     snapshot,
 )
@@ -68,7 +68,7 @@ def hash_key(key: str) -> str:
 
 
 class Ledger:
-    """The SQL record of teams, API keys, tasks and everything that happened in each task.
+    """The SQL record of projects, API keys, tasks and everything that happened in each task.
 
     Safe to share between threads: every call runs in its own short transaction. On SQLite
     writers queue for the database lock; on PostgreSQL writes to one task queue on that
@@ -133,44 +133,44 @@ class Ledger:
         with self._reader() as session, session.begin():
             yield session
 
-    # Teams and keys
+    # Projects and keys
 
-    def create_team(self, name: str) -> tuple[Team, str]:
-        """Create a team and its first API key.
+    def create_project(self, name: str) -> tuple[Project, str]:
+        """Create a project (a tenant of the task service) and its first API key.
 
         Returns:
-            The team and the plain key, which the ledger does not keep: show it once.
+            The project and the plain key, which the ledger does not keep: show it once.
 
         Raises:
             ConfigError: The name is invalid.
-            RecordConflict: A team of that name exists.
+            RecordConflict: A project of that name exists.
         """
-        check.team_name(name)
+        check.project_name(name)
         now = _now()
-        team = TeamRow(id=str(uuid.uuid4()), name=name, created_at=now)
+        project = ProjectRow(id=str(uuid.uuid4()), name=name, created_at=now)
         try:
             with self._write() as session:
-                if session.scalar(select(TeamRow.id).where(TeamRow.name == name)) is not None:
-                    raise RecordConflict("team", name, "a team of that name exists")
-                session.add(team)
+                if session.scalar(select(ProjectRow.id).where(ProjectRow.name == name)) is not None:
+                    raise RecordConflict("project", name, "a project of that name exists")
+                session.add(project)
                 session.flush()
-                _, key = self._new_key(session, team.id, now)
+                _, key = self._new_key(session, project.id, now)
         except IntegrityError:
-            raise RecordConflict("team", name, "a team of that name exists") from None
-        return snapshot(Team, team), key
+            raise RecordConflict("project", name, "a project of that name exists") from None
+        return snapshot(Project, project), key
 
-    def create_api_key(self, team_id: str) -> tuple[ApiKey, str]:
-        """Give a team another API key; returns the record and the plain key (shown once)."""
+    def create_api_key(self, project_id: str) -> tuple[ApiKey, str]:
+        """Give a project another API key; returns the record and the plain key (shown once)."""
         with self._write() as session:
-            if session.get(TeamRow, team_id) is None:
-                raise RecordNotFound("team", team_id)
-            return self._new_key(session, team_id, _now())
+            if session.get(ProjectRow, project_id) is None:
+                raise RecordNotFound("project", project_id)
+            return self._new_key(session, project_id, _now())
 
-    def _new_key(self, session: Session, team_id: str, now: datetime) -> tuple[ApiKey, str]:
+    def _new_key(self, session: Session, project_id: str, now: datetime) -> tuple[ApiKey, str]:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         row = ApiKeyRow(
             id=str(uuid.uuid4()),
-            team_id=team_id,
+            project_id=project_id,
             key_hash=hash_key(key),
             prefix=key[:KEY_DISPLAY_CHARS],
             created_at=now,
@@ -187,39 +187,39 @@ class Ledger:
             row.revoked_at = row.revoked_at or _now()
             return snapshot(ApiKey, row)
 
-    def api_keys(self, team_id: str) -> list[ApiKey]:
-        """A team's keys, oldest first, revoked ones included."""
+    def api_keys(self, project_id: str) -> list[ApiKey]:
+        """A project's keys, oldest first, revoked ones included."""
         with self._read() as session:
             rows = session.scalars(
                 select(ApiKeyRow)
-                .where(ApiKeyRow.team_id == team_id)
+                .where(ApiKeyRow.project_id == project_id)
                 .order_by(ApiKeyRow.created_at, ApiKeyRow.id)
             )
             return [snapshot(ApiKey, row) for row in rows]
 
-    def authenticate(self, key: str) -> Team | None:
-        """The team a live API key belongs to; None for an unknown or revoked key."""
+    def authenticate(self, key: str) -> Project | None:
+        """The project a live API key belongs to; None for an unknown or revoked key."""
         if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
             return None
         with self._read() as session:
             row = session.scalars(
-                select(TeamRow)
-                .join(ApiKeyRow, ApiKeyRow.team_id == TeamRow.id)
+                select(ProjectRow)
+                .join(ApiKeyRow, ApiKeyRow.project_id == ProjectRow.id)
                 .where(ApiKeyRow.key_hash == hash_key(key), ApiKeyRow.revoked_at.is_(None))
             ).first()
-            return snapshot(Team, row) if row is not None else None
+            return snapshot(Project, row) if row is not None else None
 
-    def get_team(self, name: str) -> Team | None:
+    def get_project(self, name: str) -> Project | None:
         with self._read() as session:
-            row = session.scalars(select(TeamRow).where(TeamRow.name == name)).first()
-            return snapshot(Team, row) if row is not None else None
+            row = session.scalars(select(ProjectRow).where(ProjectRow.name == name)).first()
+            return snapshot(Project, row) if row is not None else None
 
     # Tasks
 
     def create_task(
         self,
         *,
-        team_id: str,
+        project_id: str,
         input: str,
         thread_id: str | None = None,
         policy: Mapping[str, Any] | None = None,
@@ -232,14 +232,14 @@ class Ledger:
         """Record a new ``queued`` task, or find the one an earlier try created.
 
         Args:
-            team_id: The owning team (``LOCAL_TEAM_ID`` for the CLI).
+            project_id: The owning project (``LOCAL_PROJECT_ID`` for the CLI).
             input: What the team is asked to do.
             thread_id: The conversation to continue; a new one when None.
             policy: The team policy the task runs under, as a JSON object.
             models: The model spec of each role.
             topology: How the agents are arranged, as ``Topology.to_mapping`` writes it.
             metadata: The caller's own JSON object, kept as given.
-            idempotency_key: A retry with the same key for the same team returns the task
+            idempotency_key: A retry with the same key for the same project returns the task
                 the first try created.
             team: Which team definition runs it (``Team.record()``: name, version,
                 digest, source).
@@ -250,7 +250,7 @@ class Ledger:
 
         Raises:
             ConfigError: A bad field, named in the message.
-            RecordNotFound: No such team.
+            RecordNotFound: No such project.
             RecordConflict: The idempotency key was used for a different request (any of
                 input, thread, policy, models, topology or metadata differs); the message
                 names what differs.
@@ -258,7 +258,7 @@ class Ledger:
         given_thread = check.optional_text(thread_id, "thread_id", max_chars=255)
         row = TaskRow(
             id=str(uuid.uuid4()),
-            team_id=team_id,
+            project_id=project_id,
             input=check.text(input, "input"),
             status="queued",
             policy=None if policy is None else check.json_object(policy, "policy"),
@@ -276,12 +276,12 @@ class Ledger:
         row.request_digest = _request_digest(row, given_thread)
         try:
             with self._write() as session:
-                if session.get(TeamRow, team_id) is None:
-                    raise RecordNotFound("team", team_id)
-                earlier = self._by_idempotency_key(session, team_id, row.idempotency_key)
+                if session.get(ProjectRow, project_id) is None:
+                    raise RecordNotFound("project", project_id)
+                earlier = self._by_idempotency_key(session, project_id, row.idempotency_key)
                 if earlier is not None:
                     return _same_request(session, earlier, row), False
-                row.checkpoint_thread = self._checkpoint_thread(session, team_id, row.thread_id)
+                row.checkpoint_thread = self._checkpoint_thread(session, project_id, row.thread_id)
                 row.created_at = row.updated_at = _now()
                 session.add(row)
             return _task(row), True
@@ -289,45 +289,47 @@ class Ledger:
             # Another writer created the task with this key between our check and insert
             # (PostgreSQL; SQLite's writers take turns and cannot race here).
             with self._read() as session:
-                earlier = self._by_idempotency_key(session, team_id, row.idempotency_key)
+                earlier = self._by_idempotency_key(session, project_id, row.idempotency_key)
                 if earlier is None:
                     raise
                 return _same_request(session, earlier, row), False
 
     @staticmethod
-    def _checkpoint_thread(session: Session, team_id: str, thread_id: str) -> str:
-        """The checkpointer's thread for the team's ``thread_id``: the one its earlier tasks
-        used, else a new one. Never the bare thread id: another team may use the same."""
+    def _checkpoint_thread(session: Session, project_id: str, thread_id: str) -> str:
+        """The checkpointer's thread for the project's ``thread_id``: the one its earlier
+        tasks used, else a new one. Never the bare thread id: another project may use it."""
         earlier = session.scalar(
             select(TaskRow.checkpoint_thread)
-            .where(TaskRow.team_id == team_id, TaskRow.thread_id == thread_id)
+            .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
             .limit(1)
         )
-        return earlier or f"{team_id}/{thread_id}"
+        return earlier or f"{project_id}/{thread_id}"
 
-    def _by_idempotency_key(self, session: Session, team_id: str, key: str | None) -> Task | None:
+    def _by_idempotency_key(
+        self, session: Session, project_id: str, key: str | None
+    ) -> Task | None:
         if key is None:
             return None
         found = session.scalars(
-            select(TaskRow).where(TaskRow.team_id == team_id, TaskRow.idempotency_key == key)
+            select(TaskRow).where(TaskRow.project_id == project_id, TaskRow.idempotency_key == key)
         ).first()
         return _task(found) if found is not None else None
 
-    def get_task(self, task_id: str, *, team_id: str) -> Task | None:
-        """The task, if it belongs to ``team_id``; None otherwise, whether or not it exists."""
+    def get_task(self, task_id: str, *, project_id: str) -> Task | None:
+        """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
         with self._read() as session:
             row = session.get(TaskRow, task_id)
-            return _task(row) if row is not None and row.team_id == team_id else None
+            return _task(row) if row is not None and row.project_id == project_id else None
 
     def list_tasks(
         self,
         *,
-        team_id: str,
+        project_id: str,
         status: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[Task], str | None]:
-        """A page of the team's tasks, newest first.
+        """A page of the project's tasks, newest first.
 
         The cursor marks a position, not an offset: tasks created while a client pages do
         not shift later pages, so no task is seen twice or skipped.
@@ -343,7 +345,7 @@ class Ledger:
             raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
-        query = select(TaskRow).where(TaskRow.team_id == team_id)
+        query = select(TaskRow).where(TaskRow.project_id == project_id)
         if status is not None:
             query = query.where(TaskRow.status == status)
         if cursor is not None:
@@ -362,9 +364,9 @@ class Ledger:
         tasks = tasks[:limit]
         return tasks, _cursor.encode(tasks[-1].created_at, tasks[-1].id)
 
-    def unfinished_tasks(self, *, exclude_team: str | None = None) -> list[Task]:
+    def unfinished_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
         """``queued`` tasks, and ``running`` ones whose runner's lease has lapsed (or that
-        nobody holds), of every team but ``exclude_team``, oldest first: what a server picks
+        nobody holds), of every project but ``exclude_project``, oldest first: what a server picks
         up, at its start and from time to time after."""
         now = _now()
         query = select(TaskRow).where(
@@ -376,58 +378,58 @@ class Ledger:
                 ),
             )
         )
-        if exclude_team is not None:
-            query = query.where(TaskRow.team_id != exclude_team)
+        if exclude_project is not None:
+            query = query.where(TaskRow.project_id != exclude_project)
         with self._read() as session:
             rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
             return [_task(row) for row in rows]
 
     def task_owner(self, task_id: str) -> str | None:
-        """The team of task ``task_id``, or None when there is no such task.
+        """The project of task ``task_id``, or None when there is no such task.
 
-        For the operator's own tools (``relaygraph trace``), which read every team's tasks;
-        the API looks tasks up by team instead.
+        For the operator's own tools (``relaygraph trace``), which read every project's
+        tasks; the API looks tasks up by project instead.
         """
         with self._read() as session:
-            return session.scalar(select(TaskRow.team_id).where(TaskRow.id == task_id))
+            return session.scalar(select(TaskRow.project_id).where(TaskRow.id == task_id))
 
-    def task_by_idempotency_key(self, team_id: str, key: str) -> Task | None:
-        """The team's task created with Idempotency-Key ``key``, if any."""
+    def task_by_idempotency_key(self, project_id: str, key: str) -> Task | None:
+        """The project's task created with Idempotency-Key ``key``, if any."""
         with self._read() as session:
-            return self._by_idempotency_key(session, team_id, key)
+            return self._by_idempotency_key(session, project_id, key)
 
-    # Threads: each team has its own namespace of thread ids, so every lookup names the team.
+    # Threads: each project has its own namespace of thread ids, so every lookup names it.
 
-    def thread_exists(self, thread_id: str, *, team_id: str) -> bool:
-        """Whether the team has a task on ``thread_id`` (another team's use of the same id
+    def thread_exists(self, thread_id: str, *, project_id: str) -> bool:
+        """Whether the project has a task on ``thread_id`` (another project's use of the same id
         does not count, and is never revealed)."""
         with self._read() as session:
             found = session.scalar(
                 select(TaskRow.id)
-                .where(TaskRow.team_id == team_id, TaskRow.thread_id == thread_id)
+                .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
                 .limit(1)
             )
             return found is not None
 
-    def thread_topology(self, thread_id: str, *, team_id: str) -> dict[str, Any] | None:
-        """The topology of the team's latest task on the thread (None: structured, or no
+    def thread_topology(self, thread_id: str, *, project_id: str) -> dict[str, Any] | None:
+        """The topology of the project's latest task on the thread (None: structured, or no
         task yet)."""
         with self._read() as session:
             return session.scalar(
                 select(TaskRow.topology)
-                .where(TaskRow.team_id == team_id, TaskRow.thread_id == thread_id)
+                .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
                 .order_by(TaskRow.created_at.desc(), TaskRow.id.desc())
                 .limit(1)
             )
 
-    def active_task_on_thread(self, thread_id: str, *, team_id: str) -> Task | None:
-        """The team's oldest task on the thread that is queued, running or waiting for a
+    def active_task_on_thread(self, thread_id: str, *, project_id: str) -> Task | None:
+        """The project's oldest task on the thread that is queued, running or waiting for a
         person."""
         with self._read() as session:
             row = session.scalars(
                 select(TaskRow)
                 .where(
-                    TaskRow.team_id == team_id,
+                    TaskRow.project_id == project_id,
                     TaskRow.thread_id == thread_id,
                     TaskRow.status.in_(("queued", "running", "interrupted")),
                 )
@@ -802,13 +804,13 @@ class Ledger:
             if row.status in FINISHED_STATUSES:
                 row.cancel_requested_at = None
 
-    def usage_for_team(
-        self, team_id: str, since: datetime | None = None, until: datetime | None = None
+    def usage_for_project(
+        self, project_id: str, since: datetime | None = None, until: datetime | None = None
     ) -> dict[str, Any]:
-        """What the team's tasks created in ``[since, until)`` used, per role and in total.
+        """What the project's tasks created in ``[since, until)`` used, per role and in total.
 
         Returns:
-            ``{"team_id", "since", "until", "tasks", "total": {...}, "agents": {role: {...}}}``
+            ``{"project_id", "since", "until", "tasks", "total": {...}, "agents": {role: {...}}}``
             where each usage entry has model and tool calls, input and output tokens,
             ``cost_usd``, ``seconds`` and ``estimated``; times are ISO 8601 or None.
 
@@ -820,9 +822,9 @@ class Ledger:
         if start is not None and end is not None and start > end:
             raise ConfigError(f"since {start.isoformat()!r} is after until {end.isoformat()!r}")
         with self._read() as session:
-            usage = _usage.team_usage(session, team_id, start, end)
+            usage = _usage.project_usage(session, project_id, start, end)
         return {
-            "team_id": team_id,
+            "project_id": project_id,
             "since": start.astimezone(UTC).isoformat() if start else None,
             "until": end.astimezone(UTC).isoformat() if end else None,
             **usage,
@@ -856,7 +858,7 @@ class Ledger:
             task_id: The paused task.
             approval_id: The interrupt id from the ``interrupted`` event.
             decision: ``approve``, ``reject`` or ``edit``.
-            decided_by: Who decided (a team name, a person).
+            decided_by: Who decided (a project's name, a person).
             reason: Why, in the person's words.
             args: The replacement arguments; required for ``edit`` and only for it.
 

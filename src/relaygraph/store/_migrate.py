@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -39,7 +42,46 @@ def current_revision(engine: Engine) -> str | None:
 
 def upgrade_engine(engine: Engine, revision: str = "head") -> None:
     """Migrate the database behind ``engine`` to ``revision``, in one transaction."""
-    with engine.execution_options(**{WRITE_OPTION: True}).begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK})
+    with migrating(engine) as connection:
         command.upgrade(alembic_config(connection), revision)
+
+
+def downgrade_engine(engine: Engine, revision: str) -> None:
+    """Take the database behind ``engine`` back to ``revision``, in one transaction."""
+    with migrating(engine) as connection:
+        command.downgrade(alembic_config(connection), revision)
+
+
+@contextmanager
+def migrating(engine: Engine) -> Iterator[Connection]:
+    """A connection in the one transaction a migration runs in.
+
+    On PostgreSQL it holds the upgrade lock. On SQLite, foreign keys are off for it: SQLite
+    changes a table by copying it into a new one and dropping the old, and dropping a
+    ``tasks`` table with foreign keys on deletes every event, handoff, tool call, approval
+    and usage row of every task (``ON DELETE CASCADE``). SQLite's own procedure for schema
+    changes turns them off, outside the transaction (inside it the pragma does nothing),
+    and checks them before committing.
+
+    Raises:
+        RuntimeError: On SQLite, the migrated rows break a foreign key; nothing is committed.
+    """
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.execution_options(**{WRITE_OPTION: True}).connect() as connection:
+        raw: Any = connection.connection.driver_connection
+        if sqlite:
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                if not sqlite:
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK}
+                    )
+                yield connection
+                if sqlite:
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(f"the migration breaks foreign keys: {broken[:5]}")
+        finally:
+            if sqlite:
+                raw.execute("PRAGMA foreign_keys=ON")

@@ -28,8 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-LOCAL_TEAM_ID = "local"
-"""The built-in team that owns tasks started from the CLI (``relaygraph run``)."""
+LOCAL_PROJECT_ID = "local"
+"""The built-in project that owns tasks started from the CLI (``relaygraph run``)."""
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -77,8 +77,8 @@ class Base(DeclarativeBase):
     }
 
 
-class TeamRow(Base):
-    __tablename__ = "teams"
+class ProjectRow(Base):
+    __tablename__ = "projects"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
@@ -89,7 +89,9 @@ class ApiKeyRow(Base):
     __tablename__ = "api_keys"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
@@ -99,15 +101,15 @@ class ApiKeyRow(Base):
 class TaskRow(Base):
     __tablename__ = "tasks"
     __table_args__ = (
-        UniqueConstraint("team_id", "idempotency_key"),
-        Index(None, "team_id", "created_at", "id"),
-        Index(None, "team_id", "status", "created_at", "id"),
+        UniqueConstraint("project_id", "idempotency_key"),
+        Index(None, "project_id", "created_at", "id"),
+        Index(None, "project_id", "status", "created_at", "id"),
         Index(None, "status", "created_at"),
-        Index(None, "team_id", "thread_id"),
+        Index(None, "project_id", "thread_id"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    team_id: Mapped[str] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     input: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))
     answer: Mapped[str | None] = mapped_column(Text)

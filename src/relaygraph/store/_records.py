@@ -25,8 +25,8 @@ FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "degraded", "failed"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Team:
-    """A team that submits tasks; every task and API key belongs to one."""
+class Project:
+    """A tenant of the task service: every task and API key belongs to one."""
 
     id: str
     name: str
@@ -38,7 +38,7 @@ class ApiKey:
     """An API key as stored: its display prefix, never the key itself."""
 
     id: str
-    team_id: str
+    project_id: str
     prefix: str
     """The key's first characters (``rg_`` and a few more), to tell keys apart in a list."""
     created_at: datetime
@@ -50,7 +50,7 @@ class Task:
     """One task: what was asked, how it ran, and how it ended."""
 
     id: str
-    team_id: str
+    project_id: str
     input: str
     status: TaskStatus
     answer: str | None
@@ -66,9 +66,9 @@ class Task:
     """Which team definition ran it: ``name``, ``version``, ``digest`` and ``source`` (its
     file); None for a task recorded before teams were recorded (the built-in team)."""
     thread_id: str
-    """The conversation, in the owning team's own namespace of thread ids."""
+    """The conversation, in the owning project's own namespace of thread ids."""
     checkpoint_thread: str
-    """The LangGraph thread id its checkpoints live under (unique across teams)."""
+    """The LangGraph thread id its checkpoints live under (unique across projects)."""
     idempotency_key: str | None
     metadata: dict[str, Any]
     last_event_seq: int

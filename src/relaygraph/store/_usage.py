@@ -1,4 +1,4 @@
-"""Usage per role per task: added up from events, set from a run's result, summed per team."""
+"""Usage per role per task: added up from events, set from a run's result, summed per project."""
 
 from __future__ import annotations
 
@@ -77,11 +77,11 @@ def tokens_so_far(session: Session, task_id: str) -> int:
     return int(used or 0)
 
 
-def team_usage(
-    session: Session, team_id: str, start: datetime | None, end: datetime | None
+def project_usage(
+    session: Session, project_id: str, start: datetime | None, end: datetime | None
 ) -> dict[str, Any]:
-    """How many tasks the team created in ``[start, end)``, and their usage per role."""
-    window = [TaskRow.team_id == team_id]
+    """How many tasks the project created in ``[start, end)``, and their usage per role."""
+    window = [TaskRow.project_id == project_id]
     if start is not None:
         window.append(TaskRow.created_at >= start)
     if end is not None:

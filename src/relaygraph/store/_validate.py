@@ -10,7 +10,7 @@ from typing import Any
 
 from relaygraph.errors import ConfigError
 
-TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_KEY_CHARS = 255
 MAX_DEPTH = 64
 """How deeply a caller's JSON object may nest (a run's own events are not limited)."""
@@ -21,10 +21,10 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 Unicode text, and neither UTF-8 (SQLite, PostgreSQL) nor a JSON response can carry it."""
 
 
-def team_name(name: object) -> str:
-    if not isinstance(name, str) or not TEAM_NAME.fullmatch(name):
+def project_name(name: object) -> str:
+    if not isinstance(name, str) or not PROJECT_NAME.fullmatch(name):
         raise ConfigError(
-            f"team name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+            f"project name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     return name

@@ -96,21 +96,22 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
     return None
 
 
-def build_timeline(ledger: Ledger, task_id: str, *, team_id: str) -> dict[str, Any]:
+def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str, Any]:
     """The task's timeline, from the ledger, as a JSON-ready span tree.
 
-    The root is the task (status, times, usage per role and in total). Its ``children``
-    are, in order: ``route`` (supervisor → agent, with task and reason), ``agent`` visits
-    (start, end, duration, usage, and their own ``children``: each ``tool`` call with its
-    status, and the ``violation`` / ``budget_hit`` / ``approval`` / ``interrupted``
-    events inside the visit), ``handoff`` (from, to, task, reason), violations and budget
-    hits outside a visit, and ``run_started`` / ``run_finished`` marks (a resumed task
-    has more than one run).
+    The root is the task (status, times, the ``team`` that ran it: name, version, digest,
+    and usage per role and in total). Its ``children`` are, in order: ``route``
+    (supervisor → agent, with task and reason), ``agent`` visits (start, end, duration,
+    usage, and their own ``children``: each ``tool`` call with its status, and the
+    ``violation`` / ``budget_hit`` / ``approval`` / ``interrupted`` events inside the
+    visit), ``handoff`` (from, to, task, reason), violations and budget hits outside a
+    visit, and ``run_started`` / ``run_finished`` marks (a resumed task has more than one
+    run).
 
     Raises:
-        RecordNotFound: ``team_id`` has no task ``task_id``.
+        RecordNotFound: ``project_id`` has no task ``task_id``.
     """
-    task = ledger.get_task(task_id, team_id=team_id)
+    task = ledger.get_task(task_id, project_id=project_id)
     if task is None:
         raise RecordNotFound("task", task_id)
     children: list[dict[str, Any]] = []
@@ -209,7 +210,12 @@ def build_timeline(ledger: Ledger, task_id: str, *, team_id: str) -> dict[str, A
     return {
         "kind": "task",
         "task_id": task.id,
-        "team_id": task.team_id,
+        "project_id": task.project_id,
+        # Deprecated: the project's id under its name from before projects (one release).
+        "team_id": task.project_id,
+        # Which team definition ran it (name, version, digest, source); None: recorded
+        # before teams were, the built-in team.
+        "team": task.team,
         "thread_id": task.thread_id,
         "input": task.input,
         "status": task.status,
@@ -299,6 +305,19 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
     return f"{when} [dim]run started[/]"
 
 
+def _team_label(team: Mapping[str, Any]) -> str:
+    """``docs-review v3 (sha256:0123456789ab)``: the team, its version and digest."""
+    label = escape(str(team.get("name") or "?"))
+    if team.get("version") is not None:
+        label += f" v{team['version']}"
+    digest = str(team.get("digest") or "")
+    if digest:
+        label += f" [dim]({escape(digest[:19])})[/]"
+    if team.get("source"):
+        label += f" [dim]from {escape(str(team['source']))}[/]"
+    return label
+
+
 def render_timeline(timeline: Mapping[str, Any]) -> Tree:
     """The timeline as a rich tree for the terminal: one line per route, visit, tool,
     handoff and violation, with its offset from the task's start."""
@@ -314,6 +333,9 @@ def render_timeline(timeline: Mapping[str, Any]) -> Tree:
     kind = (timeline.get("topology") or {}).get("kind", "structured")
     if kind != "structured":
         header += f" · {kind}"
+    team = timeline.get("team")
+    if team:
+        header += f"\n[dim]team[/] {_team_label(team)}"
     if timeline.get("stop_reason"):
         header += f"\n[yellow]stop reason:[/] {_short(timeline['stop_reason'])}"
     tree = Tree(header)
