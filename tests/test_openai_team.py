@@ -228,18 +228,42 @@ def test_an_agents_failed_call_is_reported_with_the_servers_words(
     assert result.status != "succeeded"
     assert error in (result.stop_reason or "")
     failed = [e for e in events if e["type"] == "model_error"]
-    assert failed == [
-        {
-            "type": "model_error",
-            "role": "researcher",
-            "model": "openai:script-researcher",
-            "status": int(error.split()[1].rstrip(":")),
-            "error": error.split(": ", 1)[1],
-            "attempts": 1,  # a request the server refuses is not sent again
-        }
-    ]
+    assert failed[0] == {
+        "type": "model_error",
+        "role": "researcher",
+        "model": "openai:script-researcher",
+        "status": int(error.split()[1].rstrip(":")),
+        "error": error.split(": ", 1)[1],
+        "attempts": 1,  # a request the server refuses is not sent again
+    }
+    assert all(e["error"] == failed[0]["error"] for e in failed)
     # The supervisor's route was carried out before the agent's call failed.
-    assert [e["next"] for e in events if e["type"] == "route"] == ["researcher"]
+    assert next(e["next"] for e in events if e["type"] == "route") == "researcher"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the agent node does not yet catch ModelCallError (the patch is with the lead)",
+)
+def test_the_team_goes_on_after_an_agents_failed_call(
+    home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The researcher's call fails (llama-cpp-python refuses content null): it is barred,
+    the supervisor routes on to the writer, and the task ends degraded, saying why."""
+    script = json.loads(EXAMPLE_RELAY.read_text())
+    events: list[dict[str, Any]] = []
+    with serve_script(script, profile=LLAMA_CPP_PYTHON) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(
+            "When are checkpoints written?", agent_models=_specs(ROLES), on_event=events.append
+        )
+    assert result.status == "degraded"
+    assert (result.stop_reason or "").startswith("model_error: ")
+    assert result.agents_run[:2] == ["researcher", "writer"]
+    finished = [e for e in events if e["type"] == "agent_finished"]
+    assert finished[0]["ended"] == "model_error"
+    assert finished[0]["output"].startswith("Its model call failed: HTTP 500: ")
+    assert result.answer
 
 
 def test_tool_supervisor_on_a_server_that_rejects_parallel_tool_calls(
