@@ -17,7 +17,7 @@ import pytest
 from relaygraph.agents import Agent, builtin
 from relaygraph.errors import ConfigError
 from relaygraph.run import run_task
-from relaygraph.store import LOCAL_TEAM_ID, Ledger
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import Team, default_team, load_team
 from relaygraph.topology import Topology
 
@@ -101,7 +101,7 @@ def test_a_team_with_an_agent_and_a_python_tool_of_its_own_runs_in_each_topology
     assert result.usage["reviewer"]["tool_calls"] == 1
     ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
     try:
-        task = ledger.get_task(result.task_id, team_id=LOCAL_TEAM_ID)
+        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
         assert task is not None and task.team is not None
         assert task.team["name"] == "docs-review" and task.team["digest"] == team.digest
         calls = [c for c in ledger.tool_calls(result.task_id) if c.tool == "word_count"]
@@ -259,7 +259,7 @@ tools = ["./tools.py:shout"]
     try:
         calls = ledger.tool_calls(result.task_id)
         assert [c.tool for c in calls] == ["shout"] and "HI" in (calls[0].result_preview or "")
-        task = ledger.get_task(result.task_id, team_id=LOCAL_TEAM_ID)
+        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
         assert task is not None and task.team is not None
         assert task.team["source"] == str(path.resolve()) and task.team["name"] == "shouters"
     finally:
@@ -400,7 +400,7 @@ def test_the_example_team_file_runs_with_its_mcp_server(home: Path) -> None:
         calls = {c.tool: c for c in ledger.tool_calls(result.task_id)}
         assert "no problems found" in (calls["lint_check"].result_preview or "")
         assert calls["word_count"].result_preview == "12"
-        task = ledger.get_task(result.task_id, team_id=LOCAL_TEAM_ID)
+        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
         assert task is not None and task.team == team.record()
     finally:
         ledger.close()
@@ -445,3 +445,68 @@ max_tool_calls = 1
     result = run_task("Lint", team=path, model=script(turns))
     assert calls_file.read_text().splitlines() == ["first"]  # The second was refused.
     assert ("linter", "budget") in {(v["agent"], v["kind"]) for v in result.violations}
+
+
+MCP_SCRIPTS: dict[str, dict[str, Any]] = {
+    "structured": {
+        "supervisor": [route("reviewer"), route("FINISH")],
+        "reviewer": [
+            {
+                "tool_calls": [
+                    {"name": "word_count", "args": {"text": "a b"}},
+                    {"name": "lint_check", "args": {"text": "a a"}},
+                ]
+            },
+            say("2 words; doubled word"),
+        ],
+        "finalize": [say("reviewed")],
+    },
+    "swarm": {
+        "researcher": [call("transfer_to_reviewer", task="review", reason="draft")],
+        "reviewer": [
+            {
+                "tool_calls": [
+                    {"name": "word_count", "args": {"text": "a b"}},
+                    {"name": "lint_check", "args": {"text": "a a"}},
+                ]
+            },
+            say("2 words; doubled word"),
+        ],
+    },
+    "supervisor-tools": {
+        "supervisor": [call("transfer_to_reviewer", task="review", reason="draft"), say("ok")],
+        "reviewer": [
+            {
+                "tool_calls": [
+                    {"name": "word_count", "args": {"text": "a b"}},
+                    {"name": "lint_check", "args": {"text": "a a"}},
+                ]
+            },
+            say("2 words; doubled word"),
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize("kind", list(MCP_SCRIPTS))
+def test_four_agents_with_a_python_tool_and_an_mcp_server_run_in_each_topology(
+    home: Path, script: Any, kind: str
+) -> None:
+    team = load_team(REPO / "examples" / "teams" / "docs-review.toml")
+    team = Team(
+        agents=(*team.agents, builtin.coder()),
+        name="docs-review-4",
+        policy={"agents": {"reviewer": {"max_tool_calls": 4}}},
+    )
+    result = run_task(
+        "Review", team=team, model=script(MCP_SCRIPTS[kind]), topology=Topology.parse(kind)
+    )
+    assert result.status == "succeeded", result.stop_reason
+    assert "reviewer" in result.agents_run
+    ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
+    try:
+        calls = {c.tool: c for c in ledger.tool_calls(result.task_id)}
+        assert calls["word_count"].result_preview == "2"
+        assert "doubled word 'a'" in (calls["lint_check"].result_preview or "")
+    finally:
+        ledger.close()
