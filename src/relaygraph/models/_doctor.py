@@ -157,9 +157,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: The spec is invalid or names no OpenAI model.
     """
-    if args.base_url:
-        os.environ["OPENAI_BASE_URL"] = args.base_url
-    report = diagnose(args.model, timeout=args.timeout)
+    report = diagnose(args.model, timeout=args.timeout, base_url=args.base_url)
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), ensure_ascii=False) + "\n")
     else:
@@ -179,15 +177,20 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def diagnose(spec: str, *, timeout: float = 120.0) -> DoctorReport:
+def diagnose(spec: str, *, timeout: float = 120.0, base_url: str | None = None) -> DoctorReport:
     """Probe the server of ``spec`` (see the module docstring).
+
+    Args:
+        spec: An ``openai:`` spec, with its options.
+        timeout: Seconds each request may take, unless the spec sets ``timeout``.
+        base_url: The server; ``$OPENAI_BASE_URL`` (else OpenAI's) when None.
 
     Raises:
         ConfigError: The spec is invalid or names no OpenAI model.
     """
     from relaygraph.errors import ModelSpecError
-    from relaygraph.models import OpenAIOptions, load_model, parse_model_spec
-    from relaygraph.models._openai import OPENAI_API
+    from relaygraph.models import OpenAIOptions, parse_model_spec
+    from relaygraph.models._openai import OPENAI_API, build_openai_model
 
     parsed = parse_model_spec(spec)
     if parsed.provider != "openai":
@@ -195,7 +198,8 @@ def diagnose(spec: str, *, timeout: float = 120.0) -> DoctorReport:
     options = parsed.options or OpenAIOptions()
     if options.timeout is None:
         parsed = replace(parsed, options=replace(options, timeout=timeout))
-    model = load_model(parsed, agent="doctor")
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    model = build_openai_model(parsed, role="doctor", base_url=base_url)
     updates: dict[str, Any] = {"empty_tool_call_content": False, "omit_parallel_tool_calls": False}
     if getattr(model, "max_tokens", None) is None:
         updates["max_tokens"] = _PROBE_MAX_TOKENS
@@ -223,7 +227,7 @@ def diagnose(spec: str, *, timeout: float = 120.0) -> DoctorReport:
     recommended = replace(parse_model_spec(spec), options=merged)
     return DoctorReport(
         model=spec,
-        base_url=os.environ.get("OPENAI_BASE_URL") or OPENAI_API,
+        base_url=base_url or OPENAI_API,
         probes=probes,
         spec=str(recommended),
         options=added,

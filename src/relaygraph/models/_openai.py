@@ -446,16 +446,23 @@ def _is_openai(base_url: str | None) -> bool:
     return base_url is None or urlsplit(base_url).hostname == "api.openai.com"
 
 
-def build_openai_model(spec: ModelSpec, *, role: str) -> RelaygraphChatOpenAI:
+def build_openai_model(
+    spec: ModelSpec, *, role: str, base_url: str | None = None
+) -> RelaygraphChatOpenAI:
     """The chat model of an ``openai:`` or ``openai-responses:`` spec, for ``role``.
 
+    Args:
+        spec: The parsed spec.
+        role: Who calls the model, for its errors and events.
+        base_url: The server; ``$OPENAI_BASE_URL`` (else OpenAI's) when None.
+
     Raises:
-        ModelSpecError: Neither ``OPENAI_API_KEY`` nor ``OPENAI_BASE_URL`` is set.
+        ModelSpecError: Neither ``OPENAI_API_KEY`` nor a base URL is set.
     """
     from functools import partial
 
     api_key = os.environ.get("OPENAI_API_KEY")
-    base_url = os.environ.get("OPENAI_BASE_URL") or None
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     if not api_key:
         if not base_url:
             raise ModelSpecError(
