@@ -65,7 +65,8 @@ def traced_run(
     handlers = tracing_callbacks(
         task_id=TASK,
         thread_id=THREAD,
-        team="local",
+        project="local",
+        team={"name": "docs-review", "version": 3, "digest": "sha256:abc"},
         policy_source="default",
         models={"researcher": model},
         tracer_provider=provider,
@@ -186,6 +187,9 @@ def test_relay_run_spans_nest_as_task_visits_calls_and_tools(home: Path) -> None
     assert root.attributes["gen_ai.operation.name"] == "invoke_workflow"
     assert root.attributes["gen_ai.conversation.id"] == THREAD
     assert root.attributes["relaygraph.task_id"] == TASK
+    assert root.attributes["relaygraph.project"] == "local"
+    assert root.attributes["relaygraph.team.name"] == "docs-review"
+    assert root.attributes["relaygraph.team.version"] == 3
     assert root.attributes["relaygraph.task.status"] == "succeeded"
     team_tokens = sum(u["input_tokens"] for u in result.usage.values())
     assert root.attributes["gen_ai.usage.input_tokens"] == team_tokens
@@ -593,7 +597,8 @@ def test_langsmith_config_when_on_and_off(
         task_id="t1",
         thread_id="th1",
         request="Find out  when LangGraph writes checkpoints\nand how durable they are, in detail",
-        team="research",
+        project="research",
+        team={"name": "docs-review", "version": 3, "digest": "sha256:abc", "source": None},
         policy_source="policy.toml",
         policy_digest="sha256:0123456789abcdef",
         models={"supervisor": "openai:gpt-4.1-mini"},
@@ -603,12 +608,15 @@ def test_langsmith_config_when_on_and_off(
         "metadata": {
             "task_id": "t1",
             "thread_id": "th1",
-            "team": "research",
+            "project": "research",
+            "team_name": "docs-review",
+            "team_version": 3,
+            "team_digest": "sha256:abc",
             "policy_source": "policy.toml",
             "policy_digest": "sha256:0123456789abcdef",
             "models": {"supervisor": "openai:gpt-4.1-mini"},
         },
-        "tags": ["relaygraph", "team:research"],
+        "tags": ["relaygraph", "project:research", "team:docs-review"],
     }
     assert langsmith_config(task_id="t1", thread_id="th1")["run_name"] == "relaygraph task t1"
     [handler] = tracing_callbacks(task_id="t1", thread_id="th1")

@@ -311,7 +311,8 @@ class TaskRunner:
         traced = {
             "task_id": task.id,
             "thread_id": task.thread_id,
-            "team": (identity or {}).get("project", task.project_id),
+            "project": (identity or {}).get("project", task.project_id),
+            "team": task.team,
             "policy_source": task.metadata.get("policy_source"),
             "policy_digest": policy_digest(task.policy),
             "models": recorded,

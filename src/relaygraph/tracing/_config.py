@@ -109,7 +109,8 @@ def tracing_callbacks(
     *,
     task_id: str,
     thread_id: str,
-    team: str | None = None,
+    project: str | None = None,
+    team: Mapping[str, Any] | None = None,
     policy_source: str | None = None,
     policy_digest: str | None = None,
     models: Mapping[str, str] | None = None,
@@ -125,7 +126,8 @@ def tracing_callbacks(
     Args:
         task_id: The ledger's task id.
         thread_id: The conversation the task continues.
-        team: The team the task belongs to.
+        project: The project (tenant) the task belongs to.
+        team: The team that runs it, as the task records it (name, version, digest).
         policy_source: Where the team policy came from.
         policy_digest: A digest of the policy the task runs under.
         models: The model spec of each role.
@@ -146,6 +148,7 @@ def tracing_callbacks(
                 provider.get_tracer(INSTRUMENTATION),
                 task_id=task_id,
                 thread_id=thread_id,
+                project=project,
                 team=team,
                 policy_source=policy_source,
                 policy_digest=policy_digest,
@@ -173,7 +176,8 @@ def langsmith_config(
     task_id: str,
     thread_id: str,
     request: str | None = None,
-    team: str | None = None,
+    project: str | None = None,
+    team: Mapping[str, Any] | None = None,
     policy_source: str | None = None,
     policy_digest: str | None = None,
     models: Mapping[str, str] | None = None,
@@ -189,7 +193,8 @@ def langsmith_config(
         task_id: The ledger's task id.
         thread_id: The conversation the task continues.
         request: What was asked; the root run is named for it.
-        team: The team the task belongs to.
+        project: The project (tenant) the task belongs to.
+        team: The team that runs it, as the task records it (name, version, digest).
         policy_source: Where the team policy came from.
         policy_digest: A digest of the policy the task runs under.
         models: The model spec of each role.
@@ -200,14 +205,19 @@ def langsmith_config(
     metadata: dict[str, Any] = {
         "task_id": task_id,
         "thread_id": thread_id,
-        "team": team,
+        "project": project,
+        "team_name": (team or {}).get("name"),
+        "team_version": (team or {}).get("version"),
+        "team_digest": (team or {}).get("digest"),
         "policy_source": policy_source,
         "policy_digest": policy_digest,
         "models": dict(models or {}),
     }
-    team_tags = [f"team:{team}"] if team else []
+    more = [f"project:{project}"] if project else []
+    if team and team.get("name"):
+        more.append(f"team:{team['name']}")
     return {
         "run_name": _run_name(task_id, request),
         "metadata": {k: v for k, v in metadata.items() if v is not None},
-        "tags": ["relaygraph", *team_tags, *tags],
+        "tags": ["relaygraph", *more, *tags],
     }

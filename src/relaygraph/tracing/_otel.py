@@ -51,7 +51,8 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         tracer: Where spans go (``TracerProvider.get_tracer``).
         task_id: The ledger's task id.
         thread_id: The conversation (``gen_ai.conversation.id``).
-        team: The team the task belongs to.
+        project: The project (tenant) the task belongs to.
+        team: The team that runs it, as the task records it (name, version, digest).
         policy_source: Where the policy came from (a file path, ``default``).
         policy_digest: A digest of the policy the task ran under: equal digests, equal rules.
         models: The model spec of each role.
@@ -66,7 +67,8 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         *,
         task_id: str,
         thread_id: str,
-        team: str | None = None,
+        project: str | None = None,
+        team: Mapping[str, Any] | None = None,
         policy_source: str | None = None,
         policy_digest: str | None = None,
         models: Mapping[str, str] | None = None,
@@ -75,7 +77,8 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         self.policy_digest = policy_digest
         self.task_id = task_id
         self.thread_id = thread_id
-        self.team = team
+        self.project = project
+        self.team = dict(team or {})
         self.policy_source = policy_source
         self.models = dict(models or {})
         self._runs = RunTree()
@@ -180,7 +183,10 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                         "gen_ai.operation.name": "invoke_workflow",
                         "gen_ai.conversation.id": self.thread_id,
                         "relaygraph.task_id": self.task_id,
-                        "relaygraph.team": self.team,
+                        "relaygraph.project": self.project,
+                        "relaygraph.team.name": self.team.get("name"),
+                        "relaygraph.team.version": self.team.get("version"),
+                        "relaygraph.team.digest": self.team.get("digest"),
                         "relaygraph.policy.source": self.policy_source,
                         "relaygraph.policy.digest": self.policy_digest,
                         "relaygraph.models": self.models or None,
