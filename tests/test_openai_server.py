@@ -358,3 +358,102 @@ def test_raw_http_errors(server: FakeOpenAI) -> None:
     assert status == 200
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["content"] == "Found three sources."
+
+
+# -- profiles and faults ------------------------------------------------------------------
+
+
+def _raw_post(fake: FakeOpenAI, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    request = urllib.request.Request(
+        f"{fake.base_url}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer t"},
+        method="POST",
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=5) as response:
+            return response.status, dict(response.headers), json.load(response)
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, dict(err.headers), json.load(err)
+
+
+def test_profiles_refuse_in_their_servers_words() -> None:
+    from .openai_server import LLAMA_CPP_PYTHON, OLLAMA, STRICT_FIELDS, VLLM_NO_TOOL_PARSER
+
+    hi = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "search"}}]
+    schema = {"type": "json_schema", "json_schema": {"name": "R", "schema": {}}}
+    with serve_script({"a": [{"content": "ok"}]}, profile=LLAMA_CPP_PYTHON) as fake:
+        status, _, body = _raw_post(
+            fake, {"model": "script-a", "messages": hi, "response_format": schema}
+        )
+        assert status == 500
+        assert "'loc': ('body', 'response_format', 'type')" in body["error"]["message"]
+        trip = [
+            *hi,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "function": {"name": "search", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "r"},
+        ]
+        status, _, body = _raw_post(fake, {"model": "script-a", "messages": trip})
+        assert status == 500 and "Input should be a valid string" in body["error"]["message"]
+        trip[1]["content"] = ""
+        assert _raw_post(fake, {"model": "script-a", "messages": trip})[0] == 200
+    with serve_script({"a": [{"content": "ok"}]}, profile=VLLM_NO_TOOL_PARSER) as fake:
+        status, _, body = _raw_post(fake, {"model": "script-a", "messages": hi, "tools": tools})
+        assert status == 400 and body["object"] == "error"  # vLLM's body, not OpenAI's
+        assert body["message"].startswith('"auto" tool choice requires')
+    with serve_script({"a": [{"content": "ok"}]}, profile=STRICT_FIELDS) as fake:
+        status, _, body = _raw_post(
+            fake, {"model": "script-a", "messages": hi, "parallel_tool_calls": False}
+        )
+        assert (status, body["error"]["param"]) == (400, "parallel_tool_calls")
+    with serve_script({"a": [{"content": "ok"}]}, profile=OLLAMA) as fake:
+        forced = {"type": "function", "function": {"name": "search"}}
+        status, _, body = _raw_post(
+            fake, {"model": "script-a", "messages": hi, "tools": tools, "tool_choice": forced}
+        )
+        assert status == 200  # tool_choice ignored: the script's text answer is played
+        assert body["choices"][0]["message"]["content"] == "ok"
+
+
+def test_faults_come_in_sequence_and_play_no_turn() -> None:
+    from .openai_server import Faults
+
+    hi = {"model": "script-a", "messages": [{"role": "user", "content": "hi"}]}
+    faults = Faults(sequence=["429", "503", None, "500"], retry_after=2)
+    with serve_script({"a": [{"content": "one"}, {"content": "two"}]}, faults=faults) as fake:
+        status, headers, body = _raw_post(fake, hi)
+        assert (status, headers["Retry-After"]) == (429, "2")
+        assert body["error"]["code"] == "rate_limit_exceeded"
+        assert _raw_post(fake, hi)[0] == 503
+        assert _raw_post(fake, hi)[2]["choices"][0]["message"]["content"] == "one"
+        assert _raw_post(fake, hi)[0] == 500
+        assert _raw_post(fake, hi)[2]["choices"][0]["message"]["content"] == "two"
+        assert [e["fault"] for e in fake.log] == ["429", "503", None, "500", None]
+        assert [e["status"] for e in fake.log] == [None, None, 200, None, 200]
+        assert len(fake.injected) == 3
+    with pytest.raises(ValueError, match="unknown fault kinds"):
+        Faults(kinds=("418",))
+
+
+def test_a_truncated_body_breaks_the_client() -> None:
+    from .openai_server import Faults
+
+    with serve_script(
+        {"researcher": [{"content": "x"}]}, faults=Faults(sequence=["truncated"])
+    ) as fake:
+        with pytest.raises(openai.APIConnectionError):
+            _model(fake).invoke("hi")
+        assert _model(fake).invoke("hi").content == "x"
