@@ -244,6 +244,8 @@ def _timed(name: str, step: Callable[[], Probe]) -> Probe:
     except ModelCallError as exc:
         status: ProbeStatus = "rejected" if exc.refused else "error"
         probe = Probe(name=name, status=status, detail=exc.reason)
+    except Exception as exc:  # A probe's surprise is a finding to print, not a traceback.
+        probe = Probe(name=name, status="error", detail=f"{type(exc).__name__}: {exc}")
     return replace(probe, name=name, seconds=round(time.monotonic() - started, 2))
 
 
