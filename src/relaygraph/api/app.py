@@ -530,6 +530,19 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
 
         return EventSourceResponse(stream())
 
+    # The audit dashboard (/ui) and the /v1 endpoints it reads beyond the ones above.
+    from relaygraph.api._dashboard_api import dashboard_api_router
+    from relaygraph.api._ui import ui_router
+    from relaygraph.api.ui import DashboardSettings
+
+    dashboard = DashboardSettings()
+    app.include_router(
+        dashboard_api_router(ledger=ledger, home=home, show_evals=dashboard.show_evals)
+    )
+    app.include_router(
+        ui_router(ledger=ledger, workers=lambda: state["workers"], home=home, settings=dashboard)
+    )
+
     return app
 
 

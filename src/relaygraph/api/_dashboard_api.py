@@ -1,0 +1,201 @@
+"""The endpoints the audit dashboard reads, beside the task service's own.
+
+Everything the dashboard (``/ui``) shows comes from a documented ``/v1`` endpoint: the task
+service's (a task, its trace, handoffs, approvals, events, usage) or one of these —
+
+- ``GET /v1/task-summaries``: the project's tasks with who ran, tokens, cost, handoffs and
+  violations, filtered by status, agent, violation kind, time and text;
+- ``GET /v1/tasks/{id}/artifacts`` and ``.../artifacts/{name}``: a task's deliverables;
+- ``GET /v1/evals`` and ``/v1/evals/{run_id}``: the eval runs in the ledger;
+- ``GET /v1/usage/daily``: the project's usage per day and role.
+
+The dashboard's pages call the same functions as these endpoints (in
+:mod:`relaygraph.api.ui._queries`), so a page never shows what the API would not answer.
+"""
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._schemas import ErrorBody
+from relaygraph.api.ui._queries import (
+    ArtifactList,
+    DailyUsage,
+    EvalRunList,
+    EvalRunOut,
+    TaskFilters,
+    TaskSummaryPage,
+    artifact_response,
+    daily_usage,
+    eval_run,
+    find_tasks,
+    read_artifact,
+    task_artifacts,
+    utc_time,
+)
+from relaygraph.errors import ConfigError
+from relaygraph.store import Ledger, Project, Task
+
+_bearer = HTTPBearer(
+    auto_error=False, description="A project's API key (`relaygraph projects create NAME`)."
+)
+_TIME_KW: dict[str, Any] = {"json_schema_extra": {"format": "date-time"}}
+"""Documents a query parameter as a time (schemathesis then sends times)."""
+
+
+# -- the endpoints --------------------------------------------------------------------------
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {
+        "model": ErrorBody,
+        "description": "`task_not_found` (another project's task too), `artifact_not_found`, "
+        "`eval_run_not_found`.",
+    }
+}
+
+
+def dashboard_api_router(
+    *, ledger: Callable[[], Ledger], home: Path, show_evals: bool = True
+) -> APIRouter:
+    """The ``/v1`` endpoints the dashboard needs beyond the task service's own.
+
+    Args:
+        ledger: Returns the server's ledger (it is opened when the app starts).
+        home: The data directory (the tasks' artifacts are under it).
+        show_evals: Whether projects see the eval runs (they belong to no project: the
+            operator records them with ``relaygraph eval``).
+    """
+    router = APIRouter(prefix="/v1")
+
+    def project_of(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Project:
+        key = credentials.credentials.strip() if credentials is not None else ""
+        if not key:
+            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
+        project = ledger().authenticate(key)
+        if project is None:
+            raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
+        return project
+
+    ProjectDep = Annotated[Project, Depends(project_of)]
+
+    def own_task(task_id: str, project: Project) -> Task:
+        task = None if "\x00" in task_id else ledger().get_task(task_id, project_id=project.id)
+        if task is None:
+            raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
+        return task
+
+    @router.get(
+        "/task-summaries", response_model=TaskSummaryPage, responses=error_responses(401, 422)
+    )
+    def task_summaries(
+        project: ProjectDep,
+        status: Annotated[str | None, Query(description="Only tasks in this status.")] = None,
+        agent: Annotated[
+            str | None, Query(max_length=64, description="Only tasks this agent ran in.")
+        ] = None,
+        violation: Annotated[
+            str | None,
+            Query(max_length=64, description="Only tasks with a violation of this kind."),
+        ] = None,
+        since: Annotated[
+            str | None,
+            Query(description="Created at or after; ISO 8601 with a time zone.", **_TIME_KW),
+        ] = None,
+        until: Annotated[
+            str | None, Query(description="Created before; ISO 8601 with a time zone.", **_TIME_KW)
+        ] = None,
+        q: Annotated[
+            str | None,
+            Query(max_length=200, description="Text in the request, answer, stop reason or id."),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: Annotated[
+            str | None, Query(description="`next_cursor` of the page before.")
+        ] = None,
+    ) -> TaskSummaryPage:
+        """The project's tasks as the dashboard lists them, newest first, filtered."""
+        filters = TaskFilters(
+            status=status,
+            agent=agent or None,
+            violation=violation or None,
+            since=utc_time(since, "since"),
+            until=utc_time(until, "until"),
+            text=q or None,
+        )
+        try:
+            return find_tasks(ledger(), project.id, filters, limit=limit, cursor=cursor)
+        except ConfigError as exc:
+            field = "status" if "status" in str(exc) else "cursor"
+            raise ApiError(422, "invalid_request", str(exc), field) from None
+
+    @router.get(
+        "/tasks/{task_id}/artifacts",
+        response_model=ArtifactList,
+        responses=error_responses(401, 404),
+    )
+    def artifacts(task_id: str, project: ProjectDep) -> ArtifactList:
+        """The task's deliverables (what its agents saved with `save_artifact`)."""
+        own_task(task_id, project)
+        return ArtifactList(artifacts=task_artifacts(home, task_id))
+
+    @router.get(
+        "/tasks/{task_id}/artifacts/{name}",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "The artifact's bytes, as a download.",
+                "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            },
+            **error_responses(401),
+            **_NOT_FOUND,
+        },
+    )
+    def artifact(task_id: str, name: str, project: ProjectDep) -> Response:
+        """One deliverable, as a file download."""
+        own_task(task_id, project)
+        return artifact_response(read_artifact(home, task_id, name), name, download=True)
+
+    @router.get("/evals", response_model=EvalRunList, responses=error_responses(401, 422))
+    def evals(project: ProjectDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> EvalRunList:
+        """The latest eval runs in the ledger, newest first, without their cases."""
+        if not show_evals:
+            return EvalRunList(eval_runs=[])
+        runs = ledger().eval_runs(limit)
+        return EvalRunList(eval_runs=[EvalRunOut.of(run, cases=False) for run in runs])
+
+    @router.get(
+        "/evals/{run_id}",
+        response_model=EvalRunOut,
+        responses={**error_responses(401), **_NOT_FOUND},
+    )
+    def evals_run(run_id: str, project: ProjectDep) -> EvalRunOut:
+        """One eval run with every case's checks, expected and actual."""
+        if not show_evals or "\x00" in run_id:
+            raise ApiError(404, "eval_run_not_found", f"no eval run {run_id!r}", "run_id")
+        return EvalRunOut.of(eval_run(ledger(), run_id), cases=True)
+
+    @router.get("/usage/daily", response_model=DailyUsage, responses=error_responses(401, 422))
+    def usage_daily(
+        project: ProjectDep,
+        since: Annotated[
+            str | None,
+            Query(description="ISO 8601 with a time zone; default 14 days ago.", **_TIME_KW),
+        ] = None,
+        until: Annotated[
+            str | None, Query(description="ISO 8601 with a time zone; default now.", **_TIME_KW)
+        ] = None,
+    ) -> DailyUsage:
+        """The project's usage per UTC day and role, over the tasks created in the range."""
+        end = utc_time(until, "until") or datetime.now(UTC)
+        start = utc_time(since, "since") or end - timedelta(days=14)
+        return daily_usage(ledger(), project.id, start, end)
+
+    return router

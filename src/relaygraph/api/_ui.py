@@ -1,0 +1,52 @@
+"""The audit dashboard at ``/ui``: tasks, their handoff graphs, timelines, budgets and
+approvals, eval runs and usage, served by the task service itself.
+
+Server-rendered Jinja2 templates with one small script (``ui/static/dashboard.js``) that
+follows a running task's event stream and swaps in the page's parts as they change: the
+pages are plain HTML a Python developer edits without a JavaScript build, and every figure
+comes from the same functions as the ``/v1`` endpoints (see :mod:`relaygraph.api._dashboard_api`).
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi import APIRouter
+
+from relaygraph.api._workers import TaskWorkers
+from relaygraph.api.ui._auth import auth_router
+from relaygraph.api.ui._dashboard import Dashboard
+from relaygraph.api.ui._report_pages import report_router
+from relaygraph.api.ui._sessions import SessionStore
+from relaygraph.api.ui._settings import DashboardSettings
+from relaygraph.api.ui._task_pages import task_router
+from relaygraph.store import Ledger
+
+
+def ui_router(
+    *,
+    ledger: Callable[[], Ledger],
+    workers: Callable[[], TaskWorkers],
+    home: Path,
+    settings: DashboardSettings | None = None,
+) -> APIRouter:
+    """The dashboard's pages, under ``/ui`` (left out of the OpenAPI document).
+
+    Args:
+        ledger: Returns the server's ledger (it is opened when the app starts).
+        workers: Returns the server's task workers: a decision resumes its task on them.
+        home: The data directory (the tasks' artifacts are under it).
+        settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
+    """
+    settings = settings or DashboardSettings()
+    dashboard = Dashboard(
+        ledger=ledger,
+        workers=workers,
+        home=home,
+        settings=settings,
+        sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),
+    )
+    router = APIRouter(include_in_schema=False)
+    router.include_router(auth_router(dashboard))
+    router.include_router(task_router(dashboard))
+    router.include_router(report_router(dashboard))
+    return router

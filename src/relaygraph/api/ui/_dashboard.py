@@ -1,0 +1,113 @@
+"""What every dashboard page shares: the ledger, the sessions, and how a page is answered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from relaygraph.api.ui._sessions import COOKIE, DashboardSession, SessionStore
+from relaygraph.api.ui._settings import DashboardSettings
+from relaygraph.api.ui._templates import render
+from relaygraph.store import Ledger, Task
+
+if TYPE_CHECKING:
+    from relaygraph.api._workers import TaskWorkers
+
+REFRESH_HEADER = "X-Relaygraph-Refresh"
+"""Sent by the page's own refreshes: they do not keep an idle session alive."""
+
+SECURITY_HEADERS = {
+    # Scripts and styles only from the dashboard's own files: nothing inline, nothing from
+    # elsewhere, so text a model wrote can never run as script here.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'; object-src 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dashboard:
+    """The dashboard's state, given to each of its routers.
+
+    Args:
+        ledger: Returns the server's ledger (opened when the app starts).
+        workers: Returns the server's task workers (they resume a task after a decision).
+        home: The data directory (artifacts live under it).
+        settings: The dashboard's settings.
+        sessions: Who is signed in.
+    """
+
+    ledger: Callable[[], Ledger]
+    workers: Callable[[], TaskWorkers]
+    home: Path
+    settings: DashboardSettings
+    sessions: SessionStore
+
+    def session(self, request: Request) -> tuple[DashboardSession | None, bool]:
+        """The request's live session, and whether one ran out of time.
+
+        A page a person opens counts as activity; the page's own refreshes do not. A
+        session whose API key was revoked ends here.
+        """
+        touch = request.headers.get(REFRESH_HEADER) != "1"
+        session, expired = self.sessions.find(request.cookies.get(COOKIE), touch=touch)
+        if session is None:
+            return None, expired
+        keys = self.ledger().api_keys(session.project_id)
+        if not any(k.id in session.key_ids and k.revoked_at is None for k in keys):
+            self.sessions.end(session.id)
+            return None, False
+        return session, False
+
+    def own_task(self, session: DashboardSession, task_id: str) -> Task | None:
+        """The session's project's task; None for a missing task or another project's."""
+        if "\x00" in task_id or len(task_id) > 64:
+            return None
+        return self.ledger().get_task(task_id, project_id=session.project_id)
+
+    def page(
+        self,
+        request: Request,
+        template: str,
+        session: DashboardSession | None,
+        *,
+        status: int = 200,
+        **context: Any,
+    ) -> HTMLResponse:
+        html = render(template, request=request, session=session, **context)
+        return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+    def not_found(self, request: Request, session: DashboardSession, what: str) -> HTMLResponse:
+        return self.page(request, "not_found.html", session, status=404, what=what, nav="")
+
+
+def to_sign_in(request: Request, *, expired: bool) -> Response:
+    """Send a browser without a session to the sign-in page (JSON 401 for the page's script)."""
+    if request.headers.get(REFRESH_HEADER) == "1" or "text/html" not in request.headers.get(
+        "accept", "text/html"
+    ):
+        return JSONResponse(
+            {"error": {"code": "unauthorized", "message": "sign in again"}},
+            status_code=401,
+            headers=SECURITY_HEADERS,
+        )
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    location = f"/ui/login?next={quote(target, safe='')}" + ("&expired=1" if expired else "")
+    return RedirectResponse(location, status_code=303, headers=SECURITY_HEADERS)
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a dashboard address only, never another site."""
+    if not value or not value.startswith("/ui") or value.startswith("//") or "\\" in value:
+        return "/ui"
+    return value

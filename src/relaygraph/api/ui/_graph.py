@@ -1,0 +1,217 @@
+"""The handoff graph: the agents as nodes, each transfer of work as a numbered edge.
+
+Built from the ledger's record of a task: its handoffs (every transfer carried out, with
+the tokens spent when the work moved) and its events (transfers a limit or the ping-pong
+detector stopped, and which transfer tripped the detector). The layout is computed here,
+in plain numbers, and drawn as SVG by the template: the supervisor on top, the agents in a
+row below, routes coming down from the supervisor and direct handoffs as arcs under the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from relaygraph.store import Event, Handoff
+
+SUPERVISOR = "supervisor"
+FINISH = "FINISH"
+
+WIDTH = 760
+HEIGHT = 350
+NODE_W = 124
+NODE_H = 36
+TOP_Y = 46
+ROW_Y = 190
+MARGIN_X = 80
+ROUTE_SPREAD = 44
+"""Sideways distance between two routes to the same agent."""
+ARC_DEPTH = 50
+ARC_STEP = 48
+"""How much deeper each further arc between the same two agents bends."""
+ARC_INSET = 9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Transfer:
+    """One transfer of work, as the graph and its list show it."""
+
+    number: int
+    """Its place in the task's order of transfers, from 1."""
+    kind: Literal["route", "direct"]
+    source: str
+    target: str
+    task: str
+    reason: str
+    step: int | None
+    tokens_so_far: int | None
+    """Input plus output tokens the task had used when the work moved."""
+    carried_out: bool
+    """False when a limit or the ping-pong detector stopped it: no work moved."""
+    ping_pong: str | None
+    """What the ping-pong detector said, when this transfer tripped it."""
+    event_seq: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Node:
+    name: str
+    x: float
+    y: float
+    supervisor: bool
+    ran: bool
+    """Whether any work reached it (a node nobody sent work to is drawn faded)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Edge:
+    transfer: Transfer
+    path: str
+    """The SVG path's ``d``."""
+    label_x: float
+    label_y: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HandoffGraph:
+    width: int
+    height: int
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+
+
+def transfers_of(handoffs: Sequence[Handoff], events: Sequence[Event]) -> list[Transfer]:
+    """Every transfer of the task in order: those carried out (from the ledger's handoffs)
+    and those stopped (from the events), each ping-pong marked on the transfer it stopped
+    or let through."""
+    found: list[tuple[int, dict[str, object]]] = [
+        (
+            h.event_seq,
+            {
+                "kind": h.kind,
+                "source": h.source,
+                "target": h.target,
+                "task": h.task,
+                "reason": h.reason,
+                "step": h.step,
+                "tokens_so_far": h.tokens_so_far,
+                "carried_out": True,
+            },
+        )
+        for h in handoffs
+    ]
+    bounces: dict[int, str] = {}
+    pending: dict[str, str] = {}
+    for event in events:
+        data = event.data
+        if event.type == "violation" and data.get("kind") == "ping_pong":
+            # The detector names the agent the work was about to go to; the transfer to
+            # it that follows is the bounce.
+            pending[str(data.get("agent"))] = str(data.get("detail") or "ping-pong")
+            continue
+        if event.type not in ("route", "handoff"):
+            continue
+        target = data.get("next") if event.type == "route" else data.get("target")
+        if target is None or target == FINISH:
+            continue
+        if str(target) in pending:
+            bounces[event.seq] = pending.pop(str(target))
+        if data.get("carried_out") is False:
+            found.append(
+                (
+                    event.seq,
+                    {
+                        "kind": "route" if event.type == "route" else "direct",
+                        "source": SUPERVISOR if event.type == "route" else data.get("source"),
+                        "target": target,
+                        "task": data.get("task") or "",
+                        "reason": data.get("reason") or "",
+                        "step": data.get("step"),
+                        "tokens_so_far": data.get("tokens_so_far"),
+                        "carried_out": False,
+                    },
+                )
+            )
+    found.sort(key=lambda item: item[0])
+    return [
+        Transfer(
+            number=n,
+            kind="route" if fields["kind"] == "route" else "direct",
+            source=str(fields["source"]),
+            target=str(fields["target"]),
+            task=str(fields["task"]),
+            reason=str(fields["reason"]),
+            step=_whole(fields["step"]),
+            tokens_so_far=_whole(fields["tokens_so_far"]),
+            carried_out=bool(fields["carried_out"]),
+            ping_pong=bounces.get(seq),
+            event_seq=seq,
+        )
+        for n, (seq, fields) in enumerate(found, start=1)
+    ]
+
+
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def layout(roster: Sequence[str], transfers: Sequence[Transfer]) -> HandoffGraph:
+    """Place the nodes and draw the edges.
+
+    Args:
+        roster: The team's agents, in the policy's order (each gets a node, used or not).
+        transfers: The task's transfers, in order.
+    """
+    agents = [name for name in roster if name != SUPERVISOR]
+    for t in transfers:
+        for name in (t.source, t.target):
+            if name != SUPERVISOR and name not in agents:
+                agents.append(name)
+    reached = {t.target for t in transfers if t.carried_out}
+    with_supervisor = any(
+        t.kind == "route" or SUPERVISOR in (t.source, t.target) for t in transfers
+    )
+    nodes: dict[str, Node] = {}
+    if with_supervisor or not transfers:
+        nodes[SUPERVISOR] = Node(name=SUPERVISOR, x=WIDTH / 2, y=TOP_Y, supervisor=True, ran=True)
+    span = WIDTH - 2 * MARGIN_X
+    for i, name in enumerate(agents):
+        x = WIDTH / 2 if len(agents) == 1 else MARGIN_X + i * span / (len(agents) - 1)
+        nodes[name] = Node(name=name, x=x, y=ROW_Y, supervisor=False, ran=name in reached)
+
+    same_route: dict[str, list[Transfer]] = {}
+    same_pair: dict[frozenset[str], list[Transfer]] = {}
+    for t in transfers:
+        if t.source == SUPERVISOR:
+            same_route.setdefault(t.target, []).append(t)
+        else:
+            same_pair.setdefault(frozenset((t.source, t.target)), []).append(t)
+    edges = []
+    for t in transfers:
+        a, b = nodes[t.source], nodes[t.target]
+        if t.source == SUPERVISOR:
+            group = same_route[t.target]
+            k = group.index(t) - (len(group) - 1) / 2
+            start, end = (a.x, a.y + NODE_H / 2), (b.x, b.y - NODE_H / 2)
+            mid = ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2)
+            control = (mid[0] + k * ROUTE_SPREAD, mid[1])
+        elif t.target == SUPERVISOR:  # A swarm agent handing back to a supervisor: rare.
+            start, end = (a.x, a.y - NODE_H / 2), (b.x, b.y + NODE_H / 2)
+            control = ((start[0] + end[0]) / 2 - 30, (start[1] + end[1]) / 2)
+        else:
+            k = same_pair[frozenset((t.source, t.target))].index(t)
+            # Each further arc between the same two agents leaves and arrives a little
+            # further in, so that its arrowhead does not cover the others'.
+            inward = ARC_INSET * min(k, 4) * (1 if b.x > a.x else -1)
+            start = (a.x + inward, a.y + NODE_H / 2)
+            end = (b.x - inward, b.y + NODE_H / 2)
+            control = ((a.x + b.x) / 2, a.y + NODE_H / 2 + ARC_DEPTH + min(k, 4) * ARC_STEP)
+        path = "M{:.1f},{:.1f} Q{:.1f},{:.1f} {:.1f},{:.1f}".format(*start, *control, *end)
+        # The quadratic curve's midpoint, where the number sits.
+        label = (
+            0.25 * start[0] + 0.5 * control[0] + 0.25 * end[0],
+            0.25 * start[1] + 0.5 * control[1] + 0.25 * end[1],
+        )
+        edges.append(Edge(transfer=t, path=path, label_x=label[0], label_y=label[1]))
+    return HandoffGraph(width=WIDTH, height=HEIGHT, nodes=tuple(nodes.values()), edges=tuple(edges))

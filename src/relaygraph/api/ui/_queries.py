@@ -1,0 +1,359 @@
+"""What the dashboard reads: the functions behind its ``/v1`` endpoints and its pages.
+
+Each ``/v1`` endpoint of :mod:`relaygraph.api._dashboard_api` and each page of ``/ui`` that
+shows the same thing calls the same function here, so a page never shows what the API
+would not answer.
+"""
+
+import os
+import stat
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from relaygraph.api._errors import ApiError
+from relaygraph.store import EvalRunRecord, Ledger, RecordNotFound, Task
+
+MAX_SCAN = 1000
+"""Most tasks one filtered page looks at before it answers (with the cursor to go on)."""
+MAX_DAYS = 366
+INPUT_CHARS = 280
+ARTIFACT_NAME_CHARS = 100
+
+
+# -- bodies --------------------------------------------------------------------------------
+
+
+class TaskSummary(BaseModel):
+    """A task as the task list shows it."""
+
+    id: str
+    status: str
+    input: str = Field(description=f"The request, cut at {INPUT_CHARS} characters.")
+    team: dict[str, Any] | None = Field(description="`name` and `version` of the team that ran it.")
+    topology: str
+    agents: list[str] = Field(description="The agents that ran, in the order they first ran.")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    tokens: int = Field(description="Input plus output tokens of every role.")
+    cost_usd: float
+    handoffs: int = Field(description="Transfers of work carried out (routes and direct).")
+    violations: int
+    violation_kinds: list[str]
+    stop_reason: str | None
+
+
+class TaskSummaryPage(BaseModel):
+    tasks: list[TaskSummary]
+    next_cursor: str | None = Field(description="Where the next page starts; null at the end.")
+    scanned: int = Field(description="Tasks looked at for this page (filters skip some).")
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    size_bytes: int
+
+
+class ArtifactList(BaseModel):
+    artifacts: list[ArtifactOut]
+
+
+class EvalCaseOut(BaseModel):
+    case_id: str
+    trial: int
+    passed: bool
+    checks: list[dict[str, Any]] = Field(
+        description="Each check: `name`, `passed`, `expected`, `actual` (and `message`)."
+    )
+    first_failure: dict[str, Any] | None
+    usage: dict[str, Any]
+    latency_seconds: float
+    error: str | None
+    task_id: str | None
+
+
+class EvalRunOut(BaseModel):
+    id: str
+    golden: str
+    models: dict[str, Any]
+    options: dict[str, Any]
+    case_count: int
+    run_count: int
+    passed_case_count: int | None
+    passed_run_count: int | None
+    pass_rate: float | None
+    metrics: dict[str, Any] | None
+    started_at: datetime
+    finished_at: datetime | None
+    cases: list[EvalCaseOut] | None = Field(description="Only in `GET /v1/evals/{run_id}`.")
+
+    @classmethod
+    def of(cls, run: EvalRunRecord, *, cases: bool) -> "EvalRunOut":
+        return cls(
+            id=run.id,
+            golden=run.golden,
+            models=run.models,
+            options=run.options,
+            case_count=run.case_count,
+            run_count=run.run_count,
+            passed_case_count=run.passed_case_count,
+            passed_run_count=run.passed_run_count,
+            pass_rate=run.pass_rate,
+            metrics=run.metrics,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+            cases=[
+                EvalCaseOut(
+                    case_id=c.case_id,
+                    trial=c.trial,
+                    passed=c.passed,
+                    checks=c.checks,
+                    first_failure=c.first_failure,
+                    usage=c.usage,
+                    latency_seconds=c.latency_seconds,
+                    error=c.error,
+                    task_id=c.task_id,
+                )
+                for c in run.cases
+            ]
+            if cases
+            else None,
+        )
+
+
+class EvalRunList(BaseModel):
+    eval_runs: list[EvalRunOut]
+
+
+class DayUsage(BaseModel):
+    date: date
+    tasks: int
+    total: dict[str, Any]
+    agents: dict[str, dict[str, Any]]
+
+
+class DailyUsage(BaseModel):
+    project_id: str
+    since: datetime
+    until: datetime
+    days: list[DayUsage]
+
+
+# -- what the endpoints and the pages both call ---------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskFilters:
+    """Which of a project's tasks a list shows; None lets every task through."""
+
+    status: str | None = None
+    agent: str | None = None
+    """Only tasks in which this agent ran."""
+    violation: str | None = None
+    """Only tasks with a violation of this kind (``tool_not_allowed``, ``budget``, ...)."""
+    since: datetime | None = None
+    """Created at or after (UTC)."""
+    until: datetime | None = None
+    """Created before (UTC)."""
+    text: str | None = None
+    """Found, ignoring case, in the request, the answer, the stop reason or the task id."""
+
+
+def summarize(ledger: Ledger, task: Task) -> TaskSummary:
+    """The task list's line for ``task``: who ran, tokens, cost, handoffs, violations."""
+    agents: list[str] = []
+    kinds: list[str] = []
+    seen: set[str] = set()
+    for event in ledger.events_after(task.id):
+        if event.type == "agent_started":
+            agent = str(event.data.get("agent") or "")
+            if agent and agent not in agents:
+                agents.append(agent)
+        elif event.type == "violation":
+            # A resumed run may report a violation again; its id says it is the same one.
+            key = str(event.data.get("id") or f"#{event.seq}")
+            if key not in seen:
+                seen.add(key)
+                kinds.append(str(event.data.get("kind") or "unknown"))
+    usage = ledger.usage(task.id)
+    start = task.started_at or task.created_at
+    team = task.team or {}
+    return TaskSummary(
+        id=task.id,
+        status=task.status,
+        input=task.input if len(task.input) <= INPUT_CHARS else task.input[:INPUT_CHARS] + "…",
+        team={"name": team.get("name"), "version": team.get("version")} if team else None,
+        topology=str((task.topology or {}).get("kind", "structured")),
+        agents=agents,
+        created_at=task.created_at,
+        started_at=task.started_at,
+        finished_at=task.finished_at,
+        duration_s=round((task.finished_at - start).total_seconds(), 3)
+        if task.finished_at
+        else None,
+        tokens=sum(u.input_tokens + u.output_tokens for u in usage),
+        cost_usd=round(sum(u.cost_usd for u in usage), 6),
+        handoffs=len(ledger.handoffs(task.id)),
+        violations=len(kinds),
+        violation_kinds=sorted(set(kinds)),
+        stop_reason=task.stop_reason,
+    )
+
+
+def _matches(task: Task, summary: TaskSummary | None, filters: TaskFilters) -> bool:
+    if filters.since is not None and task.created_at < filters.since:
+        return False
+    if filters.until is not None and task.created_at >= filters.until:
+        return False
+    if filters.text:
+        needle = filters.text.casefold()
+        haystack = "\n".join(
+            part or "" for part in (task.id, task.input, task.answer, task.stop_reason)
+        )
+        if needle not in haystack.casefold():
+            return False
+    if summary is None:
+        return True
+    if filters.agent and filters.agent not in summary.agents:
+        return False
+    return not filters.violation or filters.violation in summary.violation_kinds
+
+
+def find_tasks(
+    ledger: Ledger,
+    project_id: str,
+    filters: TaskFilters,
+    *,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> TaskSummaryPage:
+    """A page of the project's tasks that pass ``filters``, newest first.
+
+    Walks the ledger's pages (its cursors, so a page is a position, not an offset) until
+    ``limit`` tasks matched, the tasks ran out, or :data:`MAX_SCAN` were looked at; the
+    page may then hold fewer than ``limit`` tasks and still a ``next_cursor``.
+
+    Raises:
+        ConfigError: A cursor the ledger did not hand out, an unknown status or a bad limit.
+    """
+    found: list[TaskSummary] = []
+    scanned = 0
+    while True:
+        tasks, cursor = ledger.list_tasks(
+            project_id=project_id, status=filters.status, limit=limit, cursor=cursor
+        )
+        scanned += len(tasks)
+        for task in tasks:
+            if _matches(task, None, filters):
+                summary = summarize(ledger, task)
+                if _matches(task, summary, filters):
+                    found.append(summary)
+        older = filters.since is not None and tasks and tasks[-1].created_at < filters.since
+        if older:
+            cursor = None  # Newest first: every task after this one is older still.
+        if cursor is None or len(found) >= limit or scanned >= MAX_SCAN:
+            return TaskSummaryPage(tasks=found, next_cursor=cursor, scanned=scanned)
+
+
+def artifacts_folder(home: Path, task_id: str) -> Path:
+    return home / "tasks" / task_id / "artifacts"
+
+
+def task_artifacts(home: Path, task_id: str) -> list[ArtifactOut]:
+    """The task's deliverables (regular files only: a symlink is never listed)."""
+    from relaygraph.agents.workspace import ArtifactStore
+
+    folder = artifacts_folder(home, task_id)
+    if not folder.is_dir():
+        return []
+    return [ArtifactOut(name=a.name, size_bytes=a.size_bytes) for a in ArtifactStore(folder).list()]
+
+
+def read_artifact(home: Path, task_id: str, name: str) -> bytes:
+    """One deliverable's bytes.
+
+    Raises:
+        ApiError: 404 ``artifact_not_found`` for a name the task has no artifact under.
+    """
+    listed = {a.name: a for a in task_artifacts(home, task_id)}
+    if name not in listed:
+        raise ApiError(404, "artifact_not_found", f"no artifact {name[:120]!r}", "name")
+    path = artifacts_folder(home, task_id) / name
+    # Opened without following a symlink swapped in since the listing, and read only if
+    # it is still a regular file.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        raise ApiError(404, "artifact_not_found", f"no artifact {name!r}", "name") from None
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ApiError(404, "artifact_not_found", f"no artifact {name!r}", "name")
+        return file.read()
+
+
+def daily_usage(ledger: Ledger, project_id: str, since: datetime, until: datetime) -> DailyUsage:
+    """The project's usage per UTC day in ``[since, until)``, by the days tasks were created.
+
+    Raises:
+        ApiError: 422 for a range over :data:`MAX_DAYS` days or one that runs backwards.
+    """
+    if since > until:
+        raise ApiError(422, "invalid_request", "since is after until", "since")
+    first = since.astimezone(UTC).date()
+    days: list[DayUsage] = []
+    day = first
+    while datetime.combine(day, time(), UTC) < until:
+        if len(days) >= MAX_DAYS:
+            raise ApiError(
+                422, "invalid_request", f"the range is over {MAX_DAYS} days; ask for less", "until"
+            )
+        start = max(since, datetime.combine(day, time(), UTC))
+        end = min(until, datetime.combine(day + timedelta(days=1), time(), UTC))
+        usage = ledger.usage_for_project(project_id, start, end)
+        days.append(
+            DayUsage(date=day, tasks=usage["tasks"], total=usage["total"], agents=usage["agents"])
+        )
+        day += timedelta(days=1)
+    return DailyUsage(project_id=project_id, since=since, until=until, days=days)
+
+
+def eval_run(ledger: Ledger, run_id: str) -> EvalRunRecord:
+    """One eval run with its cases.
+
+    Raises:
+        ApiError: 404 ``eval_run_not_found``.
+    """
+    try:
+        return ledger.eval_run(run_id)
+    except RecordNotFound:
+        raise ApiError(404, "eval_run_not_found", f"no eval run {run_id!r}", "run_id") from None
+
+
+def utc_time(text: str | None, field: str) -> datetime | None:
+    """A query's ISO 8601 time with a time zone, in UTC (as ``GET /v1/usage`` takes it)."""
+    from relaygraph.api.app import in_utc
+
+    return in_utc(text, field)
+
+
+def artifact_response(data: bytes, name: str, *, download: bool) -> Response:
+    """An artifact as a response that no browser runs: plain text to view, or a download.
+
+    Artifacts are written by models; served from the dashboard's origin as HTML they could
+    run script there, so they are never served as anything a browser renders.
+    """
+    headers = {
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox; default-src 'none'",
+        "Cache-Control": "no-store",
+    }
+    if download:
+        headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        return Response(data, media_type="application/octet-stream", headers=headers)
+    return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
