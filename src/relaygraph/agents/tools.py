@@ -130,6 +130,29 @@ def list_artifacts(runtime: ToolRuntime[TaskContext]) -> str:
     return "\n".join(f"{a.name} ({a.size_bytes} bytes)" for a in artifacts)
 
 
+_NARROW = "relaygraph_narrow"
+"""``relaygraph.models.local.NARROW_KEY``: how the embedded model may call a tool, its
+arguments narrowed from the conversation (docs/embedded-model.md). Plain data in the tools'
+metadata, so this layer needs nothing of the model layer; other providers ignore it."""
+
+# A query of a few of the request's own words, not the request pasted in.
+search_docs.metadata = {_NARROW: {"args": {"query": {"keywords": 4}}}}
+# An id that a search in this visit returned, never one made up; what it returns is a
+# document that an answer quotes with its [doc_id].
+read_doc.metadata = {
+    _NARROW: {"args": {"doc_id": {"from_tool": "search_docs", "limit": 3}}, "sources": True}
+}
+# The deliverable quotes the cited results it was given, once.
+save_artifact.metadata = {
+    _NARROW: {
+        "args": {"name": {"one_of": ["report.md"]}, "content": {"quotes": 3}},
+        "max_calls": 1,
+    }
+}
+# What was saved is worth listing only after saving.
+list_artifacts.metadata = {_NARROW: {"after": ["save_artifact"]}}
+
+
 BUILTIN_TOOLS: Mapping[str, BaseTool] = MappingProxyType(
     {
         t.name: t

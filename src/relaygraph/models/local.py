@@ -9,6 +9,18 @@ these arguments" or "answer with this text", and structured output is forced to 
 schema. Strings and the number of generated tokens are capped, and after two tool results in
 the current conversation only an answer is offered, so the model cannot loop.
 
+The constraint also carries what the model cannot work out (docs/embedded-model.md):
+
+- a tool may declare how its arguments are narrowed from the conversation
+  (:class:`ToolNarrowing` in its ``metadata``): a search query is a few of the request's
+  own words, a doc id one that a search in this visit returned;
+- where the agent read documents, its answer is made of their sentences, ranked by overlap
+  with the task and chosen by the model, each with its ``[doc_id]``;
+- the supervisor's route is narrowed by keyword hints, and finalize quotes the agents'
+  cited results instead of writing new text (``_local_team``).
+
+A choice left with one option is not decoded at all (:func:`single_value`).
+
 Runs are deterministic: greedy decoding (temperature 0) with a fixed seed, and prompt
 evaluation that gives bit-identical logits whether or not earlier work was cached (see
 :meth:`_Engine.complete`).
@@ -28,33 +40,63 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import (
-    AIMessage,
-    BaseMessage,
-    HumanMessage,
-    SystemMessage,
-    ToolMessage,
-)
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.json import parse_partial_json
-from langchain_core.utils.json_schema import dereference_refs
 from pydantic import BaseModel, ValidationError
 
 from relaygraph.errors import ModelSpecError, RunError
+from relaygraph.models._local_grounding import ungrounded_reason
+from relaygraph.models._local_narrow import (
+    NARROW_KEY,
+    FromResults,
+    Keywords,
+    OneOf,
+    Quotes,
+    ToolNarrowing,
+    narrowed,
+)
+from relaygraph.models._local_offer import MAX_TOOL_RESULTS, Conversation, Offer, offer, text_of
+from relaygraph.models._local_prompt import (
+    chat_messages,
+    decision_instruction,
+    render,
+    schema_instruction,
+    with_instruction,
+)
+from relaygraph.models._local_schema import (
+    ANSWER_CHARS,
+    build_decision_schema,
+    grammar_safe,
+    single_value,
+    structured_schema,
+)
+from relaygraph.models._local_team import final_answer, narrow_route
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
 
 __all__ = [
+    "ANSWER_CHARS",
     "LOCAL_WEIGHTS",
+    "MAX_TOOL_RESULTS",
+    "NARROW_KEY",
+    "FromResults",
+    "Keywords",
     "LocalChatModel",
     "LocalWeights",
+    "OneOf",
+    "Quotes",
+    "ToolNarrowing",
     "build_decision_schema",
     "load_local_model",
+    "narrowed",
     "reusable_prefix",
+    "single_value",
+    "ungrounded_reason",
 ]
 
 SETUP_HINT = (
@@ -69,22 +111,10 @@ N_THREADS = 1
 """One thread: measured steadier (~40 tok/s) than more on these machines."""
 SEED = 1234
 MAX_TOKENS = 256
-"""Generated tokens per call; the string caps below keep a decision well inside it."""
+"""Generated tokens per call; the string caps keep a decision well inside it."""
 REPEAT_PENALTY = 1.1
 """Measured: without it strings run away ("2022, 2022, ..."); at 1.2 the model starts
 avoiding the quotes and braces JSON must repeat and writes junk."""
-MAX_TOOL_RESULTS = 2
-"""Tool results per conversation (since the last human message) before only an answer is
-offered: a tiny model would otherwise call tools forever."""
-ANSWER_CHARS = 600
-ARG_CHARS = 200
-TASK_CHARS = 300
-REASON_CHARS = 160
-MAX_ITEMS = 8
-MESSAGE_CHARS = 2000
-"""Longest message text put in a prompt; longer texts keep their start and end."""
-
-HANDOFF_PREFIX = "transfer_to_"  # relaygraph.handoffs.HANDOFF_PREFIX, not imported: no cycle
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -282,257 +312,14 @@ class _Engine:
         )
 
 
-# --- schemas -------------------------------------------------------------------------------
-
-
-_GRAMMAR_FORMATS = ("date", "time", "date-time", "uuid")
-"""String formats the grammar converter enforces; others become capped plain strings."""
-
-
-def _bounded(schema: Any, *, string_cap: int) -> Any:
-    """A copy of a JSON schema that llama.cpp's grammar converter compiles, with every
-    string and array capped.
-
-    The converter understands type, properties, required, items, enum, const, anyOf/oneOf,
-    min/maxLength, min/maxItems and a few formats; it ignores descriptions and defaults, and
-    asserts on regex features it lacks, so ``pattern`` is dropped (the tool validates its
-    arguments anyway). Without ``additionalProperties`` no extra keys are generated.
-    """
-    if isinstance(schema, list):
-        return [_bounded(s, string_cap=string_cap) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    if "allOf" in schema and len(schema["allOf"]) == 1:
-        merged = {k: v for k, v in schema.items() if k != "allOf"} | schema["allOf"][0]
-        return _bounded(merged, string_cap=string_cap)
-    out: dict[str, Any] = {}
-    for key in ("type", "enum", "const", "required", "minItems", "minLength"):
-        if key in schema:
-            out[key] = schema[key]
-    if schema.get("format") in _GRAMMAR_FORMATS:
-        out["format"] = schema["format"]
-    if "oneOf" in schema or "anyOf" in schema:
-        out["anyOf"] = _bounded(schema.get("oneOf") or schema["anyOf"], string_cap=string_cap)
-    if "allOf" in schema:
-        out["allOf"] = _bounded(schema["allOf"], string_cap=string_cap)
-    if "properties" in schema:
-        out["properties"] = {
-            k: _bounded(v, string_cap=string_cap) for k, v in schema["properties"].items()
-        }
-    for key in ("items", "prefixItems"):
-        if key in schema:
-            out[key] = _bounded(schema[key], string_cap=string_cap)
-    declared = out.get("type")
-    kinds: list[Any] = declared if isinstance(declared, list) else [declared]
-    if "string" in kinds and not {"enum", "const", "format"} & out.keys():
-        out["maxLength"] = min(schema.get("maxLength", string_cap), string_cap)
-    if "array" in kinds:
-        out["maxItems"] = min(schema.get("maxItems", MAX_ITEMS), MAX_ITEMS)
-    return out
-
-
-def _compiles(schema: dict[str, Any]) -> bool:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        json_schema_to_gbnf(json.dumps(schema))
-    except Exception:  # the converter raises bare AssertionErrors and KeyErrors
-        return False
-    return True
-
-
-def _args_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    name = tool["name"]
-    params = tool.get("parameters") or {"type": "object", "properties": {}}
-    if name.startswith(HANDOFF_PREFIX):
-        # A handoff needs a real task (an empty one is refused) and a reason for the record.
-        return {
-            "type": "object",
-            "properties": {
-                "task": {"type": "string", "minLength": 1, "maxLength": TASK_CHARS},
-                "reason": {"type": "string", "maxLength": REASON_CHARS},
-            },
-            "required": ["task", "reason"],
-        }
-    bounded = _bounded(params, string_cap=ARG_CHARS)
-    bounded.setdefault("properties", {})
-    # A schema the converter cannot compile still gets a JSON object; the tool validates it.
-    return bounded if _compiles(bounded) else {"type": "object"}
-
-
-def _answer_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "action": {"const": "answer"},
-            "content": {"type": "string", "minLength": 1, "maxLength": ANSWER_CHARS},
-        },
-        "required": ["action", "content"],
-    }
-
-
-def build_decision_schema(
-    tools: Sequence[dict[str, Any]], *, allow_answer: bool = True
-) -> dict[str, Any]:
-    """The JSON schema of one decision: call one of ``tools`` (with its arguments) or answer.
-
-    Args:
-        tools: OpenAI-format function specs (``{"name", "description", "parameters"}``);
-            empty to allow only an answer.
-        allow_answer: Offer the answer alternative; ignored when ``tools`` is empty.
-
-    Returns:
-        ``{"anyOf": [call alternatives..., answer]}``. ``anyOf`` rather than ``oneOf``:
-        llama.cpp treats both as a plain alternation, and the alternatives are disjoint by
-        ``action`` / ``tool`` anyway.
-    """
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "action": {"const": "call"},
-                "tool": {"const": tool["name"]},
-                "args": _args_schema(tool),
-            },
-            "required": ["action", "tool", "args"],
-        }
-        for tool in tools
-    ]
-    answer = [_answer_schema()] if allow_answer or not calls else []
-    return {"anyOf": [*calls, *answer]}
-
-
 def _structured_schema(
     schema: dict[str, Any] | type,
 ) -> tuple[dict[str, Any], str, type[BaseModel] | None]:
     """The grammar-ready schema, the prompt instruction describing it, and the pydantic
     class to validate with (if one was given)."""
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        raw: dict[str, Any] = schema.model_json_schema()
-        cls: type[BaseModel] | None = schema
-    elif isinstance(schema, dict):
-        raw, cls = schema, None
-    else:
-        raise TypeError(
-            f"with_structured_output needs a JSON-schema dict or a pydantic class, got {schema!r}"
-        )
-    resolved = dereference_refs(raw)
-    resolved.pop("$defs", None)
-    bounded = _bounded(resolved, string_cap=ARG_CHARS)
-    if not _compiles(bounded):
-        raise ValueError(
-            f"the schema {raw.get('title', '(untitled)')!r} cannot be turned into a grammar "
-            "for the local model; simplify it (no regex patterns, no nested allOf)"
-        )
+    capped, resolved, cls = structured_schema(schema)
     # Described from the resolved schema: the grammar copy has no descriptions.
-    return bounded, _schema_instruction(resolved), cls
-
-
-# --- prompts -------------------------------------------------------------------------------
-
-
-def _clip(text: str, limit: int = MESSAGE_CHARS) -> str:
-    # The start says what a text is and the end often holds its conclusion: keep both.
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - limit} characters omitted ...]\n{text[-half:]}"
-
-
-def _text(message: BaseMessage) -> str:
-    return message.text if isinstance(message.content, list) else str(message.content)
-
-
-def _render_call(name: str, args: dict[str, Any]) -> str:
-    # The same JSON the model emits, so its own history shows it the format.
-    return json.dumps({"action": "call", "tool": name, "args": args}, ensure_ascii=False)
-
-
-def _chat_messages(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:
-    """Langchain messages as (role, text) in the three roles SmolLM2 was trained on."""
-    names: dict[str, str] = {}
-    out: list[tuple[str, str]] = []
-    for message in messages:
-        if isinstance(message, SystemMessage):
-            out.append(("system", _clip(_text(message))))
-        elif isinstance(message, AIMessage):
-            parts = [_clip(_text(message))] if _text(message).strip() else []
-            for call in message.tool_calls:
-                names[call.get("id") or ""] = call["name"]
-                parts.append(_render_call(call["name"], call["args"]))
-            out.append(("assistant", "\n".join(parts)))
-        elif isinstance(message, ToolMessage):
-            # The chat template has no tool role: a tool result reads as a user turn.
-            name = message.name or names.get(message.tool_call_id, "tool")
-            kind = "Error from" if message.status == "error" else "Result of"
-            out.append(("user", f"{kind} tool {name}: {_clip(_text(message))}"))
-        else:
-            out.append(("user", _clip(_text(message))))
-    return out
-
-
-def _tool_results_since_human(messages: Sequence[BaseMessage]) -> int:
-    count = 0
-    for message in reversed(messages):
-        if isinstance(message, HumanMessage):
-            break
-        count += isinstance(message, ToolMessage)
-    return count
-
-
-def _describe_tool(tool: dict[str, Any]) -> str:
-    params = tool.get("parameters") or {}
-    required = set(params.get("required", []))
-    args = ", ".join(
-        f"{arg}" if arg in required else f"{arg}?" for arg in params.get("properties", {})
-    )
-    description = " ".join(str(tool.get("description") or "").split())[:200]
-    return f"- {tool['name']}({args}): {description}"
-
-
-def _decision_instruction(tools: Sequence[dict[str, Any]], *, exhausted: bool) -> str:
-    if not tools:
-        note = "You already have the tool results you need. " if exhausted else ""
-        return (
-            f"{note}Reply with one JSON object: "
-            '{"action": "answer", "content": <your reply to the user, as a string>}.'
-        )
-    listing = "\n".join(_describe_tool(t) for t in tools)
-    return (
-        f"Tools you can call:\n{listing}\n\n"
-        "Reply with one JSON object. To call a tool: "
-        '{"action": "call", "tool": <tool name>, "args": <the tool\'s arguments>}. '
-        'To reply to the user: {"action": "answer", "content": <your reply>}. '
-        "Call a tool when you need facts or work you do not have yet; answer when the "
-        "results so far are enough."
-    )
-
-
-def _schema_instruction(schema: dict[str, Any]) -> str:
-    lines = []
-    for field, spec in schema.get("properties", {}).items():
-        if "enum" in spec:
-            kind = "one of " + ", ".join(json.dumps(v) for v in spec["enum"])
-        else:
-            kind = str(spec.get("type", "value"))
-        description = " ".join(str(spec.get("description") or "").split())[:160]
-        lines.append(f"- {field} ({kind}){': ' + description if description else ''}")
-    fields = "\n".join(lines) or "- (any JSON object)"
-    return f"Reply with one JSON object with these fields:\n{fields}"
-
-
-def _with_instruction(chat: list[tuple[str, str]], instruction: str) -> list[tuple[str, str]]:
-    # Appended to the first system message (or a new one): a tiny model follows the system
-    # turn best, and a stable instruction keeps the prompt prefix cacheable.
-    if chat and chat[0][0] == "system":
-        return [("system", f"{chat[0][1]}\n\n{instruction}"), *chat[1:]]
-    return [("system", instruction), *chat]
-
-
-def _render(chat: Sequence[tuple[str, str]]) -> str:
-    # SmolLM2's chat template (ChatML); its tokens <|im_start|>/<|im_end|> are BOS/EOS.
-    turns = "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in chat)
-    return f"{turns}<|im_start|>assistant\n"
+    return capped, schema_instruction(resolved), cls
 
 
 def _fit(engine: _Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
@@ -549,7 +336,7 @@ def _fit(engine: _Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
                 ("user", f"[{dropped} earlier messages omitted]"),
                 *chat[head + dropped :],
             ]
-        prompt = _render(kept)
+        prompt = render(kept)
         tokens = engine.tokenize(prompt)
         if len(tokens) <= budget:
             return prompt, tokens
@@ -561,22 +348,50 @@ def _fit(engine: _Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
         dropped += 1
 
 
+def _narrowings(tools: Sequence[ToolLike]) -> dict[str, dict[str, Any]]:
+    """Each bound tool's declared narrowing (plain data, checked here), by tool name.
+
+    Raises:
+        ConfigError: A malformed declaration, or one naming an argument the tool lacks.
+    """
+    from relaygraph.errors import ConfigError
+
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        raw = (getattr(tool, "metadata", None) or {}).get(NARROW_KEY)
+        if not isinstance(tool, BaseTool) or raw is None:
+            continue
+        parsed = ToolNarrowing.from_metadata(raw, tool=tool.name)
+        params = convert_to_openai_tool(tool)["function"].get("parameters") or {}
+        unknown = set(parsed.args) - set(params.get("properties") or {})
+        if unknown:
+            raise ConfigError(
+                f"tool {tool.name!r}: metadata[{NARROW_KEY!r}] narrows "
+                f"{', '.join(sorted(map(repr, unknown)))}, which it does not take"
+            )
+        out[tool.name] = parsed.to_metadata()
+    return out
+
+
 # --- the chat model ------------------------------------------------------------------------
 
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
 _SCHEMA_KWARG = "relaygraph_output_schema"
 _INSTRUCTION_KWARG = "relaygraph_output_instruction"
+_NARROW_KWARG = "relaygraph_narrowing"
 
 
 class LocalChatModel(BaseChatModel):
     """Chat model for an embedded model; every output is a grammar-constrained choice.
 
-    With tools bound, the model emits one decision: call one bound tool with arguments that
-    match its schema, or answer. Its first decision after a human message is always one of
-    its work tools (not a handoff, not an answer). After :data:`MAX_TOOL_RESULTS` tool
-    results since the last human message only an answer is offered.
-    ``with_structured_output`` constrains the output to the given schema. Load it with
-    :func:`load_local_model`.
+    With tools bound, the model emits one decision: call one offered tool with arguments
+    that match its (narrowed) schema, or answer. What is offered follows the conversation
+    (:func:`relaygraph.models._local_offer.offer`): its first decision after a human
+    message is one of its work tools; after :data:`MAX_TOOL_RESULTS` tool results only an
+    answer; an answer after reading documents is made of their sentences.
+    ``with_structured_output`` constrains the output to the given schema (a team's route
+    narrowed by keyword hints). A plain call on the team's finalize input quotes the
+    agents' cited results. Load it with :func:`load_local_model`.
     """
 
     model: str = "smollm2"
@@ -609,7 +424,13 @@ class LocalChatModel(BaseChatModel):
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools; ``tool_choice`` may be ``auto``, ``none``, ``any``/``required`` or a
         tool name, and narrows the choices the grammar offers. The grammar allows one tool
-        call per message, so ``parallel_tool_calls`` is always off in effect."""
+        call per message, so ``parallel_tool_calls`` is always off in effect. A tool's
+        ``metadata[NARROW_KEY]`` narrows its arguments (:class:`ToolNarrowing`).
+
+        Raises:
+            ValueError: An unknown ``tool_choice``.
+            ConfigError: A tool's narrowing is malformed.
+        """
         specs = [convert_to_openai_tool(t) for t in tools]
         names = [s["function"]["name"] for s in specs]
         chosen = tool_choice
@@ -620,7 +441,9 @@ class LocalChatModel(BaseChatModel):
                 f"tool_choice {tool_choice!r} is not 'auto', 'none', 'any', 'required' or a "
                 f"bound tool ({', '.join(names) or 'none bound'})"
             )
-        return self.bind(tools=specs, tool_choice=tool_choice, **kwargs)
+        return self.bind(
+            tools=specs, tool_choice=tool_choice, **{_NARROW_KWARG: _narrowings(tools)}, **kwargs
+        )
 
     def _generate(
         self,
@@ -630,24 +453,24 @@ class LocalChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         engine = _engine(self.model)
-        chat = _chat_messages(messages)
         output_schema: dict[str, Any] | None = kwargs.get(_SCHEMA_KWARG)
         tools = [t["function"] for t in kwargs.get("tools") or []]
         if output_schema is not None:
-            instruction = kwargs.get(_INSTRUCTION_KWARG) or _schema_instruction(output_schema)
-            prompt, tokens = _fit(engine, _with_instruction(chat, instruction))
-            done = engine.complete(tokens, schema=output_schema)
+            done = self._structured(engine, messages, output_schema, kwargs)
             message = AIMessage(content=done.text.strip())
         elif tools:
-            offered, answer, exhausted = self._offered(tools, kwargs.get("tool_choice"), messages)
-            instruction = _decision_instruction(offered, exhausted=exhausted)
-            prompt, tokens = _fit(engine, _with_instruction(chat, instruction))
-            schema = build_decision_schema(offered, allow_answer=answer)
-            done = engine.complete(tokens, schema=schema)
-            message = self._decision(done.text, prompt)
+            narrowings = {
+                name: ToolNarrowing.from_metadata(raw, tool=name)
+                for name, raw in (kwargs.get(_NARROW_KWARG) or {}).items()
+            }
+            choices = offer(tools, narrowings, kwargs.get("tool_choice"), Conversation.of(messages))
+            sources = {name for name, n in narrowings.items() if n.sources}
+            chat = chat_messages(messages, compact=sources if choices.passages else ())
+            prompt, tokens = _fit(engine, with_instruction(chat, decision_instruction(choices)))
+            done = _complete(engine, tokens, choices.schema())
+            message = self._decision(done.text, prompt, choices)
         else:
-            prompt, tokens = _fit(engine, chat)
-            done = engine.complete(tokens, schema=None)
+            done = self._plain(engine, messages)
             message = AIMessage(content=done.text.strip())
         message.usage_metadata = {
             "input_tokens": done.prompt_tokens,
@@ -661,29 +484,48 @@ class LocalChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     @staticmethod
-    def _offered(
-        tools: list[dict[str, Any]], tool_choice: Any, messages: Sequence[BaseMessage]
-    ) -> tuple[list[dict[str, Any]], bool, bool]:
-        """The tools offered, whether an answer is offered, whether tool results ran out."""
-        if _tool_results_since_human(messages) >= MAX_TOOL_RESULTS:
-            return [], True, True
-        if isinstance(tool_choice, dict):  # {"type": "function", "function": {"name": ...}}
-            tool_choice = tool_choice.get("function", {}).get("name")
-        if tool_choice == "none":
-            return [], True, False
-        if tool_choice in (None, "auto"):
-            work = [t for t in tools if not t["name"].startswith("transfer_to_")]
-            if work and _tool_results_since_human(messages) == 0:
-                # A model this small answers from nothing rather than look things up; its
-                # first step in a conversation is therefore one of its work tools.
-                return work, False, False
-            return tools, True, False
-        if tool_choice in ("any", "required"):
-            return tools, False, False
-        return [t for t in tools if t["name"] == tool_choice], False, False
+    def _structured(
+        engine: _Engine, messages: list[BaseMessage], schema: dict[str, Any], kwargs: Any
+    ) -> _Completion:
+        system = next((text_of(m) for m in messages if isinstance(m, SystemMessage)), "")
+        human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+        route = narrow_route(schema, system, human)
+        if route is not None:
+            instruction = schema_instruction(schema, route["properties"])
+            schema = route
+        else:
+            instruction = kwargs.get(_INSTRUCTION_KWARG) or schema_instruction(schema)
+        chat = with_instruction(chat_messages(messages), instruction)
+        return _complete(engine, None, schema, chat=chat)
 
     @staticmethod
-    def _decision(text: str, prompt: str) -> AIMessage:
+    def _plain(engine: _Engine, messages: list[BaseMessage]) -> _Completion:
+        human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), None)
+        final = final_answer(human) if human is not None else None
+        if final is None:
+            _, tokens = _fit(engine, chat_messages(messages))
+            return engine.complete(tokens, schema=None)
+        # The team's finalize: the answer quotes what the agents cited, never new text.
+        if final.schema is None:
+            return _Completion(
+                text=final.render(), prompt_tokens=0, completion_tokens=0, finish_reason="forced"
+            )
+        instruction = (
+            "Choose the sentences that answer the request: "
+            '{"quotes": [<sentences>]}. Sentences:\n'
+            + "\n".join(f"- {grammar_safe(p.text)}" for _, p in final.candidates)
+        )
+        chat = with_instruction(chat_messages(messages), instruction)
+        done = _complete(engine, None, final.schema, chat=chat)
+        return _Completion(
+            text=final.render(done.text),
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens,
+            finish_reason=done.finish_reason,
+        )
+
+    @staticmethod
+    def _decision(text: str, prompt: str, choices: Offer) -> AIMessage:
         try:
             decision = json.loads(text)
         except json.JSONDecodeError:
@@ -695,17 +537,15 @@ class LocalChatModel(BaseChatModel):
             # Derived from prompt and output: the same run replayed gets the same id.
             digest = hashlib.sha256(f"{prompt}\0{text}".encode()).hexdigest()[:24]
             args = decision.get("args")
+            args = args if isinstance(args, dict) else {}
+            offered = next((t for t in choices.tools if t.name == decision["tool"]), None)
+            if offered is not None:
+                args = offered.arguments(args)
             return AIMessage(
                 content="",
-                tool_calls=[
-                    {
-                        "name": decision["tool"],
-                        "args": args if isinstance(args, dict) else {},
-                        "id": f"call_{digest}",
-                    }
-                ],
+                tool_calls=[{"name": decision["tool"], "args": args, "id": f"call_{digest}"}],
             )
-        return AIMessage(content=str(decision.get("content") or "").strip())
+        return AIMessage(content=choices.answer_text(decision))
 
     def with_structured_output(
         self, schema: dict[str, Any] | type, *, include_raw: bool = False, **kwargs: Any
@@ -716,11 +556,11 @@ class LocalChatModel(BaseChatModel):
         ``{"raw": AIMessage, "parsed": ... | None, "parsing_error": None | exception}`` and
         never raises for a parse error.
         """
-        bounded, instruction, cls = _structured_schema(schema)
-        bound = self.bind(**{_SCHEMA_KWARG: bounded, _INSTRUCTION_KWARG: instruction})
+        capped, instruction, cls = _structured_schema(schema)
+        bound = self.bind(**{_SCHEMA_KWARG: capped, _INSTRUCTION_KWARG: instruction})
 
         def parse(message: AIMessage) -> Any:
-            text = _text(message)
+            text = text_of(message)
             try:
                 value = json.loads(text)
             except json.JSONDecodeError:
@@ -740,3 +580,25 @@ class LocalChatModel(BaseChatModel):
                 return {"raw": message, "parsed": None, "parsing_error": exc}
 
         return bound | RunnableLambda(parse_with_raw, name="local_structured_output")
+
+
+def _complete(
+    engine: _Engine,
+    tokens: list[int] | None,
+    schema: dict[str, Any],
+    *,
+    chat: list[tuple[str, str]] | None = None,
+) -> _Completion:
+    """A constrained completion; a schema that admits one value is answered without the
+    model (no prompt is even rendered), since decoding forced tokens only spends time."""
+    value = single_value(schema)
+    if value is not NotImplemented:
+        return _Completion(
+            text=json.dumps(value, ensure_ascii=False),
+            prompt_tokens=0,
+            completion_tokens=0,
+            finish_reason="forced",
+        )
+    if tokens is None:
+        _, tokens = _fit(engine, chat or [])
+    return engine.complete(tokens, schema=schema)

@@ -1,0 +1,296 @@
+"""Grounding for the embedded model: the words a request is about, the sentences of what the
+tools returned, and whether an answer cites what the team read.
+
+Nothing here runs a model. The local provider uses it to offer the model only what the
+conversation holds: keywords of the request as search queries, and sentences of the read
+documents, ranked by their overlap with the task, as the body of an answer. The same
+citation rules give :func:`ungrounded_reason`, the check that a run asked about the docs was
+answered from them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = [
+    "Passage",
+    "asks_about_docs",
+    "citations",
+    "cited_passages",
+    "keywords",
+    "rank_passages",
+    "source_passages",
+    "ungrounded_reason",
+]
+
+_WORD = re.compile(r"\w[\w-]*\w|\w")
+_CITATION = re.compile(r"\[([A-Za-z0-9][\w./@-]*)\]")
+_NOT_IDS = frozenset({"truncated", "x", "..."})
+"""Bracketed words that are not document ids: read_doc's cut marker, a checkbox."""
+
+
+def _word_set(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+STOPWORDS = _word_set(
+    """
+    a about above after again against all also am an and any are as at be because been before
+    being below between both but by can could did do does doing done down during each either
+    else etc ever every few for from further get gets give given go had has have having he her
+    here hers him his how however i if in into is it its itself just let like may me might more
+    most much must my no nor not now of off on once one only or other our ours out over own
+    please per same shall she should so some such than that the their theirs them then there
+    these they this those through to too under until up upon us use used uses using very via
+    was we were what when where whether which while who whom whose why will with within would
+    yes yet you your yours
+    according answer briefly brief describe detail details doc docs documentation document
+    documents explain find full knowledge base kb mention mentions paragraph report
+    say says said short summarise summarize summary tell write page pages question questions
+    manual guide show shows
+    """
+)
+"""Words that say what kind of request it is, not what it is about: never search terms."""
+
+_DOCS_REQUEST = re.compile(
+    r"\b(docs?|documentation|documents?|knowledge base|according to|the manual|the guide)\b",
+    re.IGNORECASE,
+)
+
+
+def asks_about_docs(request: str) -> bool:
+    """Whether a request names the docs (the knowledge base) as where the answer is."""
+    return bool(_DOCS_REQUEST.search(request))
+
+
+def keywords(text: str, *, limit: int = 6) -> list[str]:
+    """The content words of ``text``, in order of first appearance, lower-cased.
+
+    Function words and words that only say what kind of request it is ("docs", "explain",
+    "report") are left out: they are what a tiny model pastes into a search and what makes
+    every document match.
+    """
+    found: dict[str, None] = {}
+    for word in _WORD.findall(text):
+        lowered = word.lower().strip("_-")
+        if len(lowered) < 2 or lowered in STOPWORDS:
+            continue
+        found.setdefault(lowered, None)
+        if len(found) >= limit:
+            break
+    return list(found)
+
+
+def _stem(word: str) -> str:
+    word = word.lower()
+    for suffix, repl in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+            return word[: -len(suffix)] + repl
+    return word
+
+
+def _same_word(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    common = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        common += 1
+    return common >= max(5, min(len(a), len(b)) - 2)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Passage:
+    """A sentence that an answer may quote, and where it comes from."""
+
+    text: str
+    source: str
+    """The document id the sentence is cited with."""
+    heading: str = ""
+    """The section heading the sentence stands under, when the source has sections."""
+    position: int = 0
+    """Where the sentence stands in its source: ties in rank go to the earlier sentence."""
+
+    def cited(self) -> str:
+        """The sentence with its citation, as an answer shows it."""
+        return f"{self.text} [{self.source}]"
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"*(\[_0-9])")
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.")
+_BULLET = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
+MIN_SENTENCE_CHARS = 25
+MAX_SENTENCE_CHARS = 320
+MAX_LIST_CHARS = 480
+
+
+def _sentences(paragraph: str, longest: int = MAX_SENTENCE_CHARS) -> list[str]:
+    text = " ".join(paragraph.replace("**", "").split())
+    for i, abbreviation in enumerate(_ABBREVIATIONS):
+        text = text.replace(abbreviation + " ", f"\0{i}\0 ")
+    out = []
+    for sentence in _SENTENCE_END.split(text):
+        for i, abbreviation in enumerate(_ABBREVIATIONS):
+            sentence = sentence.replace(f"\0{i}\0", abbreviation)
+        sentence = sentence.strip()
+        if MIN_SENTENCE_CHARS <= len(sentence) <= longest:
+            out.append(sentence)
+    return out
+
+
+def source_passages(text: str, source: str) -> list[Passage]:
+    """The sentences of one document (Markdown or plain text), with their section headings.
+
+    Code blocks and headings are not sentences; each list item is a paragraph of its own. A
+    sentence that introduces a list (it ends with a colon) is also offered with the list's
+    items' first sentences after it, when that stays short: alone it says nothing.
+    """
+    passages: list[Passage] = []
+    heading = ""
+    paragraph: list[str] = []
+    in_code = False
+    lead: list[str] = []
+    """A lead-in sentence, then the first sentences of the items after it."""
+
+    def add(sentence: str) -> None:
+        passages.append(
+            Passage(text=sentence, source=source, heading=heading, position=len(passages))
+        )
+
+    def close_list() -> None:
+        if len(lead) > 1:
+            joined = f"{lead[0]} {'; '.join(s.rstrip('.;') for s in lead[1:])}."
+            if len(joined) <= MAX_LIST_CHARS:
+                alone = next(i for i, p in enumerate(passages) if p.text == lead[0])
+                passages[alone] = replace(passages[alone], text=joined)
+        lead.clear()
+
+    def flush(item: bool = False) -> None:
+        sentences = _sentences(" ".join(paragraph))
+        paragraph.clear()
+        if not sentences:
+            return
+        if item and lead:
+            lead.append(sentences[0])
+        else:
+            close_list()
+        for sentence in sentences:
+            add(sentence)
+        if not item and sentences[-1].endswith(":"):
+            lead.append(sentences[-1])
+
+    item = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            flush(item)
+            close_list()
+            in_code = not in_code
+            continue
+        if in_code or stripped.startswith("<!--") or stripped == "[truncated]":
+            continue
+        if stripped.startswith("#"):
+            flush(item)
+            close_list()
+            heading = stripped.lstrip("#").strip()
+            continue
+        if not stripped:
+            flush(item)
+            item = False
+            continue
+        if _BULLET.match(line):
+            flush(item)
+            item = True
+            stripped = _BULLET.sub("", line).strip()
+        paragraph.append(stripped)
+    flush(item)
+    close_list()
+    return passages
+
+
+def citations(text: str) -> list[str]:
+    """The document ids cited in ``text`` as ``[doc_id]``, in order, each once."""
+    return list(dict.fromkeys(m for m in _CITATION.findall(text) if m.lower() not in _NOT_IDS))
+
+
+def cited_passages(text: str) -> list[Passage]:
+    """The sentences of ``text`` that carry a citation: each sentence before a ``[doc_id]``
+    (up to the previous citation or line start) is attributed to that id."""
+    passages: list[Passage] = []
+    for line in text.splitlines():
+        start = 0
+        for match in _CITATION.finditer(line):
+            source = match.group(1)
+            segment, start = line[start : match.start()], match.end()
+            if source.lower() in _NOT_IDS:
+                continue
+            # A quoted list (a lead-in and its items) is as long as a source gives it.
+            for sentence in _sentences(segment, longest=MAX_LIST_CHARS):
+                passages.append(Passage(text=sentence, source=source, position=len(passages)))
+    return passages
+
+
+def _matches(words: Sequence[str], text: str) -> set[str]:
+    stems = {_stem(w) for w in _WORD.findall(text)}
+    return {w for w in words if any(_same_word(_stem(w), s) for s in stems)}
+
+
+def rank_passages(passages: Iterable[Passage], task: str, *, limit: int = 4) -> list[Passage]:
+    """The passages that best match ``task``, best first, each text once.
+
+    A passage scores each keyword of the task it contains, weighted by how rare the word is
+    among the passages (a word every sentence has tells nothing), and half that for a
+    keyword in its section heading; ties go to the earlier sentence. When no passage shares
+    a word with the task, the first ones are returned: an answer from what was read beats
+    an answer from nothing, and the check of the answer still sees what it cites.
+    """
+    words = keywords(task, limit=12)
+    unique = list({p.text: p for p in passages}.values())
+    found = [(_matches(words, p.text), _matches(words, p.heading)) for p in unique]
+    total = len(unique)
+    weight = {w: math.log(1 + total / (1 + sum(w in body for body, _ in found))) for w in words}
+    scored = [
+        (-(sum(weight[w] for w in body) + 0.5 * sum(weight[w] for w in head)), i, p)
+        for i, (p, (body, head)) in enumerate(zip(unique, found, strict=True))
+    ]
+    scored.sort(key=lambda item: (item[0], item[1]))
+    return [passage for _, _, passage in scored[:limit]]
+
+
+def ungrounded_reason(request: str, answer: str | None, messages: Iterable[Any]) -> str | None:
+    """Why an answer is not grounded in the documents the team read, or None when it is.
+
+    Only a request that names the docs (:func:`asks_about_docs`) is checked: its answer must
+    cite, as ``[doc_id]``, a document that a tool result of this run showed (a search hit or
+    a document read). Any model, any team: the check reads the answer and the transcripts.
+
+    Args:
+        request: The user's request.
+        answer: The run's final answer.
+        messages: The transcripts of the run's agent visits (LangChain messages); tool
+            results are the messages of type ``tool``.
+
+    Returns:
+        A stop reason starting ``ungrounded:``, or None.
+    """
+    if not asks_about_docs(request):
+        return None
+    cited = citations(answer or "")
+    if not cited:
+        return "ungrounded: the request asks about the docs, but the answer cites no document"
+    seen: set[str] = set()
+    for message in messages:
+        if getattr(message, "type", None) != "tool" or getattr(message, "status", "") == "error":
+            continue
+        content = message.content if isinstance(message.content, str) else str(message.content)
+        seen.update(citations(content))
+    shown = {c.lower() for c in seen}
+    if not any(c.lower() in shown for c in cited):
+        named = ", ".join(f"[{c}]" for c in cited)
+        return f"ungrounded: the answer cites {named}, which no tool result of this run showed"
+    return None
