@@ -78,9 +78,7 @@ async def test_soak_with_faulted_model_calls(
         app = create_app(settings)
         async with app.router.lifespan_context(app):
             with Ledger(url) as ledger:
-                # The ledger names who submits a project (formerly a team).
-                create = getattr(ledger, "create_project", None) or ledger.create_team
-                key = create("soak")[1]
+                key = ledger.create_project("soak")[1]
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
                 ids: dict[str, int] = {}
