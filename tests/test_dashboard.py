@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import pytest
 from fastapi import FastAPI
 
 from relaygraph.api import ServiceSettings, create_app
-from relaygraph.store import Ledger
+from relaygraph.api.ui._graph import layout, transfers_of
+from relaygraph.store import Event, Handoff, Ledger
 
 from .conftest import EXAMPLE_RELAY
 
@@ -224,3 +226,391 @@ async def test_pages_forbid_inline_script_and_framing(dash: Dash) -> None:
         script = await client.get("/ui/static/dashboard.js")
         assert script.status_code == 200 and "javascript" in script.headers["content-type"]
         assert (await client.get("/ui/static/..%2F_ui.py")).status_code == 404
+
+
+# -- tasks: the list, a task's page, another project's ------------------------------------
+
+
+async def test_task_summaries_count_and_filter(dash: Dash) -> None:
+    key = dash.key("acme")
+    relay = await dash.submit(key, input="When are checkpoints written?")
+    refused = await dash.submit(
+        key, input="Look it up, no code", model=dash.script("refusing.json", REFUSING)
+    )
+    await dash.wait(key, relay["id"], FINISHED)
+    await dash.wait(key, refused["id"], FINISHED)
+    async with dash.client() as client:
+
+        async def page(**query: str) -> dict[str, Any]:
+            got = await client.get("/v1/task-summaries", params=query, headers=bearer(key))
+            assert got.status_code == 200, got.text
+            return got.json()  # type: ignore[no-any-return]
+
+        every = {t["id"]: t for t in (await page())["tasks"]}
+        assert list(every) == [refused["id"], relay["id"]]  # newest first
+        assert every[relay["id"]]["agents"] == ["researcher", "coder", "writer"]
+        assert every[relay["id"]]["handoffs"] == 3 and every[relay["id"]]["violations"] == 0
+        assert every[refused["id"]]["violation_kinds"] == ["tool_not_allowed"]
+        assert every[refused["id"]]["violations"] == 1 and every[relay["id"]]["tokens"] > 0
+
+        def ids(found: dict[str, Any]) -> list[str]:
+            return [t["id"] for t in found["tasks"]]
+
+        assert ids(await page(violation="tool_not_allowed")) == [refused["id"]]
+        assert ids(await page(agent="coder")) == [relay["id"]]
+        assert ids(await page(q="NO CODE")) == [refused["id"]]
+        assert ids(await page(q=relay["id"][:8])) == [relay["id"]]
+        assert ids(await page(status="succeeded")) == [refused["id"], relay["id"]]
+        later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+        assert ids(await page(since=later)) == []
+        assert ids(await page(until=later)) == [refused["id"], relay["id"]]
+        first = await page(limit="1")
+        assert ids(first) == [refused["id"]] and first["next_cursor"]
+        assert ids(await page(limit="1", cursor=first["next_cursor"])) == [relay["id"]]
+        bad = await client.get("/v1/task-summaries", params={"cursor": "nope"}, headers=bearer(key))
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "cursor"
+        assert (await client.get("/v1/task-summaries")).status_code == 401
+    async with dash.browser(key) as browser:
+        listed = await browser.get("/ui", params={"violation": "tool_not_allowed"}, headers=HTML)
+        assert refused["id"] in listed.text and relay["id"] not in listed.text
+        assert 'class="count-bad"' in listed.text
+        nothing = await browser.get("/ui", params={"q": "zebra"}, headers=HTML)
+        assert "No task matches these filters" in nothing.text
+
+
+async def test_the_empty_list_says_how_to_submit_a_task(dash: Dash) -> None:
+    async with dash.browser(dash.key("acme")) as client:
+        page = await client.get("/ui", headers=HTML)
+        assert "No tasks yet" in page.text and "/v1/tasks" in page.text
+
+
+async def test_another_projects_task_is_not_found(dash: Dash) -> None:
+    mine, theirs = dash.key("acme"), dash.key("globex")
+    task = await dash.submit(mine, input="When are checkpoints written?")
+    await dash.wait(mine, task["id"], FINISHED)
+    async with dash.browser(theirs) as client:
+        page = await client.get(f"/ui/tasks/{task['id']}", headers=HTML)
+        assert page.status_code == 404 and "Not found" in page.text
+        assert "checkpoints" not in page.text
+        assert task["id"] not in (await client.get("/ui", headers=HTML)).text
+        events = await client.get(f"/ui/tasks/{task['id']}/events")
+        assert events.status_code == 404
+        artifact = await client.get(f"/ui/tasks/{task['id']}/artifacts/report.md", headers=HTML)
+        assert artifact.status_code == 404
+        fragment = await client.get(f"/ui/tasks/{task['id']}?fragment=1")
+        assert fragment.status_code == 404
+    async with dash.client() as client:
+        for path in ("artifacts", "artifacts/report.md"):
+            got = await client.get(f"/v1/tasks/{task['id']}/{path}", headers=bearer(theirs))
+            assert got.status_code == 404 and got.json()["error"]["code"] == "task_not_found"
+
+
+async def test_task_page_shows_the_trace_the_graph_and_the_budgets(dash: Dash) -> None:
+    key = dash.key("acme")
+    task = await dash.submit(key, input="When are checkpoints written?")
+    await dash.wait(key, task["id"], FINISHED)
+    async with dash.browser(key) as client:
+        page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+        trace = (await client.get(f"/v1/tasks/{task['id']}/trace", headers=bearer(key))).json()
+    edges = re.findall(
+        r'data-edge="(\d+)" data-from="(\w+)" data-to="(\w+)" data-kind="(\w+)"', page
+    )
+    assert edges == [
+        ("1", "supervisor", "researcher", "route"),
+        ("2", "researcher", "coder", "direct"),
+        ("3", "supervisor", "writer", "route"),
+    ]
+    for reason in (
+        "the request needs facts from the docs",
+        "a calculation is best checked by running code",
+        "the facts and the numbers are in; a report is the deliverable",
+    ):
+        assert reason in page
+    # The timeline holds every node of GET /v1/tasks/{id}/trace, in order.
+
+    def seqs(nodes: list[dict[str, Any]]) -> list[int]:
+        found: list[int] = []
+        for node in nodes:
+            found.append(node["seq"])
+            found += seqs(node.get("children", []))
+        return found
+
+    timeline = page[page.index('id="section-timeline"') : page.index('id="section-answer"')]
+    assert [int(s) for s in re.findall(r'data-seq="(\d+)"', timeline)] == seqs(trace["children"])
+    assert 'data-budget="team"' in page and "agent visits" in page
+    assert "report.md" in page and "# Checkpoint durability" in page  # the artifact, shown
+    assert trace["answer"] in page.replace("&#39;", "'")
+
+
+async def test_artifacts_are_served_as_text_or_downloads_never_as_html(dash: Dash) -> None:
+    key = dash.key("acme")
+    html = "<script>alert(1)</script>"
+    script = {
+        "supervisor": [
+            {"route": {"next": "writer", "task": "Write it", "reason": "a page"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "writer": [
+            {
+                "tool_calls": [
+                    {"name": "save_artifact", "args": {"name": "x.html", "content": html}}
+                ]
+            },
+            {"content": "Saved."},
+        ],
+        "finalize": [{"content": "Done."}],
+    }
+    task = await dash.submit(key, input="a page", model=dash.script("page.json", script))
+    await dash.wait(key, task["id"], FINISHED)
+    async with dash.client() as client:
+        listed = await client.get(f"/v1/tasks/{task['id']}/artifacts", headers=bearer(key))
+        assert listed.json() == {"artifacts": [{"name": "x.html", "size_bytes": len(html)}]}
+        got = await client.get(f"/v1/tasks/{task['id']}/artifacts/x.html", headers=bearer(key))
+        assert got.text == html
+        assert got.headers["content-type"] == "application/octet-stream"
+        assert got.headers["content-disposition"] == 'attachment; filename="x.html"'
+        missing = await client.get(f"/v1/tasks/{task['id']}/artifacts/y.md", headers=bearer(key))
+        assert missing.json()["error"]["code"] == "artifact_not_found"
+    async with dash.browser(key) as browser:
+        shown = await browser.get(f"/ui/tasks/{task['id']}/artifacts/x.html")
+        assert shown.headers["content-type"].startswith("text/plain")
+        assert "sandbox" in shown.headers["content-security-policy"]
+        page = await browser.get(f"/ui/tasks/{task['id']}", headers=HTML)
+        assert html not in page.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+
+
+async def test_decisions_from_the_page_check_arguments_and_resume(dash: Dash) -> None:
+    key = dash.key("acme")
+    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+    await dash.wait(key, task["id"], ("interrupted",))
+    async with dash.browser(key) as client:
+        page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+        assert "waiting for you" in page and "run_python" in page
+        approval = re.search(r'data-approval="([^"]+)"', page)
+        assert approval is not None
+        url = f"/ui/tasks/{task['id']}/approvals/{approval.group(1)}"
+        answer = {"Accept": "application/json"}
+        form = {"csrf": csrf_of(page), "decision": "edit", "args": '{"source": "print(1)"}'}
+        bad = await client.post(url, data=form, headers=answer)
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "args"
+        assert "source" in bad.json()["error"]["message"]
+        not_json = await client.post(url, data={**form, "args": "{code"}, headers=answer)
+        assert not_json.status_code == 422 and "not JSON" in not_json.json()["error"]["message"]
+        no_reason = await client.post(url, data={**form, "decision": "reject", "args": ""})
+        assert no_reason.status_code == 422 and "say why" in no_reason.text
+        forged = await client.post(url, data={"csrf": "x", "decision": "approve"}, headers=answer)
+        assert forged.status_code == 403
+        assert (await dash.wait(key, task["id"], ("interrupted",)))["status"] == "interrupted"
+        ok = await client.post(
+            url, data={"csrf": form["csrf"], "decision": "approve"}, headers=answer
+        )
+        assert ok.status_code == 202, ok.text
+        done = await dash.wait(key, task["id"], FINISHED)
+        assert done["status"] == "succeeded"
+        again = await client.post(
+            url, data={"csrf": form["csrf"], "decision": "approve"}, headers=answer
+        )
+        assert again.status_code == 409
+        approvals = await client.get(f"/v1/tasks/{task['id']}/approvals", headers=bearer(key))
+        assert approvals.json()["approvals"][0]["decided_by"] == "acme"
+
+
+async def test_the_event_stream_of_the_page_replays_and_closes(dash: Dash) -> None:
+    key = dash.key("acme")
+    task = await dash.submit(key, input="When are checkpoints written?")
+    await dash.wait(key, task["id"], FINISHED)
+    async with dash.browser(key) as client:
+        stream = await client.get(f"/ui/tasks/{task['id']}/events?after=2")
+        ids = [int(i) for i in re.findall(r"^id: (\d+)", stream.text, re.M)]
+        assert ids[0] == 3 and ids == list(range(3, ids[-1] + 1))
+        assert "event: run_finished" in stream.text
+        assert (await client.get(f"/ui/tasks/{task['id']}/events?after=x")).status_code == 422
+
+
+# -- evals, usage, the graph -----------------------------------------------------------
+
+
+def record_eval(ledger_url: str, outcomes: dict[str, bool], task_id: str | None = None) -> str:
+    """An eval run in the ledger whose cases passed or failed as ``outcomes`` says."""
+    with Ledger(ledger_url) as ledger:
+        run = ledger.record_eval_run(
+            golden="golden.jsonl",
+            models={"model": None, "agent_models": {}},
+            options={"repeat": 1},
+            case_count=len(outcomes),
+            run_count=len(outcomes),
+        )
+        for case_id, passed in outcomes.items():
+            check = {
+                "name": "first_agent",
+                "passed": passed,
+                "expected": "researcher",
+                "actual": "researcher" if passed else "writer-" + case_id,
+            }
+            ledger.record_eval_case(
+                run, case_id=case_id, trial=1, passed=passed, checks=[check], task_id=task_id
+            )
+        share = sum(outcomes.values()) / len(outcomes)
+        ledger.finish_eval_run(run, metrics={"pass_rate": share, "routing_accuracy": share})
+        return run
+
+
+async def test_eval_runs_their_cases_and_two_side_by_side(dash: Dash) -> None:
+    key = dash.key("acme")
+    task = await dash.submit(key, input="When are checkpoints written?")
+    before = record_eval(dash.ledger_url, {"a": True, "b": False, "c": True})
+    after = record_eval(dash.ledger_url, {"a": False, "b": True, "c": True}, task_id=task["id"])
+    async with dash.client() as client:
+        runs = (await client.get("/v1/evals", headers=bearer(key))).json()["eval_runs"]
+        assert [r["id"] for r in runs] == [after, before] and runs[0]["cases"] is None
+        one = (await client.get(f"/v1/evals/{after}", headers=bearer(key))).json()
+        assert [c["case_id"] for c in one["cases"]] == ["a", "b", "c"]
+        assert one["cases"][0]["checks"][0]["actual"] == "writer-a"
+        missing = await client.get("/v1/evals/nope", headers=bearer(key))
+        assert missing.json()["error"]["code"] == "eval_run_not_found"
+    async with dash.browser(key) as browser:
+        listed = (await browser.get("/ui/evals", headers=HTML)).text
+        assert f"/ui/evals/{after}" in listed and "67%" in listed
+        page = (await browser.get(f"/ui/evals/{after}", headers=HTML)).text
+        assert "writer-a" in page and 'data-case="a"' in page  # expected and actual
+        assert f'href="/ui/tasks/{task["id"]}"' in page  # the project's own task: a link
+        pair = (await browser.get(f"/ui/evals/{after}?against={before}", headers=HTML)).text
+        changes = re.findall(r'data-case="(\w)" data-change="(\w+)"', pair)
+        assert changes == [("a", "regressed"), ("b", "fixed"), ("c", "passing")]
+        compare = await browser.get(f"/ui/evals/compare?run={after}&against={before}")
+        assert compare.headers["location"] == f"/ui/evals/{after}?against={before}"
+        assert (await browser.get("/ui/evals/nope", headers=HTML)).status_code == 404
+
+
+async def test_evals_can_be_hidden_from_projects(
+    home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAYGRAPH_UI_SHOW_EVALS", "false")
+    async with running(home, scripts) as dash:
+        key = dash.key("acme")
+        run = record_eval(dash.ledger_url, {"a": True})
+        async with dash.client() as client:
+            assert (await client.get("/v1/evals", headers=bearer(key))).json() == {"eval_runs": []}
+            assert (await client.get(f"/v1/evals/{run}", headers=bearer(key))).status_code == 404
+        async with dash.browser(key) as browser:
+            assert "not shown on this server" in (await browser.get("/ui/evals", headers=HTML)).text
+            assert (await browser.get(f"/ui/evals/{run}", headers=HTML)).status_code == 404
+
+
+async def test_usage_per_day_and_agent(dash: Dash) -> None:
+    key, other = dash.key("acme"), dash.key("globex")
+    task = await dash.submit(key, input="When are checkpoints written?")
+    await dash.wait(key, task["id"], FINISHED)
+    today = datetime.now(UTC).date()
+    async with dash.client() as client:
+        daily = (await client.get("/v1/usage/daily", headers=bearer(key))).json()
+        assert len(daily["days"]) in (14, 15) and daily["days"][-1]["date"] == today.isoformat()
+        assert daily["days"][-1]["tasks"] == 1 and "writer" in daily["days"][-1]["agents"]
+        assert sum(d["tasks"] for d in daily["days"][:-1]) == 0
+        whole = (await client.get("/v1/usage", headers=bearer(key))).json()
+        assert daily["days"][-1]["total"] == whole["total"]
+        theirs = (await client.get("/v1/usage/daily", headers=bearer(other))).json()
+        assert all(d["tasks"] == 0 for d in theirs["days"])
+        too_long = await client.get(
+            "/v1/usage/daily",
+            params={"since": "2020-01-01T00:00:00Z", "until": "2022-01-01T00:00:00Z"},
+            headers=bearer(key),
+        )
+        assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "until"
+        naive = await client.get(
+            "/v1/usage/daily", params={"since": "2026-01-01"}, headers=bearer(key)
+        )
+        assert naive.status_code == 422 and naive.json()["error"]["field"] == "since"
+    async with dash.browser(key) as browser:
+        page = (await browser.get("/ui/usage", headers=HTML)).text
+        assert 'class="chart"' in page and "writer" in page
+        cost = (await browser.get("/ui/usage?metric=cost&since=2020-01-01", headers=HTML)).text
+        assert "Cost per day" in cost and "choose at most 366 days" in cost
+    async with dash.browser(other) as browser:
+        assert "No usage in this range" in (await browser.get("/ui/usage", headers=HTML)).text
+
+
+def _event(seq: int, type_: str, **data: Any) -> Event:
+    return Event(
+        task_id="t",
+        seq=seq,
+        type=type_,
+        agent=None,
+        data={"type": type_, **data},
+        created_at=datetime.now(UTC),
+    )
+
+
+def _handoff(seq: int, event_seq: int, kind: str, source: str, target: str) -> Handoff:
+    return Handoff(
+        task_id="t",
+        seq=seq,
+        event_seq=event_seq,
+        kind=kind,  # type: ignore[arg-type]
+        source=source,
+        target=target,
+        task=f"task {seq}",
+        reason=f"reason {seq}",
+        step=seq,
+        checkpoint_ns=None,
+        tokens_so_far=100 * seq,
+        created_at=datetime.now(UTC),
+    )
+
+
+def test_the_graph_numbers_transfers_and_marks_the_bounce_that_tripped_ping_pong() -> None:
+    handoffs = [
+        _handoff(1, 2, "route", "supervisor", "researcher"),
+        _handoff(2, 5, "direct", "researcher", "writer"),
+        _handoff(3, 8, "direct", "writer", "researcher"),
+        _handoff(4, 11, "direct", "researcher", "writer"),
+    ]
+    events = [
+        _event(14, "violation", kind="ping_pong", agent="researcher", detail="3 bounces"),
+        _event(
+            15,
+            "handoff",
+            source="writer",
+            target="researcher",
+            task="again",
+            reason="w2",
+            step=6,
+            tokens_so_far=768,
+            carried_out=False,
+        ),
+        _event(16, "route", next="FINISH", carried_out=True),
+    ]
+    transfers = transfers_of(handoffs, events)
+    assert [(t.number, t.kind, t.source, t.target) for t in transfers] == [
+        (1, "route", "supervisor", "researcher"),
+        (2, "direct", "researcher", "writer"),
+        (3, "direct", "writer", "researcher"),
+        (4, "direct", "researcher", "writer"),
+        (5, "direct", "writer", "researcher"),
+    ]
+    last = transfers[-1]
+    assert last.ping_pong == "3 bounces" and not last.carried_out and last.tokens_so_far == 768
+    assert all(t.ping_pong is None and t.carried_out for t in transfers[:-1])
+    graph = layout(["researcher", "coder", "writer"], transfers)
+    assert [n.name for n in graph.nodes] == ["supervisor", "researcher", "coder", "writer"]
+    assert [n.ran for n in graph.nodes] == [True, True, False, True]
+    # Arcs between the same two agents do not lie on top of each other.
+    assert len({e.path for e in graph.edges}) == len(graph.edges)
+    assert all(0 < e.label_y < graph.height for e in graph.edges)
+
+
+async def test_the_openapi_document_lists_the_dashboards_endpoints_not_its_pages(
+    dash: Dash,
+) -> None:
+    async with dash.client() as client:
+        paths = (await client.get("/openapi.json")).json()["paths"]
+    for path in (
+        "/v1/task-summaries",
+        "/v1/tasks/{task_id}/artifacts",
+        "/v1/tasks/{task_id}/artifacts/{name}",
+        "/v1/evals",
+        "/v1/evals/{run_id}",
+        "/v1/usage/daily",
+    ):
+        assert path in paths
+    assert not [p for p in paths if p.startswith("/ui")]
