@@ -29,6 +29,7 @@ evaluation that gives bit-identical logits whether or not earlier work was cache
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import importlib.resources
 import json
@@ -452,7 +453,8 @@ class LocalChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine = _engine(self.model)
+        # Fetched only when a choice is left to decode: a forced one needs no model.
+        engine = functools.partial(_engine, self.model)
         output_schema: dict[str, Any] | None = kwargs.get(_SCHEMA_KWARG)
         tools = [t["function"] for t in kwargs.get("tools") or []]
         if output_schema is not None:
@@ -466,8 +468,8 @@ class LocalChatModel(BaseChatModel):
             choices = offer(tools, narrowings, kwargs.get("tool_choice"), Conversation.of(messages))
             sources = {name for name, n in narrowings.items() if n.sources}
             chat = chat_messages(messages, compact=sources if choices.passages else ())
-            prompt, tokens = _fit(engine, with_instruction(chat, decision_instruction(choices)))
-            done = _complete(engine, tokens, choices.schema())
+            chat = with_instruction(chat, decision_instruction(choices))
+            done, prompt = _complete(engine, chat, choices.schema())
             message = self._decision(done.text, prompt, choices)
         else:
             done = self._plain(engine, messages)
@@ -485,7 +487,10 @@ class LocalChatModel(BaseChatModel):
 
     @staticmethod
     def _structured(
-        engine: _Engine, messages: list[BaseMessage], schema: dict[str, Any], kwargs: Any
+        engine: Callable[[], _Engine],
+        messages: list[BaseMessage],
+        schema: dict[str, Any],
+        kwargs: Any,
     ) -> _Completion:
         system = next((text_of(m) for m in messages if isinstance(m, SystemMessage)), "")
         human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
@@ -495,16 +500,16 @@ class LocalChatModel(BaseChatModel):
             schema = route
         else:
             instruction = kwargs.get(_INSTRUCTION_KWARG) or schema_instruction(schema)
-        chat = with_instruction(chat_messages(messages), instruction)
-        return _complete(engine, None, schema, chat=chat)
+        return _complete(engine, with_instruction(chat_messages(messages), instruction), schema)[0]
 
     @staticmethod
-    def _plain(engine: _Engine, messages: list[BaseMessage]) -> _Completion:
+    def _plain(engine: Callable[[], _Engine], messages: list[BaseMessage]) -> _Completion:
         human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         final = final_answer(human) if human is not None else None
         if final is None:
-            _, tokens = _fit(engine, chat_messages(messages))
-            return engine.complete(tokens, schema=None)
+            loaded = engine()
+            _, tokens = _fit(loaded, chat_messages(messages))
+            return loaded.complete(tokens, schema=None)
         # The team's finalize: the answer quotes what the agents cited, never new text.
         if final.schema is None:
             return _Completion(
@@ -516,7 +521,7 @@ class LocalChatModel(BaseChatModel):
             + "\n".join(f"- {grammar_safe(p.text)}" for _, p in final.candidates)
         )
         chat = with_instruction(chat_messages(messages), instruction)
-        done = _complete(engine, None, final.schema, chat=chat)
+        done, _ = _complete(engine, chat, final.schema)
         return _Completion(
             text=final.render(done.text),
             prompt_tokens=done.prompt_tokens,
@@ -583,22 +588,22 @@ class LocalChatModel(BaseChatModel):
 
 
 def _complete(
-    engine: _Engine,
-    tokens: list[int] | None,
-    schema: dict[str, Any],
-    *,
-    chat: list[tuple[str, str]] | None = None,
-) -> _Completion:
-    """A constrained completion; a schema that admits one value is answered without the
-    model (no prompt is even rendered), since decoding forced tokens only spends time."""
+    engine: Callable[[], _Engine], chat: list[tuple[str, str]], schema: dict[str, Any]
+) -> tuple[_Completion, str]:
+    """A constrained completion of ``chat``, and the prompt it was rendered to.
+
+    A schema that admits one value is answered without the model: decoding forced tokens
+    only spends time, and the engine is not even loaded for it.
+    """
     value = single_value(schema)
     if value is not NotImplemented:
-        return _Completion(
+        forced = _Completion(
             text=json.dumps(value, ensure_ascii=False),
             prompt_tokens=0,
             completion_tokens=0,
             finish_reason="forced",
         )
-    if tokens is None:
-        _, tokens = _fit(engine, chat or [])
-    return engine.complete(tokens, schema=schema)
+        return forced, render(chat)
+    loaded = engine()
+    prompt, tokens = _fit(loaded, chat)
+    return loaded.complete(tokens, schema=schema), prompt

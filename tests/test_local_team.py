@@ -1,0 +1,250 @@
+"""What the embedded model reads in the team's prompts and the team decisions it narrows:
+the supervisor's route by keyword hints, and finalize's quoted answer. No model runs: the
+prompts are the supervisor's own (``relaygraph.supervisor._prompts``), so a change of their
+format that the local provider would misread fails here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from relaygraph.agents import Agent, builtin
+from relaygraph.handoffs import Assignment
+from relaygraph.models._local_schema import bounded, single_value
+from relaygraph.models._local_team import (
+    FinalAnswer,
+    TeamInput,
+    final_answer,
+    intents,
+    narrow_route,
+)
+from relaygraph.models.local import LocalChatModel
+from relaygraph.supervisor import _prompts
+from relaygraph.supervisor._route import FINISH, route_model
+
+AGENTS = builtin.agents()
+NAMES = tuple(a.name for a in AGENTS)
+DURABILITY = "The `durability` argument chooses when checkpoints are written."
+
+
+def _visit(agent: str, output: str, n: int) -> dict[str, Any]:
+    return {
+        "id": f"v{n}",
+        "agent": agent,
+        "turn": 1,
+        "task": "a task",
+        "source": "supervisor",
+        "output": output,
+        "ended": "finished",
+        "tools": [],
+        "messages": [],
+    }
+
+
+def _state(request: str, *visits: tuple[str, str], stop: str | None = None) -> Any:
+    return {
+        "request": request,
+        "turn": 1,
+        "messages": [],
+        "visits": [_visit(agent, output, n) for n, (agent, output) in enumerate(visits)],
+        "stop_reason": stop,
+    }
+
+
+def _route(
+    request: str, *visits: tuple[str, str], agents: tuple[Agent, ...] = AGENTS
+) -> dict[str, Any] | None:
+    """The route the hints leave, as the supervisor would ask for it; None: the model's."""
+    names = tuple(a.name for a in agents)
+    schema = bounded(
+        route_model(names, may_finish=bool(visits)).model_json_schema(), string_cap=200
+    )
+    narrowed = narrow_route(
+        schema,
+        _prompts.supervisor_prompt(agents),
+        _prompts.supervisor_input(_state(request, *visits), []),
+    )
+    if narrowed is None:
+        return None
+    value = single_value(narrowed)
+    return None if value is NotImplemented else value
+
+
+def test_a_docs_question_goes_to_the_researcher_with_a_short_task() -> None:
+    request = "What do the docs say about checkpoint durability? Please answer in detail."
+    route = _route(request)
+    assert route == {
+        "next": "researcher",
+        "task": "Find what the docs say about checkpoint durability.",
+        "reason": "The request asks what the docs say.",
+    }
+    # Then, with the researcher's result in, the team finishes.
+    done = _route(request, ("researcher", f"{DURABILITY} [checkpoints]"))
+    assert done is not None and done["next"] == FINISH
+
+
+def test_a_computation_goes_to_the_coder() -> None:
+    for request in (
+        "How many checkpoints does a 40-step run write?",
+        "Compute 17 * 23 and explain it.",
+        "Write Python code that prints the first ten primes.",
+    ):
+        route = _route(request)
+        assert route is not None and route["next"] == "coder", request
+        assert route["task"].startswith("Compute with Python and print the result: ")
+        assert len(route["task"]) < len("Compute with Python and print the result: ") + 161
+
+
+def test_a_report_ends_with_the_writer() -> None:
+    request = "What do the docs say about checkpoint durability? Write a short report."
+    assert _route(request)["next"] == "researcher"  # type: ignore[index]
+    then = _route(request, ("researcher", f"{DURABILITY} [checkpoints]"))
+    assert then is not None and then["next"] == "writer"
+    assert then["task"] == (
+        "Write a short report on checkpoint durability from the results, citing doc ids."
+    )
+    assert request not in then["task"]
+    last = _route(
+        request,
+        ("researcher", f"{DURABILITY} [checkpoints]"),
+        ("writer", f"{DURABILITY} [checkpoints]"),
+    )
+    assert last is not None and last["next"] == FINISH
+
+    alone = _route("Write a two-line release note for relaygraph 0.1.")
+    assert alone is not None and alone["next"] == "writer"
+
+
+def test_intents_in_the_order_the_work_is_done() -> None:
+    assert intents("What do the docs say about X? Write a short report.") == ["docs", "write"]
+    assert intents("How many checkpoints does a 40-step run write?") == ["compute"]
+    # "How many" in a question about the docs is a docs question, not a computation.
+    assert intents("According to the docs, how many processes may a sandboxed run start?") == [
+        "docs"
+    ]
+    assert intents("Which durability mode is the default?") == ["docs"]
+    assert intents("Hello there") == []
+
+
+def test_without_a_hint_the_model_chooses_among_the_agents() -> None:
+    schema = bounded(route_model(NAMES, may_finish=False).model_json_schema(), string_cap=200)
+    human = _prompts.supervisor_input(_state("Hello there"), [])
+    narrowed = narrow_route(schema, _prompts.supervisor_prompt(AGENTS), human)
+    assert narrowed is not None
+    assert narrowed["properties"]["next"] == {"enum": list(NAMES)}
+    assert narrowed["properties"]["task"] == {"const": "Work on the request about hello."}
+
+
+def test_custom_agents_are_matched_by_their_descriptions() -> None:
+    team = (
+        Agent(name="librarian", description="searches the docs and cites facts", prompt="p"),
+        Agent(name="scribe", description="drafts the report deliverable", prompt="p"),
+    )
+    request = "According to the docs, what is a supervisor? Write a short report."
+    assert _route(request, agents=team)["next"] == "librarian"  # type: ignore[index]
+    then = _route(request, ("librarian", "A supervisor routes. [supervisors]"), agents=team)
+    assert then is not None and then["next"] == "scribe"
+
+
+def test_an_agent_that_may_not_work_now_is_skipped() -> None:
+    # The supervisor leaves a barred or spent agent out of the choices; the hint follows.
+    schema = bounded(
+        route_model(("coder", "writer"), may_finish=True).model_json_schema(), string_cap=200
+    )
+    human = _prompts.supervisor_input(
+        _state("What do the docs say about X? Write a report.", ("researcher", "no luck")),
+        ["researcher (out of budget)"],
+    )
+    narrowed = narrow_route(schema, _prompts.supervisor_prompt(AGENTS), human)
+    assert narrowed is not None and single_value(narrowed)["next"] == "writer"
+
+
+def test_a_schema_that_is_not_a_route_is_left_alone() -> None:
+    schema = {"type": "object", "properties": {"done": {"type": "boolean"}}}
+    assert narrow_route(schema, "", "Request: x\n\nResults so far: none yet.") is None
+
+
+def test_team_prompts_parse() -> None:
+    request = "What do the docs say about checkpoint durability?"
+    state = _state(request, ("researcher", f"{DURABILITY} [checkpoints]"), stop="budget:x")
+    assignment = Assignment(
+        agent="writer", task="Write it up.", reason="why", source="supervisor", kind="route"
+    )
+    agent = TeamInput.parse(_prompts.agent_input(state, assignment))
+    assert (agent.request, agent.task) == (request, "Write it up.")
+    assert agent.results == (("researcher", f"{DURABILITY} [checkpoints]"),)
+    final = TeamInput.parse(_prompts.finalize_input(state))
+    assert final.request == request and final.stopped == "budget:x"
+    assert final.results == agent.results
+    plain = TeamInput.parse("Just a question?")
+    assert (plain.request, plain.task, plain.in_team) == (
+        "Just a question?",
+        "Just a question?",
+        False,
+    )
+
+
+def test_finalize_quotes_the_cited_results_and_says_where_they_came_from() -> None:
+    request = "What do the docs say about checkpoint durability?"
+    state = _state(
+        request,
+        ("researcher", f"{DURABILITY} Checkpoints are grouped into threads. [checkpoints]"),
+        ("writer", "Saved report.md."),
+    )
+    model = LocalChatModel()
+    reply = model.invoke(
+        [SystemMessage(_prompts.FINALIZE_PROMPT), HumanMessage(_prompts.finalize_input(state))]
+    )
+    assert reply.text == (
+        f"{DURABILITY} Checkpoints are grouped into threads. [checkpoints]\n\n"
+        "Source: [checkpoints] found by the researcher, in the knowledge base."
+    )
+    assert reply.response_metadata["finish_reason"] == "forced"  # no model was needed
+
+
+def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
+    output = " ".join(
+        f"Checkpoint fact number {i} is about durability. [checkpoints]" for i in range(4)
+    )
+    answer = final_answer(
+        _prompts.finalize_input(
+            _state("What do the docs say about durability?", ("researcher", output))
+        )
+    )
+    assert isinstance(answer, FinalAnswer) and answer.schema is not None
+    assert answer.schema["properties"]["quotes"]["maxItems"] == 2
+    chosen = answer.schema["properties"]["quotes"]["items"]["enum"][1]
+    text = answer.render(json.dumps({"quotes": [chosen]}))
+    assert text.startswith(f"{chosen} [checkpoints]")
+
+
+@pytest.mark.parametrize(
+    ("visits", "stop", "expected"),
+    [
+        (
+            [("coder", "exit 0\nstdout:\n41")],
+            None,
+            "No agent cited a document for this. What the agents reported:\n"
+            "- coder: exit 0 stdout: 41",
+        ),
+        (
+            [],
+            "no agent left: x",
+            "The team produced no result for this request.\n\n"
+            "The team stopped early: no agent left: x",
+        ),
+    ],
+)
+def test_finalize_without_citations_restates_and_never_invents(
+    visits: list[tuple[str, str]], stop: str | None, expected: str
+) -> None:
+    answer = final_answer(_prompts.finalize_input(_state("Count things.", *visits, stop=stop)))
+    assert answer is not None and answer.schema is None
+    assert answer.render() == expected
+
+
+def test_a_plain_chat_is_not_taken_for_finalize() -> None:
+    assert final_answer("Hello! How are you?") is None
