@@ -241,10 +241,6 @@ def test_an_agents_failed_call_is_reported_with_the_servers_words(
     assert next(e["next"] for e in events if e["type"] == "route") == "researcher"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent node does not yet catch ModelCallError (the patch is with the lead)",
-)
 def test_the_team_goes_on_after_an_agents_failed_call(
     home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,8 +18,11 @@ from relaygraph import __version__
 from relaygraph._argtypes import add_topology_arguments, agent_model, positive, topology_of
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.evals._cli import add_eval_parser, run_eval_command
+from relaygraph.models._doctor import add_doctor_parser, run_doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
+SERVICE_URL_ENV = "RELAYGRAPH_URL"
+SERVICE_KEY_ENV = "RELAYGRAPH_API_KEY"
 
 LOCAL_MODEL_NOTE = (
     "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): its "
@@ -146,6 +149,16 @@ def _parser() -> argparse.ArgumentParser:
         "(scripted:NAME.json); off by default",
     )
     serve.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        action="append",
+        default=[],
+        dest="team_files",
+        help="a team file every project may run by its name (repeatable); only these may use "
+        "stdio MCP servers, ./file.py tools and kb folders (see docs/api.md)",
+    )
+    serve.add_argument(
         "--unsafe-sandbox",
         action="store_true",
         help="run tenants' run_python code even where this host has no filesystem "
@@ -164,7 +177,9 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--json", action="store_true", help='print {"project": ..., "key": ...}')
 
-    teams = commands.add_parser("teams", help="check team files (your own agents and tools)")
+    teams = commands.add_parser(
+        "teams", help="check team files (your own agents and tools) and register them"
+    )
     team_commands = teams.add_subparsers(
         dest="teams_command", metavar="TEAMS_COMMAND", required=True
     )
@@ -176,6 +191,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", type=Path, metavar="FILE")
     check.add_argument("--json", action="store_true", help="print the team as one JSON object")
+    push = team_commands.add_parser(
+        "push",
+        help="register a team file with a task service, for your project's tasks",
+        description="Send a team file to a task service (PUT /v1/teams/NAME) with your "
+        "project's API key: the server checks it and keeps it as the next version, unless it "
+        'is unchanged. Tasks then name it: {"team": NAME}.',
+    )
+    push.add_argument("file", type=Path, metavar="FILE")
+    push.add_argument(
+        "--name", help="the name tasks use (default: the file's name key, else its file name)"
+    )
+    push.add_argument(
+        "--url",
+        default=os.environ.get(SERVICE_URL_ENV, "http://127.0.0.1:8000"),
+        help=f"the task service (default: ${SERVICE_URL_ENV} or http://127.0.0.1:8000)",
+    )
+    push.add_argument(
+        "--key",
+        default=os.environ.get(SERVICE_KEY_ENV),
+        help=f"your project's API key (default: ${SERVICE_KEY_ENV})",
+    )
+    push.add_argument("--json", action="store_true", help="print the version as one JSON object")
     old_create = team_commands.add_parser(
         "create", help="deprecated: use 'relaygraph projects create' (a tenant, not a team)"
     )
@@ -204,6 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     add_topology_arguments(graph)
 
     add_eval_parser(commands)
+    add_doctor_parser(commands)
 
     kb = commands.add_parser("kb", help="manage the researcher's knowledge base")
     kb_commands = kb.add_subparsers(dest="kb_command", metavar="KB_COMMAND", required=True)
@@ -230,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _trace(args)
         if args.command == "eval":
             return run_eval_command(args)
+        if args.command == "doctor":
+            return run_doctor(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "projects":
@@ -242,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return _create_project(args, key="team")
+            if args.teams_command == "push":
+                return _push_team(args)
             return _check_team(args)
         if args.command == "db":
             return _db(args)
@@ -355,6 +397,8 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["scripts_dir"] = args.scripts
     if args.unsafe_sandbox:
         overrides["unsafe_sandbox"] = True
+    if args.team_files:
+        overrides["team_files"] = args.team_files
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     app = create_app(settings)
     print(
@@ -375,6 +419,39 @@ def _create_project(args: argparse.Namespace, *, key: str) -> int:
         print(json.dumps({key: project.name, "key": secret}))
     else:
         print(f"project {project.name} created. Its API key (shown once, keep it safe):\n{secret}")
+    return EXIT_OK
+
+
+def _push_team(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from relaygraph.client import ApiError, Client
+
+    if not args.key:
+        raise ConfigError(f"teams push needs your project's API key: --key or ${SERVICE_KEY_ENV}")
+    try:
+        text = args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"team file {str(args.file)!r} cannot be read: {exc}") from None
+    try:
+        named = tomllib.loads(text).get("name")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"team file {str(args.file)!r} is not valid TOML: {exc}") from None
+    name = args.name or (named if isinstance(named, str) else None) or args.file.stem
+    with Client(args.url, args.key) as client:
+        try:
+            version = client.push_team(name, toml=text)
+        except ApiError as exc:
+            print(f"relaygraph: error: {args.file}: {exc}", file=sys.stderr)
+            return EXIT_USAGE if exc.status == 422 else EXIT_FAILED
+    if args.json:
+        sys.stdout.write(json.dumps(version, ensure_ascii=False) + "\n")
+    else:
+        what = "registered" if version.get("created") else "unchanged, still"
+        print(
+            f"team {version['name']} {what} version {version['version']} ({version['digest']}): "
+            f"agents {', '.join(version['agents'])}"
+        )
     return EXIT_OK
 
 

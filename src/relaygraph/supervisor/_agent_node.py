@@ -18,6 +18,7 @@ from langgraph.types import Command
 
 from relaygraph.agents import Agent
 from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
+from relaygraph.models import ModelCallError
 from relaygraph.policies import AgentLimits, TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget
 from relaygraph.policies.middleware import (
@@ -50,9 +51,10 @@ def _agent_recursion_limit(rules: AgentLimits) -> int:
     return 3 * (calls + 1) + 10
 
 
-ExitKind = Literal["finished", "spent", "handoff", "stop", "bounced"]
+ExitKind = Literal["finished", "spent", "handoff", "stop", "bounced", "failed"]
 """How a visit ends: done; the agent's budget spent; work handed to a peer; the task stops
-(a team limit, a ping-pong to finalize); a handoff refused as ping-pong (the pair barred)."""
+(a team limit, a ping-pong to finalize); a handoff refused as ping-pong (the pair barred);
+its model call failed (the agent barred, the task degraded)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,6 +166,7 @@ def _make_agent_node(
         )
         values: dict[str, Any] = {"messages": [scoped]}
         handoff: Command[Any] | None = None
+        failed: ModelCallError | None = None
         try:
             # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
             # the visit's transcript and usage in hand.
@@ -180,6 +183,11 @@ def _make_agent_node(
             if command.graph != visit_id or not isinstance(command.update, dict):
                 raise  # Not a handoff from this agent's tools: let LangGraph route it.
             handoff = command
+        except ModelCallError as exc:
+            # The server failed the agent's model call after the client's retries (its
+            # model_error event is sent): the visit ends here and the team goes on without
+            # this agent, as with a spent budget.
+            failed = exc
         transcript: list[BaseMessage] = list(values["messages"])
         target = str(handoff.goto) if handoff is not None else None
         if handoff is not None:
@@ -190,11 +198,23 @@ def _make_agent_node(
         usage = acc.usage_record(visit_id, name, turn, totals, outputs)
         violations = acc.transcript_violations(transcript, name, turn)
         last = transcript[-1]
-        budget_note = last.additional_kwargs.get(BUDGET_KEY) if handoff is None else None
-        ended = "handed_off" if handoff else "budget" if budget_note else "finished"
+        budget_note = (
+            last.additional_kwargs.get(BUDGET_KEY) if handoff is None and failed is None else None
+        )
+        ended = (
+            "handed_off"
+            if handoff
+            else "model_error"
+            if failed
+            else "budget"
+            if budget_note
+            else "finished"
+        )
         output = (
             f"Handed off to {target}: {handoff.update['handoffs'][0]['task']}"  # type: ignore[index]
             if handoff is not None
+            else f"Its model call failed: {failed.reason}"
+            if failed is not None
             else last.text
             if isinstance(last, AIMessage)
             else ""
@@ -210,6 +230,15 @@ def _make_agent_node(
                 "usage": usage,
             }
         )
+        if failed is not None:
+            why = f"its model call failed: {failed.reason}"
+            update |= {
+                "barred": acc.add_bar(state, name, why),
+                "status": "degraded",
+                "stop_reason": f"model_error: {name}: {failed.reason}",
+            }
+            back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
+            return out("failed", back, visit=visit)
         if budget_note is not None:
             hit = BudgetHit(**budget_note)
             # A tool call refused at the same limit recorded it already (and sent its

@@ -41,7 +41,7 @@ class Visit(TypedDict):
     source: str
     """Who gave the task: ``supervisor`` or the agent that handed off."""
     output: str
-    ended: Literal["finished", "handed_off", "budget", "refused"]
+    ended: Literal["finished", "handed_off", "budget", "refused", "model_error"]
     tools: list[str]
     messages: list[AnyMessage]
     """The visit's transcript, every tool call answered; kept for audit, never re-sent."""
