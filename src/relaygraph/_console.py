@@ -90,6 +90,23 @@ class ProgressPrinter:
                 )
             else:
                 say(f"[bold yellow]waiting for a decision:[/] {escape(str(event.get('detail')))}")
+        elif kind == "model_retry":
+            wait = event.get("wait_seconds") or 0
+            say(
+                f"    [yellow]retry[/] {event.get('role')}'s model call (attempt "
+                f"{event.get('attempt')}, {escape(str(event.get('error')))}; waiting {wait:g} s)"
+            )
+        elif kind == "model_error":
+            say(
+                f"    [bold red]model call failed[/] ({event.get('role')}, "
+                f"{escape(str(event.get('model')))}): {escape(str(event.get('error')))}"
+            )
+        elif kind == "structured_method":
+            say(
+                f"    {escape(str(event.get('model')))} answers structured output with "
+                f"[bold]{event.get('method')}[/] (refused: "
+                f"{', '.join(event.get('rejected') or []) or 'none'})"
+            )
         elif kind == "run_finished" and event["status"] not in ("succeeded",):
             say(f"[yellow]status {event['status']}[/]: {escape(str(event['stop_reason']))}")
 

@@ -1,0 +1,34 @@
+"""What `relaygraph run` prints on stderr for the model server's own events."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaygraph._console import ProgressPrinter
+
+
+@pytest.mark.parametrize(
+    ("event", "shown"),
+    [
+        (
+            {"type": "model_retry", "role": "supervisor", "attempt": 2, "error": "HTTP 429",
+             "wait_seconds": 1.5},
+            "retry supervisor's model call (attempt 2, HTTP 429; waiting 1.5 s)",
+        ),
+        (
+            {"type": "model_error", "role": "researcher", "model": "openai:x",
+             "error": "HTTP 500: boom"},
+            "model call failed (researcher, openai:x): HTTP 500: boom",
+        ),
+        (
+            {"type": "structured_method", "model": "openai:x", "method": "function_calling",
+             "rejected": ["json_schema"]},
+            "answers structured output with function_calling (refused: json_schema)",
+        ),
+    ],
+)  # fmt: skip
+def test_model_server_events_are_shown(
+    event: dict[str, object], shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ProgressPrinter()(event)
+    assert shown in " ".join(capsys.readouterr().err.split())
