@@ -35,12 +35,19 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` command to ``relaygraph``'s sub-commands; returns its parser."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "eval",
-        help="score the team against a golden set",
+        help="score a team against a golden set",
         description="Run every case of a golden set (JSON Lines, see docs/evals.md) through "
         "the team and score what it did: routes, agents, handoffs, tools, answer, status, "
         "budget. Progress goes to stderr; the cases and metrics to stdout.",
     )
     parser.add_argument("golden", metavar="GOLDEN", type=Path, help="the golden file (.jsonl)")
+    parser.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        help="a team file (TOML, see docs/teams.md) to evaluate, for the cases that name no "
+        "team of their own; default: the built-in researcher, coder and writer",
+    )
     parser.add_argument(
         "--model",
         metavar="SPEC",
@@ -52,7 +59,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=agent_model,
         action="append",
         default=[],
-        help="model for one role (researcher, coder, writer, supervisor, finalize); repeatable",
+        help="model for one role (an agent of the team, supervisor, finalize); repeatable",
     )
     parser.add_argument(
         "--concurrency", metavar="N", type=positive, default=1, help="runs at once (default 1)"
@@ -129,7 +136,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from relaygraph.evals._results import TrialResult
     from relaygraph.evals._runner import run_eval
+    from relaygraph.team import load_team
 
+    team = load_team(args.team) if args.team is not None else None
+    # No topology flag: each case's team runs in its own topology.
+    named = args.topology or args.start_agent or args.output_mode
+    topology = topology_of(args, team.arrangement if team else None) if named else None
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False)
     # A bar on a terminal; in a pipeline's log, one line per finished run instead.
@@ -160,7 +172,8 @@ def _run(args: argparse.Namespace) -> int:
             args.golden,
             model=args.model,
             agent_models=dict(args.agent_model),
-            topology=topology_of(args),
+            topology=topology,
+            team=team,
             concurrency=args.concurrency,
             repeat=args.repeat,
             tags=tuple(args.tag),

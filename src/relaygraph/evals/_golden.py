@@ -8,13 +8,18 @@ not stop the rest of the set from running.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relaygraph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relaygraph.team import Team
 
 AgentsMatch = Literal["strict", "unordered", "subset", "superset"]
 AGENTS_MATCH_MODES: tuple[AgentsMatch, ...] = ("strict", "unordered", "subset", "superset")
@@ -93,6 +98,7 @@ class _Case(BaseModel):
     input: str = Field(min_length=1)
     script: str | None = None
     policy: str | None = None
+    team: str | None = None
     expect: _Expect = Field(default_factory=_Expect)
     tags: list[str] = Field(default_factory=list)
 
@@ -155,7 +161,10 @@ class GoldenCase:
     script: Path | None = None
     """The scripted model's file (resolved against the golden file); used without ``--model``."""
     policy: Path | None = None
-    """The policy file (resolved against the golden file); the default policy when None."""
+    """The policy file (resolved against the golden file); the team's own policy when None."""
+    team: Path | None = None
+    """The team file (resolved against the golden file); the eval's team (``--team``, else
+    the built-in team) when None."""
     tags: tuple[str, ...] = ()
     line: int = 0
     """Line number in the golden file, from 1."""
@@ -179,6 +188,20 @@ class GoldenSet:
     path: Path
     cases: tuple[GoldenCase, ...] = ()
     errors: tuple[GoldenLineError, ...] = field(default=())
+    team: Team | None = None
+    """The team of the cases that name none (the built-in team when None)."""
+    teams: Mapping[Path, Team] = field(default_factory=lambda: MappingProxyType({}))
+    """The team files the cases name, each read once."""
+
+    def team_of(self, case: GoldenCase) -> Team:
+        """The team ``case`` runs with: its own team file's, else the set's."""
+        if case.team is not None:
+            return self.teams[case.team]
+        if self.team is not None:
+            return self.team
+        from relaygraph.team import default_team
+
+        return default_team()
 
     def with_tags(self, tags: tuple[str, ...] | list[str]) -> GoldenSet:
         """Only the cases that carry at least one of ``tags`` (all of them when empty)."""
@@ -186,15 +209,23 @@ class GoldenSet:
             return self
         wanted = set(tags)
         kept = tuple(case for case in self.cases if wanted & set(case.tags))
-        return GoldenSet(path=self.path, cases=kept, errors=self.errors)
+        return GoldenSet(
+            path=self.path, cases=kept, errors=self.errors, team=self.team, teams=self.teams
+        )
 
 
-def load_golden(path: str | Path) -> GoldenSet:
+def load_golden(path: str | Path, *, team: Team | None = None) -> GoldenSet:
     """Read a golden set (JSON Lines, one case per line; blank lines are skipped).
 
-    ``script`` and ``policy`` paths are relative to the golden file's folder. A line that is
-    not a valid case (bad JSON, an unknown key, a missing file, a duplicate id) becomes a
+    ``script``, ``policy`` and ``team`` paths are relative to the golden file's folder. A
+    line that is not a valid case (bad JSON, an unknown key, a missing or invalid file, a
+    policy over other agents than its team's, a duplicate id) becomes a
     :class:`GoldenLineError` naming its line number; the other cases are still returned.
+
+    Args:
+        path: The golden file.
+        team: The team of the cases that name no ``team`` file; the built-in team when None.
+            Each case's policy is checked against the team it runs with.
 
     Raises:
         ConfigError: The file itself is missing or cannot be read.
@@ -209,11 +240,12 @@ def load_golden(path: str | Path) -> GoldenSet:
     cases: list[GoldenCase] = []
     errors: list[GoldenLineError] = []
     seen: dict[str, int] = {}
+    teams = _TeamFiles(team)
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            case = _parse_line(raw, number, folder=file.parent)
+            case = _parse_line(raw, number, folder=file.parent, team_of=teams.team_of)
         except ValueError as exc:
             errors.append(GoldenLineError(line=number, message=str(exc)))
             continue
@@ -223,10 +255,44 @@ def load_golden(path: str | Path) -> GoldenSet:
             continue
         seen[case.id] = number
         cases.append(case)
-    return GoldenSet(path=file, cases=tuple(cases), errors=tuple(errors))
+    return GoldenSet(
+        path=file,
+        cases=tuple(cases),
+        errors=tuple(errors),
+        team=team,
+        teams=MappingProxyType(teams.read),
+    )
 
 
-def _parse_line(raw: str, number: int, *, folder: Path) -> GoldenCase:
+class _TeamFiles:
+    """The teams of a golden set's cases: each team file read once (a bad one is reported
+    on every line naming it), the set's team for a case naming none."""
+
+    def __init__(self, team: Team | None) -> None:
+        self.team = team
+        self.read: dict[Path, Team] = {}
+        self.failed: dict[Path, ConfigError] = {}
+
+    def team_of(self, path: Path | None) -> Team:
+        """Raises: ConfigError: The team file cannot be read or built."""
+        from relaygraph.team import default_team, load_team
+
+        if path is None:
+            return self.team or default_team()
+        if path in self.failed:
+            raise self.failed[path]
+        if path not in self.read:
+            try:
+                self.read[path] = load_team(path)
+            except ConfigError as exc:
+                self.failed[path] = exc
+                raise
+        return self.read[path]
+
+
+def _parse_line(
+    raw: str, number: int, *, folder: Path, team_of: Callable[[Path | None], Team]
+) -> GoldenCase:
     """One case from one line; ``ValueError`` with a message naming what is wrong."""
     try:
         data = json.loads(raw)
@@ -247,24 +313,26 @@ def _parse_line(raw: str, number: int, *, folder: Path) -> GoldenCase:
         raise ValueError(f"{name}{problems}") from None
     script = _resolve(folder, parsed.script, what="script", case=parsed.id)
     policy = _resolve(folder, parsed.policy, what="policy", case=parsed.id)
-    # A broken script or policy is refused here, on its case's line, not midway through a run.
+    team_file = _resolve(folder, parsed.team, what="team", case=parsed.id)
+    expect = parsed.expect
+    # A broken script, team or policy is refused here, on its case's line, not midway
+    # through a run.
     try:
         if script is not None:
             from relaygraph.models.scripted import load_script
 
             load_script(script)
+        team = team_of(team_file)
         if policy is not None:
-            from relaygraph.team import default_team
-
-            default_team().policy_from(policy)
+            team.policy_from(policy)
     except ConfigError as exc:
         raise ValueError(f"case {parsed.id!r}: {exc}") from None
-    expect = parsed.expect
     return GoldenCase(
         id=parsed.id,
         input=parsed.input,
         script=script,
         policy=policy,
+        team=team_file,
         tags=tuple(parsed.tags),
         line=number,
         expect=Expectation(

@@ -137,6 +137,7 @@ def record_experiment(report: EvalReport, *, dataset: str, client: Any = None) -
             "golden": report.golden,
             "model": report.model or "scripted",
             "agent_models": report.agent_models,
+            "team": report.team,
             "repeat": report.repeat,
             "tags": list(report.tags),
         },

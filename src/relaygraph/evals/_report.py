@@ -139,6 +139,7 @@ def render_markdown(report: EvalReport) -> str:
         f"{m.cases} cases, {m.runs} runs, started {report.started_at}, {report.seconds:g} s"
         + (f", model `{report.model}`" if report.model else ", scripted models")
         + f", topology {report.topology.get('kind', 'structured')}"
+        + (f", team {report.team['name']}" if report.team else "")
         + (f", tags {', '.join(report.tags)}" if report.tags else ""),
         "",
         "## Metrics",

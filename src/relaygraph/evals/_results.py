@@ -62,6 +62,8 @@ class CaseResult:
     expect: Expectation
     tags: tuple[str, ...] = ()
     line: int = 0
+    team: str | None = None
+    """The name of the team the case ran with."""
     trials: tuple[TrialResult, ...] = ()
 
     @property
@@ -86,6 +88,7 @@ class CaseResult:
             "id": self.id,
             "line": self.line,
             "input": self.input,
+            "team": self.team,
             "tags": list(self.tags),
             "expect": self.expect.to_json(),
             "passed": self.passed,
@@ -109,6 +112,10 @@ class EvalReport:
     agent_models: dict[str, str] = field(default_factory=dict)
     topology: dict[str, Any] = field(default_factory=lambda: {"kind": "structured"})
     """How the agents were arranged (``relaygraph eval --topology``)."""
+    team: dict[str, Any] | None = None
+    """The team evaluated (``relaygraph eval --team``): name, digest, file
+    (:meth:`~relaygraph.team.Team.record`); cases naming a team file of their own ran with
+    that one (:attr:`CaseResult.team`)."""
     repeat: int = 1
     concurrency: int = 1
     tags: tuple[str, ...] = ()
@@ -155,6 +162,7 @@ class EvalReport:
             "model": self.model,
             "agent_models": self.agent_models,
             "topology": self.topology,
+            "team": self.team,
             "repeat": self.repeat,
             "concurrency": self.concurrency,
             "tags": list(self.tags),

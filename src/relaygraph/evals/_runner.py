@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relaygraph._home import data_home
 from relaygraph.errors import ConfigError
@@ -19,6 +19,9 @@ from relaygraph.evals._metrics import compute_metrics
 from relaygraph.evals._report import compare, load_baseline, write_report
 from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
 from relaygraph.topology import Topology
+
+if TYPE_CHECKING:
+    from relaygraph.team import Team
 
 ProgressHandler = Callable[[int, int, TrialResult], None]
 """Called after each run with (runs done, runs in all, the run's result)."""
@@ -100,18 +103,30 @@ def run_case(
     home: Path | None = None,
     trace: bool = False,
     topology: Topology | None = None,
+    team: Team | None = None,
 ) -> TrialResult:
-    """Run ``case`` once through the team (:func:`relaygraph.run.run_task`) and score it.
+    """Run ``case`` once through ``team`` (:func:`relaygraph.run.run_task`) and score it.
 
     The case's script plays every role unless ``model`` is given; ``agent_models`` still
     overrides single roles. The run gets a thread of its own. A case that cannot run at all
     fails with a ``run`` check that says why; it never raises. In another ``topology`` than
     the structured team, the case's script is played as that topology's
     (:mod:`relaygraph.evals._translate`).
+
+    Args:
+        team: The team; when None, the case's own team file, else the built-in team.
+        topology: How the agents are arranged; the team's own when None.
     """
     from relaygraph.run import run_task
+    from relaygraph.team import default_team, load_team
 
-    topology = topology or Topology()
+    tools = _ToolLog()
+    started = time.perf_counter()
+    try:
+        team = team or (load_team(case.team) if case.team is not None else default_team())
+    except ConfigError as exc:
+        return _not_run(case, trial, None, str(exc), started)
+    topology = topology or team.arrangement
     spec = model or (f"scripted:{case.script}" if case.script is not None else None)
     if model is None and case.script is not None and topology.kind != "structured":
         # The case's script is the structured team's; it is played as this topology's.
@@ -121,12 +136,11 @@ def run_case(
         spec = f"scripted:{path}"
         if topology.kind == "swarm" and topology.start_agent is None:
             topology = replace(topology, start_agent=start)
-    tools = _ToolLog()
-    started = time.perf_counter()
     try:
         with _langsmith_tracing(trace):
             result = run_task(
                 case.input,
+                team=team,
                 model=spec,
                 agent_models=agent_models,
                 policy=case.policy,
@@ -138,22 +152,7 @@ def run_case(
             checks = check_expectations(case.expect, observed)
     except Exception as exc:  # One broken case is reported; the rest of the set still runs.
         error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-        check = Check(
-            name="run",
-            passed=False,
-            expected="the case runs",
-            actual=error,
-            message=f"the case could not run: {error}",
-        )
-        return TrialResult(
-            case_id=case.id,
-            trial=trial,
-            passed=False,
-            checks=(check,),
-            latency_seconds=round(time.perf_counter() - started, 3),
-            model=spec,
-            error=error,
-        )
+        return _not_run(case, trial, spec, error, started)
     latency = round(time.perf_counter() - started, 3)
     return TrialResult(
         case_id=case.id,
@@ -173,14 +172,47 @@ def run_case(
     )
 
 
-def _check_models(model: str | None, agent_models: Mapping[str, str], topology: Topology) -> None:
-    """Refuse a bad ``--model``, ``--agent-model`` or ``--start-agent`` before any case runs."""
-    from relaygraph.run import resolve_model_specs
-    from relaygraph.team import default_team
+def _not_run(
+    case: GoldenCase, trial: int, spec: str | None, error: str, started: float
+) -> TrialResult:
+    """The result of a case that could not run: one failed ``run`` check saying why."""
+    check = Check(
+        name="run",
+        passed=False,
+        expected="the case runs",
+        actual=error,
+        message=f"the case could not run: {error}",
+    )
+    return TrialResult(
+        case_id=case.id,
+        trial=trial,
+        passed=False,
+        checks=(check,),
+        latency_seconds=round(time.perf_counter() - started, 3),
+        model=spec,
+        error=error,
+    )
 
-    agents = default_team().agent_names
-    topology.check_agents(agents)
-    resolve_model_specs(model, agent_models, topology.roles(agents))
+
+def _check_models(
+    model: str | None,
+    agent_models: Mapping[str, str],
+    topology: Topology | None,
+    teams: Sequence[Team],
+) -> None:
+    """Refuse a bad ``--model``, ``--agent-model`` or ``--start-agent`` before any case runs:
+    each must fit every team the cases run with (its agents and roles)."""
+    from relaygraph.run import resolve_model_specs
+
+    for team in teams:
+        arranged = topology or team.arrangement
+        try:
+            arranged.check_agents(team.agent_names)
+            resolve_model_specs(model, agent_models, arranged.roles(team.agent_names))
+        except ConfigError as exc:
+            if len(teams) == 1:
+                raise
+            raise ConfigError(f"team {team.name!r}: {exc}") from None
 
 
 def _prepare_home(home: Path | None) -> None:
@@ -243,7 +275,8 @@ def _run_jobs(
     home: Path | None,
     trace: bool,
     on_progress: ProgressHandler | None,
-    topology: Topology,
+    topology: Topology | None,
+    team_of: Callable[[GoldenCase], Team],
 ) -> None:
     """Run every (case, trial) job, ``concurrency`` at once, recording each as it ends."""
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="relaygraph-eval") as pool:
@@ -257,6 +290,7 @@ def _run_jobs(
                 home=home,
                 trace=trace,
                 topology=topology,
+                team=team_of(case),
             )
             for case, n in jobs
         }
@@ -288,8 +322,9 @@ def run_eval(
     langsmith_dataset: str | None = None,
     home: Path | None = None,
     topology: Topology | None = None,
+    team: Team | str | Path | None = None,
 ) -> EvalReport:
-    """Run a golden set through the team and score every case.
+    """Run a golden set through a team and score every case.
 
     Args:
         golden: The golden file (JSON Lines; see ``docs/evals.md``).
@@ -306,22 +341,26 @@ def run_eval(
         langsmith_dataset: Create or update this LangSmith dataset from the cases and record
             the runs as an experiment. Without it nothing is sent to LangSmith.
         home: The data directory (``$RELAYGRAPH_HOME`` when None).
-        topology: How the agents are arranged; the structured team when None. Run the set
-            once per topology to compare them.
+        topology: How the agents are arranged; each case's team's own when None. Run the
+            set once per topology to compare them.
+        team: The team evaluated (a :class:`~relaygraph.team.Team` or a team file), for
+            every case that names no ``team`` file of its own; the built-in team when None.
 
     Raises:
-        ConfigError: A bad argument, an unreadable golden file or baseline, a golden file
-            without a single valid case, or tags no case carries — before anything runs.
-            Invalid lines alone do not raise: they are in ``invalid_lines``.
+        ConfigError: A bad argument (a model, a role or start agent a case's team does not
+            have), an unreadable team file, golden file or baseline, a golden file without a
+            single valid case, or tags no case carries — before anything runs. Invalid lines
+            alone do not raise: they are in ``invalid_lines``.
     """
+    from relaygraph.team import Team, default_team, load_team
+
     if concurrency < 1:
         raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
     if repeat < 1:
         raise ConfigError(f"repeat must be at least 1, got {repeat}")
     agent_models = dict(agent_models or {})
-    topology = topology or Topology()
-    _check_models(model, agent_models, topology)
-    golden_set = load_golden(golden)
+    the_team = team if isinstance(team, Team) else load_team(team) if team else default_team()
+    golden_set = load_golden(golden, team=the_team)
     if not golden_set.cases:
         problems = "; ".join(map(str, golden_set.errors)) or "the file has no cases"
         raise ConfigError(f"golden file {str(golden_set.path)!r} has no valid case: {problems}")
@@ -332,6 +371,8 @@ def run_eval(
             f"no case in {str(golden_set.path)!r} has the tag(s) {', '.join(map(repr, tags))}; "
             f"tags in the file: {', '.join(known) or 'none'}"
         )
+    teams = list({id(t): t for t in map(golden_set.team_of, selected.cases)}.values())
+    _check_models(model, agent_models, topology, teams)
     earlier = load_baseline(baseline) if baseline is not None else None
     if out is not None and Path(out).expanduser().exists() and not Path(out).expanduser().is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file; name a folder for the report")
@@ -356,7 +397,7 @@ def run_eval(
                 "tags": list(tags),
                 "baseline": None if baseline is None else str(baseline),
                 "langsmith_dataset": langsmith_dataset,
-                "topology": topology.to_mapping(),
+                "topology": (topology or the_team.arrangement).to_mapping(),
             },
             case_count=len(selected.cases),
             run_count=len(jobs),
@@ -374,6 +415,7 @@ def run_eval(
             trace=trace,
             on_progress=on_progress,
             topology=topology,
+            team_of=golden_set.team_of,
         )
         cases = tuple(
             CaseResult(
@@ -382,6 +424,7 @@ def run_eval(
                 expect=case.expect,
                 tags=case.tags,
                 line=case.line,
+                team=golden_set.team_of(case).name,
                 trials=tuple(results[(case.id, n)] for n in range(1, repeat + 1)),
             )
             for case in selected.cases
@@ -394,7 +437,8 @@ def run_eval(
             invalid_lines=golden_set.errors,
             model=model,
             agent_models=agent_models,
-            topology=topology.to_mapping(),
+            topology=(topology or the_team.arrangement).to_mapping(),
+            team=the_team.record(),
             repeat=repeat,
             concurrency=concurrency,
             tags=tuple(tags),
