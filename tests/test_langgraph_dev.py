@@ -56,7 +56,7 @@ def _free_port() -> int:
         return port
 
 
-def _server_env(home: Path, venv: Path, **settings: str) -> dict[str, str]:
+def _server_env(home: Path, **settings: str) -> dict[str, str]:
     """The server's environment: this checkout's relaygraph, no way off the machine."""
     env = {
         k: v
@@ -78,8 +78,6 @@ def _server_env(home: Path, venv: Path, **settings: str) -> dict[str, str]:
         {
             "RELAYGRAPH_HOME": str(home),
             "PYTHONPATH": str(REPO / "src"),
-            # `python` of a team file's stdio MCP server is the server venv's.
-            "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
             "LANGGRAPH_CLI_NO_ANALYTICS": "1",
             "LANGGRAPH_NO_VERSION_CHECK": "true",
             "LANGSMITH_TRACING": "false",
@@ -110,7 +108,7 @@ def _langgraph_dev(tmp_path: Path, venv: Path, **settings: str) -> Iterator[_Ser
         process = subprocess.Popen(
             command,
             cwd=tmp_path,
-            env=_server_env(home, venv, **settings),
+            env=_server_env(home, **settings),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
