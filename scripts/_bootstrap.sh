@@ -141,3 +141,22 @@ PY
 
 # Called plainly, not as `... || return`: that would switch off `set -e` inside it.
 relaygraph_bootstrap "$@"
+
+# LangGraph's own dev server (`langgraph dev`, tests/test_langgraph_dev.py) in a venv of its
+# own: langgraph-api pins jsonschema-rs<0.45, the dev extra's schemathesis needs a newer one,
+# so they cannot share one. Called by scripts/test only: the demo does not need it.
+relaygraph_bootstrap_langgraph_server() {
+    local root venv server marker hash
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    venv="${RELAYGRAPH_VENV:-$root/.venv}"
+    server="$venv/langgraph-server"
+    marker="$server/.relaygraph-deps"
+    hash="$("$venv/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$root/pyproject.toml")"
+    if [[ -x "$server/bin/langgraph" && "$(cat "$marker" 2>/dev/null || true)" == "$hash" ]]; then
+        return 0
+    fi
+    echo "relaygraph: setting up $server for the langgraph dev tests (once)" >&2
+    [[ -x "$server/bin/python" ]] || "${PYTHON:-python3}" -m venv "$server"
+    "$server/bin/python" -m pip -q --disable-pip-version-check --no-input install -e "$root[langgraph-server]"
+    echo "$hash" >"$marker"
+}

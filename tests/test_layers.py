@@ -68,6 +68,8 @@ FORBIDDEN = {
     "_event_writer": ["relaygraph."],
     "_lease": ["relaygraph."],
     "evals": ["relaygraph.api", "relaygraph.cli"],
+    # LangGraph's own server's entry point: an edge, like the API.
+    "langgraph_app": ["relaygraph.api", "relaygraph.cli", "relaygraph.evals"],
 }
 
 
