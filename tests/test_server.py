@@ -85,14 +85,23 @@ def _env(home: Path) -> dict[str, str]:
 class Server:
     """One ``relaygraph serve`` process; a restart is a new Server on the same port."""
 
-    def __init__(self, home: Path, model: str, port: int, log: Path, scripts: Path) -> None:
+    def __init__(
+        self,
+        home: Path,
+        model: str,
+        port: int,
+        log: Path,
+        scripts: Path,
+        *,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         command = [sys.executable, "-m", "relaygraph.cli", "serve", "--port", str(port)]
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 [*command, "--model", model, "--scripts", str(scripts)],
-                env=_env(home),
+                env=env if env is not None else _env(home),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

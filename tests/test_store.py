@@ -52,6 +52,7 @@ TABLES = {
     "usage",
     "eval_runs",
     "eval_case_results",
+    "team_versions",
 }
 RELAY_SPEC = f"scripted:{EXAMPLE_RELAY}"
 
@@ -249,6 +250,74 @@ def test_project_names_are_unique_and_checked(ledger: Ledger) -> None:
             ledger.create_project(bad)
     with pytest.raises(RecordNotFound, match="no project 'ghost'"):
         ledger.create_api_key("ghost")
+
+
+# Registered teams
+
+
+def test_registered_teams_are_versioned_per_project(ledger: Ledger) -> None:
+    project, _ = ledger.create_project("research")
+    other, _ = ledger.create_project("ops")
+    first = {"agents": {"reviewer": {"description": "d", "prompt": "p"}}}
+    one, created = ledger.register_team(
+        project.id, "docs-review", definition=first, digest="sha256:1"
+    )
+    assert created and (one.name, one.version, one.definition) == ("docs-review", 1, first)
+    # The same team again is no change; a changed one is the next version.
+    again, created = ledger.register_team(
+        project.id, "docs-review", definition=first, digest="sha256:1"
+    )
+    assert not created and again == one
+    two, created = ledger.register_team(
+        project.id, "docs-review", definition={"changed": True}, digest="sha256:2"
+    )
+    assert created and two.version == 2
+    # Back to the first content is a change from the latest: version 3, not 1.
+    three, _ = ledger.register_team(project.id, "docs-review", definition=first, digest="sha256:1")
+    assert three.version == 3
+    ledger.register_team(project.id, "alpha", definition={}, digest="sha256:a")
+    # Another project's names are its own.
+    theirs, _ = ledger.register_team(other.id, "docs-review", definition={}, digest="sha256:9")
+    assert theirs.version == 1 and theirs.project_id == other.id
+
+    assert ledger.team_version(project.id, "docs-review") == three
+    assert ledger.team_version(project.id, "docs-review", 2) == two
+    assert ledger.team_version(project.id, "docs-review", 4) is None
+    assert ledger.team_version(other.id, "alpha") is None
+    assert [v.version for v in ledger.team_versions(project.id, "docs-review")] == [1, 2, 3]
+    assert [(t.name, t.version) for t in ledger.teams(project.id)] == [
+        ("alpha", 1),
+        ("docs-review", 3),
+    ]
+    assert [(t.name, t.version) for t in ledger.teams(other.id)] == [("docs-review", 1)]
+
+    with pytest.raises(ConfigError, match="team name 'no space' is invalid"):
+        ledger.register_team(project.id, "no space", definition={}, digest="sha256:x")
+    with pytest.raises(ConfigError, match="definition"):
+        ledger.register_team(project.id, "x", definition=[], digest="sha256:x")  # type: ignore[arg-type]
+    with pytest.raises(RecordNotFound, match="project 'ghost'"):
+        ledger.register_team("ghost", "x", definition={}, digest="sha256:x")
+
+
+def test_concurrent_pushes_number_versions_without_gaps(ledger: Ledger) -> None:
+    project, _ = ledger.create_project("research")
+    start = threading.Barrier(6)
+    made: list[tuple[int, bool]] = []
+
+    def push(n: int) -> None:
+        start.wait()
+        version, created = ledger.register_team(
+            project.id, "t", definition={"n": n}, digest=f"sha256:{n}"
+        )
+        made.append((version.version, created))
+
+    threads = [threading.Thread(target=push, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(version for version, _ in made) == [1, 2, 3, 4, 5, 6]
+    assert [v.version for v in ledger.team_versions(project.id, "t")] == [1, 2, 3, 4, 5, 6]
 
 
 # Tasks
@@ -978,21 +1047,22 @@ def test_projects_migration_keeps_every_row_both_ways(
         ledger.record_eval_case(
             run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task.id
         )
-    before = _rows(url, TABLES)
-    assert all(before[table] for table in TABLES - {"eval_runs"})  # Every table holds rows.
+    at_0006 = TABLES - {"team_versions"}  # Registered teams came later (0008).
+    before = _rows(url, at_0006)
+    assert all(before.values())  # Every table holds rows.
     old = {"teams": "projects", "team_id": "project_id"}
     engine = create_engine(url)
     try:
         downgrade_engine(engine, "0006")
-        assert set(inspect(engine).get_table_names()) == TABLES - {"projects"} | {
+        assert set(inspect(engine).get_table_names()) == at_0006 - {"projects"} | {
             "teams",
             VERSION_TABLE,
         }
         for table in ("api_keys", "tasks"):
             assert "team_id" in {c["name"] for c in inspect(engine).get_columns(table)}
-        assert _rows(url, TABLES - {"projects"} | {"teams"}, old) == before
+        assert _rows(url, at_0006 - {"projects"} | {"teams"}, old) == before
         upgrade_engine(engine)
-        assert _rows(url, TABLES) == before
+        assert _rows(url, at_0006) == before
         with engine.connect() as connection:
             context = MigrationContext.configure(
                 connection, opts={"compare_type": True, "version_table": VERSION_TABLE}

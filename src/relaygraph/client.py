@@ -142,6 +142,8 @@ class Client:
         topology: Literal["structured", "swarm", "supervisor-tools"] | None = None,
         start_agent: str | None = None,
         output_mode: Literal["last_message", "full_history"] | None = None,
+        team: str | None = None,
+        version: int | None = None,
     ) -> dict[str, Any]:
         """Submit a task (``POST /v1/tasks``); it runs in the background.
 
@@ -160,6 +162,9 @@ class Client:
                 the topology it started with.
             start_agent: ``swarm`` only: the agent a new thread starts with.
             output_mode: ``supervisor-tools`` only: ``last_message`` or ``full_history``.
+            team: The team to run: one the project registered (:meth:`push_team`), one the
+                server loads, or ``default`` (the built-in team, also when None).
+            version: The registered team's version; its latest when None.
 
         Returns:
             The task as the server recorded it (status ``queued`` or ``running``).
@@ -178,6 +183,8 @@ class Client:
             "topology": topology,
             "start_agent": start_agent,
             "output_mode": output_mode,
+            "team": team,
+            "version": version,
         }
         body.update({name: value for name, value in optional.items() if value is not None})
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
@@ -317,6 +324,54 @@ class Client:
         """
         task: dict[str, Any] = self._call("POST", f"/v1/tasks/{task_id}/cancel")
         return task
+
+    # Teams
+
+    def push_team(
+        self,
+        name: str,
+        *,
+        toml: str | None = None,
+        definition: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Register a version of a team for the project (``PUT /v1/teams/{name}``).
+
+        Args:
+            name: The team's name, as tasks name it (a ``name`` in the file is replaced).
+            toml: The team file's text.
+            definition: Or its content as a mapping (give exactly one).
+
+        Returns:
+            The version: ``name``, ``version``, ``digest``, ``agents``, ``created`` (False:
+            the team was unchanged, and this is its latest version).
+
+        Raises:
+            ApiError: 422 ``invalid_team`` naming the key (a reference the server does not
+                allow included), 409 ``team_name_taken``.
+        """
+        body: dict[str, Any] = {"toml": toml} if toml is not None else {}
+        if definition is not None:
+            body["definition"] = dict(definition)
+        team: dict[str, Any] = self._call("PUT", f"/v1/teams/{name}", json=body)
+        return team
+
+    def teams(self) -> builtins.list[dict[str, Any]]:
+        """The teams the project may run (``GET /v1/teams``): the built-in team, the
+        server's own, and the latest version of each of the project's."""
+        body = self._call("GET", "/v1/teams")
+        teams: builtins.list[dict[str, Any]] = body["teams"]
+        return teams
+
+    def team(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """A team with every version (``GET /v1/teams/{name}``); with ``version``, that
+        version with its definition (``GET /v1/teams/{name}/versions/{version}``).
+
+        Raises:
+            ApiError: 404 ``team_not_found`` (also for another project's team).
+        """
+        path = f"/v1/teams/{name}" + (f"/versions/{version}" if version is not None else "")
+        team: dict[str, Any] = self._call("GET", path)
+        return team
 
     # Approvals
 

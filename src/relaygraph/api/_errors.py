@@ -16,12 +16,15 @@ from relaygraph.errors import ConfigError
 
 ERROR_CODES: dict[int, str] = {
     401: "`unauthorized`: no key, a malformed header, an unknown or revoked key.",
-    404: "`task_not_found` (another project's task too), `approval_not_found`.",
-    409: "`thread_busy`, `idempotency_key_reused`, `task_finished`, `not_waiting`.",
+    404: "`task_not_found` (another project's task too), `approval_not_found`, "
+    "`team_not_found` (another project's team too).",
+    409: "`thread_busy`, `idempotency_key_reused`, `task_finished`, `not_waiting`, "
+    "`team_name_taken`.",
     413: "`body_too_large`: the body is over the server's limit, declared or chunked.",
     422: "`invalid_request` (a missing, unknown or ill-typed field, a body that is not JSON "
     "or nests too deeply, a bad query parameter or header), `invalid_model`, "
-    "`model_not_allowed`, `invalid_policy`, `policy_loosens`, `invalid_topology`.",
+    "`model_not_allowed`, `invalid_policy`, `policy_loosens`, `invalid_topology`, "
+    "`invalid_team` (a team file's mistake, or a reference the server does not allow).",
     503: "`not_ready`: the database is unreachable or not migrated.",
 }
 """What each error status means; the OpenAPI document lists it per endpoint."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -130,18 +131,34 @@ class TaskCreate(_RequestBody):
     """``POST /v1/tasks``."""
 
     input: str = Field(min_length=1, max_length=100_000, description="What the team should do.")
+    team: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="The team to run: one the project registered (`PUT /v1/teams/{name}`), one "
+        "the server loads (`serve --team`), or `default`, the built-in researcher, coder and "
+        "writer (also when none is named).",
+    )
+    version: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="The registered team's version; its latest when none is named.",
+    )
     thread_id: str | None = Field(
         default=None, min_length=1, max_length=200, description="Continue this conversation."
     )
     policy: dict[str, Any] | None = Field(
-        default=None, description="Policy-file-shaped overrides; may only tighten the team's."
+        default=None,
+        description="Policy-file-shaped overrides; may only tighten the chosen team's policy.",
     )
     model: str | None = Field(default=None, description="Model spec for every role.")
     agent_models: dict[str, str] | None = Field(default=None, description="Spec per role.")
     metadata: dict[str, Any] | None = None
-    topology: Literal["structured", "swarm", "supervisor-tools"] = Field(
-        default="structured",
-        description="How the agents are arranged; a thread keeps the topology it started with.",
+    topology: Literal["structured", "swarm", "supervisor-tools"] | None = Field(
+        default=None,
+        description="How the agents are arranged (default: the team's own, structured for the "
+        "built-in team); a thread keeps the topology it started with.",
     )
     start_agent: str | None = Field(
         default=None, description="swarm only: the agent a new thread starts with."
@@ -169,6 +186,91 @@ POLICY_SOURCE_KEY = "policy_source"
 """The task metadata key the server fills with where the task's policy came from."""
 
 
+class TeamRecord(BaseModel):
+    """Which team definition a task ran: enough for an audit to find its definition."""
+
+    name: str = Field(description="`default` for the built-in team.")
+    version: int | None = Field(
+        description="The registered team's version; null for the built-in team and the "
+        "server's own teams (`serve --team`)."
+    )
+    digest: str | None = Field(
+        description="The team's digest (agents, prompts, tools, policy, topology); null for a "
+        "task recorded before teams were."
+    )
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any] | None) -> TeamRecord:
+        """A task's team record as the API shows it (never the server's path of a file)."""
+        record = record or {}
+        return cls(
+            name=record.get("name") or "default",
+            version=record.get("version"),
+            digest=record.get("digest"),
+        )
+
+
+class TeamIn(_RequestBody):
+    """``PUT /v1/teams/{name}``: a team file, as its TOML text or as the same content in JSON."""
+
+    toml: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The team file's text (TOML), as `relaygraph teams push` sends it.",
+    )
+    definition: dict[str, Any] | None = Field(
+        default=None, description="The team file's content as a JSON object, instead of `toml`."
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TeamIn:
+        if (self.toml is None) == (self.definition is None):
+            raise _refuse("body", "send exactly one of 'toml' (the file's text) or 'definition'")
+        return self
+
+
+TeamOrigin = Literal["builtin", "server", "project"]
+
+
+class TeamVersionOut(BaseModel):
+    """A team as tasks name it: one version of a registered team, or a server's own team."""
+
+    name: str
+    version: int | None = Field(description="Null for the built-in team and the server's own.")
+    digest: str
+    origin: TeamOrigin = Field(
+        description="`project`: registered by this project; `server`: loaded by the operator "
+        "(`serve --team`), for every project; `builtin`: the default team."
+    )
+    description: str
+    agents: list[str]
+    created_at: datetime | None = Field(description="When this version was registered.")
+    created: bool | None = Field(
+        default=None,
+        description="In the answer of a push: whether it made this version (false: the team "
+        "was unchanged, its latest version is returned).",
+    )
+    definition: dict[str, Any] | None = Field(
+        default=None,
+        description="The team file's content as registered (a registered version only).",
+    )
+
+
+class TeamList(BaseModel):
+    teams: list[TeamVersionOut]
+    """Every team the project may run: the built-in one, the server's, and the latest
+    version of each of its own."""
+
+
+class TeamHistory(BaseModel):
+    """A team with every version (a server's or the built-in team has none)."""
+
+    name: str
+    origin: TeamOrigin
+    latest: TeamVersionOut
+    versions: list[TeamVersionOut]
+
+
 class TaskOut(BaseModel):
     id: str
     status: str
@@ -178,6 +280,8 @@ class TaskOut(BaseModel):
     thread_id: str
     models: dict[str, Any]
     topology: dict[str, Any]
+    team: TeamRecord
+    """Which team definition ran it."""
     metadata: dict[str, Any]
     """What the caller sent as ``metadata``, unchanged."""
     policy_source: str | None
@@ -202,6 +306,7 @@ class TaskOut(BaseModel):
             thread_id=task.thread_id,
             models=task.models,
             topology=task.topology or {"kind": "structured"},
+            team=TeamRecord.of(task.team),
             metadata={k: v for k, v in task.metadata.items() if k != POLICY_SOURCE_KEY},
             policy_source=task.metadata.get(POLICY_SOURCE_KEY),
             created_at=task.created_at,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from relaygraph.errors import ConfigError, ModelNotAllowed
@@ -20,7 +21,10 @@ _FLAGS = {
     "policy_file": "--policy",
     "scripts_dir": "--scripts",
     "unsafe_sandbox": "--unsafe-sandbox",
+    "team_files": "--team",
 }
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
 
 
 class ServiceSettings(BaseSettings):
@@ -52,10 +56,36 @@ class ServiceSettings(BaseSettings):
     policy_file: Path | None = None
     """The built-in team's base policy (``serve --policy``); a request's policy may only
     tighten it."""
+    team_files: list[Path] = Field(default_factory=list)
+    """Team files the operator loads at start (``serve --team FILE``, repeatable): every
+    project may run them by name. Only these may use stdio MCP servers, ``./file.py`` tools
+    and knowledge-base folders; a project's registered teams may not."""
+    tool_modules: list[str] = Field(default_factory=list)
+    """Python modules (each with its submodules) that a project's registered team may take
+    tools from (``package.module:function``); none by default."""
+    mcp_allowed_hosts: list[str] = Field(default_factory=list)
+    """Hosts of the MCP servers over HTTP that a project's registered team may use; none by
+    default."""
     database_url: str | None = None
     """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
     home: Path | None = None
     """The data directory (else ``$RELAYGRAPH_HOME`` or ``~/.relaygraph``)."""
+
+    @field_validator("tool_modules")
+    @classmethod
+    def _modules(cls, value: list[str]) -> list[str]:
+        for module in value:
+            if not _MODULE.fullmatch(module):
+                raise ValueError(f"{module!r} is not a module name (package.module)")
+        return value
+
+    @field_validator("mcp_allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if not _HOST.fullmatch(host):
+                raise ValueError(f"{host!r} is not a host name (no scheme, port or path)")
+        return value
 
     def request_model(self, spec: str) -> str:
         """The model spec to record for a task whose request names ``spec``.

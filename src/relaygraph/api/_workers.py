@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ class TaskWorkers:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         sandbox_isolation_required: bool = True,
+        teams: Callable[[Task], Any] | None = None,
     ) -> None:
         """
         Args:
@@ -54,6 +56,8 @@ class TaskWorkers:
                 time) before it is failed instead of started again.
             sandbox_isolation_required: Refuse tenants' ``run_python`` where the host
                 offers no filesystem isolation (``serve --unsafe-sandbox`` turns it off).
+            teams: Finds the team a task records (the server's registered teams); see
+                :class:`~relaygraph.run.TaskRunner`.
         """
         self.ledger = ledger
         self.max_attempts = max_attempts
@@ -63,6 +67,7 @@ class TaskWorkers:
             runner_id=f"server-{uuid.uuid4().hex[:12]}",
             lease_seconds=lease_seconds,
             sandbox_isolation_required=sandbox_isolation_required,
+            teams=teams,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}

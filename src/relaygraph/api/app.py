@@ -33,13 +33,16 @@ from relaygraph.api._schemas import (
     TaskCreate,
     TaskOut,
     TaskPage,
+    TeamRecord,
 )
 from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._teams import ChosenTeam, TeamRegistry, model_allowed, teams_router
 from relaygraph.api._workers import TaskWorkers
-from relaygraph.errors import ConfigError, ModelNotAllowed
+from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, policy_to_mapping, tighten
 from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, Project, RecordConflict
+from relaygraph.team import Team
 from relaygraph.topology import Topology
 
 __all__ = ["create_app"]
@@ -77,17 +80,15 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     """
     settings = settings or ServiceSettings()
     home = data_home(settings.home)
-    from relaygraph.team import default_team
-
-    # The agents' team (the tenants are the API keys' holders).
-    agent_team = default_team()
-    base_policy = (
-        agent_team.policy_from(settings.policy_file)
-        if settings.policy_file
-        else agent_team.resolved_policy
-    )
     parse_model_spec(settings.default_model)
     state: dict[str, Any] = {}
+
+    def ledger() -> Ledger:
+        return state["ledger"]
+
+    # The teams tasks run: the built-in one, the operator's team files (read now: a bad
+    # one stops the server from starting) and the projects' registered teams.
+    teams = TeamRegistry(ledger=ledger, settings=settings, home=home)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,6 +108,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             lease_seconds=settings.lease_seconds,
             max_attempts=settings.max_attempts,
             sandbox_isolation_required=not settings.unsafe_sandbox,
+            teams=teams.resolve,
         )
         state.update(ledger=ledger, workers=workers)
         if start_workers:
@@ -129,12 +131,10 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         # Operation ids are the routes' names (`create_task`, `cancel`): the links use them.
         generate_unique_id_function=lambda route: route.name,
     )
+    app.state.teams = teams
     install_error_handlers(app)
     document_errors_only_as_answered(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-
-    def ledger() -> Ledger:
-        return state["ledger"]
 
     def project_of(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -148,6 +148,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         return project
 
     ProjectDep = Annotated[Project, Depends(project_of)]
+    app.include_router(teams_router(teams, ledger=ledger, project_of=project_of))
 
     def own_task(task_id: str, project: Project) -> Any:
         # An id the ledger could not hold (PostgreSQL text has no NUL) names no task.
@@ -156,21 +157,29 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
             raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
         return task
 
-    def task_topology(body: TaskCreate) -> Topology:
+    def task_topology(body: TaskCreate, team: Team) -> Topology:
+        """The request's topology; the team's own when it names none."""
         try:
-            topology = Topology.parse(
-                body.topology, start_agent=body.start_agent, output_mode=body.output_mode
-            )
-            topology.check_agents(tuple(base_policy.agents))
+            if body.topology is None and body.start_agent is None and body.output_mode is None:
+                topology = team.arrangement
+            else:
+                topology = Topology.parse(
+                    body.topology or team.arrangement.kind,
+                    start_agent=body.start_agent,
+                    output_mode=body.output_mode,
+                )
+            topology.check_agents(team.agent_names)
         except ConfigError as exc:
             field = "start_agent" if "start_agent" in str(exc) else "output_mode"
             raise ApiError(422, "invalid_topology", str(exc), field) from None
         return topology
 
-    def check_models(body: TaskCreate, topology: Topology) -> dict[str, str]:
-        from relaygraph.run import resolve_model_specs
-
-        roles = topology.roles(tuple(base_policy.agents))
+    def check_models(body: TaskCreate, topology: Topology, chosen: ChosenTeam) -> dict[str, str]:
+        """Each role's model spec: the request's for the role, else the agent's own in the
+        team, else the request's ``model``, else the team's, else the server's default. Each
+        but the server's default must be one a request may name."""
+        team = chosen.team
+        roles = topology.roles(team.agent_names)
         agent_models = body.agent_models or {}
         for role in agent_models:
             if role not in roles:
@@ -180,23 +189,26 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     f"agent_models names unknown role {role!r}; known: {', '.join(roles)}",
                     f"agent_models.{role}",
                 )
-        model = settings.default_model if body.model is None else request_model(body.model, "model")
-        chosen = {
-            role: request_model(spec, f"agent_models.{role}") for role, spec in agent_models.items()
-        }
-        return resolve_model_specs(model, chosen, roles)
+        # The server's own teams name models the operator chose; a project's team names
+        # only models a request could name.
+        trusted = chosen.origin != "project"
+        own = {a.name: a.model for a in team.agents if isinstance(a.model, str)}
+        fallback = body.model or (team.model if isinstance(team.model, str) else None)
+        specs: dict[str, str] = {}
+        for role in roles:
+            if role in agent_models:
+                specs[role] = model_allowed(settings, agent_models[role], f"agent_models.{role}")
+            elif role in own:
+                specs[role] = own[role] if trusted else model_allowed(settings, own[role], "team")
+            elif body.model is not None:
+                specs[role] = model_allowed(settings, body.model, "model")
+            elif fallback is not None:
+                specs[role] = fallback if trusted else model_allowed(settings, fallback, "team")
+            else:
+                specs[role] = settings.default_model
+        return specs
 
-    def request_model(spec: str, field: str) -> str:
-        """The spec to record for a model the request names (the settings decide: the
-        allowlist, the scripts folder); a refusal names the field."""
-        try:
-            return settings.request_model(spec)
-        except ModelNotAllowed as exc:
-            raise ApiError(422, "model_not_allowed", str(exc), field) from None
-        except ConfigError as exc:  # An invalid spec, a broken script, no OpenAI key.
-            raise ApiError(422, "invalid_model", str(exc), field) from None
-
-    def task_metadata(body: TaskCreate) -> dict[str, Any]:
+    def task_metadata(body: TaskCreate, base_policy: TeamPolicy) -> dict[str, Any]:
         """The caller's metadata, plus where the task's policy came from, which the server
         says (traces and the audit timeline show it)."""
         metadata = dict(body.metadata or {})
@@ -212,7 +224,8 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         metadata[POLICY_SOURCE_KEY] = f"{source} + request" if body.policy else source
         return metadata
 
-    def task_policy(body: TaskCreate) -> TeamPolicy:
+    def task_policy(body: TaskCreate, base_policy: TeamPolicy) -> TeamPolicy:
+        """The chosen team's policy, tightened by the request's."""
         if body.policy is None:
             return base_policy
         try:
@@ -247,7 +260,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         response_model=TaskOut,
         responses={
             202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
-            **error_responses(401, 409, 413, 422),
+            **error_responses(401, 404, 409, 413, 422),
         },
     )
     def create_task(
@@ -269,14 +282,23 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     422, "invalid_request", "Idempotency-Key is blank", "Idempotency-Key"
                 )
             check_idempotency_key(idempotency_key)
-        topology = task_topology(body)
-        specs = check_models(body, topology)
-        policy = task_policy(body)
         # A retry of a task already created is answered with that task, even while the
-        # task keeps its thread busy.
-        retry = idempotency_key is not None and (
-            ledger().task_by_idempotency_key(project.id, idempotency_key) is not None
+        # task keeps its thread busy, and names the team version the first try ran (a newer
+        # one pushed since is not another request).
+        first_try = (
+            ledger().task_by_idempotency_key(project.id, idempotency_key)
+            if idempotency_key is not None
+            else None
         )
+        retry = first_try is not None
+        version = body.version
+        if first_try is not None and version is None and body.team is not None:
+            ran = first_try.team or {}
+            version = ran.get("version") if ran.get("name") == body.team else None
+        chosen = teams.choose(project.id, body.team, version)
+        topology = task_topology(body, chosen.team)
+        specs = check_models(body, topology, chosen)
+        policy = task_policy(body, chosen.policy)
         if body.thread_id is not None:
             # Thread ids are the project's own: one that another project uses is, for this
             # project, a new thread (and nothing says that the other project uses it).
@@ -308,9 +330,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                 policy=policy_to_mapping(policy),
                 models=specs,
                 topology=topology.to_mapping(),
-                metadata=task_metadata(body),
+                metadata=task_metadata(body, chosen.policy),
                 idempotency_key=idempotency_key,
-                team=agent_team.record(),
+                team=chosen.record,
             )
         except RecordConflict as exc:  # The same key for a different request.
             raise ApiError(409, "idempotency_key_reused", str(exc), "Idempotency-Key") from None
@@ -411,10 +433,14 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         if body.decision == "edit" and body.args is None:
             raise ApiError(422, "invalid_request", "an edit needs 'args'", "args")
         if body.decision == "edit" and body.args is not None and approval.tool:
-            from relaygraph.agents.tools import check_tool_args
+            from relaygraph.agents.tools import BUILTIN_TOOLS, check_tool_args
 
             try:
-                check_tool_args(approval.tool, body.args)
+                tools = teams.resolve(task).tools
+            except ConfigError:  # Its team no longer builds: check against what is known.
+                tools = BUILTIN_TOOLS
+            try:
+                check_tool_args(approval.tool, body.args, tools)
             except ConfigError as exc:
                 raise ApiError(422, "invalid_request", str(exc), "args") from None
         ledger().record_decision(
@@ -438,7 +464,11 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         from relaygraph.tracing import build_timeline
 
         own_task(task_id, project)
-        return build_timeline(ledger(), task_id, project_id=project.id)
+        timeline = build_timeline(ledger(), task_id, project_id=project.id)
+        # A project sees its team's name, version and digest; not where the server keeps
+        # a file of its own.
+        timeline["team"] = TeamRecord.of(timeline.get("team")).model_dump()
+        return timeline
 
     @app.get("/v1/usage", responses=error_responses(401, 422))
     def usage(

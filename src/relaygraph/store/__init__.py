@@ -28,6 +28,7 @@ from relaygraph.store._records import (
     Project,
     Task,
     TaskStatus,
+    TeamVersion,
     ToolCall,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "RecordNotFound",
     "Task",
     "TaskStatus",
+    "TeamVersion",
     "ToolCall",
     "database_url",
     "hash_key",

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from relaygraph.errors import ConfigError
-from relaygraph.store import _cursor, _usage
+from relaygraph.store import _cursor, _team_versions, _usage
 from relaygraph.store import _validate as check
 from relaygraph.store._derive import derive, event_agent
 from relaygraph.store._engine import WRITE_OPTION, database_url, display_url, make_engine
@@ -31,6 +31,7 @@ from relaygraph.store._models import (
     HandoffRow,
     ProjectRow,
     TaskRow,
+    TeamVersionRow,
     ToolCallRow,
     UsageRow,
 )
@@ -46,6 +47,7 @@ from relaygraph.store._records import (
     Handoff,
     Project,
     Task,
+    TeamVersion,
     ToolCall,
     snapshot,
 )
@@ -145,7 +147,7 @@ class Ledger:
             ConfigError: The name is invalid.
             RecordConflict: A project of that name exists.
         """
-        check.project_name(name)
+        check.name(name, "project")
         now = _now()
         project = ProjectRow(id=str(uuid.uuid4()), name=name, created_at=now)
         try:
@@ -213,6 +215,78 @@ class Ledger:
         with self._read() as session:
             row = session.scalars(select(ProjectRow).where(ProjectRow.name == name)).first()
             return snapshot(Project, row) if row is not None else None
+
+    # Registered teams: each project's own named team definitions, versioned
+
+    def register_team(
+        self, project_id: str, name: str, *, definition: Mapping[str, Any], digest: str
+    ) -> tuple[TeamVersion, bool]:
+        """Record a version of the project's team ``name``, unless it is no change.
+
+        Args:
+            project_id: The project that registers it.
+            name: The team's name, as tasks name it.
+            definition: The team file's content, as a JSON object.
+            digest: The built team's digest (``Team.digest``): when it is the latest
+                version's, nothing is written.
+
+        Returns:
+            The version, and True when this call made it (False: the latest version is
+            already this team).
+
+        Raises:
+            ConfigError: A bad field, named in the message.
+            RecordNotFound: No such project.
+        """
+        check.name(name, "team")
+        stored = check.json_object(definition, "definition")
+        digest = check.text(digest, "digest", max_chars=100)
+        while True:
+            try:
+                with self._write() as session:
+                    if session.get(ProjectRow, project_id) is None:
+                        raise RecordNotFound("project", project_id)
+                    latest = _team_versions.latest(session, project_id, name)
+                    if latest is not None and latest.digest == digest:
+                        return snapshot(TeamVersion, latest), False
+                    row = TeamVersionRow(
+                        project_id=project_id,
+                        name=name,
+                        version=(latest.version if latest is not None else 0) + 1,
+                        definition=stored,
+                        digest=digest,
+                        created_at=_now(),
+                    )
+                    session.add(row)
+                return snapshot(TeamVersion, row), True
+            except IntegrityError:
+                # Another push took this version number meanwhile (PostgreSQL; SQLite's
+                # writers take turns): read the latest again. Each retry follows a commit
+                # by another push, so this ends.
+                continue
+
+    def team_version(
+        self, project_id: str, name: str, version: int | None = None
+    ) -> TeamVersion | None:
+        """The project's team ``name`` at ``version`` (the latest when None), if it has one."""
+        with self._read() as session:
+            if version is None:
+                row = _team_versions.latest(session, project_id, name)
+            else:
+                row = _team_versions.one(session, project_id, name, version)
+            return snapshot(TeamVersion, row) if row is not None else None
+
+    def team_versions(self, project_id: str, name: str) -> list[TeamVersion]:
+        """Every version of the project's team ``name``, oldest first."""
+        with self._read() as session:
+            rows = _team_versions.every_version(session, project_id, name)
+            return [snapshot(TeamVersion, row) for row in rows]
+
+    def teams(self, project_id: str) -> list[TeamVersion]:
+        """The latest version of each team the project registered, by name."""
+        with self._read() as session:
+            rows = _team_versions.latest_of_each(session, project_id)
+            return [snapshot(TeamVersion, row) for row in rows]
 
     # Tasks
 

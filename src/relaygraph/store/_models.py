@@ -146,6 +146,23 @@ class TaskRow(Base):
     updated_at: Mapped[datetime]
 
 
+class TeamVersionRow(Base):
+    """One version of a team a project registered (``PUT /v1/teams/{name}``)."""
+
+    __tablename__ = "team_versions"
+    __table_args__ = (UniqueConstraint("project_id", "name", "version"),)
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    # The team file's content as pushed (JSON), which builds the team again for any task.
+    definition: Mapped[dict[str, Any]]
+    # Team.digest: equal digests, equal teams; a push with the latest's digest is no change.
+    digest: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime]
+
+
 class EventRow(Base):
     __tablename__ = "events"
 

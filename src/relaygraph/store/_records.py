@@ -88,6 +88,21 @@ class Task:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TeamVersion:
+    """One version of a team a project registered: its definition and its digest."""
+
+    project_id: str
+    name: str
+    version: int
+    """From 1, per project and name; a push that changes the team makes the next."""
+    definition: dict[str, Any]
+    """The team file's content, as JSON."""
+    digest: str
+    """The team's digest (``relaygraph.team.Team.digest``)."""
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
     """One thing that happened in a task, in order: ``seq`` counts from 1 per task."""
 

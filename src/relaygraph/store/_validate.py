@@ -10,7 +10,8 @@ from typing import Any
 
 from relaygraph.errors import ConfigError
 
-PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What a project's or a registered team's name may be."""
 MAX_KEY_CHARS = 255
 MAX_DEPTH = 64
 """How deeply a caller's JSON object may nest (a run's own events are not limited)."""
@@ -21,13 +22,14 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 Unicode text, and neither UTF-8 (SQLite, PostgreSQL) nor a JSON response can carry it."""
 
 
-def project_name(name: object) -> str:
-    if not isinstance(name, str) or not PROJECT_NAME.fullmatch(name):
+def name(value: object, what: str) -> str:
+    """The name of a project or a registered team (``what``)."""
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise ConfigError(
-            f"project name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+            f"{what} name {value!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
-    return name
+    return value
 
 
 def text(value: object, field: str, *, max_chars: int | None = None) -> str:

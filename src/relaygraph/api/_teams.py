@@ -1,0 +1,437 @@
+"""Registered teams: each project's own team definitions (``/v1/teams``), the teams the
+operator loads at start (``serve --team``), and which team each task runs.
+
+A project's definition is built with the server's :class:`~relaygraph.team.TeamTrust`: it
+may use built-in tools, Python tools from the modules the operator allows
+(``RELAYGRAPH_TOOL_MODULES``) and MCP servers over HTTP on the hosts the operator allows
+(``RELAYGRAPH_MCP_ALLOWED_HOSTS``), never a program, a file or a folder of the server. The
+operator's own team files may use anything; every project runs them by name.
+"""
+
+import re
+import threading
+import tomllib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from pydantic_core import PydanticCustomError
+
+from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._schemas import (
+    TeamHistory,
+    TeamIn,
+    TeamList,
+    TeamOrigin,
+    TeamVersionOut,
+    check_json_text,
+)
+from relaygraph.api._settings import ServiceSettings
+from relaygraph.errors import ConfigError, ModelNotAllowed
+from relaygraph.policies import TeamPolicy
+from relaygraph.store import Ledger, Project, TeamVersion
+from relaygraph.team import DEFAULT_TEAM_NAME, Team, TeamTrust, default_team, load_team, parse_team
+
+__all__ = ["ChosenTeam", "TeamRegistry", "teams_router"]
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What a registered team's name may be (as a project's)."""
+KEPT_TEAMS = 64
+"""Built registered teams kept per server (their MCP sessions and compiled graphs reused)."""
+VERSION = re.compile(r"[0-9]{1,10}")
+_WHERE = re.compile(r"team definition: \[(?P<table>[A-Za-z0-9_.-]+)\](?: (?P<key>[a-z_]+))?")
+_LOC = re.compile(r"team definition: (?P<loc>[A-Za-z0-9_.-]+)(:| =)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChosenTeam:
+    """The team a task runs, where it comes from, and the policy a request may tighten."""
+
+    team: Team
+    version: int | None
+    """The registered version; None for the built-in team and the server's own."""
+    origin: TeamOrigin
+    policy: TeamPolicy
+    """The team's policy (for the built-in team, the server's ``--policy``)."""
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """What the task records of its team (``Team.record``)."""
+        return self.team.record(version=self.version)
+
+
+class TeamRegistry:
+    """The teams this server runs, and the team of any task it runs (its runner's resolver).
+
+    Registered teams are built once per (project, name, version) and kept, least recently
+    used dropped first: a version never changes, so its MCP sessions and its compiled graphs
+    (``relaygraph._team_cache`` keys them by the team object) serve every task that runs it.
+
+    Raises:
+        ConfigError: A server team file is bad, is named ``default``, or two share a name.
+    """
+
+    def __init__(
+        self, *, ledger: Callable[[], Ledger], settings: ServiceSettings, home: Path
+    ) -> None:
+        self._ledger = ledger
+        self.settings = settings
+        self.trust = TeamTrust(
+            local_files=False,
+            modules=tuple(settings.tool_modules),
+            mcp_hosts=tuple(host.lower().strip("[]") for host in settings.mcp_allowed_hosts),
+        )
+        # A registered definition names no files, so nothing is read from here; relative
+        # paths it might hold are refused before they are resolved.
+        self.base = home / "teams"
+        self.builtin = default_team()
+        self.builtin_policy = (
+            self.builtin.policy_from(settings.policy_file)
+            if settings.policy_file
+            else self.builtin.resolved_policy
+        )
+        self.server_teams = _server_teams(settings.team_files)
+        self._kept: OrderedDict[tuple[str, str, int], Team] = OrderedDict()
+        self._lock = threading.Lock()
+        self._building: dict[tuple[str, str, int], threading.Lock] = {}
+
+    def reserved(self, name: str) -> bool:
+        """Whether ``name`` is the built-in team's or a server team's (no project's)."""
+        return name == DEFAULT_TEAM_NAME or name in self.server_teams
+
+    def build(self, name: str, definition: Mapping[str, Any]) -> Team:
+        """A project's team from its definition, under the server's trust.
+
+        Raises:
+            ConfigError: Anything wrong in it, or a reference the server does not allow;
+                the message names the table and the key.
+        """
+        return parse_team({**definition, "name": name}, base=self.base, trust=self.trust)
+
+    def keep(self, version: TeamVersion, team: Team) -> None:
+        """Keep ``team``, built from ``version``, for the tasks that run it."""
+        key = (version.project_id, version.name, version.version)
+        with self._lock:
+            self._kept.setdefault(key, team)
+            self._kept.move_to_end(key)
+            while len(self._kept) > KEPT_TEAMS:
+                self._kept.popitem(last=False)
+
+    def registered(self, version: TeamVersion) -> Team:
+        """The team a registered version defines, built once and kept.
+
+        Raises:
+            ConfigError: It no longer builds (an MCP server that does not answer, a module
+                the operator no longer allows).
+        """
+        key = (version.project_id, version.name, version.version)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # One build per version at a time: one set of MCP sessions.
+            with self._lock:
+                kept = self._kept.get(key)
+            if kept is None:
+                kept = self.build(version.name, version.definition)
+                self.keep(version, kept)
+        with self._lock:
+            self._building.pop(key, None)
+        return kept
+
+    def choose(self, project_id: str, name: str | None, version: int | None) -> ChosenTeam:
+        """The team a request names for the project: the built-in team when None.
+
+        Raises:
+            ApiError: 404 ``team_not_found`` (another project's team too), naming ``team``
+                or ``version``; 422 for a version of a team that has none, and
+                ``invalid_team`` for a registered team that no longer builds.
+        """
+        if name is None or name == DEFAULT_TEAM_NAME:
+            if version is not None:
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    f"version {version}: the built-in team has no versions",
+                    "version",
+                )
+            return ChosenTeam(
+                team=self.builtin, version=None, origin="builtin", policy=self.builtin_policy
+            )
+        server = self.server_teams.get(name)
+        if server is not None:
+            if version is not None:
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    f"version {version}: team {name!r} is the server's own (serve --team) "
+                    "and has no versions",
+                    "version",
+                )
+            return ChosenTeam(
+                team=server, version=None, origin="server", policy=server.resolved_policy
+            )
+        found = self._ledger().team_version(project_id, name, version) if _named(name) else None
+        if found is None:
+            if version is not None and self._ledger().team_version(project_id, name) is not None:
+                raise ApiError(
+                    404, "team_not_found", f"team {name!r} has no version {version}", "version"
+                )
+            raise ApiError(404, "team_not_found", f"no team {name!r}", "team")
+        try:
+            team = self.registered(found)
+        except ConfigError as exc:
+            raise ApiError(
+                422, "invalid_team", f"team {name!r} version {found.version}: {exc}", "team"
+            ) from None
+        return ChosenTeam(
+            team=team, version=found.version, origin="project", policy=team.resolved_policy
+        )
+
+    def resolve(self, task: Any) -> Team:
+        """The team ``task`` records (``TaskRunner(teams=...)``): the built-in team, a
+        server team by name, or the registered version of the task's project.
+
+        Raises:
+            ConfigError: The server does not load that team, or the project has no such
+                version.
+        """
+        record = task.team or {}
+        name = record.get("name") or DEFAULT_TEAM_NAME
+        version = record.get("version")
+        if version is None:
+            if name == DEFAULT_TEAM_NAME:
+                return self.builtin
+            if name in self.server_teams:
+                return self.server_teams[name]
+            raise ConfigError(
+                f"task {task.id} ran team {name!r}, which this server does not load "
+                "(serve --team FILE)"
+            )
+        found = self._ledger().team_version(task.project_id, name, version)
+        if found is None:
+            raise ConfigError(
+                f"task {task.id} ran team {name!r} version {version}, which its project "
+                "does not have"
+            )
+        return self.registered(found)
+
+    def models_in(self, definition: Mapping[str, Any]) -> None:
+        """Refuse a model a definition names that a request could not name either (the
+        allowlist, the scripts folder): a team must not open what a request may not.
+
+        Raises:
+            ApiError: 422 ``model_not_allowed`` or ``invalid_model``, naming the key.
+        """
+        named = [("definition.model", definition.get("model"))]
+        agents = definition.get("agents")
+        if isinstance(agents, Mapping):
+            named += [
+                (f"definition.agents.{agent}.model", table.get("model"))
+                for agent, table in agents.items()
+                if isinstance(table, Mapping)
+            ]
+        for field, spec in named:
+            if isinstance(spec, str):
+                model_allowed(self.settings, spec, field)
+
+    def version_out(self, version: TeamVersion, *, definition: bool = False) -> TeamVersionOut:
+        agents = version.definition.get("agents")
+        return TeamVersionOut(
+            name=version.name,
+            version=version.version,
+            digest=version.digest,
+            origin="project",
+            description=str(version.definition.get("description") or ""),
+            agents=list(agents) if isinstance(agents, Mapping) else [],
+            created_at=version.created_at,
+            definition=version.definition if definition else None,
+        )
+
+    def own_team_out(self, name: str) -> TeamVersionOut | None:
+        """The built-in team or a server team, as the API lists it; None for other names."""
+        if name == DEFAULT_TEAM_NAME:
+            team, origin = self.builtin, "builtin"
+        elif name in self.server_teams:
+            team, origin = self.server_teams[name], "server"
+        else:
+            return None
+        return TeamVersionOut(
+            name=team.name,
+            version=None,
+            digest=team.digest,
+            origin=origin,  # type: ignore[arg-type]
+            description=team.description,
+            agents=list(team.agent_names),
+            created_at=None,
+        )
+
+
+def model_allowed(settings: ServiceSettings, spec: str, field: str) -> str:
+    """The spec to record for a model a request (or a project's team) names; a refusal is a
+    422 naming the field."""
+    try:
+        return settings.request_model(spec)
+    except ModelNotAllowed as exc:
+        raise ApiError(422, "model_not_allowed", str(exc), field) from None
+    except ConfigError as exc:  # An invalid spec, a broken script, no OpenAI key.
+        raise ApiError(422, "invalid_model", str(exc), field) from None
+
+
+def _named(name: str) -> bool:
+    return NAME.fullmatch(name) is not None
+
+
+def _server_teams(files: list[Path]) -> dict[str, Team]:
+    teams: dict[str, Team] = {}
+    for file in files:
+        team = load_team(file)  # The operator's own file: it may reference anything.
+        if team.name == DEFAULT_TEAM_NAME:
+            raise ConfigError(
+                f"team file {str(file)!r} is named {DEFAULT_TEAM_NAME!r}, the built-in team's "
+                "name; give it a name of its own"
+            )
+        if team.name in teams:
+            raise ConfigError(
+                f"team files {str(teams[team.name].source)!r} and {str(file)!r} are both named "
+                f"{team.name!r}; a server team is named by its name alone"
+            )
+        teams[team.name] = team
+    return teams
+
+
+def _definition(body: TeamIn) -> tuple[dict[str, Any], str]:
+    """The team file's content, and the body field it came in."""
+    if body.definition is not None:
+        return body.definition, "definition"
+    try:
+        data = tomllib.loads(body.toml or "")
+    except tomllib.TOMLDecodeError as exc:
+        raise ApiError(422, "invalid_team", f"toml is not valid TOML: {exc}", "toml") from None
+    try:
+        check_json_text(data, "toml")
+    except PydanticCustomError as exc:
+        raise ApiError(422, "invalid_request", exc.message(), "toml") from None
+    return data, "toml"
+
+
+def _field(message: str, source: str) -> str:
+    """The body field a team-file error names: ``definition.agents.reviewer.tools`` for
+    "[agents.reviewer] tools: ...", else the definition (or toml) as a whole."""
+    found = _WHERE.match(message)
+    if found is not None:
+        return ".".join(part for part in (source, found["table"], found["key"]) if part)
+    found = _LOC.match(message)
+    if found is not None:
+        return f"{source}.{found['loc']}"
+    return source
+
+
+def teams_router(
+    registry: TeamRegistry, *, ledger: Callable[[], Ledger], project_of: Callable[..., Project]
+) -> APIRouter:
+    """``PUT /v1/teams/{name}``, ``GET /v1/teams``, ``GET /v1/teams/{name}`` and
+    ``GET /v1/teams/{name}/versions/{version}``."""
+    router = APIRouter(prefix="/v1/teams", tags=["teams"])
+    ProjectDep = Annotated[Project, Depends(project_of)]
+
+    @router.put(
+        "/{name}",
+        response_model=TeamVersionOut,
+        status_code=201,
+        responses={
+            200: {"model": TeamVersionOut, "description": "Unchanged: its latest version."},
+            201: {"description": "A new version."},
+            **error_responses(401, 409, 413, 422),
+        },
+    )
+    def push_team(name: str, body: TeamIn, project: ProjectDep, response: Response) -> Any:
+        """Register a version of a team for this project (201), or find it unchanged (200)."""
+        if not _named(name):
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"team name {name[:80]!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit",
+                "name",
+            )
+        if registry.reserved(name):
+            raise ApiError(
+                409,
+                "team_name_taken",
+                f"team {name!r} is "
+                + ("the built-in team" if name == DEFAULT_TEAM_NAME else "the server's own")
+                + "; register yours under another name",
+                "name",
+            )
+        definition, source = _definition(body)
+        registry.models_in(definition)
+        try:
+            team = registry.build(name, definition)
+        except ConfigError as exc:
+            message = str(exc)
+            raise ApiError(422, "invalid_team", message, _field(message, source)) from None
+        try:
+            version, created = ledger().register_team(
+                project.id, name, definition={**definition, "name": name}, digest=team.digest
+            )
+        except ConfigError as exc:  # Content JSON cannot hold (a TOML date).
+            raise ApiError(422, "invalid_team", str(exc), source) from None
+        if created:
+            registry.keep(version, team)
+        else:
+            response.status_code = 200
+        return registry.version_out(version).model_copy(update={"created": created})
+
+    @router.get("", response_model=TeamList, responses=error_responses(401))
+    def list_teams(project: ProjectDep) -> TeamList:
+        """The teams this project may run: the built-in team, the server's and its own."""
+        own = [registry.own_team_out(DEFAULT_TEAM_NAME)]
+        own += [registry.own_team_out(name) for name in sorted(registry.server_teams)]
+        mine = [registry.version_out(v) for v in ledger().teams(project.id)]
+        return TeamList(teams=[t for t in own if t is not None] + mine)
+
+    @router.get(
+        "/{name}",
+        response_model=TeamHistory,
+        responses=error_responses(401, 404),
+    )
+    def get_team(name: str, project: ProjectDep) -> TeamHistory:
+        """A team with every version, oldest first (another project's team is 404)."""
+        own = registry.own_team_out(name)
+        if own is not None:
+            return TeamHistory(name=name, origin=own.origin, latest=own, versions=[])
+        versions = ledger().team_versions(project.id, name) if _named(name) else []
+        if not versions:
+            raise ApiError(404, "team_not_found", f"no team {name[:80]!r}", "name")
+        shown = [registry.version_out(v) for v in versions]
+        return TeamHistory(name=name, origin="project", latest=shown[-1], versions=shown)
+
+    @router.get(
+        "/{name}/versions/{version}",
+        response_model=TeamVersionOut,
+        responses=error_responses(401, 404),
+    )
+    def get_team_version(name: str, version: str, project: ProjectDep) -> TeamVersionOut:
+        """One version of the project's team, with its definition as registered."""
+        number = int(version) if VERSION.fullmatch(version) else 0
+        found = (
+            ledger().team_version(project.id, name, number)
+            if _named(name) and 1 <= number <= 2**31 - 1
+            else None
+        )
+        if found is None:
+            raise ApiError(
+                404,
+                "team_not_found",
+                f"team {name[:80]!r} has no version {version[:20]!r}",
+                "version",
+            )
+        return registry.version_out(found, definition=True)
+
+    return router

@@ -1,0 +1,598 @@
+"""Registered teams in the task service: a project pushes a team file (``PUT /v1/teams``),
+its tasks name it, the ledger and the trace say which version ran; what a project's team
+may reference is the operator's choice. In process (httpx.ASGITransport), and once against
+a real ``relaygraph serve`` on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+
+from relaygraph.api import ServiceSettings, create_app
+from relaygraph.errors import ConfigError
+from relaygraph.store import Ledger
+from relaygraph.tracing import build_timeline, render_timeline
+
+from .conftest import EXAMPLE_RELAY
+
+TOOLS_MODULE = "rg_review_tools"
+TEAM_TOML = """\
+name = "what-the-file-calls-it"
+description = "Research, then review"
+
+[agents.researcher]
+use = "builtin:researcher"
+
+[agents.reviewer]
+description = "checks a draft and counts its words"
+prompt = "You are the reviewer. Count the words of the draft with word_count, list problems."
+tools = ["read_doc", "rg_review_tools:word_count"]
+handoffs = ["researcher"]
+
+[policy.team]
+max_tokens = 50000
+"""
+REVIEW_SCRIPT = {
+    "supervisor": [
+        {"route": {"next": "researcher", "task": "Find the checkpoint docs", "reason": "facts"}},
+        {
+            "route": {
+                "next": "reviewer",
+                "task": "Review: checkpoints are written after every step",
+                "reason": "a draft exists",
+            }
+        },
+        {"route": {"next": "FINISH", "task": "", "reason": "reviewed"}},
+    ],
+    "researcher": [
+        {"tool_calls": [{"name": "search_docs", "args": {"query": "checkpoint"}}]},
+        {"content": "Checkpoints are written after every super-step."},
+    ],
+    "reviewer": [
+        {
+            "tool_calls": [
+                {"name": "word_count", "args": {"text": "checkpoints are written after every step"}}
+            ]
+        },
+        {"content": "6 words; no problems."},
+    ],
+    "finalize": [{"content": "Checkpoints are written after every step. Reviewed: 6 words."}],
+}
+FINISHED = ("succeeded", "degraded", "failed", "cancelled", "interrupted")
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def definition(**agents_changes: Any) -> dict[str, Any]:
+    """The team file's content as JSON, with changes to its reviewer (or other tables)."""
+    reviewer = {
+        "description": "checks a draft and counts its words",
+        "prompt": "You are the reviewer.",
+        "tools": ["read_doc", f"{TOOLS_MODULE}:word_count"],
+    }
+    data: dict[str, Any] = {
+        "agents": {"researcher": {"use": "builtin:researcher"}, "reviewer": reviewer}
+    }
+    for key, value in agents_changes.items():
+        if key in reviewer or key == "model":
+            reviewer[key] = value
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.fixture
+def tools_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An importable module of tools, which the operator allows (RELAYGRAPH_TOOL_MODULES)."""
+    folder = tmp_path / "site"
+    (folder / TOOLS_MODULE).mkdir(parents=True)
+    (folder / TOOLS_MODULE / "__init__.py").write_text(
+        'def word_count(text: str) -> int:\n    """Count the words of a text."""\n'
+        "    return len(text.split())\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    (folder / "review.json").write_text(json.dumps(REVIEW_SCRIPT), encoding="utf-8")
+    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
+    return folder
+
+
+class Api:
+    def __init__(self, client: httpx.AsyncClient, app: Any, home: Path) -> None:
+        self.client, self.app, self.home = client, app, home
+        self.ledger_url = f"sqlite:///{home / 'ledger.sqlite'}"
+
+    def key(self, name: str) -> str:
+        with Ledger(self.ledger_url) as ledger:
+            return ledger.create_project(name)[1]
+
+    async def push(self, key: str, name: str, **body: Any) -> httpx.Response:
+        return await self.client.put(f"/v1/teams/{name}", json=body, headers=auth(key))
+
+    async def submit(self, key: str, **body: Any) -> httpx.Response:
+        return await self.client.post("/v1/tasks", json=body, headers=auth(key))
+
+    async def finished(self, task_id: str, key: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = (await self.client.get(f"/v1/tasks/{task_id}", headers=auth(key))).json()
+            if got["status"] in FINISHED:
+                return got  # type: ignore[no-any-return]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"task {task_id} did not finish")
+
+
+@asynccontextmanager
+async def serving(home: Path, scripts: Path, **settings: Any) -> AsyncIterator[Api]:
+    app = create_app(
+        ServiceSettings(
+            default_model=f"scripted:{EXAMPLE_RELAY}",
+            scripts_dir=scripts,
+            home=home,
+            tool_modules=settings.pop("tool_modules", [TOOLS_MODULE]),
+            **settings,
+        )
+    )
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield Api(client, app, home)
+
+
+@pytest.fixture
+async def api(home: Path, scripts: Path, tools_module: Path) -> AsyncIterator[Api]:
+    async with serving(home, scripts) as running:
+        yield running
+
+
+async def test_a_pushed_team_runs_a_task_with_its_own_agent(api: Api) -> None:
+    key = api.key("acme")
+    pushed = await api.push(key, "docs-review", toml=TEAM_TOML)
+    assert pushed.status_code == 201, pushed.text
+    version = pushed.json()
+    assert (version["name"], version["version"], version["origin"]) == ("docs-review", 1, "project")
+    assert version["agents"] == ["researcher", "reviewer"] and version["created"] is True
+    assert version["digest"].startswith("sha256:")
+
+    made = await api.submit(
+        key, input="Review the checkpoint docs", team="docs-review", model="scripted:review.json"
+    )
+    assert made.status_code == 202, made.text
+    task = await api.finished(made.json()["id"], key)
+    assert task["status"] == "succeeded", task
+    assert "6 words" in task["answer"]
+    shown = {"name": "docs-review", "version": 1, "digest": version["digest"]}
+    assert task["team"] == shown
+    assert task["models"]["reviewer"].endswith("review.json")
+
+    with Ledger(api.ledger_url) as ledger:
+        project = ledger.authenticate(key)
+        assert project is not None
+        stored = ledger.get_task(task["id"], project_id=project.id)
+        assert stored is not None and stored.team == {**shown, "source": None}
+        # The custom agent ran with its custom tool.
+        calls = [(c.agent, c.tool, c.result_preview) for c in ledger.tool_calls(task["id"])]
+        assert ("reviewer", "word_count", "6") in calls
+        handoffs = [(h.source, h.target) for h in ledger.handoffs(task["id"])]
+        assert ("supervisor", "reviewer") in handoffs
+        # The task ran under the team's policy (its own limit), as the ledger keeps it.
+        assert stored.policy is not None and stored.policy["team"]["max_tokens"] == 50000
+        assert set(stored.policy["agents"]) == {"researcher", "reviewer"}
+        timeline = build_timeline(ledger, task["id"], project_id=project.id)
+    assert timeline["team"] == {**shown, "source": None}
+    console = Console(record=True, width=200)
+    console.print(render_timeline(timeline))
+    assert f"team docs-review v1 ({version['digest'][:19]})" in console.export_text()
+
+    trace = (await api.client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(key))).json()
+    assert trace["team"] == shown
+    agents = [node["agent"] for node in trace["children"] if node["kind"] == "agent"]
+    assert agents == ["researcher", "reviewer"]
+    # The server builds a version once: every task of it runs the same team (its MCP
+    # sessions and compiled graph reused).
+    teams = api.app.state.teams
+    assert (
+        teams.choose(project.id, "docs-review", None).team
+        is teams.choose(project.id, "docs-review", 1).team
+    )
+
+
+async def test_a_changed_team_is_the_next_version_and_tasks_pick_one(api: Api) -> None:
+    key = api.key("acme")
+    first = (await api.push(key, "docs-review", toml=TEAM_TOML)).json()
+    again = await api.push(key, "docs-review", toml=TEAM_TOML)
+    assert again.status_code == 200  # Unchanged: the same version.
+    assert again.json()["version"] == 1 and again.json()["created"] is False
+    changed_toml = TEAM_TOML.replace("list problems.", "list every problem.")
+    changed = await api.push(key, "docs-review", toml=changed_toml)
+    assert changed.status_code == 201 and changed.json()["version"] == 2
+    assert changed.json()["digest"] != first["digest"]
+
+    old = await api.submit(
+        key, input="x", team="docs-review", version=1, model="scripted:review.json"
+    )
+    new = await api.submit(key, input="x", team="docs-review", model="scripted:review.json")
+    assert old.json()["team"] == {"name": "docs-review", "version": 1, "digest": first["digest"]}
+    assert new.json()["team"]["version"] == 2
+    assert (await api.finished(old.json()["id"], key))["status"] == "succeeded"
+    assert (await api.finished(new.json()["id"], key))["status"] == "succeeded"
+
+    history = (await api.client.get("/v1/teams/docs-review", headers=auth(key))).json()
+    assert [v["version"] for v in history["versions"]] == [1, 2]
+    assert history["latest"]["version"] == 2 and history["origin"] == "project"
+    one = (await api.client.get("/v1/teams/docs-review/versions/1", headers=auth(key))).json()
+    # The definition as registered: its name is the one tasks use.
+    assert one["definition"]["name"] == "docs-review"
+    assert one["definition"]["agents"]["reviewer"]["prompt"].endswith("list problems.")
+    listed = (await api.client.get("/v1/teams", headers=auth(key))).json()["teams"]
+    assert [(t["name"], t["version"], t["origin"]) for t in listed] == [
+        ("default", None, "builtin"),
+        ("docs-review", 2, "project"),
+    ]
+    for path, field in [
+        ("/v1/teams/docs-review/versions/3", "version"),
+        ("/v1/teams/docs-review/versions/x", "version"),
+        ("/v1/teams/nope", "name"),
+    ]:
+        missing = await api.client.get(path, headers=auth(key))
+        assert missing.status_code == 404, path
+        assert missing.json()["error"]["code"] == "team_not_found"
+        assert missing.json()["error"]["field"] == field
+    absent = await api.submit(key, input="x", team="docs-review", version=3)
+    assert absent.status_code == 404 and absent.json()["error"]["field"] == "version"
+
+
+async def test_another_projects_team_is_not_found(api: Api) -> None:
+    a, b = api.key("a-project"), api.key("b-project")
+    assert (await api.push(a, "docs-review", toml=TEAM_TOML)).status_code == 201
+    refused = await api.submit(b, input="x", team="docs-review")
+    assert refused.status_code == 404
+    assert refused.json()["error"] == {
+        "code": "team_not_found",
+        "message": "no team 'docs-review'",
+        "field": "team",
+    }
+    for path in ("/v1/teams/docs-review", "/v1/teams/docs-review/versions/1"):
+        assert (await api.client.get(path, headers=auth(b))).status_code == 404
+    assert [
+        t["name"] for t in (await api.client.get("/v1/teams", headers=auth(b))).json()["teams"]
+    ] == ["default"]
+    # B's names are its own: its first push of the same name is its version 1.
+    theirs = await api.push(b, "docs-review", definition=definition(prompt="B's reviewer."))
+    assert theirs.status_code == 201 and theirs.json()["version"] == 1
+    changed = await api.push(a, "docs-review", definition=definition(prompt="A's reviewer."))
+    assert changed.json()["version"] == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "field", "named"),
+    [
+        (
+            {"tools": ["./tools.py:word_count"]},
+            "invalid_team",
+            "definition.agents.reviewer.tools",
+            "'./tools.py:word_count': a registered team may name no files of the server",
+        ),
+        (
+            {"tools": ["os.path:join"]},
+            "invalid_team",
+            "definition.agents.reviewer.tools",
+            "module 'os.path' is not allowed on this server (RELAYGRAPH_TOOL_MODULES: "
+            f"{TOOLS_MODULE})",
+        ),
+        (
+            {"tools": ["mcp:lint/*"], "mcp": {"lint": {"command": ["python", "lint.py"]}}},
+            "invalid_team",
+            "definition.mcp.lint.command",
+            "a registered team may start no programs on the server",
+        ),
+        (
+            {"tools": ["mcp:lint/*"], "mcp": {"lint": {"url": "http://10.0.0.5:9000/mcp"}}},
+            "invalid_team",
+            "definition.mcp.lint.url",
+            "host '10.0.0.5' is not allowed on this server (RELAYGRAPH_MCP_ALLOWED_HOSTS: "
+            "127.0.0.1)",
+        ),
+        (
+            {"agents": {"researcher": {"use": "builtin:researcher", "kb": ["/etc"]}}},
+            "invalid_team",
+            "definition.agents.researcher.kb",
+            "a registered team may name no folders of the server",
+        ),
+        (
+            {"policy": "/etc/relaygraph/policy.toml"},
+            "invalid_team",
+            "definition.policy",
+            "policy = '/etc/relaygraph/policy.toml': name no file",
+        ),
+        (
+            {"model": "scripted:/etc/passwd"},
+            "model_not_allowed",
+            "definition.agents.reviewer.model",
+            "model 'scripted:/etc/passwd' is not allowed on this server",
+        ),
+        (
+            {"model": "acme:big"},
+            "invalid_model",
+            "definition.agents.reviewer.model",
+            "'acme:big'",
+        ),
+    ],
+)
+async def test_each_reference_the_server_does_not_allow_is_refused(
+    home: Path,
+    scripts: Path,
+    tools_module: Path,
+    changes: dict[str, Any],
+    code: str,
+    field: str,
+    named: str,
+) -> None:
+    async with serving(home, scripts, mcp_allowed_hosts=["127.0.0.1"]) as api:
+        key = api.key("acme")
+        data = definition(**changes)
+        if "agents" in changes:  # A researcher table of its own, with the usual reviewer.
+            data["agents"] = {**definition()["agents"], **changes["agents"]}
+        refused = await api.push(key, "docs-review", definition=data)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["field"]) == (code, field), error
+        assert named in error["message"]
+        assert (await api.client.get("/v1/teams/docs-review", headers=auth(key))).status_code == 404
+
+
+async def test_an_mcp_server_over_http_on_an_allowed_host_is_used(
+    home: Path, scripts: Path, tools_module: Path
+) -> None:
+    from relaygraph.team._mcp import close_mcp_servers
+
+    from .test_mcp_tools import HttpServer
+
+    running = HttpServer()
+    try:
+        async with serving(home, scripts, mcp_allowed_hosts=["127.0.0.1"]) as api:
+            key = api.key("acme")
+            data = definition(tools=["mcp:docs/search"], mcp={"docs": {"url": running.url}})
+            pushed = await api.push(key, "with-mcp", definition=data)
+            assert pushed.status_code == 201, pushed.text
+            with Ledger(api.ledger_url) as ledger:
+                project = ledger.authenticate(key)
+            assert project is not None
+            team = api.app.state.teams.choose(project.id, "with-mcp", None).team
+            assert team.agent("reviewer").tool_names == ("docs_search",)
+            assert pushed.json()["digest"] == team.digest
+    finally:
+        close_mcp_servers()
+        running.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "field"),
+    [
+        (
+            {"definition": {**definition(), "colour": "blue"}},
+            422,
+            "invalid_team",
+            "definition.colour",
+        ),
+        (
+            {"definition": definition(description=None)},
+            422,
+            "invalid_team",
+            "definition.agents.reviewer.description",
+        ),
+        ({"toml": "name = "}, 422, "invalid_team", "toml"),
+        ({"toml": TEAM_TOML, "definition": definition()}, 422, "invalid_request", "body"),
+        ({}, 422, "invalid_request", "body"),
+    ],
+)
+async def test_a_bad_team_is_refused_naming_the_key(
+    api: Api, body: dict[str, Any], status: int, code: str, field: str
+) -> None:
+    key = api.key("acme")
+    refused = await api.push(key, "docs-review", **body)
+    assert refused.status_code == status, refused.text
+    assert (refused.json()["error"]["code"], refused.json()["error"]["field"]) == (code, field)
+
+
+async def test_names_are_checked_and_the_servers_own_are_taken(api: Api) -> None:
+    key = api.key("acme")
+    bad = await api.push(key, "no space", toml=TEAM_TOML)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "name"
+    taken = await api.push(key, "default", toml=TEAM_TOML)
+    assert taken.status_code == 409
+    assert (taken.json()["error"]["code"], taken.json()["error"]["field"]) == (
+        "team_name_taken",
+        "name",
+    )
+    versioned = await api.submit(key, input="x", team="default", version=2)
+    assert versioned.status_code == 422 and versioned.json()["error"]["field"] == "version"
+
+
+async def test_a_request_policy_only_tightens_the_chosen_teams(api: Api) -> None:
+    key = api.key("acme")
+    assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
+    base = {"input": "x", "team": "docs-review", "model": "scripted:review.json"}
+    narrower = await api.submit(
+        key, **base, policy={"agents": {"reviewer": {"tools": ["word_count"]}}}
+    )
+    assert narrower.status_code == 202, narrower.text
+    await api.finished(narrower.json()["id"], key)
+    cases = [
+        ({"policy": {"team": {"max_tokens": 60000}}}, "policy_loosens", "policy"),
+        ({"policy": {"agents": {"coder": {"tools": []}}}}, "invalid_policy", "policy"),
+        (
+            {"agent_models": {"coder": "scripted:review.json"}},
+            "invalid_model",
+            "agent_models.coder",
+        ),
+        ({"topology": "swarm", "start_agent": "coder"}, "invalid_topology", "start_agent"),
+    ]
+    for extra, code, field in cases:
+        refused = await api.submit(key, **{**base, **extra})
+        assert refused.status_code == 422, (extra, refused.text)
+        assert (refused.json()["error"]["code"], refused.json()["error"]["field"]) == (code, field)
+    # The team's own roles take their own models, and the request's.
+    per_role = await api.submit(key, **base, agent_models={"reviewer": "scripted:review.json"})
+    assert per_role.status_code == 202, per_role.text
+    assert set(per_role.json()["models"]) == {"supervisor", "researcher", "reviewer", "finalize"}
+    await api.finished(per_role.json()["id"], key)
+
+
+async def test_the_operators_team_files_serve_every_project(
+    home: Path, scripts: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "operator"
+    folder.mkdir()
+    (folder / "tools.py").write_text(
+        'def word_count(text: str) -> int:\n    """Count the words of a text."""\n'
+        "    return len(text.split())\n",
+        encoding="utf-8",
+    )
+    file = folder / "docs-review.toml"
+    file.write_text(
+        TEAM_TOML.replace('name = "what-the-file-calls-it"', 'name = "house-review"').replace(
+            "rg_review_tools:word_count", "./tools.py:word_count"
+        ),
+        encoding="utf-8",
+    )
+    async with serving(home, scripts, team_files=[file], tool_modules=[]) as api:
+        key = api.key("acme")
+        listed = (await api.client.get("/v1/teams", headers=auth(key))).json()["teams"]
+        assert [(t["name"], t["origin"]) for t in listed] == [
+            ("default", "builtin"),
+            ("house-review", "server"),
+        ]
+        made = await api.submit(key, input="x", team="house-review", model="scripted:review.json")
+        assert made.status_code == 202, made.text
+        task = await api.finished(made.json()["id"], key)
+        assert task["status"] == "succeeded", task
+        assert task["team"]["name"] == "house-review" and task["team"]["version"] is None
+        # A project sees no path of the server's; the ledger keeps it for the operator.
+        assert str(file) not in json.dumps(task)
+        with Ledger(api.ledger_url) as ledger:
+            project = ledger.authenticate(key)
+            assert project is not None
+            stored = ledger.get_task(task["id"], project_id=project.id)
+            assert stored is not None and stored.team is not None
+            assert stored.team["source"] == str(file.resolve())
+        taken = await api.push(key, "house-review", toml=TEAM_TOML)
+        assert taken.status_code == 409
+        versioned = await api.submit(key, input="x", team="house-review", version=1)
+        assert versioned.status_code == 422
+
+
+def test_a_bad_server_team_file_stops_the_server_at_start(home: Path, tmp_path: Path) -> None:
+    default = tmp_path / "default.toml"
+    default.write_text('name = "default"\n' + TEAM_TOML.split("\n", 1)[1], encoding="utf-8")
+    with pytest.raises(ConfigError, match="the built-in team's name"):
+        create_app(ServiceSettings(home=home, team_files=[default]))
+    with pytest.raises(ConfigError, match="does not exist"):
+        create_app(ServiceSettings(home=home, team_files=[tmp_path / "missing.toml"]))
+
+
+# Against a real server process
+
+
+def test_push_and_run_against_a_real_server(
+    home: Path, scripts: Path, tools_module: Path, tmp_path: Path
+) -> None:
+    from relaygraph.client import Client
+
+    from .test_server import Server, _env, _free_port, create_project
+
+    file = tmp_path / "docs-review.toml"
+    file.write_text(TEAM_TOML, encoding="utf-8")
+    env = {
+        **_env(home),
+        "PYTHONPATH": str(tools_module),
+        "RELAYGRAPH_TOOL_MODULES": json.dumps([TOOLS_MODULE]),
+    }
+    model = f"scripted:{EXAMPLE_RELAY}"
+    server = Server(home, model, _free_port(), tmp_path / "serve.log", scripts, env=env)
+    server.wait_ready()
+    try:
+        key = create_project(home, "acme")
+        push = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "relaygraph.cli",
+                "teams",
+                "push",
+                str(file),
+                "--name",
+                "docs-review",
+                "--url",
+                server.url,
+                "--json",
+            ],
+            env={**env, "RELAYGRAPH_API_KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert push.returncode == 0, push.stderr
+        version = json.loads(push.stdout)
+        assert (version["name"], version["version"]) == ("docs-review", 1)
+        with Client(server.url, key) as client:
+            task = client.submit(
+                "Review the checkpoint docs", team="docs-review", model="scripted:review.json"
+            )
+            done = client.wait(task["id"], timeout=60)
+            assert done["status"] == "succeeded", done
+            assert done["team"] == {
+                "name": "docs-review",
+                "version": 1,
+                "digest": version["digest"],
+            }
+            assert [v["version"] for v in client.team("docs-review")["versions"]] == [1]
+        # A file the server refuses: exit 2 and the reason, naming the key.
+        bad = tmp_path / "bad.toml"
+        bad.write_text(
+            TEAM_TOML.replace("rg_review_tools:word_count", "./tools.py:word_count"),
+            encoding="utf-8",
+        )
+        refused = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "relaygraph.cli",
+                "teams",
+                "push",
+                str(bad),
+                "--url",
+                server.url,
+                "--key",
+                key,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "422 invalid_team [toml.agents.reviewer.tools]" in refused.stderr
+    finally:
+        server.stop()
