@@ -614,3 +614,22 @@ async def test_the_openapi_document_lists_the_dashboards_endpoints_not_its_pages
     ):
         assert path in paths
     assert not [p for p in paths if p.startswith("/ui")]
+
+
+async def test_cancel_from_the_page(dash: Dash) -> None:
+    key = dash.key("acme")
+    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+    await dash.wait(key, task["id"], ("interrupted",))
+    async with dash.browser(key) as client:
+        page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+        assert "Cancel task" in page
+        url = f"/ui/tasks/{task['id']}/cancel"
+        answer = {"Accept": "application/json"}
+        assert (await client.post(url, data={"csrf": "x"}, headers=answer)).status_code == 403
+        done = await client.post(url, data={"csrf": csrf_of(page)}, headers=answer)
+        assert done.status_code == 202
+        assert (await dash.wait(key, task["id"], FINISHED))["status"] == "cancelled"
+        again = await client.post(url, data={"csrf": csrf_of(page)}, headers=answer)
+        assert again.status_code == 409
+        after = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+        assert "Cancel task" not in after

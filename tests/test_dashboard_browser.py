@@ -313,7 +313,6 @@ def test_sign_in_list_and_the_handoff_graph_of_a_relay(page: WebDriver, stage: S
     )
     assert row.get_attribute("data-status") == "succeeded"
     assert "researcher" in row.text and "coder" in row.text and "writer" in row.text
-    shot(page, stage, "tasks")
 
     row.find_element(By.CSS_SELECTOR, ".task-cell a").click()
     wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".edge[data-edge]"))
@@ -391,7 +390,10 @@ def test_approve_and_edit_from_the_page_without_reloading(
     page.find_element(By.XPATH, "//button[normalize-space()='Approve']").click()
     wait_for(page, status_is("succeeded"))
     assert page.execute_script("return window.notReloaded") is True
-    assert "approve" in text_of(page, "#section-approvals").lower()
+    decided = wait_for(page, lambda d: d.find_element(By.CSS_SELECTOR, ".decided-approve"))
+    assert "approve" in decided.text and "research" in decided.text
+    assert "waiting for you" not in text_of(page, "#section-approvals")
+    assert not page.find_elements(By.CSS_SELECTOR, "#section-approvals form")
     assert "41 checkpoints" in text_of(page, "#section-answer")
     shot(page, stage, "task-approved")
 
@@ -467,6 +469,8 @@ def test_usage_per_day_as_a_chart(page: WebDriver, stage: Stage) -> None:
 
 def test_sign_out_ends_the_session(page: WebDriver, stage: Stage) -> None:
     sign_in(page, stage)
+    wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-task]"))
+    shot(page, stage, "tasks")  # Last: the list with every task the tests ran.
     page.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
     wait_for(page, lambda d: "signed out" in d.page_source)
     page.get(f"{stage.url}/ui")

@@ -237,6 +237,9 @@
       });
       if (response.status === 401) return toSignIn();
       if (response.ok) {
+        // Decided: what was typed into this approval's other forms no longer matters.
+        const scope = form.closest("[data-approval]") || form;
+        for (const each of scope.querySelectorAll("form")) each.classList.remove("dirty");
         form.classList.remove("dirty");
         refreshTask();
         return;
