@@ -173,7 +173,9 @@ class TaskWorkers:
                 graph_input,
                 cancel=self._cancel[task.id],
                 stop=self._stopping,
-                identity={"project": project},
+                # `relaygraph_team` is the project's id under its name from before
+                # projects, deprecated: it goes in the next release.
+                identity={"project": project, "team": project},
             )
         except TaskBusy as exc:  # Another server took it first: it is that server's.
             log.info("%s", exc)
