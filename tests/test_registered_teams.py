@@ -460,6 +460,53 @@ async def test_a_request_policy_only_tightens_the_chosen_teams(api: Api) -> None
     await api.finished(per_role.json()["id"], key)
 
 
+async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
+    api: Api, scripts: Path
+) -> None:
+    key = api.key("acme")
+    assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
+    script = {
+        "supervisor": [
+            {"route": {"next": "reviewer", "task": "count", "reason": "a draft exists"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "counted"}},
+        ],
+        "reviewer": [
+            {"tool_calls": [{"name": "word_count", "args": {"text": "x y z"}}]},
+            {"content": "Counted."},
+        ],
+        "finalize": [{"content": "Done."}],
+    }
+    (scripts / "approve.json").write_text(json.dumps(script), encoding="utf-8")
+    made = await api.submit(
+        key,
+        input="x",
+        team="docs-review",
+        model="scripted:approve.json",
+        policy={"agents": {"reviewer": {"approval": ["word_count"]}}},
+    )
+    assert made.status_code == 202, made.text
+    paused = await api.finished(made.json()["id"], key)
+    assert paused["status"] == "interrupted", paused
+    path = f"/v1/tasks/{paused['id']}/approvals"
+    (approval,) = (await api.client.get(path, headers=auth(key))).json()["approvals"]
+    assert (approval["agent"], approval["tool"]) == ("reviewer", "word_count")
+    decide = f"{path}/{approval['id']}"
+    wrong = await api.client.post(
+        decide, json={"decision": "edit", "args": {"words": 2}}, headers=auth(key)
+    )
+    assert wrong.status_code == 422 and wrong.json()["error"]["field"] == "args"
+    assert "'words'" in wrong.json()["error"]["message"]
+    edited = await api.client.post(
+        decide, json={"decision": "edit", "args": {"text": "a b"}}, headers=auth(key)
+    )
+    assert edited.status_code == 202, edited.text
+    done = await api.finished(paused["id"], key)
+    assert done["status"] == "succeeded", done
+    with Ledger(api.ledger_url) as ledger:
+        calls = [(c.tool, c.result_preview) for c in ledger.tool_calls(paused["id"])]
+    assert ("word_count", "2") in calls
+
+
 async def test_the_operators_team_files_serve_every_project(
     home: Path, scripts: Path, tmp_path: Path
 ) -> None:
