@@ -633,3 +633,13 @@ async def test_cancel_from_the_page(dash: Dash) -> None:
         assert again.status_code == 409
         after = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         assert "Cancel task" not in after
+
+
+async def test_a_form_posted_after_the_session_ended_leads_to_sign_in(dash: Dash) -> None:
+    async with dash.client() as client:
+        posted = await client.post("/ui/tasks/abc/cancel", data={"csrf": "x"}, headers=HTML)
+        assert posted.status_code == 303 and posted.headers["location"] == "/ui/login?next=%2Fui"
+        script = await client.post(
+            "/ui/tasks/abc/cancel", data={"csrf": "x"}, headers={"Accept": "application/json"}
+        )
+        assert script.status_code == 401 and script.json()["error"]["code"] == "unauthorized"

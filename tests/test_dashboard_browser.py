@@ -471,6 +471,12 @@ def test_sign_out_ends_the_session(page: WebDriver, stage: Stage) -> None:
     sign_in(page, stage)
     wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-task]"))
     shot(page, stage, "tasks")  # Last: the list with every task the tests ran.
+    # Readable at 1280 px: nothing is wider than the window or cut off in the list.
+    overflow = page.execute_script(
+        "const t = document.getElementById('task-rows');"
+        "return [document.documentElement.scrollWidth, t.scrollWidth - t.clientWidth];"
+    )
+    assert overflow[0] <= 1280 and overflow[1] <= 0, overflow
     page.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
     wait_for(page, lambda d: "signed out" in d.page_source)
     page.get(f"{stage.url}/ui")

@@ -102,6 +102,8 @@ def to_sign_in(request: Request, *, expired: bool) -> Response:
             headers=SECURITY_HEADERS,
         )
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if request.method != "GET":  # A form posted after the session ended: back to the list.
+        target = "/ui"
     location = f"/ui/login?next={quote(target, safe='')}" + ("&expired=1" if expired else "")
     return RedirectResponse(location, status_code=303, headers=SECURITY_HEADERS)
 
