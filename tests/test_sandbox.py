@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from relaygraph.agents import sandbox
+from relaygraph.agents import _cgroup, sandbox
 from relaygraph.agents.sandbox import (
     SandboxLimits,
     SandboxResult,
@@ -132,8 +132,9 @@ def test_failing_script_reports_exit_code_and_traceback(tmp_path: Path) -> None:
     text = result.to_text()
     assert "exit code 1" in text
     assert "ZeroDivisionError" in text
-    # No limit was hit; the fallback only says that it did not isolate files.
-    assert [note for note in result.notes() if "not isolated" not in note] == []
+    # No limit was hit; the fallback only says that it did not isolate files, and a host
+    # without cgroups that it limited per process only.
+    assert [n for n in result.notes() if "not isolated" not in n and "per process" not in n] == []
 
 
 def test_sys_exit_code_is_kept(tmp_path: Path) -> None:
@@ -179,7 +180,10 @@ def test_environment_is_scrubbed(
         else "['HOME', 'LANG', 'PATH', 'TMPDIR']"
     )
     assert home == seen_workspace(tmp_path, isolation)
-    assert Path(tmpdir).is_relative_to(home)
+    # Temporary files never go to the workspace: the sandbox's own /tmp, or a private
+    # folder of the server's.
+    assert not Path(tmpdir).is_relative_to(home)
+    assert tmpdir == "/tmp" if isolation == "bubblewrap" else "relaygraph-run-" in tmpdir
     assert key == "None"
     assert "sk-secret" not in result.to_text()
 
@@ -200,9 +204,13 @@ def test_cwd_is_the_workspace_and_files_land_there(tmp_path: Path, isolation: st
     cwd, temp_file = result.stdout.splitlines()
     assert cwd == seen_workspace(tmp_path, isolation)
     assert (tmp_path / "out.txt").read_text() == "written by the sandbox"
-    assert Path(temp_file).is_relative_to(cwd)
-    # The program file and its temporary folder are removed after the run.
+    assert not Path(temp_file).is_relative_to(cwd)
+    # Neither the program file nor its temporary folder was ever in the workspace; in the
+    # fallback, the private folder that held them is gone.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+    if isolation == "none":
+        assert not os.path.lexists(temp_file)
+        assert not os.path.lexists(Path(temp_file).parent.parent)
 
 
 @fallback_only
@@ -243,9 +251,23 @@ def test_resource_limits_are_applied_in_the_child(tmp_path: Path) -> None:
     }
 
 
+@pytest.fixture
+def no_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run without a cgroup, as on a host that offers none."""
+    monkeypatch.setenv(_cgroup.CGROUP_ENV, "")
+
+
+requires_cgroup = pytest.mark.skipif(
+    _cgroup.available() is None,
+    reason=f"no cgroup for sandboxed runs on this host: {_cgroup.problem()}",
+)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="documents behaviour under root only")
-def test_process_limit_is_not_enforced_for_root(tmp_path: Path) -> None:
-    # Documented: the kernel exempts root from RLIMIT_NPROC, so this is not a fork guard.
+@pytest.mark.usefixtures("no_cgroup")
+def test_process_limit_is_not_enforced_for_root_without_a_cgroup(tmp_path: Path) -> None:
+    # Documented: the kernel exempts root from RLIMIT_NPROC, so alone it is no fork guard,
+    # and the result says that the processes were not capped.
     result = run(
         """
         import os
@@ -258,6 +280,127 @@ def test_process_limit_is_not_enforced_for_root(tmp_path: Path) -> None:
         max_processes=2,
     )
     assert result.stdout == "5\n"
+    assert result.cgroup is None
+    assert "memory and processes were limited per process only" in result.to_text()
+
+
+_FORK_200 = """
+import os, time
+children = []
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(3)
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    print('refused', exc.errno)
+print('forked', len(children))
+for pid in children:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+"""
+
+
+@requires_cgroup
+def test_a_fork_of_200_processes_is_capped_by_the_runs_cgroup(tmp_path: Path) -> None:
+    # As root, RLIMIT_NPROC let 300 processes run; the run's cgroup counts them all.
+    result = run(_FORK_200, tmp_path, max_processes=32)
+
+    assert result.exit_code == 0, result.to_text()
+    refused, forked = result.stdout.splitlines()
+    assert refused == f"refused {errno.EAGAIN}"
+    assert int(forked.split()[1]) < 32
+    assert result.cgroup is not None and result.process_limit_hit
+    assert "process limit of 32 reached" in result.to_text()
+
+
+_MEMFDS = """
+import os
+held = 0
+try:
+    for i in range(64):  # 64 memory files of 16 MiB: 1 GiB, never mapped
+        fd = os.memfd_create(f'held-{i}')
+        os.posix_fallocate(fd, 0, 16 << 20)
+        held += 16
+        print(held, flush=True)
+except OSError as exc:
+    print('refused', exc.errno, flush=True)
+"""
+
+_SYSV_SHM = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmat.restype = ctypes.c_void_p
+libc.shmdt.argtypes = [ctypes.c_void_p]
+held = 0
+for i in range(64):  # 64 segments of 16 MiB: 1 GiB, each detached once touched
+    segment = libc.shmget(0, 16 << 20, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+    if segment < 0:
+        print('refused', ctypes.get_errno(), flush=True)
+        break
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 16 << 20)
+    libc.shmdt(address)
+    held += 16
+    print(held, flush=True)
+"""
+
+
+def _shmem_kib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1])
+    return 0
+
+
+@requires_cgroup
+@pytest.mark.parametrize("program", [_MEMFDS, _SYSV_SHM], ids=["memfd", "sysv-shm"])
+def test_a_gib_in_memory_files_is_stopped_at_the_memory_limit(tmp_path: Path, program: str) -> None:
+    # Memory files and shared memory that are not mapped are outside RLIMIT_AS: 2 GiB were
+    # held under a 512 MiB limit. The run's cgroup counts their pages.
+    own_cgroup = Path("/proc/self/cgroup").read_text()
+    own_oom_score_adj = Path("/proc/self/oom_score_adj").read_text()
+    shmem_before = _shmem_kib()
+    result = run(program, tmp_path, memory_mb=256)
+
+    held = [int(line) for line in result.stdout.split() if line.isdigit()]
+    assert held, result.to_text()
+    assert max(held) < 256, result.to_text()
+    assert "refused" in result.stdout or result.exit_code == -signal.SIGKILL
+    assert result.cgroup is not None and result.memory_limit_hit
+    assert "killed: memory limit of 256 MB reached" in result.to_text()
+    # The server is unaffected: still in its own cgroup, not the OOM killer's choice, and
+    # no memory of the run is left on the host.
+    assert Path("/proc/self/cgroup").read_text() == own_cgroup
+    assert Path("/proc/self/oom_score_adj").read_text() == own_oom_score_adj
+    # (An IPC namespace's segments are freed by the kernel shortly after its end.)
+    assert _wait_until(lambda: _shmem_kib() < shmem_before + 128 * 1024, 30)
+    assert run("print('next')", tmp_path).stdout == "next\n"
+
+
+def test_the_program_is_the_oom_killers_first_choice(tmp_path: Path) -> None:
+    result = run("print(open('/proc/self/oom_score_adj').read().strip())", tmp_path)
+    assert result.stdout == "1000\n"
+
+
+@requires_cgroup
+def test_the_runs_cgroup_is_removed_after_the_run(tmp_path: Path) -> None:
+    parent = _cgroup.available()
+    assert parent is not None
+    mine = f"run-{os.getpid()}-"
+    result = run(
+        "print([l for l in open('/proc/self/cgroup') if 'relaygraph-sandbox/run-' in l] != [])",
+        tmp_path,
+    )
+    assert result.cgroup == parent.version
+    # Under bubblewrap the program sees its own cgroup as the root of a cgroup namespace.
+    assert result.stdout in ("True\n", "False\n")
+    for folder in parent.folders:
+        assert [p.name for p in folder.iterdir() if p.name.startswith(mine)] == []
 
 
 # --- limits ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relaygraph.agents import _bubblewrap, tools
+from relaygraph.agents import _bubblewrap, _cgroup, tools
 from relaygraph.agents.context import TaskContext
 from relaygraph.agents.sandbox import (
     SandboxLimits,
@@ -460,8 +460,12 @@ def test_a_setsid_child_dies_with_the_server(data_dir: DataDir) -> None:
 
 
 @pytest.mark.usefixtures("no_bwrap")
-def test_fallback_lets_a_setsid_child_survive(data_dir: DataDir) -> None:
-    # The documented weakness of the fallback, and proof that the test above can fail.
+def test_fallback_lets_a_setsid_child_survive_without_a_cgroup(
+    data_dir: DataDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The documented weakness of the fallback on a host without cgroups, and proof that
+    # the tests above and below can fail.
+    monkeypatch.setenv(_cgroup.CGROUP_ENV, "")
     token = f"relaygraph-survivor-{secrets.token_hex(8)}"
     workspace = data_dir.workspace_b
     try:
@@ -470,6 +474,25 @@ def test_fallback_lets_a_setsid_child_survive(data_dir: DataDir) -> None:
         assert result.isolation == "none"
         (workspace / "go").touch()
         assert _wait_until(lambda: (workspace / "survived").exists())
+    finally:
+        for pid in _pids_with(token):
+            os.kill(pid, 9)
+
+
+@pytest.mark.skipif(_cgroup.available() is None, reason="no cgroup for runs on this host")
+@pytest.mark.usefixtures("no_bwrap")
+def test_fallback_ends_a_setsid_child_through_the_runs_cgroup(data_dir: DataDir) -> None:
+    # Without bubblewrap there is no PID namespace, but a child that left the process group
+    # is still in the run's cgroup, and everything in it is killed when the run ends.
+    token = f"relaygraph-survivor-{secrets.token_hex(8)}"
+    workspace = data_dir.workspace_b
+    try:
+        result = run(_survivor(token), workspace, isolated=False, wall_seconds=90)
+        assert result.stdout == "started\n", result.to_text()
+        assert result.isolation == "none" and result.cgroup is not None
+        (workspace / "go").touch()
+        assert _wait_until(lambda: not _pids_with(token))
+        assert not (workspace / "survived").exists()
     finally:
         for pid in _pids_with(token):
             os.kill(pid, 9)

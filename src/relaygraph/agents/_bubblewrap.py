@@ -22,7 +22,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,10 @@ BWRAP_ENV = "RELAYGRAPH_BWRAP"
 
 WORKSPACE = "/workspace"
 """Where the task's workspace appears inside the sandbox; no server path is revealed."""
+
+PROGRAM = "/run/relaygraph/main.py"
+"""Where the program's source appears inside the sandbox: a read-only copy of a memory file,
+so the server writes nothing where the sandbox can plant a symlink."""
 
 SANDBOX_UID = 65534
 """The program's user and group id inside the sandbox (``nobody``); on disk its files belong
@@ -279,9 +283,19 @@ class BwrapLaunch:
         return str(fd)
 
     def argv(
-        self, command: Sequence[str], *, env: dict[str, str], info_fd: int | None = None
+        self,
+        command: Sequence[str],
+        *,
+        env: dict[str, str],
+        info_fd: int | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> list[str]:
-        """The full bwrap command that runs ``command`` with ``env`` in the sandbox."""
+        """The full bwrap command that runs ``command`` with ``env`` in the sandbox.
+
+        Args:
+            files: Read-only files to make in the sandbox, by path: bwrap copies each from
+                a memory file, so nothing is written on the host's disk.
+        """
         size = str(self.tmpfs_bytes)
         options = [
             "--unshare-all",
@@ -328,10 +342,10 @@ class BwrapLaunch:
             options += mount.args
         for link, target in symlinked_components(_interpreter_paths(), [USR, *roots]).items():
             options += ["--symlink", target, str(link)]
+        options += ["--bind", str(self.workspace), WORKSPACE]
+        for path, data in (files or {}).items():
+            options += ["--ro-bind-data", self._fd(os.path.basename(path), data), path]
         options += [
-            "--bind",
-            str(self.workspace),
-            WORKSPACE,
             # Last: nothing more can be created in the root or in /dev; /tmp, /dev/shm and
             # the workspace are separate mounts and stay writable.
             "--remount-ro",

@@ -44,7 +44,7 @@ def closing_fd(fd: int) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def opened_folder(path: os.PathLike[str]) -> Iterator[int]:
+def opened_folder(path: os.PathLike[str] | str) -> Iterator[int]:
     """A descriptor of the folder at ``path``, a path the server chose (not the sandbox)."""
     with closing_fd(os.open(path, FOLDER_FLAGS)) as fd:
         yield fd
@@ -124,3 +124,67 @@ def replace_file(dir_fd: int, name: str, data: bytes, *, mode: int | None = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
+
+
+def remove_tree(path: os.PathLike[str] | str) -> None:
+    """Delete ``path`` and everything below it, following no symlink and never recursing.
+
+    A symlink at ``path`` or anywhere below is removed, never followed. Instead of descending,
+    each folder's subfolders are moved up into the top folder under fresh names, so the tree
+    becomes flat and at most three descriptors are open however deep it was (``shutil.rmtree``
+    recursed once per level and raised ``RecursionError`` in the server on a few thousand).
+    What cannot be removed (a mount point, a file added while it runs) is left in place.
+    """
+    parent, name = os.path.split(os.path.abspath(path))
+    with opened_folder(parent) as parent_fd:
+        try:
+            top = os.open(name, FOLDER_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            os.unlink(name, dir_fd=parent_fd)  # not a folder: a symlink or a file
+            return
+        with closing_fd(top):
+            # A few passes, in case something was added while a pass ran.
+            for _ in range(3):
+                pending = _empty_folder(top, top)
+                while pending:
+                    folder = pending.pop()
+                    try:
+                        fd = os.open(folder, FOLDER_FLAGS, dir_fd=top)
+                    except OSError:
+                        with contextlib.suppress(OSError):
+                            os.unlink(folder, dir_fd=top)
+                        continue
+                    with closing_fd(fd):
+                        pending += _empty_folder(fd, top)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(folder, dir_fd=top)
+                if not os.listdir(top):
+                    break
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent_fd)
+
+
+def _empty_folder(fd: int, top: int) -> list[str]:
+    """Unlink what is not a folder in ``fd``; move its folders into ``top``; return their names."""
+    folders = []
+    for entry in os.listdir(fd):
+        info = entry_at(fd, entry)
+        if info is None:
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=fd)
+        elif fd == top:
+            folders.append(entry)
+        else:
+            flat = f".rm-{secrets.token_hex(8)}"
+            try:
+                os.rename(entry, flat, src_dir_fd=fd, dst_dir_fd=top)
+            except OSError:
+                continue  # a mount point, or gone
+            folders.append(flat)
+    return folders

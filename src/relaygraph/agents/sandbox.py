@@ -2,7 +2,8 @@
 
 The program runs in a fresh interpreter (``python -I -B``) in the task's workspace, with a
 scrubbed environment, resource limits (CPU time, address space, file size, core dumps,
-process count), a wall-clock timeout, capped output, and its own empty network namespace.
+process count), a cgroup of its own where the host offers one (the memory and the processes
+of the whole run), a wall-clock timeout, capped output, and its own empty network namespace.
 
 Where bubblewrap (``bwrap``) works, the program also runs in its own user, mount, PID, IPC,
 UTS and cgroup namespaces: it sees a read-only system (``/usr``, the Python installation)
@@ -11,6 +12,12 @@ processes. :func:`filesystem_isolation` says whether this host has that; without
 program can read and write every file of the relaygraph user, and the result says so
 (``SandboxResult.isolation == "none"``). See ``docs/sandbox.md`` for what each mechanism
 isolates, and what it does not.
+
+The server never creates, writes or deletes anything in the workspace to prepare a run: the
+workspace is writable by the program (and by programs running in parallel), so every name in
+it may become a symlink at any moment. Under bubblewrap the program reaches the sandbox
+through a memory file and its temporary folder is the sandbox's own ``/tmp``; without it,
+both live in a private folder of the server's, outside the workspace.
 """
 
 from __future__ import annotations
@@ -18,25 +25,29 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import resource
-import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
-from relaygraph.agents import _bubblewrap
+from relaygraph.agents import _bubblewrap, _cgroup, _nofollow
+from relaygraph.agents._cgroup import CgroupVersion
 from relaygraph.errors import ConfigError, ToolInputError
 
+log = logging.getLogger("relaygraph.agents.sandbox")
+
 __all__ = [
+    "CgroupVersion",
     "Isolation",
     "SandboxLimits",
     "SandboxResult",
@@ -52,14 +63,20 @@ or not at all (resource limits and a network namespace only)."""
 # Namespace flags from <linux/sched.h>; the stdlib exposes them only from Python 3.12 on.
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWIPC = 0x08000000
 
-# Values written by the child into the shared flag page (see _child_setup).
+# The child reports in a shared page what it did (see _child_setup): byte 0 which network
+# namespace it entered, byte 1 whether it joined the run's cgroup.
+_FLAG_NET = 0
+_FLAG_CGROUP = 1
 _NET_NONE = 0
 _NET_USER_AND_NET = 1
 _NET_NET_ONLY = 2
 
-_SANDBOX_DIR = ".sandbox"
-"""Per-run scratch lives under this hidden folder of the workspace and is removed after."""
+_BWRAP_PROCESSES = 2
+"""bwrap itself and the PID namespace's init, which run in the run's cgroup beside the program."""
+
+_MIB = 1024 * 1024
 
 _PIPE_GRACE_SECONDS = 0.5
 """How long to wait for output pipes to close after the program exited (see _collect)."""
@@ -82,12 +99,16 @@ class SandboxLimits:
     cpu_seconds: int = 10
     """CPU time in seconds (``RLIMIT_CPU``); the program gets SIGXCPU when it is used up."""
     memory_mb: int = 512
-    """Address space in MiB (``RLIMIT_AS``); allocations beyond it fail with MemoryError."""
+    """Memory in MiB. Each process's address space (``RLIMIT_AS``: allocations beyond it fail
+    with MemoryError), and, where a cgroup is available, all the run's memory together,
+    memfds, shared memory and files in ``/tmp`` included (the kernel kills a process of the
+    run when it is reached)."""
     file_size_mb: int = 16
     """Largest file the program may write, in MiB (``RLIMIT_FSIZE``)."""
     max_processes: int = 32
-    """Processes for the user (``RLIMIT_NPROC``). Counted per user, not per run, and not
-    enforced at all when relaygraph runs as root."""
+    """Processes and threads of the run together, where a cgroup is available (``pids.max``;
+    bwrap's own two processes are not counted). Also ``RLIMIT_NPROC``, which counts per
+    user, not per run, and which the kernel does not apply to root."""
     wall_seconds: float = 20.0
     """Wall-clock seconds before the whole process group is killed."""
     max_output_chars: int = 8000
@@ -126,6 +147,14 @@ class SandboxResult:
     duration_seconds: float
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     """The limits the run had; used to explain in ``to_text()`` which one was hit."""
+    cgroup: CgroupVersion | None = None
+    """``"v2"`` or ``"v1"``: a cgroup of that version capped the memory (memfds, shared
+    memory and ``/tmp`` included) and the processes of the whole run. None: only the
+    per-process limits applied; the notes say so."""
+    memory_limit_hit: bool = False
+    """The run's cgroup reached ``memory_mb`` and the kernel killed a process of the run."""
+    process_limit_hit: bool = False
+    """The run's cgroup refused a new process or thread at ``max_processes``."""
 
     def notes(self) -> list[str]:
         """Explain, one line each, the limits that were hit and anything else unusual."""
@@ -137,8 +166,20 @@ class SandboxResult:
                 "make the program faster or do less work per run"
             )
         code = self.exit_code
+        if self.memory_limit_hit:
+            notes.append(
+                f"killed: memory limit of {limits.memory_mb} MB reached by the run's processes "
+                "together (memory in memfds, shared memory and /tmp counts too)"
+            )
+        if self.process_limit_hit:
+            notes.append(
+                f"process limit of {limits.max_processes} reached: starting another process "
+                "or thread failed"
+            )
         if code == -signal.SIGXCPU:
             notes.append(f"killed: CPU time limit of {limits.cpu_seconds} s exceeded")
+        elif code == -signal.SIGKILL and self.memory_limit_hit:
+            pass
         elif code == -signal.SIGKILL and not self.timed_out:
             notes.append(
                 f"killed by SIGKILL: the CPU time limit ({limits.cpu_seconds} s) "
@@ -173,6 +214,12 @@ class SandboxResult:
             )
         if not self.network_isolated:
             notes.append("network was not isolated (this system refused a network namespace)")
+        if self.cgroup is None:
+            notes.append(
+                "memory and processes were limited per process only (no cgroup is available "
+                "on this system): memfds, shared memory and the number of processes were not "
+                "capped for the run as a whole"
+            )
         return notes
 
     def to_text(self) -> str:
@@ -283,12 +330,29 @@ def _set_limit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap | None) -> None:
-    """Run in the child between fork and exec: apply limits, then leave the network.
-
-    With ``net_flag`` None the child is bubblewrap, which makes the namespaces itself; the
-    limits set here are inherited by the program it starts.
+def _child_setup(
+    limits: SandboxLimits,
+    flags: mmap.mmap,
+    *,
+    cgroup: _cgroup.RunCgroup | None,
+    unshare_net: bool,
+) -> None:
+    """Run in the child between fork and exec: join the cgroup, apply limits, then leave the
+    network (with ``unshare_net``; bubblewrap makes its namespaces itself, and the limits
+    set here are inherited by the program it starts). What it did goes to ``flags``.
     """
+    # First, while the child is still the server's user in the host's namespaces: inside a
+    # user namespace it could no longer write to the host's cgroup files.
+    if cgroup is not None and cgroup.join():
+        flags[_FLAG_CGROUP] = 1
+    # If the host runs out of memory, the kernel's OOM killer picks the sandbox, not the
+    # server. Raising one's own score needs no privilege.
+    with contextlib.suppress(OSError):
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
     if _LIBC_PRCTL is not None:
         # If the process that started the program dies (a server killed mid-run), the
         # program dies with it instead of finishing unobserved; a restarted server runs
@@ -309,7 +373,7 @@ def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap | None) -> None:
     _set_limit(resource.RLIMIT_FSIZE, limits.file_size_mb * mib)
     _set_limit(resource.RLIMIT_NPROC, limits.max_processes)
     _set_limit(resource.RLIMIT_CORE, 0)
-    if net_flag is None:
+    if not unshare_net:
         return
     # Limits are set before unshare: inside a new user namespace the process loses the
     # privilege to change hard limits. The network part must never fail the run.
@@ -318,9 +382,12 @@ def _child_setup(limits: SandboxLimits, net_flag: mmap.mmap | None) -> None:
         # namespaces and cannot setns(2) back into the host network. Plain CLONE_NEWNET is
         # the fallback for kernels without user namespaces; root can undo that one.
         if _unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
-            net_flag[0] = _NET_USER_AND_NET
+            flags[_FLAG_NET] = _NET_USER_AND_NET
         elif _unshare(_CLONE_NEWNET) == 0:
-            net_flag[0] = _NET_NET_ONLY
+            flags[_FLAG_NET] = _NET_NET_ONLY
+        # An IPC namespace of its own: SysV shared memory the program leaves behind ends
+        # with its last process instead of staying on the host.
+        _unshare(_CLONE_NEWIPC)
     except BaseException:  # a failed isolation is reported, not raised
         pass
 
@@ -459,11 +526,15 @@ def run_python_sandboxed(
 
     The program runs with ``sys.executable -I -B`` in ``workspace`` (created if missing),
     with only ``PATH``, ``HOME``, ``LANG`` and ``TMPDIR`` set, stdin from /dev/null, the
-    resource limits in ``limits``, and its own network namespace. Where bubblewrap works
+    resource limits in ``limits`` (for the whole run in a cgroup of its own, where the host
+    has one), and its own network namespace. Where bubblewrap works
     (:func:`filesystem_isolation`), it runs in its own user, mount and PID namespaces too:
     the workspace is mounted at ``/workspace`` (its cwd and ``HOME``) beside a read-only
     system, and every process it starts ends with the run. Otherwise it runs with the
     relaygraph user's view of the files, and the result's ``isolation`` is ``"none"``.
+
+    Nothing is created in the workspace to run the program: it is passed to bubblewrap in a
+    memory file, or, without bubblewrap, kept in a private folder outside the workspace.
 
     Isolated mode (``-I``) means neither the workspace nor the current directory is on
     ``sys.path``; a program that imports its own modules must add ``"."`` itself. A failing
@@ -482,39 +553,48 @@ def run_python_sandboxed(
     workspace = Path(workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     bwrap = _bubblewrap.available()
-    # A fresh folder per run, so concurrent runs in one workspace do not collide.
-    run_name = f"run-{secrets.token_hex(6)}"
-    run_dir = workspace / _SANDBOX_DIR / run_name
-    (run_dir / "tmp").mkdir(parents=True)
-    (run_dir / "main.py").write_text(code, encoding="utf-8", errors="surrogateescape")
-    # The workspace as the program sees it.
-    seen = Path(_bubblewrap.WORKSPACE) if bwrap is not None else workspace
-    seen_run = seen / _SANDBOX_DIR / run_name
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(seen),
-        "LANG": "C.UTF-8",
-        "TMPDIR": str(seen_run / "tmp"),
-    }
+    program = code.encode("utf-8", errors="surrogateescape")
     # -u: unbuffered, so what a program printed before it was killed (a timeout, a CPU or
     # memory limit) reaches the model; -I ignores PYTHONUNBUFFERED with the environment.
-    command = [sys.executable, "-I", "-B", "-u", str(seen_run / "main.py")]
-    try:
+    interpreter = [sys.executable, "-I", "-B", "-u"]
+    with contextlib.ExitStack() as stack:
         if bwrap is None:
-            run = _run_unisolated(command, env=env, workspace=workspace, limits=limits)
-        else:
-            launch = _bubblewrap.BwrapLaunch(
-                bwrap,
+            # The private folder is entered before the cgroup, so it is removed after
+            # everything left of the run has been killed.
+            folder = stack.enter_context(_private_folder(program))
+            env = _environment(home=workspace, tmp=folder / "tmp")
+            cgroup = _run_cgroup(stack, limits, extra_tasks=0)
+            run = _run_unisolated(
+                [*interpreter, str(folder / "main.py")],
+                env=env,
                 workspace=workspace,
-                hidden=tuple(hidden),
-                tmpfs_bytes=limits.file_size_mb * 1024 * 1024,
+                limits=limits,
+                cgroup=cgroup,
             )
-            with launch:
-                run = _run_in_bubblewrap(command, env=env, launch=launch, limits=limits)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (workspace / _SANDBOX_DIR).rmdir()
+        else:
+            env = _environment(home=Path(_bubblewrap.WORKSPACE), tmp=Path("/tmp"))
+            launch = stack.enter_context(
+                _bubblewrap.BwrapLaunch(
+                    bwrap,
+                    workspace=workspace,
+                    hidden=tuple(hidden),
+                    tmpfs_bytes=limits.file_size_mb * _MIB,
+                )
+            )
+            cgroup = _run_cgroup(stack, limits, extra_tasks=_BWRAP_PROCESSES)
+            run = _run_in_bubblewrap(
+                [*interpreter, _bubblewrap.PROGRAM],
+                env=env,
+                launch=launch,
+                program=program,
+                limits=limits,
+                cgroup=cgroup,
+            )
+        version: CgroupVersion | None = None
+        memory_hit = processes_hit = False
+        if cgroup is not None and run.joined_cgroup:
+            version = cgroup.version
+            memory_hit, processes_hit = cgroup.limits_hit()
     stdout, out_cut = run.out.text()
     stderr, err_cut = run.err.text()
     return SandboxResult(
@@ -527,7 +607,50 @@ def run_python_sandboxed(
         isolation="none" if bwrap is None else "bubblewrap",
         duration_seconds=run.duration,
         limits=limits,
+        cgroup=version,
+        memory_limit_hit=memory_hit,
+        process_limit_hit=processes_hit,
     )
+
+
+def _environment(*, home: Path, tmp: Path) -> dict[str, str]:
+    """The program's whole environment; nothing of the server's is passed on."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "TMPDIR": str(tmp)}
+
+
+@contextlib.contextmanager
+def _private_folder(program: bytes) -> Iterator[Path]:
+    """A folder of the server's own (mode 0700, outside the workspace) holding ``main.py``
+    and ``tmp/``; removed afterwards without following symlinks or recursing."""
+    folder = Path(tempfile.mkdtemp(prefix="relaygraph-run-"))
+    try:
+        with _nofollow.opened_folder(folder) as fd:
+            _nofollow.replace_file(fd, "main.py", program)
+            os.mkdir("tmp", 0o700, dir_fd=fd)
+        yield folder
+    finally:
+        _nofollow.remove_tree(folder)
+
+
+def _run_cgroup(
+    stack: contextlib.ExitStack, limits: SandboxLimits, *, extra_tasks: int
+) -> _cgroup.RunCgroup | None:
+    """A cgroup for this run, with the run's limits, or None where there is none."""
+    parent = _cgroup.available()
+    if parent is None:
+        return None
+    cgroup = _cgroup.RunCgroup(
+        parent,
+        memory_bytes=limits.memory_mb * _MIB,
+        max_tasks=limits.max_processes + extra_tasks,
+    )
+    try:
+        return stack.enter_context(cgroup)
+    except OSError as exc:
+        # Reported in the result (cgroup None, and a note), not raised: the per-process
+        # limits still hold.
+        log.warning("could not make a cgroup for a sandboxed run: %s", exc)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,16 +660,22 @@ class _Run:
     err: _CappedStream
     timed_out: bool
     network_isolated: bool
+    joined_cgroup: bool
     duration: float
 
 
 def _run_unisolated(
-    command: list[str], *, env: dict[str, str], workspace: Path, limits: SandboxLimits
+    command: list[str],
+    *,
+    env: dict[str, str],
+    workspace: Path,
+    limits: SandboxLimits,
+    cgroup: _cgroup.RunCgroup | None,
 ) -> _Run:
     """Run with resource limits and (when permitted) a network namespace, nothing more."""
-    # The child records in this shared page whether it entered a network namespace. The
-    # page is shared across fork, and Popen returns only after exec, so the value is final.
-    with mmap.mmap(-1, 1) as net_flag:
+    # The child records in this shared page what it did. The page is shared across fork,
+    # and Popen returns only after exec, so the values are final.
+    with mmap.mmap(-1, 2) as flags:
         start = time.monotonic()
         with subprocess.Popen(
             command,
@@ -556,18 +685,22 @@ def _run_unisolated(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=lambda: _child_setup(limits, net_flag),
+            preexec_fn=lambda: _child_setup(limits, flags, cgroup=cgroup, unshare_net=True),
         ) as proc:
-            network = net_flag[0]
+            network, joined = flags[_FLAG_NET], flags[_FLAG_CGROUP]
             try:
                 out, err, timed_out = _collect(proc, limits, start, None)
             finally:
                 # Reached on any exception too, e.g. KeyboardInterrupt in the parent:
                 # never leave the program running.
                 _kill_group(proc.pid)
+                if cgroup is not None:
+                    # Children that left the process group with setsid() are still in
+                    # the run's cgroup.
+                    cgroup.kill_all()
             returncode = proc.wait()
         duration = time.monotonic() - start
-    return _Run(returncode, out, err, timed_out, network != _NET_NONE, duration)
+    return _Run(returncode, out, err, timed_out, network != _NET_NONE, joined == 1, duration)
 
 
 def _run_in_bubblewrap(
@@ -575,34 +708,40 @@ def _run_in_bubblewrap(
     *,
     env: dict[str, str],
     launch: _bubblewrap.BwrapLaunch,
+    program: bytes,
     limits: SandboxLimits,
+    cgroup: _cgroup.RunCgroup | None,
 ) -> _Run:
     """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited."""
     info_read, info_write = os.pipe()
     namespace: _bubblewrap.NamespaceInit | None = None
     try:
-        argv = launch.argv(command, env=env, info_fd=info_write)
-        start = time.monotonic()
-        with subprocess.Popen(
-            argv,
-            env={},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=(*launch.pass_fds, info_write),
-            preexec_fn=lambda: _child_setup(limits, None),
-        ) as proc:
-            os.close(info_write)
-            info_write = -1
-            namespace = _bubblewrap.NamespaceInit(info_read, proc.pid)
-            info_read = -1
-            try:
-                out, err, timed_out = _collect(proc, limits, start, namespace)
-            finally:
-                _kill_run(proc, namespace)
-            returncode = proc.wait()
-        duration = time.monotonic() - start
+        argv = launch.argv(
+            command, env=env, info_fd=info_write, files={_bubblewrap.PROGRAM: program}
+        )
+        with mmap.mmap(-1, 2) as flags:
+            start = time.monotonic()
+            with subprocess.Popen(
+                argv,
+                env={},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(*launch.pass_fds, info_write),
+                preexec_fn=lambda: _child_setup(limits, flags, cgroup=cgroup, unshare_net=False),
+            ) as proc:
+                joined = flags[_FLAG_CGROUP]
+                os.close(info_write)
+                info_write = -1
+                namespace = _bubblewrap.NamespaceInit(info_read, proc.pid)
+                info_read = -1
+                try:
+                    out, err, timed_out = _collect(proc, limits, start, namespace)
+                finally:
+                    _kill_run(proc, namespace)
+                returncode = proc.wait()
+            duration = time.monotonic() - start
     finally:
         if namespace is not None:
             namespace.close()
@@ -612,4 +751,4 @@ def _run_in_bubblewrap(
     # bwrap reports a program killed by signal N as exit status 128 + N, as a shell does.
     if 128 < returncode < 128 + signal.NSIG:
         returncode = 128 - returncode
-    return _Run(returncode, out, err, timed_out, True, duration)
+    return _Run(returncode, out, err, timed_out, True, joined == 1, duration)
