@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import threading
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -578,10 +579,104 @@ def test_list_files_is_sorted_relative_posix(ws: Workspace, outside: Path) -> No
     assert ws.list_files() == ["a/a.txt", "a/b/c.txt", "outdir", "outfile", "pipe", "z.txt"]
 
 
-def test_list_files_stops_64_folders_deep(ws: Workspace) -> None:
-    ws.write_text("/".join(["d"] * 64) + "/shown.txt", "")
-    ws.write_text("/".join(["d"] * 65) + "/hidden.txt", "")
-    assert ws.list_files() == ["/".join(["d"] * 64) + "/shown.txt"]
+def test_list_files_stops_16_folders_deep(ws: Workspace) -> None:
+    ws.write_text("/".join(["d"] * 16) + "/shown.txt", "")
+    ws.write_text("/".join(["d"] * 17) + "/hidden.txt", "")
+    assert ws.list_files() == ["/".join(["d"] * 16) + "/shown.txt"]
+
+
+def test_list_files_keeps_the_first_names_only(ws: Workspace) -> None:
+    for name in ("c.txt", "a/z.txt", "b.txt", "a/a.txt"):
+        ws.write_text(name, "")
+    assert ws.list_files(limit=2) == ["a/a.txt", "a/z.txt"]
+
+
+class CountingScandir:
+    """Wraps ``os.scandir``: counts every entry any listing is handed."""
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self._real = os.scandir
+
+    def __call__(self, path: Any) -> Any:
+        spy = self
+
+        class Entries:
+            def __init__(self) -> None:
+                self._it = spy._real(path)
+
+            def __iter__(self) -> Entries:
+                return self
+
+            def __next__(self) -> os.DirEntry[str]:
+                entry = next(self._it)
+                spy.entries += 1
+                return entry
+
+            def close(self) -> None:
+                self._it.close()
+
+            def __enter__(self) -> Entries:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self.close()
+
+        return Entries()
+
+
+def _plant(folder: Path, count: int, name_chars: int) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(count):
+            name = f"f{i:06}".ljust(name_chars, "y")
+            os.close(os.open(name, os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+def _missing_file_message(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int, int]:
+    """Read a missing file; return the message, the entries listed and the peak of memory."""
+    spy = CountingScandir()
+    monkeypatch.setattr(os, "scandir", spy)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ToolInputError) as info:
+            ws.read_text("missing.txt")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return str(info.value), spy.entries, peak
+
+
+def test_a_missing_file_in_a_wide_workspace_lists_a_bounded_part(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Code in the sandbox can plant any number of files, and every failed read_file lists
+    # the workspace in the server: 40,000 took a server from 142 MiB to 771 MiB.
+    _plant(ws.root, 15_000, 12)
+    message, entries, peak = _missing_file_message(ws, monkeypatch)
+
+    assert entries <= 10_001
+    assert peak < 4 * 1024 * 1024
+    assert message.endswith("and more (the listing stopped after 10,001 entries).")
+    assert message.count(", ") == 19
+
+
+def test_a_missing_file_in_a_deep_workspace_of_long_names_lists_a_bounded_part(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 12 folders of 200-character names, 12,000 files of 200 characters at the bottom: each
+    # path is 2.6 KB, 31 MB for all of them.
+    deep = ws.root.joinpath(*[f"d{depth:02}".ljust(200, "x") for depth in range(12)])
+    deep.mkdir(parents=True)
+    _plant(deep, 12_000, 200)
+    message, entries, peak = _missing_file_message(ws, monkeypatch)
+
+    assert entries < 1_000
+    assert peak < 4 * 1024 * 1024
+    assert "and more (the listing stopped after" in message
+    assert message.count(", ") == 19
 
 
 # --- artifacts ---------------------------------------------------------------------------

@@ -26,11 +26,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import heapq
 import os
 import posixpath
 import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -45,8 +46,17 @@ MAX_WRITE_BYTES = 1_000_000
 _LISTED_FILES = 20
 """How many existing files a "no such file" message names."""
 
-_MAX_LISTED_DEPTH = 64
+_MAX_LISTED_DEPTH = 16
 """How many folders deep ``list_files`` looks; code in the sandbox can nest folders without end."""
+
+_MAX_LISTED_ENTRIES = 10_000
+"""How many entries (files and folders) ``list_files`` looks at before it stops. Code in the
+sandbox can plant any number of files, and every failed ``read_file`` lists the workspace in
+the server (40,000 planted files took a server from 142 MiB to 771 MiB)."""
+
+_MAX_LISTED_CHARS = 1_000_000
+"""How many characters of paths ``list_files`` makes before it stops (a path may be 16
+folders of 255 characters each)."""
 
 _ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
@@ -234,31 +244,17 @@ class Workspace:
             f"of {info.st_size:,} bytes]"
         )
 
-    def list_files(self) -> list[str]:
-        """Every file in the workspace as a relative POSIX path, sorted.
+    def list_files(self, limit: int | None = None) -> list[str]:
+        """The workspace's files as relative POSIX paths, sorted; the first ``limit`` if given.
 
         Symlinks, FIFOs and other entries that are not folders are listed by name; no
         symlink is followed, so a link to a folder outside does not pull that folder into
-        the listing. Folders more than 64 levels deep are left out.
+        the listing. The walk is bounded, since code in the sandbox can plant any tree: it
+        looks 16 folders deep and stops after 10,000 entries or 1,000,000 characters of
+        paths, and only ``limit`` names are kept while it runs.
         """
-        found: list[str] = []
-        pending: list[tuple[str, ...]] = [()]
-        with _nofollow.opened_folder(self.root) as root_fd:
-            while pending:
-                names = pending.pop()
-                try:
-                    # One descriptor at a time, reopened from the root, however deep or wide
-                    # the tree is.
-                    folder = _nofollow.open_folder(root_fd, names)
-                except (OSError, _nofollow.SymlinkOnTheWay):
-                    continue  # Changed while being listed.
-                with _nofollow.closing_fd(folder), os.scandir(folder) as entries:
-                    for entry in entries:
-                        if not entry.is_dir(follow_symlinks=False):
-                            found.append("/".join((*names, entry.name)))
-                        elif len(names) < _MAX_LISTED_DEPTH:
-                            pending.append((*names, entry.name))
-        return sorted(found)
+        with contextlib.closing(_FileWalk(self.root)) as walk:
+            return _first(walk, limit)
 
     def _names(self, path: str) -> tuple[str, ...]:
         """The names from the root to ``path``, with ``.`` and ``..`` settled on the text.
@@ -343,12 +339,89 @@ class Workspace:
         )
 
     def _listing(self) -> str:
-        files = self.list_files()
+        with contextlib.closing(_FileWalk(self.root)) as walk:
+            files = _first(walk, _LISTED_FILES)
+        if walk.stopped:
+            more = f" and more (the listing stopped after {walk.entries:,} entries)"
+        elif walk.files > len(files):
+            more = f" and {walk.files - len(files)} more"
+        else:
+            more = ""
         if not files:
-            return "The workspace has no files yet."
-        shown = ", ".join(files[:_LISTED_FILES])
-        more = f" and {len(files) - _LISTED_FILES} more" if len(files) > _LISTED_FILES else ""
-        return f"Files in the workspace: {shown}{more}."
+            return "The workspace has no files yet." if not more else f"No files found{more}."
+        return f"Files in the workspace: {', '.join(files)}{more}."
+
+
+def _first(paths: Iterable[str], limit: int | None) -> list[str]:
+    # nsmallest keeps only ``limit`` names while the walk streams past it.
+    return sorted(paths) if limit is None else heapq.nsmallest(limit, paths)
+
+
+class _FileWalk:
+    """The files below a folder, streamed depth first with a descriptor per open folder.
+
+    Each folder is opened relative to the one above it with ``O_NOFOLLOW | O_DIRECTORY``, so
+    a folder swapped for a symlink is skipped, never followed; at most 17 folders are open.
+    The walk ends early at the limits above, and says so in ``stopped``.
+
+    Attributes:
+        entries: Entries looked at so far.
+        files: Files found so far.
+        stopped: The walk ended at a limit before it saw everything.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.entries = 0
+        self.files = 0
+        self.stopped = False
+        self._chars = 0
+        self._open: list[tuple[tuple[str, ...], int, os._ScandirIterator[str]]] = []
+        fd = os.open(root, _nofollow.FOLDER_FLAGS)
+        self._push((), fd)
+
+    def _push(self, names: tuple[str, ...], fd: int) -> None:
+        try:
+            entries = os.scandir(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._open.append((names, fd, entries))
+
+    def _pop(self) -> None:
+        _, fd, entries = self._open.pop()
+        entries.close()
+        os.close(fd)
+
+    def __iter__(self) -> Iterator[str]:
+        while self._open:
+            names, fd, entries = self._open[-1]
+            try:
+                entry = next(entries, None)
+            except OSError:
+                entry = None  # Changed while being listed.
+            if entry is None:
+                self._pop()
+                continue
+            self.entries += 1
+            if self.entries > _MAX_LISTED_ENTRIES or self._chars > _MAX_LISTED_CHARS:
+                self.stopped = True
+                return
+            if entry.is_dir(follow_symlinks=False):
+                if len(names) < _MAX_LISTED_DEPTH:
+                    try:
+                        child = os.open(entry.name, _nofollow.FOLDER_FLAGS, dir_fd=fd)
+                    except OSError:
+                        continue  # Changed while being listed.
+                    self._push((*names, entry.name), child)
+                continue
+            path = "/".join((*names, entry.name))
+            self.files += 1
+            self._chars += len(path)
+            yield path
+
+    def close(self) -> None:
+        while self._open:
+            self._pop()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
