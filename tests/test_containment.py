@@ -205,6 +205,9 @@ def test_cancel_ends_a_task_whose_runner_is_dead_at_once(ledger: Ledger) -> None
     lapse(ledger, task.id, "dead")
     cancelled = ledger.request_cancel(task.id)
     assert cancelled.status == "cancelled" and cancelled.finished_at is not None
+    last = ledger.events_after(task.id)[-1]
+    assert (last.type, last.data["status"]) == ("run_finished", "cancelled")
+    assert cancelled.last_event_seq == last.seq
     assert ledger.lease_of(task.id) == (None, None)
     assert ledger.take_lease(task.id, "other", seconds=30) is None  # never picked up again
     assert ledger.unfinished_tasks() == []

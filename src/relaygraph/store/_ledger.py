@@ -676,6 +676,8 @@ class Ledger:
                 .returning(TaskRow.id)
             )
             if cancelled is not None:
+                # Its event history ends like any run's, so a stream or an audit sees why.
+                _add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
                 return _updated(session, task_id, values)
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
@@ -719,13 +721,8 @@ class Ledger:
             _apply_status(row, values)
             row.runner_id = row.lease_until = None
             row.updated_at = values["updated_at"]
-            row.last_event_seq += 1
-            event = {
-                "type": "run_finished",
-                "status": values["status"],
-                "stop_reason": values["stop_reason"],
-            }
-            _add_events(session, task_id, row.last_event_seq, [event], now)
+            _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            session.refresh(row)
             return _task(row)
 
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
@@ -1177,6 +1174,22 @@ def _add_events(
     )
     for seq, data in enumerate(batch, start=first):
         derive(session, task_id, seq, data, now)
+
+
+def _add_finish_event(
+    session: Session, task_id: str, status: str, stop_reason: str | None, now: datetime
+) -> None:
+    """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
+    task no runner holds, a task abandoned too often)."""
+    seq = session.scalar(
+        update(TaskRow)
+        .where(TaskRow.id == task_id)
+        .values(last_event_seq=TaskRow.last_event_seq + 1)
+        .returning(TaskRow.last_event_seq)
+    )
+    assert seq is not None
+    event = {"type": "run_finished", "status": status, "stop_reason": stop_reason}
+    _add_events(session, task_id, seq, [event], now)
 
 
 def _no_live_lease(now: datetime) -> ColumnElement[bool]:
