@@ -113,10 +113,14 @@ def scripts(tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def running(home: Path, scripts: Path) -> AsyncIterator[Dash]:
+async def running(home: Path, scripts: Path, **more: Any) -> AsyncIterator[Dash]:
     """The task service with its dashboard, started (and stopped after)."""
     settings = ServiceSettings(
-        default_model=f"scripted:{EXAMPLE_RELAY}", scripts_dir=scripts, home=home, workers=2
+        default_model=f"scripted:{EXAMPLE_RELAY}",
+        scripts_dir=scripts,
+        home=home,
+        workers=2,
+        **more,
     )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
@@ -643,3 +647,67 @@ async def test_a_form_posted_after_the_session_ended_leads_to_sign_in(dash: Dash
             "/ui/tasks/abc/cancel", data={"csrf": "x"}, headers={"Accept": "application/json"}
         )
         assert script.status_code == 401 and script.json()["error"]["code"] == "unauthorized"
+
+
+REVIEW_TEAM = """\
+name = "docs-review"
+
+[agents.reviewer]
+description = "counts the words of a draft"
+prompt = "You are the reviewer. Count the words with word_count."
+tools = ["rg_dash_tools:word_count"]
+"""
+
+
+async def test_an_edit_is_checked_against_a_registered_teams_own_tool(
+    home: Path, scripts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site" / "rg_dash_tools"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text(
+        'def word_count(text: str) -> int:\n    """Count the words of a text."""\n'
+        "    return len(text.split())\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(site.parent))
+    async with running(home, scripts, tool_modules=["rg_dash_tools"]) as dash:
+        key = dash.key("acme")
+        async with dash.client() as client:
+            pushed = await client.put(
+                "/v1/teams/docs-review", json={"toml": REVIEW_TEAM}, headers=bearer(key)
+            )
+            assert pushed.status_code == 201, pushed.text
+        script = {
+            "supervisor": [
+                {"route": {"next": "reviewer", "task": "count", "reason": "a draft exists"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "counted"}},
+            ],
+            "reviewer": [
+                {"tool_calls": [{"name": "word_count", "args": {"text": "x y z"}}]},
+                {"content": "Counted."},
+            ],
+            "finalize": [{"content": "Done."}],
+        }
+        task = await dash.submit(
+            key,
+            input="count",
+            team="docs-review",
+            model=dash.script("review.json", script),
+            policy={"agents": {"reviewer": {"approval": ["word_count"]}}},
+        )
+        await dash.wait(key, task["id"], ("interrupted",))
+        async with dash.browser(key) as browser:
+            page = (await browser.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+            assert "docs-review" in page and "word_count" in page
+            approval = re.search(r'data-approval="([^"]+)"', page)
+            assert approval is not None
+            url = f"/ui/tasks/{task['id']}/approvals/{approval.group(1)}"
+            form = {"csrf": csrf_of(page), "decision": "edit"}
+            answer = {"Accept": "application/json"}
+            wrong = await browser.post(url, data={**form, "args": '{"words": 2}'}, headers=answer)
+            assert wrong.status_code == 422 and "'words'" in wrong.json()["error"]["message"]
+            right = await browser.post(
+                url, data={**form, "args": '{"text": "a b"}'}, headers=answer
+            )
+            assert right.status_code == 202, right.text
+        assert (await dash.wait(key, task["id"], FINISHED))["status"] == "succeeded"

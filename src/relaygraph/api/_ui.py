@@ -19,13 +19,15 @@ from relaygraph.api.ui._report_pages import report_router
 from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.api.ui._settings import DashboardSettings
 from relaygraph.api.ui._task_pages import task_router
-from relaygraph.store import Ledger
+from relaygraph.store import Ledger, Task
+from relaygraph.team import Team
 
 
 def ui_router(
     *,
     ledger: Callable[[], Ledger],
     workers: Callable[[], TaskWorkers],
+    team_of: Callable[[Task], Team],
     home: Path,
     settings: DashboardSettings | None = None,
 ) -> APIRouter:
@@ -34,6 +36,7 @@ def ui_router(
     Args:
         ledger: Returns the server's ledger (it is opened when the app starts).
         workers: Returns the server's task workers: a decision resumes its task on them.
+        team_of: The team a task records (its tools check an edit's arguments).
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
     """
@@ -41,6 +44,7 @@ def ui_router(
     dashboard = Dashboard(
         ledger=ledger,
         workers=workers,
+        team_of=team_of,
         home=home,
         settings=settings,
         sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),

@@ -570,7 +570,13 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         dashboard_api_router(ledger=ledger, home=home, show_evals=dashboard.show_evals)
     )
     app.include_router(
-        ui_router(ledger=ledger, workers=lambda: state["workers"], home=home, settings=dashboard)
+        ui_router(
+            ledger=ledger,
+            workers=lambda: state["workers"],
+            team_of=teams.resolve,
+            home=home,
+            settings=dashboard,
+        )
     )
 
     return app

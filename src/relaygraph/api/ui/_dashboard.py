@@ -18,6 +18,7 @@ from relaygraph.store import Ledger, Task
 
 if TYPE_CHECKING:
     from relaygraph.api._workers import TaskWorkers
+    from relaygraph.team import Team
 
 REFRESH_HEADER = "X-Relaygraph-Refresh"
 """Sent by the page's own refreshes: they do not keep an idle session alive."""
@@ -42,6 +43,7 @@ class Dashboard:
     Args:
         ledger: Returns the server's ledger (opened when the app starts).
         workers: Returns the server's task workers (they resume a task after a decision).
+        team_of: The team a task records (the server's registry of teams).
         home: The data directory (artifacts live under it).
         settings: The dashboard's settings.
         sessions: Who is signed in.
@@ -49,6 +51,7 @@ class Dashboard:
 
     ledger: Callable[[], Ledger]
     workers: Callable[[], TaskWorkers]
+    team_of: Callable[[Task], Team]
     home: Path
     settings: DashboardSettings
     sessions: SessionStore

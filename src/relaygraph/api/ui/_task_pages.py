@@ -332,10 +332,14 @@ def decide_approval(
             409, "not_waiting", f"it was decided already, or the task is {task.status} now"
         )
     if body.decision == "edit" and body.args is not None and approval.tool:
-        from relaygraph.agents.tools import check_tool_args
+        from relaygraph.agents.tools import BUILTIN_TOOLS, check_tool_args
 
         try:
-            check_tool_args(approval.tool, body.args)
+            tools = dashboard.team_of(task).tools
+        except ConfigError:  # Its team no longer builds: check against what is known.
+            tools = BUILTIN_TOOLS
+        try:
+            check_tool_args(approval.tool, body.args, tools)
         except ConfigError as exc:
             raise ApiError(422, "invalid_request", str(exc), "args") from None
     try:
