@@ -4,11 +4,16 @@ violation in the run's result, in the ledger's events and in the timeline.
 
 An agent calling a tool outside its allowlist is covered in ``test_policies.py`` (structured)
 and ``test_topologies.py`` (swarm, supervisor-tools); these are the refusals that left no
-record before: the tool-calling supervisor's calls, and transfers with invalid arguments.
+record before: the tool-calling supervisor's calls, transfers with invalid arguments, a
+second transfer in one message, a transfer or an approval tool beside other calls,
+``run_python`` on a server without isolation, a work tool's invalid arguments, and
+finalize answering with a tool call. Where an agent's call did not run, its ``tool_result``
+event says so (``ran: false``) and no budget counts it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +21,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from relaygraph.run import RunResult, run_task
+from relaygraph.run import RunResult, TaskRunner, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
-from relaygraph.supervisor import FINISH
+from relaygraph.supervisor import FINALIZE, FINISH
 from relaygraph.topology import Topology
 from relaygraph.tracing import build_timeline
 
@@ -57,17 +62,9 @@ def timeline_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from timeline_nodes(child)
 
 
-def assert_recorded(
-    result: RunResult,
-    home: Path,
-    *,
-    agent: str,
-    kind: str,
-    call_id: str,
-    messages: list[BaseMessage],
-) -> ToolMessage:
-    """The refusal of ``call_id`` is a violation in the result, the ledger's events and the
-    timeline, and exactly one ToolMessage (an error) answered the call; returns it."""
+def assert_violation(result: RunResult, home: Path, *, agent: str, kind: str) -> None:
+    """One violation of ``agent`` of this kind is in the result, and the ledger's events and
+    the timeline hold exactly the result's violations."""
     found = [v for v in result.violations if (v["agent"], v["kind"]) == (agent, kind)]
     assert len(found) == 1, result.violations
     with ledger_of(home) as ledger:
@@ -81,10 +78,40 @@ def assert_recorded(
         n for n in timeline_nodes(timeline) if n["kind"] == "violation" and n["agent"] == agent
     ]
     assert [n["violation"] for n in traced] == [kind]
+
+
+def assert_recorded(
+    result: RunResult,
+    home: Path,
+    *,
+    agent: str,
+    kind: str,
+    call_id: str,
+    messages: list[BaseMessage],
+) -> ToolMessage:
+    """The refusal of ``call_id`` is a violation in the result, the ledger's events and the
+    timeline, and exactly one ToolMessage (an error) answered the call; returns it."""
+    assert_violation(result, home, agent=agent, kind=kind)
     answers = [m for m in messages if isinstance(m, ToolMessage) and m.tool_call_id == call_id]
     assert len(answers) == 1, answers
     assert answers[0].status == "error"
     return answers[0]
+
+
+def tool_results(result: RunResult, home: Path, call_id: str) -> list[tuple[str, bool]]:
+    """``(status, ran)`` of each ``tool_result`` event of the call."""
+    with ledger_of(home) as ledger:
+        return [
+            (e.data["status"], e.data["ran"])
+            for e in ledger.events_after(result.task_id)
+            if e.type == "tool_result" and e.data["tool_call_id"] == call_id
+        ]
+
+
+def transcript_of(home: Path, result: RunResult) -> list[BaseMessage]:
+    """Every agent visit's messages, in order."""
+    state = final_state(home, result.thread_id)
+    return [m for visit in state["visits"] for m in visit["messages"]]
 
 
 # -- the tool-calling supervisor --------------------------------------------------------------
@@ -303,3 +330,262 @@ def test_agent_transfer_with_invalid_arguments_is_refused_and_recorded(
             if e.type == "tool_result" and e.data["tool_call_id"] == "agent-bad"
         ]
     assert [(r["status"], r["ran"]) for r in results] == [("error", False)]
+
+
+# -- one transfer per message, and alone --------------------------------------------------------
+
+
+def test_supervisor_second_transfer_in_one_message_is_refused_and_recorded(
+    home: Path, script: Script
+) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                calls(
+                    ("transfer_to_researcher", "sup-ok", {"task": "find the facts"}),
+                    ("transfer_to_writer", "sup-bad", {"task": "write it"}),
+                ),
+                say("done"),
+            ],
+            "researcher": [say("facts")],
+        }
+    )
+    result = run_task("go", model=spec, topology=TOOLS)
+    assert result.status == "succeeded", result.stop_reason
+    state = final_state(home, result.thread_id)
+    answer = assert_recorded(
+        result,
+        home,
+        agent="supervisor",
+        kind="handoff_not_allowed",
+        call_id="sup-bad",
+        messages=state["messages"],
+    )
+    assert "only one transfer per message is carried out" in answer.text
+    assert "'transfer_to_researcher' came first" in answer.text
+    assert "transfer_to_writer" in result.violations[0]["detail"]
+    assert result.agents_run == ["researcher"]
+    assert [(h["from"], h["to"]) for h in result.handoffs] == [("supervisor", "researcher")]
+
+
+@EVERY_TOPOLOGY
+def test_agent_second_transfer_in_one_message_is_refused_and_recorded(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    turns = with_roles(
+        topology,
+        {
+            "researcher": [
+                calls(
+                    ("transfer_to_coder", "agent-ok", {"task": "count them"}),
+                    ("transfer_to_writer", "agent-bad", {"task": "write it"}),
+                )
+            ],
+            "coder": [say("41")],
+        },
+    )
+    result = run_task("go", model=script(turns), topology=topology)
+    assert result.status == "succeeded", result.stop_reason
+    answer = assert_recorded(
+        result,
+        home,
+        agent="researcher",
+        kind="handoff_not_allowed",
+        call_id="agent-bad",
+        messages=transcript_of(home, result),
+    )
+    assert "only one handoff per message is carried out" in answer.text
+    assert "'transfer_to_coder' came first" in answer.text
+    assert tool_results(result, home, "agent-bad") == [("error", False)]
+    assert result.agents_run == ["researcher", "coder"]
+    assert [(h["from"], h["to"]) for h in result.handoffs if h["kind"] == "direct"] == [
+        ("researcher", "coder")
+    ]
+
+
+@EVERY_TOPOLOGY
+def test_agent_transfer_beside_a_work_tool_is_refused_and_recorded(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    turns = with_roles(
+        topology,
+        {
+            "researcher": [
+                calls(
+                    ("search_docs", "work", {"query": "checkpoint"}),
+                    ("transfer_to_coder", "agent-bad", {"task": "count them"}),
+                ),
+                calls(("transfer_to_coder", "agent-ok", {"task": "count them"})),
+            ],
+            "coder": [say("41")],
+        },
+    )
+    result = run_task("go", model=script(turns), topology=topology)
+    assert result.status == "succeeded", result.stop_reason
+    answer = assert_recorded(
+        result,
+        home,
+        agent="researcher",
+        kind="handoff_not_allowed",
+        call_id="agent-bad",
+        messages=transcript_of(home, result),
+    )
+    assert "hand off in a message of its own" in answer.text
+    assert tool_results(result, home, "agent-bad") == [("error", False)]
+    # The work tool beside it ran, and counts; the refused transfer does not.
+    assert tool_results(result, home, "work") == [("success", True)]
+    assert result.usage["researcher"]["tool_calls"] == 1
+    assert result.agents_run == ["researcher", "coder"]
+
+
+# -- work tools ---------------------------------------------------------------------------------
+
+
+@EVERY_TOPOLOGY
+def test_approval_tool_beside_another_call_is_refused_and_recorded(
+    home: Path, script: Script, topology: Topology, tmp_path: Path
+) -> None:
+    policy = tmp_path / "approve-read-doc.toml"
+    policy.write_text('[agents.researcher]\napproval = ["read_doc"]\n', encoding="utf-8")
+    turns = with_roles(
+        topology,
+        {
+            "researcher": [
+                calls(
+                    ("search_docs", "work", {"query": "checkpoint"}),
+                    ("read_doc", "agent-bad", {"doc_id": "checkpoints"}),
+                ),
+                say("facts"),
+            ],
+        },
+    )
+    result = run_task("go", model=script(turns), topology=topology, policy=policy)
+    # Refused, not paused: nothing waits for a person.
+    assert result.status == "succeeded", result.stop_reason
+    answer = assert_recorded(
+        result,
+        home,
+        agent="researcher",
+        kind="tool_not_allowed",
+        call_id="agent-bad",
+        messages=transcript_of(home, result),
+    )
+    assert "read_doc needs a person's approval, so call it in a message of its own" in answer.text
+    assert "approval" in result.violations[0]["detail"]
+    assert tool_results(result, home, "agent-bad") == [("error", False)]
+    assert result.usage["researcher"]["tool_calls"] == 1  # search_docs only
+
+
+@EVERY_TOPOLOGY
+def test_work_tool_with_invalid_arguments_is_refused_and_recorded(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    turns = with_roles(
+        topology,
+        {
+            "researcher": [
+                calls(("search_docs", "agent-bad", {"k": 3})),
+                calls(("read_doc", "agent-bad-2", {"doc_id": 5})),
+                say("facts"),
+            ],
+        },
+    )
+    result = run_task("go", model=script(turns), topology=topology)
+    assert result.status == "succeeded", result.stop_reason
+    transcript = transcript_of(home, result)
+    found = [v for v in result.violations if v["kind"] == "invalid_arguments"]
+    assert [v["agent"] for v in found] == ["researcher", "researcher"]
+    with ledger_of(home) as ledger:
+        timeline = build_timeline(ledger, result.task_id, project_id=LOCAL_PROJECT_ID)
+        live = [e.data for e in ledger.events_after(result.task_id) if e.type == "violation"]
+    assert [(e["agent"], e["kind"], e["detail"]) for e in live] == [
+        (v["agent"], v["kind"], v["detail"]) for v in result.violations
+    ]
+    traced = [n["violation"] for n in timeline_nodes(timeline) if n["kind"] == "violation"]
+    assert traced == ["invalid_arguments", "invalid_arguments"]
+    for call_id, problem in [("agent-bad", "'query' is missing"), ("agent-bad-2", "'doc_id'")]:
+        [answer] = [
+            m for m in transcript if isinstance(m, ToolMessage) and m.tool_call_id == call_id
+        ]
+        assert answer.status == "error"
+        assert answer.text.startswith("Not run: the arguments of ")
+        assert problem in answer.text
+        assert tool_results(result, home, call_id) == [("error", False)]
+    assert "'query' is missing" in found[0]["detail"]
+    assert result.usage["researcher"]["tool_calls"] == 0  # Nothing ran.
+
+
+@pytest.fixture
+def no_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that refuses unisolated code (``TaskContext.sandbox_isolation_required``)
+    on a host without bubblewrap."""
+    monkeypatch.setenv("RELAYGRAPH_BWRAP", "")
+    init = functools.partialmethod(TaskRunner.__init__, sandbox_isolation_required=True)
+    monkeypatch.setattr(TaskRunner, "__init__", init)
+
+
+@EVERY_TOPOLOGY
+@pytest.mark.usefixtures("no_isolation")
+def test_run_python_refused_without_isolation_is_recorded(
+    home: Path, script: Script, topology: Topology
+) -> None:
+    turns = with_roles(
+        topology,
+        {
+            "researcher": [calls(("transfer_to_coder", "h-1", {"task": "run it"}))],
+            "coder": [
+                calls(("run_python", "agent-bad", {"code": "open('ran.txt', 'w').write('x')"})),
+                say("could not run code"),
+            ],
+        },
+    )
+    result = run_task("go", model=script(turns), topology=topology)
+    assert result.status == "succeeded", result.stop_reason
+    answer = assert_recorded(
+        result,
+        home,
+        agent="coder",
+        kind="tool_not_allowed",
+        call_id="agent-bad",
+        messages=transcript_of(home, result),
+    )
+    assert answer.text.startswith("Not run: run_python is refused on this server")
+    assert "bubblewrap" in result.violations[0]["detail"]
+    assert tool_results(result, home, "agent-bad") == [("error", False)]
+    assert result.usage["coder"]["tool_calls"] == 0
+    assert not (home / "tasks" / result.task_id / "workspace" / "ran.txt").exists()
+
+
+# -- finalize -----------------------------------------------------------------------------------
+
+
+def finalized(script: Script, turn: dict[str, Any]) -> RunResult:
+    """A structured run whose finalize model answers with ``turn``."""
+    spec = script(
+        {
+            "supervisor": [route("researcher", "find the facts"), route(FINISH)],
+            "researcher": [say("facts")],
+            "finalize": [turn],
+        }
+    )
+    return run_task("go", model=spec, topology=STRUCTURED)
+
+
+def test_finalize_answering_with_a_tool_call_is_recorded_and_not_succeeded(
+    home: Path, script: Script
+) -> None:
+    result = finalized(script, calls(("run_python", "fin-1", {"code": "print('final')"})))
+    # The call was dropped; with no text there is no answer, and the run says so.
+    assert (result.status, result.answer) == ("degraded", None)
+    assert result.stop_reason is not None and result.stop_reason.startswith("no answer")
+    assert_violation(result, home, agent=FINALIZE, kind="tool_not_allowed")
+    assert "run_python" in result.violations[0]["detail"]
+    assert tool_results(result, home, "fin-1") == []  # Nothing ran.
+    assert result.usage[FINALIZE]["tool_calls"] == 0
+
+
+def test_finalize_with_no_text_is_not_succeeded(home: Path, script: Script) -> None:
+    result = finalized(script, say("   "))
+    assert (result.status, result.answer) == ("degraded", None)
+    assert result.stop_reason == "no answer: finalize wrote no text"
+    assert result.violations == []

@@ -10,9 +10,10 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from relaygraph.agents.sandbox import SandboxUnavailableError
 from relaygraph.errors import ToolInputError
 from relaygraph.handoffs import handoff_target
-from relaygraph.policies.middleware import was_run
+from relaygraph.policies.middleware import refuse_call, was_run
 
 PREVIEW_CHARS = 300
 
@@ -22,7 +23,9 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
 
     A :class:`ToolInputError` (a path outside the workspace, an unknown doc id) is a normal
     outcome the model can correct, so it becomes an error ToolMessage instead of failing the
-    task. Any other exception still propagates: it is a real failure.
+    task. A :class:`SandboxUnavailableError` is a refusal before anything ran (this server
+    allows no unisolated code): its answer records a ``tool_not_allowed`` violation. Any
+    other exception still propagates: it is a real failure.
     """
 
     def __init__(self, agent: str) -> None:
@@ -53,6 +56,16 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
             )
         try:
             result = handler(request)
+        except SandboxUnavailableError as exc:
+            result = refuse_call(
+                call,
+                agent=self.agent,
+                kind="tool_not_allowed",
+                detail=f"{self.agent!r} called {call['name']!r}, which this server refuses: "
+                "it has no filesystem isolation (bubblewrap) for code",
+                content=f"Not run: {exc}",
+                emit=emit,
+            )
         except ToolInputError as exc:
             result = ToolMessage(
                 content=f"Error: {exc}",

@@ -8,10 +8,10 @@ the target its task, and appends a :class:`HandoffRecord`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Command
@@ -24,9 +24,11 @@ __all__ = [
     "HandoffArgs",
     "HandoffRecord",
     "answer_unanswered_calls",
+    "arguments_problem",
     "calling_message",
     "create_handoff_tool",
     "handoff_args_problem",
+    "handoff_call_problem",
     "handoff_target",
     "merge_by_id",
 ]
@@ -96,8 +98,9 @@ def answer_unanswered_calls(
 
     When a handoff is carried out, LangGraph leaves the agent's subgraph at once, so the
     refusals written for the other handoff calls of the same message are lost with the rest
-    of that step. The transcript is completed with the same answers, so no tool call is
-    ever left dangling.
+    of that step. relaygraph's policy middleware puts its refusals of those calls on the
+    handoff itself, recorded as violations; this completes the transcript of an agent
+    without it, so that no tool call is ever left dangling.
     """
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     last_ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
@@ -146,8 +149,14 @@ def handoff_args_problem(args: Any) -> str | None:
     A transfer whose arguments do not fit (no ``task``, a task that is not a string or is
     blank) is refused before it runs, and the refusal says which argument to fix.
     """
+    return arguments_problem(HandoffArgs, args)
+
+
+def arguments_problem(schema: type[BaseModel], args: Any) -> str | None:
+    """What is wrong with a tool call's arguments for the tool's ``schema``, in words a model
+    can act on (``'code' is missing``), or ``None`` when they fit."""
     try:
-        HandoffArgs.model_validate(args)
+        schema.model_validate(args)
     except ValidationError as exc:
         return "; ".join(_problem(error) for error in exc.errors())
     return None
@@ -162,6 +171,30 @@ def _problem(error: ErrorDetails) -> str:
     if error["type"] == "blank_task":
         return f"{field!r} {error['msg']}"
     return f"{field!r} is invalid: {error['msg']}"
+
+
+def handoff_call_problem(calls: Sequence[ToolCall | Mapping[str, Any]], call_id: str) -> str | None:
+    """Why the transfer call ``call_id`` cannot be carried out because of the other calls of
+    its message (``calls``), or ``None`` when it may be.
+
+    Only the first transfer of a message may be carried out: parallel transfers silently
+    lose an agent upstream (langgraph-supervisor #230, langgraph #7129). A transfer beside
+    ordinary tool calls is refused too: their results would be lost upstream
+    (langgraph-swarm #26); the agent sees them first and may hand off in its next message.
+    """
+    handoffs = [c for c in calls if handoff_target(c["name"]) is not None]
+    if handoffs and handoffs[0]["id"] != call_id:
+        return (
+            f"only one handoff per message is carried out, and {handoffs[0]['name']!r} "
+            "came first in this message."
+        )
+    if len(handoffs) != len(calls):
+        others = ", ".join(repr(c["name"]) for c in calls if c not in handoffs)
+        return (
+            f"this message also calls {others}; hand off in a message of its own once you "
+            "have those results."
+        )
+    return None
 
 
 def calling_message(runtime: ToolRuntime[Any, Any]) -> AIMessage | None:
@@ -186,14 +219,12 @@ def _refusal(runtime: ToolRuntime[Any, Any], name: str, why: str) -> ToolMessage
 def create_handoff_tool(target: str, *, source: str, description: str | None = None) -> BaseTool:
     """Create the ``transfer_to_<target>`` tool for agent ``source``.
 
-    Only one handoff in a model message is carried out: parallel handoffs silently lose an
-    agent upstream (langgraph-supervisor #230, langgraph #7129). The first handoff call of a
-    message runs; every other handoff call is answered with a ToolMessage saying it was not
-    carried out and why. A handoff in the same message as ordinary tool calls is refused for
-    the same reason (those tool results would be lost upstream, langgraph-swarm #26): the
-    agent sees the results first and may hand off in its next message. A call whose
-    arguments do not fit :class:`HandoffArgs` never reaches the tool: the agent's policy
-    middleware refuses it and records why (:func:`handoff_args_problem`).
+    Only the first handoff call of a message is carried out, and only when the message
+    calls nothing else (:func:`handoff_call_problem` says why); every other call is
+    answered with a ToolMessage saying it was not carried out and why. In a relaygraph
+    agent the policy middleware refuses those calls before they reach the tool and records
+    each as a violation, as it does a call whose arguments do not fit :class:`HandoffArgs`
+    (:func:`handoff_args_problem`).
 
     Args:
         target: The agent that receives the work.
@@ -207,22 +238,8 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     ) -> Command[Any] | ToolMessage:
         message = calling_message(runtime)
         calls = message.tool_calls if message is not None else []
-        handoffs = [c for c in calls if handoff_target(c["name"]) is not None]
-        if handoffs and handoffs[0]["id"] != runtime.tool_call_id:
-            return _refusal(
-                runtime,
-                name,
-                f"only one handoff per message is carried out, and {handoffs[0]['name']!r} "
-                "came first in this message.",
-            )
-        if len(handoffs) != len(calls):
-            others = ", ".join(repr(c["name"]) for c in calls if c not in handoffs)
-            return _refusal(
-                runtime,
-                name,
-                f"this message also calls {others}; hand off in a message of its own once "
-                "you have those results.",
-            )
+        if (why := handoff_call_problem(calls, runtime.tool_call_id or "")) is not None:
+            return _refusal(runtime, name, why)
         tool_message = ToolMessage(
             content=f"Transferred to {target}: {task}",
             name=name,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain.agents.middleware import (
@@ -22,12 +22,20 @@ from langchain.agents.middleware import (
     hook_config,
 )
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.tools import BaseTool
 from langgraph.config import get_config
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, StreamWriter, interrupt
+from pydantic import BaseModel
 
-from relaygraph.handoffs import HANDOFF_PREFIX, handoff_args_problem, handoff_target
+from relaygraph.handoffs import (
+    HANDOFF_PREFIX,
+    arguments_problem,
+    handoff_args_problem,
+    handoff_call_problem,
+    handoff_target,
+)
 from relaygraph.policies._policy import AgentPolicy, TeamPolicy
 from relaygraph.policies.budget import (
     BudgetHit,
@@ -46,6 +54,7 @@ __all__ = [
     "PolicyMiddleware",
     "VisitBudget",
     "is_model_output",
+    "refuse_call",
     "transcript_usage",
     "was_run",
 ]
@@ -149,6 +158,55 @@ def _refusal(call: Mapping[str, Any], kind: str, detail: str, content: str) -> T
     )
 
 
+def refuse_call(
+    call: Mapping[str, Any],
+    *,
+    agent: str,
+    kind: str,
+    detail: str,
+    content: str,
+    emit: StreamWriter,
+) -> ToolMessage:
+    """Refuse a tool call that did not run: its violation's live event, and the ToolMessage
+    that answers the call and records the violation (the agent node reads it into the
+    task's violations; :func:`was_run` is False for it, so no budget counts it).
+
+    Args:
+        call: The refused call.
+        agent: Who made it.
+        kind: The violation's kind (``tool_not_allowed``, ``invalid_arguments``, ...).
+        detail: What happened, for the audit trail.
+        content: What the model reads: why, and what to do instead.
+        emit: The run's stream writer.
+    """
+    emit({"type": "violation", "agent": agent, "kind": kind, "detail": detail})
+    return _refusal(call, kind, detail, content)
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """Why a call may not run: its violation and the answer the model reads."""
+
+    kind: str
+    detail: str
+    content: str
+
+
+def _calls_of(messages: Sequence[BaseMessage], call_id: str) -> list[Mapping[str, Any]]:
+    """The calls of the AI message that made ``call_id`` (the call's own message)."""
+    for message in reversed(messages):
+        if isinstance(message, AIMessage) and any(c["id"] == call_id for c in message.tool_calls):
+            return list(message.tool_calls)
+    return []
+
+
+def _schema(tool: BaseTool | None) -> type[BaseModel] | None:
+    """The model the tool's arguments are validated with, when it has one (an MCP tool's
+    schema is plain JSON Schema, left to the tool)."""
+    schema = tool.tool_call_schema if tool is not None else None
+    return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+
+
 class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     """Enforces one agent's policy: budgets, allowlists, repeated calls, approvals."""
 
@@ -226,22 +284,64 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         call = request.tool_call
+        messages: list[BaseMessage] = list(request.state.get("messages", []))
+        calls = _calls_of(messages, call["id"] or "")
+        tools = {t.name: t for t in request.runtime.tools}
+        budget = _visit_budget()
+        refused = self._refusal(call, calls, tools, budget)
+        if refused is not None:
+            return self._refused(request, refused)
+        if handoff_target(call["name"]) is not None:
+            return self._with_others_answered(handler(request), call, calls, tools, budget)
+        if budget is not None:
+            spent = self._check_tool(call, messages, calls, tools, budget)
+            if spent is not None:
+                request.runtime.stream_writer(
+                    {
+                        "type": "violation",
+                        "agent": self.agent,
+                        **spent.additional_kwargs[VIOLATION_KEY],
+                    }
+                )
+                return spent
+        if call["name"] in self.rules.approval:
+            return self._with_approval(request, handler, budget)
+        return handler(request)
+
+    def _refused(self, request: ToolCallRequest, refused: _Refused) -> ToolMessage:
+        """Refuse the call: its violation's live event, and the answer that records it."""
+        return refuse_call(
+            request.tool_call,
+            agent=self.agent,
+            kind=refused.kind,
+            detail=refused.detail,
+            content=refused.content,
+            emit=request.runtime.stream_writer,
+        )
+
+    def _refusal(
+        self,
+        call: Mapping[str, Any],
+        calls: Sequence[Mapping[str, Any]],
+        tools: Mapping[str, BaseTool],
+        budget: VisitBudget | None,
+    ) -> _Refused | None:
+        """Why ``call`` may not run whatever was spent: a tool outside the allowlist, a peer
+        barred now, arguments that do not fit, or a call its message (``calls``) rules out
+        (a second transfer, a transfer or an approval beside other calls). ``None`` when
+        it may run as far as these rules go."""
         name = call["name"]
-        emit = request.runtime.stream_writer
         if name not in self.allowed:
             allowed = ", ".join(sorted(self.allowed)) or "none"
-            return self._refused(
-                request,
+            return _Refused(
                 "handoff_not_allowed" if handoff_target(name) else "tool_not_allowed",
                 f"{self.agent!r} called {name!r}, which it is not allowed",
                 f"Not run: {name!r} is not allowed for {self.agent}. Allowed tools: {allowed}.",
             )
-        budget = _visit_budget()
         if (peer := handoff_target(name)) is not None:
             if budget is not None and peer in budget.barred:
                 why = budget.barred[peer]
-                return self._refused(
-                    request,
+                return _Refused(
                     "handoff_not_allowed",
                     f"{self.agent!r} called {name!r}, which is barred now: {why}",
                     f"Not run: {self.agent} may not hand work to {peer} now ({why}). "
@@ -250,43 +350,77 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             if (problem := handoff_args_problem(call["args"])) is not None:
                 # Refused here rather than by the tool's schema, so that the transfer that
                 # did not happen is recorded like every other refused call.
-                return self._refused(
-                    request,
+                return _Refused(
                     "invalid_arguments",
                     f"{self.agent!r} called {name!r} with invalid arguments: {problem}",
                     f"Not run: the arguments of {name} do not fit: {problem}. Call it again "
                     "with a 'task' (text saying what to do) and, optionally, a 'reason'.",
                 )
-            return handler(request)
-
-        messages: list[BaseMessage] = list(request.state.get("messages", []))
-        if budget is not None:
-            refused = self._check_tool(call, messages, budget)
-            if refused is not None:
-                emit(
-                    {
-                        "type": "violation",
-                        "agent": self.agent,
-                        **refused.additional_kwargs[VIOLATION_KEY],
-                    }
+            if (shape := handoff_call_problem(calls, call["id"] or "")) is not None:
+                # Refused here rather than by the tool, so that it is recorded; the words
+                # are the tool's own.
+                return _Refused(
+                    "handoff_not_allowed",
+                    f"{self.agent!r} called {name!r}, which was not carried out: {shape}",
+                    f"Handoff not carried out: {shape}",
                 )
-                return refused
-        if name in self.rules.approval:
-            return self._with_approval(request, handler, messages, budget)
-        return handler(request)
+            return None
+        schema = _schema(tools.get(name))
+        if schema is not None and (problem := arguments_problem(schema, call["args"])):
+            # The tool node would answer these with its own error as if the tool had run.
+            return _Refused(
+                "invalid_arguments",
+                f"{self.agent!r} called {name!r} with invalid arguments: {problem}",
+                f"Not run: the arguments of {name} do not fit: {problem}. Call it again with "
+                f"arguments that fit: {', '.join(schema.model_fields) or 'none'}.",
+            )
+        if name in self.rules.approval and len(calls) > 1:
+            # Everything else in the message would run before the approval; nothing with a
+            # side effect may happen before the interrupt, so the call must come alone.
+            return _Refused(
+                "tool_not_allowed",
+                f"{self.agent!r} called {name!r}, which needs a person's approval, beside "
+                "other calls in one message",
+                f"Not run: {name} needs a person's approval, so call it in a message of its own.",
+            )
+        return None
 
-    def _refused(
-        self, request: ToolCallRequest, kind: str, detail: str, content: str
-    ) -> ToolMessage:
-        """Refuse the call: its violation's live event, and the answer that records it."""
-        request.runtime.stream_writer(
-            {"type": "violation", "agent": self.agent, "kind": kind, "detail": detail}
-        )
-        return _refusal(request.tool_call, kind, detail, content)
+    def _with_others_answered(
+        self,
+        result: ToolMessage | Command[Any],
+        call: Mapping[str, Any],
+        calls: Sequence[Mapping[str, Any]],
+        tools: Mapping[str, BaseTool],
+        budget: VisitBudget | None,
+    ) -> ToolMessage | Command[Any]:
+        """A carried-out handoff, with the refusals of the other calls of its message.
+
+        LangGraph leaves the agent's subgraph with the handoff's command alone: the answers
+        to the other calls, written in the same step, are lost (each sent its violation's
+        event). The command carries the same answers, so that the visit's transcript
+        records each refusal as the violation its event announced.
+        """
+        if not (isinstance(result, Command) and isinstance(result.update, dict)):
+            return result
+        others = []
+        for other in calls:
+            if other["id"] == call["id"]:
+                continue
+            refused = self._refusal(other, calls, tools, budget)
+            if refused is not None:  # Always: only the first transfer may be carried out.
+                others.append(_refusal(other, refused.kind, refused.detail, refused.content))
+        messages = [*result.update.get("messages", []), *others]
+        return replace(result, update={**result.update, "messages": messages})
 
     def _check_tool(
-        self, call: Mapping[str, Any], messages: list[BaseMessage], budget: VisitBudget
+        self,
+        call: Mapping[str, Any],
+        messages: list[BaseMessage],
+        calls: Sequence[Mapping[str, Any]],
+        tools: Mapping[str, BaseTool],
+        budget: VisitBudget,
     ) -> ToolMessage | None:
+        """A refusal for a call that would repeat an earlier one or go over a budget."""
         key = normalize_call(call["name"], call["args"])
         earlier = dict(budget.earlier_results)
         answered = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
@@ -302,7 +436,11 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                         normalize_call(other["name"], other["args"]),
                         str(answered[other["id"]].content),
                     )
-                elif other["id"] not in answered and handoff_target(other["name"]) is None:
+                elif (
+                    other["id"] not in answered
+                    and handoff_target(other["name"]) is None
+                    and self._refusal(other, calls, tools, budget) is None
+                ):
                     siblings.append(other)  # Same message, running beside this call.
         if key in earlier:
             detail = f"{self.agent!r} repeated {call['name']}({json.dumps(call['args'])})"
@@ -330,29 +468,9 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
-        messages: list[BaseMessage],
         budget: VisitBudget | None,
     ) -> ToolMessage | Command[Any]:
         call = request.tool_call
-        calling = next(
-            (
-                m
-                for m in reversed(messages)
-                if isinstance(m, AIMessage) and any(c["id"] == call["id"] for c in m.tool_calls)
-            ),
-            None,
-        )
-        if calling is not None and len(calling.tool_calls) > 1:
-            # Everything else in the message would run before the approval; nothing with a
-            # side effect may happen before the interrupt, so the call must come alone.
-            return ToolMessage(
-                content=f"Not run: {call['name']} needs a person's approval, so call it in a "
-                "message of its own.",
-                name=call["name"],
-                tool_call_id=call["id"] or "",
-                status="error",
-                additional_kwargs={NOT_RUN_KEY: True},
-            )
         decision = interrupt(
             {
                 "type": "approval",

@@ -32,7 +32,7 @@ from relaygraph.supervisor._control import (
     _visits_spent,
 )
 from relaygraph.supervisor._route import FINISH, route_next_agent
-from relaygraph.supervisor._state import TeamState
+from relaygraph.supervisor._state import TeamState, Violation
 from relaygraph.topology import Topology
 
 
@@ -222,16 +222,10 @@ def _make_supervisor(
 def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
     def finalize(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
         status = state.get("status") or "succeeded"
+        stop_reason = state.get("stop_reason")
         emit = get_stream_writer()
         if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
-            emit(
-                {
-                    "type": "final",
-                    "status": status,
-                    "answer": None,
-                    "stop_reason": state.get("stop_reason"),
-                }
-            )
+            emit({"type": "final", "status": status, "answer": None, "stop_reason": stop_reason})
             return {"answer": None, "status": status}
         messages: list[BaseMessage] = [
             SystemMessage(content=_prompts.FINALIZE_PROMPT),
@@ -241,28 +235,55 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         reply = model.invoke(
             messages, acc.with_prior_calls(config, acc.prior_calls(state, FINALIZE))
         )
-        answer = reply.text
-        emit(
-            {
-                "type": "final",
-                "status": status,
-                "answer": answer,
-                "stop_reason": state.get("stop_reason"),
-            }
-        )
+        violations = _finalize_calls_refused(reply, state, config)
+        # An empty answer is no answer: the run did not deliver what it was asked for.
+        answer = reply.text if reply.text.strip() else None
+        if answer is None and status == "succeeded":
+            status = "degraded"
+            stop_reason = "no answer: finalize wrote no text" + (
+                " (it called a tool, which it may not)" if violations else ""
+            )
+        emit({"type": "final", "status": status, "answer": answer, "stop_reason": stop_reason})
         totals = acc.calls_usage(policy, [reply], time.monotonic() - started)
-        return {
+        update: dict[str, Any] = {
             "answer": answer,
             "status": status,
-            "messages": [AIMessage(content=answer, name="relaygraph")],
+            "stop_reason": stop_reason,
+            "violations": violations,
             "usage": [
                 acc.usage_record(
                     acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, [reply]
                 )
             ],
         }
+        if answer is not None:
+            update["messages"] = [AIMessage(content=answer, name="relaygraph")]
+        return update
 
     return finalize
+
+
+def _finalize_calls_refused(
+    reply: AIMessage, state: TeamState, config: RunnableConfig
+) -> list[Violation]:
+    """Violations for the tool calls of finalize's reply: none is run.
+
+    Finalize is bound to no tools, yet a model may answer with a call all the same (a
+    scripted or embedded model, a server that ignores the tool list); the call is dropped,
+    its text (if any) is the answer, and the attempt is recorded. There is no conversation
+    to answer it in: finalize makes one model call.
+    """
+    return [
+        acc.violation(
+            f"{acc.task_ns(config)}:{call['id'] or index}:tool_not_allowed",
+            state.get("turn", 0),
+            FINALIZE,
+            "tool_not_allowed",
+            f"{FINALIZE!r} called {call['name']!r}, which it may not: finalize has no tools, "
+            "so the call was not run",
+        )
+        for index, call in enumerate(reply.tool_calls)
+    ]
 
 
 def build_team(

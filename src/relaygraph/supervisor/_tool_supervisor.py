@@ -10,12 +10,13 @@ the structured team:
 - Before each of its model calls: the team's limits, a stop an agent asked for, a direct
   handoff to relay, or no agent left (``pre_model_hook``).
 - After each call: its usage, its final answer carried to ``finalize``, and a refusal for
-  each call it may not make — a tool it does not have, a transfer whose arguments do not fit
-  — answered and recorded as a violation before any tool runs (``post_model_hook``).
+  each call it may not make — a tool it does not have, a transfer whose arguments do not
+  fit, every transfer after the first that fits (parallel transfers lose agents upstream,
+  langgraph-supervisor #230; ``parallel_tool_calls`` stays off too) — answered and
+  recorded as a violation before any tool runs (``post_model_hook``).
 - Each transfer is checked like a structured route: an agent out of budget or barred is
-  refused with a ToolMessage saying why, the team's agent runs are counted, ping-pong is
-  detected, and only the first transfer of a message is carried out — parallel transfers
-  lose agents upstream (langgraph-supervisor #230); ``parallel_tool_calls`` stays off too.
+  refused with a ToolMessage saying why, the team's agent runs are counted, and ping-pong
+  is detected.
 
 An agent's peer handoff cannot leave the agent's node for the peer directly here (the node's
 edge back to the supervisor would run the supervisor beside the peer), so the supervisor
@@ -44,7 +45,6 @@ from relaygraph.handoffs import (
     Assignment,
     HandoffArgs,
     HandoffRecord,
-    calling_message,
     handoff_args_problem,
     handoff_target,
 )
@@ -153,47 +153,24 @@ def _to_parent(
     return Command(graph=Command.PARENT, goto=goto, update={**carried, **update})
 
 
-def _answered(state: TeamState) -> set[str]:
-    """Ids of the tool calls already answered in the supervisor's thread (refused calls are,
-    before any transfer runs)."""
-    return {m.tool_call_id for m in state.get("messages", []) if isinstance(m, ToolMessage)}
-
-
-def _answers(
-    message: AIMessage | None, call_id: str, content: str, answered: set[str]
-) -> list[ToolMessage]:
-    """The answer to this transfer call, and one for every other transfer of its message
-    still unanswered (their own answers are lost when the supervisor's graph is left)."""
-    calls = [
-        c
-        for c in (message.tool_calls if message is not None else [])
-        if c["id"] == call_id or c["id"] not in answered
-    ]
-    first = next((c["name"] for c in calls if c["id"] == call_id), "")
-    other = (
-        "Not carried out: only one transfer per message is carried out, and "
-        f"{first!r} came first in this message."
-    )
-    return [
-        ToolMessage(
-            content=content if call["id"] == call_id else other,
-            name=call["name"],
-            tool_call_id=call["id"] or "",
-            status="success" if call["id"] == call_id else "error",
-        )
-        for call in calls
-    ] or [ToolMessage(content=content, tool_call_id=call_id)]
+def _answer(name: str, call_id: str, content: str) -> list[ToolMessage]:
+    """The answer to the transfer call that ran; the hook answered every other call of its
+    message already (see :func:`_refuse_calls`), and the answers are carried out of the
+    supervisor's graph with the rest of its thread."""
+    return [ToolMessage(content=content, name=name, tool_call_id=call_id)]
 
 
 def _refuse_calls(
     reply: AIMessage, tools: Sequence[str], config: RunnableConfig, turn: int
 ) -> tuple[list[ToolMessage], list[Violation]]:
     """Answers and violations for the calls of the supervisor's reply that may not run: a
-    tool it does not have (models invent names), or a transfer whose arguments do not fit.
-    Answered here, before the prebuilt agent's tools run, so that each leaves a record;
-    the calls left unanswered run as usual."""
+    tool it does not have (models invent names), a transfer whose arguments do not fit, and
+    every transfer after the first one that may run (only one is carried out). Answered
+    here, before the prebuilt agent's tools run, so that each leaves a record; the one call
+    left unanswered runs as usual."""
     answers: list[ToolMessage] = []
     violations: list[Violation] = []
+    first: str | None = None
     for call in reply.tool_calls:
         name = call["name"]
         if name not in tools:
@@ -210,7 +187,18 @@ def _refuse_calls(
                 f"Not carried out: the arguments of {name} do not fit: {problem}. Call it "
                 "again with a 'task' (text saying what to do) and, optionally, a 'reason'."
             )
+        elif first is not None:
+            kind = "handoff_not_allowed"
+            detail = (
+                f"{SUPERVISOR!r} called {name!r} after {first!r} in one message; only one "
+                "transfer per message is carried out"
+            )
+            content = (
+                "Not carried out: only one transfer per message is carried out, and "
+                f"{first!r} came first in this message."
+            )
         else:
+            first = name
             continue
         call_id = call["id"] or ""
         answers.append(
@@ -241,17 +229,6 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
         config = runtime.config
         call_id = runtime.tool_call_id or ""
         turn = state.get("turn", 0)
-        message = calling_message(runtime)
-        answered = _answered(state)
-        calls = message.tool_calls if message is not None else []
-        # Calls refused after the model call (see _refuse_calls) are answered already.
-        transfers = [c for c in calls if c["id"] not in answered]
-        if transfers and transfers[0]["id"] != call_id:
-            return refuse(
-                runtime,
-                f"only one transfer per message is carried out, and {transfers[0]['name']!r} "
-                "came first in this message.",
-            )
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
         why = acc.bars_now(state, last).get(target)
@@ -273,7 +250,7 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
             return refuse(runtime, f"{target} may not take work now ({why}).", violations=[refused])
         if hit := _visits_spent(state, policy):
             stop = _exhausted(policy, hit, state, config)
-            answers = _answers(message, call_id, f"Not carried out: {hit.message}", answered)
+            answers = _answer(name, call_id, f"Not carried out: {hit.message}")
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}), answers)
         record = HandoffRecord(
             id=call_id,
@@ -288,7 +265,7 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
         assignment = Assignment(
             agent=target, task=task, reason=reason, source=SUPERVISOR, kind="route"
         )
-        answers = _answers(message, call_id, f"Transferred to {target}: {task}", answered)
+        answers = _answer(name, call_id, f"Transferred to {target}: {task}")
         proceed = _to_parent(
             state, config, target, {"handoffs": [record], "assignment": assignment}, answers
         )
@@ -321,7 +298,7 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
         update = dict(decided.update or {})
         _emit_route(config, state, target, task, reason, policy, carried_out=decided.goto == target)
         if decided.goto == FINALIZE:
-            stopped = _answers(message, call_id, f"Not carried out: {found.detail}", answered)
+            stopped = _answer(name, call_id, f"Not carried out: {found.detail}")
             return _to_parent(state, config, FINALIZE, update, stopped)
         if decided.goto == SUPERVISOR:  # The pair is barred; the supervisor chooses again.
             return refuse(
