@@ -515,3 +515,26 @@ def test_a_task_that_kills_its_server_is_failed_after_max_attempts(
             server.send_signal(signal.SIGTERM)
             if wait_exit(server, timeout=30) is None:
                 server.kill()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("openai:gpt-4o-mini?header.X-Team=other", "header"),
+        ("openai:gpt-4o-mini?body.user=someone-else", "body"),
+        ("openai:gpt-4o-mini?timeout=3600", "timeout=3600"),
+        ("openai:gpt-4o-mini?max_retries=10", "max_retries=10"),
+    ],
+)
+def test_a_request_cannot_set_what_the_server_sends_for_it(
+    home: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    settings = load_settings(home=home)
+    with pytest.raises(ModelNotAllowed, match=message):
+        settings.request_model(spec)
+    assert settings.request_model("openai:gpt-4o-mini?timeout=30&max_retries=1").startswith(
+        "openai:gpt-4o-mini?"
+    )
+    operator = load_settings(home=home, default_model=spec)
+    assert operator.request_model(spec) == spec  # The operator's own spec sets them.

@@ -110,11 +110,42 @@ class ServiceSettings(BaseSettings):
             return f"scripted:{file}"
         if not any(fnmatch.fnmatchcase(spec, pattern) for pattern in self.allowed_models):
             raise ModelNotAllowed(spec, f"allowed: {', '.join(self.allowed_models)}")
+        _check_request_options(spec, parsed.options)
         if parsed.provider != "local":
             # An OpenAI model with no key is refused now rather than failing the task
             # later. (The embedded model is not loaded here: that takes seconds.)
             load_model(parsed, agent="check")
         return str(parsed)
+
+
+MAX_REQUEST_TIMEOUT_SECONDS = 300.0
+MAX_REQUEST_RETRIES = 3
+
+
+def _check_request_options(spec: str, options: Any) -> None:
+    """A tenant's ``openai:`` options may tune how its own calls are made, not what the
+    server sends on its behalf: extra headers and body fields reach the operator's gateway
+    (a LiteLLM team header would bill another team), and long timeouts with many retries
+    hold a worker for hours.
+
+    Raises:
+        ModelNotAllowed: A ``header.*`` or ``body.*`` option, or a timeout or retry count
+            above the server's caps.
+    """
+    if options is None:
+        return
+    if options.headers or options.body:
+        raise ModelNotAllowed(
+            spec, "a request may not set header.* or body.* options (the operator's may)"
+        )
+    if options.timeout is not None and options.timeout > MAX_REQUEST_TIMEOUT_SECONDS:
+        raise ModelNotAllowed(
+            spec, f"timeout={options.timeout:g} is above {MAX_REQUEST_TIMEOUT_SECONDS:g} s"
+        )
+    if options.max_retries > MAX_REQUEST_RETRIES:
+        raise ModelNotAllowed(
+            spec, f"max_retries={options.max_retries} is above {MAX_REQUEST_RETRIES}"
+        )
 
 
 def load_settings(**overrides: Any) -> ServiceSettings:
