@@ -388,7 +388,7 @@ def test_the_program_is_the_oom_killers_first_choice(tmp_path: Path) -> None:
 
 
 @requires_cgroup
-def test_the_runs_cgroup_is_removed_after_the_run(tmp_path: Path) -> None:
+def test_the_runs_cgroup_is_removed_after_the_run(tmp_path: Path, isolation: str) -> None:
     parent = _cgroup.available()
     assert parent is not None
     mine = f"run-{os.getpid()}-"
@@ -397,10 +397,77 @@ def test_the_runs_cgroup_is_removed_after_the_run(tmp_path: Path) -> None:
         tmp_path,
     )
     assert result.cgroup == parent.version
-    # Under bubblewrap the program sees its own cgroup as the root of a cgroup namespace.
-    assert result.stdout in ("True\n", "False\n")
+    # Under bubblewrap the program sees its own cgroup as the root of a cgroup namespace;
+    # without it, it sees where it is.
+    assert result.stdout == ("False\n" if isolation == "bubblewrap" else "True\n")
     for folder in parent.folders:
         assert [p.name for p in folder.iterdir() if p.name.startswith(mine)] == []
+
+
+def _fake_cgroup(folder: Path, controllers: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "cgroup.controllers").write_text(controllers + "\n")
+    return folder
+
+
+@fallback_only
+def test_cgroup_v2_is_preferred_when_it_offers_memory_and_pids(tmp_path: Path) -> None:
+    own = _fake_cgroup(tmp_path / "unified" / "system.slice" / "relaygraph.service", "memory pids")
+    mountinfo = (
+        f"30 1 0:26 / {tmp_path}/unified rw,nosuid - cgroup2 cgroup2 rw\n"
+        f"31 1 0:27 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n"
+    )
+    proc = "4:memory:/system.slice\n0::/system.slice/relaygraph.service\n"
+    parent, problem = _cgroup.find_parent(None, proc, mountinfo)
+    assert problem is None
+    assert parent == _cgroup.CgroupParent(
+        "v2", own / _cgroup.PARENT_NAME, own / _cgroup.PARENT_NAME
+    )
+
+
+@fallback_only
+def test_cgroup_v1_hierarchies_are_used_when_v2_has_no_controllers(tmp_path: Path) -> None:
+    # This host's layout: cgroup2 mounted beside the v1 hierarchies, which own the controllers.
+    _fake_cgroup(tmp_path / "unified", "hugetlb")
+    memory = _fake_cgroup(tmp_path / "memory" / "process_api" / "abc", "")
+    pids = _fake_cgroup(tmp_path / "pids", "")
+    mountinfo = (
+        f"30 1 0:26 / {tmp_path}/unified rw - cgroup2 cgroup2 rw\n"
+        f"31 1 0:27 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n"
+        f"32 1 0:28 / {tmp_path}/pids rw - cgroup cgroup rw,pids\n"
+    )
+    proc = "8:pids:/\n4:memory:/process_api/abc\n0::/\n"
+    parent, problem = _cgroup.find_parent(None, proc, mountinfo)
+    assert problem is None
+    assert parent == _cgroup.CgroupParent(
+        "v1", memory / _cgroup.PARENT_NAME, pids / _cgroup.PARENT_NAME
+    )
+
+
+@fallback_only
+def test_no_cgroup_is_found_without_the_controllers(tmp_path: Path) -> None:
+    _fake_cgroup(tmp_path / "unified", "cpu io")
+    mountinfo = f"30 1 0:26 / {tmp_path}/unified rw - cgroup2 cgroup2 rw\n"
+    parent, problem = _cgroup.find_parent(None, "0::/\n", mountinfo)
+    assert parent is None
+    assert problem == (
+        f"cgroup v2 at {tmp_path}/unified does not offer memory, pids, "
+        "and no cgroup v1 hierarchy for memory, pids"
+    )
+
+
+@fallback_only
+def test_a_configured_cgroup_must_offer_memory_and_pids(tmp_path: Path) -> None:
+    good = _fake_cgroup(tmp_path / "delegated", "cpu memory pids")
+    assert _cgroup.find_parent(str(good), "", "") == (
+        _cgroup.CgroupParent("v2", good, good),
+        None,
+    )
+    bad = _fake_cgroup(tmp_path / "other", "memory")
+    assert _cgroup.find_parent(str(bad), "", "") == (
+        None,
+        f"{_cgroup.CGROUP_ENV}={bad} does not offer pids",
+    )
 
 
 # --- limits ------------------------------------------------------------------------------
