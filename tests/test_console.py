@@ -32,3 +32,21 @@ def test_model_server_events_are_shown(
 ) -> None:
     ProgressPrinter()(event)
     assert shown in " ".join(capsys.readouterr().err.split())
+
+
+def test_trace_prints_the_dashboard_link_when_a_service_is_named(
+    home: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relaygraph.cli import main
+    from relaygraph.run import run_task
+    from tests.conftest import EXAMPLE_RELAY
+
+    result = run_task("When?", model=f"scripted:{EXAMPLE_RELAY}")
+    capsys.readouterr()
+    monkeypatch.setenv("RELAYGRAPH_URL", "http://rg.example:8000/")
+    assert main(["trace", result.task_id]) == 0
+    err = capsys.readouterr().err
+    assert f"dashboard: http://rg.example:8000/ui/tasks/{result.task_id}" in err
+    monkeypatch.delenv("RELAYGRAPH_URL")
+    assert main(["trace", result.task_id]) == 0
+    assert "dashboard:" not in capsys.readouterr().err

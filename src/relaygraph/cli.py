@@ -402,7 +402,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     app = create_app(settings)
     print(
-        f"relaygraph serving on http://{args.host}:{args.port} (OpenAPI at /openapi.json)",
+        f"relaygraph serving on http://{args.host}:{args.port} (dashboard at /ui, "
+        "OpenAPI at /openapi.json)",
         file=sys.stderr,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -499,6 +500,10 @@ def _trace(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(timeline, ensure_ascii=False) + "\n")
     else:
         Console(highlight=False).print(render_timeline(timeline))
+        service = os.environ.get(SERVICE_URL_ENV)
+        if service:
+            # A link that works in chat and alerts: the dashboard's page of the task.
+            print(f"dashboard: {service.rstrip('/')}/ui/tasks/{args.task_id}", file=sys.stderr)
     return EXIT_OK
 
 
