@@ -404,6 +404,18 @@ def test_the_runs_cgroup_is_removed_after_the_run(tmp_path: Path, isolation: str
         assert [p.name for p in folder.iterdir() if p.name.startswith(mine)] == []
 
 
+@requires_cgroup
+def test_a_run_that_could_not_join_its_cgroup_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The child joins between fork and exec; the fake is inherited by the forked child.
+    monkeypatch.setattr(_cgroup.RunCgroup, "join", lambda self: False)
+    result = run("print('ran')", tmp_path)
+    assert result.stdout == "ran\n"
+    assert result.cgroup is None
+    assert "memory and processes were limited per process only" in result.to_text()
+
+
 def _fake_cgroup(folder: Path, controllers: str) -> Path:
     folder.mkdir(parents=True)
     (folder / "cgroup.controllers").write_text(controllers + "\n")
