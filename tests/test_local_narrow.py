@@ -145,18 +145,19 @@ def test_read_doc_is_offered_only_the_ids_a_search_in_this_visit_returned(
     ]
     message = model.invoke(searched)
     offered = _offered(engine.schemas[-1])
-    # Exactly the ids the search showed, in its order; the search is not offered again
-    # while its results are unread, and nothing else (no answer, no handoff) before reading.
+    # Exactly ids the search showed, best first (the built-in declaration offers the first
+    # two); the search is not offered again while its results are unread, and nothing else
+    # (no answer, no handoff) before a document was read.
     assert offered == {
         "read_doc": {
             "type": "object",
-            "properties": {"doc_id": {"enum": ["checkpoints", "interrupts", "tracing"]}},
+            "properties": {"doc_id": {"enum": ["checkpoints", "interrupts"]}},
             "required": ["doc_id"],
         }
     }
     assert _answers(engine.schemas[-1]) == []
     assert message.tool_calls[0]["args"] == {"doc_id": "checkpoints"}
-    assert 'doc_id: one of "checkpoints", "interrupts", "tracing"' in engine.prompts[-1]
+    assert 'doc_id: one of "checkpoints" (best match), "interrupts"' in engine.prompts[-1]
 
 
 def test_ids_from_another_visit_or_an_error_are_never_offered(engine: StandInEngine) -> None:
@@ -188,8 +189,8 @@ def test_a_read_id_is_not_offered_again_and_the_limit_holds(engine: StandInEngin
     }
     offered = offer_tool(spec, narrowing, Conversation.of(conversation), ())
     assert offered is not None
-    # doc-0 was read; the first three of the rest are offered (limit 3).
-    assert offered.args["properties"]["doc_id"] == {"enum": ["doc-1", "doc-2", "doc-3"]}
+    # doc-0 was read; the first two of the rest are offered (the declared limit).
+    assert offered.args["properties"]["doc_id"] == {"enum": ["doc-1", "doc-2"]}
 
 
 def test_the_search_query_is_a_few_of_the_requests_own_words(engine: StandInEngine) -> None:
@@ -218,9 +219,16 @@ def test_after_reading_the_answer_quotes_the_document_with_its_id(engine: StandI
     ]
     message = LocalChatModel().bind_tools(_researcher_tools()).invoke(conversation)
     (answer,) = _answers(engine.schemas[-1])
-    candidates = answer["properties"]["quotes"]["items"]["enum"]
-    # Sentences of the document, the best match for the task first; no free text.
-    assert candidates[0].startswith("The `durability` argument of `invoke`")
+    # Sentences of the document, the best match for the task first, chosen by number (one
+    # or two); no free text.
+    assert answer["properties"]["quotes"] == {
+        "type": "array",
+        "items": {"enum": [1, 2, 3, 4]},
+        "minItems": 1,
+        "maxItems": 2,
+    }
+    listed = engine.prompts[-1].split("Sentences from the documents, best match first:\n")[1]
+    assert listed.startswith("1. The `durability` argument of `invoke`")
     assert "content" not in answer["properties"]
     assert isinstance(message.content, str)
     assert message.content.endswith("[checkpoints]")
@@ -401,17 +409,16 @@ def test_the_builtin_deliverable_quotes_the_cited_results(engine: StandInEngine)
 
 def test_grammar_safe_values_compile() -> None:
     llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")
-    from relaygraph.models._local_grounding import Passage
-    from relaygraph.models._local_offer import quotes_schema
+    from relaygraph.models._local_schema import grammar_safe
 
-    passages = [
-        Passage(text='`"async"` (the default): a \\ backslash', source="a"),
-        Passage(text="Caf\u00e9 \u2014 \u00d7 \u2026 and a\ttab", source="b"),
+    # llama-cpp-python's converter escapes a JSON value's quotes but not its backslashes:
+    # a request quoted into a route's task, or a query word, must not break the grammar.
+    values = [
+        '`"async"` (the default): a \\ backslash',
+        "Caf\u00e9 \u2014 \u00d7 \u2026 and a\ttab",
     ]
-    schema = {"type": "object", "properties": {"q": quotes_schema(passages, 2)}, "required": ["q"]}
+    safe = [grammar_safe(v) for v in values]
+    assert safe == ["`'async'` (the default): a / backslash", "Cafe   ... and a tab"]
+    schema = {"type": "object", "properties": {"q": {"enum": safe}}, "required": ["q"]}
     grammar = llama_grammar.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
     assert grammar is not None
-    assert schema["properties"]["q"]["items"]["enum"] == [
-        "`'async'` (the default): a / backslash",
-        "Cafe   ... and a tab",
-    ]

@@ -140,7 +140,7 @@ search_docs.metadata = {_NARROW: {"args": {"query": {"keywords": 4}}}}
 # An id that a search in this visit returned, never one made up; what it returns is a
 # document that an answer quotes with its [doc_id].
 read_doc.metadata = {
-    _NARROW: {"args": {"doc_id": {"from_tool": "search_docs", "limit": 3}}, "sources": True}
+    _NARROW: {"args": {"doc_id": {"from_tool": "search_docs", "limit": 2}}, "sources": True}
 }
 # The deliverable quotes the cited results it was given, once.
 save_artifact.metadata = {

@@ -123,6 +123,7 @@ class Passage:
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"*(\[_0-9])")
 _ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.")
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _BULLET = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 MIN_SENTENCE_CHARS = 25
 MAX_SENTENCE_CHARS = 320
@@ -185,14 +186,16 @@ def source_passages(text: str, source: str) -> list[Passage]:
             lead.append(sentences[-1])
 
     item = False
-    for line in text.splitlines():
+    # A comment is not text the document shows its readers (and where an injected
+    # instruction hides): never a sentence to quote.
+    for line in _COMMENT.sub("", text).splitlines():
         stripped = line.strip()
         if stripped.startswith("```"):
             flush(item)
             close_list()
             in_code = not in_code
             continue
-        if in_code or stripped.startswith("<!--") or stripped == "[truncated]":
+        if in_code or stripped == "[truncated]":
             continue
         if stripped.startswith("#"):
             flush(item)

@@ -30,7 +30,7 @@ from relaygraph.models._local_schema import (
     args_schema,
     grammar_safe,
 )
-from relaygraph.models._local_team import TeamInput, render_quotes
+from relaygraph.models._local_team import TeamInput, picked, quotes_schema, render_quotes
 
 __all__ = ["Call", "Conversation", "Offer", "OfferedTool", "offer"]
 
@@ -114,11 +114,8 @@ class OfferedTool:
         become its text, with their citations."""
         out = dict(generated)
         for arg, passages in self.quotes.items():
-            chosen = out.get(arg)
-            if isinstance(chosen, list):
-                picked = [p for p in passages if grammar_safe(p.text) in chosen]
-                picked = picked or list(passages[:1])
-                out[arg] = render_quotes(picked)
+            if arg in out:
+                out[arg] = render_quotes(picked(passages, out[arg]))
         return out
 
 
@@ -168,22 +165,9 @@ class Offer:
     def answer_text(self, decision: Mapping[str, Any]) -> str:
         if self.fixed_answer is not None:
             return self.fixed_answer
-        quotes = decision.get("quotes")
-        if self.passages and isinstance(quotes, list):
-            picked = [p for p in self.passages if grammar_safe(p.text) in quotes]
-            picked = picked or list(self.passages[:1])
-            return render_quotes(picked)
+        if self.passages and "quotes" in decision:
+            return render_quotes(picked(self.passages, decision["quotes"]))
         return str(decision.get("content") or "").strip()
-
-
-def quotes_schema(passages: Sequence[Passage], most: int) -> dict[str, Any]:
-    """A choice of 1 to ``most`` of ``passages``, by their text (made grammar-safe)."""
-    return {
-        "type": "array",
-        "items": {"enum": list(dict.fromkeys(grammar_safe(p.text) for p in passages))},
-        "minItems": 1,
-        "maxItems": min(most, len(passages)),
-    }
 
 
 def grounding(
@@ -232,7 +216,7 @@ def _narrow_arg(
     else:
         if not passages:
             return None
-        return quotes_schema(passages, rule.max_items), [grammar_safe(p.text) for p in passages]
+        return quotes_schema(passages, rule.max_items), list(range(1, len(passages) + 1))
     if not values:
         return None
     return ({"const": values[0]} if len(values) == 1 else {"enum": values}), values

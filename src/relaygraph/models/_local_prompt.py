@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolM
 
 from relaygraph.models._local_offer import Offer, OfferedTool, text_of
 from relaygraph.models._local_schema import grammar_safe
+from relaygraph.models._local_team import numbered
 
 __all__ = [
     "MESSAGE_CHARS",
@@ -89,9 +90,12 @@ def _describe_tool(tool: OfferedTool) -> str:
     line = f"- {spec['name']}({args}): {description}"
     for arg, values in tool.choices.items():
         if arg in tool.quotes:
-            line += f"\n  {arg}: a list of the sentences below"
+            line += f"\n  {arg}: a list of the numbers of the sentences below"
         else:
-            line += f"\n  {arg}: one of {', '.join(_show(v) for v in values)}"
+            shown = [_show(v) for v in values]
+            if len(shown) > 1:
+                shown[0] += " (best match)"  # Offered values come best first.
+            line += f"\n  {arg}: one of {', '.join(shown)}"
     return line
 
 
@@ -100,13 +104,17 @@ def decision_instruction(choices: Offer) -> str:
     if choices.fixed_answer is not None:
         answer = json.dumps({"action": "answer", "content": grammar_safe(choices.fixed_answer)})
     elif choices.passages:
-        answer = '{"action": "answer", "quotes": [<the sentences below that answer the task>]}'
+        answer = (
+            '{"action": "answer", "quotes": [<the numbers of the sentences below that answer '
+            "the task>]}"
+        )
     else:
         answer = '{"action": "answer", "content": <your reply to the user, as a string>}'
     sentences = ""
     if choices.passages:
-        listed = "\n".join(f"- {grammar_safe(p.text)}" for p in choices.passages)
-        sentences = f"\n\nSentences from the documents, best match first:\n{listed}"
+        sentences = (
+            f"\n\nSentences from the documents, best match first:\n{numbered(choices.passages)}"
+        )
     if not choices.tools:
         note = "You already have the tool results you need. " if choices.exhausted else ""
         return f"{note}Reply with one JSON object: {answer}.{sentences}"

@@ -71,11 +71,10 @@ from relaygraph.models._local_prompt import (
 from relaygraph.models._local_schema import (
     ANSWER_CHARS,
     build_decision_schema,
-    grammar_safe,
     single_value,
     structured_schema,
 )
-from relaygraph.models._local_team import final_answer, narrow_route
+from relaygraph.models._local_team import final_answer, narrow_route, numbered
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -516,9 +515,8 @@ class LocalChatModel(BaseChatModel):
                 text=final.render(), prompt_tokens=0, completion_tokens=0, finish_reason="forced"
             )
         instruction = (
-            "Choose the sentences that answer the request: "
-            '{"quotes": [<sentences>]}. Sentences:\n'
-            + "\n".join(f"- {grammar_safe(p.text)}" for _, p in final.candidates)
+            'Choose the sentences that answer the request: {"quotes": [<their numbers>]}. '
+            "Sentences:\n" + numbered([p for _, p in final.candidates])
         )
         chat = with_instruction(chat_messages(messages), instruction)
         done, _ = _complete(engine, chat, final.schema)

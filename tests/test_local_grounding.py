@@ -1,0 +1,93 @@
+"""Grounding without a model: keywords of a request, sentences of a document ranked for a
+task, cited sentences, and the check that a docs question was answered from the docs."""
+
+from __future__ import annotations
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from relaygraph.agents.kb import sample_corpus_path
+from relaygraph.models._local_grounding import (
+    asks_about_docs,
+    citations,
+    cited_passages,
+    keywords,
+    rank_passages,
+    source_passages,
+    ungrounded_reason,
+)
+
+CHECKPOINTS = (sample_corpus_path() / "checkpoints.md").read_text(encoding="utf-8")
+
+
+def test_keywords_are_the_requests_content_words() -> None:
+    assert keywords("What do the docs say about checkpoint durability? Write a short report.") == [
+        "checkpoint",
+        "durability",
+    ]
+    assert keywords("According to the docs, which durability mode is the default?") == [
+        "durability",
+        "mode",
+        "default",
+    ]
+    assert keywords("the a of", limit=3) == []
+
+
+def test_document_sentences_keep_their_sections_and_skip_code() -> None:
+    passages = source_passages(CHECKPOINTS, "checkpoints")
+    texts = [p.text for p in passages]
+    assert all(p.source == "checkpoints" for p in passages)
+    assert "Checkpoints are grouped into threads." in texts
+    assert not any(t.startswith("#") or "```" in t for t in texts)
+    lead = next(p for p in passages if p.text.startswith("The `durability` argument"))
+    # A sentence that introduces a list is offered with the list's items after it.
+    assert '`"async"` (the default)' in lead.text and lead.heading == "Durability modes"
+
+
+def test_ranking_puts_the_sentence_that_answers_first() -> None:
+    passages = source_passages(CHECKPOINTS, "checkpoints")
+    best = rank_passages(passages, "Which checkpointer is meant for tests?", limit=2)
+    assert best[0].text.startswith("`InMemorySaver` keeps checkpoints in the process")
+    durability = rank_passages(passages, "What do the docs say about checkpoint durability?")
+    assert durability[0].text.startswith("The `durability` argument of `invoke`")
+    assert len({p.text for p in durability}) == len(durability) == 4
+
+
+def test_cited_sentences_are_attributed_to_the_id_after_them() -> None:
+    text = (
+        "- researcher (task: t): Checkpoints are grouped into threads. "
+        "Nodes must be idempotent in practice. [checkpoints] See also the tracing guide. "
+        "[tracing]\n[truncated]"
+    )
+    cited = cited_passages(text)
+    assert [(p.text, p.source) for p in cited] == [
+        ("- researcher (task: t): Checkpoints are grouped into threads.", "checkpoints"),
+        ("Nodes must be idempotent in practice.", "checkpoints"),
+        ("See also the tracing guide.", "tracing"),
+    ]
+    assert citations(text) == ["checkpoints", "tracing"]
+
+
+def test_a_docs_question_must_be_answered_citing_what_a_tool_showed() -> None:
+    request = "What do the docs say about checkpoint durability?"
+    read = [
+        HumanMessage("task"),
+        AIMessage(content="", tool_calls=[{"name": "read_doc", "args": {}, "id": "c1"}]),
+        ToolMessage("[checkpoints] Checkpoints and durability\n\ntext", tool_call_id="c1"),
+    ]
+    assert asks_about_docs(request)
+    assert ungrounded_reason(request, "Durability is chosen per run. [checkpoints]", read) is None
+    assert ungrounded_reason(request, "Durability is a matter of choice.", read) == (
+        "ungrounded: the request asks about the docs, but the answer cites no document"
+    )
+    assert ungrounded_reason(request, None, read) is not None
+    assert ungrounded_reason(request, "It is so. [budgets]", read) == (
+        "ungrounded: the answer cites [budgets], which no tool result of this run showed"
+    )
+    # An id in an error result is no grounding.
+    refused = [ToolMessage("Error: no document [budgets]", tool_call_id="c2", status="error")]
+    assert ungrounded_reason(request, "It is so. [budgets]", refused) is not None
+
+
+def test_a_request_that_does_not_name_the_docs_is_not_checked() -> None:
+    assert not asks_about_docs("How many checkpoints does a 40-step run write?")
+    assert ungrounded_reason("Compute 2 + 2.", "4", []) is None
