@@ -47,3 +47,29 @@ def test_a_run_where_an_agent_worked_still_succeeds(home: Path, script: Script) 
     result = run_task("When?", model=spec, topology=Topology.parse("supervisor-tools"))
     assert result.agents_run == ["researcher"]
     assert result.status == "succeeded", result.stop_reason
+
+
+def test_a_blank_answer_is_degraded(home: Path, script: Script) -> None:
+    spec = script(
+        {
+            "supervisor": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "transfer_to_researcher",
+                            "args": {"task": "find", "reason": "facts"},
+                        }
+                    ]
+                },
+                {"content": "   "},
+            ],
+            "researcher": [
+                {"tool_calls": [{"name": "search_docs", "args": {"query": "checkpoint"}}]},
+                {"content": "found it"},
+            ],
+        }
+    )
+    result = run_task("When?", model=spec, topology=Topology.parse("supervisor-tools"))
+    assert result.agents_run == ["researcher"]
+    assert result.status == "degraded"
+    assert result.stop_reason == "no answer: the team's final answer is empty"

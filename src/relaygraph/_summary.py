@@ -120,11 +120,16 @@ def summarize(
 
 
 def honest_status(
-    status: str, stop_reason: str | None, summary: Mapping[str, Any]
+    status: str, stop_reason: str | None, summary: Mapping[str, Any], answer: str | None = None
 ) -> tuple[str, str | None]:
-    """``succeeded`` only for a run that did real work: some agent ran. A supervisor that
-    says FINISH at once, or a prebuilt supervisor that answers itself, did no work the team
-    exists for, and must not look like a task done: ``degraded``, with the reason."""
-    if status == "succeeded" and not summary.get("agents_run"):
+    """``succeeded`` only for a run that did real work and said something: some agent ran,
+    and the team's answer is not empty. A supervisor that says FINISH at once, or a prebuilt
+    supervisor that answers itself, did no work the team exists for; a blank answer answers
+    nothing. Either is ``degraded``, with the reason."""
+    if status != "succeeded":
+        return status, stop_reason
+    if not summary.get("agents_run"):
         return "degraded", "no agent ran: the team answered without doing any work"
+    if not (answer or "").strip():
+        return "degraded", "no answer: the team's final answer is empty"
     return status, stop_reason

@@ -418,7 +418,7 @@ class TaskRunner:
                 status = state.get("status") or "failed"
                 stop_reason, answer = state.get("stop_reason"), state.get("answer")
             summary = summarize(state, policy, roles, in_flight)
-            status, stop_reason = honest_status(status, stop_reason, summary)
+            status, stop_reason = honest_status(status, stop_reason, summary, answer)
             artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
             result = RunResult(
                 task_id=task.id,
