@@ -132,7 +132,9 @@ def run_case(
         # The case's script is the structured team's; it is played as this topology's.
         from relaygraph.evals._translate import translate_script
 
-        path, start = translate_script(case.script, topology.kind, data_home(home) / "eval-scripts")
+        path, start = translate_script(
+            case.script, topology.kind, data_home(home) / "eval-scripts", team.agent_names
+        )
         spec = f"scripted:{path}"
         if topology.kind == "swarm" and topology.start_agent is None:
             topology = replace(topology, start_agent=start)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +92,17 @@ def _visit_end(turns: Turns, cursors: dict[str, int], agent: str) -> tuple[str, 
     return None
 
 
-def to_swarm(turns: Turns) -> tuple[Turns, str | None]:
+def to_swarm(turns: Turns, agents: Sequence[str] | None = None) -> tuple[Turns, str | None]:
     """The swarm's script, and the agent it starts with (the first route's).
 
     Routes to an agent the team does not have (a script testing the supervisor's repair)
-    have no counterpart in a swarm and are left out.
+    have no counterpart in a swarm and are left out: ``agents`` are the team's (None: any
+    key of the script other than the supervisor and finalize).
     """
     out = {k: copy.deepcopy(v) for k, v in turns.items() if k not in ("supervisor", "finalize")}
     routes = [r for t in turns.get("supervisor", []) if (r := _route(t)) is not None]
-    targets = [r for r in routes if r["next"] != FINISH]
+    known = set(agents) if agents is not None else set(out)
+    targets = [r for r in routes if r["next"] in known]
     if not targets:
         return out, None
     answers = _answers(turns)
@@ -122,7 +125,9 @@ def to_swarm(turns: Turns) -> tuple[Turns, str | None]:
     return out, targets[0]["next"]
 
 
-def translate_script(path: Path, kind: str, folder: Path) -> tuple[Path, str | None]:
+def translate_script(
+    path: Path, kind: str, folder: Path, agents: Sequence[str] | None = None
+) -> tuple[Path, str | None]:
     """Write ``path``'s script as played in topology ``kind`` into ``folder``.
 
     Returns:
@@ -131,7 +136,7 @@ def translate_script(path: Path, kind: str, folder: Path) -> tuple[Path, str | N
     turns: Turns = json.loads(path.read_text(encoding="utf-8"))
     start: str | None = None
     if kind == "swarm":
-        turns, start = to_swarm(turns)
+        turns, start = to_swarm(turns, agents)
     elif kind == "supervisor-tools":
         turns = to_supervisor_tools(turns)
     text = json.dumps(turns, indent=1, ensure_ascii=False)
