@@ -126,6 +126,8 @@ def test_intents_in_the_order_the_work_is_done() -> None:
         "docs"
     ]
     assert intents("Which durability mode is the default?") == ["docs"]
+    assert intents("According to the docs, which command runs the sandboxed code?") == ["docs"]
+    assert intents("Run this Python code for me.") == ["compute"]
     assert intents("Hello there") == []
 
 

@@ -142,8 +142,8 @@ _INTENTS: tuple[tuple[Intent, re.Pattern[str]], ...] = (
     (
         "compute",
         re.compile(
-            r"\b(compute|calculate|python|code|script|program|run_python)\b"
-            r"|\d+(?:\.\d+)?\s*[-+*/×^%]\s*\d+",
+            r"\b(compute|calculate|run_python)\b|\d+(?:\.\d+)?\s*[-+*/×^%]\s*\d+"
+            r"|\b(?:write|run|execute)\s+(?:\w+\s+)?(?:python|code|script|program)\b",
             re.I,
         ),
     ),
@@ -156,7 +156,9 @@ _INTENTS: tuple[tuple[Intent, re.Pattern[str]], ...] = (
         ),
     ),
 )
-_COUNT = re.compile(r"\bhow (?:many|much)\b", re.I)
+_COUNT = re.compile(r"\bhow (?:many|much)\b|\b(?:python|code|script|program)\b", re.I)
+"""Words of a computation that may as well be what a docs question is about: they count
+only when the request does not name the docs."""
 _QUESTION = re.compile(r"\?|^\s*(?:what|which|why|how|when|where|who|does|do|is|are|can)\b", re.I)
 
 
