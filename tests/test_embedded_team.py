@@ -20,7 +20,9 @@ EMBEDDED_GOLDEN = importlib.resources.files("relaygraph.evals") / "golden" / "em
 
 
 def _plain(text: str) -> str:
-    return " ".join(text.replace("**", "").split())
+    """Text as the quotes show it: no emphasis, no list markers, single spaces."""
+    unlisted = re.sub(r"^\s*- ", "", text, flags=re.M)
+    return " ".join(unlisted.replace("**", "").split())
 
 
 @pytest.mark.slow
