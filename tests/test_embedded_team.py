@@ -67,9 +67,7 @@ def test_the_embedded_golden_set_passes_80_percent(home: Path, tmp_path: Path) -
     out = tmp_path / "eval"
     code = main(["eval", str(EMBEDDED_GOLDEN), "--out", str(out), "--min-pass-rate", "0.8"])
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    failed = {
-        c["id"]: c["runs"][0]["observed"]["answer"] for c in report["cases"] if not c["passed"]
-    }
+    failed = {c["id"]: c["trials"][0]["observed"] for c in report["cases"] if not c["passed"]}
     assert code == 0, failed
     assert len(report["cases"]) >= 15
     assert report["metrics"]["pass_rate"] >= 0.8
