@@ -90,4 +90,5 @@ def test_a_docs_question_must_be_answered_citing_what_a_tool_showed() -> None:
 
 def test_a_request_that_does_not_name_the_docs_is_not_checked() -> None:
     assert not asks_about_docs("How many checkpoints does a 40-step run write?")
+    assert not asks_about_docs("Summarize this document.\n--- document ---\nCheckpoints are...")
     assert ungrounded_reason("Compute 2 + 2.", "4", []) is None

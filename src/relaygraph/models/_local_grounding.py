@@ -57,9 +57,10 @@ STOPWORDS = _word_set(
 """Words that say what kind of request it is, not what it is about: never search terms."""
 
 _DOCS_REQUEST = re.compile(
-    r"\b(docs?|documentation|documents?|knowledge base|according to|the manual|the guide)\b",
+    r"\b(docs?|documentation|documents|knowledge base|according to|the manual|the guide)\b",
     re.IGNORECASE,
 )
+"""Not "document": "summarize this document" brings its document along."""
 
 
 def asks_about_docs(request: str) -> bool:
