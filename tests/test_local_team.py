@@ -114,8 +114,10 @@ def test_a_report_ends_with_the_writer() -> None:
     )
     assert last is not None and last["next"] == FINISH
 
-    alone = _route("Write a two-line release note for relaygraph 0.1.")
+    # With nothing to report on, the writer's task is the sentence that asks for writing.
+    alone = _route("Thanks for the help. Write a two-line release note for relaygraph 0.1.")
     assert alone is not None and alone["next"] == "writer"
+    assert alone["task"] == "Write a two-line release note for relaygraph 0.1."
 
 
 def test_intents_in_the_order_the_work_is_done() -> None:

@@ -247,7 +247,7 @@ def route_hint(
             continue
         task, reason = _TEMPLATES[intent]
         if intent == "write" and plan[0][0] == "write":
-            task = "Write what the request asks for: {clause}"  # Nothing to report on.
+            task = "{clause}"  # Nothing to report on: the sentence that asks is the task.
         text = task.format(topic=topic, clause=_clause(team.request, intent))
         return RouteHint(agents=tuple(pending), tasks=(text,), reasons=(reason,))
     if plan and finish in options:
