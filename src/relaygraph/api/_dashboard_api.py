@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from relaygraph.api._auth import own_task, project_auth
 from relaygraph.api._errors import ApiError, error_responses
 from relaygraph.api._schemas import ErrorBody
 from relaygraph.api.ui._queries import (
@@ -40,11 +40,8 @@ from relaygraph.api.ui._queries import (
     utc_time,
 )
 from relaygraph.errors import ConfigError
-from relaygraph.store import Ledger, Project, Task
+from relaygraph.store import Ledger, Project
 
-_bearer = HTTPBearer(
-    auto_error=False, description="A project's API key (`relaygraph projects create NAME`)."
-)
 _TIME_KW: dict[str, Any] = {"json_schema_extra": {"format": "date-time"}}
 """Documents a query parameter as a time (schemathesis then sends times)."""
 
@@ -73,24 +70,7 @@ def dashboard_api_router(
     """
     router = APIRouter(prefix="/v1")
 
-    def project_of(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> Project:
-        key = credentials.credentials.strip() if credentials is not None else ""
-        if not key:
-            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
-        project = ledger().authenticate(key)
-        if project is None:
-            raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
-        return project
-
-    ProjectDep = Annotated[Project, Depends(project_of)]
-
-    def own_task(task_id: str, project: Project) -> Task:
-        task = None if "\x00" in task_id else ledger().get_task(task_id, project_id=project.id)
-        if task is None:
-            raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
-        return task
+    ProjectDep = Annotated[Project, Depends(project_auth(ledger))]
 
     @router.get(
         "/task-summaries", response_model=TaskSummaryPage, responses=error_responses(401, 422)
@@ -143,7 +123,7 @@ def dashboard_api_router(
     )
     def artifacts(task_id: str, project: ProjectDep) -> ArtifactList:
         """The task's deliverables (what its agents saved with `save_artifact`)."""
-        own_task(task_id, project)
+        own_task(ledger(), task_id, project)
         return ArtifactList(artifacts=task_artifacts(home, task_id))
 
     @router.get(
@@ -160,7 +140,7 @@ def dashboard_api_router(
     )
     def artifact(task_id: str, name: str, project: ProjectDep) -> Response:
         """One deliverable, as a file download."""
-        own_task(task_id, project)
+        own_task(ledger(), task_id, project)
         return artifact_response(read_artifact(home, task_id, name), name, download=True)
 
     @router.get("/evals", response_model=EvalRunList, responses=error_responses(401, 422))

@@ -1,7 +1,5 @@
 """The task service: FastAPI routes under ``/v1`` over the ledger and the task workers."""
 
-import asyncio
-import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,10 +9,10 @@ from typing import Annotated, Any
 from anyio import to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sse_starlette.sse import EventSourceResponse
 
 from relaygraph._home import data_home
+from relaygraph.api._auth import own_task, project_auth
 from relaygraph.api._errors import (
     ApiError,
     BodyLimit,
@@ -36,12 +34,14 @@ from relaygraph.api._schemas import (
     TeamRecord,
 )
 from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._tasks_service import decide as decide_approval
+from relaygraph.api._tasks_service import follow_events
 from relaygraph.api._teams import ChosenTeam, TeamRegistry, model_allowed, teams_router
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, policy_to_mapping, tighten
-from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Ledger, Project, RecordConflict
+from relaygraph.store import TASK_STATUSES, Ledger, Project, RecordConflict
 from relaygraph.team import Team
 from relaygraph.topology import Topology
 
@@ -64,10 +64,6 @@ _TASK_LINKS = {
     ]
 }
 """What a created task's id opens (OpenAPI links)."""
-
-_bearer = HTTPBearer(
-    auto_error=False, description="A project's API key (`relaygraph projects create NAME`)."
-)
 
 
 def create_app(settings: ServiceSettings | None = None, *, start_workers: bool = True) -> FastAPI:
@@ -136,26 +132,9 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     document_errors_only_as_answered(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    def project_of(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> Project:
-        key = credentials.credentials.strip() if credentials is not None else ""
-        if not key:
-            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
-        project = ledger().authenticate(key)
-        if project is None:
-            raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
-        return project
-
+    project_of = project_auth(ledger)
     ProjectDep = Annotated[Project, Depends(project_of)]
     app.include_router(teams_router(teams, ledger=ledger, project_of=project_of))
-
-    def own_task(task_id: str, project: Project) -> Any:
-        # An id the ledger could not hold (PostgreSQL text has no NUL) names no task.
-        task = None if "\x00" in task_id else ledger().get_task(task_id, project_id=project.id)
-        if task is None:  # Another project's task is as absent as a missing one: 404, not 403.
-            raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
-        return task
 
     def task_topology(body: TaskCreate, team: Team) -> Topology:
         """The request's topology; the team's own when it names none."""
@@ -375,7 +354,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     @app.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=error_responses(401, 404))
     def get_task(task_id: str, project: ProjectDep) -> TaskOut:
         """One task."""
-        return TaskOut.of(own_task(task_id, project))
+        return TaskOut.of(own_task(ledger(), task_id, project))
 
     @app.get(
         "/v1/tasks/{task_id}/handoffs",
@@ -384,7 +363,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     )
     def handoffs(task_id: str, project: ProjectDep) -> HandoffList:
         """Every transfer of work, in order."""
-        own_task(task_id, project)
+        own_task(ledger(), task_id, project)
         return HandoffList.of(ledger().handoffs(task_id))
 
     @app.get(
@@ -394,7 +373,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     )
     def approvals(task_id: str, project: ProjectDep) -> ApprovalList:
         """The task's pauses for a person, decided or not."""
-        own_task(task_id, project)
+        own_task(ledger(), task_id, project)
         return ApprovalList.of(ledger().approvals(task_id))
 
     @app.post(
@@ -405,7 +384,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     )
     def cancel(task_id: str, project: ProjectDep) -> TaskOut:
         """Cancel the task: at once when it waits, at its next step boundary when it runs."""
-        task = own_task(task_id, project)
+        task = own_task(ledger(), task_id, project)
         if task.finished:
             raise ApiError(409, "task_finished", f"task {task_id} already {task.status}")
         return TaskOut.of(state["workers"].cancel(task_id))
@@ -418,52 +397,23 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     )
     def decide(task_id: str, approval_id: str, body: DecisionIn, project: ProjectDep) -> TaskOut:
         """Decide a pending approval; the task resumes from its checkpoint."""
-        from langgraph.types import Command
-
-        task = own_task(task_id, project)
-        approval = None if "\x00" in approval_id else ledger().get_approval(task_id, approval_id)
-        if approval is None:
-            raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
-        if not approval.pending or task.status != "interrupted":
-            raise ApiError(
-                409,
-                "not_waiting",
-                f"approval {approval_id} is already decided or the task is {task.status}",
-            )
-        if body.decision == "edit" and body.args is None:
-            raise ApiError(422, "invalid_request", "an edit needs 'args'", "args")
-        if body.decision == "edit" and body.args is not None and approval.tool:
-            from relaygraph.agents.tools import BUILTIN_TOOLS, check_tool_args
-
-            try:
-                tools = teams.resolve(task).tools
-            except ConfigError:  # Its team no longer builds: check against what is known.
-                tools = BUILTIN_TOOLS
-            try:
-                check_tool_args(approval.tool, body.args, tools)
-            except ConfigError as exc:
-                raise ApiError(422, "invalid_request", str(exc), "args") from None
-        ledger().record_decision(
-            task_id,
-            approval_id,
-            decision=body.decision,
+        decide_approval(
+            ledger=ledger(),
+            workers=state["workers"],
+            team_of=teams.resolve,
+            task=own_task(ledger(), task_id, project),
+            approval_id=approval_id,
+            body=body,
             decided_by=project.name,
-            reason=body.reason,
-            args=body.args,
         )
-        answer = body.model_dump(exclude_none=True)
-        # Taken with this server's lease at once: no other server may start it meanwhile.
-        if state["workers"].take(task_id, only_from=("interrupted",)) is None:
-            raise ApiError(409, "not_waiting", f"task {task_id} is no longer waiting")
-        state["workers"].start(task, Command(resume={approval_id: answer}), project=project.id)
-        return TaskOut.of(own_task(task_id, project))
+        return TaskOut.of(own_task(ledger(), task_id, project))
 
     @app.get("/v1/tasks/{task_id}/trace", responses=error_responses(401, 404))
     def trace(task_id: str, project: ProjectDep) -> dict[str, Any]:
         """The task's timeline (the span-tree shape): visits, routes, handoffs, violations."""
         from relaygraph.tracing import build_timeline
 
-        own_task(task_id, project)
+        own_task(ledger(), task_id, project)
         timeline = build_timeline(ledger(), task_id, project_id=project.id)
         # A project sees its team's name, version and digest; not where the server keeps
         # a file of its own.
@@ -525,40 +475,12 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         ] = None,
     ) -> EventSourceResponse:
         """The task's events as they happen (Server-Sent Events)."""
-        await to_thread.run_sync(own_task, task_id, project)
+        task = await to_thread.run_sync(lambda: own_task(ledger(), task_id, project))
         resumed = _event_id(last_event_id)  # Checked even when `after` is given.
         start = after if after is not None else resumed
-
-        async def stream() -> AsyncIterator[dict[str, Any]]:
-            seq = start
-            finished = False
-            while True:
-                batch = await to_thread.run_sync(ledger().events_after, task_id, seq)
-                for event in batch:
-                    seq = event.seq
-                    yield {
-                        "id": str(event.seq),
-                        "event": event.type,
-                        "data": json.dumps(event.data, ensure_ascii=False),
-                    }
-                if batch:
-                    continue
-                if finished:
-                    return
-                task = await to_thread.run_sync(
-                    lambda: ledger().get_task(task_id, project_id=project.id)
-                )
-                if task is None or task.status in FINISHED_STATUSES:
-                    # Events written between the read above and the status read are read
-                    # once more before the stream closes: a finished task's last events
-                    # are never lost.
-                    finished = True
-                    continue
-                if await request.is_disconnected():
-                    return
-                await asyncio.sleep(SSE_POLL_SECONDS)
-
-        return EventSourceResponse(stream())
+        return EventSourceResponse(
+            follow_events(ledger, task, after=start, request=request, poll_seconds=SSE_POLL_SECONDS)
+        )
 
     # The audit dashboard (/ui) and the /v1 endpoints it reads beyond the ones above.
     from relaygraph.api._dashboard_api import dashboard_api_router

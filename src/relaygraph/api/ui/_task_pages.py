@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
+from time import monotonic
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,6 +17,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from relaygraph.api._errors import ApiError
 from relaygraph.api._schemas import DecisionIn
+from relaygraph.api._tasks_service import decide, follow_events
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
 from relaygraph.api.ui._queries import (
     TaskFilters,
@@ -28,7 +29,7 @@ from relaygraph.api.ui._sessions import COOKIE, DashboardSession, same_token
 from relaygraph.api.ui._task_view import TaskView, task_view
 from relaygraph.api.ui._templates import render
 from relaygraph.errors import ConfigError
-from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, RecordConflict, Task
+from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Task
 
 PAGE_SIZE = 25
 EVENT_POLL_SECONDS = 0.25
@@ -118,7 +119,14 @@ def task_router(dashboard: Dashboard) -> APIRouter:
         if not after.isdigit() or len(after) > 10:
             return JSONResponse({"error": {"code": "invalid_request"}}, status_code=422)
         return EventSourceResponse(
-            _follow(dashboard, request, session, found, int(after)),
+            follow_events(
+                dashboard.ledger,
+                found,
+                after=int(after),
+                request=request,
+                poll_seconds=EVENT_POLL_SECONDS,
+                still_wanted=_session_alive(dashboard, request),
+            ),
             headers={k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Control"},
         )
 
@@ -205,38 +213,20 @@ def _sections(request: Request, session: DashboardSession, context: dict[str, An
     }
 
 
-async def _follow(
-    dashboard: Dashboard, request: Request, session: DashboardSession, task: Task, after: int
-) -> AsyncIterator[dict[str, Any]]:
-    """The task's events after ``after``, as ``GET /v1/tasks/{id}/events`` streams them;
-    it ends when the task has finished, the browser went away, or the session ended."""
-    seq, finished = after, False
-    checked = asyncio.get_running_loop().time()
-    while True:
-        batch = await to_thread.run_sync(dashboard.ledger().events_after, task.id, seq)
-        for event in batch:
-            seq = event.seq
-            yield {
-                "id": str(event.seq),
-                "event": event.type,
-                "data": json.dumps(event.data, ensure_ascii=False),
-            }
-        if batch:
-            continue
-        if finished:
-            return
-        now = await to_thread.run_sync(dashboard.own_task, session, task.id)
-        if now is None or now.status in FINISHED_STATUSES:
-            finished = True  # One more read: events written meanwhile are never lost.
-            continue
-        if await request.is_disconnected():
-            return
-        if asyncio.get_running_loop().time() - checked > SESSION_CHECK_SECONDS:
-            checked = asyncio.get_running_loop().time()
-            alive, _ = dashboard.sessions.find(request.cookies.get(COOKIE), touch=False)
-            if alive is None:
-                return
-        await asyncio.sleep(EVENT_POLL_SECONDS)
+def _session_alive(dashboard: Dashboard, request: Request) -> Callable[[], bool]:
+    """Whether the request's session is still open, asked at most every
+    ``SESSION_CHECK_SECONDS`` (a stream outlives the session that opened it otherwise)."""
+    checked = monotonic()
+
+    def alive() -> bool:
+        nonlocal checked
+        if monotonic() - checked <= SESSION_CHECK_SECONDS:
+            return True
+        checked = monotonic()
+        session, _ = dashboard.sessions.find(request.cookies.get(COOKIE), touch=False)
+        return session is not None
+
+    return alive
 
 
 def _posted(
@@ -263,7 +253,15 @@ def _decide(
     session, task = posted
     try:
         body = _decision(form)
-        decide_approval(dashboard, session, task, approval_id, body)
+        decide(
+            ledger=dashboard.ledger(),
+            workers=dashboard.workers(),
+            team_of=dashboard.team_of,
+            task=task,
+            approval_id=approval_id,
+            body=body,
+            decided_by=session.project_name,
+        )
     except ApiError as exc:
         if _wants_json(request):
             return _answer(request, exc.status, exc.code, exc.message, exc.field)
@@ -310,54 +308,6 @@ def _decision(form: dict[str, str]) -> DecisionIn:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "decision"
         raise ApiError(422, "invalid_request", f"{field}: {first['msg']}", field) from None
-
-
-def decide_approval(
-    dashboard: Dashboard, session: DashboardSession, task: Task, approval_id: str, body: DecisionIn
-) -> None:
-    """Decide a pending approval as ``POST /v1/tasks/{id}/approvals/{approval_id}`` does:
-    the same checks, the same record (decided by the project), and the task resumes here.
-
-    Raises:
-        ApiError: 404 ``approval_not_found``, 409 ``not_waiting``, 422 on ``args``.
-    """
-    from langgraph.types import Command
-
-    ledger = dashboard.ledger()
-    approval = None if "\x00" in approval_id else ledger.get_approval(task.id, approval_id)
-    if approval is None:
-        raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
-    if not approval.pending or task.status != "interrupted":
-        raise ApiError(
-            409, "not_waiting", f"it was decided already, or the task is {task.status} now"
-        )
-    if body.decision == "edit" and body.args is not None and approval.tool:
-        from relaygraph.agents.tools import BUILTIN_TOOLS, check_tool_args
-
-        try:
-            tools = dashboard.team_of(task).tools
-        except ConfigError:  # Its team no longer builds: check against what is known.
-            tools = BUILTIN_TOOLS
-        try:
-            check_tool_args(approval.tool, body.args, tools)
-        except ConfigError as exc:
-            raise ApiError(422, "invalid_request", str(exc), "args") from None
-    try:
-        ledger.record_decision(
-            task.id,
-            approval_id,
-            decision=body.decision,
-            decided_by=session.project_name,
-            reason=body.reason,
-            args=body.args,
-        )
-    except RecordConflict as exc:  # Someone decided it a moment ago.
-        raise ApiError(409, "not_waiting", str(exc)) from None
-    workers = dashboard.workers()
-    if workers.take(task.id, only_from=("interrupted",)) is None:
-        raise ApiError(409, "not_waiting", f"task {task.id} is no longer waiting")
-    answer = body.model_dump(exclude_none=True)
-    workers.start(task, Command(resume={approval_id: answer}), project=task.project_id)
 
 
 def _cancel(dashboard: Dashboard, request: Request, task_id: str, token: str) -> Response:

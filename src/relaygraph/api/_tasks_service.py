@@ -1,0 +1,144 @@
+"""What the API's task routes and the dashboard's task page both do: decide an approval and
+follow a task's events. Each is written once here, so a page acts exactly as the ``/v1``
+endpoint it stands for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from anyio import to_thread
+from fastapi import Request
+
+from relaygraph.api._errors import ApiError
+from relaygraph.api._schemas import DecisionIn
+from relaygraph.errors import ConfigError
+from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Task
+
+if TYPE_CHECKING:
+    from relaygraph.api._workers import TaskWorkers
+    from relaygraph.team import Team
+
+__all__ = ["decide", "follow_events"]
+
+
+def decide(
+    *,
+    ledger: Ledger,
+    workers: TaskWorkers,
+    team_of: Callable[[Task], Team],
+    task: Task,
+    approval_id: str,
+    body: DecisionIn,
+    decided_by: str,
+) -> None:
+    """Decide a pending approval of ``task`` and resume the task on ``workers``.
+
+    An edit's arguments are checked against the tool in the task's team (the built-in tools
+    when that team no longer builds); the task is taken with this server's lease before it
+    resumes, so no other server starts it meanwhile.
+
+    Args:
+        ledger: The server's ledger.
+        workers: The server's task workers.
+        team_of: The team a task records.
+        task: The task, already checked to be the caller's project's.
+        approval_id: The approval to decide.
+        body: The decision.
+        decided_by: Who decided, as the approval records it (the project's name).
+
+    Raises:
+        ApiError: 404 ``approval_not_found``; 409 ``not_waiting`` when the approval is decided
+            or the task no longer waits; 422 ``invalid_request`` on ``args``.
+    """
+    from langgraph.types import Command
+
+    approval = None if "\x00" in approval_id else ledger.get_approval(task.id, approval_id)
+    if approval is None:
+        raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
+    if not approval.pending or task.status != "interrupted":
+        raise ApiError(
+            409,
+            "not_waiting",
+            f"approval {approval_id} is already decided or the task is {task.status}",
+        )
+    if body.decision == "edit" and body.args is None:
+        raise ApiError(422, "invalid_request", "an edit needs 'args'", "args")
+    if body.decision == "edit" and body.args is not None and approval.tool:
+        from relaygraph.agents.tools import BUILTIN_TOOLS, check_tool_args
+
+        try:
+            tools = team_of(task).tools
+        except ConfigError:  # Its team no longer builds: check against what is known.
+            tools = BUILTIN_TOOLS
+        try:
+            check_tool_args(approval.tool, body.args, tools)
+        except ConfigError as exc:
+            raise ApiError(422, "invalid_request", str(exc), "args") from None
+    try:
+        ledger.record_decision(
+            task.id,
+            approval_id,
+            decision=body.decision,
+            decided_by=decided_by,
+            reason=body.reason,
+            args=body.args,
+        )
+    except RecordConflict as exc:  # Someone decided it a moment ago.
+        raise ApiError(409, "not_waiting", str(exc)) from None
+    if workers.take(task.id, only_from=("interrupted",)) is None:
+        raise ApiError(409, "not_waiting", f"task {task.id} is no longer waiting")
+    answer = body.model_dump(exclude_none=True)
+    workers.start(task, Command(resume={approval_id: answer}), project=task.project_id)
+
+
+async def follow_events(
+    ledger: Callable[[], Ledger],
+    task: Task,
+    *,
+    after: int,
+    request: Request,
+    poll_seconds: float,
+    still_wanted: Callable[[], bool] = lambda: True,
+) -> AsyncIterator[dict[str, Any]]:
+    """The task's events after sequence number ``after``, as Server-Sent Events, while
+    they are written.
+
+    It ends after a finished task's last event, when the client went away, or when
+    ``still_wanted`` says no (it is asked between polls).
+
+    Args:
+        ledger: Returns the server's ledger.
+        task: The task, already checked to be the caller's project's.
+        after: The last sequence number the client has.
+        request: The streaming request (to see the client go away).
+        poll_seconds: How long to wait for new events between reads.
+        still_wanted: Asked when no events are new; False ends the stream.
+    """
+    seq, finished = after, False
+    while True:
+        batch = await to_thread.run_sync(ledger().events_after, task.id, seq)
+        for event in batch:
+            seq = event.seq
+            yield {
+                "id": str(event.seq),
+                "event": event.type,
+                "data": json.dumps(event.data, ensure_ascii=False),
+            }
+        if batch:
+            continue
+        if finished:
+            return
+        now = await to_thread.run_sync(
+            lambda: ledger().get_task(task.id, project_id=task.project_id)
+        )
+        if now is None or now.status in FINISHED_STATUSES:
+            # Events written between the read above and the status read are read once more
+            # before the stream closes: a finished task's last events are never lost.
+            finished = True
+            continue
+        if await request.is_disconnected() or not still_wanted():
+            return
+        await asyncio.sleep(poll_seconds)
