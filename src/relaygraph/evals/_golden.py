@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relaygraph.errors import ConfigError
+from relaygraph.supervisor._state import ViolationKind
 
 if TYPE_CHECKING:
     from relaygraph.team import Team
@@ -26,22 +27,7 @@ AGENTS_MATCH_MODES: tuple[AgentsMatch, ...] = ("strict", "unordered", "subset", 
 """How ``agents`` is compared with the agents that ran: agentevals' trajectory match modes."""
 
 RunStatus = Literal["succeeded", "degraded", "failed", "interrupted", "cancelled"]
-ViolationKind = Literal[
-    "tool_not_allowed",
-    "handoff_not_allowed",
-    "invalid_arguments",
-    "ping_pong",
-    "repeated_tool_call",
-    "budget",
-]
-VIOLATION_KINDS: tuple[ViolationKind, ...] = (
-    "tool_not_allowed",
-    "handoff_not_allowed",
-    "invalid_arguments",
-    "ping_pong",
-    "repeated_tool_call",
-    "budget",
-)
+VIOLATION_KINDS: tuple[ViolationKind, ...] = get_args(ViolationKind)
 """The kinds of violation the team records (``relaygraph.supervisor`` state's ``kind``)."""
 
 EXPECT_KEYS = (

@@ -47,6 +47,17 @@ class Visit(TypedDict):
     """The visit's transcript, every tool call answered; kept for audit, never re-sent."""
 
 
+ViolationKind = Literal[
+    "tool_not_allowed",
+    "handoff_not_allowed",
+    "invalid_arguments",
+    "ping_pong",
+    "repeated_tool_call",
+    "budget",
+]
+"""What a violation was: the one list of kinds (golden sets and the dashboard use it too)."""
+
+
 class Violation(TypedDict):
     """Something the policy refused or stopped: a disallowed tool, a transfer with invalid
     arguments, a budget, a ping-pong."""
@@ -54,14 +65,7 @@ class Violation(TypedDict):
     id: str
     turn: int
     agent: str
-    kind: Literal[
-        "tool_not_allowed",
-        "handoff_not_allowed",
-        "invalid_arguments",
-        "ping_pong",
-        "repeated_tool_call",
-        "budget",
-    ]
+    kind: ViolationKind
     detail: str
 
 
