@@ -7,7 +7,7 @@ would not answer.
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
@@ -95,36 +95,12 @@ class EvalRunOut(BaseModel):
 
     @classmethod
     def of(cls, run: EvalRunRecord, *, cases: bool) -> "EvalRunOut":
-        return cls(
-            id=run.id,
-            golden=run.golden,
-            models=run.models,
-            options=run.options,
-            case_count=run.case_count,
-            run_count=run.run_count,
-            passed_case_count=run.passed_case_count,
-            passed_run_count=run.passed_run_count,
-            pass_rate=run.pass_rate,
-            metrics=run.metrics,
-            started_at=run.started_at,
-            finished_at=run.finished_at,
-            cases=[
-                EvalCaseOut(
-                    case_id=c.case_id,
-                    trial=c.trial,
-                    passed=c.passed,
-                    checks=c.checks,
-                    first_failure=c.first_failure,
-                    usage=c.usage,
-                    latency_seconds=c.latency_seconds,
-                    error=c.error,
-                    task_id=c.task_id,
-                )
-                for c in run.cases
-            ]
-            if cases
-            else None,
-        )
+        """The ledger's record as the API answers it: the same fields, read from the record
+        (a case's ledger keys left out), the cases only when asked for."""
+        if cases:
+            return cls.model_validate(run, from_attributes=True)
+        body = cls.model_validate(replace(run, cases=()), from_attributes=True)
+        return body.model_copy(update={"cases": None})
 
 
 class EvalRunList(BaseModel):
