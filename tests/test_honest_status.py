@@ -73,3 +73,25 @@ def test_a_blank_answer_is_degraded(home: Path, script: Script) -> None:
     assert result.agents_run == ["researcher"]
     assert result.status == "degraded"
     assert result.stop_reason == "no answer: the team's final answer is empty"
+
+
+def test_on_the_embedded_model_a_docs_answer_without_a_citation_is_degraded() -> None:
+    from langchain_core.messages import ToolMessage
+
+    from relaygraph._summary import honest_status
+
+    summary = {"agents_run": ["researcher"]}
+    read = [ToolMessage(content="[checkpoints] Checkpoints\n\nDurability...", tool_call_id="1")]
+    request = "What do the docs say about checkpoint durability?"
+    cited = "Checkpoints are written at each step. [checkpoints]"
+    assert honest_status("succeeded", None, summary, cited, request=request,
+                         transcripts=read, grounding=True) == ("succeeded", None)  # fmt: skip
+    status, why = honest_status(
+        "succeeded", None, summary, "Durability is a choice.", request=request,
+        transcripts=read, grounding=True,
+    )  # fmt: skip
+    assert status == "degraded" and why is not None and why.startswith("ungrounded:")
+    # Other models are not held to it (yet): the same answer stays succeeded.
+    assert honest_status(
+        "succeeded", None, summary, "Durability is a choice.", request=request, transcripts=read
+    ) == ("succeeded", None)

@@ -120,16 +120,34 @@ def summarize(
 
 
 def honest_status(
-    status: str, stop_reason: str | None, summary: Mapping[str, Any], answer: str | None = None
+    status: str,
+    stop_reason: str | None,
+    summary: Mapping[str, Any],
+    answer: str | None = None,
+    *,
+    request: str = "",
+    transcripts: Sequence[Any] = (),
+    grounding: bool = False,
 ) -> tuple[str, str | None]:
     """``succeeded`` only for a run that did real work and said something: some agent ran,
     and the team's answer is not empty. A supervisor that says FINISH at once, or a prebuilt
     supervisor that answers itself, did no work the team exists for; a blank answer answers
-    nothing. Either is ``degraded``, with the reason."""
+    nothing. Either is ``degraded``, with the reason.
+
+    With ``grounding``, a request about the docs must also be answered with a citation of a
+    document the run's tools showed (``models.local.ungrounded_reason``), else ``degraded``
+    with ``ungrounded: ...``.
+    """
     if status != "succeeded":
         return status, stop_reason
     if not summary.get("agents_run"):
         return "degraded", "no agent ran: the team answered without doing any work"
     if not (answer or "").strip():
         return "degraded", "no answer: the team's final answer is empty"
+    if grounding:
+        from relaygraph.models.local import ungrounded_reason
+
+        why = ungrounded_reason(request, answer, transcripts)
+        if why is not None:
+            return "degraded", why
     return status, stop_reason

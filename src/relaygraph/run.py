@@ -418,7 +418,21 @@ class TaskRunner:
                 status = state.get("status") or "failed"
                 stop_reason, answer = state.get("stop_reason"), state.get("answer")
             summary = summarize(state, policy, roles, in_flight)
-            status, stop_reason = honest_status(status, stop_reason, summary, answer)
+            turn = state.get("turn", 0)
+            status, stop_reason = honest_status(
+                status,
+                stop_reason,
+                summary,
+                answer,
+                request=task.input,
+                transcripts=[
+                    m for v in state.get("visits", []) if v["turn"] == turn for m in v["messages"]
+                ],
+                # Checked on the embedded model, whose answers the grounding mechanism
+                # builds: a docs question answered there without a citation of a document
+                # the run read is not a success. (Other models: see the closing note.)
+                grounding=any(spec.startswith("local:") for spec in recorded.values()),
+            )
             artifacts = sorted(p.name for p in context.artifacts.iterdir() if p.is_file())
             result = RunResult(
                 task_id=task.id,
