@@ -25,8 +25,9 @@ SERVICE_URL_ENV = "RELAYGRAPH_URL"
 SERVICE_KEY_ENV = "RELAYGRAPH_API_KEY"
 
 LOCAL_MODEL_NOTE = (
-    "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): its "
-    "answers are shallow. For real work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
+    "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): it "
+    "answers from the documents it finds, by constrained choices, and reasons little. For "
+    "open-ended work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
     "set, or OPENAI_BASE_URL pointing at any Chat Completions server (vLLM, Ollama, LiteLLM)."
 )
 
