@@ -115,9 +115,14 @@ async def test_soak_with_faulted_model_calls(
     for entry in log:
         by_digest.setdefault(entry["digest"], []).append(entry)
     waits = []
+    attempts = 1 + 2  # the first try and the default two retries of one call
     for entries in by_digest.values():
+        in_a_row = 0
         for refused, again in itertools.pairwise(entries):
-            if refused["fault"] == "429":
+            in_a_row = in_a_row + 1 if refused["fault"] else 0
+            # A 429 that was a call's last attempt is followed by a new call with the same
+            # body (the route asks once more as it was), not by a retry: no wait is owed.
+            if refused["fault"] == "429" and in_a_row % attempts != 0:
                 waits.append(again["at"] - refused["at"])
     assert waits and min(waits) >= RETRY_AFTER * 0.99, sorted(waits)[:3]
 
