@@ -411,7 +411,11 @@ def _follow_through_restart(
     with ``sig`` while the program runs, start a new server on the same home and port, and
     follow the first task's events to the end. Returns both tasks at the end, and the events.
     """
-    turns = sleepy_coder(seconds=3)
+    # After a SIGKILL the program waits for `go`, so the kill always comes while it runs,
+    # however slow the machine is; `go` comes once the new server is up, for the re-run of
+    # the step. A graceful stop (SIGTERM) drains the step: its program sleeps, so that the
+    # stop reaches the run before the step is over.
+    turns = sleepy_coder(seconds=3, code=GATED_CODE if sig == signal.SIGKILL else None)
     turns["supervisor"] += [
         {"route": {"next": "writer", "task": "sum up", "reason": "a follow-up"}},
         {"route": {"next": "FINISH", "task": "", "reason": "done"}},
@@ -432,6 +436,7 @@ def _follow_through_restart(
             if event["event"] == "tool_call" and kinds(events).count("tool_call") == 1:
                 server.stop(sig)
                 server = serve()  # Same home, same port: the client reconnects.
+                (home / "tasks" / task["id"] / "workspace" / "go").touch()
         second = client.wait(queued["id"], timeout=30)
         return client.get(task["id"]), events, second
 
