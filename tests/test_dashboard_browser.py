@@ -255,8 +255,17 @@ def console_errors(driver: WebDriver, expected: list[str]) -> list[str]:
 
 
 def wait_for(driver: WebDriver, find: Callable[[WebDriver], Any], timeout: float = 30) -> Any:
+    # The page swaps the parts that changed while a task runs: an element found a moment
+    # ago may be gone by the time it is read, which only means "look again".
+    from selenium.common.exceptions import StaleElementReferenceException
+
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(find)
+        return WebDriverWait(
+            driver,
+            timeout,
+            poll_frequency=0.1,
+            ignored_exceptions=(StaleElementReferenceException,),
+        ).until(find)
     except TimeoutException:
         raise AssertionError(f"timed out on {driver.current_url}") from None
 

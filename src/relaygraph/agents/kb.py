@@ -207,7 +207,9 @@ class KnowledgeBase:
         finally:
             probe.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False)
+        # A generous wait for the lock: first runs side by side (server workers, eval cases)
+        # each open the file while one of them switches it to WAL and indexes the samples.
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
         try:
             self._init_schema()
         except BaseException:
@@ -223,8 +225,8 @@ class KnowledgeBase:
                     f"relaygraph reads version {_SCHEMA_VERSION}; index the folders into a new "
                     "file."
                 )
+            self._conn.execute("PRAGMA busy_timeout = 30000")
             self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA busy_timeout = 5000")
             with self._conn:
                 self._conn.executescript(_SCHEMA)
                 self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
