@@ -101,8 +101,8 @@ def _long_policy() -> Any:
 
 
 def _relaygraph(home: Path) -> tuple[Path, str, dict[str, int], dict[str, int]]:
-    from relaygraph._checkpoint import sqlite_checkpointer
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
+    from relaygraph.runner._checkpoint import sqlite_checkpointer
 
     path = home / "long-20.json"
     path.write_text(json.dumps(long_script(VISITS)), encoding="utf-8")
@@ -120,8 +120,8 @@ def _relaygraph(home: Path) -> tuple[Path, str, dict[str, int], dict[str, int]]:
 
 
 def _bare(home: Path) -> tuple[Path, str, dict[str, int], dict[str, int]]:
-    from relaygraph._checkpoint import sqlite_checkpointer
     from relaygraph.agents import TaskContext
+    from relaygraph.runner._checkpoint import sqlite_checkpointer
 
     db = home / "bare-long-20.sqlite"
     thread_id = str(uuid.uuid4())

@@ -48,7 +48,7 @@ def run(home: Path, *, runs: int) -> Section:
             Verdict("5. embedded model", "wall time (reported, no target)", "skipped", None)
         )
         return section
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
 
     cores = len(os.sched_getaffinity(0))
     home.mkdir(parents=True, exist_ok=True)

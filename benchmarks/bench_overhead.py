@@ -9,7 +9,7 @@ Sides, interleaved round by round:
 
 * ``bare``: ``create_supervisor`` over ``create_agent`` workers, compiled once (as its docs use
   it), one ``invoke`` per task on a new thread. **The baseline of the target.**
-* ``relaygraph run_task``: :func:`relaygraph.run.run_task` with a scripted model, as
+* ``relaygraph run_task``: :func:`relaygraph.runner._run.run_task` with a scripted model, as
   ``relaygraph run`` does in process: policies on, every event in the SQL ledger, the team
   graph from the process's cache. **The side the target is about.**
 * ``bare, compiled per task`` and ``relaygraph graph only`` (the cached team + ``stream`` +
@@ -50,11 +50,11 @@ SUBJECTS = (SUBJECT, SERVICE)
 
 
 def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], Any]]:
-    from relaygraph._checkpoint import sqlite_checkpointer
-    from relaygraph._team_cache import team_cache
     from relaygraph.agents import TaskContext
     from relaygraph.policies import default_policy, policy_to_mapping
-    from relaygraph.run import TaskRunner, _ledger_for, run_task
+    from relaygraph.runner import TaskRunner, ledger_for, run_task
+    from relaygraph.runner._checkpoint import sqlite_checkpointer
+    from relaygraph.runner._team_cache import team_cache
     from relaygraph.store import LOCAL_PROJECT_ID
     from relaygraph.supervisor import FINALIZE, SUPERVISOR
     from relaygraph.topology import Topology
@@ -121,7 +121,7 @@ def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], An
         check(run_task(REQUEST, model=spec, home=home))
 
     # A long-lived ledger and runner, as the task service holds them (TaskRunner with a ledger).
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     stack.callback(ledger.close)
     runner = TaskRunner(ledger=ledger, home=home)
     mapping = policy_to_mapping(policy)
@@ -147,9 +147,9 @@ BATCHES = "ledger: append_events (on the writer thread, in batches)"
 
 def _breakdown(name: str, home: Path, runs: int) -> tuple[list[list[str]], int, dict[str, float]]:
     """Where run_task's time goes: wrap its parts (timing only, nothing else changes)."""
-    import relaygraph.agents.kb as kb_module
-    import relaygraph.run as run_module
-    from relaygraph._team_cache import TeamCache
+    import relaygraph.backends.kb as kb_module
+    import relaygraph.runner._run as run_module
+    from relaygraph.runner._team_cache import TeamCache
     from relaygraph.store import Ledger
 
     spent: dict[str, float] = {}
@@ -170,7 +170,7 @@ def _breakdown(name: str, home: Path, runs: int) -> tuple[list[list[str]], int, 
         originals.append((owner, attr, original))
         setattr(owner, attr, timed)
 
-    wrap(run_module, "_ledger_for", "ledger: the process's ledger (opened once)")
+    wrap(run_module, "ledger_for", "ledger: the process's ledger (opened once)")
     wrap(Ledger, "create_task", "ledger: create_task")
     wrap(Ledger, "append_events", BATCHES)
     wrap(Ledger, "take_lease", "ledger: take_lease")
@@ -239,7 +239,7 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "`langchain.agents.create_agent` workers (relaygraph's tools and prompts, a scripted "
         "model playing the same turns with `transfer_to_<agent>` calls), compiled once, one "
         "`invoke` per task on a new thread. The baseline of the target.",
-        f"- **{SUBJECT}**: `relaygraph.run.run_task(..., model='scripted:...')`: policies on, "
+        f"- **{SUBJECT}**: `relaygraph.runner._run.run_task(..., model='scripted:...')`: policies on, "
         "every event written to the SQL ledger (SQLite), the team graph built per task, as "
         "`relaygraph run` does (it opens the ledger for each task).",
         f"- **{SERVICE}**: `TaskRunner.run` on a task from `Ledger.create_task`, with one "
@@ -390,7 +390,7 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         f"1. **The ledger**: run_task − graph only = {ms(net_ledger)} ms per {short} task "
         f"({ms(net_service)} ms with a long-lived ledger) for {events} events. Since this "
         "revision the events are written behind the graph, in batches of what queued up "
-        "within 50 ms (`src/relaygraph/_event_writer.py`; one transaction per batch: about "
+        "within 50 ms (`src/relaygraph/runner/_event_writer.py`; one transaction per batch: about "
         "0.4 ms per event against 1.1 ms one at a time), but that work still takes the "
         "interpreter's lock from the graph's threads: on 2 cores the Python it runs "
         "(SQLAlchemy's ORM: the UPDATE … RETURNING of the sequence number, the event rows, "
@@ -406,12 +406,12 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "2. **A fixed cost per task**: relaygraph runs one more node (`begin`) and one more "
         "model call (`finalize`) per task than bare, and its supervisor validates a "
         "structured route each step. Compiling the team is no longer per task: "
-        "`TeamCache` (`src/relaygraph/_team_cache.py`) compiles it once per process and key "
+        "`TeamCache` (`src/relaygraph/runner/_team_cache.py`) compiles it once per process and key "
         "(before, `build_team` cost about 15 ms per task).",
         "",
     )
     path = home / f"{short}.json"
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
 
     top = profile_top(
         lambda: run_task(REQUEST, model=f"scripted:{path}", home=home),

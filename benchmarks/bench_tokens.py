@@ -64,7 +64,7 @@ def count(requests: list[dict[str, Any]]) -> dict[str, int]:
 def _relaygraph(script: dict[str, Any], home: Path, request: str) -> dict[str, int]:
     from tests.openai_server import serve_script
 
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
 
     with serve_script(script) as server:
         os.environ["OPENAI_BASE_URL"] = server.base_url

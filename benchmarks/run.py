@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.clear()
         os.environ.update(env)
         os.environ["OPENAI_API_KEY"] = "bench"
-        from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+        from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
 
         with KnowledgeBase(home / "kb.sqlite") as kb:
             ensure_sample_corpus(kb)

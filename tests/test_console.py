@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relaygraph._console import ProgressPrinter
+from relaygraph.cli._console import ProgressPrinter
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_trace_prints_the_dashboard_link_when_a_service_is_named(
     home: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from relaygraph.cli import main
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
     from tests.conftest import EXAMPLE_RELAY
 
     result = run_task("When?", model=f"scripted:{EXAMPLE_RELAY}")

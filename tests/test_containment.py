@@ -26,7 +26,7 @@ from relaygraph.api import load_settings
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models.scripted import MAX_SCRIPT_BYTES, ScriptFolder, load_script
-from relaygraph.run import TaskRunner, run_task
+from relaygraph.runner import TaskRunner, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordConflict
 from tests.conftest import EXAMPLE_RELAY
 
@@ -75,9 +75,9 @@ def test_two_projects_may_use_one_thread_id_without_meeting(ledger: Ledger) -> N
 
 
 def test_a_thread_of_an_api_project_is_unknown_to_the_cli(home: Path) -> None:
-    from relaygraph.run import _ledger_for
+    from relaygraph.runner import ledger_for
 
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     project, _ = ledger.create_project("api-project")
     ledger.create_task(project_id=project.id, input="x", thread_id="shared-id")
     with pytest.raises(ConfigError, match="'shared-id' has no earlier run"):
@@ -87,9 +87,9 @@ def test_a_thread_of_an_api_project_is_unknown_to_the_cli(home: Path) -> None:
 def test_same_thread_id_in_two_projects_keeps_two_conversations(home: Path) -> None:
     """Real runs: the second project's task on the same thread id sees none of the first's
     history (its checkpoints are not the first project's)."""
-    from relaygraph.run import _ledger_for
+    from relaygraph.runner import ledger_for
 
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     runner = TaskRunner(ledger=ledger, home=home)
     spec = f"scripted:{EXAMPLE_RELAY}"
     answers = []
@@ -104,7 +104,7 @@ def test_same_thread_id_in_two_projects_keeps_two_conversations(home: Path) -> N
         result = runner.run(task, {"request": task.input})
         assert result.status == "succeeded", result
         answers.append(result)
-    from relaygraph._checkpoint import open_checkpointer
+    from relaygraph.runner._checkpoint import open_checkpointer
 
     with open_checkpointer(home) as saver:
         threads = {
@@ -232,9 +232,9 @@ def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
 ) -> None:
     """A real run, held by one runner, is cancelled through the ledger alone (as a cancel
     sent to another server is): it stops at a step boundary, ``cancelled``."""
-    from relaygraph.run import _ledger_for
+    from relaygraph.runner import ledger_for
 
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     slow = "import time\ntime.sleep(3)\nprint('slept')"
     spec = script(
         {
@@ -363,9 +363,9 @@ def test_no_script_path_opens_the_ledgers_database_files(
 ) -> None:
     """Opening and closing a SQLite file in the process that holds it drops its POSIX
     locks (finding 1): a spec naming the ledger must be refused before any open."""
-    from relaygraph.run import _ledger_for
+    from relaygraph.runner import ledger_for
 
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     ledger.create_project("x")
     databases = {str(home / name) for name in ("ledger.sqlite", "checkpoints.sqlite")}
     (home / "checkpoints.sqlite").touch()

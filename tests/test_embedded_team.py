@@ -27,8 +27,8 @@ def _plain(text: str) -> str:
 
 @pytest.mark.slow
 def test_the_demo_task_is_answered_from_the_right_document(home: Path) -> None:
-    from relaygraph.agents.kb import sample_corpus_path
-    from relaygraph.run import run_task
+    from relaygraph.backends.kb import sample_corpus_path
+    from relaygraph.runner import run_task
 
     events: list[dict[str, Any]] = []
     result = run_task(DEMO_TASK, on_event=events.append)

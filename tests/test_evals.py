@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from relaygraph.cli._evals import add_eval_parser, run_eval_command
 from relaygraph.evals import (
     AGENTS_MATCH_MODES,
     VIOLATION_KINDS,
@@ -34,7 +35,6 @@ from relaygraph.evals import (
     pass_hat_k,
     run_eval,
 )
-from relaygraph.evals._cli import add_eval_parser, run_eval_command
 from relaygraph.store import Ledger
 
 from .conftest import REPO
@@ -316,16 +316,16 @@ def test_model_flag_overrides_the_scripts(home: Path, tmp_path: Path) -> None:
 def test_a_case_that_cannot_run_fails_and_the_others_run(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import relaygraph.run
+    import relaygraph.runner._run
 
-    real = relaygraph.run.run_task
+    real = relaygraph.runner._run.run_task
 
     def flaky(request: str, **kwargs: Any) -> Any:
         if "crash" in request:
             raise RuntimeError("provider exploded")
         return real(request, **kwargs)
 
-    monkeypatch.setattr(relaygraph.run, "run_task", flaky)
+    monkeypatch.setattr(relaygraph.runner._run, "run_task", flaky)
     path = write_golden(tmp_path, case("crash"), case("fine", first_agent="coder"))
     report = run_eval(path, home=home)
     crash, fine = report.cases
@@ -722,7 +722,7 @@ def test_nothing_is_posted_without_the_flag_even_with_tracing_on(
     from langsmith import Client
     from langsmith.utils import get_env_var
 
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
 
     client = Client(api_url=fake_langsmith.url, api_key="lsv2_test")
     monkeypatch.setattr(langchain_tracer, "get_client", lambda: client)
@@ -801,17 +801,17 @@ def test_a_langsmith_failure_is_reported_beside_the_results(
 def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import relaygraph.run
+    import relaygraph.runner._run
     from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 
-    real = relaygraph.run.run_task
+    real = relaygraph.runner._run.run_task
 
     def flaky(request: str, **kwargs: Any) -> Any:
         if "crash" in request:
             raise RuntimeError("provider exploded")
         return real(request, **kwargs)
 
-    monkeypatch.setattr(relaygraph.run, "run_task", flaky)
+    monkeypatch.setattr(relaygraph.runner._run, "run_task", flaky)
     path = write_golden(
         tmp_path,
         case("fine", first_agent="coder", tags=["smoke"]),

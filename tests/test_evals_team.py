@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from relaygraph.cli._evals import add_eval_parser, run_eval_command
 from relaygraph.evals import load_golden, run_eval
-from relaygraph.evals._cli import add_eval_parser, run_eval_command
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import load_team
 

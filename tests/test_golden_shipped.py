@@ -50,7 +50,7 @@ def test_shipped_golden_passes_offline(home: Path) -> None:
 def test_the_injection_arrives_in_a_document_the_researcher_found(home: Path) -> None:
     """The shipped corpus holds a page with an instruction hidden in it; the case that reads
     it has the researcher follow it, and the policy refuses the tool before it runs."""
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
 
     script = _golden().parent / "scripts" / "injected-instruction-in-a-found-doc.json"
     events: list[dict[str, object]] = []

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from relaygraph.handoffs import handoff_target, merge_by_id
-from relaygraph.run import run_task
+from relaygraph.runner import run_task
 
 
 def rec(id: str, task: str = "t") -> dict[str, Any]:

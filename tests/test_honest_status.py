@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relaygraph.run import run_task
+from relaygraph.runner import run_task
 from relaygraph.topology import Topology
 
 Script = Any
@@ -78,7 +78,7 @@ def test_a_blank_answer_is_degraded(home: Path, script: Script) -> None:
 def test_on_the_embedded_model_a_docs_answer_without_a_citation_is_degraded() -> None:
     from langchain_core.messages import ToolMessage
 
-    from relaygraph._summary import honest_status
+    from relaygraph.runner._summary import honest_status
 
     summary = {"agents_run": ["researcher"]}
     read = [ToolMessage(content="[checkpoints] Checkpoints\n\nDurability...", tool_call_id="1")]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from relaygraph.agents import kb as kb_module
-from relaygraph.agents.kb import (
+from relaygraph.backends import kb as kb_module
+from relaygraph.backends.kb import (
     MAX_FILE_BYTES,
     Document,
     DocumentNotFoundError,
@@ -532,7 +532,7 @@ def test_index_report_defaults_are_empty() -> None:
 def test_first_runs_at_once_index_the_samples_once(tmp_path: Path) -> None:
     import threading
 
-    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
 
     errors: list[BaseException] = []
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from relaygraph.agents.kb import sample_corpus_path
-from relaygraph.models._local_grounding import (
+from relaygraph.backends.kb import sample_corpus_path
+from relaygraph.models.local._grounding import (
     asks_about_docs,
     citations,
     cited_passages,

@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 from relaygraph.errors import ModelSpecError
 from relaygraph.handoffs import create_handoff_tool
 from relaygraph.models import load_model
-from relaygraph.models import local as local_module
 from relaygraph.models.local import (
     ANSWER_CHARS,
     MAX_TOOL_RESULTS,
@@ -30,6 +29,7 @@ from relaygraph.models.local import (
     load_local_model,
     reusable_prefix,
 )
+from relaygraph.models.local import _chat as local_module
 
 SPEC = "local:smollm2"
 

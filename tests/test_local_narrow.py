@@ -15,8 +15,6 @@ from langchain_core.tools import BaseTool, tool
 from relaygraph.agents.tools import BUILTIN_TOOLS
 from relaygraph.errors import ConfigError
 from relaygraph.handoffs import create_handoff_tool
-from relaygraph.models import local as local_module
-from relaygraph.models._local_engine import Completion
 from relaygraph.models.local import (
     NARROW_KEY,
     FromResults,
@@ -27,6 +25,8 @@ from relaygraph.models.local import (
     narrowed,
     single_value,
 )
+from relaygraph.models.local import _chat as local_module
+from relaygraph.models.local._engine import Completion
 
 CORPUS_DOC = (
     "[checkpoints] Checkpoints and durability\n\n# Checkpoints and durability\n\n"
@@ -178,7 +178,7 @@ def test_a_read_id_is_not_offered_again_and_the_limit_holds(engine: StandInEngin
     narrowing = ToolNarrowing.from_metadata(
         BUILTIN_TOOLS["read_doc"].metadata[NARROW_KEY], tool="read_doc"
     )
-    from relaygraph.models._local_offer import Conversation, offer_tool
+    from relaygraph.models.local._offer import Conversation, offer_tool
 
     spec = {
         "name": "read_doc",
@@ -410,7 +410,7 @@ def test_the_builtin_deliverable_quotes_the_cited_results(engine: StandInEngine)
 
 def test_grammar_safe_values_compile() -> None:
     llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")
-    from relaygraph.models._local_schema import grammar_safe
+    from relaygraph.models.local._schema import grammar_safe
 
     # llama-cpp-python's converter escapes a JSON value's quotes but not its backslashes:
     # a request quoted into a route's task, or a query word, must not break the grammar.

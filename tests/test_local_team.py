@@ -13,15 +13,15 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from relaygraph.agents import Agent, builtin
 from relaygraph.handoffs import Assignment
-from relaygraph.models._local_schema import bounded, single_value
-from relaygraph.models._local_team import (
+from relaygraph.models.local import LocalChatModel
+from relaygraph.models.local._schema import bounded, single_value
+from relaygraph.models.local._team import (
     FinalAnswer,
     TeamInput,
     final_answer,
     intents,
     narrow_route,
 )
-from relaygraph.models.local import LocalChatModel
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._route import FINISH, route_model
 

@@ -116,7 +116,7 @@ def _honest(result: Any) -> None:
 
 def test_structured_team_runs_on_llama_cpp_server(home: Path, on_llama: str) -> None:
     from relaygraph.models._openai import learned_structured_method
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
 
     events: list[dict[str, Any]] = []
     result = run_task("When are checkpoints written?", model=SPEC, on_event=events.append)
@@ -133,7 +133,7 @@ def test_structured_team_runs_on_llama_cpp_server(home: Path, on_llama: str) -> 
 
 
 def test_swarm_runs_on_llama_cpp_server(home: Path, on_llama: str) -> None:
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
     from relaygraph.topology import Topology
 
     events: list[dict[str, Any]] = []

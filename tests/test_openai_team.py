@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from relaygraph.run import run_task
+from relaygraph.runner import run_task
 
 from .conftest import EXAMPLE_RELAY
 from .openai_server import (

@@ -15,7 +15,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from relaygraph.policies import TeamPolicy
-from relaygraph.run import Decision, RunResult, resume_task, run_task
+from relaygraph.runner import Decision, RunResult, resume_task, run_task
 from relaygraph.supervisor import FINISH
 from tests.builtin_team import parse_policy
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from relaygraph.run import run_task
+from relaygraph.runner import run_task
 from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, Ledger
 
 from .conftest import EXAMPLE_RELAY

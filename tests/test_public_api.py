@@ -14,7 +14,7 @@ PACKAGES = [
     "relaygraph.models",
     "relaygraph.policies",
     "relaygraph.supervisor",
-    "relaygraph.run",
+    "relaygraph.runner._run",
     "relaygraph.store",
     "relaygraph.api",
     "relaygraph.client",

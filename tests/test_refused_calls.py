@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from relaygraph.run import RunResult, TaskRunner, run_task
+from relaygraph.runner import RunResult, TaskRunner, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.supervisor import FINALIZE, FINISH
 from relaygraph.topology import Topology

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from relaygraph._event_writer import EventWriter
-from relaygraph._team_cache import TeamCache
 from relaygraph.errors import ConfigError
-from relaygraph.run import RunResult, run_task
+from relaygraph.runner import RunResult, run_task
+from relaygraph.runner._event_writer import EventWriter
+from relaygraph.runner._team_cache import TeamCache
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import default_team
 from relaygraph.topology import Topology
@@ -223,7 +223,7 @@ def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
 
 def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, home: Path) -> None:
     from relaygraph.policies import policy_to_mapping
-    from relaygraph.run import TaskRunner
+    from relaygraph.runner import TaskRunner
 
     roles = Topology().roles(tuple(default_policy().agents))
     task, _ = ledger.create_task(
@@ -244,10 +244,10 @@ def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, 
 def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: Path) -> None:
     """The project's identity travels in ``config["configurable"]`` (LangGraph records it in the
     checkpoints' metadata), and nothing a model could write holds it."""
-    from relaygraph._checkpoint import sqlite_checkpointer
-    from relaygraph._team_cache import team_cache
     from relaygraph.policies import policy_to_mapping
-    from relaygraph.run import TaskRunner
+    from relaygraph.runner import TaskRunner
+    from relaygraph.runner._checkpoint import sqlite_checkpointer
+    from relaygraph.runner._team_cache import team_cache
 
     roles = Topology().roles(tuple(default_policy().agents))
     specs = dict.fromkeys(roles, f"scripted:{EXAMPLE_RELAY}")

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from relaygraph.agents import _cgroup, sandbox
-from relaygraph.agents.sandbox import (
+from relaygraph.backends import _cgroup, sandbox
+from relaygraph.backends.sandbox import (
     SandboxLimits,
     SandboxResult,
     filesystem_isolation,
@@ -544,7 +544,7 @@ def test_background_children_are_killed_when_the_program_ends(tmp_path: Path) ->
 _SERVER = """
 import sys
 from pathlib import Path
-from relaygraph.agents.sandbox import SandboxLimits, run_python_sandboxed
+from relaygraph.backends.sandbox import SandboxLimits, run_python_sandboxed
 limits = SandboxLimits(wall_seconds=120)
 run_python_sandboxed(sys.argv[1], workspace=Path(sys.argv[2]), limits=limits)
 """

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from relaygraph.agents import _bubblewrap, _nofollow
-from relaygraph.agents.sandbox import (
+from relaygraph.backends import _bubblewrap, _nofollow
+from relaygraph.backends.sandbox import (
     SandboxLimits,
     SandboxResult,
     filesystem_isolation,

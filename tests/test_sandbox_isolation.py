@@ -28,9 +28,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from relaygraph.agents import _bubblewrap, _cgroup, tools
+from relaygraph.agents import tools
 from relaygraph.agents.context import TaskContext
-from relaygraph.agents.sandbox import (
+from relaygraph.backends import _bubblewrap, _cgroup
+from relaygraph.backends.sandbox import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailableError,
@@ -434,7 +435,7 @@ def test_a_wall_timeout_ends_a_setsid_child_too(data_dir: DataDir) -> None:
 _SERVER = """
 import sys
 from pathlib import Path
-from relaygraph.agents.sandbox import SandboxLimits, run_python_sandboxed
+from relaygraph.backends.sandbox import SandboxLimits, run_python_sandboxed
 limits = SandboxLimits(wall_seconds=120)
 run_python_sandboxed(sys.argv[1], workspace=Path(sys.argv[2]), limits=limits)
 """

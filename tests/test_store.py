@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from relaygraph.errors import ConfigError
-from relaygraph.run import Decision, RunResult, resume_task, run_task
+from relaygraph.runner import Decision, RunResult, resume_task, run_task
 from relaygraph.store import (
     DATABASE_URL_ENV,
     LOCAL_PROJECT_ID,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, ToolMessage
 
-from relaygraph.run import run_task, sqlite_checkpointer
+from relaygraph.runner import run_task, sqlite_checkpointer
 from relaygraph.supervisor import FINISH
 from relaygraph.team import default_team
 
@@ -33,8 +33,8 @@ def say(text: str) -> dict[str, Any]:
 def final_state(home: Path, thread_id: str) -> dict[str, Any]:
     """The thread's latest team state, read through the graph its last task ran on (the
     team's records are delta channels, rebuilt from the checkpoints' writes)."""
-    from relaygraph._team_cache import team_cache
     from relaygraph.policies import stored_policy
+    from relaygraph.runner._team_cache import team_cache
     from relaygraph.store import LOCAL_PROJECT_ID, Ledger
     from relaygraph.topology import Topology
 
@@ -44,7 +44,7 @@ def final_state(home: Path, thread_id: str) -> dict[str, Any]:
     finally:
         ledger.close()
     task = next(t for t in tasks if t.thread_id == thread_id)
-    from relaygraph.run import team_of_record
+    from relaygraph.runner import team_of_record
 
     team = team_cache.get(
         task.models,

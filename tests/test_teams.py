@@ -16,7 +16,7 @@ import pytest
 
 from relaygraph.agents import Agent, builtin
 from relaygraph.errors import ConfigError
-from relaygraph.run import run_task
+from relaygraph.runner import run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import Team, default_team, load_team
 from relaygraph.topology import Topology
@@ -112,7 +112,7 @@ def test_a_team_with_an_agent_and_a_python_tool_of_its_own_runs_in_each_topology
 
 def test_team_run_is_run_task_with_the_team(home: Path, script: Any) -> None:
     COUNTED.clear()
-    result = four().run("Review", model=script(SCRIPTS["structured"]))
+    result = run_task("Review", team=four(), model=script(SCRIPTS["structured"]))
     assert result.status == "succeeded" and COUNTED == ["one two three"]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from relaygraph.errors import ConfigError
-from relaygraph.run import Decision, RunResult, _ledger_for, resume_task, run_task
+from relaygraph.runner import Decision, RunResult, ledger_for, resume_task, run_task
 from relaygraph.topology import Topology
 from tests.builtin_team import parse_policy
 
@@ -32,7 +32,7 @@ def calls(*names_and_args: tuple[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def events_of(result: RunResult, home: Path) -> list[dict[str, Any]]:
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     try:
         return [e.data for e in ledger.events_after(result.task_id)]
     finally:
@@ -40,7 +40,7 @@ def events_of(result: RunResult, home: Path) -> list[dict[str, Any]]:
 
 
 def ledger_rows(result: RunResult, home: Path) -> tuple[Any, Any, Any]:
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     try:
         return (
             ledger.handoffs(result.task_id),
@@ -392,7 +392,7 @@ def test_approval_pauses_and_resumes(home: Path, script: Script, topology: Topol
     # The paused visit's call is counted already: the ledger shows what was spent.
     coder = paused.usage["coder"]
     assert (coder["model_calls"], coder["input_tokens"], coder["tool_calls"]) == (1, 100, 0)
-    ledger = _ledger_for(home)
+    ledger = ledger_for(home)
     try:
         stored = {u.agent: u for u in ledger.usage(paused.task_id)}
     finally:
@@ -938,7 +938,7 @@ def test_a_resumed_visit_is_counted_once_in_the_ledger_while_it_runs(
 
     def on_event(event: dict[str, Any]) -> None:
         if event["type"] == "agent_finished" and event["agent"] == "coder":
-            ledger = _ledger_for(home)
+            ledger = ledger_for(home)
             try:
                 seen.extend(
                     u.input_tokens for u in ledger.usage(paused.task_id) if u.agent == "coder"

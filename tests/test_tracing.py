@@ -29,7 +29,7 @@ from opentelemetry.trace import StatusCode
 from rich.console import Console
 
 from relaygraph.errors import ConfigError
-from relaygraph.run import RunResult, run_task
+from relaygraph.runner import RunResult, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordNotFound
 from tests.builtin_team import parse_policy
 

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from relaygraph.agents import tools
-from relaygraph.agents.sandbox import filesystem_isolation, run_python_sandboxed
-from relaygraph.agents.workspace import (
+from relaygraph.backends.sandbox import filesystem_isolation, run_python_sandboxed
+from relaygraph.backends.workspace import (
     MAX_WRITE_BYTES,
     Artifact,
     ArtifactStore,

@@ -1,9 +1,9 @@
 """relaygraph: a supervised team of agents on LangGraph, with policies and an audit trail.
 
-from relaygraph import Agent, Team, builtin
+from relaygraph import Agent, Team, builtin, run_task
 
 team = Team(agents=[builtin.researcher(), builtin.writer(), my_agent])
-result = team.run("...", model="openai:gpt-4o-mini")
+result = run_task("...", team=team, model="openai:gpt-4o-mini")
 """
 
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from relaygraph.errors import (
 
 if TYPE_CHECKING:
     from relaygraph.agents import Agent, builtin
+    from relaygraph.runner import run_task
     from relaygraph.team import Team
 
 __version__ = "0.1.0"
@@ -36,11 +37,17 @@ __all__ = [
     "ToolInputError",
     "__version__",
     "builtin",
+    "run_task",
 ]
 
 # Imported on first use: ``import relaygraph`` (the CLI's first line) stays free of
 # LangChain and LangGraph until a team is actually built.
-_LAZY = {"Agent": "relaygraph.agents", "Team": "relaygraph.team", "builtin": "relaygraph.agents"}
+_LAZY = {
+    "Agent": "relaygraph.agents",
+    "Team": "relaygraph.team",
+    "builtin": "relaygraph.agents",
+    "run_task": "relaygraph.runner",
+}
 
 
 def __getattr__(name: str) -> Any:

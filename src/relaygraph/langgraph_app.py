@@ -167,7 +167,7 @@ def served_graph(
     Raises:
         ConfigError: A model cannot be built, or a knowledge-base folder cannot be read.
     """
-    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
 
     root = data_home(home)
     graph = team.compile(model=model, agent_models=agent_models)

@@ -10,7 +10,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from relaygraph.agents.sandbox import SandboxUnavailableError
+from relaygraph.backends.sandbox import SandboxUnavailableError
 from relaygraph.errors import ToolInputError
 from relaygraph.handoffs import handoff_target
 from relaygraph.policies.middleware import refuse_call, was_run

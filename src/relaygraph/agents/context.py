@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relaygraph.agents.sandbox import SandboxLimits
+from relaygraph.backends.sandbox import SandboxLimits
 
 __all__ = ["TaskContext"]
 

@@ -13,13 +13,13 @@ from langgraph.prebuilt import ToolRuntime
 from pydantic import ValidationError
 
 from relaygraph.agents.context import TaskContext
-from relaygraph.agents.kb import KnowledgeBase
-from relaygraph.agents.sandbox import (
+from relaygraph.backends.kb import KnowledgeBase
+from relaygraph.backends.sandbox import (
     SandboxUnavailableError,
     filesystem_isolation,
     run_python_sandboxed,
 )
-from relaygraph.agents.workspace import ArtifactStore, Workspace
+from relaygraph.backends.workspace import ArtifactStore, Workspace
 from relaygraph.errors import ConfigError
 
 __all__ = ["BUILTIN_TOOLS", "check_tool_args"]
@@ -131,7 +131,7 @@ def list_artifacts(runtime: ToolRuntime[TaskContext]) -> str:
 
 
 _NARROW = "relaygraph_narrow"
-"""``relaygraph.models.local.NARROW_KEY``: how the embedded model may call a tool, its
+"""``relaygraph.models.local._chat.NARROW_KEY``: how the embedded model may call a tool, its
 arguments narrowed from the conversation (docs/embedded-model.md). Plain data in the tools'
 metadata, so this layer needs nothing of the model layer; other providers ignore it."""
 

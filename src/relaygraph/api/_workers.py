@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from relaygraph._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.errors import RelaygraphError, TaskBusy
-from relaygraph.run import CONTINUE, TaskRunner
+from relaygraph.runner import CONTINUE, TaskRunner
+from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -51,13 +51,13 @@ class TaskWorkers:
             ledger: The ledger whose tasks this server runs.
             home: The data directory.
             workers: Tasks run at once.
-            lease_seconds: See :class:`~relaygraph.run.TaskRunner`.
+            lease_seconds: See :class:`~relaygraph.runner._run.TaskRunner`.
             max_attempts: Starts of a task without a run ending (its runner died each
                 time) before it is failed instead of started again.
             sandbox_isolation_required: Refuse tenants' ``run_python`` where the host
                 offers no filesystem isolation (``serve --unsafe-sandbox`` turns it off).
             teams: Finds the team a task records (the server's registered teams); see
-                :class:`~relaygraph.run.TaskRunner`.
+                :class:`~relaygraph.runner._run.TaskRunner`.
         """
         self.ledger = ledger
         self.max_attempts = max_attempts

@@ -105,7 +105,7 @@ def run_case(
     topology: Topology | None = None,
     team: Team | None = None,
 ) -> TrialResult:
-    """Run ``case`` once through ``team`` (:func:`relaygraph.run.run_task`) and score it.
+    """Run ``case`` once through ``team`` (:func:`relaygraph.runner._run.run_task`) and score it.
 
     The case's script plays every role unless ``model`` is given; ``agent_models`` still
     overrides single roles. The run gets a thread of its own. A case that cannot run at all
@@ -117,7 +117,7 @@ def run_case(
         team: The team; when None, the case's own team file, else the built-in team.
         topology: How the agents are arranged; the team's own when None.
     """
-    from relaygraph.run import run_task
+    from relaygraph.runner import run_task
     from relaygraph.team import default_team, load_team
 
     tools = _ToolLog()
@@ -204,7 +204,7 @@ def _check_models(
 ) -> None:
     """Refuse a bad ``--model``, ``--agent-model`` or ``--start-agent`` before any case runs:
     each must fit every team the cases run with (its agents and roles)."""
-    from relaygraph.run import resolve_model_specs
+    from relaygraph.runner import resolve_model_specs
 
     for team in teams:
         arranged = topology or team.arrangement
@@ -225,7 +225,7 @@ def _prepare_home(home: Path | None) -> None:
     """
     import os
 
-    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
     from relaygraph.store import DATABASE_URL_ENV, Ledger
 
     folder = data_home(home)
@@ -386,9 +386,9 @@ def run_eval(
     jobs = [(case, n) for n in range(1, repeat + 1) for case in selected.cases]
     results: dict[tuple[str, int], TrialResult] = {}
     trace = langsmith_dataset is not None
-    from relaygraph.run import _ledger_for
+    from relaygraph.runner import ledger_for
 
-    ledger = _ledger_for(data_home(home))
+    ledger = ledger_for(data_home(home))
     try:
         eval_run_id = ledger.record_eval_run(
             golden=str(golden_set.path),

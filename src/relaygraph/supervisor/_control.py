@@ -103,7 +103,7 @@ def _on_ping_pong(
     turn, candidate = state.get("turn", 0), str(proceed.goto)
     action = policy.ping_pong.on_detect
     # Waiting for a person, the step runs again when the decision comes: the runner
-    # reports this violation from the pause itself (relaygraph.run), once.
+    # reports this violation from the pause itself (relaygraph.runner._run), once.
     record = acc.violation(
         f"{acc.task_ns(config)}:ping_pong",
         turn,

@@ -1,9 +1,9 @@
 """Teams of your own: agents, their tools and MCP servers, in Python or a team file.
 
-    from relaygraph import Agent, Team, builtin
+    from relaygraph import Agent, Team, builtin, run_task
 
     team = Team(agents=[builtin.researcher(kb="./docs"), builtin.writer(), reviewer])
-    result = team.run("Review the handoff docs", model="openai:gpt-4o-mini")
+    result = run_task("Review the handoff docs", team=team, model="openai:gpt-4o-mini")
 
 :func:`load_team` reads a team file (TOML, docs/teams.md); :meth:`Team.default` is the
 built-in researcher, coder and writer, made through the same public path.

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.types import Checkpointer
 
-    from relaygraph.run import RunResult
 
 __all__ = ["DEFAULT_TEAM_NAME", "Team", "default_team"]
 
@@ -49,7 +48,7 @@ class Team:
             topology="structured",
         )
         graph = team.compile(model="openai:gpt-4o-mini")  # a LangGraph CompiledStateGraph
-        result = team.run("Review the handoff docs", model="openai:gpt-4o-mini")
+        result = run_task("Review the handoff docs", team=team, model="openai:gpt-4o-mini")
 
     Raises:
         ConfigError: No agents, two agents with one name, a handoff to an agent that is not
@@ -313,15 +312,6 @@ class Team:
             for role, m in self.models_for(model, agent_models).items()
         }
         return build_team(models, team=self, checkpointer=checkpointer)
-
-    def run(self, request: str, **options: Any) -> RunResult:
-        """Run ``request`` through this team and record it in the ledger (as
-        :func:`relaygraph.run.run_task` with ``team=self``; the same options)."""
-        # The one runner: Team.run is its method form, so it is imported here, not above
-        # (run sits on top of the team layer).
-        from relaygraph.run import run_task
-
-        return run_task(request, team=self, **options)
 
 
 def _origin(team: Team, tool: str) -> str:

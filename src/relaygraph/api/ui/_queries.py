@@ -243,7 +243,7 @@ def artifacts_folder(home: Path, task_id: str) -> Path:
 
 def task_artifacts(home: Path, task_id: str) -> list[ArtifactOut]:
     """The task's deliverables (regular files only: a symlink is never listed)."""
-    from relaygraph.agents.workspace import ArtifactStore
+    from relaygraph.backends.workspace import ArtifactStore
 
     folder = artifacts_folder(home, task_id)
     if not folder.is_dir():

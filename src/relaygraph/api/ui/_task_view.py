@@ -91,7 +91,7 @@ class TaskView:
 
 def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
     """Everything the task page shows, read from the ledger (the task is the caller's own)."""
-    from relaygraph.run import policy_digest
+    from relaygraph.runner import policy_digest
     from relaygraph.tracing import build_timeline
 
     timeline = build_timeline(ledger, task.id, project_id=task.project_id)

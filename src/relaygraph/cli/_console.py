@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from relaygraph.run import RunResult
+from relaygraph.runner import RunResult
 
 _ARGS_CHARS = 120
 

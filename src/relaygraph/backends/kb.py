@@ -475,12 +475,12 @@ class KnowledgeBase:
 
 
 def sample_corpus_path() -> Path:
-    """The folder of sample documents shipped inside the ``relaygraph.agents`` package.
+    """The folder of sample documents shipped inside the ``relaygraph.backends`` package.
 
     Raises:
         ConfigError: The package is not installed as plain files (e.g. imported from a zip).
     """
-    corpus = files("relaygraph.agents") / "corpus"
+    corpus = files("relaygraph.backends") / "corpus"
     if not isinstance(corpus, Path) or not corpus.is_dir():
         raise ConfigError(
             f"the sample corpus is not a folder on disk ({corpus}); install relaygraph as "

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relaygraph.models._local_grounding import Passage, cited_passages, keywords, rank_passages
-from relaygraph.models._local_schema import grammar_safe
+from relaygraph.models.local._grounding import Passage, cited_passages, keywords, rank_passages
+from relaygraph.models.local._schema import grammar_safe
 
 __all__ = [
     "FinalAnswer",

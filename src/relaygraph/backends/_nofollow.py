@@ -1,7 +1,7 @@
 """Opening paths below a folder without ever following a symlink.
 
 The workspace tools run in the server on a folder that code in the sandbox can change at any
-moment (see :mod:`relaygraph.agents.workspace`). Everything here works on descriptors: a path
+moment (see :mod:`relaygraph.backends.workspace`). Everything here works on descriptors: a path
 is opened one name at a time, relative to a descriptor of the folder above it, and each name
 with ``O_NOFOLLOW``, so there is no moment at which a symlink swapped in gets followed. The
 kernel's ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` would do the walk in one call, but

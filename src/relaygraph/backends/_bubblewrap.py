@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("relaygraph.agents.sandbox")
+log = logging.getLogger("relaygraph.backends.sandbox")
 
 BWRAP_ENV = "RELAYGRAPH_BWRAP"
 """Where bwrap is: a path, or the empty string to run without it. Unset: found on ``PATH``."""

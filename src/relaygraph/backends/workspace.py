@@ -16,7 +16,7 @@ the tools here never check a path before using it and never follow a symlink:
   name within the same folder descriptor, so whatever stood there is replaced, not written
   through.
 
-The descriptor walk is in :mod:`relaygraph.agents._nofollow`. The refusals are
+The descriptor walk is in :mod:`relaygraph.backends._nofollow`. The refusals are
 :class:`~relaygraph.errors.ToolInputError`, whose message the model reads as the tool result,
 so each one says what to do instead.
 """
@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from relaygraph.agents import _nofollow
+from relaygraph.backends import _nofollow
 from relaygraph.errors import ToolInputError
 
 __all__ = ["Artifact", "ArtifactStore", "Workspace", "WorkspaceEscapeError"]

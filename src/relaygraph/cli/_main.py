@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from relaygraph import __version__
-from relaygraph._argtypes import add_topology_arguments, agent_model, positive, topology_of
+from relaygraph.cli._argtypes import add_topology_arguments, agent_model, positive, topology_of
+from relaygraph.cli._evals import add_eval_parser, run_eval_command
 from relaygraph.errors import ConfigError, RelaygraphError
-from relaygraph.evals._cli import add_eval_parser, run_eval_command
 from relaygraph.models._doctor import add_doctor_parser, run_doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
@@ -323,8 +323,8 @@ def _team_arg(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from relaygraph._console import ProgressPrinter
-    from relaygraph.run import run_task
+    from relaygraph.cli._console import ProgressPrinter
+    from relaygraph.runner import run_task
 
     agent_models = dict(args.agent_model)
     printer = ProgressPrinter()
@@ -344,8 +344,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from relaygraph._console import ProgressPrinter
-    from relaygraph.run import Decision, resume_task
+    from relaygraph.cli._console import ProgressPrinter
+    from relaygraph.runner import Decision, resume_task
 
     if args.edit is not None:
         decision = Decision(decision="edit", args=args.edit, reason=args.reason)
@@ -358,7 +358,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _report(result: Any, *, as_json: bool) -> int:
-    from relaygraph._console import print_result
+    from relaygraph.cli._console import print_result
 
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
@@ -520,7 +520,7 @@ def _graph(args: argparse.Namespace) -> int:
 
 def _kb(args: argparse.Namespace) -> int:
     from relaygraph._home import data_home
-    from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
 
     with KnowledgeBase(data_home(args.home) / "kb.sqlite") as kb:
         ensure_sample_corpus(kb)
@@ -542,7 +542,3 @@ def _kb_command(args: argparse.Namespace, kb: Any) -> int:
         for doc_id, title in kb.list_documents():
             print(f"{doc_id}\t{title}")
     return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-log = logging.getLogger("relaygraph.agents.sandbox")
+log = logging.getLogger("relaygraph.backends.sandbox")
 
 CGROUP_ENV = "RELAYGRAPH_CGROUP"
 """A cgroup v2 folder in which relaygraph may make the runs' cgroups (delegated to it, with

@@ -12,21 +12,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from relaygraph._checkpoint import open_checkpointer, sqlite_checkpointer
-from relaygraph._event_writer import EventWriter
 from relaygraph._home import data_home
-from relaygraph._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
-from relaygraph._summary import (
+from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
+from relaygraph.models import DEFAULT_MODEL, parse_model_spec
+from relaygraph.policies import TeamPolicy
+from relaygraph.runner._checkpoint import open_checkpointer, sqlite_checkpointer
+from relaygraph.runner._event_writer import EventWriter
+from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
+from relaygraph.runner._summary import (
     USAGE_FIELDS,
     honest_status,
     in_flight_records,
     summarize,
     waiting_violations,
 )
-from relaygraph._team_cache import team_cache
-from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
-from relaygraph.models import DEFAULT_MODEL, parse_model_spec
-from relaygraph.policies import TeamPolicy
+from relaygraph.runner._team_cache import team_cache
 from relaygraph.topology import Topology
 
 __all__ = [
@@ -150,7 +150,7 @@ _LEDGERS_LOCK = threading.Lock()
 _LEDGERS_KEPT = 4
 
 
-def _ledger_for(home: Path) -> Any:
+def ledger_for(home: Path) -> Any:
     """The ledger: ``$RELAYGRAPH_DATABASE_URL`` if set, else SQLite in the data directory.
 
     Opened with its schema brought up to date, so a first run needs no set-up step, and
@@ -257,7 +257,7 @@ class TaskRunner:
         from langgraph.runtime import RunControl
 
         from relaygraph.agents.context import TaskContext
-        from relaygraph.agents.kb import KnowledgeBase, ensure_sample_corpus
+        from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
         from relaygraph.policies import stored_policy
         from relaygraph.tracing import langsmith_config, tracing_callbacks
 
@@ -676,7 +676,7 @@ def run_task(
     home = data_home(home)
     from relaygraph.store import LOCAL_PROJECT_ID
 
-    ledger = _ledger_for(home)  # kept for the process: not closed here
+    ledger = ledger_for(home)  # kept for the process: not closed here
     # Threads are each project's own: the API's projects' threads are not the CLI's.
     if thread_id is not None and not ledger.thread_exists(thread_id, project_id=LOCAL_PROJECT_ID):
         raise ConfigError(
@@ -746,7 +746,7 @@ def resume_task(
     from relaygraph.store import LOCAL_PROJECT_ID
 
     home = data_home(home)
-    ledger = _ledger_for(home)  # kept for the process: not closed here
+    ledger = ledger_for(home)  # kept for the process: not closed here
     task = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
     if task is None:
         raise ConfigError(f"no task {task_id!r} in {ledger.url}")

@@ -9,9 +9,9 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 
-from relaygraph.models._local_offer import Offer, OfferedTool, text_of
-from relaygraph.models._local_schema import grammar_safe
-from relaygraph.models._local_team import numbered
+from relaygraph.models.local._offer import Offer, OfferedTool, text_of
+from relaygraph.models.local._schema import grammar_safe
+from relaygraph.models.local._team import numbered
 
 __all__ = [
     "MESSAGE_CHARS",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from relaygraph._argtypes import add_topology_arguments, agent_model, positive, topology_of
+from relaygraph.cli._argtypes import add_topology_arguments, agent_model, positive, topology_of
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

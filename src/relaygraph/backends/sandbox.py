@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
-from relaygraph.agents import _bubblewrap, _cgroup, _nofollow
-from relaygraph.agents._cgroup import CgroupVersion
+from relaygraph.backends import _bubblewrap, _cgroup, _nofollow
+from relaygraph.backends._cgroup import CgroupVersion
 from relaygraph.errors import ConfigError, ToolInputError
 
-log = logging.getLogger("relaygraph.agents.sandbox")
+log = logging.getLogger("relaygraph.backends.sandbox")
 
 __all__ = [
     "CgroupVersion",

@@ -1,0 +1,10 @@
+"""The ``relaygraph`` command line: argument parsing, the commands, and the console output.
+
+``_main`` parses and dispatches (heavy modules are imported inside the commands, so
+``relaygraph --help`` answers at once); ``_argtypes`` checks flag values; ``_console`` prints
+a run's progress and result; ``_evals`` is ``relaygraph eval``.
+"""
+
+from relaygraph.cli._main import main
+
+__all__ = ["main"]

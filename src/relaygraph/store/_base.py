@@ -1,0 +1,147 @@
+"""What the ledger's parts share: the session base class and the helpers several parts call."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Self, TypeVar
+
+from sqlalchemy import Select
+from sqlalchemy.orm import Session, sessionmaker
+
+from relaygraph.errors import ConfigError
+from relaygraph.store._derive import derive, event_agent
+from relaygraph.store._engine import WRITE_OPTION, database_url, display_url, make_engine
+from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
+from relaygraph.store._models import (
+    EventRow,
+    TaskRow,
+)
+from relaygraph.store._records import (
+    FINISHED_STATUSES,
+    TASK_STATUSES,
+    Task,
+    snapshot,
+)
+
+KEY_PREFIX = "rg_"
+KEY_DISPLAY_CHARS = 10
+MAX_PAGE = 200
+STATUS_FIELDS = ("answer", "stop_reason")
+DECISIONS = ("approve", "reject", "edit")
+R = TypeVar("R")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def hash_key(key: str) -> str:
+    """The SHA-256 hex digest the ledger stores in place of an API key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class LedgerBase:
+    """The engine and the two kinds of session every part of the ledger uses."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._url = database_url(url)
+        self._engine = make_engine(self._url)
+        self._reader = sessionmaker(self._engine, expire_on_commit=False)
+        self._writer = sessionmaker(
+            self._engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        )
+
+    def __repr__(self) -> str:
+        return f"Ledger({display_url(self._url)!r})"
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return display_url(self._url)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    def close(self) -> None:
+        """Close the connection pool; the ledger opens new connections if used again."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply the shipped migrations up to ``revision``; does nothing when current."""
+        upgrade_engine(self._engine, revision)
+
+    def is_current(self) -> bool:
+        """Whether the database has every shipped migration (a readiness check)."""
+        return current_revision(self._engine) == head_revision()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with self._writer() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._reader() as session, session.begin():
+            yield session
+
+    def _snapshots(self, record: type[R], query: Select[Any]) -> list[R]:
+        with self._read() as session:
+            return [snapshot(record, row) for row in session.scalars(query)]
+
+
+def _add_events(
+    session: Session, task_id: str, first: int, batch: Sequence[dict[str, Any]], now: datetime
+) -> None:
+    """Add the event rows numbered from ``first``, and the rows derived from them."""
+    session.add_all(
+        EventRow(
+            task_id=task_id,
+            seq=seq,
+            type=data["type"][:32],
+            agent=event_agent(data),
+            data=data,
+            created_at=now,
+        )
+        for seq, data in enumerate(batch, start=first)
+    )
+    for seq, data in enumerate(batch, start=first):
+        derive(session, task_id, seq, data, now)
+
+
+def _status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    if status not in TASK_STATUSES:
+        raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
+    unknown = [name for name in fields if name not in STATUS_FIELDS]
+    if unknown:
+        raise ConfigError(
+            f"set_status got unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"it takes {', '.join(STATUS_FIELDS)}"
+        )
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{name} {value!r} must be a string or None")
+    return {"status": status, "updated_at": _now(), **fields}
+
+
+def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
+    for name, value in values.items():
+        setattr(row, name, value)
+    if row.status == "running" and row.started_at is None:
+        row.started_at = values["updated_at"]
+    if row.status in FINISHED_STATUSES:
+        row.finished_at = values["updated_at"]
+
+
+def _task(row: TaskRow) -> Task:
+    return snapshot(Task, row, metadata=row.meta)

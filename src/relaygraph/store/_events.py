@@ -1,0 +1,102 @@
+"""Events and the rows they imply (handoffs, tool calls, approvals), read back in order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+
+from relaygraph.store import _validate as check
+from relaygraph.store._base import LedgerBase, _add_events, _now
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import (
+    ApprovalRow,
+    EventRow,
+    HandoffRow,
+    TaskRow,
+    ToolCallRow,
+)
+from relaygraph.store._records import (
+    Approval,
+    Event,
+    Handoff,
+    ToolCall,
+    snapshot,
+)
+
+
+class EventsLedger(LedgerBase):
+    """Events and the rows they imply (handoffs, tool calls, approvals), read back in order."""
+
+    def append_event(self, task_id: str, event: Mapping[str, Any]) -> int:
+        """Record the task's next event and the rows it implies; returns its sequence number.
+
+        A ``route`` or ``handoff`` adds a handoff row; ``tool_call`` and ``tool_result`` a
+        tool-call row; an ``interrupted`` event an approval request and ``approval`` its
+        outcome; ``agent_finished`` adds the visit's usage to the agent's total.
+
+        Raises:
+            ConfigError: The event is not a JSON object with a ``type``.
+            RecordNotFound: No such task.
+        """
+        return self.append_events(task_id, [event])[0]
+
+    def append_events(self, task_id: str, events: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Record the task's next events, in order, in one transaction (see
+        :meth:`append_event`); returns their sequence numbers.
+
+        A running task's events are written in batches: one transaction per batch instead
+        of one per event is most of what the ledger costs a run.
+
+        Raises:
+            ConfigError: An event is not a JSON object with a ``type``; nothing is written.
+            RecordNotFound: No such task.
+        """
+        batch = [check.event_data(event) for event in events]
+        if not batch:
+            return []
+        now = _now()
+        with self._write() as session:
+            # The update locks the task's row until commit, so concurrent appends to one
+            # task take their sequence numbers (and commit) strictly one after another.
+            last = session.scalar(
+                update(TaskRow)
+                .where(TaskRow.id == task_id)
+                .values(last_event_seq=TaskRow.last_event_seq + len(batch), updated_at=now)
+                .returning(TaskRow.last_event_seq)
+            )
+            if last is None:
+                raise RecordNotFound("task", task_id)
+            first = last - len(batch) + 1
+            _add_events(session, task_id, first, batch, now)
+        return list(range(first, last + 1))
+
+    def events_after(
+        self, task_id: str, after_seq: int = 0, *, limit: int | None = None
+    ) -> list[Event]:
+        """The task's events with a sequence number above ``after_seq``, in order."""
+        query = (
+            select(EventRow)
+            .where(EventRow.task_id == task_id, EventRow.seq > after_seq)
+            .order_by(EventRow.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as session:
+            return [snapshot(Event, row) for row in session.scalars(query)]
+
+    def handoffs(self, task_id: str) -> list[Handoff]:
+        """Every transfer of work in the task, in order."""
+        query = select(HandoffRow).where(HandoffRow.task_id == task_id).order_by(HandoffRow.seq)
+        return self._snapshots(Handoff, query)
+
+    def tool_calls(self, task_id: str) -> list[ToolCall]:
+        """The task's tool calls, in the order they were made."""
+        query = select(ToolCallRow).where(ToolCallRow.task_id == task_id)
+        return self._snapshots(ToolCall, query.order_by(ToolCallRow.id))
+
+    def approvals(self, task_id: str) -> list[Approval]:
+        """The task's pauses for a person, oldest first, decided or not."""
+        query = select(ApprovalRow).where(ApprovalRow.task_id == task_id)
+        return self._snapshots(Approval, query.order_by(ApprovalRow.id))

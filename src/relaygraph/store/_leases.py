@@ -1,0 +1,265 @@
+"""Leases (a task never runs in two places at once), cancel, and abandoned tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, case, or_, select, update
+from sqlalchemy.orm import Session
+
+from relaygraph.errors import ConfigError
+from relaygraph.store._base import (
+    LedgerBase,
+    _add_events,
+    _apply_status,
+    _now,
+    _status_values,
+    _task,
+)
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import (
+    TaskRow,
+)
+from relaygraph.store._records import (
+    TASK_STATUSES,
+    Task,
+)
+
+
+class LeasesLedger(LedgerBase):
+    """Leases (a task never runs in two places at once), cancel, and abandoned tasks."""
+
+    def claim(
+        self, task_id: str, status: str = "running", *, only_from: Iterable[str] = ("queued",)
+    ) -> Task | None:
+        """Move a task to ``status`` only if its status is one of ``only_from``, atomically.
+
+        Two workers that claim the same task cannot both win: use it to start a queued task
+        or to mark a running one ``cancelled``.
+
+        Returns:
+            The updated task, or None when its status was not in ``only_from`` (or there is
+            no such task).
+        """
+        values = _status_values(status, {})
+        allowed = tuple(only_from)
+        for each in allowed:
+            if each not in TASK_STATUSES:
+                raise ConfigError(f"only_from status {each!r} is not a task status")
+        with self._write() as session:
+            claimed = session.scalar(
+                update(TaskRow)
+                .where(TaskRow.id == task_id, TaskRow.status.in_(allowed))
+                .values(status=status, updated_at=values["updated_at"])
+                .returning(TaskRow.id)
+            )
+            return None if claimed is None else _updated(session, task_id, values)
+
+    def take_lease(
+        self,
+        task_id: str,
+        runner_id: str,
+        *,
+        seconds: float,
+        only_from: Iterable[str] = ("queued", "running", "interrupted"),
+    ) -> Task | None:
+        """Make ``runner_id`` the one that runs the task, for ``seconds``, and mark it running.
+
+        Atomic: it succeeds only if the task's status is one of ``only_from``, no other
+        runner holds a lease that has not lapsed yet (a runner may take its own again), and
+        no cancel waits on it. A server that took over a task whose runner died, and the
+        runner still alive, cannot both hold it. A runner that takes a task it did not hold
+        counts one more attempt (:meth:`settle_abandoned` fails a task after too many).
+
+        Returns:
+            The task, now ``running``; None when another runner holds it, or its status is
+            not one of ``only_from``, or a cancel waits on it, or there is no such task.
+        """
+        allowed = tuple(only_from)
+        for each in allowed:
+            if each not in TASK_STATUSES:
+                raise ConfigError(f"only_from status {each!r} is not a task status")
+        values = _status_values("running", {})
+        now = values["updated_at"]
+        with self._write() as session:
+            taken = session.scalar(
+                update(TaskRow)
+                .where(
+                    TaskRow.id == task_id,
+                    TaskRow.status.in_(allowed),
+                    TaskRow.cancel_requested_at.is_(None),
+                    or_(
+                        TaskRow.runner_id.is_(None),
+                        TaskRow.runner_id == runner_id,
+                        TaskRow.lease_until.is_(None),
+                        TaskRow.lease_until < now,
+                    ),
+                )
+                .values(
+                    status="running",
+                    attempts=case(
+                        (TaskRow.runner_id == runner_id, TaskRow.attempts),
+                        else_=TaskRow.attempts + 1,
+                    ),
+                    runner_id=runner_id,
+                    lease_until=now + timedelta(seconds=seconds),
+                    updated_at=now,
+                )
+                .returning(TaskRow.id)
+            )
+            return None if taken is None else _updated(session, task_id, values)
+
+    def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
+        """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
+        now = _now()
+        with self._write() as session:
+            renewed = session.scalar(
+                update(TaskRow)
+                .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
+                .values(lease_until=now + timedelta(seconds=seconds))
+                .returning(TaskRow.id)
+            )
+        return renewed is not None
+
+    def release_lease(self, task_id: str, runner_id: str) -> None:
+        """Give up ``runner_id``'s lease on the task (if it holds it): another runner may
+        take the task at once (a server that stopped mid-run, for the next to continue)."""
+        with self._write() as session:
+            session.execute(
+                update(TaskRow)
+                .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
+                .values(runner_id=None, lease_until=None)
+            )
+
+    def cancel_requested(self, task_id: str) -> bool:
+        """Whether a cancel waits for the task's runner to act on it."""
+        with self._read() as session:
+            at = session.scalar(select(TaskRow.cancel_requested_at).where(TaskRow.id == task_id))
+            return at is not None
+
+    def request_cancel(self, task_id: str) -> Task:
+        """Cancel the task: at once if no live runner holds it (queued, waiting for a
+        person, or running under a lease that lapsed: its runner died); otherwise ask its
+        runner, which sees the request at its next lease renewal and stops at the next step
+        boundary. A task whose runner dies before then is cancelled by
+        :meth:`settle_abandoned` once its lease lapses, never run again.
+
+        Returns:
+            The task as it is now: ``cancelled``, or still running with
+            ``cancel_requested_at`` set, or finished already (unchanged).
+
+        Raises:
+            RecordNotFound: No such task.
+        """
+        values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+        now = values["updated_at"]
+        with self._write() as session:
+            cancelled = session.scalar(
+                update(TaskRow)
+                .where(
+                    TaskRow.id == task_id,
+                    or_(
+                        TaskRow.status.in_(("queued", "interrupted")),
+                        and_(TaskRow.status == "running", _no_live_lease(now)),
+                    ),
+                )
+                .values(
+                    status="cancelled",
+                    stop_reason=values["stop_reason"],
+                    runner_id=None,
+                    lease_until=None,
+                    updated_at=now,
+                )
+                .returning(TaskRow.id)
+            )
+            if cancelled is not None:
+                # Its event history ends like any run's, so a stream or an audit sees why.
+                _add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
+                return _updated(session, task_id, values)
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            if row.status == "running" and row.cancel_requested_at is None:
+                row.cancel_requested_at = now
+            return _task(row)
+
+    def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:
+        """End a ``running`` task that no live runner holds, if it must not run again:
+        ``cancelled`` when a cancel waited on it, ``failed`` when runners already started it
+        ``max_attempts`` times without a run ending (each of them died on it: a task that
+        crashes its runner must not take down every server that picks it up).
+
+        Returns:
+            The task, now ``cancelled`` or ``failed``; None when it may run again (or is not
+            running, or a live runner holds it).
+        """
+        now = _now()
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None or row.status != "running":
+                return None
+            if row.runner_id is not None and row.lease_until is not None and row.lease_until >= now:
+                return None
+            if row.cancel_requested_at is not None:
+                values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+            elif row.attempts >= max_attempts:
+                values = _status_values(
+                    "failed",
+                    {
+                        "stop_reason": (
+                            f"error: the task was started {row.attempts} times and its runner "
+                            f"stopped without ending it each time (attempt limit "
+                            f"{max_attempts}, RELAYGRAPH_MAX_ATTEMPTS); it is not run again"
+                        )
+                    },
+                )
+            else:
+                return None
+            _apply_status(row, values)
+            row.runner_id = row.lease_until = None
+            row.updated_at = values["updated_at"]
+            _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            session.refresh(row)
+            return _task(row)
+
+    def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
+        """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""
+        with self._read() as session:
+            row = session.get(TaskRow, task_id)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            return row.runner_id, row.lease_until
+
+
+def _add_finish_event(
+    session: Session, task_id: str, status: str, stop_reason: str | None, now: datetime
+) -> None:
+    """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
+    task no runner holds, a task abandoned too often)."""
+    seq = session.scalar(
+        update(TaskRow)
+        .where(TaskRow.id == task_id)
+        .values(last_event_seq=TaskRow.last_event_seq + 1)
+        .returning(TaskRow.last_event_seq)
+    )
+    assert seq is not None
+    event = {"type": "run_finished", "status": status, "stop_reason": stop_reason}
+    _add_events(session, task_id, seq, [event], now)
+
+
+def _no_live_lease(now: datetime) -> ColumnElement[bool]:
+    """No runner holds the task, or its lease has lapsed."""
+    return or_(
+        TaskRow.runner_id.is_(None), TaskRow.lease_until.is_(None), TaskRow.lease_until < now
+    )
+
+
+def _updated(session: Session, task_id: str, values: Mapping[str, Any]) -> Task:
+    """The task row an UPDATE just changed, read again, with ``values`` applied (the times
+    a status stamps)."""
+    row = session.get(TaskRow, task_id, populate_existing=True)
+    assert row is not None
+    _apply_status(row, values)
+    return _task(row)

@@ -1,0 +1,318 @@
+"""Tasks and threads: creating a task (idempotently), reading and listing them, their status."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from relaygraph.errors import ConfigError
+from relaygraph.store import _cursor
+from relaygraph.store import _validate as check
+from relaygraph.store._base import MAX_PAGE, LedgerBase, _apply_status, _now, _status_values, _task
+from relaygraph.store._errors import RecordConflict, RecordNotFound
+from relaygraph.store._models import (
+    ProjectRow,
+    TaskRow,
+)
+from relaygraph.store._records import (
+    TASK_STATUSES,
+    Task,
+)
+
+
+class TasksLedger(LedgerBase):
+    """Tasks and threads: creating a task (idempotently), reading and listing them, their status."""
+
+    def create_task(
+        self,
+        *,
+        project_id: str,
+        input: str,
+        thread_id: str | None = None,
+        policy: Mapping[str, Any] | None = None,
+        models: Mapping[str, str] | None = None,
+        topology: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        team: Mapping[str, Any] | None = None,
+    ) -> tuple[Task, bool]:
+        """Record a new ``queued`` task, or find the one an earlier try created.
+
+        Args:
+            project_id: The owning project (``LOCAL_PROJECT_ID`` for the CLI).
+            input: What the team is asked to do.
+            thread_id: The conversation to continue; a new one when None.
+            policy: The team policy the task runs under, as a JSON object.
+            models: The model spec of each role.
+            topology: How the agents are arranged, as ``Topology.to_mapping`` writes it.
+            metadata: The caller's own JSON object, kept as given.
+            idempotency_key: A retry with the same key for the same project returns the task
+                the first try created.
+            team: Which team definition runs it (``Team.record()``: name, version,
+                digest, source).
+
+        Returns:
+            The task, and True when this call created it (False: an earlier call with the
+            same idempotency key did).
+
+        Raises:
+            ConfigError: A bad field, named in the message.
+            RecordNotFound: No such project.
+            RecordConflict: The idempotency key was used for a different request (any of
+                input, thread, policy, models, topology or metadata differs); the message
+                names what differs.
+        """
+        given_thread = check.optional_text(thread_id, "thread_id", max_chars=255)
+        row = TaskRow(
+            id=str(uuid.uuid4()),
+            project_id=project_id,
+            input=check.text(input, "input"),
+            status="queued",
+            policy=None if policy is None else check.json_object(policy, "policy"),
+            models=check.json_object(models or {}, "models"),
+            topology=None if topology is None else check.json_object(topology, "topology"),
+            team=None if team is None else check.json_object(team, "team"),
+            thread_id=given_thread or str(uuid.uuid4()),
+            idempotency_key=check.optional_text(
+                idempotency_key, "idempotency_key", max_chars=check.MAX_KEY_CHARS
+            ),
+            meta=check.json_object(metadata or {}, "metadata"),
+            last_event_seq=0,
+            attempts=0,
+        )
+        row.request_digest = _request_digest(row, given_thread)
+        try:
+            with self._write() as session:
+                if session.get(ProjectRow, project_id) is None:
+                    raise RecordNotFound("project", project_id)
+                earlier = self._by_idempotency_key(session, project_id, row.idempotency_key)
+                if earlier is not None:
+                    return _same_request(session, earlier, row), False
+                row.checkpoint_thread = self._checkpoint_thread(session, project_id, row.thread_id)
+                row.created_at = row.updated_at = _now()
+                session.add(row)
+            return _task(row), True
+        except IntegrityError:
+            # Another writer created the task with this key between our check and insert
+            # (PostgreSQL; SQLite's writers take turns and cannot race here).
+            with self._read() as session:
+                earlier = self._by_idempotency_key(session, project_id, row.idempotency_key)
+                if earlier is None:
+                    raise
+                return _same_request(session, earlier, row), False
+
+    @staticmethod
+    def _checkpoint_thread(session: Session, project_id: str, thread_id: str) -> str:
+        """The checkpointer's thread for the project's ``thread_id``: the one its earlier
+        tasks used, else a new one. Never the bare thread id: another project may use it."""
+        earlier = session.scalar(
+            select(TaskRow.checkpoint_thread)
+            .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
+            .limit(1)
+        )
+        return earlier or f"{project_id}/{thread_id}"
+
+    def _by_idempotency_key(
+        self, session: Session, project_id: str, key: str | None
+    ) -> Task | None:
+        if key is None:
+            return None
+        found = session.scalars(
+            select(TaskRow).where(TaskRow.project_id == project_id, TaskRow.idempotency_key == key)
+        ).first()
+        return _task(found) if found is not None else None
+
+    def get_task(self, task_id: str, *, project_id: str) -> Task | None:
+        """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
+        with self._read() as session:
+            row = session.get(TaskRow, task_id)
+            return _task(row) if row is not None and row.project_id == project_id else None
+
+    def list_tasks(
+        self,
+        *,
+        project_id: str,
+        status: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Task], str | None]:
+        """A page of the project's tasks, newest first.
+
+        The cursor marks a position, not an offset: tasks created while a client pages do
+        not shift later pages, so no task is seen twice or skipped.
+
+        Returns:
+            The tasks, and the cursor for the next page (None on the last page).
+
+        Raises:
+            ConfigError: An unknown status, a limit outside 1..200, or a cursor this
+                method did not return.
+        """
+        if status is not None and status not in TASK_STATUSES:
+            raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
+        query = select(TaskRow).where(TaskRow.project_id == project_id)
+        if status is not None:
+            query = query.where(TaskRow.status == status)
+        if cursor is not None:
+            created_at, last_id = _cursor.decode(cursor)
+            query = query.where(
+                or_(
+                    TaskRow.created_at < created_at,
+                    and_(TaskRow.created_at == created_at, TaskRow.id < last_id),
+                )
+            )
+        query = query.order_by(TaskRow.created_at.desc(), TaskRow.id.desc()).limit(limit + 1)
+        with self._read() as session:
+            tasks = [_task(row) for row in session.scalars(query)]
+        if len(tasks) <= limit:
+            return tasks, None
+        tasks = tasks[:limit]
+        return tasks, _cursor.encode(tasks[-1].created_at, tasks[-1].id)
+
+    def unfinished_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
+        """``queued`` tasks, and ``running`` ones whose runner's lease has lapsed (or that
+        nobody holds), of every project but ``exclude_project``, oldest first: what a server picks
+        up, at its start and from time to time after."""
+        now = _now()
+        query = select(TaskRow).where(
+            or_(
+                TaskRow.status == "queued",
+                and_(
+                    TaskRow.status == "running",
+                    or_(TaskRow.lease_until.is_(None), TaskRow.lease_until < now),
+                ),
+            )
+        )
+        if exclude_project is not None:
+            query = query.where(TaskRow.project_id != exclude_project)
+        with self._read() as session:
+            rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
+            return [_task(row) for row in rows]
+
+    def task_owner(self, task_id: str) -> str | None:
+        """The project of task ``task_id``, or None when there is no such task.
+
+        For the operator's own tools (``relaygraph trace``), which read every project's
+        tasks; the API looks tasks up by project instead.
+        """
+        with self._read() as session:
+            return session.scalar(select(TaskRow.project_id).where(TaskRow.id == task_id))
+
+    def task_by_idempotency_key(self, project_id: str, key: str) -> Task | None:
+        """The project's task created with Idempotency-Key ``key``, if any."""
+        with self._read() as session:
+            return self._by_idempotency_key(session, project_id, key)
+
+    def thread_exists(self, thread_id: str, *, project_id: str) -> bool:
+        """Whether the project has a task on ``thread_id`` (another project's use of the same id
+        does not count, and is never revealed)."""
+        with self._read() as session:
+            found = session.scalar(
+                select(TaskRow.id)
+                .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
+                .limit(1)
+            )
+            return found is not None
+
+    def thread_topology(self, thread_id: str, *, project_id: str) -> dict[str, Any] | None:
+        """The topology of the project's latest task on the thread (None: structured, or no
+        task yet)."""
+        with self._read() as session:
+            return session.scalar(
+                select(TaskRow.topology)
+                .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
+                .order_by(TaskRow.created_at.desc(), TaskRow.id.desc())
+                .limit(1)
+            )
+
+    def active_task_on_thread(self, thread_id: str, *, project_id: str) -> Task | None:
+        """The project's oldest task on the thread that is queued, running or waiting for a
+        person."""
+        with self._read() as session:
+            row = session.scalars(
+                select(TaskRow)
+                .where(
+                    TaskRow.project_id == project_id,
+                    TaskRow.thread_id == thread_id,
+                    TaskRow.status.in_(("queued", "running", "interrupted")),
+                )
+                .order_by(TaskRow.created_at, TaskRow.id)
+                .limit(1)
+            ).first()
+            return _task(row) if row is not None else None
+
+    def set_status(self, task_id: str, status: str, **fields: str | None) -> Task:
+        """Move a task to ``status``, with its ``answer`` or ``stop_reason`` if given.
+
+        ``running`` stamps ``started_at`` the first time; a finished status
+        (succeeded, degraded, failed, cancelled) stamps ``finished_at``.
+
+        Raises:
+            ConfigError: An unknown status or field.
+            RecordNotFound: No such task.
+        """
+        values = _status_values(status, fields)
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            _apply_status(row, values)
+            return _task(row)
+
+
+_REQUEST_FIELDS = ("team", "input", "thread_id", "policy", "models", "topology", "metadata")
+
+
+def _request_fields(row: TaskRow, thread_id: str | None) -> dict[str, Any]:
+    # The team enters only when there is one, so the digests of tasks recorded before
+    # teams were recorded stay what they were.
+    return {
+        **({"team": row.team} if row.team is not None else {}),
+        "input": row.input,
+        "thread_id": thread_id,
+        "policy": row.policy,
+        "models": row.models,
+        "topology": row.topology,
+        "metadata": row.meta,
+    }
+
+
+def _request_digest(row: TaskRow, thread_id: str | None) -> str:
+    """A digest of everything a request asks: an idempotency key names one request."""
+    text = json.dumps(
+        _request_fields(row, thread_id), sort_keys=True, separators=(",", ":"), default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _same_request(session: Session, earlier: Task, new: TaskRow) -> Task:
+    """``earlier`` when ``new`` asks the same; else the conflict, naming what differs (the
+    IETF idempotency-key draft and Stripe answer a reused key with another body so)."""
+    stored = session.get(TaskRow, earlier.id)
+    assert stored is not None
+    if stored.request_digest is None:  # Recorded before digests: the input decides.
+        differs = [] if earlier.input == new.input else ["input"]
+    elif stored.request_digest == new.request_digest:
+        differs = []
+    else:
+        mine, theirs = _request_fields(new, None), _request_fields(stored, None)
+        # The thread is left out here: a request that named none got a new one. When
+        # nothing else differs, the requests named different threads (or one named none).
+        differs = [n for n in _REQUEST_FIELDS if mine.get(n) != theirs.get(n)] or ["thread_id"]
+    if differs:
+        raise RecordConflict(
+            "task",
+            earlier.id,
+            f"idempotency key {new.idempotency_key!r} was used for task {earlier.id} with a "
+            f"different request ({', '.join(differs)} differ); use a new key for a new request",
+        )
+    return earlier

@@ -1,0 +1,107 @@
+"""Projects (the tenants) and their API keys."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from relaygraph.store import _validate as check
+from relaygraph.store._base import KEY_DISPLAY_CHARS, KEY_PREFIX, LedgerBase, _now, hash_key
+from relaygraph.store._errors import RecordConflict, RecordNotFound
+from relaygraph.store._models import (
+    ApiKeyRow,
+    ProjectRow,
+)
+from relaygraph.store._records import (
+    ApiKey,
+    Project,
+    snapshot,
+)
+
+
+class TenantsLedger(LedgerBase):
+    """Projects (the tenants) and their API keys."""
+
+    def create_project(self, name: str) -> tuple[Project, str]:
+        """Create a project (a tenant of the task service) and its first API key.
+
+        Returns:
+            The project and the plain key, which the ledger does not keep: show it once.
+
+        Raises:
+            ConfigError: The name is invalid.
+            RecordConflict: A project of that name exists.
+        """
+        check.name(name, "project")
+        now = _now()
+        project = ProjectRow(id=str(uuid.uuid4()), name=name, created_at=now)
+        try:
+            with self._write() as session:
+                if session.scalar(select(ProjectRow.id).where(ProjectRow.name == name)) is not None:
+                    raise RecordConflict("project", name, "a project of that name exists")
+                session.add(project)
+                session.flush()
+                _, key = self._new_key(session, project.id, now)
+        except IntegrityError:
+            raise RecordConflict("project", name, "a project of that name exists") from None
+        return snapshot(Project, project), key
+
+    def create_api_key(self, project_id: str) -> tuple[ApiKey, str]:
+        """Give a project another API key; returns the record and the plain key (shown once)."""
+        with self._write() as session:
+            if session.get(ProjectRow, project_id) is None:
+                raise RecordNotFound("project", project_id)
+            return self._new_key(session, project_id, _now())
+
+    def _new_key(self, session: Session, project_id: str, now: datetime) -> tuple[ApiKey, str]:
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        row = ApiKeyRow(
+            id=str(uuid.uuid4()),
+            project_id=project_id,
+            key_hash=hash_key(key),
+            prefix=key[:KEY_DISPLAY_CHARS],
+            created_at=now,
+        )
+        session.add(row)
+        return snapshot(ApiKey, row), key
+
+    def revoke_api_key(self, key_id: str) -> ApiKey:
+        """Stop a key from authenticating; the record stays for the audit trail."""
+        with self._write() as session:
+            row = session.get(ApiKeyRow, key_id)
+            if row is None:
+                raise RecordNotFound("api key", key_id)
+            row.revoked_at = row.revoked_at or _now()
+            return snapshot(ApiKey, row)
+
+    def api_keys(self, project_id: str) -> list[ApiKey]:
+        """A project's keys, oldest first, revoked ones included."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(ApiKeyRow)
+                .where(ApiKeyRow.project_id == project_id)
+                .order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+            )
+            return [snapshot(ApiKey, row) for row in rows]
+
+    def authenticate(self, key: str) -> Project | None:
+        """The project a live API key belongs to; None for an unknown or revoked key."""
+        if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
+            return None
+        with self._read() as session:
+            row = session.scalars(
+                select(ProjectRow)
+                .join(ApiKeyRow, ApiKeyRow.project_id == ProjectRow.id)
+                .where(ApiKeyRow.key_hash == hash_key(key), ApiKeyRow.revoked_at.is_(None))
+            ).first()
+            return snapshot(Project, row) if row is not None else None
+
+    def get_project(self, name: str) -> Project | None:
+        with self._read() as session:
+            row = session.scalars(select(ProjectRow).where(ProjectRow.name == name)).first()
+            return snapshot(Project, row) if row is not None else None

@@ -1,0 +1,125 @@
+"""Usage per role per task, and the end of a run (usage, status, lease: one transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from relaygraph.errors import ConfigError
+from relaygraph.store import _usage
+from relaygraph.store import _validate as check
+from relaygraph.store._base import LedgerBase, _apply_status, _now, _status_values
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import (
+    TaskRow,
+    UsageRow,
+)
+from relaygraph.store._records import (
+    FINISHED_STATUSES,
+    AgentUsage,
+)
+
+
+class UsageLedger(LedgerBase):
+    """Usage per role per task, and the end of a run (usage, status, lease: one transaction)."""
+
+    def usage(self, task_id: str) -> list[AgentUsage]:
+        """The task's usage, one entry per role."""
+        query = select(UsageRow).where(UsageRow.task_id == task_id).order_by(UsageRow.agent)
+        return self._snapshots(AgentUsage, query)
+
+    def record_usage(self, task_id: str, usage: Mapping[str, Mapping[str, Any]]) -> None:
+        """Set each role's totals for the task, replacing what events added up.
+
+        Events carry the agents' usage; the supervisor's and finalize's arrive only in the
+        run's result, so a worker records ``RunResult.usage`` here when a run ends.
+        """
+        now = _now()
+        with self._write() as session:
+            if not _lock_task(session, task_id, now):
+                raise RecordNotFound("task", task_id)
+            for agent, totals in usage.items():
+                if not isinstance(totals, Mapping):
+                    raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
+                _usage.set_totals(session, task_id, agent, totals, now)
+
+    def end_run(
+        self,
+        task_id: str,
+        *,
+        usage: Mapping[str, Mapping[str, Any]],
+        runner_id: str | None = None,
+        status: str | None = None,
+        **fields: str | None,
+    ) -> None:
+        """What a run writes when it ends, in one transaction: each role's usage (as
+        :meth:`record_usage`), the task's ``status`` with its ``answer`` or ``stop_reason``
+        (as :meth:`set_status`; None leaves it, as for a run that was suspended), and
+        ``runner_id``'s lease given up (as :meth:`release_lease`).
+
+        Raises:
+            ConfigError: An unknown status or field, or a usage entry that is not a mapping.
+            RecordNotFound: No such task.
+        """
+        values = _status_values(status, fields) if status is not None else None
+        now = _now()
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            for agent, totals in usage.items():
+                if not isinstance(totals, Mapping):
+                    raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
+                _usage.set_totals(session, task_id, agent, totals, now)
+            row.updated_at = now
+            if values is not None:
+                _apply_status(row, values)
+            if runner_id is not None and row.runner_id == runner_id:
+                row.runner_id = row.lease_until = None
+            # The run ended on its own (finished, paused or stopped cleanly): the next start
+            # is not a retry after a crash.
+            row.attempts = 0
+            if row.cancel_requested_at is not None and row.status == "interrupted":
+                # A cancel asked for while the run went on to a pause: it is not waited on.
+                _apply_status(
+                    row, _status_values("cancelled", {"stop_reason": "cancelled by request"})
+                )
+            if row.status in FINISHED_STATUSES:
+                row.cancel_requested_at = None
+
+    def usage_for_project(
+        self, project_id: str, since: datetime | None = None, until: datetime | None = None
+    ) -> dict[str, Any]:
+        """What the project's tasks created in ``[since, until)`` used, per role and in total.
+
+        Returns:
+            ``{"project_id", "since", "until", "tasks", "total": {...}, "agents": {role: {...}}}``
+            where each usage entry has model and tool calls, input and output tokens,
+            ``cost_usd``, ``seconds`` and ``estimated``; times are ISO 8601 or None.
+
+        Raises:
+            ConfigError: ``since`` or ``until`` has no time zone, or ``since`` is later.
+        """
+        start = check.aware(since, "since")
+        end = check.aware(until, "until")
+        if start is not None and end is not None and start > end:
+            raise ConfigError(f"since {start.isoformat()!r} is after until {end.isoformat()!r}")
+        with self._read() as session:
+            usage = _usage.project_usage(session, project_id, start, end)
+        return {
+            "project_id": project_id,
+            "since": start.astimezone(UTC).isoformat() if start else None,
+            "until": end.astimezone(UTC).isoformat() if end else None,
+            **usage,
+        }
+
+
+def _lock_task(session: Session, task_id: str, now: datetime) -> bool:
+    locked = session.scalar(
+        update(TaskRow).where(TaskRow.id == task_id).values(updated_at=now).returning(TaskRow.id)
+    )
+    return locked is not None
