@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make the repo's .venv ready: relaygraph[local,dev] with a llama-cpp-python that does not crash.
+# Make the repo's .venv ready: relaygraph[local,dev,workers] with a llama-cpp-python that does not crash.
 #
 # Sourced or executed by scripts/demo and scripts/test. Idempotent and quiet: a second run
 # that has nothing to do takes a fraction of a second and prints nothing.
@@ -109,7 +109,7 @@ PY
     deps_hash="$("$py" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$root/pyproject.toml")"
     if [[ "$changed" == 1 || "$(cat "$deps_marker" 2>/dev/null || true)" != "$deps_hash" ]]; then
         # --find-links: should pip ever want llama-cpp-python again, it finds our wheel.
-        "${pip[@]}" install --find-links "$wheel_dir" -e "$root[local,dev]"
+        "${pip[@]}" install --find-links "$wheel_dir" -e "$root[local,dev,workers]"
         echo "$deps_hash" >"$deps_marker"
         changed=1
     fi
