@@ -1,0 +1,624 @@
+"""Every event a task's run produces, and the records they carry: one definition per fact.
+
+The team graph (``relaygraph.supervisor``), the agents' middleware and the runner emit
+events on LangGraph's custom stream; the runner stores each in the ledger exactly as it was
+emitted (``Event.data``), the API serves it, the CLI prints it, and the ledger derives its
+handoff, tool-call, approval and usage rows from it. Each event is a JSON object tagged by
+``type``; each shape is defined here once, as a ``TypedDict`` with a ``Literal`` tag, and
+the producers build them with the constructors below (so key order is one too).
+
+The wire shape is the contract: stored events are read back years later, so a field is
+added (``NotRequired``), never renamed.
+
+Stdlib only (it imports nothing of relaygraph but :mod:`relaygraph._names`): every layer,
+the ledger and the tracers included, may import it.
+"""
+
+# No ``from __future__ import annotations`` here: on Python 3.11 a TypedDict sees
+# ``NotRequired`` only in an evaluated annotation.
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict, get_args, get_type_hints
+
+from relaygraph._names import FINISH, SUPERVISOR
+
+__all__ = [
+    "EVENT_SHAPES",
+    "EVENT_TYPES",
+    "INTERRUPT_TYPES",
+    "USAGE_AMOUNTS",
+    "USAGE_COUNTS",
+    "AgentFinishedEvent",
+    "AgentStartedEvent",
+    "ApprovalEvent",
+    "ApprovalRequest",
+    "Event",
+    "FinalEvent",
+    "Handoff",
+    "HandoffEvent",
+    "HandoffKind",
+    "InterruptedEvent",
+    "ModelErrorEvent",
+    "ModelRetryEvent",
+    "PingPongRequest",
+    "RouteEvent",
+    "RunFinishedEvent",
+    "RunStartedEvent",
+    "RunSuspendedEvent",
+    "StructuredMethodEvent",
+    "TokenEvent",
+    "ToolCallEvent",
+    "ToolResultEvent",
+    "TraceLinks",
+    "Usage",
+    "ViolationEvent",
+    "ViolationKind",
+    "VisitEnded",
+    "agent_finished_event",
+    "agent_started_event",
+    "approval_event",
+    "final_event",
+    "handoff_attributes",
+    "handoff_event",
+    "handoff_result",
+    "interrupted_event",
+    "is_carried_out",
+    "moved_work",
+    "route_event",
+    "run_finished_event",
+    "run_started_event",
+    "run_suspended_event",
+    "token_event",
+    "tool_call_event",
+    "tool_result_event",
+    "transfer_of",
+    "violation_event",
+]
+
+# -- the records events carry ----------------------------------------------------------
+
+HandoffKind = Literal["route", "direct"]
+"""A supervisor's ``route``, or an agent's own (``direct``) handoff to a peer."""
+
+
+class Handoff(TypedDict):
+    """One transfer of work: a supervisor's route to an agent, or an agent's handoff.
+
+    The one definition of a handoff. The team graph's state holds it as it is
+    (``TeamState.handoffs``, checkpointed); everything else is made from it here:
+    :func:`handoff_event` and :func:`route_event` (the stream and the ledger's events),
+    :func:`transfer_of` (reads it back from an event: the ledger's ``handoffs`` row and the
+    timeline's node are made from that), :func:`handoff_result` (``RunResult.handoffs``)
+    and :func:`handoff_attributes` (a trace span's attributes).
+
+    It lives here rather than in ``relaygraph.handoffs`` because its readers sit in layers
+    that may not import LangGraph: the ledger and the tracers may import only this base
+    layer, while ``handoffs`` is the transfer tools themselves.
+    """
+
+    id: str
+    """Stable across re-runs of a step: the tool call's id, or the routing node's namespace."""
+    kind: HandoffKind
+    source: str
+    """``supervisor`` for routes, else the agent that handed off."""
+    target: str
+    task: str
+    reason: str
+    step: int | None
+    """The team graph's super-step in which the transfer happened (set by the team graph)."""
+    turn: int | None
+    """Which request of the thread it belongs to (set by the team graph)."""
+
+
+class Usage(TypedDict):
+    """Model and tool usage of one node execution (an agent visit, a routing decision).
+
+    Computed once, where the team graph records it (``relaygraph.supervisor``); the run's
+    result, the ledger's usage rows, the ``agent_finished`` event and the trace spans all
+    read this record.
+    """
+
+    id: str
+    """The LangGraph task namespace that spent it: a re-run writes the same record again."""
+    agent: str
+    turn: int
+    model_calls: int
+    tool_calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    seconds: float
+    estimated: bool
+    """True when some tokens were estimated because the provider reported none."""
+
+
+USAGE_COUNTS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
+"""The whole-number fields of a :class:`Usage` record."""
+USAGE_AMOUNTS = ("cost_usd", "seconds")
+"""The fractional fields of a :class:`Usage` record (USD, wall-clock seconds)."""
+
+ViolationKind = Literal[
+    "tool_not_allowed",
+    "handoff_not_allowed",
+    "invalid_arguments",
+    "ping_pong",
+    "repeated_tool_call",
+    "budget",
+]
+"""What a violation was: the one list of kinds (golden sets and the dashboard use it too)."""
+
+VisitEnded = Literal["finished", "handed_off", "budget", "refused", "model_error"]
+"""How an agent visit ended."""
+
+
+class TraceLinks(TypedDict, total=False):
+    """Where a run's trace is, when tracing is on: for links from the dashboard."""
+
+    otel_trace_id: str
+    """The OpenTelemetry trace id, 32 hex digits."""
+    langsmith_run_id: str
+    langsmith_url: str
+
+
+# -- the events ------------------------------------------------------------------------
+
+
+class RunStartedEvent(TypedDict):
+    """A run of the task began (a resumed task has one per run)."""
+
+    type: Literal["run_started"]
+    task_id: str
+    thread_id: str
+    models: dict[str, str]
+    """The model spec each role runs on."""
+    topology: dict[str, Any]
+    """How the agents are arranged (``Topology.to_mapping``)."""
+    trace: NotRequired[TraceLinks]
+    """Where the run's trace is; absent when tracing is off."""
+
+
+class RouteEvent(TypedDict):
+    """The supervisor's decision: an agent and its task, or ``FINISH``."""
+
+    type: Literal["route"]
+    step: int | None
+    checkpoint_ns: str
+    next: str
+    """The agent that works next, or ``FINISH``."""
+    task: str
+    reason: str
+    repaired: bool
+    """The model's first reply was invalid and the repair prompt's was not."""
+    fallback: bool
+    """Both replies were invalid: the run finishes degraded."""
+    error: str | None
+    tokens_so_far: int
+    """Input plus output tokens the agents had used when the route was decided."""
+    carried_out: bool
+    """False when a limit or a ping-pong stopped it: no work moved (see :func:`moved_work`)."""
+
+
+class HandoffEvent(TypedDict):
+    """An agent handed its work straight to a peer."""
+
+    type: Literal["handoff"]
+    step: int | None
+    checkpoint_ns: str
+    source: str
+    target: str
+    task: str
+    reason: str
+    tokens_so_far: int
+    carried_out: bool
+    """False when a ping-pong stopped it: no work moved (see :func:`moved_work`)."""
+
+
+class AgentStartedEvent(TypedDict):
+    type: Literal["agent_started"]
+    agent: str
+    task: str
+    source: str
+    """Who gave the task: ``supervisor``, ``user`` (a swarm's first agent) or a peer."""
+
+
+class AgentFinishedEvent(TypedDict):
+    type: Literal["agent_finished"]
+    agent: str
+    ended: VisitEnded
+    output: str
+    usage: Usage
+    """The visit's usage record, as the team graph recorded it."""
+
+
+class ToolCallEvent(TypedDict):
+    type: Literal["tool_call"]
+    agent: str
+    tool: str
+    args: dict[str, Any]
+    tool_call_id: str | None
+
+
+class ToolResultEvent(TypedDict):
+    type: Literal["tool_result"]
+    agent: str
+    tool: str
+    tool_call_id: str | None
+    status: str
+    """The tool message's ``success`` or ``error``."""
+    ran: bool
+    """False for a call refused or rejected before it ran."""
+    preview: str
+
+
+class ViolationEvent(TypedDict):
+    """Something the policy refused or stopped, as it happened."""
+
+    type: Literal["violation"]
+    agent: str | None
+    kind: ViolationKind
+    detail: str
+
+
+class ApprovalEvent(TypedDict):
+    """A resumed run acted on a person's decision about a tool call."""
+
+    type: Literal["approval"]
+    agent: str
+    tool: str
+    decision: str | None
+    """``approve``, ``reject`` or ``edit``."""
+    reason: str | None
+
+
+class InterruptedEvent(TypedDict):
+    """The run paused for a person: an :class:`ApprovalRequest` or a
+    :class:`PingPongRequest`, with LangGraph's interrupt id (the id to resume with)."""
+
+    type: Literal["interrupted"]
+    id: str
+    waits_for: str | None
+    """The request's own ``type``: ``approval`` or ``ping_pong``."""
+    agent: NotRequired[str]
+    tool: NotRequired[str]
+    args: NotRequired[dict[str, Any]]
+    tool_call_id: NotRequired[str | None]
+    step: NotRequired[int | None]
+    detail: NotRequired[str]
+    agents: NotRequired[list[str]]
+    next: NotRequired[str]
+    source: NotRequired[str]
+    value: NotRequired[Any]
+    """An interrupt whose value was not an object."""
+
+
+class FinalEvent(TypedDict):
+    """The team's answer (None when ``on_exhausted = "fail"`` stopped it)."""
+
+    type: Literal["final"]
+    status: str
+    answer: str | None
+    stop_reason: str | None
+
+
+class TokenEvent(TypedDict):
+    """A piece of a model's streamed text (``stream_tokens``)."""
+
+    type: Literal["token"]
+    role: str | None
+    text: str
+
+
+class RunSuspendedEvent(TypedDict):
+    """The run stopped at a step boundary to be continued elsewhere (shutdown, lost lease)."""
+
+    type: Literal["run_suspended"]
+    reason: str | None
+
+
+class RunFinishedEvent(TypedDict):
+    type: Literal["run_finished"]
+    status: str
+    stop_reason: str | None
+
+
+class ModelErrorEvent(TypedDict):
+    """A model call failed after the client's retries."""
+
+    type: Literal["model_error"]
+    role: str
+    model: str
+    status: int | None
+    """The HTTP status, when the server answered."""
+    error: str
+    attempts: int
+
+
+class ModelRetryEvent(TypedDict):
+    """A model call is retried."""
+
+    type: Literal["model_retry"]
+    role: str
+    model: str
+    attempt: int
+    status: int | None
+    error: str
+    wait_seconds: float
+    retry_after: float | None
+
+
+class StructuredMethodEvent(TypedDict):
+    """A server refused some structured-output methods; this one is used from now on."""
+
+    type: Literal["structured_method"]
+    role: str
+    model: str
+    base_url: str
+    method: str
+    rejected: dict[str, str]
+    """Each refused method and why."""
+
+
+Event = (
+    RunStartedEvent
+    | RouteEvent
+    | HandoffEvent
+    | AgentStartedEvent
+    | AgentFinishedEvent
+    | ToolCallEvent
+    | ToolResultEvent
+    | ViolationEvent
+    | ApprovalEvent
+    | InterruptedEvent
+    | FinalEvent
+    | TokenEvent
+    | RunSuspendedEvent
+    | RunFinishedEvent
+    | ModelErrorEvent
+    | ModelRetryEvent
+    | StructuredMethodEvent
+)
+"""Any event of a task's run."""
+
+EVENT_SHAPES: Mapping[str, type] = {
+    get_args(get_type_hints(shape)["type"])[0]: shape for shape in get_args(Event)
+}
+"""Each event's ``type`` and its ``TypedDict``."""
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_SHAPES)
+"""Every event type, in the order a run meets them."""
+
+
+# -- what an interrupt asks a person ---------------------------------------------------
+
+
+class ApprovalRequest(TypedDict):
+    """The interrupt an approval tool pauses on."""
+
+    type: Literal["approval"]
+    agent: str
+    tool: str
+    args: dict[str, Any]
+    tool_call_id: str | None
+    step: int | None
+    """The team graph's super-step of the visit."""
+
+
+class PingPongRequest(TypedDict):
+    """The interrupt a ping-pong pauses on when the policy sends it to a person."""
+
+    type: Literal["ping_pong"]
+    detail: str
+    agents: list[str]
+    next: str
+    """The agent the stopped transfer would have gone to."""
+    source: str
+
+
+INTERRUPT_TYPES = ("approval", "ping_pong")
+"""What an ``interrupted`` event may wait for."""
+
+
+# -- handoffs --------------------------------------------------------------------------
+
+
+def is_carried_out(event: Mapping[str, Any]) -> bool:
+    """Whether a ``route`` or ``handoff`` event was carried out: a route or handoff that a
+    limit or a ping-pong stopped says ``carried_out: false``; events stored before the
+    field existed were all carried out."""
+    return event.get("carried_out") is not False
+
+
+def transfer_of(event: Mapping[str, Any]) -> Handoff | None:
+    """The transfer of work a ``route`` or ``handoff`` event reports, carried out or not;
+    None for a route to ``FINISH`` (finishing moves no work) and for other events.
+
+    ``id`` is the node run's namespace and ``turn`` is unknown (events do not say).
+    """
+    kind = event.get("type")
+    target: object
+    source: object
+    if kind == "route":
+        target, source = event.get("next"), SUPERVISOR
+        if target is None or target == FINISH:
+            return None
+    elif kind == "handoff":
+        target, source = event.get("target"), event.get("source")
+    else:
+        return None
+    step = event.get("step")
+    return Handoff(
+        id=str(event.get("checkpoint_ns") or ""),
+        kind="route" if kind == "route" else "direct",
+        source=_text(source),
+        target=_text(target),
+        task=_text(event.get("task")),
+        reason=_text(event.get("reason")),
+        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        turn=None,
+    )
+
+
+def moved_work(event: Mapping[str, Any]) -> Handoff | None:
+    """The transfer an event reports if it moved work: a route to an agent or a handoff,
+    carried out. A route to ``FINISH`` moves none, nor does one a limit or a ping-pong
+    stopped (it is not among the task's handoffs)."""
+    return transfer_of(event) if is_carried_out(event) else None
+
+
+def handoff_event(
+    handoff: Handoff, *, checkpoint_ns: str, tokens_so_far: int, carried_out: bool
+) -> HandoffEvent:
+    """The ``handoff`` event of an agent's own handoff."""
+    return HandoffEvent(
+        type="handoff",
+        step=handoff["step"],
+        checkpoint_ns=checkpoint_ns,
+        source=handoff["source"],
+        target=handoff["target"],
+        task=handoff["task"],
+        reason=handoff["reason"],
+        tokens_so_far=tokens_so_far,
+        carried_out=carried_out,
+    )
+
+
+def route_event(
+    *,
+    next: str,
+    task: str,
+    reason: str,
+    step: int | None,
+    checkpoint_ns: str,
+    tokens_so_far: int,
+    carried_out: bool,
+    repaired: bool = False,
+    fallback: bool = False,
+    error: str | None = None,
+) -> RouteEvent:
+    """The ``route`` event of a supervisor's decision (to an agent, or ``FINISH``)."""
+    return RouteEvent(
+        type="route",
+        step=step,
+        checkpoint_ns=checkpoint_ns,
+        next=next,
+        task=task,
+        reason=reason,
+        repaired=repaired,
+        fallback=fallback,
+        error=error,
+        tokens_so_far=tokens_so_far,
+        carried_out=carried_out,
+    )
+
+
+def handoff_result(handoff: Handoff) -> dict[str, str]:
+    """A ``RunResult.handoffs`` entry: ``kind``, ``from``, ``to``, ``task``, ``reason``."""
+    return {
+        "kind": handoff["kind"],
+        "from": handoff["source"],
+        "to": handoff["target"],
+        "task": handoff["task"],
+        "reason": handoff["reason"],
+    }
+
+
+def handoff_attributes(handoff: Mapping[str, Any], prefix: str) -> dict[str, str]:
+    """A trace span's attributes for a handoff: ``<prefix>.from``, ``.to``, ``.task``,
+    ``.reason``."""
+    return {
+        f"{prefix}.from": _text(handoff.get("source")),
+        f"{prefix}.to": _text(handoff.get("target")),
+        f"{prefix}.task": _text(handoff.get("task")),
+        f"{prefix}.reason": _text(handoff.get("reason")),
+    }
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+# -- the other constructors --------------------------------------------------------------
+
+
+def run_started_event(
+    *,
+    task_id: str,
+    thread_id: str,
+    models: dict[str, str],
+    topology: dict[str, Any],
+    trace: TraceLinks | None = None,
+) -> RunStartedEvent:
+    event = RunStartedEvent(
+        type="run_started",
+        task_id=task_id,
+        thread_id=thread_id,
+        models=models,
+        topology=topology,
+    )
+    if trace:
+        event["trace"] = trace
+    return event
+
+
+def agent_started_event(agent: str, *, task: str, source: str) -> AgentStartedEvent:
+    return AgentStartedEvent(type="agent_started", agent=agent, task=task, source=source)
+
+
+def agent_finished_event(
+    agent: str, *, ended: VisitEnded, output: str, usage: Usage
+) -> AgentFinishedEvent:
+    return AgentFinishedEvent(
+        type="agent_finished", agent=agent, ended=ended, output=output, usage=usage
+    )
+
+
+def tool_call_event(
+    agent: str, *, tool: str, args: dict[str, Any], tool_call_id: str | None
+) -> ToolCallEvent:
+    return ToolCallEvent(
+        type="tool_call", agent=agent, tool=tool, args=args, tool_call_id=tool_call_id
+    )
+
+
+def tool_result_event(
+    agent: str, *, tool: str, tool_call_id: str | None, status: str, ran: bool, preview: str
+) -> ToolResultEvent:
+    return ToolResultEvent(
+        type="tool_result",
+        agent=agent,
+        tool=tool,
+        tool_call_id=tool_call_id,
+        status=status,
+        ran=ran,
+        preview=preview,
+    )
+
+
+def violation_event(agent: str | None, kind: ViolationKind, detail: str) -> ViolationEvent:
+    return ViolationEvent(type="violation", agent=agent, kind=kind, detail=detail)
+
+
+def approval_event(
+    agent: str, *, tool: str, decision: str | None, reason: str | None
+) -> ApprovalEvent:
+    return ApprovalEvent(type="approval", agent=agent, tool=tool, decision=decision, reason=reason)
+
+
+def interrupted_event(pending: Mapping[str, Any]) -> InterruptedEvent:
+    """The ``interrupted`` event of one pending interrupt: ``{"id": ..., **its value}``."""
+    event: Any = {**pending, "type": "interrupted", "waits_for": pending.get("type")}
+    return event
+
+
+def final_event(status: str, answer: str | None, stop_reason: str | None) -> FinalEvent:
+    return FinalEvent(type="final", status=status, answer=answer, stop_reason=stop_reason)
+
+
+def token_event(role: str | None, text: str) -> TokenEvent:
+    return TokenEvent(type="token", role=role, text=text)
+
+
+def run_suspended_event(reason: str | None) -> RunSuspendedEvent:
+    return RunSuspendedEvent(type="run_suspended", reason=reason)
+
+
+def run_finished_event(status: str, stop_reason: str | None) -> RunFinishedEvent:
+    return RunFinishedEvent(type="run_finished", status=status, stop_reason=stop_reason)
