@@ -7,27 +7,38 @@ rows and checkpoints hold these strings, so changing one changes the record.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = [
     "ANSWER_NAME",
     "BEGIN",
     "FINALIZE",
     "FINISH",
     "HANDOFF_PREFIX",
+    "PRIOR_CALLS_KEY",
     "RESERVED_NAMES",
     "SUPERVISOR",
 ]
 
-SUPERVISOR = "supervisor"
+SUPERVISOR: Final = "supervisor"
 """The supervisor's node and role: it routes work (``route`` events name it as the source)."""
-FINALIZE = "finalize"
+FINALIZE: Final = "finalize"
 """The node and role that writes the team's answer."""
-BEGIN = "begin"
+BEGIN: Final = "begin"
 """The node that opens each request of a thread (a new turn)."""
-FINISH = "FINISH"
+FINISH: Final = "FINISH"
 """The route that sends no more work: the request is done."""
-HANDOFF_PREFIX = "transfer_to_"
+HANDOFF_PREFIX: Final = "transfer_to_"
 """Every transfer tool is named ``transfer_to_<agent>``."""
-ANSWER_NAME = "relaygraph"
+ANSWER_NAME: Final = "relaygraph"
 """The ``name`` of the team's answer message in the thread's conversation."""
 RESERVED_NAMES = frozenset({SUPERVISOR, FINALIZE, FINISH, BEGIN, "__start__", "__end__"})
 """Names an agent may not take: the team graph's own nodes and routes, LangGraph's ends."""
+
+PRIOR_CALLS_KEY: Final = "relaygraph_prior_calls"
+"""``config["metadata"]`` and ``config["configurable"]`` key of every model call the team
+graph makes: how many model calls the calling role (an agent, ``supervisor``, ``finalize``)
+made earlier in the thread, as its usage records say. With the role's own AI messages in the
+conversation a call is given, it is the call's index in the role's history: a model that
+replays a history (the scripted model) picks its reply by it, the same in a re-run step or a
+new process."""

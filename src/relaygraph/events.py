@@ -56,6 +56,7 @@ __all__ = [
     "agent_finished_event",
     "agent_started_event",
     "approval_event",
+    "approval_request",
     "final_event",
     "handoff_attributes",
     "handoff_event",
@@ -63,6 +64,7 @@ __all__ = [
     "interrupted_event",
     "is_carried_out",
     "moved_work",
+    "ping_pong_request",
     "route_event",
     "run_finished_event",
     "run_started_event",
@@ -256,6 +258,8 @@ class ViolationEvent(TypedDict):
     agent: str | None
     kind: ViolationKind
     detail: str
+    budget: NotRequired[dict[str, Any]]
+    """The limit a tool call was refused at (``BudgetHit.to_json()``), for a budget."""
 
 
 class ApprovalEvent(TypedDict):
@@ -592,8 +596,29 @@ def tool_result_event(
     )
 
 
-def violation_event(agent: str | None, kind: ViolationKind, detail: str) -> ViolationEvent:
-    return ViolationEvent(type="violation", agent=agent, kind=kind, detail=detail)
+def violation_event(
+    agent: str | None,
+    kind: ViolationKind,
+    detail: str,
+    *,
+    budget: dict[str, Any] | None = None,
+) -> ViolationEvent:
+    event = ViolationEvent(type="violation", agent=agent, kind=kind, detail=detail)
+    if budget is not None:
+        event["budget"] = budget
+    return event
+
+
+def approval_request(
+    agent: str, *, tool: str, args: dict[str, Any], tool_call_id: str | None, step: int | None
+) -> ApprovalRequest:
+    return ApprovalRequest(
+        type="approval", agent=agent, tool=tool, args=args, tool_call_id=tool_call_id, step=step
+    )
+
+
+def ping_pong_request(*, detail: str, agents: list[str], next: str, source: str) -> PingPongRequest:
+    return PingPongRequest(type="ping_pong", detail=detail, agents=agents, next=next, source=source)
 
 
 def approval_event(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relaygraph._names import RESERVED_NAMES
 from relaygraph.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -15,9 +16,6 @@ if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
 
 __all__ = ["RESERVED_NAMES", "Agent", "check_agent_name", "to_tool", "tool_name"]
-
-RESERVED_NAMES = frozenset({"supervisor", "finalize", "FINISH", "begin", "__start__", "__end__"})
-"""Names an agent may not take: the team graph's own nodes and the route's end."""
 
 # OpenAI-compatible servers accept tool names of [A-Za-z0-9_-]{1,64}; an agent's name is in
 # its peers' ``transfer_to_<name>`` tools, so it follows that rule with room to spare.

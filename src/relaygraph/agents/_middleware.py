@@ -12,6 +12,7 @@ from langgraph.types import Command
 
 from relaygraph.backends.sandbox import SandboxUnavailableError
 from relaygraph.errors import ToolInputError
+from relaygraph.events import tool_call_event, tool_result_event
 from relaygraph.handoffs import handoff_target
 from relaygraph.policies.middleware import refuse_call, was_run
 
@@ -46,13 +47,9 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
         is_handoff = handoff_target(call["name"]) is not None
         if not is_handoff:
             emit(
-                {
-                    "type": "tool_call",
-                    "agent": self.agent,
-                    "tool": call["name"],
-                    "args": call["args"],
-                    "tool_call_id": call["id"],
-                }
+                tool_call_event(
+                    self.agent, tool=call["name"], args=call["args"], tool_call_id=call["id"]
+                )
             )
         try:
             result = handler(request)
@@ -75,14 +72,13 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
             )
         if isinstance(result, ToolMessage) and not (is_handoff and result.status != "error"):
             emit(
-                {
-                    "type": "tool_result",
-                    "agent": self.agent,
-                    "tool": call["name"],
-                    "tool_call_id": call["id"],
-                    "status": result.status,
-                    "ran": was_run(result),
-                    "preview": str(result.content)[:PREVIEW_CHARS],
-                }
+                tool_result_event(
+                    self.agent,
+                    tool=call["name"],
+                    tool_call_id=call["id"],
+                    status=result.status,
+                    ran=was_run(result),
+                    preview=str(result.content)[:PREVIEW_CHARS],
+                )
             )
         return result

@@ -3,13 +3,14 @@
 A handoff tool returns ``Command(goto=target, graph=Command.PARENT, update=...)``: LangGraph
 raises it out of the agent's subgraph to the team graph, which runs the target next. The
 update answers the tool call with a ToolMessage (so no tool call is ever left dangling), gives
-the target its task, and appends a :class:`HandoffRecord`.
+the target its task, and appends a :class:`~relaygraph.events.Handoff` (defined with the events
+made from it, in :mod:`relaygraph.events`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
@@ -18,11 +19,14 @@ from langgraph.types import Command
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from relaygraph._names import HANDOFF_PREFIX
+from relaygraph.events import Handoff, HandoffKind
+
 __all__ = [
     "HANDOFF_PREFIX",
     "Assignment",
+    "Handoff",
     "HandoffArgs",
-    "HandoffRecord",
     "answer_unanswered_calls",
     "arguments_problem",
     "calling_message",
@@ -33,25 +37,6 @@ __all__ = [
     "merge_by_id",
 ]
 
-HANDOFF_PREFIX = "transfer_to_"
-
-
-class HandoffRecord(TypedDict):
-    """One transfer of work: a supervisor route or a direct handoff between agents."""
-
-    id: str
-    """Stable across re-runs of a step: the tool call id, or the supervisor task's namespace."""
-    kind: Literal["route", "direct"]
-    source: str
-    """``supervisor`` for routes, else the agent that handed off."""
-    target: str
-    task: str
-    reason: str
-    step: int | None
-    """The team graph's super-step in which the transfer happened (set by the team graph)."""
-    turn: int | None
-    """Which request of the thread it belongs to (set by the team graph)."""
-
 
 class Assignment(TypedDict):
     """The work waiting for the next agent: who, what, and who asked."""
@@ -60,7 +45,7 @@ class Assignment(TypedDict):
     task: str
     reason: str
     source: str
-    kind: Literal["route", "direct"]
+    kind: HandoffKind
 
 
 def merge_by_id(left: Sequence[Any] | None, right: Any) -> list[Any]:
@@ -245,7 +230,7 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
             name=name,
             tool_call_id=runtime.tool_call_id or "",
         )
-        record = HandoffRecord(
+        record = Handoff(
             id=runtime.tool_call_id or f"{source}->{target}",
             kind="direct",
             source=source,

@@ -5,10 +5,11 @@ whose values are the turns that agent's model plays, in order. The format is doc
 ``docs/scripted-models.md``.
 
 Which turn a call takes is derived from the run's checkpointed state, never from a counter
-held in this process: the caller passes how many calls that agent already made in earlier
-visits (``configurable["relaygraph_prior_calls"]``), and the model adds the AI messages
-already in the conversation it is given. A run continued in a new process, or a super-step
-re-run after an interrupt, therefore takes exactly the turn it would have taken.
+held in this process: the team graph says with every model call how many calls the role
+made earlier in the thread, from its usage records (``relaygraph._names.PRIOR_CALLS_KEY``,
+documented there for any model), and the model adds its own AI messages already in the
+conversation it is given. A run continued in a new process, or a super-step re-run after an
+interrupt, therefore takes exactly the turn it would have taken.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from relaygraph._names import PRIOR_CALLS_KEY
 from relaygraph.errors import ConfigError, ModelNotAllowed, ScriptError
 
 __all__ = [
     "MAX_SCRIPT_BYTES",
-    "PRIOR_CALLS_KEY",
     "Script",
     "ScriptFolder",
     "ScriptTurn",
@@ -49,10 +50,6 @@ MAX_SCRIPT_BYTES = 1024 * 1024
 """The largest script file read."""
 
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}\.json")
-
-PRIOR_CALLS_KEY = "relaygraph_prior_calls"
-"""``config["metadata"]`` / ``config["configurable"]`` key: model calls this role made before
-the current conversation (in earlier visits and earlier turns of the thread)."""
 
 
 class _Usage(BaseModel):

@@ -29,8 +29,9 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, StreamWriter, interrupt
 from pydantic import BaseModel
 
+from relaygraph._names import HANDOFF_PREFIX
+from relaygraph.events import ViolationKind, approval_event, approval_request, violation_event
 from relaygraph.handoffs import (
-    HANDOFF_PREFIX,
     arguments_problem,
     handoff_args_problem,
     handoff_call_problem,
@@ -54,8 +55,11 @@ __all__ = [
     "PolicyMiddleware",
     "VisitBudget",
     "is_model_output",
+    "model_outputs",
     "refuse_call",
+    "replies_usage",
     "transcript_usage",
+    "usage_estimated",
     "was_run",
 ]
 
@@ -92,31 +96,66 @@ def _executed(message: BaseMessage) -> bool:
     )
 
 
-def transcript_usage(
-    messages: list[BaseMessage], policy: TeamPolicy, *, seconds: float = 0.0
+def replies_usage(
+    replies: Sequence[BaseMessage], policy: TeamPolicy, *, tool_calls: int = 0, seconds: float = 0.0
 ) -> UsageTotals:
-    """What a visit's transcript spent: model calls, executed tool calls, tokens, cost."""
-    outputs = [m for m in messages if is_model_output(m)]
+    """What model replies spent: one model call each, the tokens each reported, and their
+    price from the policy. The one place a model call's usage is computed: an agent's
+    visit (:func:`transcript_usage`), a routing decision and finalize's answer all count
+    their replies here.
+
+    Args:
+        replies: The AI messages the model calls returned.
+        tool_calls: Tool calls that ran beside them.
+        seconds: Wall-clock time spent.
+    """
     input_tokens = output_tokens = 0
     cost = 0.0
-    for message in outputs:
-        meta = message.usage_metadata  # type: ignore[attr-defined]
+    for reply in replies:
+        meta = getattr(reply, "usage_metadata", None)
         if not meta:
             continue
         input_tokens += meta["input_tokens"]
         output_tokens += meta["output_tokens"]
         cost += cost_usd(
             policy,
-            str(message.response_metadata.get("model_name", "")),
+            str(reply.response_metadata.get("model_name", "")),
             meta["input_tokens"],
             meta["output_tokens"],
         )
     return UsageTotals(
-        model_calls=len(outputs),
-        tool_calls=sum(1 for m in messages if _executed(m)),
+        model_calls=len(replies),
+        tool_calls=tool_calls,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cost_usd=cost,
+        seconds=seconds,
+    )
+
+
+def usage_estimated(replies: Sequence[BaseMessage]) -> bool:
+    """Whether some reply's tokens were estimated (the provider reported none)."""
+    return any(
+        not isinstance(m, AIMessage)
+        or m.usage_metadata is None
+        or m.response_metadata.get("relaygraph_usage_estimated", False)
+        for m in replies
+    )
+
+
+def model_outputs(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The AI messages of a transcript that model calls produced (see :func:`is_model_output`)."""
+    return [m for m in messages if is_model_output(m)]
+
+
+def transcript_usage(
+    messages: Sequence[BaseMessage], policy: TeamPolicy, *, seconds: float = 0.0
+) -> UsageTotals:
+    """What a visit's transcript spent: model calls, executed tool calls, tokens, cost."""
+    return replies_usage(
+        model_outputs(messages),
+        policy,
+        tool_calls=sum(1 for m in messages if _executed(m)),
         seconds=seconds,
     )
 
@@ -148,7 +187,9 @@ def _visit_budget() -> VisitBudget | None:
     return value if isinstance(value, VisitBudget) else None
 
 
-def _refusal(call: Mapping[str, Any], kind: str, detail: str, content: str) -> ToolMessage:
+def _refusal(
+    call: Mapping[str, Any], kind: ViolationKind, detail: str, content: str
+) -> ToolMessage:
     return ToolMessage(
         content=content,
         name=call["name"],
@@ -162,7 +203,7 @@ def refuse_call(
     call: Mapping[str, Any],
     *,
     agent: str,
-    kind: str,
+    kind: ViolationKind,
     detail: str,
     content: str,
     emit: StreamWriter,
@@ -179,7 +220,7 @@ def refuse_call(
         content: What the model reads: why, and what to do instead.
         emit: The run's stream writer.
     """
-    emit({"type": "violation", "agent": agent, "kind": kind, "detail": detail})
+    emit(violation_event(agent, kind, detail))
     return _refusal(call, kind, detail, content)
 
 
@@ -187,7 +228,7 @@ def refuse_call(
 class _Refused:
     """Why a call may not run: its violation and the answer the model reads."""
 
-    kind: str
+    kind: ViolationKind
     detail: str
     content: str
 
@@ -296,12 +337,11 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if budget is not None:
             spent = self._check_tool(call, messages, calls, tools, budget)
             if spent is not None:
+                refused = spent.additional_kwargs[VIOLATION_KEY]
                 request.runtime.stream_writer(
-                    {
-                        "type": "violation",
-                        "agent": self.agent,
-                        **spent.additional_kwargs[VIOLATION_KEY],
-                    }
+                    violation_event(
+                        self.agent, refused["kind"], refused["detail"], budget=refused.get("budget")
+                    )
                 )
                 return spent
         if call["name"] in self.rules.approval:
@@ -472,25 +512,18 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     ) -> ToolMessage | Command[Any]:
         call = request.tool_call
         decision = interrupt(
-            {
-                "type": "approval",
-                "agent": self.agent,
-                "tool": call["name"],
-                "args": call["args"],
-                "tool_call_id": call["id"],
-                "step": budget.step if budget is not None else None,
-            }
+            approval_request(
+                self.agent,
+                tool=call["name"],
+                args=call["args"],
+                tool_call_id=call["id"],
+                step=budget.step if budget is not None else None,
+            )
         )
         verdict = decision.get("decision") if isinstance(decision, Mapping) else decision
         reason = decision.get("reason") if isinstance(decision, Mapping) else None
         request.runtime.stream_writer(
-            {
-                "type": "approval",
-                "agent": self.agent,
-                "tool": call["name"],
-                "decision": verdict,
-                "reason": reason,
-            }
+            approval_event(self.agent, tool=call["name"], decision=verdict, reason=reason)
         )
         if verdict == "approve":
             return handler(request)

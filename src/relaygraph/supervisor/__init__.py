@@ -5,8 +5,9 @@ as a subgraph on a scoped input; agents may hand work straight to a peer; when t
 says ``FINISH`` a finalize node writes the answer.
 """
 
-from relaygraph.supervisor._graph import FINALIZE, SUPERVISOR, build_team, draw_team
-from relaygraph.supervisor._route import FINISH, Route, RouteDecision, route_model, route_next_agent
+from relaygraph._names import FINALIZE, FINISH, SUPERVISOR
+from relaygraph.supervisor._graph import build_team, draw_team
+from relaygraph.supervisor._route import Route, RouteDecision, route_model, route_next_agent
 from relaygraph.supervisor._state import TeamState, Usage, Visit
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Reading the task's record in state: usage so far, earlier results, bars, violations."""
+"""Reading the task's record in state: usage so far, earlier results, bars, violations; and
+making the usage records, the one place a node run's usage is computed."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 
-from relaygraph.models.scripted import PRIOR_CALLS_KEY
-from relaygraph.policies import TeamPolicy
-from relaygraph.policies.budget import UsageTotals, cost_usd
-from relaygraph.policies.middleware import VIOLATION_KEY
+from relaygraph._names import PRIOR_CALLS_KEY
+from relaygraph.events import Usage, ViolationKind, violation_event
+from relaygraph.policies.budget import UsageTotals
+from relaygraph.policies.middleware import VIOLATION_KEY, usage_estimated
 from relaygraph.policies.pingpong import normalize_call
-from relaygraph.supervisor._state import Bar, TeamState, Usage, Violation
+from relaygraph.supervisor._state import Bar, TeamState, Violation
 
 
 def task_ns(config: RunnableConfig) -> str:
@@ -28,7 +29,9 @@ def step_of(config: RunnableConfig) -> int | None:
 
 
 def with_prior_calls(config: RunnableConfig, prior: int, **configurable: Any) -> RunnableConfig:
-    """The node's config plus how many calls this role made before (for scripted models)."""
+    """The node's config for a model call of a role: plus how many model calls the role made
+    earlier in the thread (:data:`~relaygraph._names.PRIOR_CALLS_KEY`, read from the usage
+    records, for any model that picks its reply by it) and ``configurable``."""
     return {
         **config,
         "configurable": {
@@ -41,7 +44,7 @@ def with_prior_calls(config: RunnableConfig, prior: int, **configurable: Any) ->
 
 
 def prior_calls(state: TeamState, role: str) -> int:
-    """Model calls ``role`` made in this thread before: the scripted model's cursor."""
+    """Model calls ``role`` made earlier in this thread, as its usage records say."""
     return sum(u["model_calls"] for u in state.get("usage", []) if u["agent"] == role)
 
 
@@ -67,8 +70,11 @@ def agent_tokens(state: TeamState, agents: Iterable[str]) -> int:
 
 
 def usage_record(
-    id: str, role: str, turn: int, totals: UsageTotals, outputs: list[BaseMessage]
+    id: str, role: str, turn: int, totals: UsageTotals, replies: list[BaseMessage]
 ) -> Usage:
+    """The usage record of one node run: ``totals`` (from
+    :func:`~relaygraph.policies.middleware.replies_usage`) for ``role``, estimated when some
+    reply's tokens were."""
     return Usage(
         id=id,
         agent=role,
@@ -79,32 +85,8 @@ def usage_record(
         output_tokens=totals.output_tokens,
         cost_usd=totals.cost_usd,
         seconds=totals.seconds,
-        estimated=any(
-            not isinstance(m, AIMessage)
-            or m.usage_metadata is None
-            or m.response_metadata.get("relaygraph_usage_estimated", False)
-            for m in outputs
-        ),
+        estimated=usage_estimated(replies),
     )
-
-
-def calls_usage(policy: TeamPolicy, replies: list[AIMessage], seconds: float) -> UsageTotals:
-    """Usage of direct model calls (the supervisor's routes, finalize's answer)."""
-    total = UsageTotals(seconds=seconds)
-    for reply in replies:
-        meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0}
-        total = total + UsageTotals(
-            model_calls=1,
-            input_tokens=meta["input_tokens"],
-            output_tokens=meta["output_tokens"],
-            cost_usd=cost_usd(
-                policy,
-                str(reply.response_metadata.get("model_name", "")),
-                meta["input_tokens"],
-                meta["output_tokens"],
-            ),
-        )
-    return total
 
 
 def earlier_results(state: TeamState, agent: str) -> dict[str, str]:
@@ -129,7 +111,7 @@ def earlier_results(state: TeamState, agent: str) -> dict[str, str]:
 
 
 def violation(
-    id: str, turn: int, agent: str, kind: Any, detail: str, *, announce: bool = True
+    id: str, turn: int, agent: str, kind: ViolationKind, detail: str, *, announce: bool = True
 ) -> Violation:
     """A violation record, and its live event unless it was announced already (a tool call
     refused at the same limit sent it when it happened)."""
@@ -141,14 +123,7 @@ def violation(
 
 def announce_violation(record: Violation) -> None:
     """Send a violation's live event."""
-    get_stream_writer()(
-        {
-            "type": "violation",
-            "agent": record["agent"],
-            "kind": record["kind"],
-            "detail": record["detail"],
-        }
-    )
+    get_stream_writer()(violation_event(record["agent"], record["kind"], record["detail"]))
 
 
 def transcript_violations(transcript: list[BaseMessage], agent: str, turn: int) -> list[Violation]:

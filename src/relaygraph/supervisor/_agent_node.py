@@ -16,27 +16,29 @@ from langgraph.errors import ParentCommand
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
+from relaygraph._names import FINALIZE, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent
-from relaygraph.handoffs import Assignment, HandoffRecord, answer_unanswered_calls
+from relaygraph.events import (
+    Handoff,
+    VisitEnded,
+    agent_finished_event,
+    agent_started_event,
+    handoff_event,
+)
+from relaygraph.handoffs import Assignment, answer_unanswered_calls, handoff_target
 from relaygraph.models import ModelCallError
 from relaygraph.policies import AgentLimits, TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget
 from relaygraph.policies.middleware import (
     BUDGET_KEY,
     VisitBudget,
-    is_model_output,
+    model_outputs,
     transcript_usage,
 )
 from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._control import (
-    FINALIZE,
-    SUPERVISOR,
-    _exhausted,
-    _on_ping_pong,
-    _team_stop,
-)
+from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop
 from relaygraph.supervisor._state import TeamState, Visit
 
 
@@ -93,7 +95,7 @@ class StructuredExits:
         return outcome.command
 
 
-def _make_agent_node(
+def _agent_node(
     spec: Agent,
     graph: CompiledStateGraph[Any, Any, Any, Any],
     policy: TeamPolicy,
@@ -126,8 +128,8 @@ def _make_agent_node(
                 state,
             )
 
-        if hit := _team_stop(state, policy, config):
-            return out("stop", _exhausted(policy, hit, state, config))
+        if hit := team_stop(state, policy, config):
+            return out("stop", exhausted(policy, hit, state, config))
         turn, visit_id = state.get("turn", 0), acc.task_ns(config)
         agent_before = acc.turn_usage(state, name)
         if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
@@ -146,14 +148,7 @@ def _make_agent_node(
                 hit=spent,
             )
         emit = get_stream_writer()
-        emit(
-            {
-                "type": "agent_started",
-                "agent": name,
-                "task": assignment["task"],
-                "source": assignment["source"],
-            }
-        )
+        emit(agent_started_event(name, task=assignment["task"], source=assignment["source"]))
         scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
         started = time.monotonic()
         budget = VisitBudget(
@@ -192,16 +187,17 @@ def _make_agent_node(
         target = str(handoff.goto) if handoff is not None else None
         if handoff is not None:
             transcript += handoff.update.get("messages", [])  # type: ignore[union-attr]
-            transcript += answer_unanswered_calls(transcript, carried_out=f"transfer_to_{target}")
+            transcript += answer_unanswered_calls(
+                transcript, carried_out=f"{HANDOFF_PREFIX}{target}"
+            )
         totals = transcript_usage(transcript, policy, seconds=time.monotonic() - started)
-        outputs = [m for m in transcript if is_model_output(m)]
-        usage = acc.usage_record(visit_id, name, turn, totals, outputs)
+        usage = acc.usage_record(visit_id, name, turn, totals, model_outputs(transcript))
         violations = acc.transcript_violations(transcript, name, turn)
         last = transcript[-1]
         budget_note = (
             last.additional_kwargs.get(BUDGET_KEY) if handoff is None and failed is None else None
         )
-        ended = (
+        ended: VisitEnded = (
             "handed_off"
             if handoff
             else "model_error"
@@ -221,15 +217,7 @@ def _make_agent_node(
         )
         visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
         update: dict[str, Any] = {"visits": [visit], "usage": [usage], "violations": violations}
-        emit(
-            {
-                "type": "agent_finished",
-                "agent": name,
-                "ended": ended,
-                "output": output,
-                "usage": usage,
-            }
-        )
+        emit(agent_finished_event(name, ended=ended, output=output, usage=usage))
         if failed is not None:
             why = f"its model call failed: {failed.reason}"
             update |= {
@@ -249,7 +237,7 @@ def _make_agent_node(
             fresh = len(kept) == len(violations)
             update["violations"] = violations = kept
             if hit.scope == "team":
-                stop = _exhausted(policy, hit, state, config, update, announce=fresh)
+                stop = exhausted(policy, hit, state, config, update, announce=fresh)
                 return out("stop", stop, visit=visit)
             update["violations"] = [
                 *violations,
@@ -264,7 +252,7 @@ def _make_agent_node(
             back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
             return out("finished", back, visit=visit)
 
-        sent: HandoffRecord = handoff.update["handoffs"][0]  # type: ignore[index]
+        sent: Handoff = handoff.update["handoffs"][0]  # type: ignore[index]
         sent = {**sent, "step": acc.step_of(config), "turn": turn}
         tokens_so_far = (
             acc.agent_tokens(state, policy.agents) + usage["input_tokens"] + usage["output_tokens"]
@@ -275,17 +263,12 @@ def _make_agent_node(
             # waiting for a person's decision is reported after it. A stopped handoff moved
             # no work: it is not among the task's handoffs.
             emit(
-                {
-                    "type": "handoff",
-                    "step": acc.step_of(config),
-                    "checkpoint_ns": visit_id,
-                    "source": name,
-                    "target": target,
-                    "task": sent["task"],
-                    "reason": sent["reason"],
-                    "tokens_so_far": tokens_so_far,
-                    "carried_out": carried_out,
-                }
+                handoff_event(
+                    sent,
+                    checkpoint_ns=visit_id,
+                    tokens_so_far=tokens_so_far,
+                    carried_out=carried_out,
+                )
             )
 
         proceed = Command(
@@ -295,7 +278,7 @@ def _make_agent_node(
         visited = [v["agent"] for v in _prompts.turn_visits(state)] + [name]
         found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
         if found is not None:
-            decided = _on_ping_pong(
+            decided = on_ping_pong(
                 policy, found, state, config, source=name, proceed=proceed, update=update
             )
             report(decided.goto == target)
@@ -323,12 +306,10 @@ def _visit(
     turn: int,
     assignment: Assignment,
     output: str,
-    ended: Any,
+    ended: VisitEnded,
     transcript: list[BaseMessage],
 ) -> Visit:
     from langchain_core.messages import ToolMessage
-
-    from relaygraph.handoffs import handoff_target
 
     return Visit(
         id=visit_id,
@@ -359,7 +340,7 @@ def agent_nodes(
 
     members = {agent.name: agent for agent in team.agents}
     return {
-        name: _make_agent_node(
+        name: _agent_node(
             members[name],
             build_agent(members[name], models[name], policy, team.tools),
             policy,

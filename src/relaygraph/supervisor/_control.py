@@ -1,5 +1,5 @@
-"""How work stops or bounces: team limits, budgets, ping-pong, and the constants of the
-team graph's node names."""
+"""How work stops or bounces: team limits, budgets, ping-pong; and the closing ``finalize``
+of the topologies without a finalize model."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
+from relaygraph._names import ANSWER_NAME, FINALIZE, SUPERVISOR
+from relaygraph.events import final_event, ping_pong_request
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_team_budget
 from relaygraph.policies.pingpong import PingPong
@@ -16,14 +18,11 @@ from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._state import TeamState
 
-SUPERVISOR = "supervisor"
-FINALIZE = "finalize"
-ROLES = (SUPERVISOR, FINALIZE)
 _STEP_MARGIN = 3
 """Steps kept in reserve below the recursion limit: enough to reach finalize and end."""
 
 
-def _exhausted(
+def exhausted(
     policy: TeamPolicy,
     hit: BudgetHit,
     state: TeamState,
@@ -50,7 +49,7 @@ def _exhausted(
     )
 
 
-def _visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
+def visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
     runs = len(_prompts.turn_visits(state))
     if runs >= policy.team.max_agent_runs:
         return BudgetHit(
@@ -63,7 +62,7 @@ def _visits_spent(state: TeamState, policy: TeamPolicy) -> BudgetHit | None:
     return None
 
 
-def _team_stop(
+def team_stop(
     state: TeamState,
     policy: TeamPolicy,
     config: RunnableConfig,
@@ -77,7 +76,7 @@ def _team_stop(
     requests, and LangGraph's recursion limit holds per request); ``own_graph``: the caller
     runs in a graph of its own (the tool supervisor's), whose steps count from its start.
     """
-    if visits and (hit := _visits_spent(state, policy)):
+    if visits and (hit := visits_spent(state, policy)):
         return hit
     step, limit = acc.step_of(config), config.get("recursion_limit")
     if step is not None and not own_graph:
@@ -89,7 +88,7 @@ def _team_stop(
     return check_team_budget(policy.team, acc.turn_usage(state))
 
 
-def _on_ping_pong(
+def on_ping_pong(
     policy: TeamPolicy,
     found: PingPong,
     state: TeamState,
@@ -115,19 +114,15 @@ def _on_ping_pong(
     update = {**update, "violations": [*update.get("violations", []), record]}
     if action == "human":
         answer = interrupt(
-            {
-                "type": "ping_pong",
-                "detail": found.detail,
-                "agents": list(found.agents),
-                "next": candidate,
-                "source": source,
-            }
+            ping_pong_request(
+                detail=found.detail, agents=list(found.agents), next=candidate, source=source
+            )
         )
         verdict = answer.get("decision") if isinstance(answer, Mapping) else answer
         if verdict == "approve":
             return Command(goto=proceed.goto, update={**update, **(proceed.update or {})})
-        action = "finalize"
-    if action == "supervisor":
+        action = FINALIZE
+    if action == SUPERVISOR:
         if len(found.agents) == 2:
             # Bar the pair both ways: neither may pass work to the other, directly or
             # through a route taken right after the other's visit.
@@ -168,18 +163,11 @@ def make_closing() -> Any:
 
         status = state.get("status") or "succeeded"
         answer = None if status == "failed" else state.get("answer") or closing_answer(state)
-        get_stream_writer()(
-            {
-                "type": "final",
-                "status": status,
-                "answer": answer,
-                "stop_reason": state.get("stop_reason"),
-            }
-        )
+        get_stream_writer()(final_event(status, answer, state.get("stop_reason")))
         update: dict[str, Any] = {"answer": answer, "status": status}
         messages = state.get("messages", [])
         if answer is not None and not (messages and messages[-1].text == answer):
-            update["messages"] = [AIMessage(content=answer, name="relaygraph")]
+            update["messages"] = [AIMessage(content=answer, name=ANSWER_NAME)]
         return update
 
     return finalize

@@ -14,24 +14,20 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer, Command
 
+from relaygraph._names import ANSWER_NAME, BEGIN, FINALIZE, FINISH, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
 from relaygraph.errors import ConfigError
-from relaygraph.handoffs import Assignment, HandoffRecord
+from relaygraph.events import Handoff, final_event, route_event
+from relaygraph.handoffs import Assignment
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget
+from relaygraph.policies.middleware import replies_usage
 from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import agent_nodes
-from relaygraph.supervisor._control import (
-    FINALIZE,
-    SUPERVISOR,
-    _exhausted,
-    _on_ping_pong,
-    _team_stop,
-    _visits_spent,
-)
-from relaygraph.supervisor._route import FINISH, route_next_agent
+from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
+from relaygraph.supervisor._route import route_next_agent
 from relaygraph.supervisor._state import TeamState, Violation
 from relaygraph.topology import Topology
 
@@ -58,11 +54,11 @@ def _make_supervisor(
     agents = tuple(a.name for a in members)
 
     def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
-        if hit := _team_stop(state, policy, config, visits=False):
-            return _exhausted(policy, hit, state, config)
+        if hit := team_stop(state, policy, config, visits=False):
+            return exhausted(policy, hit, state, config)
         # With every visit spent the supervisor may still say FINISH: only a route to one
         # more agent goes over max_agent_runs.
-        visits_spent = _visits_spent(state, policy)
+        no_visits_left = visits_spent(state, policy)
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
         unavailable = acc.bars_now(state, last)
@@ -112,7 +108,7 @@ def _make_supervisor(
             ns,
             SUPERVISOR,
             turn,
-            acc.calls_usage(policy, replies, time.monotonic() - started),
+            replies_usage(replies, policy, seconds=time.monotonic() - started),
             list(replies),
         )
         # A route to an agent whose budget is spent is refused. When the agent spent it
@@ -139,23 +135,25 @@ def _make_supervisor(
                 if agent in spent_names and agent not in hit_before
             ],
         }
-        decided = {
-            "type": "route",
-            "step": acc.step_of(config),
-            "checkpoint_ns": ns,
-            "next": route.next,
-            "task": route.task,
-            "reason": route.reason,
-            "repaired": decision.error is not None and not decision.fallback,
-            "fallback": decision.fallback,
-            "error": decision.error,
-            "tokens_so_far": acc.agent_tokens(state, agents),
-        }
+        tokens_so_far = acc.agent_tokens(state, agents)
 
         def report(carried_out: bool) -> None:
             # Sent once the route is carried out or stopped (a limit, a ping-pong): a route
             # waiting for a person's decision is reported after it, not twice.
-            get_stream_writer()({**decided, "carried_out": carried_out})
+            get_stream_writer()(
+                route_event(
+                    next=route.next,
+                    task=route.task,
+                    reason=route.reason,
+                    step=acc.step_of(config),
+                    checkpoint_ns=ns,
+                    tokens_so_far=tokens_so_far,
+                    carried_out=carried_out,
+                    repaired=decision.error is not None and not decision.fallback,
+                    fallback=decision.fallback,
+                    error=decision.error,
+                )
+            )
 
         if route.next == FINISH:
             report(True)
@@ -163,10 +161,10 @@ def _make_supervisor(
             if decision.fallback:
                 finish |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
             return Command(goto=FINALIZE, update=finish)
-        if visits_spent is not None:
+        if no_visits_left is not None:
             report(False)
-            return _exhausted(policy, visits_spent, state, config, recorded)
-        record = HandoffRecord(
+            return exhausted(policy, no_visits_left, state, config, recorded)
+        record = Handoff(
             id=ns,
             kind="route",
             source=SUPERVISOR,
@@ -202,7 +200,7 @@ def _make_supervisor(
             earlier_tasks=routes,
         )
         if found is not None:
-            outcome = _on_ping_pong(
+            outcome = on_ping_pong(
                 policy,
                 found,
                 state,
@@ -225,7 +223,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         stop_reason = state.get("stop_reason")
         emit = get_stream_writer()
         if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
-            emit({"type": "final", "status": status, "answer": None, "stop_reason": stop_reason})
+            emit(final_event(status, None, stop_reason))
             return {"answer": None, "status": status}
         messages: list[BaseMessage] = [
             SystemMessage(content=_prompts.FINALIZE_PROMPT),
@@ -243,8 +241,8 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             stop_reason = "no answer: finalize wrote no text" + (
                 " (it called a tool, which it may not)" if violations else ""
             )
-        emit({"type": "final", "status": status, "answer": answer, "stop_reason": stop_reason})
-        totals = acc.calls_usage(policy, [reply], time.monotonic() - started)
+        emit(final_event(status, answer, stop_reason))
+        totals = replies_usage([reply], policy, seconds=time.monotonic() - started)
         update: dict[str, Any] = {
             "answer": answer,
             "status": status,
@@ -257,7 +255,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             ],
         }
         if answer is not None:
-            update["messages"] = [AIMessage(content=answer, name="relaygraph")]
+            update["messages"] = [AIMessage(content=answer, name=ANSWER_NAME)]
         return update
 
     return finalize
@@ -340,7 +338,7 @@ def build_team(
         )
 
     builder = StateGraph(TeamState, context_schema=TaskContext)
-    builder.add_node("begin", _begin)
+    builder.add_node(BEGIN, _begin)
     builder.add_node(
         SUPERVISOR,
         _make_supervisor(
@@ -355,8 +353,8 @@ def build_team(
             name, node, destinations=(SUPERVISOR, FINALIZE, *policy.agents[name].handoffs)
         )
     builder.add_node(FINALIZE, _make_finalize(models[FINALIZE], policy))
-    builder.add_edge(START, "begin")
-    builder.add_edge("begin", SUPERVISOR)
+    builder.add_edge(START, BEGIN)
+    builder.add_edge(BEGIN, SUPERVISOR)
     builder.add_edge(FINALIZE, END)
     return builder.compile(checkpointer=checkpointer, name="relaygraph")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from relaygraph._names import ANSWER_NAME, SUPERVISOR
 from relaygraph.agents import Agent
 from relaygraph.handoffs import Assignment
 from relaygraph.supervisor._state import TeamState, Visit
@@ -18,7 +19,7 @@ MAX_RESULTS_SHOWN = 4
 MAX_RESULT_CHARS = 1500
 MAX_HISTORY_TURNS = 3
 MAX_HISTORY_CHARS = 600
-ANSWER_NAMES = (None, "relaygraph", "supervisor")
+ANSWER_NAMES = (None, ANSWER_NAME, SUPERVISOR)
 """Who writes the team's answers in a thread: finalize, the tool supervisor (unnamed: older)."""
 
 

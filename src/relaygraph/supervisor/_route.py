@@ -20,9 +20,10 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from relaygraph._names import FINISH
 from relaygraph.models import ModelCallError
 
-FINISH = "FINISH"
+__all__ = ["FINISH", "Route", "RouteDecision", "route_model", "route_next_agent"]
 
 
 class Route(BaseModel):

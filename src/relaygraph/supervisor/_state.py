@@ -9,26 +9,22 @@ from langgraph.channels import DeltaChannel
 from langgraph.graph.message import add_messages
 from langgraph.managed import RemainingSteps
 
-from relaygraph.handoffs import Assignment, HandoffRecord, merge_batch_by_id
+from relaygraph.events import Handoff, Usage, ViolationKind, VisitEnded
+from relaygraph.handoffs import Assignment, merge_batch_by_id
+
+__all__ = [
+    "Bar",
+    "Status",
+    "SwarmTeamState",
+    "TeamState",
+    "ToolsTeamState",
+    "Usage",
+    "Violation",
+    "ViolationKind",
+    "Visit",
+]
 
 Status = Literal["succeeded", "degraded", "failed", "interrupted"]
-
-
-class Usage(TypedDict):
-    """Model and tool usage of one node execution (an agent visit, a routing decision)."""
-
-    id: str
-    """The LangGraph task namespace that spent it: a re-run writes the same record again."""
-    agent: str
-    turn: int
-    model_calls: int
-    tool_calls: int
-    input_tokens: int
-    output_tokens: int
-    cost_usd: float
-    seconds: float
-    estimated: bool
-    """True when some tokens were estimated because the provider reported none."""
 
 
 class Visit(TypedDict):
@@ -41,21 +37,10 @@ class Visit(TypedDict):
     source: str
     """Who gave the task: ``supervisor`` or the agent that handed off."""
     output: str
-    ended: Literal["finished", "handed_off", "budget", "refused", "model_error"]
+    ended: VisitEnded
     tools: list[str]
     messages: list[AnyMessage]
     """The visit's transcript, every tool call answered; kept for audit, never re-sent."""
-
-
-ViolationKind = Literal[
-    "tool_not_allowed",
-    "handoff_not_allowed",
-    "invalid_arguments",
-    "ping_pong",
-    "repeated_tool_call",
-    "budget",
-]
-"""What a violation was: the one list of kinds (golden sets and the dashboard use it too)."""
 
 
 class Violation(TypedDict):
@@ -91,8 +76,10 @@ class TeamState(TypedDict, total=False):
     assignment: Assignment | None
     """The work waiting for the next agent."""
     visits: Annotated[list[Visit], DeltaChannel(merge_batch_by_id)]
-    handoffs: Annotated[list[HandoffRecord], DeltaChannel(merge_batch_by_id)]
+    handoffs: Annotated[list[Handoff], DeltaChannel(merge_batch_by_id)]
+    """Every transfer of work, carried out (a stopped one moved no work)."""
     usage: Annotated[list[Usage], DeltaChannel(merge_batch_by_id)]
+    """One record per node run that spent: the only place usage is computed."""
     violations: Annotated[list[Violation], DeltaChannel(merge_batch_by_id)]
     barred: list[Bar]
     """Routes the supervisor may not take in this turn, with the reason, told to it."""

@@ -18,11 +18,12 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.graph import END, START
 from langgraph.types import Checkpointer, Command
 
+from relaygraph._names import BEGIN, FINALIZE
 from relaygraph.agents import TaskContext
 from relaygraph.handoffs import Assignment
 from relaygraph.policies import TeamPolicy
 from relaygraph.supervisor._agent_node import Exit, agent_members
-from relaygraph.supervisor._control import FINALIZE, make_closing
+from relaygraph.supervisor._control import make_closing
 from relaygraph.supervisor._state import SwarmTeamState, TeamState
 from relaygraph.topology import Topology
 
@@ -86,10 +87,10 @@ def build_swarm_team(
     # create_swarm routes START straight to the active agent. A new request first goes
     # through ``begin`` (a new turn: fresh per-request fields), so the swarm's own router
     # moves behind it, unchanged.
-    builder.branches["begin"] = builder.branches.pop(START)
+    builder.branches[BEGIN] = builder.branches.pop(START)
     # The router reads what ``begin`` reads: the swarm's state, ``active_agent`` included.
-    builder.add_node("begin", begin, input_schema=SwarmTeamState)
-    builder.add_edge(START, "begin")
+    builder.add_node(BEGIN, begin, input_schema=SwarmTeamState)
+    builder.add_edge(START, BEGIN)
     for name in agents:
         # The members return Command(goto=...) themselves; declaring where they may go
         # draws the handoff edges (create_swarm finds them only in a member's ToolNode).

@@ -39,31 +39,29 @@ from langgraph.graph import END, START
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Checkpointer, Command
 
+from relaygraph._names import BEGIN, FINALIZE, FINISH, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
+from relaygraph.events import Handoff, route_event
 from relaygraph.handoffs import (
-    HANDOFF_PREFIX,
     Assignment,
     HandoffArgs,
-    HandoffRecord,
     handoff_args_problem,
     handoff_target,
 )
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals, check_agent_budget
+from relaygraph.policies.middleware import replies_usage
 from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import Exit, agent_members
 from relaygraph.supervisor._control import (
-    FINALIZE,
-    SUPERVISOR,
-    _exhausted,
-    _on_ping_pong,
-    _team_stop,
-    _visits_spent,
+    exhausted,
     make_closing,
+    on_ping_pong,
+    team_stop,
+    visits_spent,
 )
-from relaygraph.supervisor._route import FINISH
 from relaygraph.supervisor._state import TeamState, ToolsTeamState, Violation
 from relaygraph.topology import Topology
 
@@ -248,11 +246,11 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
                 detail,
             )
             return refuse(runtime, f"{target} may not take work now ({why}).", violations=[refused])
-        if hit := _visits_spent(state, policy):
-            stop = _exhausted(policy, hit, state, config)
+        if hit := visits_spent(state, policy):
+            stop = exhausted(policy, hit, state, config)
             answers = _answer(name, call_id, f"Not carried out: {hit.message}")
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}), answers)
-        record = HandoffRecord(
+        record = Handoff(
             id=call_id,
             kind="route",
             source=SUPERVISOR,
@@ -286,7 +284,7 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
             return proceed
         carried = dict(proceed.update or {})
         violations = carried.pop("violations")
-        decided = _on_ping_pong(
+        decided = on_ping_pong(
             policy,
             found,
             state,
@@ -332,19 +330,15 @@ def _emit_route(
     """Report a route once it is carried out or stopped (by a ping-pong), as the structured
     supervisor does."""
     get_stream_writer()(
-        {
-            "type": "route",
-            "step": _team_step(state),
-            "checkpoint_ns": _this_run(config),
-            "next": target,
-            "task": task,
-            "reason": reason,
-            "repaired": False,
-            "fallback": False,
-            "error": None,
-            "carried_out": carried_out,
-            "tokens_so_far": acc.agent_tokens(state, policy.agents),
-        }
+        route_event(
+            next=target,
+            task=task,
+            reason=reason,
+            step=_team_step(state),
+            checkpoint_ns=_this_run(config),
+            tokens_so_far=acc.agent_tokens(state, policy.agents),
+            carried_out=carried_out,
+        )
     )
 
 
@@ -364,8 +358,8 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
                 if h["kind"] == "direct" and h["target"] == pending["agent"]
             ][-1:]
             return _to_parent(state, config, pending["agent"], {"handoffs": sent})
-        if hit := _team_stop(state, policy, config, visits=False, own_graph=True):
-            stop = _exhausted(policy, hit, state, config)
+        if hit := team_stop(state, policy, config, visits=False, own_graph=True):
+            stop = exhausted(policy, hit, state, config)
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}))
         visits = _prompts.turn_visits(state)
         unavailable = acc.bars_now(state, visits[-1]["agent"] if visits else None)
@@ -394,7 +388,7 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         record_id = _this_run(config)
         seconds = max(0.0, time.time() - state.get("call_started", time.time()))
         earlier = [u for u in state.get("usage", []) if u["id"] == record_id]
-        totals = UsageTotals.of(earlier) + acc.calls_usage(policy, [reply], seconds)
+        totals = UsageTotals.of(earlier) + replies_usage([reply], policy, seconds=seconds)
         usage = acc.usage_record(record_id, SUPERVISOR, state.get("turn", 0), totals, [reply])
         usage["estimated"] = usage["estimated"] or any(u["estimated"] for u in earlier)
         if reply.tool_calls:
@@ -438,9 +432,9 @@ def build_tool_supervisor_team(
     )
     # A new request first goes through ``begin`` (a new turn: fresh per-request fields).
     builder.edges.discard((START, SUPERVISOR))
-    builder.add_node("begin", begin)
-    builder.add_edge(START, "begin")
-    builder.add_edge("begin", SUPERVISOR)
+    builder.add_node(BEGIN, begin)
+    builder.add_edge(START, BEGIN)
+    builder.add_edge(BEGIN, SUPERVISOR)
     # Its hooks and tools leave for finalize (not END) with a command to this graph;
     # declaring it draws the edge.
     builder.nodes[SUPERVISOR] = replace(builder.nodes[SUPERVISOR], ends=(*agents, FINALIZE))
