@@ -346,6 +346,132 @@ async def test_task_page_shows_the_trace_the_graph_and_the_budgets(dash: Dash) -
     assert trace["answer"] in page.replace("&#39;", "'")
 
 
+OTEL_IDS = ("4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c")
+LANGSMITH_RUN = "01890a5d-ac96-774b-bcce-b302099a8057"
+LANGSMITH_PAGE = f"https://smith.example.com/o/0c1d/projects/p/5e6f/r/{LANGSMITH_RUN}?poll=true"
+
+
+def trace_section(page: str) -> str:
+    start = page.index('id="section-summary"')
+    return page[start : page.index('id="section-approvals"')]
+
+
+async def test_the_task_page_shows_where_each_run_was_traced(dash: Dash) -> None:
+    mine, theirs = dash.key("acme"), dash.key("globex")
+    task = await dash.submit(mine, input="When are checkpoints written?")
+    await dash.wait(mine, task["id"], FINISHED)
+    links_url = f"/v1/tasks/{task['id']}/trace-links"
+    async with dash.browser(mine) as client:
+        untraced = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+        assert "data-trace-links" not in untraced and "OpenTelemetry" not in untraced
+        assert (await client.get(links_url, headers=bearer(mine))).json() == {"runs": []}
+
+    # A run traced by OpenTelemetry, then (resumed) one traced by both; the ledger records
+    # each in its run_started event.
+    with Ledger(dash.ledger_url) as ledger:
+        first = ledger.append_event(
+            task["id"], {"type": "run_started", "trace": {"otel_trace_id": OTEL_IDS[0]}}
+        )
+        ledger.append_event(task["id"], {"type": "run_started"})  # untraced: not listed
+        latest = ledger.append_event(
+            task["id"],
+            {
+                "type": "run_started",
+                "trace": {
+                    "otel_trace_id": OTEL_IDS[1],
+                    "langsmith_run_id": LANGSMITH_RUN,
+                    "langsmith_url": LANGSMITH_PAGE,
+                },
+            },
+        )
+    async with dash.browser(mine) as client:
+        page = trace_section((await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text)
+        links = (await client.get(links_url, headers=bearer(mine))).json()
+        fragment = (await client.get(f"/ui/tasks/{task['id']}?fragment=1")).json()
+    assert [(r["seq"], r["otel_trace_id"], r["langsmith_run_id"]) for r in links["runs"]] == [
+        (latest, OTEL_IDS[1], LANGSMITH_RUN),
+        (first, OTEL_IDS[0], None),
+    ]
+    assert links["runs"][0]["langsmith_url"] == LANGSMITH_PAGE
+    # The latest run: its trace id to copy, its LangSmith run to open in a new tab.
+    assert f'<code class="copyable" data-otel-trace-id>{OTEL_IDS[1]}</code>' in page
+    assert f'data-copy="{OTEL_IDS[1]}"' in page
+    link = re.search(r'<a [^>]*data-langsmith-run="([^"]+)"[^>]*>', page)
+    assert link is not None and link.group(1) == LANGSMITH_RUN
+    assert f'href="{LANGSMITH_PAGE}"' in link.group(0)
+    assert 'target="_blank"' in link.group(0) and 'rel="noopener"' in link.group(0)
+    # The earlier run, listed apart.
+    earlier = page[page.index('data-key="earlier-traces"') :]
+    assert f'data-trace-run="{first}"' in earlier and OTEL_IDS[0] in earlier
+    assert OTEL_IDS[0] not in page[: page.index('data-key="earlier-traces"')]
+    # The live update renders the same.
+    assert f"data-otel-trace-id>{OTEL_IDS[1]}<" in fragment["sections"]["summary"]
+
+    async with dash.client() as client:
+        other = await client.get(links_url, headers=bearer(theirs))
+        assert other.status_code == 404 and other.json()["error"]["code"] == "task_not_found"
+
+
+async def test_trace_links_keep_only_ids_and_web_addresses(dash: Dash) -> None:
+    key = dash.key("acme")
+    task = await dash.submit(key, input="When are checkpoints written?")
+    await dash.wait(key, task["id"], FINISHED)
+    with Ledger(dash.ledger_url) as ledger:
+        ledger.append_event(
+            task["id"],
+            {
+                "type": "run_started",
+                "trace": {
+                    "otel_trace_id": "<b>not an id</b>",
+                    "langsmith_run_id": LANGSMITH_RUN,
+                    "langsmith_url": "javascript:alert(1)",
+                },
+            },
+        )
+        ledger.append_event(task["id"], {"type": "run_started", "trace": "nonsense"})
+    async with dash.browser(key) as client:
+        page = trace_section((await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text)
+        links = await client.get(f"/v1/tasks/{task['id']}/trace-links", headers=bearer(key))
+    [run] = links.json()["runs"]
+    assert (run["otel_trace_id"], run["langsmith_run_id"], run["langsmith_url"]) == (
+        None,
+        LANGSMITH_RUN,
+        None,
+    )
+    assert "javascript:" not in page and "not an id" not in page
+    # Without the project's page, the run id is shown to copy instead of a link.
+    assert f'<code class="copyable" data-langsmith-run="{LANGSMITH_RUN}">' in page
+    assert f'data-copy="{LANGSMITH_RUN}"' in page and "OpenTelemetry" not in page
+
+
+async def test_a_task_the_server_traced_shows_its_root_spans_trace_id(
+    home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import format_trace_id
+
+    import relaygraph.tracing._config as tracing_config
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setattr(tracing_config, "exporting_provider", lambda exporters: provider)
+    async with running(home, scripts) as dash:
+        key = dash.key("acme")
+        task = await dash.submit(key, input="When are checkpoints written?")
+        await dash.wait(key, task["id"], FINISHED)
+        async with dash.browser(key) as client:
+            page = trace_section((await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text)
+    [root] = [s for s in exporter.get_finished_spans() if s.parent is None]
+    assert root.context is not None and root.attributes is not None
+    assert root.attributes["relaygraph.task_id"] == task["id"]
+    trace_id = format_trace_id(root.context.trace_id)
+    assert f"data-otel-trace-id>{trace_id}</code>" in page
+
+
 async def test_artifacts_are_served_as_text_or_downloads_never_as_html(dash: Dash) -> None:
     key = dash.key("acme")
     html = "<script>alert(1)</script>"
@@ -612,6 +738,7 @@ async def test_the_openapi_document_lists_the_dashboards_endpoints_not_its_pages
         "/v1/task-summaries",
         "/v1/tasks/{task_id}/artifacts",
         "/v1/tasks/{task_id}/artifacts/{name}",
+        "/v1/tasks/{task_id}/trace-links",
         "/v1/evals",
         "/v1/evals/{run_id}",
         "/v1/usage/daily",

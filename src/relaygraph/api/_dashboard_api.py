@@ -6,6 +6,7 @@ service's (a task, its trace, handoffs, approvals, events, usage) or one of thes
 - ``GET /v1/task-summaries``: the project's tasks with who ran, tokens, cost, handoffs and
   violations, filtered by status, agent, violation kind, time and text;
 - ``GET /v1/tasks/{id}/artifacts`` and ``.../artifacts/{name}``: a task's deliverables;
+- ``GET /v1/tasks/{id}/trace-links``: where its runs were traced (OpenTelemetry, LangSmith);
 - ``GET /v1/evals`` and ``/v1/evals/{run_id}``: the eval runs in the ledger;
 - ``GET /v1/usage/daily``: the project's usage per day and role.
 
@@ -31,12 +32,14 @@ from relaygraph.api.ui._queries import (
     EvalRunOut,
     TaskFilters,
     TaskSummaryPage,
+    TraceLinks,
     artifact_response,
     daily_usage,
     eval_run,
     find_tasks,
     read_artifact,
     task_artifacts,
+    trace_links,
     utc_time,
 )
 from relaygraph.errors import ConfigError
@@ -142,6 +145,17 @@ def dashboard_api_router(
         """One deliverable, as a file download."""
         own_task(ledger(), task_id, project)
         return artifact_response(read_artifact(home, task_id, name), name, download=True)
+
+    @router.get(
+        "/tasks/{task_id}/trace-links",
+        response_model=TraceLinks,
+        responses=error_responses(401, 404),
+    )
+    def task_trace_links(task_id: str, project: ProjectDep) -> TraceLinks:
+        """Where the task's runs were traced outside relaygraph, latest first: each run's
+        OpenTelemetry trace id and LangSmith run (and its page, when known)."""
+        own_task(ledger(), task_id, project)
+        return trace_links(ledger().events_after(task_id))
 
     @router.get("/evals", response_model=EvalRunList, responses=error_responses(401, 422))
     def evals(project: ProjectDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> EvalRunList:

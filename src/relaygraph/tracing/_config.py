@@ -5,6 +5,7 @@ separated list for more than one), ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (read by the OTLP exporter itself) and
 ``OTEL_SERVICE_NAME``. LangSmith follows ``LANGSMITH_TRACING`` and its usual companions.
 With neither on, :func:`tracing_callbacks` returns no handler and nothing is imported.
+:func:`trace_reference` says where a task run's trace will be found, before it runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from relaygraph.errors import ConfigError
 
@@ -25,6 +27,7 @@ EXPORTERS_ENV = "OTEL_TRACES_EXPORTER"
 SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
 DEFAULT_SERVICE_NAME = "relaygraph"
 KNOWN_EXPORTERS = ("otlp", "console", "none")
+LANGSMITH_PROJECT_URL_ENV = "RELAYGRAPH_LANGSMITH_PROJECT_URL"
 RUN_NAME_CHARS = 60
 
 _providers: dict[tuple[Any, ...], TracerProvider] = {}
@@ -135,7 +138,8 @@ def tracing_callbacks(
             environment names (an application's own provider, or a test's).
 
     Raises:
-        ConfigError: ``OTEL_TRACES_EXPORTER`` names an unknown exporter.
+        ConfigError: ``OTEL_TRACES_EXPORTER`` names an unknown exporter, or LangSmith
+            tracing is on and ``RELAYGRAPH_LANGSMITH_PROJECT_URL`` is not a web address.
     """
     handlers: list[BaseCallbackHandler] = []
     exporters = otel_exporters()
@@ -158,8 +162,92 @@ def tracing_callbacks(
     if langsmith_enabled():
         from relaygraph.tracing._langsmith import LangSmithTracer
 
+        langsmith_project_url()  # A bad address fails the task before it starts.
         handlers.append(LangSmithTracer())
     return handlers
+
+
+def langsmith_project_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """The LangSmith project page that ``RELAYGRAPH_LANGSMITH_PROJECT_URL`` names, if set.
+
+    A run's page in LangSmith is ``<project page>/r/<run id>`` (what
+    ``langsmith.Client.get_run_url`` builds), and the project page names the workspace
+    and the project by their ids, which only LangSmith's API knows. Copied once from the
+    browser into this variable, it lets a run's link be made without a network call.
+
+    Raises:
+        ConfigError: The value is not an ``http`` or ``https`` address.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(LANGSMITH_PROJECT_URL_ENV, "").strip()
+    if not value:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"{LANGSMITH_PROJECT_URL_ENV}={value!r} is not a web address; copy the project's "
+            "page from LangSmith (https://smith.langchain.com/o/<workspace>/projects/p/<project>)"
+        )
+    # The page's query (its filters, its time range) is the browser's, not the project's.
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _handlers(callbacks: Any) -> list[Any]:
+    """The handlers of a graph config's ``callbacks``: a list, or a callback manager."""
+    if callbacks is None:
+        return []
+    handlers = getattr(callbacks, "handlers", callbacks)
+    return list(handlers) if isinstance(handlers, list | tuple) else []
+
+
+def trace_reference(config: Mapping[str, Any]) -> dict[str, str] | None:
+    """Where the trace of the task run that ``config`` starts will be found, before it runs.
+
+    Call it with the graph call's config (its ``callbacks`` made by
+    :func:`tracing_callbacks` or passed by the caller) just before the run starts: the
+    runner records the answer in the run's ``run_started`` event, and the dashboard shows
+    it. Keys appear only for the tracers that are on:
+
+    - ``otel_trace_id``: the trace id (32 hex digits) of the task's span, as an OTLP
+      collector shows it. Asking opens that span (see
+      :meth:`OpenTelemetryCallbackHandler.task_trace_id`).
+    - ``langsmith_run_id``: the id of the root run LangSmith will show. LangChain gives
+      the graph's root run the config's ``run_id``, so the config must carry a fresh one
+      (a UUID v7, as LangSmith asks) for every run; without it this key is left out.
+    - ``langsmith_url``: that run's page, when ``RELAYGRAPH_LANGSMITH_PROJECT_URL`` names
+      the project's (:func:`langsmith_project_url`); nothing is asked of LangSmith.
+
+    Returns:
+        The keys above, or None when nothing traces the run.
+    """
+    handlers = _handlers(config.get("callbacks"))
+    if not handlers:
+        return None
+    reference: dict[str, str] = {}
+    # A tracer's class is looked up only if its module is loaded: when it is not, no
+    # handler can be one, and tracing that is off still imports nothing.
+    otel = sys.modules.get("relaygraph.tracing._otel")
+    if otel is not None:
+        for handler in handlers:
+            if isinstance(handler, otel.OpenTelemetryCallbackHandler):
+                if trace_id := handler.task_trace_id():
+                    reference["otel_trace_id"] = trace_id
+                break
+    langchain = sys.modules.get("langchain_core.tracers.langchain")
+    run_id = config.get("run_id")
+    if (
+        langchain is not None
+        and run_id is not None
+        and any(isinstance(handler, langchain.LangChainTracer) for handler in handlers)
+    ):
+        reference["langsmith_run_id"] = str(run_id)
+        try:
+            project_url = langsmith_project_url()
+        except ConfigError:
+            project_url = None  # Refused when the handlers were made; no link then.
+        if project_url is not None:
+            reference["langsmith_url"] = f"{project_url}/r/{run_id}?poll=true"
+    return reference or None
 
 
 def _run_name(task_id: str, request: str | None) -> str:

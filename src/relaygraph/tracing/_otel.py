@@ -4,11 +4,15 @@ One span per task (``invoke_workflow relaygraph``), per team node run (``invoke_
 <agent>``: every agent visit, the supervisor's routing decisions, finalize), per model call
 (``chat <model>``) and per tool call (``execute_tool <tool>``). Parent and child come from
 LangChain's run ids, so the tree is right even when LangGraph runs nodes on other threads.
+The task's span can be opened before the graph runs (:meth:`task_trace_id`), so that the
+run's ``run_started`` event records the trace id a collector will show.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -17,13 +21,14 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langgraph.errors import GraphInterrupt, ParentCommand
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace_id
 
 from relaygraph.tracing import _runs
 from relaygraph.tracing._runs import Handoff, NodeRecords, RunTree
 
 INSTRUMENTATION = "relaygraph.tracing"
 WORKFLOW = "relaygraph"
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -37,6 +42,16 @@ def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
         else:
             clean[key] = json.dumps(value, ensure_ascii=False, default=str)
     return clean
+
+
+def _langsmith_ancestors() -> list[UUID]:
+    """The runs above LangSmith's current run, outermost first, read from its dotted
+    order; empty where LangSmith traces nothing (or is not even loaded)."""
+    helpers = sys.modules.get("langsmith.run_helpers")
+    if helpers is None:
+        return []
+    order = getattr(helpers.get_current_run_tree(), "dotted_order", None)
+    return [UUID(found) for found in _UUID.findall(order)] if isinstance(order, str) else []
 
 
 class OpenTelemetryCallbackHandler(BaseCallbackHandler):
@@ -82,12 +97,67 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         self.policy_source = policy_source
         self.models = dict(models or {})
         self._runs = RunTree()
+        self._task_span: Span | None = None
+        """The task's span, once opened (by the task's run, or earlier by :meth:`task_trace_id`)."""
         self._spans: dict[UUID, Span] = {}
         self._tokens: dict[UUID, list[int]] = {}
         """Input and output tokens of the model calls under each node span, so far."""
         self._lock = threading.Lock()
 
+    def task_trace_id(self) -> str | None:
+        """The trace id of the task's span, as an OTLP collector shows it (32 hex digits).
+
+        Asked before the graph runs, this opens the task's span now, and the task's run
+        then continues it: the id is known before the first step (the ``run_started``
+        event records it). None when the span is not recorded (a no-op tracer provider,
+        or a sampler that dropped the trace): no collector will show it.
+        """
+        with self._lock:
+            span = self._task_span or self._start_task_span()
+        context = span.get_span_context()
+        if not (context.is_valid and context.trace_flags.sampled):
+            return None
+        return format_trace_id(context.trace_id)
+
     # -- span bookkeeping -------------------------------------------------------------
+
+    def _start_task_span(self) -> Span:
+        """Open the task's span (``invoke_workflow relaygraph``), the root of its trace."""
+        self._task_span = self.tracer.start_span(
+            f"invoke_workflow {WORKFLOW}",
+            context=None,
+            kind=SpanKind.INTERNAL,
+            attributes=_clean(
+                {
+                    "gen_ai.operation.name": "invoke_workflow",
+                    "gen_ai.conversation.id": self.thread_id,
+                    "relaygraph.task_id": self.task_id,
+                    "relaygraph.project": self.project,
+                    "relaygraph.team.name": self.team.get("name"),
+                    "relaygraph.team.version": self.team.get("version"),
+                    "relaygraph.team.digest": self.team.get("digest"),
+                    "relaygraph.policy.source": self.policy_source,
+                    "relaygraph.policy.digest": self.policy_digest,
+                    "relaygraph.models": self.models or None,
+                }
+            ),
+        )
+        return self._task_span
+
+    def _known(self, parent_run_id: UUID | None) -> UUID | None:
+        """The run to put a new run under: its parent, or, when this handler never saw
+        that parent, the nearest run above it that it saw.
+
+        With LangSmith tracing on, LangChain's agent middleware wraps each model and tool
+        call in a LangSmith ``traceable`` run, which is no callback: the call's parent is
+        then a run only LangSmith knows, and the runs above it are in its dotted order.
+        """
+        if parent_run_id is None or parent_run_id in self._runs.parents:
+            return parent_run_id
+        for run_id in reversed(_langsmith_ancestors()):
+            if run_id in self._runs.parents:
+                return run_id
+        return parent_run_id
 
     def _parent_span(self, parent_run_id: UUID | None) -> Span | None:
         run_id = parent_run_id
@@ -170,28 +240,12 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
     ) -> None:
         name = kwargs.get("name") or (serialized or {}).get("name") or ""
         with self._lock:
+            parent_run_id = self._known(parent_run_id)
             if not self._runs.start(run_id, parent_run_id, name):
                 return
             if run_id == self._runs.root:
                 self._tokens[run_id] = [0, 0]
-                self._open(
-                    run_id,
-                    None,
-                    f"invoke_workflow {WORKFLOW}",
-                    SpanKind.INTERNAL,
-                    {
-                        "gen_ai.operation.name": "invoke_workflow",
-                        "gen_ai.conversation.id": self.thread_id,
-                        "relaygraph.task_id": self.task_id,
-                        "relaygraph.project": self.project,
-                        "relaygraph.team.name": self.team.get("name"),
-                        "relaygraph.team.version": self.team.get("version"),
-                        "relaygraph.team.digest": self.team.get("digest"),
-                        "relaygraph.policy.source": self.policy_source,
-                        "relaygraph.policy.digest": self.policy_digest,
-                        "relaygraph.models": self.models or None,
-                    },
-                )
+                self._spans[run_id] = self._task_span or self._start_task_span()
                 return
             role = _runs.node_role(name)
             if role is None:
@@ -369,6 +423,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         params = kwargs.get("invocation_params") or {}
         model = meta.get("ls_model_name") or params.get("model") or params.get("model_name")
         with self._lock:
+            parent_run_id = self._known(parent_run_id)
             self._runs.note(run_id, parent_run_id)
             agent = meta.get("lc_agent_name") or self._runs.node_of(parent_run_id)
             self._open(
@@ -421,6 +476,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
         meta = metadata or {}
         with self._lock:
+            parent_run_id = self._known(parent_run_id)
             self._runs.note(run_id, parent_run_id)
             agent = meta.get("lc_agent_name") or self._runs.node_of(parent_run_id)
             attributes: dict[str, Any] = {
@@ -469,7 +525,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         with self._lock:
-            self._runs.note(run_id, parent_run_id)
+            self._runs.note(run_id, self._known(parent_run_id))
 
     def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
         with self._lock:

@@ -6,7 +6,9 @@ would not answer.
 """
 
 import os
+import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -16,7 +18,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from relaygraph.api._errors import ApiError
-from relaygraph.store import EvalRunRecord, Ledger, RecordNotFound, Task
+from relaygraph.store import EvalRunRecord, Event, Ledger, RecordNotFound, Task
 
 MAX_SCAN = 1000
 """Most tasks one filtered page looks at before it answers (with the cursor to go on)."""
@@ -105,6 +107,30 @@ class EvalRunOut(BaseModel):
 
 class EvalRunList(BaseModel):
     eval_runs: list[EvalRunOut]
+
+
+class TraceLink(BaseModel):
+    """Where one run of a task was traced outside relaygraph (its ``run_started`` event's
+    ``trace``)."""
+
+    seq: int = Field(description="The run's `run_started` event.")
+    started_at: datetime
+    otel_trace_id: str | None = Field(
+        description="The OpenTelemetry trace id (32 hex digits) of the run's root span, as an "
+        "OTLP collector shows it."
+    )
+    langsmith_run_id: str | None = Field(description="The run's root run in LangSmith.")
+    langsmith_url: str | None = Field(
+        description="That run's page in LangSmith, when the server knew the project's "
+        "(`RELAYGRAPH_LANGSMITH_PROJECT_URL`)."
+    )
+
+
+class TraceLinks(BaseModel):
+    runs: list[TraceLink] = Field(
+        description="The task's traced runs, latest first: a task resumed after a decision or "
+        "a restart has one per run. Empty when no tracer was on."
+    )
 
 
 class DayUsage(BaseModel):
@@ -235,6 +261,44 @@ def find_tasks(
             cursor = None  # Newest first: every task after this one is older still.
         if cursor is None or len(found) >= limit or scanned >= MAX_SCAN:
             return TaskSummaryPage(tasks=found, next_cursor=cursor, scanned=scanned)
+
+
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def trace_links(events: Iterable[Event]) -> TraceLinks:
+    """Where the task's runs were traced, latest first, from the ``trace`` of their
+    ``run_started`` events.
+
+    Only values of the expected shape are kept (a trace id, a run id, an ``http(s)``
+    address), so a page that links them never links anything else.
+    """
+    runs: list[TraceLink] = []
+    for event in events:
+        trace = event.data.get("trace") if event.type == "run_started" else None
+        if not isinstance(trace, dict):
+            continue
+        otel = _matching(trace.get("otel_trace_id"), _TRACE_ID)
+        run = _matching(trace.get("langsmith_run_id"), _RUN_ID)
+        url = trace.get("langsmith_url")
+        if not (run and isinstance(url, str) and url.startswith(("https://", "http://"))):
+            url = None
+        if otel or run:
+            runs.append(
+                TraceLink(
+                    seq=event.seq,
+                    started_at=event.created_at,
+                    otel_trace_id=otel,
+                    langsmith_run_id=run,
+                    langsmith_url=url,
+                )
+            )
+    return TraceLinks(runs=runs[::-1])
+
+
+def _matching(value: Any, pattern: re.Pattern[str]) -> str | None:
+    return value if isinstance(value, str) and pattern.fullmatch(value) else None
 
 
 def artifacts_folder(home: Path, task_id: str) -> Path:

@@ -1,9 +1,9 @@
 """A task as its dashboard page shows it, gathered from the ledger in one place.
 
 Every part is what an API endpoint answers for the task: the task (``GET /v1/tasks/{id}``),
-its timeline (``/trace``), its handoffs (``/handoffs``), approvals (``/approvals``) and
-artifacts (``/artifacts``); the budgets set the policy the task ran under beside the
-timeline's usage.
+its timeline (``/trace``), its handoffs (``/handoffs``), approvals (``/approvals``),
+artifacts (``/artifacts``) and where its runs were traced (``/trace-links``); the budgets
+set the policy the task ran under beside the timeline's usage.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from typing import Any
 from relaygraph.api._errors import ApiError
 from relaygraph.api._schemas import ApprovalOut, TaskOut
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, transfers_of
-from relaygraph.api.ui._queries import ArtifactOut, read_artifact, task_artifacts
+from relaygraph.api.ui._queries import (
+    ArtifactOut,
+    TraceLink,
+    read_artifact,
+    task_artifacts,
+    trace_links,
+)
 from relaygraph.store import Ledger, Task
 
 SHOWN_BYTES = 64 * 1024
@@ -83,6 +89,8 @@ class TaskView:
     artifact_texts: dict[str, str]
     """The text of each artifact small enough to show in the page."""
     violations: int
+    traces: tuple[TraceLink, ...]
+    """Where the task's runs were traced, latest first; empty when none was."""
 
     @property
     def pending(self) -> tuple[ApprovalOut, ...]:
@@ -95,7 +103,8 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
     from relaygraph.tracing import build_timeline
 
     timeline = build_timeline(ledger, task.id, project_id=task.project_id)
-    transfers = transfers_of(ledger.handoffs(task.id), ledger.events_after(task.id))
+    events = ledger.events_after(task.id)
+    transfers = transfers_of(ledger.handoffs(task.id), events)
     policy = task.policy or {}
     roster = list((policy.get("agents") or {}).keys())
     artifacts = tuple(task_artifacts(home, task.id))
@@ -111,6 +120,7 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
         artifacts=artifacts,
         artifact_texts=_texts(home, task.id, artifacts),
         violations=sum(1 for node in walk(timeline["children"]) if node["kind"] == "violation"),
+        traces=tuple(trace_links(events).runs),
     )
 
 

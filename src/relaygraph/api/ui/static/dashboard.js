@@ -5,7 +5,8 @@
 //   (rendered by the server, the same templates as the first load), keeping open details,
 //   the selected edge and focus in place;
 // - edges of the handoff graph are selectable by click or keyboard;
-// - decision and cancel forms post in place and show the server's error in the form.
+// - decision and cancel forms post in place and show the server's error in the form;
+// - a Copy button puts its trace id on the clipboard.
 "use strict";
 
 (() => {
@@ -210,6 +211,28 @@
       event.preventDefault();
       selectEdge(edge.dataset.edge);
     }
+  });
+
+  // --- copying a trace id ---------------------------------------------------------------
+
+  async function copy(button) {
+    const text = button.dataset.copy;
+    try {
+      // The clipboard needs a secure context (HTTPS, or the loopback address).
+      await navigator.clipboard.writeText(text);
+      button.textContent = "Copied";
+    } catch (_) {
+      // No clipboard here: select the id beside the button so that Ctrl+C copies it.
+      const shown = button.previousElementSibling;
+      if (shown) window.getSelection().selectAllChildren(shown);
+      button.textContent = "Selected";
+    }
+    setTimeout(() => (button.textContent = "Copy"), 1500);
+  }
+
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest && event.target.closest("button[data-copy]");
+    if (button) copy(button);
   });
 
   // --- forms that post in place ----------------------------------------------------------
