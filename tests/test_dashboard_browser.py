@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -161,7 +162,12 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
                 *(sys.executable, "-m", "relaygraph.cli", "serve", "--port", str(port)),
                 *("--model", f"scripted:{EXAMPLE_RELAY}", "--scripts", str(scripts)),
             ],
-            env={**_env(home), "RELAYGRAPH_UI_REFRESH_SECONDS": "1"},
+            # Traced as a server may be: spans to the log, so that task pages show trace ids.
+            env={
+                **_env(home),
+                "RELAYGRAPH_UI_REFRESH_SECONDS": "1",
+                "OTEL_TRACES_EXPORTER": "console",
+            },
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -354,7 +360,14 @@ def test_sign_in_list_and_the_handoff_graph_of_a_relay(page: WebDriver, stage: S
     assert "the facts and the numbers are in; a report is the deliverable" in third.text
     assert edge(page, 3).get_attribute("aria-pressed") == "true"
     assert "report.md" in text_of(page, "#section-answer")
+    # Traced: the root span's trace id (the one the exporter printed), with a Copy button.
+    trace_id = page.find_element(By.CSS_SELECTOR, "[data-otel-trace-id]").text
+    assert re.fullmatch("[0-9a-f]{32}", trace_id)
+    assert f'"trace_id": "0x{trace_id}"' in (stage.home.parent / "serve.log").read_text()
     shot(page, stage, "task")
+    page.find_element(By.CSS_SELECTOR, f'button[data-copy="{trace_id}"]').click()
+    copied = ("Copied", "Selected")  # Selected: where the browser offers no clipboard
+    wait_for(page, lambda d: d.find_element(By.CSS_SELECTOR, "button[data-copy]").text in copied)
 
 
 def test_approve_and_edit_from_the_page_without_reloading(
@@ -395,6 +408,7 @@ def test_approve_and_edit_from_the_page_without_reloading(
     assert args.get_attribute("aria-invalid") == "true"
     shot(page, stage, "approval")
     assert text_of(page, "#section-summary [data-status]") == "interrupted"
+    paused_trace = text_of(page, "[data-otel-trace-id]")
 
     page.find_element(By.XPATH, "//button[normalize-space()='Approve']").click()
     wait_for(page, status_is("succeeded"))
@@ -404,6 +418,10 @@ def test_approve_and_edit_from_the_page_without_reloading(
     assert "waiting for you" not in text_of(page, "#section-approvals")
     assert not page.find_elements(By.CSS_SELECTOR, "#section-approvals form")
     assert "41 checkpoints" in text_of(page, "#section-answer")
+    # The resumed run is a trace of its own; the paused run's is listed as an earlier one.
+    wait_for(page, lambda d: text_of(d, "[data-otel-trace-id]") != paused_trace)
+    [earlier] = page.find_elements(By.CSS_SELECTOR, "[data-trace-run]")
+    assert paused_trace in earlier.get_attribute("textContent")
     shot(page, stage, "task-approved")
 
 
