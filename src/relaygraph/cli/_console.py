@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from relaygraph._names import FINISH
+from relaygraph.events import is_carried_out
 from relaygraph.runner import RunResult
 
 _ARGS_CHARS = 120
@@ -34,14 +36,14 @@ class ProgressPrinter:
             )
         elif kind == "route":
             note = " [yellow](repaired)[/]" if event.get("repaired") else ""
-            if event.get("carried_out") is False:
+            if not is_carried_out(event):
                 note += " [yellow](not carried out)[/]"
             if event.get("fallback"):
                 say(
                     f"[yellow]supervisor output invalid twice ({escape(str(event['error']))});"
                     " finishing with what exists[/]"
                 )
-            elif event["next"] == "FINISH":
+            elif event["next"] == FINISH:
                 say(f"[bold cyan]supervisor[/] → FINISH: {escape(event['reason'])}{note}")
             else:
                 say(
@@ -58,7 +60,7 @@ class ProgressPrinter:
         elif kind == "tool_result" and event.get("status") == "error":
             say(f"    [red]{event['tool']} refused:[/] {escape(event['preview'])}")
         elif kind == "handoff":
-            stopped = " [yellow](not carried out)[/]" if event.get("carried_out") is False else ""
+            stopped = "" if is_carried_out(event) else " [yellow](not carried out)[/]"
             say(
                 f"  [bold green]{event['source']}[/] hands off to [bold]{event['target']}[/]: "
                 f"{escape(event['task'])} [dim]({escape(event['reason'] or 'no reason given')})[/]"

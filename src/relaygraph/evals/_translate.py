@@ -27,9 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from relaygraph.handoffs import HANDOFF_PREFIX
-
-FINISH = "FINISH"
+from relaygraph._names import FINALIZE, FINISH, HANDOFF_PREFIX, SUPERVISOR
 
 Turns = dict[str, list[dict[str, Any]]]
 
@@ -44,14 +42,14 @@ def _with_usage(turn: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def _answers(turns: Turns) -> list[str]:
-    return [t["content"] for t in turns.get("finalize", []) if isinstance(t.get("content"), str)]
+    return [t["content"] for t in turns.get(FINALIZE, []) if isinstance(t.get("content"), str)]
 
 
 def to_supervisor_tools(turns: Turns) -> Turns:
-    out = {k: copy.deepcopy(v) for k, v in turns.items() if k != "finalize"}
+    out = {k: copy.deepcopy(v) for k, v in turns.items() if k != FINALIZE}
     answers = iter(_answers(turns))
     played = []
-    for turn in turns.get("supervisor", []):
+    for turn in turns.get(SUPERVISOR, []):
         route = _route(turn)
         if route is None:
             played.append(copy.deepcopy(turn))
@@ -64,7 +62,7 @@ def to_supervisor_tools(turns: Turns) -> Turns:
                 "args": {"task": route.get("task", ""), "reason": route.get("reason", "")},
             }
             played.append(_with_usage(turn, {"tool_calls": [call]}))
-    out["supervisor"] = played
+    out[SUPERVISOR] = played
     return out
 
 
@@ -99,8 +97,8 @@ def to_swarm(turns: Turns, agents: Sequence[str] | None = None) -> tuple[Turns, 
     have no counterpart in a swarm and are left out: ``agents`` are the team's (None: any
     key of the script other than the supervisor and finalize).
     """
-    out = {k: copy.deepcopy(v) for k, v in turns.items() if k not in ("supervisor", "finalize")}
-    routes = [r for t in turns.get("supervisor", []) if (r := _route(t)) is not None]
+    out = {k: copy.deepcopy(v) for k, v in turns.items() if k not in (SUPERVISOR, FINALIZE)}
+    routes = [r for t in turns.get(SUPERVISOR, []) if (r := _route(t)) is not None]
     known = set(agents) if agents is not None else set(out)
     targets = [r for r in routes if r["next"] in known]
     if not targets:

@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from relaygraph._names import SUPERVISOR
+from relaygraph.events import USAGE_AMOUNTS, USAGE_COUNTS, handoff_result
+from relaygraph.events import USAGE_COUNTS as USAGE_FIELDS  # noqa: F401  (runner._run reads it)
 from relaygraph.policies import TeamPolicy
-
-USAGE_FIELDS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
 
 
 def in_flight_records(
@@ -22,11 +23,12 @@ def in_flight_records(
     has not left its own graph. Each is read from the pending task's own state (``snapshot``
     is the team's, taken with ``subgraphs=True``; the task's namespace is the node's name
     and task id, in every topology); the finished node's records replace these on a later
-    run, so nothing is counted twice.
+    run, so nothing is counted twice. A visit's usage so far is the record the agent node
+    will make of it (:func:`~relaygraph.supervisor._accounting.usage_record`), computed the
+    same way from the transcript so far.
     """
-    from relaygraph.policies.middleware import transcript_usage
-    from relaygraph.supervisor import SUPERVISOR
-    from relaygraph.supervisor._accounting import transcript_violations
+    from relaygraph.policies.middleware import model_outputs, transcript_usage
+    from relaygraph.supervisor._accounting import transcript_violations, usage_record
 
     usage: list[dict[str, Any]] = []
     violations: list[dict[str, Any]] = []
@@ -45,13 +47,8 @@ def in_flight_records(
             continue
         messages = list(values.get("messages") or [])
         totals = transcript_usage(messages, policy)
-        estimated = any(
-            getattr(m, "usage_metadata", None) is None
-            or m.response_metadata.get("relaygraph_usage_estimated", False)
-            for m in messages
-            if m.type == "ai"
-        )
-        usage.append({"agent": pending.name, **asdict(totals), "estimated": estimated})
+        record = usage_record(ns, pending.name, 0, totals, model_outputs(messages))
+        usage.append(dict(record))
         violations += [dict(v) for v in transcript_violations(messages, pending.name, 0)]
     return usage, violations
 
@@ -76,18 +73,8 @@ def summarize(
 
     turn = state.get("turn", 0)
     visits = [v for v in state.get("visits", []) if v["turn"] == turn]
-    handoffs = [
-        {
-            "kind": h["kind"],
-            "from": h["source"],
-            "to": h["target"],
-            "task": h["task"],
-            "reason": h["reason"],
-        }
-        for h in state.get("handoffs", [])
-        if h.get("turn") == turn
-    ]
-    fields = (*USAGE_FIELDS, "cost_usd", "seconds")
+    handoffs = [handoff_result(h) for h in state.get("handoffs", []) if h.get("turn") == turn]
+    fields = (*USAGE_COUNTS, *USAGE_AMOUNTS)
     usage: dict[str, dict[str, Any]] = {}
     team: dict[str, Any] = dict.fromkeys(fields, 0)
     current = [r for r in state.get("usage", []) if r["turn"] == turn]

@@ -1,5 +1,10 @@
 """Rows derived from a task's events: handoffs, tool calls, approvals and usage.
 
+The rows are made from the records the events carry, as :mod:`relaygraph.events` defines
+them: a handoff row from the event's :class:`~relaygraph.events.Handoff`
+(:func:`~relaygraph.events.moved_work`), an agent's usage from the visit's
+:class:`~relaygraph.events.Usage` record; nothing is computed again here.
+
 Each function runs inside the transaction that appends the event, after the task row was
 locked, so the derived rows of one task are written one event at a time, in order.
 
@@ -17,13 +22,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from relaygraph._names import FINISH, SUPERVISOR
+from relaygraph.events import Handoff, moved_work
 from relaygraph.store import _usage
 from relaygraph.store._models import ApprovalRow, HandoffRow, ToolCallRow
 
-# The names the team graph uses (relaygraph.supervisor.SUPERVISOR and FINISH), repeated
-# here so that opening the ledger does not import LangGraph; a test keeps them equal.
-ROUTER = "supervisor"
-FINISH = "FINISH"
+__all__ = ["DERIVERS", "FINISH", "NAME_CHARS", "SUPERVISOR", "derive", "event_agent"]
+
 NAME_CHARS = 64
 
 Deriver = Callable[[Session, str, int, dict[str, Any], datetime], None]
@@ -32,7 +37,7 @@ Deriver = Callable[[Session, str, int, dict[str, Any], datetime], None]
 def event_agent(event: Mapping[str, Any]) -> str | None:
     """The role an event is about: the router for routes, the sender for handoffs."""
     if event["type"] == "route":
-        return ROUTER
+        return SUPERVISOR
     for key in ("agent", "source", "role"):
         value = event.get(key)
         if isinstance(value, str) and value:
@@ -66,36 +71,26 @@ def _object(value: object) -> dict[str, Any] | None:
     return {"value": value}
 
 
-def _route(session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime) -> None:
-    target = event.get("next")
-    if target is None or target == FINISH:
-        return  # Finishing is not a transfer of work (RunResult.handoffs leaves it out too).
-    if event.get("carried_out") is False:
-        return  # Decided, then stopped (a limit, a ping-pong): no work moved.
-    _add_handoff(session, task_id, seq, "route", ROUTER, str(target), event, now)
-
-
-def _handoff(
+def _transfer(
     session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
 ) -> None:
-    if event.get("carried_out") is False:
-        return  # Stopped (a ping-pong): no work moved, as for a route.
-    source, target = _name(event, "source"), _name(event, "target")
-    _add_handoff(session, task_id, seq, "direct", source, target, event, now)
+    handoff = moved_work(event)
+    if handoff is None:
+        return  # Finishing, or a transfer a limit or a ping-pong stopped: no work moved.
+    tokens = _optional_int(event.get("tokens_so_far"))
+    _add_handoff(session, task_id, seq, handoff, tokens, now)
 
 
 def _add_handoff(
     session: Session,
     task_id: str,
     event_seq: int,
-    kind: str,
-    source: str,
-    target: str,
-    event: dict[str, Any],
+    handoff: Handoff,
+    tokens_so_far: int | None,
     now: datetime,
 ) -> None:
-    ns = event.get("checkpoint_ns")
-    task = _text(event, "task")
+    ns = handoff["id"] or None
+    source, target = handoff["source"][:NAME_CHARS], handoff["target"][:NAME_CHARS]
     latest = session.scalars(
         select(HandoffRow)
         .where(HandoffRow.task_id == task_id)
@@ -104,31 +99,29 @@ def _add_handoff(
     ).first()
     if (
         latest is not None
-        and isinstance(ns, str)
-        and ns
+        and ns is not None
         and (latest.checkpoint_ns, latest.kind, latest.source, latest.target, latest.task)
-        == (ns, kind, source[:NAME_CHARS], target[:NAME_CHARS], task)
+        == (ns, handoff["kind"], source, target, handoff["task"])
     ):
         # The same transfer from the same node run, reported again: the step re-ran after
         # a person's decision (a ping-pong the human approved). One transfer, one row.
         return
     last = latest.seq if latest is not None else 0
-    tokens = _optional_int(event.get("tokens_so_far"))
-    if tokens is None:
-        tokens = _usage.tokens_so_far(session, task_id)
+    if tokens_so_far is None:
+        tokens_so_far = _usage.tokens_so_far(session, task_id)
     session.add(
         HandoffRow(
             task_id=task_id,
             seq=(last or 0) + 1,
             event_seq=event_seq,
-            kind=kind,
-            source=source[:NAME_CHARS],
-            target=target[:NAME_CHARS],
-            task=task,
-            reason=_text(event, "reason"),
-            step=_optional_int(event.get("step")),
-            checkpoint_ns=ns if isinstance(ns, str) and ns else None,
-            tokens_so_far=tokens,
+            kind=handoff["kind"],
+            source=source,
+            target=target,
+            task=handoff["task"],
+            reason=handoff["reason"],
+            step=handoff["step"],
+            checkpoint_ns=ns,
+            tokens_so_far=tokens_so_far,
             created_at=now,
         )
     )
@@ -261,8 +254,8 @@ def _agent_finished(
 
 
 DERIVERS: dict[str, Deriver] = {
-    "route": _route,
-    "handoff": _handoff,
+    "route": _transfer,
+    "handoff": _transfer,
     "tool_call": _tool_call,
     "tool_result": _tool_result,
     "interrupted": _interrupted,

@@ -6,6 +6,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
+from relaygraph.events import HandoffKind
+
 R = TypeVar("R")
 
 TaskStatus = Literal[
@@ -109,22 +111,27 @@ class Event:
     task_id: str
     seq: int
     type: str
+    """One of :data:`relaygraph.events.EVENT_TYPES` (older ledgers may hold others)."""
     agent: str | None
     data: dict[str, Any]
-    """The event as the run emitted it, ``type`` included."""
+    """The event as the run emitted it, ``type`` included: one of the shapes of
+    :mod:`relaygraph.events`."""
     created_at: datetime
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Handoff:
-    """A transfer of work: a supervisor route (``route``) or an agent's own handoff (``direct``)."""
+    """A transfer of work as the ledger keeps it: the :class:`relaygraph.events.Handoff` a
+    ``route`` or ``handoff`` event reported (``kind``, ``source``, ``target``, ``task``,
+    ``reason``, ``step``; made into the row by ``store._derive``), where it was recorded, and
+    the tokens spent when the work moved."""
 
     task_id: str
     seq: int
     """Order among the task's handoffs, from 1."""
     event_seq: int
     """The event that recorded it."""
-    kind: Literal["route", "direct"]
+    kind: HandoffKind
     source: str
     target: str
     task: str

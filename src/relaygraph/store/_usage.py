@@ -1,4 +1,10 @@
-"""Usage per role per task: added up from events, set from a run's result, summed per project."""
+"""Usage per role per task, as the team graph recorded it, and summed per project.
+
+The graph computes each node run's :class:`~relaygraph.events.Usage` record once; the ledger
+stores those figures: an ``agent_finished`` event's record is added to its agent's row (the
+row remembers which records it holds, so a record sent again adds nothing), and a run's
+result sets each role's totals, which its records add up to.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,10 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from relaygraph.events import USAGE_AMOUNTS as AMOUNTS
+from relaygraph.events import USAGE_COUNTS as COUNTS
 from relaygraph.store import _validate as check
 from relaygraph.store._models import TaskRow, UsageRow
-
-COUNTS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
-AMOUNTS = ("cost_usd", "seconds")
 
 
 def _row(session: Session, task_id: str, agent: str) -> UsageRow:
@@ -31,12 +36,21 @@ def _row(session: Session, task_id: str, agent: str) -> UsageRow:
     return row
 
 
+def _figures(usage: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The counts and amounts of a usage record or a role's totals, checked."""
+    values: dict[str, Any] = {
+        name: check.count(usage.get(name), f"{where}.{name}") for name in COUNTS
+    }
+    values |= {name: check.amount(usage.get(name), f"{where}.{name}") for name in AMOUNTS}
+    return values
+
+
 def add_visit(
     session: Session, task_id: str, agent: str, usage: Mapping[str, Any], now: datetime
 ) -> None:
-    """Add one agent visit's usage (an ``agent_finished`` event's) to the agent's total.
+    """Add one agent visit's usage record (an ``agent_finished`` event's) to the agent's row.
 
-    A visit whose id was counted already adds nothing: its node ran again after a crash.
+    A record whose id the row holds already adds nothing: its node ran again after a crash.
     """
     row = _row(session, task_id, agent)
     visit = usage.get("id")
@@ -44,12 +58,8 @@ def add_visit(
         if visit in row.visits:
             return
         row.visits = [*row.visits, visit]
-    for name in COUNTS:
-        added = check.count(usage.get(name), f"agent_finished usage.{name}")
-        setattr(row, name, getattr(row, name) + added)
-    for name in AMOUNTS:
-        amount = check.amount(usage.get(name), f"agent_finished usage.{name}")
-        setattr(row, name, getattr(row, name) + amount)
+    for name, value in _figures(usage, "agent_finished usage").items():
+        setattr(row, name, getattr(row, name) + value)
     row.estimated = row.estimated or bool(usage.get("estimated", False))
     row.updated_at = now
 
@@ -59,10 +69,8 @@ def set_totals(
 ) -> None:
     """Replace ``agent``'s totals for the task with ``totals`` (a ``RunResult.usage`` entry)."""
     row = _row(session, task_id, agent)
-    for name in COUNTS:
-        setattr(row, name, check.count(totals.get(name), f"usage[{agent!r}].{name}"))
-    for name in AMOUNTS:
-        setattr(row, name, check.amount(totals.get(name), f"usage[{agent!r}].{name}"))
+    for name, value in _figures(totals, f"usage[{agent!r}]").items():
+        setattr(row, name, value)
     row.estimated = bool(totals.get("estimated", False))
     row.updated_at = now
 

@@ -32,20 +32,26 @@ class UsageLedger(LedgerBase):
         query = select(UsageRow).where(UsageRow.task_id == task_id).order_by(UsageRow.agent)
         return self._snapshots(AgentUsage, query)
 
-    def record_usage(self, task_id: str, usage: Mapping[str, Mapping[str, Any]]) -> None:
-        """Set each role's totals for the task, replacing what events added up.
+    def record_usage(
+        self, task_id: str, usage: Mapping[str, Mapping[str, Any]], *, complete: bool = False
+    ) -> None:
+        """Store each role's totals for the task, as the run's result says (replacing what
+        its events added up).
 
-        Events carry the agents' usage; the supervisor's and finalize's arrive only in the
-        run's result, so a worker records ``RunResult.usage`` here when a run ends.
+        Events carry the agents' usage records; the supervisor's and finalize's arrive only
+        in the run's result, so a worker records ``RunResult.usage`` here when a run ends.
+
+        Args:
+            complete: ``usage`` holds every role that spent: a role the ledger has a row
+                for and ``usage`` leaves out is set to zero (a task going on from a pause
+                sets its usage back to what its finished nodes spent; the visit that was in
+                progress sends its whole record again when it finishes).
         """
         now = _now()
         with self._write() as session:
             if not _lock_task(session, task_id, now):
                 raise RecordNotFound("task", task_id)
-            for agent, totals in usage.items():
-                if not isinstance(totals, Mapping):
-                    raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
-                _usage.set_totals(session, task_id, agent, totals, now)
+            _store_totals(session, task_id, usage, now, complete=complete)
 
     def end_run(
         self,
@@ -71,10 +77,7 @@ class UsageLedger(LedgerBase):
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
-            for agent, totals in usage.items():
-                if not isinstance(totals, Mapping):
-                    raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
-                _usage.set_totals(session, task_id, agent, totals, now)
+            _store_totals(session, task_id, usage, now)
             row.updated_at = now
             if values is not None:
                 _apply_status(row, values)
@@ -116,6 +119,28 @@ class UsageLedger(LedgerBase):
             "until": end.astimezone(UTC).isoformat() if end else None,
             **usage,
         }
+
+
+def _store_totals(
+    session: Session,
+    task_id: str,
+    usage: Mapping[str, Mapping[str, Any]],
+    now: datetime,
+    *,
+    complete: bool = False,
+) -> None:
+    for agent, totals in usage.items():
+        if not isinstance(totals, Mapping):
+            raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
+        _usage.set_totals(session, task_id, agent, totals, now)
+    if complete:
+        stale = session.scalars(
+            select(UsageRow.agent).where(
+                UsageRow.task_id == task_id, UsageRow.agent.not_in(list(usage))
+            )
+        ).all()
+        for agent in stale:
+            _usage.set_totals(session, task_id, agent, {}, now)
 
 
 def _lock_task(session: Session, task_id: str, now: datetime) -> bool:

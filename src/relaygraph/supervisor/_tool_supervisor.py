@@ -41,7 +41,7 @@ from langgraph.types import Checkpointer, Command
 
 from relaygraph._names import BEGIN, FINALIZE, FINISH, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
-from relaygraph.events import Handoff, route_event
+from relaygraph.events import Handoff, ViolationKind, route_event
 from relaygraph.handoffs import (
     Assignment,
     HandoffArgs,
@@ -171,6 +171,7 @@ def _refuse_calls(
     first: str | None = None
     for call in reply.tool_calls:
         name = call["name"]
+        kind: ViolationKind
         if name not in tools:
             kind = "handoff_not_allowed" if handoff_target(name) else "tool_not_allowed"
             detail = f"{SUPERVISOR!r} called {name!r}, which is not one of its tools"

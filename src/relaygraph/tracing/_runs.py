@@ -21,11 +21,7 @@ from uuid import UUID
 from langgraph.errors import GraphBubbleUp, GraphInterrupt, ParentCommand
 from langgraph.types import Command
 
-# The team graph's node names (relaygraph.supervisor's SUPERVISOR and FINALIZE), repeated
-# so that tracing does not import the team graph; a test keeps them equal.
-BEGIN = "begin"
-SUPERVISOR = "supervisor"
-FINALIZE = "finalize"
+from relaygraph._names import BEGIN, FINALIZE, SUPERVISOR
 
 Role = Literal["supervisor", "agent", "finalize"]
 

@@ -15,17 +15,11 @@ from typing import Any
 from rich.markup import escape
 from rich.tree import Tree
 
+from relaygraph._names import FINISH, SUPERVISOR
+from relaygraph.events import USAGE_AMOUNTS, USAGE_COUNTS, is_carried_out, transfer_of
 from relaygraph.store import Ledger, RecordNotFound
 
-USAGE_KEYS = (
-    "model_calls",
-    "tool_calls",
-    "input_tokens",
-    "output_tokens",
-    "cost_usd",
-    "seconds",
-    "estimated",
-)
+USAGE_KEYS = (*USAGE_COUNTS, *USAGE_AMOUNTS, "estimated")
 _TEXT_CHARS = 100
 
 
@@ -47,26 +41,8 @@ def _usage(record: Mapping[str, Any] | None) -> dict[str, Any]:
 def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[str, Any] | None:
     """A timeline node for one event outside the visit bookkeeping, or None to skip it."""
     base: dict[str, Any] = {"kind": kind, "at": _iso(at), "seq": seq}
-    if kind == "route":
-        return base | {
-            "from": "supervisor",
-            "to": data.get("next"),
-            "task": data.get("task", ""),
-            "reason": data.get("reason", ""),
-            "step": data.get("step"),
-            "repaired": bool(data.get("repaired")),
-            "fallback": bool(data.get("fallback")),
-            "carried_out": data.get("carried_out") is not False,
-        }
-    if kind == "handoff":
-        return base | {
-            "from": data.get("source"),
-            "to": data.get("target"),
-            "task": data.get("task", ""),
-            "reason": data.get("reason", ""),
-            "step": data.get("step"),
-            "carried_out": data.get("carried_out") is not False,
-        }
+    if kind in ("route", "handoff"):
+        return base | _transfer(data)
     if kind == "violation":
         budget = data.get("kind") == "budget"
         return base | {
@@ -94,6 +70,32 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
     if kind == "run_finished":
         return base | {"status": data.get("status"), "stop_reason": data.get("stop_reason")}
     return None
+
+
+def _transfer(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A route's or a handoff's node: the :class:`~relaygraph.events.Handoff` the event
+    reports (a route to ``FINISH`` reports none: it ends the work), and whether it was
+    carried out."""
+    handoff = transfer_of(data)
+    if handoff is None:
+        fields = {
+            "from": SUPERVISOR,
+            "to": data.get("next"),
+            "task": data.get("task", ""),
+            "reason": data.get("reason", ""),
+            "step": data.get("step"),
+        }
+    else:
+        fields = {
+            "from": handoff["source"],
+            "to": handoff["target"],
+            "task": handoff["task"],
+            "reason": handoff["reason"],
+            "step": handoff["step"],
+        }
+    if data.get("type") == "route":
+        fields |= {"repaired": bool(data.get("repaired")), "fallback": bool(data.get("fallback"))}
+    return fields | {"carried_out": is_carried_out(data)}
 
 
 def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str, Any]:
@@ -263,7 +265,7 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
     kind = node["kind"]
     when = f"[dim]{_offset(start, node.get('at') or node.get('start'))}[/]"
     if kind == "route":
-        if node["to"] == "FINISH":
+        if node["to"] == FINISH:
             return f"{when} [cyan]route[/] supervisor → FINISH [dim]({_short(node['reason'])})[/]"
         stopped = "" if node.get("carried_out", True) else " [yellow](not carried out)[/]"
         return (
