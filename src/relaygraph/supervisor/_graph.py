@@ -359,6 +359,23 @@ def build_team(
     return builder.compile(checkpointer=checkpointer, name="relaygraph")
 
 
+class _Unused(BaseChatModel):
+    """A stand-in for a role's model in a graph that is drawn, never run: it binds tools (a
+    prebuilt agent binds them as it is built) and refuses every call."""
+
+    role: str
+
+    @property
+    def _llm_type(self) -> str:
+        return "relaygraph-unused"
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+        raise RuntimeError(f"the drawing's stand-in for {self.role!r} was called")
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
 def draw_team(
     *,
     team: Any,
@@ -368,18 +385,10 @@ def draw_team(
 ) -> str:
     """The team graph's topology as Mermaid (default) or ASCII art.
 
-    The drawing needs no model: each role gets an empty script, which is never called.
+    The drawing needs no model: each role gets a stand-in, which is never called.
     """
-    from pathlib import Path
-
-    from relaygraph.models.scripted import Script, ScriptedChatModel
-
     policy = policy or team.resolved_policy
     topology = topology or team.arrangement
-    empty = Script(path=Path("topology.json"), turns={})
-    models = {
-        role: ScriptedChatModel(script=empty, agent=role)
-        for role in topology.roles(tuple(policy.agents))
-    }
+    models = {role: _Unused(role=role) for role in topology.roles(tuple(policy.agents))}
     graph = build_team(models, team=team, policy=policy, topology=topology).get_graph()
     return graph.draw_ascii() if ascii else graph.draw_mermaid()
