@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaygraph.api._schemas import ErrorBody, shown
 from relaygraph.errors import ConfigError
+from relaygraph.runner import RequestRefused
 
 ERROR_CODES: dict[int, str] = {
     401: "`unauthorized`: no key, a malformed header, an unknown or revoked key.",
@@ -35,12 +36,26 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody, "description": ERROR_CODES[status]} for status in statuses}
 
 
+REFUSAL_STATUS = {"invalid": 422, "not_found": 404, "conflict": 409}
+"""The HTTP status of each kind of the runner's refusals (``RequestRefused.kind``)."""
+REQUEST_FIELDS = {"idempotency_key": "Idempotency-Key"}
+"""The runner's request fields that the API takes from elsewhere than the body, as the API
+names them; the others are body fields of the same name."""
+
+
 class ApiError(Exception):
     """An error answer: HTTP status, stable code, message naming the bad field."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+
+    @classmethod
+    def refused(cls, refusal: RequestRefused) -> ApiError:
+        """The answer to a request the runner refused: its kind's status, its code, and its
+        field as the API names it."""
+        field = refusal.field and REQUEST_FIELDS.get(refusal.field, refusal.field)
+        return cls(REFUSAL_STATUS[refusal.kind], refusal.code, str(refusal), field)
 
 
 def document_errors_only_as_answered(app: FastAPI) -> None:
@@ -93,6 +108,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+
+    @app.exception_handler(RequestRefused)
+    async def _refused(request: Request, exc: RequestRefused) -> JSONResponse:
+        return await _api_error(request, ApiError.refused(exc))
 
     @app.exception_handler(ConfigError)
     async def _config_error(request: Request, exc: ConfigError) -> JSONResponse:

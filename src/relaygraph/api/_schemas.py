@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from relaygraph.runner import POLICY_SOURCE_KEY
 from relaygraph.store import Approval, Handoff, Task
 
 MAX_BODY_DEPTH = 32
@@ -180,10 +181,6 @@ class DecisionIn(_RequestBody):
     decision: Literal["approve", "reject", "edit"]
     args: dict[str, Any] | None = None
     reason: str | None = Field(default=None, max_length=2000)
-
-
-POLICY_SOURCE_KEY = "policy_source"
-"""The task metadata key the server fills with where the task's policy came from."""
 
 
 class TeamRecord(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
@@ -15,7 +15,8 @@ from fastapi import Request
 from relaygraph.api._errors import ApiError
 from relaygraph.api._schemas import DecisionIn
 from relaygraph.errors import ConfigError
-from relaygraph.store import FINISHED_STATUSES, Ledger, RecordConflict, Task
+from relaygraph.runner import Decision, RequestRefused, decide_task
+from relaygraph.store import FINISHED_STATUSES, Ledger, Task
 
 if TYPE_CHECKING:
     from relaygraph.api._workers import TaskWorkers
@@ -34,7 +35,8 @@ def decide(
     body: DecisionIn,
     decided_by: str,
 ) -> None:
-    """Decide a pending approval of ``task`` and resume the task on ``workers``.
+    """Decide a pending approval of ``task`` and resume the task on ``workers``
+    (:func:`~relaygraph.runner.decide_task`, the one decision path).
 
     An edit's arguments are checked against the tool in the task's team (the built-in tools
     when that team no longer builds); the task is taken with this server's lease before it
@@ -53,45 +55,27 @@ def decide(
         ApiError: 404 ``approval_not_found``; 409 ``not_waiting`` when the approval is decided
             or the task no longer waits; 422 ``invalid_request`` on ``args``.
     """
-    from langgraph.types import Command
 
-    approval = None if "\x00" in approval_id else ledger.get_approval(task.id, approval_id)
-    if approval is None:
-        raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}", "approval_id")
-    if not approval.pending or task.status != "interrupted":
-        raise ApiError(
-            409,
-            "not_waiting",
-            f"approval {approval_id} is already decided or the task is {task.status}",
-        )
-    if body.decision == "edit" and body.args is None:
-        raise ApiError(422, "invalid_request", "an edit needs 'args'", "args")
-    if body.decision == "edit" and body.args is not None and approval.tool:
-        from relaygraph.agents.tools import BUILTIN_TOOLS, check_tool_args
+    def tools() -> Mapping[str, Any]:
+        from relaygraph.agents.tools import BUILTIN_TOOLS
 
         try:
-            tools = team_of(task).tools
+            return team_of(task).tools
         except ConfigError:  # Its team no longer builds: check against what is known.
-            tools = BUILTIN_TOOLS
-        try:
-            check_tool_args(approval.tool, body.args, tools)
-        except ConfigError as exc:
-            raise ApiError(422, "invalid_request", str(exc), "args") from None
+            return BUILTIN_TOOLS
+
     try:
-        ledger.record_decision(
-            task.id,
-            approval_id,
-            decision=body.decision,
+        decide_task(
+            task,
+            Decision(decision=body.decision, args=body.args, reason=body.reason),
+            ledger=ledger,
+            tools=tools,
             decided_by=decided_by,
-            reason=body.reason,
-            args=body.args,
+            approval_id=approval_id,
+            resume=workers.resume,
         )
-    except RecordConflict as exc:  # Someone decided it a moment ago.
-        raise ApiError(409, "not_waiting", str(exc)) from None
-    if workers.take(task.id, only_from=("interrupted",)) is None:
-        raise ApiError(409, "not_waiting", f"task {task.id} is no longer waiting")
-    answer = body.model_dump(exclude_none=True)
-    workers.start(task, Command(resume={approval_id: answer}), project=task.project_id)
+    except RequestRefused as exc:
+        raise ApiError.refused(exc) from None
 
 
 async def follow_events(

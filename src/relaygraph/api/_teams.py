@@ -30,8 +30,9 @@ from relaygraph.api._schemas import (
     check_json_text,
 )
 from relaygraph.api._settings import ServiceSettings
-from relaygraph.errors import ConfigError, ModelNotAllowed
+from relaygraph.errors import ConfigError
 from relaygraph.policies import TeamPolicy
+from relaygraph.runner import RequestRefused, check_model_spec
 from relaygraph.store import Ledger, Project, TeamVersion
 from relaygraph.team import DEFAULT_TEAM_NAME, Team, TeamTrust, default_team, load_team, parse_team
 
@@ -273,14 +274,12 @@ class TeamRegistry:
 
 
 def model_allowed(settings: ServiceSettings, spec: str, field: str) -> str:
-    """The spec to record for a model a request (or a project's team) names; a refusal is a
-    422 naming the field."""
+    """The spec to record for a model a project's team names; a refusal is a 422 naming
+    the field (as a request's model is refused: :func:`~relaygraph.runner.check_model_spec`)."""
     try:
-        return settings.request_model(spec)
-    except ModelNotAllowed as exc:
-        raise ApiError(422, "model_not_allowed", str(exc), field) from None
-    except ConfigError as exc:  # An invalid spec, a broken script, no OpenAI key.
-        raise ApiError(422, "invalid_model", str(exc), field) from None
+        return check_model_spec(spec, field, settings.request_model)
+    except RequestRefused as exc:
+        raise ApiError.refused(exc) from None
 
 
 def _named(name: str) -> bool:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from relaygraph.errors import RelaygraphError, TaskBusy
-from relaygraph.runner import CONTINUE, TaskRunner
-from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
+from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -51,13 +50,13 @@ class TaskWorkers:
             ledger: The ledger whose tasks this server runs.
             home: The data directory.
             workers: Tasks run at once.
-            lease_seconds: See :class:`~relaygraph.runner._run.TaskRunner`.
+            lease_seconds: See :class:`~relaygraph.runner.TaskRunner`.
             max_attempts: Starts of a task without a run ending (its runner died each
                 time) before it is failed instead of started again.
             sandbox_isolation_required: Refuse tenants' ``run_python`` where the host
                 offers no filesystem isolation (``serve --unsafe-sandbox`` turns it off).
             teams: Finds the team a task records (the server's registered teams); see
-                :class:`~relaygraph.runner._run.TaskRunner`.
+                :class:`~relaygraph.runner.TaskRunner`.
         """
         self.ledger = ledger
         self.max_attempts = max_attempts
@@ -104,6 +103,33 @@ class TaskWorkers:
             future = self._pool.submit(self._run, task, graph_input, project)
             self._futures.add(future)
             future.add_done_callback(self._futures.discard)
+
+    def enqueue(self, task_id: str) -> None:
+        """Start the queued task ``task_id`` when a worker is free: the submission's hand-off
+        (:func:`~relaygraph.runner.submit_task`), by id, as a task queue would take it."""
+        task = self._task(task_id)
+        if task is not None:
+            self.start(task, project=task.project_id)
+
+    def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
+        """Continue the decided task ``task_id`` with ``answers`` when a worker is free: the
+        decision's hand-off (:func:`~relaygraph.runner.decide_task`).
+
+        The task is taken with this server's lease first, so that no other server starts
+        it meanwhile.
+
+        Returns:
+            False when the task no longer waits (another runner took it).
+        """
+        task = self.take(task_id, only_from=("interrupted",))
+        if task is None:
+            return False
+        self.start(task, resume_input(answers), project=task.project_id)
+        return True
+
+    def _task(self, task_id: str) -> Task | None:
+        project_id = self.ledger.task_owner(task_id)
+        return None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
 
     def cancel(self, task_id: str) -> Task:
         """Cancel a task wherever it is (:meth:`Ledger.request_cancel`): at once when no live

@@ -22,7 +22,6 @@ from relaygraph.api._errors import (
     install_error_handlers,
 )
 from relaygraph.api._schemas import (
-    POLICY_SOURCE_KEY,
     SSE_EVENT_SCHEMA,
     ApprovalList,
     DecisionIn,
@@ -36,14 +35,12 @@ from relaygraph.api._schemas import (
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._tasks_service import decide as decide_approval
 from relaygraph.api._tasks_service import follow_events
-from relaygraph.api._teams import ChosenTeam, TeamRegistry, model_allowed, teams_router
+from relaygraph.api._teams import TeamRegistry, teams_router
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
-from relaygraph.policies import TeamPolicy, policy_to_mapping, tighten
-from relaygraph.store import TASK_STATUSES, Ledger, Project, RecordConflict
-from relaygraph.team import Team
-from relaygraph.topology import Topology
+from relaygraph.runner import ModelRules, TaskRequest, submit_task
+from relaygraph.store import TASK_STATUSES, Ledger, Project
 
 __all__ = ["create_app"]
 
@@ -132,86 +129,10 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     document_errors_only_as_answered(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
+    model_rules = ModelRules(default=settings.default_model, allow=settings.request_model)
     project_of = project_auth(ledger)
     ProjectDep = Annotated[Project, Depends(project_of)]
     app.include_router(teams_router(teams, ledger=ledger, project_of=project_of))
-
-    def task_topology(body: TaskCreate, team: Team) -> Topology:
-        """The request's topology; the team's own when it names none."""
-        try:
-            if body.topology is None and body.start_agent is None and body.output_mode is None:
-                topology = team.arrangement
-            else:
-                topology = Topology.parse(
-                    body.topology or team.arrangement.kind,
-                    start_agent=body.start_agent,
-                    output_mode=body.output_mode,
-                )
-            topology.check_agents(team.agent_names)
-        except ConfigError as exc:
-            field = "start_agent" if "start_agent" in str(exc) else "output_mode"
-            raise ApiError(422, "invalid_topology", str(exc), field) from None
-        return topology
-
-    def check_models(body: TaskCreate, topology: Topology, chosen: ChosenTeam) -> dict[str, str]:
-        """Each role's model spec: the request's for the role, else the agent's own in the
-        team, else the request's ``model``, else the team's, else the server's default. Each
-        but the server's default must be one a request may name."""
-        team = chosen.team
-        roles = topology.roles(team.agent_names)
-        agent_models = body.agent_models or {}
-        for role in agent_models:
-            if role not in roles:
-                raise ApiError(
-                    422,
-                    "invalid_model",
-                    f"agent_models names unknown role {role!r}; known: {', '.join(roles)}",
-                    f"agent_models.{role}",
-                )
-        # The server's own teams name models the operator chose; a project's team names
-        # only models a request could name.
-        trusted = chosen.origin != "project"
-        own = {a.name: a.model for a in team.agents if isinstance(a.model, str)}
-        fallback = body.model or (team.model if isinstance(team.model, str) else None)
-        specs: dict[str, str] = {}
-        for role in roles:
-            if role in agent_models:
-                specs[role] = model_allowed(settings, agent_models[role], f"agent_models.{role}")
-            elif role in own:
-                specs[role] = own[role] if trusted else model_allowed(settings, own[role], "team")
-            elif body.model is not None:
-                specs[role] = model_allowed(settings, body.model, "model")
-            elif fallback is not None:
-                specs[role] = fallback if trusted else model_allowed(settings, fallback, "team")
-            else:
-                specs[role] = settings.default_model
-        return specs
-
-    def task_metadata(body: TaskCreate, base_policy: TeamPolicy) -> dict[str, Any]:
-        """The caller's metadata, plus where the task's policy came from, which the server
-        says (traces and the audit timeline show it)."""
-        metadata = dict(body.metadata or {})
-        if POLICY_SOURCE_KEY in metadata:
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"metadata.{POLICY_SOURCE_KEY} is set by the server (where the task's policy "
-                f"came from); use another key (got {metadata[POLICY_SOURCE_KEY]!r})",
-                f"metadata.{POLICY_SOURCE_KEY}",
-            )
-        source = base_policy.source or "default"
-        metadata[POLICY_SOURCE_KEY] = f"{source} + request" if body.policy else source
-        return metadata
-
-    def task_policy(body: TaskCreate, base_policy: TeamPolicy) -> TeamPolicy:
-        """The chosen team's policy, tightened by the request's."""
-        if body.policy is None:
-            return base_policy
-        try:
-            return tighten(base_policy, body.policy, source="policy")
-        except ConfigError as exc:
-            code = "policy_loosens" if "loosens" in str(exc) else "invalid_policy"
-            raise ApiError(422, code, str(exc), "policy") from None
 
     @app.get("/healthz", response_model=Status)
     def healthz() -> dict[str, str]:
@@ -261,63 +182,45 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
                     422, "invalid_request", "Idempotency-Key is blank", "Idempotency-Key"
                 )
             check_idempotency_key(idempotency_key)
-        # A retry of a task already created is answered with that task, even while the
-        # task keeps its thread busy, and names the team version the first try ran (a newer
-        # one pushed since is not another request).
+        # A retry of a task already created names the team version the first try ran (a
+        # newer one pushed since is not another request).
         first_try = (
             ledger().task_by_idempotency_key(project.id, idempotency_key)
             if idempotency_key is not None
             else None
         )
-        retry = first_try is not None
         version = body.version
         if first_try is not None and version is None and body.team is not None:
             ran = first_try.team or {}
             version = ran.get("version") if ran.get("name") == body.team else None
         chosen = teams.choose(project.id, body.team, version)
-        topology = task_topology(body, chosen.team)
-        specs = check_models(body, topology, chosen)
-        policy = task_policy(body, chosen.policy)
-        if body.thread_id is not None:
-            # Thread ids are the project's own: one that another project uses is, for this
-            # project, a new thread (and nothing says that the other project uses it).
-            if ledger().thread_exists(body.thread_id, project_id=project.id):
-                earlier = Topology.from_mapping(
-                    ledger().thread_topology(body.thread_id, project_id=project.id)
-                )
-                try:
-                    topology = topology.continuing(body.thread_id, earlier)
-                except ConfigError as exc:
-                    field = "output_mode" if "output_mode" in str(exc) else "topology"
-                    raise ApiError(422, "invalid_topology", str(exc), field) from None
-            busy = ledger().active_task_on_thread(body.thread_id, project_id=project.id)
-            if busy is not None and body.multitask == "reject" and not retry:
-                raise ApiError(
-                    409,
-                    "thread_busy",
-                    f"thread {body.thread_id!r} is busy with task {busy.id} ({busy.status}); "
-                    'retry later or send "multitask": "enqueue"',
-                    "thread_id",
-                )
-        else:
-            busy = None
-        try:
-            task, created = ledger().create_task(
-                project_id=project.id,
+        submitted = submit_task(
+            TaskRequest(
                 input=body.input,
+                team=chosen.team,
+                team_version=chosen.version,
+                # The server's own teams name models the operator chose; a project's team
+                # names only models a request could name.
+                trust_team=chosen.origin != "project",
+                policy=chosen.policy,
+                policy_override=body.policy,
+                project_id=project.id,
                 thread_id=body.thread_id,
-                policy=policy_to_mapping(policy),
-                models=specs,
-                topology=topology.to_mapping(),
-                metadata=task_metadata(body, chosen.policy),
+                thread_must_exist=False,
+                model=body.model,
+                agent_models=body.agent_models or {},
+                topology=body.topology,
+                start_agent=body.start_agent,
+                output_mode=body.output_mode,
+                metadata=body.metadata,
+                multitask=body.multitask,
                 idempotency_key=idempotency_key,
-                team=chosen.record,
-            )
-        except RecordConflict as exc:  # The same key for a different request.
-            raise ApiError(409, "idempotency_key_reused", str(exc), "Idempotency-Key") from None
-        if created and busy is None:
-            state["workers"].start(task, project=project.id)
-        return TaskOut.of(task)
+            ),
+            ledger=ledger(),
+            model_rules=model_rules,
+            enqueue=state["workers"].enqueue,
+        )
+        return TaskOut.of(submitted.task)
 
     @app.get("/v1/tasks", response_model=TaskPage, responses=error_responses(401, 422))
     def list_tasks(

@@ -1,40 +1,92 @@
 """The runner: one task from request to ledger.
 
+A task comes in one way, whoever asks (the CLI, :func:`run_task`, the HTTP API):
+:func:`submit_task` checks a :class:`TaskRequest`, records it and starts it (``_submit``);
+a paused task is answered one way too, :func:`decide_task` (``_decide``). Refusals name
+the field at fault (:class:`RequestRefused`).
+
 :func:`run_task` and :func:`resume_task` run a task (or continue a paused one) in this
 process; :class:`TaskRunner` is the long-lived form the task service keeps (team cache,
-checkpointer, ledger). Around them: the checkpointer (``_checkpoint``), the ledger writes
-behind the graph (``_event_writer``), the runner's hold on its task (``_lease``), the
-compiled teams per process (``_team_cache``) and the honest summary of a run (``_summary``).
+checkpointer, ledger). Around them: each role's model (``_models``), the checkpointer
+(``_checkpoint``), the ledger writes behind the graph (``_event_writer``), the runner's
+hold on its task (``_lease``), the compiled teams per process (``_team_cache``) and the
+honest summary of a run (``_summary``).
 """
 
 from relaygraph.runner._checkpoint import sqlite_checkpointer
+from relaygraph.runner._decide import (
+    Answers,
+    Resume,
+    decide_task,
+    resume_input,
+    waiting_approvals,
+)
+from relaygraph.runner._errors import RefusalKind, RequestRefused
+from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
+from relaygraph.runner._models import (
+    ModelGate,
+    ModelRules,
+    RoleModels,
+    check_model_spec,
+    resolve_model_specs,
+)
+from relaygraph.runner._result import Decision, RunResult
 from relaygraph.runner._run import (
     CONTINUE,
     LEASE_LOST,
     SUSPENDED,
-    Decision,
-    RunResult,
     TaskRunner,
     ledger_for,
     policy_digest,
-    resolve_model_specs,
     resume_task,
     run_task,
+    team_of,
     team_of_record,
+)
+from relaygraph.runner._submit import (
+    POLICY_SOURCE_KEY,
+    Enqueue,
+    Submission,
+    SubmittedTask,
+    TaskRequest,
+    check_request,
+    record_submission,
+    submit_task,
 )
 
 __all__ = [
     "CONTINUE",
+    "DEFAULT_LEASE_SECONDS",
     "LEASE_LOST",
+    "POLICY_SOURCE_KEY",
     "SUSPENDED",
+    "Answers",
     "Decision",
+    "Enqueue",
+    "ModelGate",
+    "ModelRules",
+    "RefusalKind",
+    "RequestRefused",
+    "Resume",
+    "RoleModels",
     "RunResult",
+    "Submission",
+    "SubmittedTask",
+    "TaskRequest",
     "TaskRunner",
+    "check_model_spec",
+    "check_request",
+    "decide_task",
     "ledger_for",
     "policy_digest",
+    "record_submission",
     "resolve_model_specs",
+    "resume_input",
     "resume_task",
     "run_task",
     "sqlite_checkpointer",
+    "submit_task",
+    "team_of",
     "team_of_record",
+    "waiting_approvals",
 ]

@@ -8,17 +8,21 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from relaygraph._home import data_home
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
-from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.policies import TeamPolicy
 from relaygraph.runner._checkpoint import open_checkpointer, sqlite_checkpointer
+from relaygraph.runner._decide import decide_task, resume_input, waiting_approvals
+from relaygraph.runner._errors import RequestRefused
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
+from relaygraph.runner._models import resolve_model_specs
+from relaygraph.runner._result import Decision, RunResult
+from relaygraph.runner._submit import TaskRequest, submit_task
 from relaygraph.runner._summary import (
     USAGE_FIELDS,
     honest_status,
@@ -31,13 +35,19 @@ from relaygraph.topology import Topology
 
 __all__ = [
     "CONTINUE",
+    "LEASE_LOST",
+    "SUSPENDED",
     "Decision",
     "RunResult",
     "TaskRunner",
+    "ledger_for",
+    "policy_digest",
     "resolve_model_specs",
     "resume_task",
     "run_task",
     "sqlite_checkpointer",
+    "team_of",
+    "team_of_record",
 ]
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -45,79 +55,6 @@ CONTINUE: Any = object()
 """Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
 SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
 LEASE_LOST = "suspended: another runner took the task over (this one could not renew its lease)"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    """The outcome of one task, as ``relaygraph run --json`` prints it."""
-
-    task_id: str
-    thread_id: str
-    status: str
-    """``succeeded``, ``degraded``, ``failed``, ``interrupted`` or ``cancelled``; ``running``
-    when a server shutting down stopped it to be continued later."""
-    answer: str | None
-    stop_reason: str | None
-    """Why the team stopped early; None when it finished on its own."""
-    agents_run: list[str]
-    handoffs: list[dict[str, Any]]
-    """Every transfer of work in order: routes (``kind: route``) and direct handoffs."""
-    artifacts: list[str]
-    usage: dict[str, dict[str, Any]]
-    """Per role: counts, tokens, cost, seconds, and each agent's ``limits`` beside them."""
-    team_usage: dict[str, Any] = field(default_factory=dict)
-    violations: list[dict[str, str]] = field(default_factory=list)
-    pending: list[dict[str, Any]] = field(default_factory=list)
-    """What an interrupted task waits for: approval requests and ping-pong decisions."""
-    models: dict[str, str] = field(default_factory=dict)
-    """The model spec each role ran on."""
-    topology: dict[str, Any] = field(default_factory=lambda: {"kind": "structured"})
-    """How the agents were arranged (``kind``: structured, swarm, supervisor-tools)."""
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("succeeded", "degraded")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Decision:
-    """A person's answer to a paused task."""
-
-    decision: Literal["approve", "reject", "edit"]
-    args: dict[str, Any] | None = None
-    """The replacement arguments, for ``edit``."""
-    reason: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.decision not in ("approve", "reject", "edit"):
-            raise ConfigError(f"decision {self.decision!r} must be 'approve', 'reject' or 'edit'")
-        if self.decision == "edit" and not isinstance(self.args, dict):
-            raise ConfigError(
-                f"an edit needs the new arguments as a JSON object, got {self.args!r}"
-            )
-
-
-def resolve_model_specs(
-    model: str | None, agent_models: Mapping[str, str], roles: tuple[str, ...]
-) -> dict[str, str]:
-    """Which spec each role uses: its own ``agent_models`` entry, else ``model``.
-
-    Raises:
-        ConfigError: ``agent_models`` names an unknown role, or a spec is invalid.
-    """
-    unknown = [role for role in agent_models if role not in roles]
-    if unknown:
-        raise ConfigError(
-            f"--agent-model names unknown agent(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(roles)}"
-        )
-    specs = {role: agent_models.get(role) or model or DEFAULT_MODEL for role in roles}
-    for spec in set(specs.values()):
-        parse_model_spec(spec)
-    return specs
 
 
 def _token_text(chunk: Any) -> str:
@@ -606,7 +543,9 @@ def team_of_record(task: Any) -> Any:
     )
 
 
-def _team_of(team: Any) -> Any:
+def team_of(team: Any) -> Any:
+    """The team a caller names: a :class:`~relaygraph.team.Team`, the path of a team file,
+    or None for the built-in team."""
     from relaygraph.team import Team, default_team, load_team
 
     if team is None:
@@ -652,71 +591,44 @@ def run_task(
             the topology it started with.
 
     Raises:
-        ConfigError: Bad input (empty request, bad team file, unknown thread, bad model
-            spec, bad policy, a thread of another topology) — before anything runs.
+        ConfigError: Bad input (bad team file, bad policy) before anything runs; a
+            :class:`~relaygraph.runner.RequestRefused` names the field at fault (empty
+            request, unknown thread, bad model spec, a thread of another topology).
             Failures while running are reported as ``failed``.
     """
-    from relaygraph.policies import policy_to_mapping
-
-    if not request.strip():
-        raise ConfigError("the task is empty: say what the team should do")
-    the_team = _team_of(team)
-    team_policy = the_team.policy_from(policy) if policy is not None else the_team.resolved_policy
-    topology = topology or the_team.arrangement
-    topology.check_agents(the_team.agent_names)
-    chosen = {
-        role: spec
-        for role, spec in the_team.models_for(model, agent_models).items()
-        if role in topology.roles(the_team.agent_names)
-    }
-    for spec in chosen.values():
-        if isinstance(spec, str):
-            parse_model_spec(spec)
-    recorded = {role: _model_record(spec) for role, spec in chosen.items()}
+    the_team = team_of(team)
+    try:
+        team_policy = the_team.policy_from(policy) if policy is not None else None
+    except RequestRefused:
+        raise
+    except ConfigError as exc:
+        raise RequestRefused(str(exc), field="policy", code="invalid_policy") from None
     home = data_home(home)
-    from relaygraph.store import LOCAL_PROJECT_ID
-
     ledger = ledger_for(home)  # kept for the process: not closed here
-    # Threads are each project's own: the API's projects' threads are not the CLI's.
-    if thread_id is not None and not ledger.thread_exists(thread_id, project_id=LOCAL_PROJECT_ID):
-        raise ConfigError(
-            f"thread {thread_id!r} has no earlier run in {ledger.url}; "
-            "leave out --thread to start a new conversation"
-        )
-    if thread_id is not None:
-        earlier = Topology.from_mapping(
-            ledger.thread_topology(thread_id, project_id=LOCAL_PROJECT_ID)
-        )
-        topology = topology.continuing(thread_id, earlier)
-    task, _ = ledger.create_task(
-        project_id=LOCAL_PROJECT_ID,
-        input=request,
-        thread_id=thread_id,
-        policy=policy_to_mapping(team_policy),
-        models=recorded,
-        topology=topology.to_mapping(),
-        metadata={"policy_source": team_policy.source},
-        team=the_team.record(),
+    submitted = submit_task(
+        TaskRequest(
+            input=request,
+            team=the_team,
+            policy=team_policy,
+            thread_id=thread_id,
+            model=model,
+            agent_models=dict(agent_models or {}),
+            topology=None if topology is None else topology.kind,
+            start_agent=None if topology is None else topology.start_agent,
+            output_mode=None if topology is None else topology.output_mode,
+        ),
+        ledger=ledger,
     )
     runner = TaskRunner(ledger=ledger, home=home)
     return runner.run(
-        task,
+        submitted.task,
         {"request": request},
         on_event=on_event,
         stream_tokens=stream_tokens,
         callbacks=callbacks,
         team=the_team,
-        models=chosen,
+        models=submitted.submission.models.chosen,
     )
-
-
-def _model_record(spec: Any) -> str:
-    """How the ledger names a role's model: its spec, or for a chat model object its class
-    and model name (an object cannot be stored; the process that runs it passes it)."""
-    if isinstance(spec, str):
-        return spec
-    name = getattr(spec, "model_name", None) or getattr(spec, "model", None) or ""
-    return f"object:{type(spec).__name__}:{name}"
 
 
 def resume_task(
@@ -738,40 +650,33 @@ def resume_task(
             neither the built-in team nor a team file the task records.
 
     Raises:
-        ConfigError: No such task, it is not waiting for a decision, or its team cannot be
-            found or changed since it started.
+        ConfigError: No such task, it is not waiting for a decision, its team cannot be
+            found or changed since it started, or the edited arguments do not fit the tool
+            (a :class:`~relaygraph.runner.RequestRefused` for each but the team).
     """
-    from langgraph.types import Command
-
     from relaygraph.store import LOCAL_PROJECT_ID
 
     home = data_home(home)
     ledger = ledger_for(home)  # kept for the process: not closed here
     task = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
     if task is None:
-        raise ConfigError(f"no task {task_id!r} in {ledger.url}")
-    waiting = [a for a in ledger.approvals(task_id) if a.pending]
-    if task.status != "interrupted" or not waiting:
-        raise ConfigError(
-            f"task {task_id!r} is not waiting for a decision (its status is {task.status!r})"
+        raise RequestRefused(
+            f"no task {task_id!r} in {ledger.url}",
+            field="task_id",
+            code="task_not_found",
+            kind="not_found",
         )
+    # A task that waits for nothing is refused before its team is looked for.
+    waiting_approvals(task, ledger=ledger)
     runner = TaskRunner(ledger=ledger, home=home)
-    the_team = runner.team_of(task) if team is None else _team_of(team)
-    if decision.decision == "edit" and decision.args is not None:
-        from relaygraph.agents.tools import check_tool_args
-
-        for approval in waiting:
-            if approval.tool:
-                check_tool_args(approval.tool, decision.args, the_team.tools)
-    answer = {k: v for k, v in asdict(decision).items() if v is not None}
-    for approval in waiting:
-        ledger.record_decision(
-            task_id,
-            approval.interrupt_id,
-            decision=decision.decision,
-            decided_by=decided_by,
-            reason=decision.reason,
-            args=decision.args,
-        )
-    resume: Command[Any] = Command(resume={a.interrupt_id: answer for a in waiting})
-    return runner.run(task, resume, on_event=on_event, stream_tokens=stream_tokens, team=the_team)
+    the_team = runner.team_of(task) if team is None else team_of(team)
+    answers = decide_task(
+        task, decision, ledger=ledger, tools=lambda: the_team.tools, decided_by=decided_by
+    )
+    return runner.run(
+        task,
+        resume_input(answers),
+        on_event=on_event,
+        stream_tokens=stream_tokens,
+        team=the_team,
+    )
