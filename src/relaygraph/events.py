@@ -447,9 +447,9 @@ def transfer_of(event: Mapping[str, Any]) -> Handoff | None:
         target, source = event.get("target"), event.get("source")
     else:
         return None
-    step = event.get("step")
+    step, ns = event.get("step"), event.get("checkpoint_ns")
     return Handoff(
-        id=str(event.get("checkpoint_ns") or ""),
+        id=ns if isinstance(ns, str) else "",
         kind="route" if kind == "route" else "direct",
         source=_text(source),
         target=_text(target),
