@@ -1,0 +1,47 @@
+"""The worker mode: API servers queue task ids on RabbitMQ, a pool of Celery workers runs them.
+
+``relaygraph serve`` with ``RELAYGRAPH_BROKER_URL`` runs no graphs: it writes the task to the
+ledger and publishes its id (:func:`publish_run`); ``relaygraph worker`` is a Celery worker
+(:func:`create_celery_app`, :func:`worker_argv`) that runs it from the ledger. Event streams on
+any API server learn of new events through PostgreSQL ``NOTIFY`` (:class:`EventListener`).
+Without a broker none of this is used: ``serve`` runs tasks in its own process, as on a single
+machine. How to deploy it: docs/deploy.md.
+"""
+
+from relaygraph.worker._app import (
+    RUN_TASK,
+    RunHook,
+    celery_config,
+    create_celery_app,
+    publish_run,
+    run_ledger_task,
+    worker_argv,
+)
+from relaygraph.worker._notify import (
+    DEFAULT_CHANNEL,
+    EventListener,
+    EventNotice,
+    TaskWatch,
+    libpq_url,
+    notify,
+)
+from relaygraph.worker._settings import DEFAULT_QUEUE, WorkerSettings, load_worker_settings
+
+__all__ = [
+    "DEFAULT_CHANNEL",
+    "DEFAULT_QUEUE",
+    "RUN_TASK",
+    "EventListener",
+    "EventNotice",
+    "RunHook",
+    "TaskWatch",
+    "WorkerSettings",
+    "celery_config",
+    "create_celery_app",
+    "libpq_url",
+    "load_worker_settings",
+    "notify",
+    "publish_run",
+    "run_ledger_task",
+    "worker_argv",
+]

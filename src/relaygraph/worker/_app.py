@@ -1,0 +1,186 @@
+"""The Celery application of the worker mode: one task, ``relaygraph.run_task``.
+
+API servers publish only a task's id (and the ledger's dispatch number) to RabbitMQ; a
+``relaygraph worker`` process takes it and runs the task from the ledger. Everything a run
+produces goes to the ledger and the checkpointer, so there is no result backend.
+
+What each Celery setting is for is said where it is set (:func:`celery_config`); the
+numbers behind them were measured on RabbitMQ 3.10 (docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from relaygraph.errors import ConfigError
+from relaygraph.worker._settings import WorkerSettings
+
+__all__ = [
+    "RUN_TASK",
+    "RunHook",
+    "celery_config",
+    "create_celery_app",
+    "publish_run",
+    "run_ledger_task",
+    "worker_argv",
+]
+
+RUN_TASK = "relaygraph.run_task"
+"""The name of the one task the workers run (API servers publish it by name)."""
+
+RunHook = Callable[[str, int], None]
+"""What ``relaygraph.run_task`` calls: ``run(task_id, dispatch)``."""
+
+
+def run_ledger_task(task_id: str, dispatch: int) -> None:
+    """Run (or continue) the ledger's task ``task_id`` in this worker process.
+
+    The one place where the worker mode meets the runner. Wired, it will: take the next
+    attempt from the ledger for this dispatch (its fencing number; a redelivered message
+    carries the same arguments, so the number cannot come from the message), run the task
+    with the same ``TaskRunner`` as ``serve``, passing that attempt to every ledger write,
+    and return when the task finished, paused for a person, or was cancelled.
+
+    Args:
+        task_id: The ledger's task.
+        dispatch: The ledger's count of times the task was handed to the workers (its
+            submission, then each decision that continues it); a message whose dispatch is
+            not the task's current one is stale.
+
+    Raises:
+        NotImplementedError: Always, until the runner is wired in (issue 18). A failed
+            task is acknowledged, not redelivered, so a worker without the runner does not
+            pass the same message round forever.
+    """
+    raise NotImplementedError(
+        f"relaygraph.run_task got task {task_id!r} (dispatch {dispatch}), but this worker "
+        "cannot run it: relaygraph.worker._app.run_ledger_task is not wired to the runner yet "
+        "(issue 18)"
+    )
+
+
+def celery_config(settings: WorkerSettings) -> dict[str, Any]:
+    """The Celery configuration of the worker mode, from ``settings``."""
+    timeout_ms = int(settings.consumer_timeout_seconds * 1000)
+    queues = [
+        Queue(
+            name,
+            Exchange(name, type="direct"),
+            routing_key=name,
+            durable=True,
+            # RabbitMQ >= 3.12 closes the channel of a consumer that holds a message longer
+            # than this (a stuck worker); older brokers ignore it (measured on 3.10.8: no
+            # effect, no error) and apply their global consumer_timeout instead.
+            consumer_arguments={"x-consumer-timeout": timeout_ms},
+        )
+        for name in settings.queues
+    ]
+    first = settings.queues[0]
+    return {
+        # Acknowledge a task's message when its run returns, not when a worker receives it:
+        # a worker that dies mid-run leaves the message unacknowledged and RabbitMQ gives it
+        # to another worker at once (measured: 6-13 ms after kill -9 of the worker).
+        "task_acks_late": True,
+        # A prefork child killed under its task (OOM killer, a segfault in native code)
+        # requeues the message instead of acknowledging it as failed (measured: redelivered
+        # 0.05-4.4 s after the child's kill -9, when the pool notices). The ledger's attempt
+        # count ends a task that kills its child every time.
+        "task_reject_on_worker_lost": True,
+        # A run that raised has been ended in the ledger by the runner (failed, with its
+        # reason); redelivering it would only fail it again.
+        "task_acks_on_failure_or_timeout": True,
+        # Each child reserves one message at a time: a waiting task is never held by a busy
+        # worker while another worker is idle, and a worker that dies holds only what it runs.
+        "worker_prefetch_multiplier": 1,
+        # A worker that was frozen (SIGSTOP, a paused VM) loses its connection after missed
+        # heartbeats and its task goes to another worker; when it resumes, kill the child
+        # still running the old attempt instead of letting it run to the end (measured: the
+        # old child is gone 0.12 s after SIGCONT; without this it ran its whole task).
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_url": settings.broker_url,
+        "broker_heartbeat": settings.broker_heartbeat,
+        "broker_connection_retry_on_startup": True,
+        # Publisher confirms: publish_run returns only once RabbitMQ has the message, so an
+        # API server that answered 202 has really queued the task.
+        "broker_transport_options": {"confirm_publish": True},
+        "task_queues": queues,
+        "task_default_queue": first,
+        "task_default_exchange": first,
+        "task_default_routing_key": first,
+        "task_routes": {RUN_TASK: {"queue": first}},
+        "control_exchange": settings.control_exchange,
+        # The ledger holds every result: no result backend, nothing stored per task.
+        "task_ignore_result": True,
+        "result_backend": None,
+        # JSON only: a message cannot carry code (pickle), and a worker running as root
+        # does not have to refuse it.
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_hijack_root_logger": False,
+    }
+
+
+def create_celery_app(settings: WorkerSettings, *, run: RunHook = run_ledger_task) -> Celery:
+    """The worker mode's Celery application, whose ``relaygraph.run_task`` calls ``run``.
+
+    Args:
+        settings: The broker, queues and timings (:class:`WorkerSettings`).
+        run: What a worker does with a task id and its dispatch number (tests give their
+            own; the workers run :func:`run_ledger_task`).
+
+    Raises:
+        ConfigError: ``settings`` names no broker.
+    """
+    if settings.broker_url is None:
+        raise ConfigError(
+            "the worker mode needs a broker: set RELAYGRAPH_BROKER_URL (amqp://user:password@host:5672/)"
+        )
+    app = Celery("relaygraph", set_as_current=False)
+    app.conf.update(celery_config(settings))
+
+    # shared=False: a shared task (Celery's default) is added to every app finalized later
+    # in the process, so a second app would run the first app's hook.
+    @app.task(name=RUN_TASK, shared=False)
+    def run_task(task_id: str, dispatch: int) -> None:
+        """Run the ledger's task ``task_id`` for its dispatch ``dispatch`` (see ``run``)."""
+        run(task_id, dispatch)
+
+    return app
+
+
+def publish_run(app: Celery, task_id: str, dispatch: int) -> None:
+    """Queue the ledger's task ``task_id`` for a worker; returns once RabbitMQ has it.
+
+    Call it after the transaction that made the task ``queued`` (with this ``dispatch``)
+    has committed, so no worker can take the message before the ledger shows the task.
+    """
+    app.send_task(RUN_TASK, args=(task_id, dispatch))
+
+
+def worker_argv(settings: WorkerSettings, *, hostname: str | None = None) -> list[str]:
+    """The arguments of ``app.worker_main`` for a ``relaygraph worker`` process.
+
+    Args:
+        settings: Its queues and concurrency.
+        hostname: The worker's node name (``name@host``); two workers on one host need
+            different names. Celery's default (``celery@<host>``) when None.
+    """
+    argv = [
+        "worker",
+        "--pool=prefork",
+        f"--concurrency={settings.concurrency}",
+        f"--queues={','.join(settings.queues)}",
+        # Mingle (revoked ids from the other workers at start) and gossip (events between
+        # workers) serve Celery's revoke and clock sync; the ledger carries cancels, and
+        # without them a worker is ready in under a second.
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel=INFO",
+    ]
+    if hostname is not None:
+        argv.append(f"--hostname={hostname}")
+    return argv

@@ -1,0 +1,121 @@
+"""The worker mode's settings, from ``RELAYGRAPH_*`` environment variables (pydantic-settings).
+
+Both roles of the worker mode read them: ``relaygraph serve`` to publish task ids to the
+broker, ``relaygraph worker`` to consume them. The ledger's own settings
+(``RELAYGRAPH_DATABASE_URL``, ``RELAYGRAPH_MAX_ATTEMPTS``) are the ones ``serve`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from relaygraph.errors import ConfigError
+
+__all__ = ["DEFAULT_QUEUE", "WorkerSettings", "load_worker_settings"]
+
+DEFAULT_QUEUE = "relaygraph"
+"""The queue API servers publish task ids to and workers consume, unless told otherwise."""
+
+_FLAGS = {"concurrency": "--concurrency", "queues": "--queues"}
+# RabbitMQ takes any UTF-8 name up to 255 bytes; we keep to names that read well in
+# `rabbitmqctl list_queues` and in a shell.
+_QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+# A PostgreSQL identifier (LISTEN takes one), at most 63 bytes.
+_CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class WorkerSettings(BaseSettings):
+    """How the worker mode reaches its broker and how a worker runs tasks.
+
+    Every field is also ``RELAYGRAPH_<FIELD>`` in the environment.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RELAYGRAPH_", extra="ignore", frozen=True)
+
+    broker_url: str | None = None
+    """The RabbitMQ broker (``amqp://user:password@host:5672/vhost``). None (the default):
+    no worker mode; ``serve`` runs tasks in its own process, as on a single machine."""
+    queues: list[str] = Field(default_factory=lambda: [DEFAULT_QUEUE], min_length=1)
+    """The queues a worker consumes (``worker --queues``); API servers publish to the first.
+    Durable, so queued task ids survive a broker restart."""
+    concurrency: int = Field(default=2, ge=1, le=64)
+    """Tasks one worker runs at once: prefork child processes, one task each (``worker
+    --concurrency``). A graph run is mostly waiting on models, but a child per task keeps a
+    crash (the embedded model, a tool's native code) to that one task."""
+    broker_heartbeat: float = Field(default=10.0, ge=2.0, le=60.0)
+    """AMQP heartbeat in seconds. It decides how soon RabbitMQ gives a *frozen* worker's task
+    (SIGSTOP, a stalled VM) to another: measured on RabbitMQ 3.10, about 2.9 times this value
+    (10 s: 29 s). A worker that dies is noticed at once (its socket closes), whatever this
+    says. Lower values notice sooner but close connections of workers that are only slow to
+    run their event loop."""
+    consumer_timeout_seconds: float = Field(default=6 * 3600.0, ge=60.0)
+    """How long a worker may hold one task unacknowledged before RabbitMQ closes its channel
+    and gives the task to another: the backstop for a worker that is alive but stuck. It must
+    be above the longest run (a paused task acknowledges and holds nothing). Sent as the
+    consumer argument ``x-consumer-timeout``, which RabbitMQ 3.12 and later honour; older
+    brokers (3.10, 3.11) ignore it and use their global ``consumer_timeout`` (30 minutes by
+    default; set it in rabbitmq.conf, see docs/deploy.md)."""
+    control_exchange: str = "relaygraph"
+    """The name of Celery's broadcast exchange for remote control (``<name>.pidbox``): apart
+    from any other Celery application on the same vhost, so their ``revoke``, ``ping`` or
+    ``shutdown`` never reach relaygraph's workers."""
+    events_channel: str = "relaygraph_events"
+    """The PostgreSQL ``NOTIFY`` channel on which "task X has events up to seq N" reaches
+    every API server's event streams (:mod:`relaygraph.worker._notify`)."""
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _QUEUE.fullmatch(name):
+                raise ValueError(f"{name!r} is not a queue name (letters, digits, _ . : -)")
+        return value
+
+    @field_validator("control_exchange")
+    @classmethod
+    def _exchange_name(cls, value: str) -> str:
+        if not _QUEUE.fullmatch(value):
+            raise ValueError(f"{value!r} is not an exchange name (letters, digits, _ . : -)")
+        return value
+
+    @field_validator("events_channel")
+    @classmethod
+    def _channel_name(cls, value: str) -> str:
+        if not _CHANNEL.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a PostgreSQL channel name (lower case, digits, _; 63 at most)"
+            )
+        return value
+
+
+def load_worker_settings(**overrides: Any) -> WorkerSettings:
+    """The worker mode's settings: ``overrides`` (command-line flags) over the environment.
+
+    Raises:
+        ConfigError: A setting is invalid; the message names its variable (and flag) and
+            the value.
+    """
+    try:
+        return WorkerSettings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            where = f"RELAYGRAPH_{field.upper()}"
+            if field in _FLAGS:
+                where += f" / {_FLAGS[field]}"
+            problems.append(f"{where} {error['input']!r}: {error['msg']}")
+        raise ConfigError("bad worker setting: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # pydantic-settings reads list settings as JSON and names only the field.
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        name = f"RELAYGRAPH_{field.upper()}"
+        raise ConfigError(
+            f"bad worker setting: {name} {os.environ.get(name)!r} is not valid JSON; "
+            """a list is written as '["relaygraph"]'"""
+        ) from None
