@@ -3,6 +3,8 @@
 Both tracers are LangChain callback handlers made per task run by
 :func:`tracing_callbacks` from the standard environment variables
 (``OTEL_TRACES_EXPORTER``, ``LANGSMITH_TRACING``); with neither set it returns no handler.
+:func:`trace_reference` names where a run's trace will be before it starts (its OTel
+trace id, its LangSmith run), for the run's ``run_started`` event.
 A handoff is shown as a handoff, never as an error. :func:`build_timeline` rebuilds a
 task's timeline from the ledger for ``relaygraph trace`` and ``GET /v1/tasks/{id}/trace``.
 """
@@ -15,7 +17,9 @@ from relaygraph.tracing._config import (
     exporting_provider,
     langsmith_config,
     langsmith_enabled,
+    langsmith_project_url,
     otel_exporters,
+    trace_reference,
     tracing_callbacks,
 )
 from relaygraph.tracing._timeline import build_timeline, render_timeline
@@ -31,8 +35,10 @@ __all__ = [
     "exporting_provider",
     "langsmith_config",
     "langsmith_enabled",
+    "langsmith_project_url",
     "otel_exporters",
     "render_timeline",
+    "trace_reference",
     "tracing_callbacks",
 ]
 

@@ -19,16 +19,18 @@ from langchain_core.tracers.langchain import LangChainTracer
 from langchain_core.tracers.schemas import Run
 from langgraph.errors import GraphInterrupt, ParentCommand
 
+from relaygraph._names import SUPERVISOR
+from relaygraph.events import Handoff
 from relaygraph.tracing import _runs
-from relaygraph.tracing._runs import Handoff, RunTree
+from relaygraph.tracing._runs import RunTree
 
 
 def _handoff_json(handoff: Handoff) -> dict[str, str]:
     return {
-        "from": handoff.source,
-        "to": handoff.target,
-        "task": handoff.task,
-        "reason": handoff.reason,
+        "from": handoff["source"],
+        "to": handoff["target"],
+        "task": handoff["task"],
+        "reason": handoff["reason"],
     }
 
 
@@ -156,9 +158,9 @@ class LangSmithTracer(LangChainTracer):
         tags: list[str] = []
         if records.ended:
             metadata["relaygraph_ended"] = records.ended
-        is_router = _runs.node_role(name) == "supervisor"
+        is_router = _runs.node_role(name) == SUPERVISOR
         for handoff in records.handoffs:
-            if handoff.kind == "route":
+            if handoff["kind"] == "route":
                 metadata["relaygraph_route"] = _handoff_json(handoff)
                 _event(run, "route", **_handoff_json(handoff))
             elif is_router:

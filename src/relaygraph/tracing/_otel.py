@@ -23,8 +23,10 @@ from langgraph.errors import GraphInterrupt, ParentCommand
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace_id
 
+from relaygraph._names import HANDOFF_PREFIX, SUPERVISOR
+from relaygraph.events import Handoff, handoff_attributes
 from relaygraph.tracing import _runs
-from relaygraph.tracing._runs import Handoff, NodeRecords, RunTree
+from relaygraph.tracing._runs import NodeRecords, RunTree
 
 INSTRUMENTATION = "relaygraph.tracing"
 WORKFLOW = "relaygraph"
@@ -205,8 +207,10 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
     def _control_flow(span: Span, error: BaseException) -> None:
         """A handoff, a pause or a drain passed through this run: say so, leave the status."""
         span.set_attribute("relaygraph.control_flow", _runs.control_flow_kind(error))
-        if (handoff := _runs.handoff_of(error)) is not None and handoff.kind == "direct":
-            span.add_event("relaygraph.handoff", _clean(handoff.attributes("relaygraph.handoff")))
+        if (handoff := _runs.handoff_of(error)) is not None and handoff["kind"] == "direct":
+            span.add_event(
+                "relaygraph.handoff", _clean(handoff_attributes(handoff, "relaygraph.handoff"))
+            )
             span.set_attribute("relaygraph.agent.ended", "handed_off")
         if isinstance(error, GraphInterrupt):
             span.set_attribute("relaygraph.interrupted", True)
@@ -328,25 +332,27 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
             root[1] += int(records.usage.get("output_tokens", 0)) - tokens[1]
         if records.ended:
             span.set_attribute("relaygraph.agent.ended", records.ended)
-        is_router = _runs.node_role(name) == "supervisor"
-        route = next((h for h in records.handoffs if h.kind == "route"), None)
-        relay = next((h for h in records.handoffs if h.kind == "direct"), None)
+        is_router = _runs.node_role(name) == SUPERVISOR
+        route = next((h for h in records.handoffs if h["kind"] == "route"), None)
+        relay = next((h for h in records.handoffs if h["kind"] == "direct"), None)
         if is_router and route is None and relay is not None:
             # The tool supervisor passing on an agent's own handoff: not a route of its own.
-            span.add_event("relaygraph.relay", _clean(relay.attributes("relaygraph.handoff")))
+            span.add_event(
+                "relaygraph.relay", _clean(handoff_attributes(relay, "relaygraph.handoff"))
+            )
         elif is_router and records.goto is not None:
             span.add_event(
                 "relaygraph.route",
                 _clean(
                     {
-                        "relaygraph.route.next": route.target if route else records.goto,
-                        "relaygraph.route.task": route.task if route else None,
-                        "relaygraph.route.reason": route.reason if route else None,
+                        "relaygraph.route.next": route["target"] if route else records.goto,
+                        "relaygraph.route.task": route["task"] if route else None,
+                        "relaygraph.route.reason": route["reason"] if route else None,
                     }
                 ),
             )
         for handoff in records.handoffs:
-            if handoff.kind == "direct" and not is_router:
+            if handoff["kind"] == "direct" and not is_router:
                 self._handoff(span, handoff)
         for violation in records.violations:
             budget = violation.get("kind") == "budget"
@@ -365,7 +371,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
 
     @staticmethod
     def _handoff(span: Span, handoff: Handoff) -> None:
-        attributes = _clean(handoff.attributes("relaygraph.handoff"))
+        attributes = _clean(handoff_attributes(handoff, "relaygraph.handoff"))
         span.add_event("relaygraph.handoff", attributes)
         span.set_attributes(attributes)
 
@@ -486,10 +492,10 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                 "gen_ai.tool.type": "function",
                 "gen_ai.agent.name": agent,
             }
-            if name.startswith("transfer_to_") and isinstance(inputs, Mapping):
+            if name.startswith(HANDOFF_PREFIX) and isinstance(inputs, Mapping):
                 attributes |= {
                     "relaygraph.handoff.from": agent,
-                    "relaygraph.handoff.to": name.removeprefix("transfer_to_"),
+                    "relaygraph.handoff.to": name.removeprefix(HANDOFF_PREFIX),
                     "relaygraph.handoff.task": inputs.get("task"),
                     "relaygraph.handoff.reason": inputs.get("reason"),
                 }
@@ -502,7 +508,8 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                 if (handoff := _runs.handoff_of(output)) is not None:
                     span.set_attribute("relaygraph.handoff.carried_out", True)
                     span.add_event(
-                        "relaygraph.handoff", _clean(handoff.attributes("relaygraph.handoff"))
+                        "relaygraph.handoff",
+                        _clean(handoff_attributes(handoff, "relaygraph.handoff")),
                     )
                 status = getattr(output, "status", None)
                 if isinstance(status, str):

@@ -15,13 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from uuid import UUID
 
 from langgraph.errors import GraphBubbleUp, GraphInterrupt, ParentCommand
 from langgraph.types import Command
 
 from relaygraph._names import BEGIN, FINALIZE, SUPERVISOR
+from relaygraph.events import Handoff, Usage, handoff_attributes
+
+__all__ = [
+    "Handoff",
+    "NodeRecords",
+    "RunTree",
+    "control_flow_kind",
+    "handoff_attributes",
+    "handoff_of",
+    "interrupt_values",
+    "is_control_flow",
+    "node_records",
+    "node_role",
+    "response_model",
+    "token_usage",
+]
 
 Role = Literal["supervisor", "agent", "finalize"]
 
@@ -58,47 +74,25 @@ def control_flow_kind(error: BaseException) -> str:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Handoff:
-    """A transfer of work as a tracer shows it."""
-
-    kind: Literal["route", "direct"]
-    source: str
-    target: str
-    task: str
-    reason: str
-
-    def attributes(self, prefix: str) -> dict[str, str]:
-        return {
-            f"{prefix}.from": self.source,
-            f"{prefix}.to": self.target,
-            f"{prefix}.task": self.task,
-            f"{prefix}.reason": self.reason,
-        }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class NodeRecords:
     """What one team node's output says happened in it."""
 
     goto: str | None = None
     handoffs: tuple[Handoff, ...] = ()
+    """The transfers of work the node made: the records the team graph keeps (a span's
+    attributes are made from one by :func:`handoff_attributes`)."""
     violations: tuple[Mapping[str, Any], ...] = ()
-    usage: Mapping[str, Any] | None = None
-    """The node's usage record (one per node run): calls, tokens, cost, seconds."""
+    usage: Usage | None = None
+    """The node's usage record (one per node run), as the team graph computed it."""
     ended: str | None = None
     """How an agent visit ended: ``finished``, ``handed_off``, ``budget``."""
     status: str | None = None
     stop_reason: str | None = None
 
 
-def _handoff(record: Mapping[str, Any]) -> Handoff:
-    return Handoff(
-        kind="route" if record.get("kind") == "route" else "direct",
-        source=str(record.get("source", "")),
-        target=str(record.get("target", "")),
-        task=str(record.get("task", "")),
-        reason=str(record.get("reason", "")),
-    )
+def _handoffs(update: Mapping[str, Any]) -> tuple[Handoff, ...]:
+    """The handoff records a node's update carries (the team graph's own)."""
+    return tuple(cast(Handoff, h) for h in update.get("handoffs") or [] if isinstance(h, Mapping))
 
 
 def node_records(output: Any) -> NodeRecords:
@@ -114,9 +108,9 @@ def node_records(output: Any) -> NodeRecords:
     visits = [v for v in update.get("visits") or [] if isinstance(v, Mapping)]
     return NodeRecords(
         goto=goto,
-        handoffs=tuple(_handoff(h) for h in update.get("handoffs") or [] if isinstance(h, Mapping)),
+        handoffs=_handoffs(update),
         violations=tuple(v for v in update.get("violations") or [] if isinstance(v, Mapping)),
-        usage=usage[-1] if usage else None,
+        usage=cast(Usage, usage[-1]) if usage else None,
         ended=str(visits[-1].get("ended")) if visits else None,
         status=update.get("status"),
         stop_reason=update.get("stop_reason"),
@@ -129,8 +123,8 @@ def handoff_of(value: Any) -> Handoff | None:
         value = value.args[0] if value.args else None
     if not isinstance(value, Command) or not isinstance(value.update, Mapping):
         return None
-    records = [h for h in value.update.get("handoffs") or [] if isinstance(h, Mapping)]
-    return _handoff(records[0]) if records else None
+    records = _handoffs(value.update)
+    return records[0] if records else None
 
 
 def interrupt_values(error: BaseException) -> list[Any]:
