@@ -171,6 +171,7 @@ class Workers:
         self.log = tmp_path / "probe.log"
         self.log.touch()
         self.release = tmp_path / "release"
+        self.release.mkdir()
         self.env = {
             **os.environ,
             "RELAYGRAPH_BROKER_URL": url,
@@ -225,6 +226,18 @@ class Workers:
             time.sleep(0.02)
         return None
 
+    def let_finish(self, task_id: str = "all") -> None:
+        """Let the probe's run of ``task_id`` (of every task: ``all``) return."""
+        (self.release / task_id).touch()
+
+    def acknowledged_before(self, name: str, task_id: str) -> None:
+        """Wait until worker ``name`` acknowledged its message: with one process and a
+        prefetch of one, RabbitMQ gives it the next message only then."""
+        publish_run(self.app, "task-held", 0)
+        held = self.wait_for(lambda r: r["kind"] == "start" and r["task_id"] == "task-held", 30)
+        assert held, f"{task_id} was never acknowledged\n{self.output(name)}"
+        assert self.name_of(held["ppid"]) == name
+
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Signal worker ``name``'s whole process group: its main process and its pool."""
         os.killpg(self.processes[name].pid, sig)
@@ -259,17 +272,19 @@ def workers(rabbitmq: str, tmp_path: Path) -> Iterator[Workers]:
 
 
 def test_a_worker_runs_a_task_and_acknowledges_it(workers: Workers) -> None:
-    workers.release.touch()
+    workers.let_finish("task-ack")
     worker = workers.start("w1")
     publish_run(workers.app, "task-ack", 1)
     end = workers.wait_for(lambda r: r["kind"] == "end", 30)
     assert end, workers.output("w1")
     assert (end["task_id"], end["dispatch"], end["ppid"]) == ("task-ack", 1, worker.pid)
-    # Were the message unacknowledged, the worker's death would put it back in the queue.
+    workers.acknowledged_before("w1", "task-ack")
+    # The worker's death puts back the message it holds unacknowledged, and only that one.
     workers.kill("w1")
     worker.wait(10)
-    assert workers.ready_messages() == 0
-    assert [r["kind"] for r in workers.records() if r["kind"] != "ready"] == ["start", "end"]
+    assert workers.ready_messages() == 1
+    runs = [(r["kind"], r["task_id"]) for r in workers.records() if r["kind"] != "ready"]
+    assert runs == [("start", "task-ack"), ("end", "task-ack"), ("start", "task-held")]
 
 
 def test_kill_9_of_a_worker_mid_task_gives_the_task_to_another(workers: Workers) -> None:
@@ -290,13 +305,14 @@ def test_kill_9_of_a_worker_mid_task_gives_the_task_to_another(workers: Workers)
     # RabbitMQ sees the socket close with the process: measured 6-13 ms on a quiet machine.
     assert again["t"] - killed_at < 10
 
-    workers.release.touch()
+    workers.let_finish("task-kill")
     assert workers.wait_for(lambda r: r["kind"] == "end", 30)
-    runs = [(r["kind"], r["ppid"]) for r in workers.records() if r["kind"] != "ready"]
+    workers.acknowledged_before(other, "task-kill")
+    runs = [(r["kind"], r["ppid"]) for r in workers.records() if r["kind"] != "ready"][:3]
     assert runs == [("start", first["ppid"]), ("start", again["ppid"]), ("end", again["ppid"])]
     workers.kill(other)
     workers.processes[other].wait(10)
-    assert workers.ready_messages() == 0
+    assert workers.ready_messages() == 1  # task-held only: task-kill was acknowledged.
 
 
 def test_kill_9_of_the_pool_child_requeues_the_task(workers: Workers) -> None:
@@ -311,5 +327,5 @@ def test_kill_9_of_the_pool_child_requeues_the_task(workers: Workers) -> None:
     again = workers.wait_for(lambda r: r["kind"] == "start" and r["t"] > killed_at, 30)
     assert again, workers.output("w1")
     assert again["pid"] != first["pid"] and again["ppid"] == first["ppid"]
-    workers.release.touch()
+    workers.let_finish()
     assert workers.wait_for(lambda r: r["kind"] == "end", 30)

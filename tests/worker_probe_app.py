@@ -3,7 +3,8 @@
 Run as ``python -m tests.worker_probe_app NAME@HOST`` with the test's ``RELAYGRAPH_*``
 settings (its own queue and control exchange). The probe stands in for the runner: it
 appends a line to ``$PROBE_LOG`` when a run starts and when it ends, and does not end before
-the file ``$PROBE_RELEASE`` exists, so a test decides how long a run lasts.
+the folder ``$PROBE_RELEASE`` holds a file named after the task (or ``all``), so a test
+decides how long each run lasts.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def record(kind: str, **fields: Any) -> None:
 def probe(task_id: str, dispatch: int) -> None:
     record("start", task_id=task_id, dispatch=dispatch)
     release = Path(os.environ["PROBE_RELEASE"])
-    while not release.exists():
+    while not (release / task_id).exists() and not (release / "all").exists():
         time.sleep(0.05)
     record("end", task_id=task_id, dispatch=dispatch)
 
