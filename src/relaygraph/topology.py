@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, cast, get_args
 
+from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.errors import ConfigError
 
 __all__ = ["OUTPUT_MODES", "TOPOLOGIES", "OutputMode", "Topology", "TopologyKind"]
@@ -18,9 +19,6 @@ TopologyKind = Literal["structured", "swarm", "supervisor-tools"]
 OutputMode = Literal["last_message", "full_history"]
 TOPOLOGIES: tuple[str, ...] = get_args(TopologyKind)
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
-
-SUPERVISOR = "supervisor"
-FINALIZE = "finalize"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

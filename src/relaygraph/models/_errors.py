@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from relaygraph.errors import RunError
+from relaygraph.events import ModelErrorEvent
 
 __all__ = ["ModelCallError", "server_message"]
 
@@ -93,13 +94,13 @@ class ModelCallError(RunError):
         tries = f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
         return f"{head}{self.detail}{tries}"
 
-    def to_event(self) -> dict[str, Any]:
+    def to_event(self) -> ModelErrorEvent:
         """The ``model_error`` event that reports it."""
-        return {
-            "type": "model_error",
-            "role": self.role,
-            "model": self.model,
-            "status": self.status,
-            "error": self.detail,
-            "attempts": self.attempts,
-        }
+        return ModelErrorEvent(
+            type="model_error",
+            role=self.role,
+            model=self.model,
+            status=self.status,
+            error=self.detail,
+            attempts=self.attempts,
+        )

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -30,6 +30,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from relaygraph.errors import ConfigError, ModelSpecError
+from relaygraph.events import ModelRetryEvent, StructuredMethodEvent
 from relaygraph.models._errors import ModelCallError, server_message
 from relaygraph.models._options import (
     STRUCTURED_ENV,
@@ -92,7 +93,7 @@ def learned_structured_method(base_url: str | None, model: str) -> StructuredMet
         return _learned.get((base_url or OPENAI_API, model))
 
 
-def emit_event(event: dict[str, Any]) -> None:
+def emit_event(event: Mapping[str, Any]) -> None:
     """Send ``event`` to the running task's event stream; nothing outside a task."""
     from langgraph.config import get_stream_writer
 
@@ -371,14 +372,14 @@ class RelaygraphChatOpenAI(ChatOpenAI):
                 method,
             )
             emit_event(
-                {
-                    "type": "structured_method",
-                    "role": self.relaygraph_role,
-                    "model": self.relaygraph_spec,
-                    "base_url": key[0],
-                    "method": method,
-                    "rejected": rejected,
-                }
+                StructuredMethodEvent(
+                    type="structured_method",
+                    role=self.relaygraph_role,
+                    model=self.relaygraph_spec,
+                    base_url=key[0],
+                    method=method,
+                    rejected=rejected,
+                )
             )
 
         def give_up(error: ModelCallError) -> ModelCallError:
@@ -429,16 +430,16 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 def _report_retry(role: str, spec: str, note: RetryNote) -> None:
     log.info("model call of %r (%s) retried: %s", role, spec, note.error)
     emit_event(
-        {
-            "type": "model_retry",
-            "role": role,
-            "model": spec,
-            "attempt": note.attempt,
-            "status": note.status,
-            "error": note.error,
-            "wait_seconds": round(note.wait_seconds, 3),
-            "retry_after": note.retry_after,
-        }
+        ModelRetryEvent(
+            type="model_retry",
+            role=role,
+            model=spec,
+            attempt=note.attempt,
+            status=note.status,
+            error=note.error,
+            wait_seconds=round(note.wait_seconds, 3),
+            retry_after=note.retry_after,
+        )
     )
 
 

@@ -101,7 +101,7 @@ class LedgerBase:
 
 
 def _add_events(
-    session: Session, task_id: str, first: int, batch: Sequence[dict[str, Any]], now: datetime
+    session: Session, task_id: str, first: int, batch: Sequence[Mapping[str, Any]], now: datetime
 ) -> None:
     """Add the event rows numbered from ``first``, and the rows derived from them."""
     session.add_all(

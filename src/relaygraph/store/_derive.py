@@ -31,7 +31,7 @@ __all__ = ["DERIVERS", "FINISH", "NAME_CHARS", "SUPERVISOR", "derive", "event_ag
 
 NAME_CHARS = 64
 
-Deriver = Callable[[Session, str, int, dict[str, Any], datetime], None]
+Deriver = Callable[[Session, str, int, Mapping[str, Any], datetime], None]
 
 
 def event_agent(event: Mapping[str, Any]) -> str | None:
@@ -45,7 +45,7 @@ def event_agent(event: Mapping[str, Any]) -> str | None:
     return None
 
 
-def derive(session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime) -> None:
+def derive(session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> None:
     """Write the rows event number ``seq`` implies, if any."""
     deriver = DERIVERS.get(event["type"])
     if deriver is not None:
@@ -72,7 +72,7 @@ def _object(value: object) -> dict[str, Any] | None:
 
 
 def _transfer(
-    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     handoff = moved_work(event)
     if handoff is None:
@@ -157,7 +157,7 @@ def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -
 
 
 def _tool_call(
-    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     has_id = isinstance(event.get("tool_call_id"), str) and event["tool_call_id"]
     if has_id and _open_call(session, task_id, event) is not None:
@@ -166,7 +166,7 @@ def _tool_call(
 
 
 def _tool_result(
-    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     row = _open_call(session, task_id, event)
     if row is None:  # The call's own event was not recorded; keep the result all the same.
@@ -180,7 +180,7 @@ def _tool_result(
 
 
 def _interrupted(
-    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     interrupt_id = event.get("id")
     interrupt_id = str(interrupt_id) if interrupt_id is not None else None
@@ -209,7 +209,7 @@ def _interrupted(
 
 
 def _approval(
-    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     """The resumed run acted on a decision: mark the request it answered as applied."""
     agent, tool = _name(event, "agent") or None, _text(event, "tool")[:128] or None
@@ -245,7 +245,7 @@ def _approval(
 
 
 def _agent_finished(
-    session: Session, task_id: str, seq: int, event: dict[str, Any], now: datetime
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     usage = event.get("usage")
     if isinstance(usage, Mapping):

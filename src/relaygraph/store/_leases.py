@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
+from relaygraph.events import run_finished_event
 from relaygraph.store._base import (
     LedgerBase,
     _add_events,
@@ -245,7 +246,7 @@ def _add_finish_event(
         .returning(TaskRow.last_event_seq)
     )
     assert seq is not None
-    event = {"type": "run_finished", "status": status, "stop_reason": stop_reason}
+    event = run_finished_event(status, stop_reason)
     _add_events(session, task_id, seq, [event], now)
 
 

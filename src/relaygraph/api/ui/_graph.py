@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from relaygraph._names import SUPERVISOR
+from relaygraph.events import is_carried_out, transfer_of
 from relaygraph.store import Event, Handoff
-
-SUPERVISOR = "supervisor"
-FINISH = "FINISH"
 
 WIDTH = 760
 HEIGHT = 350
@@ -110,27 +109,19 @@ def transfers_of(handoffs: Sequence[Handoff], events: Sequence[Event]) -> list[T
             # it that follows is the bounce.
             pending[str(data.get("agent"))] = str(data.get("detail") or "ping-pong")
             continue
-        if event.type not in ("route", "handoff"):
+        transfer = transfer_of(event.data)
+        if transfer is None:
             continue
-        target = data.get("next") if event.type == "route" else data.get("target")
-        if target is None or target == FINISH:
-            continue
-        if str(target) in pending:
-            bounces[event.seq] = pending.pop(str(target))
-        if data.get("carried_out") is False:
+        if transfer["target"] in pending:
+            bounces[event.seq] = pending.pop(transfer["target"])
+        if not is_carried_out(event.data):
+            # Carried-out transfers are the ledger's handoff rows (above), made from the
+            # same record; a stopped one is only in its event.
+            stopped = event.data.get("tokens_so_far")
             found.append(
                 (
                     event.seq,
-                    {
-                        "kind": "route" if event.type == "route" else "direct",
-                        "source": SUPERVISOR if event.type == "route" else data.get("source"),
-                        "target": target,
-                        "task": data.get("task") or "",
-                        "reason": data.get("reason") or "",
-                        "step": data.get("step"),
-                        "tokens_so_far": data.get("tokens_so_far"),
-                        "carried_out": False,
-                    },
+                    {**transfer, "tokens_so_far": stopped, "carried_out": False},
                 )
             )
     found.sort(key=lambda item: item[0])

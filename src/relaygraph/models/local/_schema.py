@@ -12,6 +12,8 @@ from typing import Any
 from langchain_core.utils.json_schema import dereference_refs
 from pydantic import BaseModel
 
+from relaygraph._names import HANDOFF_PREFIX
+
 __all__ = [
     "ANSWER_CHARS",
     "ARG_CHARS",
@@ -31,7 +33,6 @@ ARG_CHARS = 200
 TASK_CHARS = 300
 REASON_CHARS = 160
 MAX_ITEMS = 8
-HANDOFF_PREFIX = "transfer_to_"  # relaygraph.handoffs.HANDOFF_PREFIX, not imported: no cycle
 
 _GRAMMAR_FORMATS = ("date", "time", "date-time", "uuid")
 """String formats the grammar converter enforces; others become capped plain strings."""

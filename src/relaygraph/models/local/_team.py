@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from relaygraph._names import FINISH
 from relaygraph.models.local._grounding import Passage, cited_passages, keywords, rank_passages
 from relaygraph.models.local._schema import grammar_safe
 
@@ -225,7 +226,7 @@ class RouteHint:
 
 
 def route_hint(
-    options: Sequence[str], roster: Mapping[str, str], team: TeamInput, finish: str = "FINISH"
+    options: Sequence[str], roster: Mapping[str, str], team: TeamInput, finish: str = FINISH
 ) -> RouteHint | None:
     """The route the request's keywords call for, or None when they name no agent.
 
