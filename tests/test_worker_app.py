@@ -253,6 +253,7 @@ class Workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+        self.app.close()
         with Connection(self.url) as connection:
             channel = connection.default_channel
             channel.queue_delete(self.queue)
