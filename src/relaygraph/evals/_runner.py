@@ -105,7 +105,7 @@ def run_case(
     topology: Topology | None = None,
     team: Team | None = None,
 ) -> TrialResult:
-    """Run ``case`` once through ``team`` (:func:`relaygraph.runner._run.run_task`) and score it.
+    """Run ``case`` once through ``team`` (:func:`relaygraph.runner.run_task`) and score it.
 
     The case's script plays every role unless ``model`` is given; ``agent_models`` still
     overrides single roles. The run gets a thread of its own. A case that cannot run at all

@@ -6,11 +6,14 @@ a paused task is answered one way too, :func:`decide_task` (``_decide``). Refusa
 the field at fault (:class:`RequestRefused`).
 
 :func:`run_task` and :func:`resume_task` run a task (or continue a paused one) in this
-process; :class:`TaskRunner` is the long-lived form the task service keeps (team cache,
-checkpointer, ledger). Around them: each role's model (``_models``), the checkpointer
-(``_checkpoint``), the ledger writes behind the graph (``_event_writer``), the runner's
-hold on its task (``_lease``), the compiled teams per process (``_team_cache``) and the
-honest summary of a run (``_summary``).
+process (``_run``); :class:`TaskRunner` is the long-lived form the task service keeps
+(``_task_runner``): it prepares each run and takes it through the named steps of one
+:class:`~relaygraph.runner._task_run.TaskRun` (input, ``run_started``, stream, result, end).
+Around them: the result and a person's decision (``_result``), each role's model
+(``_models``), the team a task runs (``_teams``), the ledger of a data directory
+(``_ledger``), the checkpointer (``_checkpoint``), the ledger writes behind the graph
+(``_event_writer``), the runner's hold on its task (``_lease``), the compiled teams per
+process (``_team_cache``) and the honest summary of a run (``_summary``).
 """
 
 from relaygraph.runner._checkpoint import sqlite_checkpointer
@@ -23,6 +26,7 @@ from relaygraph.runner._decide import (
 )
 from relaygraph.runner._errors import RefusalKind, RequestRefused
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
+from relaygraph.runner._ledger import ledger_for
 from relaygraph.runner._models import (
     ModelGate,
     ModelRules,
@@ -31,18 +35,7 @@ from relaygraph.runner._models import (
     resolve_model_specs,
 )
 from relaygraph.runner._result import Decision, RunResult
-from relaygraph.runner._run import (
-    CONTINUE,
-    LEASE_LOST,
-    SUSPENDED,
-    TaskRunner,
-    ledger_for,
-    policy_digest,
-    resume_task,
-    run_task,
-    team_of,
-    team_of_record,
-)
+from relaygraph.runner._run import resume_task, run_task
 from relaygraph.runner._submit import (
     POLICY_SOURCE_KEY,
     Enqueue,
@@ -53,6 +46,9 @@ from relaygraph.runner._submit import (
     record_submission,
     submit_task,
 )
+from relaygraph.runner._task_run import CONTINUE, LEASE_LOST, SUSPENDED, EventHandler
+from relaygraph.runner._task_runner import TaskRunner, policy_digest
+from relaygraph.runner._teams import team_of, team_of_record
 
 __all__ = [
     "CONTINUE",
@@ -63,6 +59,7 @@ __all__ = [
     "Answers",
     "Decision",
     "Enqueue",
+    "EventHandler",
     "ModelGate",
     "ModelRules",
     "RefusalKind",

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from relaygraph.events import Event
+
 __all__ = ["EventWriter"]
 
 _STOP = object()
@@ -51,7 +53,7 @@ class EventWriter:
         )
         self._thread.start()
 
-    def put(self, event: dict[str, Any]) -> None:
+    def put(self, event: Event) -> None:
         """Queue ``event`` to be written."""
         self._raise_error()
         self._queue.put(event)

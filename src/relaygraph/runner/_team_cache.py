@@ -126,4 +126,4 @@ class TeamCache:
 
 
 team_cache = TeamCache()
-"""The process's cache, which every :class:`~relaygraph.runner._run.TaskRunner` uses."""
+"""The process's cache, which every :class:`~relaygraph.runner.TaskRunner` uses."""

@@ -1,0 +1,333 @@
+"""One run of a task, in named steps: the graph input it goes on from, its ``run_started``
+event, the stream of the graph's events, how it ended, and what the ledger records of the
+end. :class:`~relaygraph.runner.TaskRunner` prepares a :class:`TaskRun` (team, context,
+config, lease) and takes it through these steps."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from relaygraph.errors import RelaygraphError
+from relaygraph.events import (
+    RunStartedEvent,
+    interrupted_event,
+    run_finished_event,
+    run_started_event,
+    run_suspended_event,
+    token_event,
+    violation_event,
+)
+from relaygraph.runner._result import RunResult
+from relaygraph.runner._summary import (
+    honest_status,
+    in_flight_records,
+    summarize,
+    waiting_violations,
+)
+
+if TYPE_CHECKING:
+    from relaygraph.agents.context import TaskContext
+    from relaygraph.policies import TeamPolicy
+    from relaygraph.runner._event_writer import EventWriter
+    from relaygraph.runner._lease import LeaseKeeper
+    from relaygraph.store import Ledger, Task
+    from relaygraph.topology import Topology
+
+__all__ = ["CONTINUE", "LEASE_LOST", "SUSPENDED", "EventHandler", "StreamEnd", "TaskRun"]
+
+EventHandler = Callable[[dict[str, Any]], None]
+CONTINUE: Any = object()
+"""Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
+SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
+LEASE_LOST = "suspended: another runner took the task over (this one could not renew its lease)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamEnd:
+    """How the graph's stream ended, and the graph's state then."""
+
+    drained: bool
+    """Stopped at a step boundary on request: a cancel, a shutdown or a lost lease."""
+    error: str | None
+    """The stop reason of a run that failed: ``error: ...`` or a last-resort budget."""
+    snapshot: Any
+    """The graph's state (with its subgraphs') after the stream."""
+    in_flight: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+    """Usage records and violations of the visits the stream left in progress."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskRun:
+    """One run of ``task``, under this runner's lease; every event goes through ``writer``."""
+
+    ledger: Ledger
+    runner_id: str
+    task: Task
+    policy: TeamPolicy
+    topology: Topology
+    recorded: dict[str, str]
+    """The model spec each role runs on, as the task records it."""
+    context: TaskContext
+    config: dict[str, Any]
+    """The graph call's config: thread, identity, limits, tracing."""
+    cancel: threading.Event
+    stop: threading.Event | None
+    lease: LeaseKeeper
+    writer: EventWriter
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return self.topology.roles(tuple(self.policy.agents))
+
+    def graph_input(self, graph: Any, graph_input: Any) -> Any:
+        """The input the graph goes on from: ``graph_input``, or for :data:`CONTINUE` what
+        the task's checkpoints and decisions say. A task that goes on from a pause or a stop
+        has its usage rows set back to what its finished nodes spent first."""
+        if graph_input is CONTINUE:
+            graph_input = self._continue_input(graph)
+        if not (isinstance(graph_input, dict) and "request" in graph_input):
+            self._settle_usage(graph)
+        return graph_input
+
+    def started_event(self) -> RunStartedEvent:
+        """The run's ``run_started`` event (the one place it is built)."""
+        return run_started_event(
+            task_id=self.task.id,
+            thread_id=self.task.thread_id,
+            models=self.recorded,
+            topology=self.topology.to_mapping(),
+        )
+
+    def stream(self, graph: Any, graph_input: Any, *, stream_tokens: bool) -> StreamEnd:
+        """Stream the graph from ``graph_input``, each event to the writer, until it ends,
+        pauses, fails, or drains at a step boundary (a cancel, a shutdown, a lost lease)."""
+        from langgraph.errors import GraphDrained, GraphRecursionError
+        from langgraph.runtime import RunControl
+
+        emit = self.writer.put
+        error: str | None = None
+        drained = False
+        # Cancel and stop ask LangGraph to drain: the run ends at the next super-step
+        # boundary (in whichever graph or agent subgraph is running) after that step's
+        # writes are checkpointed, so a continued run neither loses nor repeats work.
+        control = RunControl()
+        try:
+            modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
+            stream: Any = graph.stream(
+                graph_input,
+                self.config,
+                context=self.context,
+                stream_mode=modes,
+                subgraphs=True,
+                control=control,
+            )
+            # A lost lease drains the run too; it stays the new holder's.
+            self.lease.when_lost(lambda: control.request_drain("shutdown"))
+            with _drain_when(control, cancel=self.cancel, stop=self.stop):
+                for _ns, mode, data in stream:
+                    if mode == "custom":
+                        emit(data)
+                    elif text := _token_text(data[0]):
+                        role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
+                        emit(token_event(role, text))
+        except GraphDrained:
+            drained = True
+        except GraphRecursionError:
+            # The team's own step guard finalizes before this; it stays a last resort
+            # that ends the task cleanly instead of surfacing LangGraph's error.
+            error = "budget:team:recursion_limit"
+        except RelaygraphError as exc:
+            error = f"error: {exc}"
+        except Exception as exc:
+            # A provider or tool failure ends this task, not the process.
+            error = f"error: {type(exc).__name__}: {exc}"
+        snapshot = graph.get_state(self.config, subgraphs=True)
+        return StreamEnd(
+            drained=drained,
+            error=error,
+            snapshot=snapshot,
+            in_flight=in_flight_records(snapshot, self.policy),
+        )
+
+    def result(self, end: StreamEnd) -> RunResult:
+        """The run's result: how it ended, checked by :func:`honest_status`."""
+        snapshot = end.snapshot
+        state = snapshot.values
+        usage, violations = end.in_flight
+        in_flight = (usage, [*violations, *waiting_violations(snapshot)])
+        pending = [
+            {"id": i.id, **(i.value if isinstance(i.value, dict) else {"value": i.value})}
+            for i in snapshot.interrupts
+        ]
+        status: str
+        stop_reason: str | None
+        answer: str | None
+        if self.cancelled(end):
+            status, stop_reason, answer = "cancelled", "cancelled by request", None
+        elif end.drained:
+            reason = LEASE_LOST if self.lease.lost.is_set() else SUSPENDED
+            status, stop_reason, answer = "running", reason, None
+        elif end.error is not None:
+            status, stop_reason, answer = "failed", end.error, None
+        elif pending:
+            status, stop_reason, answer = "interrupted", _pending_reason(pending), None
+        else:
+            status = state.get("status") or "failed"
+            stop_reason, answer = state.get("stop_reason"), state.get("answer")
+        summary = summarize(state, self.policy, self.roles, in_flight)
+        turn = state.get("turn", 0)
+        status, stop_reason = honest_status(
+            status,
+            stop_reason,
+            summary,
+            answer,
+            request=self.task.input,
+            transcripts=[
+                m for v in state.get("visits", []) if v["turn"] == turn for m in v["messages"]
+            ],
+            # Checked on the embedded model, whose answers the grounding mechanism
+            # builds: a docs question answered there without a citation of a document
+            # the run read is not a success. (Other models: see the closing note.)
+            grounding=any(spec.startswith("local:") for spec in self.recorded.values()),
+        )
+        artifacts = sorted(p.name for p in self.context.artifacts.iterdir() if p.is_file())
+        return RunResult(
+            task_id=self.task.id,
+            thread_id=self.task.thread_id,
+            status=status,
+            answer=answer,
+            stop_reason=stop_reason,
+            artifacts=artifacts,
+            models=self.recorded,
+            topology=self.topology.to_mapping(),
+            pending=pending,
+            **summary,
+        )
+
+    def cancelled(self, end: StreamEnd) -> bool:
+        return end.drained and self.cancel.is_set()
+
+    def record_end(self, end: StreamEnd, result: RunResult) -> None:
+        """Report the end (what a paused task waits for, then ``run_finished``) and record
+        it with the run's usage, giving up the lease. A suspended run is not finished: the
+        task stays ``running`` for the next server to continue."""
+        emit = self.writer.put
+        if end.drained and not self.cancelled(end):
+            emit(run_suspended_event(result.stop_reason))
+            self.writer.flush()
+            self.ledger.end_run(self.task.id, usage=result.usage, runner_id=self.runner_id)
+            return
+        self._report_pause(result.pending)
+        emit(run_finished_event(result.status, result.stop_reason))
+        self.writer.flush()
+        self.ledger.end_run(
+            self.task.id,
+            usage=result.usage,
+            runner_id=self.runner_id,
+            status=result.status,
+            answer=result.answer,
+            stop_reason=result.stop_reason,
+        )
+
+    def _report_pause(self, pending: list[dict[str, Any]]) -> None:
+        """An ``interrupted`` event per request the task waits for; a ping-pong sent to a
+        person is reported as a violation too, once."""
+        emit = self.writer.put
+        waits_on_ping_pong = any(item.get("type") == "ping_pong" for item in pending)
+        if waits_on_ping_pong:
+            self.writer.flush()  # The approvals read next come from `interrupted` events.
+        reported = (
+            {a.interrupt_id for a in self.ledger.approvals(self.task.id)}
+            if waits_on_ping_pong
+            else set()
+        )
+        for item in pending:
+            if item.get("type") == "ping_pong" and item["id"] not in reported:
+                # The detection step re-runs when the decision comes, so the violation is
+                # reported here, at the pause: once, even if no decision ever comes.
+                emit(violation_event(item.get("next"), "ping_pong", item.get("detail") or ""))
+            emit(interrupted_event(item))
+
+    def _settle_usage(self, graph: Any) -> None:
+        """Before a paused or stopped task goes on: its usage rows back to what finished
+        nodes spent. The calls of a visit in progress, counted when it stopped, arrive
+        again with the visit's ``agent_finished`` (which adds it whole)."""
+        done = summarize(graph.get_state(self.config).values, self.policy, self.roles)["usage"]
+        self.ledger.record_usage(self.task.id, done, complete=True)
+
+    def _continue_input(self, graph: Any) -> Any:
+        """The graph input that continues the task after a restart (:data:`CONTINUE`).
+
+        On from the task's last checkpoint if it made one (the thread's latest checkpoint
+        is this task's); else from the start, as if it had just been claimed. A task that
+        was resuming after a decision when the server stopped, and still waits at that
+        interrupt, is resumed with the decisions the ledger recorded.
+        """
+        from relaygraph.runner._decide import resume_input
+
+        task = self.task
+        latest = graph.get_state(self.config)
+        if (latest.metadata or {}).get("relaygraph_task_id") != task.id:
+            return {"request": task.input}
+        decided = {a.interrupt_id: a for a in self.ledger.approvals(task.id) if not a.pending}
+        waiting = [i.id for i in latest.interrupts]
+        if waiting and all(i in decided for i in waiting):
+            return resume_input({i: _answer(decided[i]) for i in waiting})
+        return None
+
+
+def _answer(approval: Any) -> dict[str, Any]:
+    """A recorded decision as the paused graph reads it."""
+    given = (
+        ("decision", approval.decision),
+        ("args", approval.edited_args),
+        ("reason", approval.reason),
+    )
+    return {key: value for key, value in given if value is not None}
+
+
+def _token_text(chunk: Any) -> str:
+    from langchain_core.messages import AIMessageChunk
+
+    return chunk.text if isinstance(chunk, AIMessageChunk) else ""
+
+
+def _pending_reason(pending: list[dict[str, Any]]) -> str:
+    first = pending[0]
+    if first.get("type") == "approval":
+        return f"awaiting approval: {first['agent']} wants to run {first['tool']}"
+    return f"awaiting a decision: {first.get('detail', first.get('type'))}"
+
+
+@contextmanager
+def _drain_when(
+    control: Any, *, cancel: threading.Event | None, stop: threading.Event | None
+) -> Iterator[None]:
+    """While in the block, ask ``control`` to drain as soon as ``cancel`` or ``stop`` is set.
+
+    A watcher thread, so that the request reaches LangGraph before its next step boundary
+    even when the step in progress emits no event (a long model or tool call).
+    """
+    events = [event for event in (cancel, stop) if event is not None]
+    if not events:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if any(event.is_set() for event in events):
+                control.request_drain("cancel" if cancel and cancel.is_set() else "shutdown")
+                return
+
+    watcher = threading.Thread(target=watch, name="relaygraph-drain", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()

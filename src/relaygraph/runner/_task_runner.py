@@ -1,0 +1,282 @@
+"""The long-lived runner of the ledger's tasks: it prepares each run (the team's graph, the
+task's context, the graph's config, the lease) and takes it through
+:class:`~relaygraph.runner._task_run.TaskRun`'s steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
+from relaygraph.events import run_finished_event
+from relaygraph.runner._checkpoint import open_checkpointer
+from relaygraph.runner._event_writer import EventWriter
+from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
+from relaygraph.runner._result import RunResult
+from relaygraph.runner._task_run import EventHandler, TaskRun
+from relaygraph.runner._team_cache import team_cache
+from relaygraph.runner._teams import team_of_record
+from relaygraph.topology import Topology
+
+if TYPE_CHECKING:
+    from relaygraph.agents.context import TaskContext
+    from relaygraph.policies import TeamPolicy
+    from relaygraph.store import Ledger, Task
+    from relaygraph.team import Team
+
+__all__ = ["TaskRunner", "policy_digest"]
+
+
+def policy_digest(policy: Mapping[str, Any] | None) -> str:
+    """A short digest of a policy (in the policy file's shape): equal digests, equal rules.
+
+    Traces carry it beside the policy's source, which names a file whose content may change.
+    """
+    text = json.dumps(policy, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class TaskRunner:
+    """Runs the ledger's tasks through the team: fresh, continued after a restart, or
+    resumed after a person's decision. Every event goes to the ledger as it happens."""
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        home: Path,
+        runner_id: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        sandbox_isolation_required: bool = False,
+        teams: Callable[[Task], Team] | None = None,
+    ) -> None:
+        """
+        Args:
+            ledger: Where tasks and their events are recorded.
+            home: The data directory (checkpoints, workspaces, knowledge base).
+            runner_id: Who this runner is in the tasks' leases; a new id when None.
+            lease_seconds: How long its lease on a running task lasts unrenewed (it renews
+                every third of that): how long a task of a runner that died waits before
+                another may take it over.
+            sandbox_isolation_required: Refuse ``run_python`` where the host offers no
+                filesystem isolation for it (a server running tenants' tasks); when False
+                (a user's own runs), such code runs with a warning.
+            teams: Finds the team a task records when the caller passes none (the task
+                service's registered teams); :func:`team_of_record` when None.
+        """
+        self.ledger = ledger
+        self.home = home
+        self.runner_id = runner_id or f"runner-{uuid.uuid4().hex[:12]}"
+        self.lease_seconds = lease_seconds
+        self.sandbox_isolation_required = sandbox_isolation_required
+        self.teams = teams or team_of_record
+
+    def run(
+        self,
+        task: Task,
+        graph_input: Any,
+        *,
+        on_event: EventHandler | None = None,
+        stream_tokens: bool = False,
+        cancel: threading.Event | None = None,
+        stop: threading.Event | None = None,
+        identity: Mapping[str, str] | None = None,
+        callbacks: list[Any] | None = None,
+        team: Team | None = None,
+        models: Mapping[str, Any] | None = None,
+    ) -> RunResult:
+        """Run (or continue) ``task`` with ``graph_input``.
+
+        Args:
+            task: The ledger's task record.
+            graph_input: ``{"request": ...}`` to start, a ``Command(resume=...)`` after a
+                decision, or :data:`~relaygraph.runner.CONTINUE` after a restart: on from
+                the task's last checkpoint if it made one, else from the start.
+            on_event: Also called with each event, after the ledger has it.
+            stream_tokens: Emit ``token`` events (not stored in the ledger).
+            cancel: When set, the run stops at the next step boundary, status ``cancelled``.
+            stop: When set (the server is shutting down), the run stops at the next step
+                boundary and stays ``running``, so that a restarted server continues it
+                (:data:`~relaygraph.runner.CONTINUE`); the result's status is then
+                ``running``.
+            identity: Who asked (project, user): goes into ``config["configurable"]``, never
+                into graph state.
+            callbacks: LangChain callback handlers added to the graph call (tracing).
+            team: The task's team (``relaygraph.team.Team``); when None, the team the
+                task records (:meth:`team_of`).
+            models: Each role's model spec or chat model, when the process has objects the
+                task's record only names; else the task's ``models``.
+        """
+        from relaygraph.policies import stored_policy
+
+        source = task.metadata.get("policy_source") or "<task>"
+        policy = stored_policy(task.policy or {}, source=source)
+        topology = Topology.from_mapping(task.topology)
+        team, graph_team = self._team_graph(task, team, models, policy, topology)
+        context = self._context(task, team)
+        config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+        task = self._take(task)
+        # A cancel asked for on another server reaches this run through the ledger.
+        cancel = cancel or threading.Event()
+        if task.cancel_requested_at is not None:
+            cancel.set()
+        run = TaskRun(
+            ledger=self.ledger,
+            runner_id=self.runner_id,
+            task=task,
+            policy=policy,
+            topology=topology,
+            recorded=dict(task.models),
+            context=context,
+            config=config,
+            cancel=cancel,
+            stop=stop,
+            lease=LeaseKeeper(
+                self.ledger, task.id, self.runner_id, seconds=self.lease_seconds, cancel=cancel
+            ),
+            # The ledger's writes happen behind the graph (see EventWriter), in order.
+            writer=EventWriter(self.ledger, task.id, on_event or (lambda event: None)),
+        )
+        ended = False
+        try:
+            with open_checkpointer(self.home) as checkpointer:
+                graph = graph_team.copy({"checkpointer": checkpointer})
+                graph_input = run.graph_input(graph, graph_input)
+                run.writer.put(run.started_event())
+                end = run.stream(graph, graph_input, stream_tokens=stream_tokens)
+            result = run.result(end)
+            run.record_end(end, result)
+            ended = True
+            return result
+        finally:
+            run.lease.close()
+            try:
+                run.writer.close()
+            finally:
+                if not ended:  # A run that failed on the way: let another take it.
+                    self.ledger.release_lease(task.id, self.runner_id)
+
+    def team_of(self, task: Task) -> Team:
+        """The team ``task`` records (see ``teams`` in the constructor).
+
+        Raises:
+            ConfigError: The team cannot be found, or is no longer the one that started the
+                task (its digest changed).
+        """
+        team = self.teams(task)
+        recorded = (task.team or {}).get("digest")
+        if recorded is not None and team.digest != recorded:
+            raise ConfigError(
+                f"team {team.name!r} changed since task {task.id} started (digest "
+                f"{recorded}, now {team.digest}); continue it with the definition it started with"
+            )
+        return team
+
+    def _team_graph(
+        self,
+        task: Task,
+        team: Team | None,
+        models: Mapping[str, Any] | None,
+        policy: TeamPolicy,
+        topology: Topology,
+    ) -> tuple[Team, Any]:
+        """The task's team and its compiled graph (kept per process).
+
+        Raises:
+            RelaygraphError: The team or a model cannot be built; the task is failed on the
+                record, with the reason, before it starts.
+        """
+        specs: dict[str, Any] = dict(models if models is not None else task.models)
+        try:
+            team = team or self.team_of(task)
+            return team, team_cache.get(specs, team=team, policy=policy, topology=topology)
+        except RelaygraphError as exc:
+            # A model that cannot be built (its script file went missing or broke, a key
+            # was unset) fails the task, not the process.
+            reason = f"error: {exc}"
+            self.ledger.append_event(task.id, dict(run_finished_event("failed", reason)))
+            self.ledger.set_status(task.id, "failed", stop_reason=reason)
+            raise
+
+    def _context(self, task: Task, team: Team) -> TaskContext:
+        """The task's workspace, artifacts folder and knowledge base, made ready."""
+        from relaygraph.agents.context import TaskContext
+        from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
+
+        context = replace(
+            TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
+            sandbox_isolation_required=self.sandbox_isolation_required,
+        )
+        folders = sorted({str(folder) for agent in team.agents for folder in agent.kb})
+        if folders:
+            # A team with folders of its own reads a knowledge base of exactly those (one
+            # per set of folders), brought up to date at each run.
+            key = hashlib.sha256("\n".join(folders).encode()).hexdigest()[:16]
+            context = replace(context, knowledge_base=self.home / "kb" / f"{key}.sqlite")
+        context.workspace.mkdir(parents=True, exist_ok=True)
+        context.artifacts.mkdir(parents=True, exist_ok=True)
+        context.knowledge_base.parent.mkdir(parents=True, exist_ok=True)
+        with KnowledgeBase(context.knowledge_base) as kb:
+            for folder in folders:
+                kb.add_folder(Path(folder))
+            if not folders:
+                ensure_sample_corpus(kb)
+        return context
+
+    def _config(
+        self,
+        task: Task,
+        identity: Mapping[str, str] | None,
+        callbacks: list[Any] | None,
+        *,
+        recursion_limit: int,
+    ) -> dict[str, Any]:
+        """The graph call's config: the checkpointer's thread, who asked, the step limit,
+        and the tracing handlers (none when tracing is off: no handler, no cost)."""
+        from relaygraph.tracing import langsmith_config, tracing_callbacks
+
+        config: dict[str, Any] = {
+            "configurable": {
+                # The checkpointer's thread, unique across projects (a project's thread id
+                # is its own: another project may use the same one).
+                "thread_id": task.checkpoint_thread,
+                "relaygraph_task_id": task.id,
+                **{f"relaygraph_{k}": v for k, v in (identity or {}).items()},
+            },
+            "recursion_limit": recursion_limit,
+            "run_name": "relaygraph",
+            "metadata": {"task_id": task.id},
+        }
+        traced: dict[str, Any] = {
+            "task_id": task.id,
+            "thread_id": task.thread_id,
+            "project": (identity or {}).get("project", task.project_id),
+            "team": task.team,
+            "policy_source": task.metadata.get("policy_source"),
+            "policy_digest": policy_digest(task.policy),
+            "models": dict(task.models),
+        }
+        config["callbacks"] = [*tracing_callbacks(**traced), *(callbacks or [])]
+        config.update(langsmith_config(**traced, request=task.input))
+        return config
+
+    def _take(self, task: Task) -> Task:
+        """Take the task's lease: this runner is then the only one that runs it until it
+        ends.
+
+        Raises:
+            TaskBusy: Another runner holds it, or a cancel waits on it.
+        """
+        taken = self.ledger.take_lease(task.id, self.runner_id, seconds=self.lease_seconds)
+        if taken is None:
+            if self.ledger.cancel_requested(task.id):
+                raise TaskBusy(task.id, "a cancel waits on it")
+            holder, until = self.ledger.lease_of(task.id)
+            raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
+        return taken

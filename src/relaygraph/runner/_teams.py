@@ -1,0 +1,51 @@
+"""Which team runs a task: the one a caller names, or the one a task records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from relaygraph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relaygraph.store import Task
+    from relaygraph.team import Team
+
+__all__ = ["team_of", "team_of_record"]
+
+
+def team_of(team: Team | str | Path | None) -> Team:
+    """The team a caller names: a :class:`~relaygraph.team.Team`, the path of a team file,
+    or None for the built-in team.
+
+    Raises:
+        ConfigError: The team file is missing or bad.
+    """
+    from relaygraph.team import Team, default_team, load_team
+
+    if team is None:
+        return default_team()
+    if isinstance(team, Team):
+        return team
+    return load_team(team)
+
+
+def team_of_record(task: Task) -> Team:
+    """The team a task records, from the process's own knowledge: the built-in team, or
+    the team file it was read from (read again; :meth:`TaskRunner.team_of` checks that it
+    is unchanged).
+
+    Raises:
+        ConfigError: The task's team is neither.
+    """
+    from relaygraph.team import DEFAULT_TEAM_NAME, default_team, load_team
+
+    record = task.team or {}
+    if record.get("source"):
+        return load_team(record["source"])
+    if record.get("name", DEFAULT_TEAM_NAME) == DEFAULT_TEAM_NAME:
+        return default_team()
+    raise ConfigError(
+        f"task {task.id} ran team {record.get('name')!r}, which this process does not know; "
+        "pass the team (relaygraph resume --team FILE)"
+    )
