@@ -46,18 +46,24 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         *("backends", "models", "policies", "handoffs", "agents", "supervisor", "team"),
         *("store", "tracing", "runner"),
     ),
+    # A Celery worker runs the runner; the API publishes to it and listens for its events.
+    "worker": (
+        *MODEL_FREE,
+        *("backends", "models", "policies", "handoffs", "agents", "supervisor", "team"),
+        *("store", "tracing", "runner"),
+    ),
     # LangGraph's own server's entry point: an edge, like the API.
     "langgraph_app": (*MODEL_FREE, "backends", "agents", "team", "runner"),
     "api": (
         *MODEL_FREE,
         *("backends", "models", "policies", "handoffs", "agents", "supervisor", "team"),
-        *("store", "tracing", "runner", "evals"),
+        *("store", "tracing", "runner", "evals", "worker"),
     ),
     # The CLI starts the API (``serve``) and talks to a remote one through the client.
     "cli": (
         *MODEL_FREE,
         *("backends", "models", "policies", "handoffs", "agents", "supervisor", "team"),
-        *("store", "tracing", "runner", "evals", "api", "client", "__init__"),
+        *("store", "tracing", "runner", "evals", "worker", "api", "client", "__init__"),
     ),
     # ``import relaygraph`` names the public values lazily.
     "__init__": (*BASE, "agents", "team", "runner"),

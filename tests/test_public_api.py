@@ -22,6 +22,7 @@ PACKAGES = [
     "relaygraph.client",
     "relaygraph.tracing",
     "relaygraph.evals",
+    "relaygraph.worker",
 ]
 
 
