@@ -4,7 +4,9 @@ An :class:`Agent` is a value its user declares (name, description, prompt, tools
 model); :mod:`relaygraph.agents.builtin` makes the built-in researcher, coder and writer the
 same way. :func:`build_agent` compiles one as ``langchain.agents.create_agent`` under its own
 name, run as a subgraph of the team graph, with a ``transfer_to_<peer>`` tool for each peer
-its policy allows.
+its policy allows. Each completed tool call is recorded in the task's :class:`ToolJournal`
+(when its :class:`TaskContext` has one) before its result returns into the graph, so a step
+re-run after a crash answers it from there instead of running the tool again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from relaygraph.agents import builtin
 from relaygraph.agents._agent import RESERVED_NAMES, Agent, check_agent_name
-from relaygraph.agents.context import TaskContext
+from relaygraph.agents.context import TaskContext, ToolJournal
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -27,6 +29,7 @@ __all__ = [
     "RESERVED_NAMES",
     "Agent",
     "TaskContext",
+    "ToolJournal",
     "build_agent",
     "builtin",
     "check_agent_name",
@@ -43,7 +46,8 @@ def build_agent(
 
     The model is bound only to the allowed tools; the policy middleware still refuses any
     other tool name at execution (a made-up name, or one planted by a prompt injection),
-    and enforces the agent's budgets, repeated-call rule and approvals.
+    and enforces the agent's budgets, repeated-call rule and approvals. Innermost, around
+    the tool itself, the journal records each call that ran and answers a re-run from it.
 
     Args:
         agent: Which agent.
@@ -56,6 +60,7 @@ def build_agent(
     """
     from langchain.agents import create_agent
 
+    from relaygraph.agents._journal import ToolJournalMiddleware
     from relaygraph.agents._middleware import ToolEventsMiddleware
     from relaygraph.errors import ConfigError
     from relaygraph.handoffs import create_handoff_tool
@@ -74,8 +79,14 @@ def build_agent(
         model,
         given,
         system_prompt=agent.prompt,
-        # Tool events wrap the policy, so refused calls are reported like any other result.
-        middleware=[ToolEventsMiddleware(agent.name), PolicyMiddleware(agent.name, team_policy)],
+        # Tool events wrap the policy, so refused calls are reported like any other result;
+        # the journal sits inside the policy, so it sees only calls that run (never a
+        # refusal, and an approval pauses before it).
+        middleware=[
+            ToolEventsMiddleware(agent.name),
+            PolicyMiddleware(agent.name, team_policy),
+            ToolJournalMiddleware(agent.name),
+        ],
         context_schema=TaskContext,
         name=agent.name,
     )

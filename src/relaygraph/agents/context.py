@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+from pydantic import InstanceOf
+from pydantic.json_schema import SkipJsonSchema
 
 from relaygraph.backends.sandbox import SandboxLimits
 
-__all__ = ["TaskContext"]
+__all__ = ["TaskContext", "ToolJournal"]
+
+
+@runtime_checkable
+class ToolJournal(Protocol):
+    """Durable storage of the tool calls that completed, by task and call id.
+
+    The agents' journal middleware reads it before a tool runs and writes a completed
+    call's record before the result returns into the graph, so a step re-run after a crash
+    answers the call from the record instead of running the tool again. The ledger is one
+    (``Ledger.tool_journal``); a record is a JSON object the middleware alone reads.
+    """
+
+    def get(self, task_id: str, call_id: str) -> Mapping[str, Any] | None:
+        """The call's record; None if it never completed."""
+        ...
+
+    def put(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Store the call's record durably before returning; a call recorded already keeps
+        its first record, which is returned."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,6 +59,11 @@ class TaskContext:
     data_dir: Path | None = None
     """The data directory (ledger, checkpoints, every task's files). Sandboxed code never
     sees it, even where it lies under a folder the sandbox mounts."""
+    # An object the runner passes, not data: checked as an instance where LangChain
+    # validates a tool's ``runtime`` argument, and left out of the context's JSON Schema.
+    tool_journal: Annotated[InstanceOf[ToolJournal] | None, SkipJsonSchema()] = None
+    """Where completed tool calls are recorded, so a re-run step does not repeat them
+    (the runner passes the ledger's). None: no journal, a re-run step runs its calls again."""
 
     @classmethod
     def for_task(cls, home: Path, *, task_id: str, thread_id: str) -> TaskContext:

@@ -3,7 +3,8 @@
 A facade over one class per job, each in its own module: projects and keys (``_tenants``),
 registered teams (``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events
 and what they imply (``_events``), usage and the end of a run (``_usage_records``), approvals
-(``_approvals``) and eval runs (``_eval_runs``); the engine and sessions are ``_base``.
+(``_approvals``), eval runs (``_eval_runs``) and the tool journal (``_journal``); the engine
+and sessions are ``_base``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from relaygraph.store._approvals import ApprovalsLedger
 from relaygraph.store._base import hash_key
 from relaygraph.store._eval_runs import EvalRunsLedger
 from relaygraph.store._events import EventsLedger
+from relaygraph.store._journal import ToolJournalLedger
 from relaygraph.store._leases import LeasesLedger
 from relaygraph.store._tasks import TasksLedger
 from relaygraph.store._teams import TeamsLedger
@@ -30,6 +32,7 @@ class Ledger(
     UsageLedger,
     ApprovalsLedger,
     EvalRunsLedger,
+    ToolJournalLedger,
 ):
     """The SQL record of projects, API keys, tasks and everything that happened in each task.
 

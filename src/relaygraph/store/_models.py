@@ -213,6 +213,25 @@ class ToolCallRow(Base):
     finished_at: Mapped[datetime | None]
 
 
+class ToolJournalRow(Base):
+    """A tool call that completed, with the result the graph received (the tool journal).
+
+    Written before the result returns into the graph, so a step re-run after a crash finds
+    it and answers the call from here instead of running the tool again.
+    """
+
+    __tablename__ = "tool_journal"
+
+    task_id: Mapped[str] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    call_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # The journal's own JSON record (``relaygraph.agents._journal``): the ledger keeps it as
+    # given and reads nothing in it.
+    record: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
 class ApprovalRow(Base):
     __tablename__ = "approvals"
     __table_args__ = (UniqueConstraint("task_id", "interrupt_id"),)

@@ -1,0 +1,92 @@
+"""The tool journal: each tool call that completed, with the result the graph received.
+
+A tool's side effects (code run, a file written, an artifact saved) happen outside the
+graph; its result reaches the checkpoint only with its step's writes. The journal closes the
+gap: the agents' journal middleware (``relaygraph.agents._journal``) writes a completed
+call's record here before the result returns into the graph, and a step re-run after a crash
+finds it and answers the call without running the tool again. The ledger keeps the record as
+given (a JSON object of the middleware's own shape) and reads nothing in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+
+from relaygraph.store import _validate as check
+from relaygraph.store._base import LedgerBase, _now
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import TaskRow, ToolJournalRow
+
+__all__ = ["LedgerToolJournal", "ToolJournalLedger"]
+
+
+class ToolJournalLedger(LedgerBase):
+    """The tool journal's rows: one per completed call of a task, never changed."""
+
+    def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
+        """The record of the task's call ``call_id``; None if it never completed."""
+        with self._read() as session:
+            row = session.get(ToolJournalRow, (task_id, call_id))
+            return dict(row.record) if row is not None else None
+
+    def journal_call(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Record that the task's call ``call_id`` completed, in one committed transaction.
+
+        The first record of a call stays: recording it again (a worker that was only
+        frozen finishing the call after another took the task over) changes nothing and
+        returns the first one, which the caller then answers with.
+
+        Args:
+            task_id: The task the call belongs to.
+            call_id: The tool call's id, as the model gave it.
+            record: What to keep, a JSON object.
+
+        Returns:
+            The call's record: ``record``, or the one recorded first.
+
+        Raises:
+            ConfigError: A blank or too long call id, or a record that is not a JSON object.
+            RecordNotFound: No such task.
+        """
+        call = check.text(call_id, "call_id", max_chars=check.MAX_KEY_CHARS)
+        kept = check.json_object(record, "record")
+        try:
+            with self._write() as session:
+                if session.get(TaskRow, task_id) is None:
+                    raise RecordNotFound("task", task_id)
+                earlier = session.get(ToolJournalRow, (task_id, call))
+                if earlier is not None:
+                    return dict(earlier.record)
+                session.add(
+                    ToolJournalRow(task_id=task_id, call_id=call, record=kept, created_at=_now())
+                )
+            return kept
+        except IntegrityError:
+            # Another writer recorded the call between our read and insert (PostgreSQL;
+            # SQLite's writers take turns and cannot race here): its record is the first.
+            earlier_record = self.journaled_call(task_id, call)
+            if earlier_record is None:
+                raise
+            return earlier_record
+
+    @property
+    def tool_journal(self) -> LedgerToolJournal:
+        """This ledger as a task's tool journal (``TaskContext.tool_journal``)."""
+        return LedgerToolJournal(self)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerToolJournal:
+    """The ledger seen through ``relaygraph.agents.ToolJournal``'s two methods."""
+
+    ledger: ToolJournalLedger
+
+    def get(self, task_id: str, call_id: str) -> dict[str, Any] | None:
+        return self.ledger.journaled_call(task_id, call_id)
+
+    def put(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
+        return self.ledger.journal_call(task_id, call_id, record)
