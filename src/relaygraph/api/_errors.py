@@ -163,13 +163,21 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
 def _allowed_methods(request: Request) -> str:
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return ", ".join(sorted(methods))
+    """The methods some route takes on the request's path: each is asked whether it would
+    match the request in that method (the routes of included routers as well)."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
+    return ", ".join(allowed)
 
 
 def _path(loc: list[int | str]) -> str:
