@@ -53,6 +53,7 @@ TABLES = {
     "eval_runs",
     "eval_case_results",
     "team_versions",
+    "tool_journal",
 }
 RELAY_SPEC = f"scripted:{EXAMPLE_RELAY}"
 
@@ -1048,7 +1049,8 @@ def test_projects_migration_keeps_every_row_both_ways(
         ledger.record_eval_case(
             run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task.id
         )
-    at_0006 = TABLES - {"team_versions"}  # Registered teams came later (0008).
+    # Registered teams (0008) and the tool journal (0009) came later.
+    at_0006 = TABLES - {"team_versions", "tool_journal"}
     before = _rows(url, at_0006)
     assert all(before.values())  # Every table holds rows.
     old = {"teams": "projects", "team_id": "project_id"}
@@ -1147,3 +1149,20 @@ def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> N
     assert ledger.take_lease(task.id, "c", seconds=30) is None
     with pytest.raises(ConfigError, match="'nope'"):
         ledger.take_lease(task.id, "c", seconds=30, only_from=("nope",))
+
+
+def test_a_replayed_tool_call_keeps_one_row(ledger: Ledger) -> None:
+    """The tool journal replays a finished call after a crash: its events come again, the
+    ledger keeps one row for it; the same id for another agent's call is another call."""
+    project, _ = ledger.create_project("replays")
+    task, _ = ledger.create_task(project_id=project.id, input="x")
+    call = {"type": "tool_call", "agent": "coder", "tool": "run_python", "tool_call_id": "c1"}
+    result = {**call, "type": "tool_result", "status": "success", "preview": "42"}
+    ledger.append_events(task.id, [call, result])
+    ledger.append_events(task.id, [call, result])  # The replay.
+    ledger.append_events(task.id, [{**call, "agent": "writer"}, {**result, "agent": "writer"}])
+    rows = ledger.tool_calls(task.id)
+    assert [(r.agent, r.tool_call_id, r.status) for r in rows] == [
+        ("coder", "c1", "success"),
+        ("writer", "c1", "success"),
+    ]

@@ -45,7 +45,9 @@ def event_agent(event: Mapping[str, Any]) -> str | None:
     return None
 
 
-def derive(session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> None:
+def derive(
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
+) -> None:
     """Write the rows event number ``seq`` implies, if any."""
     deriver = DERIVERS.get(event["type"])
     if deriver is not None:
@@ -162,13 +164,29 @@ def _tool_call(
     has_id = isinstance(event.get("tool_call_id"), str) and event["tool_call_id"]
     if has_id and _open_call(session, task_id, event) is not None:
         return  # The same call announced again by an agent resumed after an approval.
+    if has_id and _finished_call(session, task_id, event) is not None:
+        return  # A call the tool journal replays after a crash: it ran once, one row.
     session.add(_new_call(task_id, seq, event, now))
+
+
+def _finished_call(session: Session, task_id: str, event: Mapping[str, Any]) -> ToolCallRow | None:
+    """The finished row of the same call (id, agent and tool), if any."""
+    query = select(ToolCallRow).where(
+        ToolCallRow.task_id == task_id,
+        ToolCallRow.finished_at.is_not(None),
+        ToolCallRow.tool_call_id == event.get("tool_call_id"),
+        ToolCallRow.agent == _name(event, "agent"),
+        ToolCallRow.tool == _text(event, "tool")[:128],
+    )
+    return session.scalars(query.limit(1)).first()
 
 
 def _tool_result(
     session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
     row = _open_call(session, task_id, event)
+    if row is None and event.get("tool_call_id") and _finished_call(session, task_id, event):
+        return  # The journal's replay of a result already recorded.
     if row is None:  # The call's own event was not recorded; keep the result all the same.
         row = _new_call(task_id, seq, event, now)
         row.args = None
