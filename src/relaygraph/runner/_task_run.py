@@ -9,11 +9,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from relaygraph.errors import RelaygraphError
 from relaygraph.events import (
     RunStartedEvent,
+    TraceLinks,
     interrupted_event,
     run_finished_event,
     run_started_event,
@@ -94,12 +95,17 @@ class TaskRun:
         return graph_input
 
     def started_event(self) -> RunStartedEvent:
-        """The run's ``run_started`` event (the one place it is built)."""
+        """The run's ``run_started`` event (the one place it is built), with where the
+        run's trace will be when tracing is on; asked just before the run starts."""
+        from relaygraph.tracing import trace_reference
+
         return run_started_event(
             task_id=self.task.id,
             thread_id=self.task.thread_id,
             models=self.recorded,
             topology=self.topology.to_mapping(),
+            # trace_reference answers in the shape of events.TraceLinks.
+            trace=cast("TraceLinks | None", trace_reference(self.config)),
         )
 
     def stream(self, graph: Any, graph_input: Any, *, stream_tokens: bool) -> StreamEnd:

@@ -239,6 +239,8 @@ class TaskRunner:
     ) -> dict[str, Any]:
         """The graph call's config: the checkpointer's thread, who asked, the step limit,
         and the tracing handlers (none when tracing is off: no handler, no cost)."""
+        from langchain_core.utils.uuid import uuid7
+
         from relaygraph.tracing import langsmith_config, tracing_callbacks
 
         config: dict[str, Any] = {
@@ -251,6 +253,9 @@ class TaskRunner:
             },
             "recursion_limit": recursion_limit,
             "run_name": "relaygraph",
+            # The run's root run id, fixed now so that run_started can name its LangSmith
+            # run; fresh for every run (a resumed task's run is a trace of its own).
+            "run_id": uuid7(),
             "metadata": {"task_id": task.id},
         }
         traced: dict[str, Any] = {
