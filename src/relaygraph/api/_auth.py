@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.store import Ledger, Project, Task
 
 __all__ = ["BEARER", "own_task", "project_auth"]
@@ -25,7 +25,7 @@ def project_auth(ledger: Callable[[], Ledger]) -> Callable[..., Project]:
         ledger: Returns the server's ledger (it is opened when the app starts).
 
     Returns:
-        A FastAPI dependency; it raises `ApiError` 401 ``unauthorized`` for a missing,
+        A FastAPI dependency; it raises `ErrorAnswer` 401 ``unauthorized`` for a missing,
         blank, unknown or revoked key.
     """
 
@@ -34,10 +34,10 @@ def project_auth(ledger: Callable[[], Ledger]) -> Callable[..., Project]:
     ) -> Project:
         key = credentials.credentials.strip() if credentials is not None else ""
         if not key:
-            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <key>'")
+            raise ErrorAnswer(401, "unauthorized", "send 'Authorization: Bearer <key>'")
         project = ledger().authenticate(key)
         if project is None:
-            raise ApiError(401, "unauthorized", "the API key is not valid (or was revoked)")
+            raise ErrorAnswer(401, "unauthorized", "the API key is not valid (or was revoked)")
         return project
 
     return project_of
@@ -47,11 +47,11 @@ def own_task(ledger: Ledger, task_id: str, project: Project) -> Task:
     """The project's task ``task_id``.
 
     Raises:
-        ApiError: 404 ``task_not_found`` for a missing task and for another project's
+        ErrorAnswer: 404 ``task_not_found`` for a missing task and for another project's
             (absent to this project, not forbidden).
     """
     # An id the ledger could not hold (PostgreSQL text has no NUL) names no task.
     task = None if "\x00" in task_id else ledger.get_task(task_id, project_id=project.id)
     if task is None:
-        raise ApiError(404, "task_not_found", f"no task {task_id!r}", "task_id")
+        raise ErrorAnswer(404, "task_not_found", f"no task {task_id!r}", "task_id")
     return task

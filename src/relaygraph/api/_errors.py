@@ -43,19 +43,29 @@ REQUEST_FIELDS = {"idempotency_key": "Idempotency-Key"}
 names them; the others are body fields of the same name."""
 
 
-class ApiError(Exception):
-    """An error answer: HTTP status, stable code, message naming the bad field."""
+class ErrorAnswer(Exception):
+    """Raised by a route to answer with an error body: HTTP status, stable code, and a
+    message naming the bad field.
+
+    The server's side of the error a client reads as :class:`relaygraph.client.ApiError`
+    (the same four fields, from the body this answer becomes).
+    """
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
 
     @classmethod
-    def refused(cls, refusal: RequestRefused) -> ApiError:
+    def refused(cls, refusal: RequestRefused) -> ErrorAnswer:
         """The answer to a request the runner refused: its kind's status, its code, and its
         field as the API names it."""
         field = refusal.field and REQUEST_FIELDS.get(refusal.field, refusal.field)
         return cls(REFUSAL_STATUS[refusal.kind], refusal.code, str(refusal), field)
+
+
+ApiError = ErrorAnswer
+"""The former name of :class:`ErrorAnswer`, kept while the dashboard's modules import it;
+:class:`relaygraph.client.ApiError` is the client's error."""
 
 
 def document_errors_only_as_answered(app: FastAPI) -> None:
@@ -105,13 +115,13 @@ def _body_unreadable(cause: BaseException | None) -> str | None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    @app.exception_handler(ErrorAnswer)
+    async def _error_answer(request: Request, exc: ErrorAnswer) -> JSONResponse:
         return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
 
     @app.exception_handler(RequestRefused)
     async def _refused(request: Request, exc: RequestRefused) -> JSONResponse:
-        return await _api_error(request, ApiError.refused(exc))
+        return await _error_answer(request, ErrorAnswer.refused(exc))
 
     @app.exception_handler(ConfigError)
     async def _config_error(request: Request, exc: ConfigError) -> JSONResponse:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from anyio import to_thread
 from fastapi import Request
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import DecisionIn
 from relaygraph.errors import ConfigError
 from relaygraph.runner import Decision, RequestRefused, decide_task
@@ -52,7 +52,7 @@ def decide(
         decided_by: Who decided, as the approval records it (the project's name).
 
     Raises:
-        ApiError: 404 ``approval_not_found``; 409 ``not_waiting`` when the approval is decided
+        ErrorAnswer: 404 ``approval_not_found``; 409 ``not_waiting`` when the approval is decided
             or the task no longer waits; 422 ``invalid_request`` on ``args``.
     """
 
@@ -75,7 +75,7 @@ def decide(
             resume=workers.resume,
         )
     except RequestRefused as exc:
-        raise ApiError.refused(exc) from None
+        raise ErrorAnswer.refused(exc) from None
 
 
 async def follow_events(

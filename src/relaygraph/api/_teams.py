@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import (
     TeamOrigin,
     TeamVersionOut,
@@ -138,13 +138,13 @@ class TeamRegistry:
         """The team a request names for the project: the built-in team when None.
 
         Raises:
-            ApiError: 404 ``team_not_found`` (another project's team too), naming ``team``
+            ErrorAnswer: 404 ``team_not_found`` (another project's team too), naming ``team``
                 or ``version``; 422 for a version of a team that has none, and
                 ``invalid_team`` for a registered team that no longer builds.
         """
         if name is None or name == DEFAULT_TEAM_NAME:
             if version is not None:
-                raise ApiError(
+                raise ErrorAnswer(
                     422,
                     "invalid_request",
                     f"version {version}: the built-in team has no versions",
@@ -156,7 +156,7 @@ class TeamRegistry:
         server = self.server_teams.get(name)
         if server is not None:
             if version is not None:
-                raise ApiError(
+                raise ErrorAnswer(
                     422,
                     "invalid_request",
                     f"version {version}: team {name!r} is the server's own (serve --team) "
@@ -171,14 +171,14 @@ class TeamRegistry:
         )
         if found is None:
             if version is not None and self._ledger().team_version(project_id, name) is not None:
-                raise ApiError(
+                raise ErrorAnswer(
                     404, "team_not_found", f"team {name!r} has no version {version}", "version"
                 )
-            raise ApiError(404, "team_not_found", f"no team {name!r}", "team")
+            raise ErrorAnswer(404, "team_not_found", f"no team {name!r}", "team")
         try:
             team = self.registered(found)
         except ConfigError as exc:
-            raise ApiError(
+            raise ErrorAnswer(
                 422, "invalid_team", f"team {name!r} version {found.version}: {exc}", "team"
             ) from None
         return ChosenTeam(
@@ -218,7 +218,7 @@ class TeamRegistry:
         allowlist, the scripts folder): a team must not open what a request may not.
 
         Raises:
-            ApiError: 422 ``model_not_allowed`` or ``invalid_model``, naming the key.
+            ErrorAnswer: 422 ``model_not_allowed`` or ``invalid_model``, naming the key.
         """
         named = [("definition.model", definition.get("model"))]
         agents = definition.get("agents")
@@ -270,7 +270,7 @@ def model_allowed(settings: ServiceSettings, spec: str, field: str) -> str:
     try:
         return check_model_spec(spec, field, settings.request_model)
     except RequestRefused as exc:
-        raise ApiError.refused(exc) from None
+        raise ErrorAnswer.refused(exc) from None
 
 
 def is_team_name(name: str) -> bool:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
 from relaygraph.api._auth import own_task
-from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import SSE_EVENT_SCHEMA
 from relaygraph.api._state import ServiceState
 from relaygraph.api._tasks_service import follow_events
@@ -73,7 +73,7 @@ def _event_id(value: str | None) -> int:
     if value is None or not value.strip():
         return 0
     if not EVENT_ID.fullmatch(value.strip()) or int(value) > MAX_EVENT_SEQ:
-        raise ApiError(
+        raise ErrorAnswer(
             422,
             "invalid_request",
             f"Last-Event-ID {value[:40]!r} is not a sequence number (0 to {MAX_EVENT_SEQ})",

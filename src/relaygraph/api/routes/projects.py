@@ -5,7 +5,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._state import ServiceState
 from relaygraph.store import Project
 
@@ -34,7 +34,7 @@ def projects_router(state: ServiceState) -> APIRouter:
         """The project's usage per role over the tasks created in ``[since, until)``."""
         start, end = in_utc(since, "since"), in_utc(until, "until")
         if start is not None and end is not None and start > end:
-            raise ApiError(
+            raise ErrorAnswer(
                 422,
                 "invalid_request",
                 f"since {since!r} is after until {until!r}",
@@ -55,14 +55,14 @@ def in_utc(text: str | None, field: str) -> datetime | None:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise ApiError(
+        raise ErrorAnswer(
             422,
             "invalid_request",
             f"{field} {text[:60]!r} is not an ISO 8601 time, e.g. 2026-01-01T00:00:00Z",
             field,
         ) from None
     if value.tzinfo is None:
-        raise ApiError(
+        raise ErrorAnswer(
             422,
             "invalid_request",
             f"{field} {value.isoformat()!r} has no time zone; add one, e.g. {value.isoformat()}Z",
@@ -71,7 +71,7 @@ def in_utc(text: str | None, field: str) -> datetime | None:
     try:
         return value.astimezone(UTC)
     except OverflowError:  # 0001-01-01T00:00:00+14:00 is before the first UTC time.
-        raise ApiError(
+        raise ErrorAnswer(
             422,
             "invalid_request",
             f"{field} {value.isoformat()!r} is outside the times UTC can express",

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query
 
 from relaygraph.api._auth import own_task
-from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import HandoffList, TaskCreate, TaskOut, TaskPage, TeamRecord
 from relaygraph.api._state import ServiceState
 from relaygraph.errors import ConfigError
@@ -117,7 +117,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
     ) -> TaskPage:
         """The project's tasks, newest first."""
         if status is not None and status not in TASK_STATUSES:
-            raise ApiError(
+            raise ErrorAnswer(
                 422,
                 "invalid_request",
                 f"status {status!r} is not one of {', '.join(TASK_STATUSES)}",
@@ -128,7 +128,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
                 project_id=project.id, status=status, limit=limit, cursor=cursor
             )
         except ConfigError as exc:  # The status is known good: the cursor is at fault.
-            raise ApiError(422, "invalid_request", str(exc), "cursor") from None
+            raise ErrorAnswer(422, "invalid_request", str(exc), "cursor") from None
         return TaskPage(tasks=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
 
     @router.get("/{task_id}", response_model=TaskOut, responses=error_responses(401, 404))
@@ -156,7 +156,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         """Cancel the task: at once when it waits, at its next step boundary when it runs."""
         task = own_task(state.ledger(), task_id, project)
         if task.finished:
-            raise ApiError(409, "task_finished", f"task {task_id} already {task.status}")
+            raise ErrorAnswer(409, "task_finished", f"task {task_id} already {task.status}")
         return TaskOut.of(state.workers().cancel(task_id))
 
     @router.get("/{task_id}/trace", responses=error_responses(401, 404))
@@ -178,8 +178,8 @@ def check_idempotency_key(key: str) -> None:
     """Refuse an ``Idempotency-Key`` header that is blank, or that the ledger cannot store
     (a header is Latin-1 text, NUL included)."""
     if not key.strip():
-        raise ApiError(422, "invalid_request", "Idempotency-Key is blank", "Idempotency-Key")
+        raise ErrorAnswer(422, "invalid_request", "Idempotency-Key is blank", "Idempotency-Key")
     if "\x00" in key:
-        raise ApiError(
+        raise ErrorAnswer(
             422, "invalid_request", "Idempotency-Key contains a NUL character", "Idempotency-Key"
         )

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 from pydantic_core import PydanticCustomError
 
-from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import (
     TeamHistory,
     TeamIn,
@@ -36,11 +36,11 @@ def _definition(body: TeamIn) -> tuple[dict[str, Any], str]:
     try:
         data = tomllib.loads(body.toml or "")
     except tomllib.TOMLDecodeError as exc:
-        raise ApiError(422, "invalid_team", f"toml is not valid TOML: {exc}", "toml") from None
+        raise ErrorAnswer(422, "invalid_team", f"toml is not valid TOML: {exc}", "toml") from None
     try:
         check_json_text(data, "toml")
     except PydanticCustomError as exc:
-        raise ApiError(422, "invalid_request", exc.message(), "toml") from None
+        raise ErrorAnswer(422, "invalid_request", exc.message(), "toml") from None
     return data, "toml"
 
 
@@ -76,7 +76,7 @@ def teams_router(state: ServiceState) -> APIRouter:
     def push_team(name: str, body: TeamIn, project: ProjectDep, response: Response) -> Any:
         """Register a version of a team for this project (201), or find it unchanged (200)."""
         if not is_team_name(name):
-            raise ApiError(
+            raise ErrorAnswer(
                 422,
                 "invalid_request",
                 f"team name {name[:80]!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
@@ -84,7 +84,7 @@ def teams_router(state: ServiceState) -> APIRouter:
                 "name",
             )
         if registry.reserved(name):
-            raise ApiError(
+            raise ErrorAnswer(
                 409,
                 "team_name_taken",
                 f"team {name!r} is "
@@ -98,13 +98,13 @@ def teams_router(state: ServiceState) -> APIRouter:
             team = registry.build(name, definition)
         except ConfigError as exc:
             message = str(exc)
-            raise ApiError(422, "invalid_team", message, _field(message, source)) from None
+            raise ErrorAnswer(422, "invalid_team", message, _field(message, source)) from None
         try:
             version, created = ledger().register_team(
                 project.id, name, definition={**definition, "name": name}, digest=team.digest
             )
         except ConfigError as exc:  # Content JSON cannot hold (a TOML date).
-            raise ApiError(422, "invalid_team", str(exc), source) from None
+            raise ErrorAnswer(422, "invalid_team", str(exc), source) from None
         if created:
             registry.keep(version, team)
         else:
@@ -131,7 +131,7 @@ def teams_router(state: ServiceState) -> APIRouter:
             return TeamHistory(name=name, origin=own.origin, latest=own, versions=[])
         versions = ledger().team_versions(project.id, name) if is_team_name(name) else []
         if not versions:
-            raise ApiError(404, "team_not_found", f"no team {name[:80]!r}", "name")
+            raise ErrorAnswer(404, "team_not_found", f"no team {name[:80]!r}", "name")
         shown = [registry.version_out(v) for v in versions]
         return TeamHistory(name=name, origin="project", latest=shown[-1], versions=shown)
 
@@ -149,7 +149,7 @@ def teams_router(state: ServiceState) -> APIRouter:
             else None
         )
         if found is None:
-            raise ApiError(
+            raise ErrorAnswer(
                 404,
                 "team_not_found",
                 f"team {name[:80]!r} has no version {version[:20]!r}",
