@@ -58,7 +58,7 @@ class TeamRegistry:
 
     Registered teams are built once per (project, name, version) and kept, least recently
     used dropped first: a version never changes, so its MCP sessions and its compiled graphs
-    (``relaygraph.runner._team_cache`` keys them by the team object) serve every task that runs it.
+    (the runner's team cache keys them by the team object) serve every task that runs it.
 
     Raises:
         ConfigError: A server team file is bad, is named ``default``, or two share a name.

@@ -134,8 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from relaygraph.evals._results import TrialResult
-    from relaygraph.evals._runner import run_eval
+    from relaygraph.evals import TrialResult, run_eval
     from relaygraph.team import load_team
 
     team = load_team(args.team) if args.team is not None else None
