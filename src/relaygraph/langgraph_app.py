@@ -28,7 +28,6 @@ task folder with ``context={"task_id": ...}`` (:class:`ServedContext`). The team
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import threading
@@ -167,22 +166,13 @@ def served_graph(
     Raises:
         ConfigError: A model cannot be built, or a knowledge-base folder cannot be read.
     """
-    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
+    from relaygraph.runner import prepare_knowledge_base
 
     root = data_home(home)
     graph = team.compile(model=model, agent_models=agent_models)
     # As a relaygraph task run does: a team with folders of its own reads a knowledge base
     # of exactly those; any other reads the shared one, with the sample corpus when empty.
-    folders = sorted({str(folder) for agent in team.agents for folder in agent.kb})
-    knowledge_base: Path | None = None
-    if folders:
-        key = hashlib.sha256("\n".join(folders).encode()).hexdigest()[:16]
-        knowledge_base = root / "kb" / f"{key}.sqlite"
-    with KnowledgeBase(knowledge_base or root / "kb.sqlite") as kb:
-        for folder in folders:
-            kb.add_folder(Path(folder))
-        if not folders:
-            ensure_sample_corpus(kb)
+    knowledge_base = prepare_knowledge_base(team, root)
     attributes = {k: v for k, v in graph.__dict__.items() if k != "__orig_class__"}
     # What the server shows a client (the assistant's context schema) and keeps of a
     # run's context is what it may choose: the task, not the paths.

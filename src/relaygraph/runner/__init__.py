@@ -48,7 +48,7 @@ from relaygraph.runner._submit import (
 )
 from relaygraph.runner._task_run import CONTINUE, LEASE_LOST, SUSPENDED, EventHandler
 from relaygraph.runner._task_runner import TaskRunner, policy_digest
-from relaygraph.runner._teams import team_of, team_of_record
+from relaygraph.runner._teams import prepare_knowledge_base, team_of, team_of_record
 
 __all__ = [
     "CONTINUE",
@@ -76,6 +76,7 @@ __all__ = [
     "decide_task",
     "ledger_for",
     "policy_digest",
+    "prepare_knowledge_base",
     "record_submission",
     "resolve_model_specs",
     "resume_input",

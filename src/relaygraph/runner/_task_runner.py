@@ -21,7 +21,7 @@ from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
-from relaygraph.runner._teams import team_of_record
+from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -207,26 +207,16 @@ class TaskRunner:
     def _context(self, task: Task, team: Team) -> TaskContext:
         """The task's workspace, artifacts folder and knowledge base, made ready."""
         from relaygraph.agents.context import TaskContext
-        from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
 
         context = replace(
             TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
             sandbox_isolation_required=self.sandbox_isolation_required,
         )
-        folders = sorted({str(folder) for agent in team.agents for folder in agent.kb})
-        if folders:
-            # A team with folders of its own reads a knowledge base of exactly those (one
-            # per set of folders), brought up to date at each run.
-            key = hashlib.sha256("\n".join(folders).encode()).hexdigest()[:16]
-            context = replace(context, knowledge_base=self.home / "kb" / f"{key}.sqlite")
+        own_knowledge_base = prepare_knowledge_base(team, self.home)
+        if own_knowledge_base is not None:
+            context = replace(context, knowledge_base=own_knowledge_base)
         context.workspace.mkdir(parents=True, exist_ok=True)
         context.artifacts.mkdir(parents=True, exist_ok=True)
-        context.knowledge_base.parent.mkdir(parents=True, exist_ok=True)
-        with KnowledgeBase(context.knowledge_base) as kb:
-            for folder in folders:
-                kb.add_folder(Path(folder))
-            if not folders:
-                ensure_sample_corpus(kb)
         return context
 
     def _config(

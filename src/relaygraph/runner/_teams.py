@@ -1,7 +1,9 @@
-"""Which team runs a task: the one a caller names, or the one a task records."""
+"""Which team runs a task (the one a caller names, or the one a task records), and the
+knowledge base that team reads."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +13,7 @@ if TYPE_CHECKING:
     from relaygraph.store import Task
     from relaygraph.team import Team
 
-__all__ = ["team_of", "team_of_record"]
+__all__ = ["prepare_knowledge_base", "team_of", "team_of_record"]
 
 
 def team_of(team: Team | str | Path | None) -> Team:
@@ -49,3 +51,33 @@ def team_of_record(task: Task) -> Team:
         f"task {task.id} ran team {record.get('name')!r}, which this process does not know; "
         "pass the team (relaygraph resume --team FILE)"
     )
+
+
+def prepare_knowledge_base(team: Team, home: Path) -> Path | None:
+    """Bring the knowledge base ``team`` reads up to date, and say where it is.
+
+    A team with folders of its own reads a knowledge base of exactly those (one per set of
+    folders, under ``home/kb``), brought up to date at each call; any other reads the shared
+    one (``home/kb.sqlite``), given the sample corpus when it is empty.
+
+    Returns:
+        The team's own knowledge base; None for a team that reads the shared one.
+
+    Raises:
+        ConfigError: A folder cannot be read.
+    """
+    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
+
+    folders = sorted({str(folder) for agent in team.agents for folder in agent.kb})
+    own = None
+    if folders:
+        key = hashlib.sha256("\n".join(folders).encode()).hexdigest()[:16]
+        own = home / "kb" / f"{key}.sqlite"
+    path = own or home / "kb.sqlite"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with KnowledgeBase(path) as kb:
+        for folder in folders:
+            kb.add_folder(Path(folder))
+        if not folders:
+            ensure_sample_corpus(kb)
+    return own
