@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from relaygraph.api._auth import own_task, project_auth
-from relaygraph.api._errors import ApiError, error_responses
+from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import ErrorBody
 from relaygraph.api.ui._queries import (
     ArtifactList,
@@ -117,7 +117,7 @@ def dashboard_api_router(
             return find_tasks(ledger(), project.id, filters, limit=limit, cursor=cursor)
         except ConfigError as exc:
             field = "status" if "status" in str(exc) else "cursor"
-            raise ApiError(422, "invalid_request", str(exc), field) from None
+            raise ErrorAnswer(422, "invalid_request", str(exc), field) from None
 
     @router.get(
         "/tasks/{task_id}/artifacts",
@@ -173,7 +173,7 @@ def dashboard_api_router(
     def evals_run(run_id: str, project: ProjectDep) -> EvalRunOut:
         """One eval run with every case's checks, expected and actual."""
         if not show_evals or "\x00" in run_id:
-            raise ApiError(404, "eval_run_not_found", f"no eval run {run_id!r}", "run_id")
+            raise ErrorAnswer(404, "eval_run_not_found", f"no eval run {run_id!r}", "run_id")
         return EvalRunOut.of(eval_run(ledger(), run_id), cases=True)
 
     @router.get("/usage/daily", response_model=DailyUsage, responses=error_responses(401, 422))

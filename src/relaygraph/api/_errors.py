@@ -63,11 +63,6 @@ class ErrorAnswer(Exception):
         return cls(REFUSAL_STATUS[refusal.kind], refusal.code, str(refusal), field)
 
 
-ApiError = ErrorAnswer
-"""The former name of :class:`ErrorAnswer`, kept while the dashboard's modules import it;
-:class:`relaygraph.client.ApiError` is the client's error."""
-
-
 def document_errors_only_as_answered(app: FastAPI) -> None:
     """Make the app's OpenAPI document list as errors only what the API answers.
 

@@ -18,10 +18,9 @@ from relaygraph.api.routes import (
     tasks_router,
     teams_router,
 )
-from relaygraph.api.routes.projects import in_utc
 from relaygraph.models import parse_model_spec
 
-__all__ = ["create_app", "in_utc"]
+__all__ = ["create_app"]
 
 
 def create_app(settings: ServiceSettings | None = None, *, start_workers: bool = True) -> FastAPI:

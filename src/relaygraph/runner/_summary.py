@@ -9,7 +9,6 @@ from typing import Any
 
 from relaygraph._names import SUPERVISOR
 from relaygraph.events import USAGE_AMOUNTS, USAGE_COUNTS, handoff_result
-from relaygraph.events import USAGE_COUNTS as USAGE_FIELDS  # noqa: F401  (runner._run reads it)
 from relaygraph.policies import TeamPolicy
 
 

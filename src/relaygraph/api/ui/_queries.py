@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.store import EvalRunRecord, Event, Ledger, RecordNotFound, Task
 
 MAX_SCAN = 1000
@@ -319,21 +319,21 @@ def read_artifact(home: Path, task_id: str, name: str) -> bytes:
     """One deliverable's bytes.
 
     Raises:
-        ApiError: 404 ``artifact_not_found`` for a name the task has no artifact under.
+        ErrorAnswer: 404 ``artifact_not_found`` for a name the task has no artifact under.
     """
     listed = {a.name: a for a in task_artifacts(home, task_id)}
     if name not in listed:
-        raise ApiError(404, "artifact_not_found", f"no artifact {name[:120]!r}", "name")
+        raise ErrorAnswer(404, "artifact_not_found", f"no artifact {name[:120]!r}", "name")
     path = artifacts_folder(home, task_id) / name
     # Opened without following a symlink swapped in since the listing, and read only if
     # it is still a regular file.
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        raise ApiError(404, "artifact_not_found", f"no artifact {name!r}", "name") from None
+        raise ErrorAnswer(404, "artifact_not_found", f"no artifact {name!r}", "name") from None
     with os.fdopen(fd, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise ApiError(404, "artifact_not_found", f"no artifact {name!r}", "name")
+            raise ErrorAnswer(404, "artifact_not_found", f"no artifact {name!r}", "name")
         return file.read()
 
 
@@ -341,16 +341,16 @@ def daily_usage(ledger: Ledger, project_id: str, since: datetime, until: datetim
     """The project's usage per UTC day in ``[since, until)``, by the days tasks were created.
 
     Raises:
-        ApiError: 422 for a range over :data:`MAX_DAYS` days or one that runs backwards.
+        ErrorAnswer: 422 for a range over :data:`MAX_DAYS` days or one that runs backwards.
     """
     if since > until:
-        raise ApiError(422, "invalid_request", "since is after until", "since")
+        raise ErrorAnswer(422, "invalid_request", "since is after until", "since")
     first = since.astimezone(UTC).date()
     days: list[DayUsage] = []
     day = first
     while datetime.combine(day, time(), UTC) < until:
         if len(days) >= MAX_DAYS:
-            raise ApiError(
+            raise ErrorAnswer(
                 422, "invalid_request", f"the range is over {MAX_DAYS} days; ask for less", "until"
             )
         start = max(since, datetime.combine(day, time(), UTC))
@@ -367,17 +367,17 @@ def eval_run(ledger: Ledger, run_id: str) -> EvalRunRecord:
     """One eval run with its cases.
 
     Raises:
-        ApiError: 404 ``eval_run_not_found``.
+        ErrorAnswer: 404 ``eval_run_not_found``.
     """
     try:
         return ledger.eval_run(run_id)
     except RecordNotFound:
-        raise ApiError(404, "eval_run_not_found", f"no eval run {run_id!r}", "run_id") from None
+        raise ErrorAnswer(404, "eval_run_not_found", f"no eval run {run_id!r}", "run_id") from None
 
 
 def utc_time(text: str | None, field: str) -> datetime | None:
     """A query's ISO 8601 time with a time zone, in UTC (as ``GET /v1/usage`` takes it)."""
-    from relaygraph.api.app import in_utc
+    from relaygraph.api.routes.projects import in_utc
 
     return in_utc(text, field)
 

@@ -10,7 +10,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api.ui._charts import Metric, usage_chart
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
 from relaygraph.api.ui._queries import EvalRunOut, daily_usage, eval_run
@@ -115,7 +115,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
             run = eval_run(dashboard.ledger(), run_id)
             other_id = request.query_params.get("against")
             other = eval_run(dashboard.ledger(), other_id) if other_id else None
-        except ApiError as exc:
+        except ErrorAnswer as exc:
             return dashboard.not_found(request, session, exc.message.removeprefix("no "))
         mine = cases(session, run)
         pairs = _pairs(mine, cases(session, other)) if other else []

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import DecisionIn
 from relaygraph.api._tasks_service import decide, follow_events
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
@@ -151,7 +151,7 @@ def task_router(dashboard: Dashboard) -> APIRouter:
             return dashboard.not_found(request, session, f"task {task_id}")
         try:
             data = read_artifact(dashboard.home, task_id, name)
-        except ApiError:
+        except ErrorAnswer:
             return dashboard.not_found(request, session, f"artifact {name}")
         return artifact_response(data, name, download=bool(request.query_params.get("download")))
 
@@ -262,7 +262,7 @@ def _decide(
             body=body,
             decided_by=session.project_name,
         )
-    except ApiError as exc:
+    except ErrorAnswer as exc:
         if _wants_json(request):
             return _answer(request, exc.status, exc.code, exc.message, exc.field)
         view = task_view(dashboard.ledger(), dashboard.home, task)
@@ -285,7 +285,7 @@ def _decision(form: dict[str, str]) -> DecisionIn:
     """The decision a form posted, as the API's body.
 
     Raises:
-        ApiError: 422 naming the field: arguments that are not a JSON object, a reject
+        ErrorAnswer: 422 naming the field: arguments that are not a JSON object, a reject
             without a reason, an unknown decision.
     """
     decision = form.get("decision", "")
@@ -295,19 +295,19 @@ def _decision(form: dict[str, str]) -> DecisionIn:
         try:
             args = json.loads(form.get("args", ""))
         except json.JSONDecodeError as exc:
-            raise ApiError(
+            raise ErrorAnswer(
                 422, "invalid_request", f"the arguments are not JSON: {exc}", "args"
             ) from None
         if not isinstance(args, dict):
-            raise ApiError(422, "invalid_request", "the arguments must be a JSON object", "args")
+            raise ErrorAnswer(422, "invalid_request", "the arguments must be a JSON object", "args")
     if decision == "reject" and reason is None:
-        raise ApiError(422, "invalid_request", "say why you reject it", "reason")
+        raise ErrorAnswer(422, "invalid_request", "say why you reject it", "reason")
     try:
         return DecisionIn.model_validate({"decision": decision, "args": args, "reason": reason})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "decision"
-        raise ApiError(422, "invalid_request", f"{field}: {first['msg']}", field) from None
+        raise ErrorAnswer(422, "invalid_request", f"{field}: {first['msg']}", field) from None
 
 
 def _cancel(dashboard: Dashboard, request: Request, task_id: str, token: str) -> Response:

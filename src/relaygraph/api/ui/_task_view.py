@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relaygraph.api._errors import ApiError
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import ApprovalOut, TaskOut
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, transfers_of
 from relaygraph.api.ui._queries import (
@@ -131,7 +131,7 @@ def _texts(home: Path, task_id: str, artifacts: tuple[ArtifactOut, ...]) -> dict
             continue
         try:
             texts[artifact.name] = read_artifact(home, task_id, artifact.name).decode("utf-8")
-        except (ApiError, UnicodeDecodeError):
+        except (ErrorAnswer, UnicodeDecodeError):
             continue  # Gone meanwhile, or not text: the links still offer it.
     return texts
 
