@@ -215,7 +215,7 @@ def _print_report(report: Any, console: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from relaygraph.evals._report import case_outcome, metric_rows
+    from relaygraph.evals import case_outcome, metric_rows
 
     cases = Table(title=f"{len(report.cases)} cases", title_justify="left")
     cases.add_column("case", overflow="fold")

@@ -30,7 +30,13 @@ if TYPE_CHECKING:
         load_golden,
     )
     from relaygraph.evals._metrics import EvalMetrics, compute_metrics, pass_at_k, pass_hat_k
-    from relaygraph.evals._report import load_baseline, render_markdown, write_report
+    from relaygraph.evals._report import (
+        case_outcome,
+        load_baseline,
+        metric_rows,
+        render_markdown,
+        write_report,
+    )
     from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
     from relaygraph.evals._runner import run_case, run_eval
 
@@ -49,10 +55,12 @@ __all__ = [
     "Observation",
     "TrialResult",
     "agents_match",
+    "case_outcome",
     "check_expectations",
     "compute_metrics",
     "load_baseline",
     "load_golden",
+    "metric_rows",
     "pass_at_k",
     "pass_hat_k",
     "render_markdown",
@@ -80,7 +88,9 @@ _LAZY = {
     "compute_metrics": "_metrics",
     "pass_at_k": "_metrics",
     "pass_hat_k": "_metrics",
+    "case_outcome": "_report",
     "load_baseline": "_report",
+    "metric_rows": "_report",
     "render_markdown": "_report",
     "write_report": "_report",
     "CaseResult": "_results",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from relaygraph.errors import ConfigError
+from relaygraph.events import TraceLinks
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -200,7 +201,7 @@ def _handlers(callbacks: Any) -> list[Any]:
     return list(handlers) if isinstance(handlers, list | tuple) else []
 
 
-def trace_reference(config: Mapping[str, Any]) -> dict[str, str] | None:
+def trace_reference(config: Mapping[str, Any]) -> TraceLinks | None:
     """Where the trace of the task run that ``config`` starts will be found, before it runs.
 
     Call it with the graph call's config (its ``callbacks`` made by
@@ -223,7 +224,7 @@ def trace_reference(config: Mapping[str, Any]) -> dict[str, str] | None:
     handlers = _handlers(config.get("callbacks"))
     if not handlers:
         return None
-    reference: dict[str, str] = {}
+    reference: TraceLinks = {}
     # A tracer's class is looked up only if its module is loaded: when it is not, no
     # handler can be one, and tracing that is off still imports nothing.
     otel = sys.modules.get("relaygraph.tracing._otel")
