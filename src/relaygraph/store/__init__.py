@@ -12,9 +12,10 @@ package: run ``relaygraph db upgrade`` (:func:`upgrade`) or :meth:`Ledger.upgrad
 """
 
 from relaygraph.store._engine import DATABASE_URL_ENV, database_url
-from relaygraph.store._errors import RecordConflict, RecordNotFound
+from relaygraph.store._errors import AttemptSuperseded, RecordConflict, RecordNotFound
 from relaygraph.store._ledger import Ledger, hash_key
 from relaygraph.store._models import LOCAL_PROJECT_ID
+from relaygraph.store._notices import DEFAULT_CHANNEL, EventNotice
 from relaygraph.store._records import (
     FINISHED_STATUSES,
     TASK_STATUSES,
@@ -34,15 +35,18 @@ from relaygraph.store._records import (
 
 __all__ = [
     "DATABASE_URL_ENV",
+    "DEFAULT_CHANNEL",
     "FINISHED_STATUSES",
     "LOCAL_PROJECT_ID",
     "TASK_STATUSES",
     "AgentUsage",
     "ApiKey",
     "Approval",
+    "AttemptSuperseded",
     "EvalCaseRecord",
     "EvalRunRecord",
     "Event",
+    "EventNotice",
     "Handoff",
     "Ledger",
     "Project",

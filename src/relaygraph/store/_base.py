@@ -8,17 +8,20 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Select
+from sqlalchemy import ColumnElement, Select, func, or_, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from relaygraph.errors import ConfigError
+from relaygraph.events import run_finished_event
 from relaygraph.store._derive import derive, event_agent
 from relaygraph.store._engine import WRITE_OPTION, database_url, display_url, make_engine
+from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
 from relaygraph.store._models import (
     EventRow,
     TaskRow,
 )
+from relaygraph.store._notices import EventNotice
 from relaygraph.store._records import (
     FINISHED_STATUSES,
     TASK_STATUSES,
@@ -46,8 +49,12 @@ def hash_key(key: str) -> str:
 class LedgerBase:
     """The engine and the two kinds of session every part of the ledger uses."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, notify_channel: str | None = None) -> None:
         self._url = database_url(url)
+        self.notify_channel = notify_channel
+        """The PostgreSQL ``NOTIFY`` channel on which each write of a task's events is
+        announced (:class:`~relaygraph.store.EventNotice`); None: none is sent. SQLite has
+        no notices: the setting is ignored there."""
         self._engine = make_engine(self._url)
         self._reader = sessionmaker(self._engine, expire_on_commit=False)
         self._writer = sessionmaker(
@@ -99,6 +106,45 @@ class LedgerBase:
         with self._read() as session:
             return [snapshot(record, row) for row in session.scalars(query)]
 
+    def _announce(self, session: Session, task_id: str, last_seq: int) -> None:
+        """Tell every listener, when ``session`` commits, that the task has events up to
+        ``last_seq`` (nothing is sent if it rolls back, or without a channel)."""
+        if self.notify_channel is None or self._engine.dialect.name != "postgresql":
+            return
+        payload = EventNotice(task_id=task_id, seq=last_seq).payload()
+        session.execute(select(func.pg_notify(self.notify_channel, payload)))
+
+
+def _no_live_lease(now: datetime) -> ColumnElement[bool]:
+    """No runner holds the task, or its lease has lapsed. A worker's attempt holds it with
+    a runner id and no end (``lease_until`` NULL): the broker, not a lease, says when that
+    worker is gone, so such a hold never lapses here."""
+    return or_(TaskRow.runner_id.is_(None), TaskRow.lease_until < now)
+
+
+def _fenced(attempt: int | None) -> ColumnElement[bool]:
+    """The condition a fenced write adds to its UPDATE: the task is still on ``attempt``
+    (always true for an unfenced write, ``attempt`` None)."""
+    return true() if attempt is None else TaskRow.attempts == attempt
+
+
+def _check_attempt(row: TaskRow, attempt: int | None) -> None:
+    """Refuse a write of ``attempt`` to a task (its row locked) that is on another attempt.
+
+    Raises:
+        AttemptSuperseded: ``attempt`` is not the task's latest.
+    """
+    if attempt is not None and row.attempts != attempt:
+        raise AttemptSuperseded(row.id, attempt, row.attempts)
+
+
+def _refusal(session: Session, task_id: str, attempt: int | None) -> Exception:
+    """Why a fenced UPDATE of the task matched no row: no such task, or another attempt."""
+    current = session.scalar(select(TaskRow.attempts).where(TaskRow.id == task_id))
+    if current is None or attempt is None:
+        return RecordNotFound("task", task_id)
+    return AttemptSuperseded(task_id, attempt, current)
+
 
 def _add_events(
     session: Session, task_id: str, first: int, batch: Sequence[Mapping[str, Any]], now: datetime
@@ -117,6 +163,23 @@ def _add_events(
     )
     for seq, data in enumerate(batch, start=first):
         derive(session, task_id, seq, data, now)
+
+
+def _add_finish_event(
+    session: Session, task_id: str, status: str, stop_reason: str | None, now: datetime
+) -> int:
+    """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
+    task no runner holds, a task abandoned or started too often); returns its sequence
+    number (announce it: ``LedgerBase._announce``)."""
+    seq = session.scalar(
+        update(TaskRow)
+        .where(TaskRow.id == task_id)
+        .values(last_event_seq=TaskRow.last_event_seq + 1)
+        .returning(TaskRow.last_event_seq)
+    )
+    assert seq is not None
+    _add_events(session, task_id, seq, [run_finished_event(status, stop_reason)], now)
+    return seq
 
 
 def _status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:

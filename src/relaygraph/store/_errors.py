@@ -1,8 +1,9 @@
-"""Errors the ledger raises beyond plain bad input (``ConfigError``)."""
+"""Errors the ledger raises beyond plain bad input (``ConfigError``), and the refusal of a
+superseded attempt's write (``AttemptSuperseded``)."""
 
 from __future__ import annotations
 
-from relaygraph.errors import ConfigError
+from relaygraph.errors import ConfigError, RunError
 
 
 class RecordNotFound(ConfigError):
@@ -32,3 +33,27 @@ class RecordConflict(ConfigError):
         self.key = key
         self.problem = problem
         super().__init__(f"{kind} {key!r}: {problem}")
+
+
+class AttemptSuperseded(RunError):
+    """A write of an attempt that is no longer the task's latest was refused (fencing).
+
+    A worker that was frozen (SIGSTOP, a paused VM) while the broker gave its task to
+    another worker must not overwrite the new attempt's work when it comes back: every
+    write of a worker's run carries its attempt number, and the ledger takes it only while
+    that number is still the task's.
+
+    Attributes:
+        task_id: The task written to.
+        attempt: The attempt that tried to write.
+        current: The task's attempt now (None: the task no longer exists).
+    """
+
+    def __init__(self, task_id: str, attempt: int, current: int | None) -> None:
+        self.task_id = task_id
+        self.attempt = attempt
+        self.current = current
+        now = "the task is gone" if current is None else f"the task is on attempt {current}"
+        super().__init__(
+            f"task {task_id}: attempt {attempt} may no longer write ({now}); its write was refused"
+        )

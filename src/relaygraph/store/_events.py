@@ -8,8 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _add_events, _now
-from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._base import LedgerBase, _add_events, _fenced, _now, _refusal
 from relaygraph.store._models import (
     ApprovalRow,
     EventRow,
@@ -29,7 +28,9 @@ from relaygraph.store._records import (
 class EventsLedger(LedgerBase):
     """Events and the rows they imply (handoffs, tool calls, approvals), read back in order."""
 
-    def append_event(self, task_id: str, event: Mapping[str, Any]) -> int:
+    def append_event(
+        self, task_id: str, event: Mapping[str, Any], *, attempt: int | None = None
+    ) -> int:
         """Record the task's next event and the rows it implies; returns its sequence number.
 
         A ``route`` or ``handoff`` adds a handoff row; ``tool_call`` and ``tool_result`` a
@@ -39,19 +40,35 @@ class EventsLedger(LedgerBase):
         Raises:
             ConfigError: The event is not a JSON object with a ``type``.
             RecordNotFound: No such task.
+            AttemptSuperseded: See :meth:`append_events`.
         """
-        return self.append_events(task_id, [event])[0]
+        return self.append_events(task_id, [event], attempt=attempt)[0]
 
-    def append_events(self, task_id: str, events: Sequence[Mapping[str, Any]]) -> list[int]:
+    def append_events(
+        self,
+        task_id: str,
+        events: Sequence[Mapping[str, Any]],
+        *,
+        attempt: int | None = None,
+    ) -> list[int]:
         """Record the task's next events, in order, in one transaction (see
         :meth:`append_event`); returns their sequence numbers.
 
         A running task's events are written in batches: one transaction per batch instead
-        of one per event is most of what the ledger costs a run.
+        of one per event is most of what the ledger costs a run. With a notice channel
+        (``Ledger(notify_channel=...)``) on PostgreSQL, the same transaction announces the
+        task's last sequence number to every listener when it commits.
+
+        Args:
+            attempt: The worker's attempt that writes (its fencing number): the events are
+                written only while the task is still on that attempt. None: unfenced (the
+                in-process runner, which holds a lease instead).
 
         Raises:
             ConfigError: An event is not a JSON object with a ``type``; nothing is written.
             RecordNotFound: No such task.
+            AttemptSuperseded: The task is on another attempt than ``attempt``; nothing is
+                written.
         """
         batch = [check.event_data(event) for event in events]
         if not batch:
@@ -59,17 +76,20 @@ class EventsLedger(LedgerBase):
         now = _now()
         with self._write() as session:
             # The update locks the task's row until commit, so concurrent appends to one
-            # task take their sequence numbers (and commit) strictly one after another.
+            # task take their sequence numbers (and commit) strictly one after another; the
+            # attempt is checked on the row it locks, so a new attempt that begins
+            # meanwhile waits for this write, or this write is refused.
             last = session.scalar(
                 update(TaskRow)
-                .where(TaskRow.id == task_id)
+                .where(TaskRow.id == task_id, _fenced(attempt))
                 .values(last_event_seq=TaskRow.last_event_seq + len(batch), updated_at=now)
                 .returning(TaskRow.last_event_seq)
             )
             if last is None:
-                raise RecordNotFound("task", task_id)
+                raise _refusal(session, task_id, attempt)
             first = last - len(batch) + 1
             _add_events(session, task_id, first, batch, now)
+            self._announce(session, task_id, last)
         return list(range(first, last + 1))
 
     def events_after(

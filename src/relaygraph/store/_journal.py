@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _now
+from relaygraph.store._base import LedgerBase, _check_attempt, _now
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import TaskRow, ToolJournalRow
 
@@ -33,7 +33,14 @@ class ToolJournalLedger(LedgerBase):
             row = session.get(ToolJournalRow, (task_id, call_id))
             return dict(row.record) if row is not None else None
 
-    def journal_call(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    def journal_call(
+        self,
+        task_id: str,
+        call_id: str,
+        record: Mapping[str, Any],
+        *,
+        attempt: int | None = None,
+    ) -> dict[str, Any]:
         """Record that the task's call ``call_id`` completed, in one committed transaction.
 
         The first record of a call stays: recording it again (a worker that was only
@@ -44,6 +51,8 @@ class ToolJournalLedger(LedgerBase):
             task_id: The task the call belongs to.
             call_id: The tool call's id, as the model gave it.
             record: What to keep, a JSON object.
+            attempt: The worker's attempt whose call completed: recorded only while the
+                task is still on it (see ``Ledger.append_events``). None: unfenced.
 
         Returns:
             The call's record: ``record``, or the one recorded first.
@@ -51,13 +60,18 @@ class ToolJournalLedger(LedgerBase):
         Raises:
             ConfigError: A blank or too long call id, or a record that is not a JSON object.
             RecordNotFound: No such task.
+            AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
         call = check.text(call_id, "call_id", max_chars=check.MAX_KEY_CHARS)
         kept = check.json_object(record, "record")
         try:
             with self._write() as session:
-                if session.get(TaskRow, task_id) is None:
+                # A fenced record locks the task's row, as a new attempt's start does: the
+                # two cannot interleave.
+                task = session.get(TaskRow, task_id, with_for_update=attempt is not None)
+                if task is None:
                     raise RecordNotFound("task", task_id)
+                _check_attempt(task, attempt)
                 earlier = session.get(ToolJournalRow, (task_id, call))
                 if earlier is not None:
                     return dict(earlier.record)
@@ -75,8 +89,13 @@ class ToolJournalLedger(LedgerBase):
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
-        """This ledger as a task's tool journal (``TaskContext.tool_journal``)."""
+        """This ledger as a task's tool journal (``TaskContext.tool_journal``), unfenced."""
         return LedgerToolJournal(self)
+
+    def attempt_journal(self, attempt: int) -> LedgerToolJournal:
+        """This ledger as the tool journal of a worker's ``attempt``: its records are
+        refused (``AttemptSuperseded``) once the task is on another attempt."""
+        return LedgerToolJournal(self, attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +103,11 @@ class LedgerToolJournal:
     """The ledger seen through ``relaygraph.agents.ToolJournal``'s two methods."""
 
     ledger: ToolJournalLedger
+    attempt: int | None = None
+    """The worker's attempt whose records these are (the fence); None: unfenced."""
 
     def get(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         return self.ledger.journaled_call(task_id, call_id)
 
     def put(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
-        return self.ledger.journal_call(task_id, call_id, record)
+        return self.ledger.journal_call(task_id, call_id, record, attempt=self.attempt)

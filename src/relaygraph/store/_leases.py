@@ -6,15 +6,15 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, or_, select, update
+from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
-from relaygraph.events import run_finished_event
 from relaygraph.store._base import (
     LedgerBase,
-    _add_events,
+    _add_finish_event,
     _apply_status,
+    _no_live_lease,
     _now,
     _status_values,
     _task,
@@ -91,12 +91,7 @@ class LeasesLedger(LedgerBase):
                     TaskRow.id == task_id,
                     TaskRow.status.in_(allowed),
                     TaskRow.cancel_requested_at.is_(None),
-                    or_(
-                        TaskRow.runner_id.is_(None),
-                        TaskRow.runner_id == runner_id,
-                        TaskRow.lease_until.is_(None),
-                        TaskRow.lease_until < now,
-                    ),
+                    or_(TaskRow.runner_id == runner_id, _no_live_lease(now)),
                 )
                 .values(
                     status="running",
@@ -177,7 +172,8 @@ class LeasesLedger(LedgerBase):
             )
             if cancelled is not None:
                 # Its event history ends like any run's, so a stream or an audit sees why.
-                _add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
+                seq = _add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
+                self._announce(session, task_id, seq)
                 return _updated(session, task_id, values)
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
@@ -201,8 +197,8 @@ class LeasesLedger(LedgerBase):
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.status != "running":
                 return None
-            if row.runner_id is not None and row.lease_until is not None and row.lease_until >= now:
-                return None
+            if row.runner_id is not None and (row.lease_until is None or row.lease_until >= now):
+                return None  # A live lease, or a worker's attempt (which never lapses here).
             if row.cancel_requested_at is not None:
                 values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
             elif row.attempts >= max_attempts:
@@ -221,7 +217,8 @@ class LeasesLedger(LedgerBase):
             _apply_status(row, values)
             row.runner_id = row.lease_until = None
             row.updated_at = values["updated_at"]
-            _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            seq = _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            self._announce(session, task_id, seq)
             session.refresh(row)
             return _task(row)
 
@@ -232,29 +229,6 @@ class LeasesLedger(LedgerBase):
             if row is None:
                 raise RecordNotFound("task", task_id)
             return row.runner_id, row.lease_until
-
-
-def _add_finish_event(
-    session: Session, task_id: str, status: str, stop_reason: str | None, now: datetime
-) -> None:
-    """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
-    task no runner holds, a task abandoned too often)."""
-    seq = session.scalar(
-        update(TaskRow)
-        .where(TaskRow.id == task_id)
-        .values(last_event_seq=TaskRow.last_event_seq + 1)
-        .returning(TaskRow.last_event_seq)
-    )
-    assert seq is not None
-    event = run_finished_event(status, stop_reason)
-    _add_events(session, task_id, seq, [event], now)
-
-
-def _no_live_lease(now: datetime) -> ColumnElement[bool]:
-    """No runner holds the task, or its lease has lapsed."""
-    return or_(
-        TaskRow.runner_id.is_(None), TaskRow.lease_until.is_(None), TaskRow.lease_until < now
-    )
 
 
 def _updated(session: Session, task_id: str, values: Mapping[str, Any]) -> Task:

@@ -3,14 +3,15 @@
 A facade over one class per job, each in its own module: projects and keys (``_tenants``),
 registered teams (``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events
 and what they imply (``_events``), usage and the end of a run (``_usage_records``), approvals
-(``_approvals``), eval runs (``_eval_runs``) and the tool journal (``_journal``); the engine
-and sessions are ``_base``.
+(``_approvals``), eval runs (``_eval_runs``), the tool journal (``_journal``) and the worker
+mode's dispatches and attempts (``_dispatch``); the engine and sessions are ``_base``.
 """
 
 from __future__ import annotations
 
 from relaygraph.store._approvals import ApprovalsLedger
 from relaygraph.store._base import hash_key
+from relaygraph.store._dispatch import WorkerDispatchLedger
 from relaygraph.store._eval_runs import EvalRunsLedger
 from relaygraph.store._events import EventsLedger
 from relaygraph.store._journal import ToolJournalLedger
@@ -33,6 +34,7 @@ class Ledger(
     ApprovalsLedger,
     EvalRunsLedger,
     ToolJournalLedger,
+    WorkerDispatchLedger,
 ):
     """The SQL record of projects, API keys, tasks and everything that happened in each task.
 
@@ -43,6 +45,10 @@ class Ledger(
     Args:
         url: A SQLAlchemy URL; ``$RELAYGRAPH_DATABASE_URL`` when None, else the SQLite file
             ``ledger.sqlite`` in the data directory.
+        notify_channel: On PostgreSQL, the ``NOTIFY`` channel on which every write of a
+            task's events is announced ("task X has events up to seq N",
+            :class:`~relaygraph.store.EventNotice`), in the transaction that writes them;
+            None (the default): no notices.
 
     Raises:
         ConfigError: The URL is not one the ledger can use.

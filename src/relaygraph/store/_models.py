@@ -140,6 +140,13 @@ class TaskRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # A cancel asked for while a runner held the task; the holder sees it when it renews.
     cancel_requested_at: Mapped[datetime | None]
+    # The worker mode: how many times the task was handed to the workers (its submission,
+    # then each decision that continues it). A message names the dispatch it was published
+    # for; one of an earlier dispatch is stale.
+    dispatch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Workers' starts of the current dispatch (``attempts`` never goes back in the worker
+    # mode: it is the fencing number), for the attempt limit.
+    dispatch_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

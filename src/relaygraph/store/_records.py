@@ -76,7 +76,10 @@ class Task:
     last_event_seq: int
     """Sequence number of the task's latest event; 0 before the first."""
     attempts: int
-    """How many times a runner started running it (a restart after a crash counts)."""
+    """How many times a runner started running it (a restart after a crash counts). In the
+    worker mode it is the fencing number of the latest attempt, and never goes back."""
+    dispatch: int
+    """How many times it was handed to the worker mode's queue (0: never)."""
     cancel_requested_at: datetime | None
     """When a cancel was asked for that its runner has not acted on yet."""
     created_at: datetime

@@ -6,16 +6,26 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
-from relaygraph.store._base import MAX_PAGE, LedgerBase, _apply_status, _now, _status_values, _task
+from relaygraph.store._base import (
+    MAX_PAGE,
+    LedgerBase,
+    _apply_status,
+    _check_attempt,
+    _no_live_lease,
+    _now,
+    _status_values,
+    _task,
+)
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ProjectRow,
@@ -86,6 +96,8 @@ class TasksLedger(LedgerBase):
             meta=check.json_object(metadata or {}, "metadata"),
             last_event_seq=0,
             attempts=0,
+            dispatch=0,
+            dispatch_attempts=0,
         )
         row.request_digest = _request_digest(row, given_thread)
         try:
@@ -186,10 +198,7 @@ class TasksLedger(LedgerBase):
         query = select(TaskRow).where(
             or_(
                 TaskRow.status == "queued",
-                and_(
-                    TaskRow.status == "running",
-                    or_(TaskRow.lease_until.is_(None), TaskRow.lease_until < now),
-                ),
+                and_(TaskRow.status == "running", _no_live_lease(now)),
             )
         )
         if exclude_project is not None:
@@ -250,23 +259,53 @@ class TasksLedger(LedgerBase):
             ).first()
             return _task(row) if row is not None else None
 
-    def set_status(self, task_id: str, status: str, **fields: str | None) -> Task:
+    def set_status(
+        self, task_id: str, status: str, *, attempt: int | None = None, **fields: str | None
+    ) -> Task:
         """Move a task to ``status``, with its ``answer`` or ``stop_reason`` if given.
 
         ``running`` stamps ``started_at`` the first time; a finished status
         (succeeded, degraded, failed, cancelled) stamps ``finished_at``.
 
+        Args:
+            attempt: The worker's attempt that writes: the status is set only while the
+                task is still on it (see ``append_events``). None: unfenced.
+
         Raises:
             ConfigError: An unknown status or field.
             RecordNotFound: No such task.
+            AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
         values = _status_values(status, fields)
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
+            _check_attempt(row, attempt)
             _apply_status(row, values)
             return _task(row)
+
+    def count_tasks_by_status(self) -> dict[str, int]:
+        """How many tasks of every project have each status (every status named, 0 too):
+        what the service's ``/metrics`` reports."""
+        with self._read() as session:
+            counted = session.execute(
+                select(TaskRow.status, func.count()).group_by(TaskRow.status)
+            ).all()
+        counts = dict.fromkeys(TASK_STATUSES, 0)
+        counts.update({status: int(count) for status, count in counted})
+        return counts
+
+    def oldest_queued_at(self) -> datetime | None:
+        """Since when the task that has waited longest of those ``queued`` in any project
+        waits (its submission, or the decision that handed it to the workers again); None
+        when none waits. A queue that does not move shows here first."""
+        with self._read() as session:
+            # A queued task's row changes when it is queued and next when it starts (or is
+            # cancelled), so its updated_at is when it was queued.
+            return session.scalar(
+                select(func.min(TaskRow.updated_at)).where(TaskRow.status == "queued")
+            )
 
 
 _REQUEST_FIELDS = ("team", "input", "thread_id", "policy", "models", "topology", "metadata")

@@ -12,7 +12,15 @@ from sqlalchemy.orm import Session
 from relaygraph.errors import ConfigError
 from relaygraph.store import _usage
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _apply_status, _now, _status_values
+from relaygraph.store._base import (
+    LedgerBase,
+    _apply_status,
+    _check_attempt,
+    _fenced,
+    _now,
+    _refusal,
+    _status_values,
+)
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
     TaskRow,
@@ -33,7 +41,12 @@ class UsageLedger(LedgerBase):
         return self._snapshots(AgentUsage, query)
 
     def record_usage(
-        self, task_id: str, usage: Mapping[str, Mapping[str, Any]], *, complete: bool = False
+        self,
+        task_id: str,
+        usage: Mapping[str, Mapping[str, Any]],
+        *,
+        complete: bool = False,
+        attempt: int | None = None,
     ) -> None:
         """Store each role's totals for the task, as the run's result says (replacing what
         its events added up).
@@ -46,11 +59,17 @@ class UsageLedger(LedgerBase):
                 for and ``usage`` leaves out is set to zero (a task going on from a pause
                 sets its usage back to what its finished nodes spent; the visit that was in
                 progress sends its whole record again when it finishes).
+            attempt: The worker's attempt that writes: the usage is stored only while the
+                task is still on it (see ``append_events``). None: unfenced.
+
+        Raises:
+            RecordNotFound: No such task.
+            AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
         now = _now()
         with self._write() as session:
-            if not _lock_task(session, task_id, now):
-                raise RecordNotFound("task", task_id)
+            if not _lock_task(session, task_id, now, attempt):
+                raise _refusal(session, task_id, attempt)
             _store_totals(session, task_id, usage, now, complete=complete)
 
     def end_run(
@@ -60,6 +79,7 @@ class UsageLedger(LedgerBase):
         usage: Mapping[str, Mapping[str, Any]],
         runner_id: str | None = None,
         status: str | None = None,
+        attempt: int | None = None,
         **fields: str | None,
     ) -> None:
         """What a run writes when it ends, in one transaction: each role's usage (as
@@ -67,9 +87,16 @@ class UsageLedger(LedgerBase):
         (as :meth:`set_status`; None leaves it, as for a run that was suspended), and
         ``runner_id``'s lease given up (as :meth:`release_lease`).
 
+        Args:
+            attempt: The worker's attempt whose run ended: nothing is written unless the
+                task is still on it; the worker's hold on the task ends with it. None:
+                unfenced (the in-process runner, whose lease ``runner_id`` names).
+
         Raises:
             ConfigError: An unknown status or field, or a usage entry that is not a mapping.
             RecordNotFound: No such task.
+            AttemptSuperseded: The task is on another attempt than ``attempt``; nothing is
+                written.
         """
         values = _status_values(status, fields) if status is not None else None
         now = _now()
@@ -77,15 +104,19 @@ class UsageLedger(LedgerBase):
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
+            _check_attempt(row, attempt)
             _store_totals(session, task_id, usage, now)
             row.updated_at = now
             if values is not None:
                 _apply_status(row, values)
-            if runner_id is not None and row.runner_id == runner_id:
+            if attempt is not None or (runner_id is not None and row.runner_id == runner_id):
                 row.runner_id = row.lease_until = None
-            # The run ended on its own (finished, paused or stopped cleanly): the next start
-            # is not a retry after a crash.
-            row.attempts = 0
+            if attempt is None:
+                # The run ended on its own (finished, paused or stopped cleanly): the next
+                # start is not a retry after a crash. (A worker's attempt number is its
+                # fencing number and never goes back: the next dispatch counts its starts
+                # in dispatch_attempts.)
+                row.attempts = 0
             if row.cancel_requested_at is not None and row.status == "interrupted":
                 # A cancel asked for while the run went on to a pause: it is not waited on.
                 _apply_status(
@@ -143,8 +174,11 @@ def _store_totals(
             _usage.set_totals(session, task_id, agent, {}, now)
 
 
-def _lock_task(session: Session, task_id: str, now: datetime) -> bool:
+def _lock_task(session: Session, task_id: str, now: datetime, attempt: int | None) -> bool:
     locked = session.scalar(
-        update(TaskRow).where(TaskRow.id == task_id).values(updated_at=now).returning(TaskRow.id)
+        update(TaskRow)
+        .where(TaskRow.id == task_id, _fenced(attempt))
+        .values(updated_at=now)
+        .returning(TaskRow.id)
     )
     return locked is not None

@@ -25,13 +25,14 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
+
+from relaygraph.store import DEFAULT_CHANNEL, EventNotice
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -42,34 +43,7 @@ __all__ = [
     "notify",
 ]
 
-DEFAULT_CHANNEL = "relaygraph_events"
-"""The channel notices go on unless told otherwise (``RELAYGRAPH_EVENTS_CHANNEL``)."""
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EventNotice:
-    """The task ``task_id`` has events in the ledger up to sequence number ``seq``."""
-
-    task_id: str
-    seq: int | None
-    """The task's last event; None when notices may have been lost (the listener
-    reconnected): the subscriber must read the ledger to know."""
-
-    def payload(self) -> str:
-        """The notice as ``NOTIFY`` carries it: ``<task_id> <seq>``."""
-        if self.seq is None:
-            raise ValueError("a notice of lost notices is never sent")
-        return f"{self.task_id} {self.seq}"
-
-    @classmethod
-    def from_payload(cls, payload: str) -> EventNotice | None:
-        """The notice in ``payload``; None when it is not one (anything else on the channel)."""
-        task_id, _, seq = payload.partition(" ")
-        if not task_id or not seq.isdigit():
-            return None
-        return cls(task_id=task_id, seq=int(seq))
 
 
 def notify(

@@ -1,0 +1,110 @@
+"""The worker mode's side of a task: its dispatches to the workers and their attempts.
+
+An API server hands a task to the workers (:meth:`WorkerDispatchLedger.queue_for_workers`,
+then it publishes the task's id and dispatch number); a worker that receives the message
+begins an attempt (:meth:`WorkerDispatchLedger.begin_attempt`), whose number fences every
+write of its run (``attempt=`` of ``append_events``, ``end_run``, ``set_status``,
+``record_usage`` and the tool journal): once another attempt began, the old one's writes
+are refused, so a worker that was only frozen cannot overwrite the new attempt's work.
+"""
+
+from __future__ import annotations
+
+from relaygraph.store._base import (
+    LedgerBase,
+    _add_finish_event,
+    _apply_status,
+    _now,
+    _status_values,
+)
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import TaskRow
+from relaygraph.store._records import FINISHED_STATUSES
+
+__all__ = ["WorkerDispatchLedger"]
+
+STARTABLE = ("queued", "running")
+"""Statuses a worker's attempt may begin from: queued, or running (a message redelivered
+after the worker that ran it died or froze)."""
+
+
+class WorkerDispatchLedger(LedgerBase):
+    """Dispatches of tasks to the worker mode's queue, and the attempts that run them."""
+
+    def queue_for_workers(self, task_id: str) -> int:
+        """Hand the task to the workers: ``queued`` (unless it is finished), its dispatch
+        number one higher, and no start of this dispatch counted yet.
+
+        Publish ``(task_id, dispatch)`` only after this returns (its transaction committed),
+        so that no worker takes the message before the ledger shows the task queued.
+
+        Returns:
+            The task's new dispatch number, for the message.
+
+        Raises:
+            RecordNotFound: No such task.
+        """
+        now = _now()
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise RecordNotFound("task", task_id)
+            row.dispatch += 1
+            row.dispatch_attempts = 0
+            row.updated_at = now
+            if row.status not in FINISHED_STATUSES:
+                row.status = "queued"
+            return row.dispatch
+
+    def begin_attempt(
+        self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
+    ) -> int | None:
+        """Begin a worker's attempt at the task for the message of dispatch ``dispatch``, in
+        one transaction.
+
+        Args:
+            task_id: The task the message names.
+            dispatch: The dispatch the message was published for.
+            worker_id: Who runs the attempt (the worker process), recorded as the task's
+                runner. Its hold has no end: the broker says when a worker is gone, so no
+                sweeper takes the task and a cancel waits for the worker (at its next step
+                boundary) instead of ending the task at once.
+            max_attempts: Starts of one dispatch after which the task is failed instead of
+                started again (its workers died on it each time: ``RELAYGRAPH_MAX_ATTEMPTS``).
+
+        Returns:
+            The attempt's number (the fencing number of every write of its run), the task
+            now ``running``. None when the message must be acknowledged and dropped: no such
+            task, the task is finished or waits for a person, the message is of an earlier
+            dispatch, a cancel waited on the task (now ``cancelled``), or the dispatch was
+            started ``max_attempts`` times already (now ``failed``, saying so).
+        """
+        now = _now()
+        with self._write() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None or row.dispatch != dispatch or row.status not in STARTABLE:
+                return None
+            if row.cancel_requested_at is not None:
+                values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+            elif row.dispatch_attempts >= max_attempts:
+                values = _status_values(
+                    "failed",
+                    {
+                        "stop_reason": (
+                            f"error: the task was started {row.dispatch_attempts} times and its "
+                            "worker stopped without finishing it each time (attempt limit "
+                            f"{max_attempts}, RELAYGRAPH_MAX_ATTEMPTS); it is not run again"
+                        )
+                    },
+                )
+            else:
+                row.attempts += 1
+                row.dispatch_attempts += 1
+                row.runner_id, row.lease_until = worker_id[:64], None
+                _apply_status(row, _status_values("running", {}))
+                return row.attempts
+            _apply_status(row, values)
+            row.runner_id = row.lease_until = row.cancel_requested_at = None
+            seq = _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            self._announce(session, task_id, seq)
+            return None

@@ -1,0 +1,42 @@
+"""Tasks count their dispatches to the workers, and the workers' starts of the current one.
+
+``dispatch`` is how many times the task was handed to the worker mode's queue (its
+submission, then each decision that continues it): a message carries the dispatch it was
+published for, and one of an earlier dispatch is stale. ``dispatch_attempts`` counts the
+workers' starts of the current dispatch, for the attempt limit (``attempts`` is the fencing
+number and never goes back in the worker mode).
+
+Revision ID: 0010
+Revises: 0009
+Create Date: 2026-12-10
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0010"
+down_revision: str | Sequence[str] | None = "0009"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("tasks") as batch:
+        batch.add_column(
+            sa.Column("dispatch", sa.Integer(), nullable=False, server_default=sa.text("0"))
+        )
+        batch.add_column(
+            sa.Column(
+                "dispatch_attempts", sa.Integer(), nullable=False, server_default=sa.text("0")
+            )
+        )
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("tasks") as batch:
+        batch.drop_column("dispatch_attempts")
+        batch.drop_column("dispatch")
