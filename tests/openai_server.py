@@ -43,6 +43,11 @@ in a given sequence: 429 with ``Retry-After``, 500, 503, a timeout (the server s
 hangs up) and a truncated answer (half a body, or half a stream). A faulted request does not
 advance the script, and every request is logged with its arrival time and body digest
 (:attr:`FakeOpenAI.log`), so a test can check when a retried request came back.
+
+A **delay** (``delay_seconds``) makes every answered request take that long, as a model that
+takes time to answer: requests are answered on threads of their own, so concurrent requests
+wait side by side, as they do on a real server (the throughput benchmark,
+``benchmarks/bench_service.py``, measures the task service against it).
 Usage comes from the turn, else it is estimated exactly as ``ScriptedChatModel`` does (about
 four characters per token of the request's message texts and of the output). An answer longer
 than the request's ``max_tokens`` (or ``max_completion_tokens``) is cut there, with
@@ -413,6 +418,8 @@ class FakeOpenAI:
             fault) and ``usage`` (the answer's usage block, for a 200).
         profile: Which server it plays.
         faults: The faults it injects, if any.
+        delay_seconds: How long it takes to answer a request (not a faulted one), in
+            seconds; 0 by default.
     """
 
     def __init__(
@@ -421,9 +428,13 @@ class FakeOpenAI:
         *,
         profile: ServerProfile = OPENAI,
         faults: Faults | None = None,
+        delay_seconds: float = 0.0,
     ) -> None:
+        if delay_seconds < 0:
+            raise ValueError(f"delay_seconds must be 0 or more, not {delay_seconds!r}")
         self.profile = profile
         self.faults = faults
+        self.delay_seconds = delay_seconds
         self.log: list[dict[str, Any]] = []
         self._turns = _parse_script(script)
         self._cursors = dict.fromkeys(self._turns, 0)
@@ -935,6 +946,8 @@ class _Handler(BaseHTTPRequestHandler):
             if entry["fault"] is not None:
                 self._inject(entry["fault"], body)
                 return
+            if app.delay_seconds:
+                time.sleep(app.delay_seconds)  # The model thinks; other requests go on.
             completion, chunks = app._answer(body)
             entry["status"], entry["usage"] = 200, completion["usage"]
         except _APIError as err:
@@ -961,10 +974,12 @@ def serve_script(
     *,
     profile: ServerProfile = OPENAI,
     faults: Faults | None = None,
+    delay_seconds: float = 0.0,
 ) -> Iterator[FakeOpenAI]:
     """Serve ``script`` on a local port for the duration of the ``with`` block, as
-    ``profile``'s server would, with ``faults`` injected."""
-    server = FakeOpenAI(script, profile=profile, faults=faults)
+    ``profile``'s server would, with ``faults`` injected and each answer ``delay_seconds``
+    late."""
+    server = FakeOpenAI(script, profile=profile, faults=faults, delay_seconds=delay_seconds)
     try:
         yield server
     finally:

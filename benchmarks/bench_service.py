@@ -1,0 +1,356 @@
+"""6. Task service throughput: tasks per second against the bound, in process and on workers.
+
+Fifty tasks are submitted at once over HTTP to a real ``relaygraph serve`` whose model is
+the real ``ChatOpenAI`` client against ``tests/openai_server.py`` answering every call after
+a fixed 200 ms (a model that takes time, and nothing else: the double does no work). Each
+task is supervisor → writer → FINISH and finalize, each with a model key of its own so that
+concurrent tasks never take each other's turns. Two deployments, one after the other:
+
+- **in process**: ``relaygraph serve --workers 8`` on SQLite, the single-machine mode;
+- **worker mode**: one ``relaygraph serve`` in broker mode and 2 ``relaygraph worker``
+  processes × ``--concurrency 4``, on PostgreSQL (a fresh database) and RabbitMQ (a queue of
+  its own).
+
+Both run 8 tasks at once, so both have the same bound: 8 ÷ the model time of one task (its
+model calls, counted at the server, × 200 ms). Measured: tasks per second from the first
+submission to the last task's ``finished_at`` (the ledger's clock, the same machine), after
+an untimed warm-up round that has every runner compile its team. Fifty tasks on 8 places
+take at least ⌈50 ÷ 8⌉ = 7 model times, so even a service with no overhead reaches only
+50 ÷ (7 × 8) = 89% of the bound; the table shows that ceiling beside the ratio.
+
+Run alone: ``.venv/bin/python benchmarks/bench_service.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(1, str(HERE.parent))  # for tests/openai_server.py, tests/worker_cluster.py
+
+from _common import Section, Verdict, log, table  # noqa: E402
+
+TASKS = 50
+DELAY_SECONDS = 0.2
+IN_PROCESS_WORKERS = 8
+WORKERS, CONCURRENCY = 2, 4
+TARGET_OF_BOUND = 0.9
+"""Tasks per second at least this share of the bound (issue 19, and issue 18 for workers)."""
+TARGET_OF_IN_PROCESS = 0.9
+"""The worker mode within 10% of the in-process mode's tasks per second (issue 18)."""
+FINISHED = ("succeeded", "degraded", "failed", "cancelled")
+WAIT_SECONDS = 600
+
+
+def _turns(key: str) -> dict[str, list[dict[str, Any]]]:
+    """One task's conversation, under its own script key: four model calls."""
+    return {
+        key: [
+            {"route": {"next": "writer", "task": "Write a line.", "reason": "a deliverable"}},
+            {"content": f"One line for {key}."},
+            {"route": {"next": "FINISH", "task": "", "reason": "written"}},
+            {"content": f"Done: one line for {key}."},
+        ]
+    }
+
+
+@dataclass
+class Round:
+    """One timed round of one mode."""
+
+    seconds: float
+    tasks: int
+    statuses: dict[str, int]
+    model_calls: int
+
+    @property
+    def per_second(self) -> float:
+        return self.tasks / self.seconds
+
+
+@dataclass
+class Mode:
+    """A deployment under test and what its rounds measured."""
+
+    name: str
+    concurrency: int
+    rounds: list[Round]
+    problem: str | None = None
+    """Why the mode was not measured."""
+    failed: bool = False
+    """The mode was started and failed (its problem says how), rather than not started."""
+
+    def median_per_second(self) -> float:
+        return statistics.median(r.per_second for r in self.rounds)
+
+    def model_seconds_per_task(self) -> float:
+        calls = sum(r.model_calls for r in self.rounds) / sum(r.tasks for r in self.rounds)
+        return calls * DELAY_SECONDS
+
+    def bound(self) -> float:
+        return self.concurrency / self.model_seconds_per_task()
+
+
+def _parse_time(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _play(
+    url: str, key: str, model: Callable[[int], str], count: int, fake: Any
+) -> tuple[Round, list[str]]:
+    """Submit ``count`` tasks at once and wait for all; the round and its task ids."""
+    from relaygraph.client import Client
+
+    with Client(url, key, timeout=60) as client:
+        started = time.time()
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            submitted = list(
+                pool.map(lambda i: client.submit(f"Task {i}", model=model(i)), range(count))
+            )
+        ids = [task["id"] for task in submitted]
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            page = client.list(limit=200)["tasks"]
+            mine = [task for task in page if task["id"] in set(ids)]
+            if len(mine) == count and all(t["status"] in FINISHED for t in mine):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{count} tasks not finished within {WAIT_SECONDS} s")
+            time.sleep(0.2)
+    statuses: dict[str, int] = {}
+    for task in mine:
+        statuses[task["status"]] = statuses.get(task["status"], 0) + 1
+    finished = max(_parse_time(t["finished_at"]) for t in mine)
+    models = {model(i).removeprefix("openai:") for i in range(count)}
+    calls = sum(1 for entry in fake.log if entry["model"] in models and entry["status"] == 200)
+    return Round(finished - started, count, statuses, calls), ids
+
+
+def _measure(
+    name: str,
+    concurrency: int,
+    start: Callable[[Path, dict[str, str]], Any],
+    fake: Any,
+    rounds: int,
+    root: Path,
+) -> Mode:
+    """Start a deployment (``start`` returns its cluster and API URL), warm it up, time it."""
+    mode = Mode(name, concurrency, [])
+    env = {"OPENAI_API_KEY": "bench", "OPENAI_BASE_URL": fake.base_url}
+    cluster, url = start(root, env)
+    with cluster:
+        for number in range(rounds + 1):
+            key = cluster.create_project(f"bench-{number}")
+            prefix = f"{name}-{number}"
+            warmup = number == 0
+            count = 2 * concurrency if warmup else TASKS
+            measured, _ = _play(url, key, lambda i, p=prefix: f"openai:script-{p}-{i}", count, fake)
+            what = "warm-up" if warmup else f"round {number}"
+            log(
+                f"  {name}, {what}: {measured.tasks} tasks in {measured.seconds:.2f} s "
+                f"({measured.per_second:.2f}/s), {measured.statuses}"
+            )
+            if not warmup:
+                mode.rounds.append(measured)
+    return mode
+
+
+def _in_process(root: Path, env: dict[str, str]) -> tuple[Any, str]:
+    from tests.worker_cluster import Cluster
+
+    cluster = Cluster(root / "in-process", database_url=None, broker=None, env=env)
+    try:
+        server = cluster.serve("api", model="openai:script-default", workers=IN_PROCESS_WORKERS)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, server.url
+
+
+def _worker_mode(database_url: str, broker: str) -> Callable[[Path, dict[str, str]], Any]:
+    def start(root: Path, env: dict[str, str]) -> tuple[Any, str]:
+        from tests.worker_cluster import Cluster
+
+        cluster = Cluster(root / "workers", database_url=database_url, broker=broker, env=env)
+        try:
+            server = cluster.serve("api", model="openai:script-default")
+            for n in range(WORKERS):
+                cluster.worker(f"w{n + 1}", concurrency=CONCURRENCY, traced=False)
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster, server.url
+
+    return start
+
+
+def _script(rounds: int) -> dict[str, list[dict[str, Any]]]:
+    script: dict[str, list[dict[str, Any]]] = {"default": [{"content": "unused"}]}
+    for name, concurrency in (("in-process", IN_PROCESS_WORKERS), ("workers", 8)):
+        for number in range(rounds + 1):
+            count = 2 * concurrency if number == 0 else TASKS
+            for i in range(count):
+                script.update(_turns(f"{name}-{number}-{i}"))
+    return script
+
+
+def run(quick: bool) -> Section:
+    """Measure both modes (one timed round each with ``quick``, else three)."""
+    from tests.openai_server import serve_script
+    from tests.worker_cluster import broker_problem, broker_url, fresh_database, postgres_server
+
+    rounds = 1 if quick else 3
+    section = Section("6. Task service throughput")
+    modes: list[Mode] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="relaygraph-bench-service-") as tmp,
+        serve_script(_script(rounds), delay_seconds=DELAY_SECONDS) as fake,
+    ):
+        root = Path(tmp)
+        log(f"  in process: serve --workers {IN_PROCESS_WORKERS}, SQLite")
+        modes.append(_measure("in-process", IN_PROCESS_WORKERS, _in_process, fake, rounds, root))
+        broker = broker_url()
+        server, why = postgres_server()
+        problem = broker_problem(broker) or (why if server is None else None)
+        if problem is not None or server is None:
+            log(f"  worker mode not measured: {problem}")
+            modes.append(Mode("workers", WORKERS * CONCURRENCY, [], problem=problem))
+        else:
+            log(f"  worker mode: {WORKERS} workers x concurrency {CONCURRENCY}")
+            try:
+                with fresh_database(server, prefix="relaygraph_bench") as database:
+                    modes.append(
+                        _measure(
+                            "workers",
+                            WORKERS * CONCURRENCY,
+                            _worker_mode(database, broker),
+                            fake,
+                            rounds,
+                            root,
+                        )
+                    )
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                # Reported as a target not met, with the reason, rather than ending the
+                # whole benchmark run.
+                log(f"  worker mode failed: {exc}")
+                modes.append(
+                    Mode("workers", WORKERS * CONCURRENCY, [], problem=str(exc), failed=True)
+                )
+    _report(section, modes, rounds)
+    return section
+
+
+def _report(section: Section, modes: list[Mode], rounds: int) -> None:
+    labels = {
+        "in-process": f"in process: `serve --workers {IN_PROCESS_WORKERS}`, SQLite",
+        "workers": f"worker mode: {WORKERS} workers × concurrency {CONCURRENCY}, "
+        "PostgreSQL + RabbitMQ",
+    }
+    ceiling = TASKS / (math.ceil(TASKS / 8) * 8)
+    rows = []
+    for mode in modes:
+        if mode.problem is not None:
+            rows.append([labels[mode.name], "—", "—", "—", "—", "—", "—"])
+            continue
+        per_second = [f"{r.per_second:.2f}" for r in mode.rounds]
+        failed = sum(n for r in mode.rounds for s, n in r.statuses.items() if s != "succeeded")
+        rows.append(
+            [
+                labels[mode.name],
+                f"{mode.median_per_second():.2f} ({', '.join(per_second)})",
+                f"{mode.model_seconds_per_task():.2f}",
+                f"{mode.bound():.2f}",
+                f"{mode.median_per_second() / mode.bound():.0%}",
+                f"{statistics.median(r.seconds for r in mode.rounds):.2f}",
+                str(failed),
+            ]
+        )
+    section.add(
+        f"{TASKS} tasks submitted at once (10 client threads) to a real `relaygraph serve` "
+        f"over HTTP; every model call answered after {DELAY_SECONDS * 1000:.0f} ms by "
+        "`tests/openai_server.py` through `ChatOpenAI`; tasks per second from the first "
+        "submission to the last `finished_at`, median of "
+        f"{rounds} timed round(s) after an untimed warm-up (rounds in brackets). The bound is "
+        "the concurrency ÷ the model time of one task (its model calls × the delay); "
+        f"{TASKS} tasks on 8 places need at least {math.ceil(TASKS / 8)} model times, so the "
+        f"ratio cannot exceed {ceiling:.0%}.",
+        "",
+        *table(
+            [
+                "deployment",
+                "tasks/s",
+                "model s/task",
+                "bound tasks/s",
+                "of bound",
+                "seconds (median)",
+                "not succeeded",
+            ],
+            rows,
+        ),
+        "",
+    )
+    for mode in modes:
+        if mode.problem is not None:
+            what = "failed" if mode.failed else "was not measured"
+            section.add(f"The worker mode {what}:", "", "```text", mode.problem[-3000:], "```", "")
+            section.verdicts.append(
+                Verdict(
+                    "6. service throughput",
+                    f"worker mode ≥ {TARGET_OF_BOUND:.0%} of the bound",
+                    "failed" if mode.failed else "not measured",
+                    False if mode.failed else None,
+                    mode.problem.splitlines()[0],
+                )
+            )
+            continue
+        ratio = mode.median_per_second() / mode.bound()
+        section.verdicts.append(
+            Verdict(
+                "6. service throughput",
+                f"{labels[mode.name].split(':')[0]} ≥ {TARGET_OF_BOUND:.0%} of the bound "
+                f"({mode.bound():.2f} tasks/s)",
+                f"{mode.median_per_second():.2f} tasks/s, {ratio:.0%}",
+                ratio >= TARGET_OF_BOUND,
+            )
+        )
+    measured = {m.name: m for m in modes if m.problem is None}
+    if len(measured) == 2:
+        ratio = measured["workers"].median_per_second() / measured["in-process"].median_per_second()
+        section.verdicts.append(
+            Verdict(
+                "6. service throughput",
+                f"worker mode ≥ {TARGET_OF_IN_PROCESS:.0%} of the in-process tasks/s",
+                f"{ratio:.2f}×",
+                ratio >= TARGET_OF_IN_PROCESS,
+            )
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="one timed round per mode")
+    args = parser.parse_args(argv)
+    section = run(args.quick)
+    print(f"## {section.title}\n")
+    print("\n".join(section.body))
+    for v in section.verdicts:
+        met = {True: "met", False: "NOT met", None: "not measured"}[v.met]
+        print(f"- {v.target}: {v.measured} — {met}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
