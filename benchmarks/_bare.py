@@ -102,23 +102,21 @@ def build_bare_team(
     from langchain.agents import create_agent
     from langgraph_supervisor import create_supervisor
 
-    from relaygraph.agents import AGENTS, TaskContext
-    from relaygraph.agents.tools import TOOLS
-    from relaygraph.policies import default_policy
+    from relaygraph.agents import TaskContext, builtin
 
-    policy = default_policy()
+    agents = {agent.name: agent for agent in builtin.agents()}
     names = [a for a in AGENT_NAMES if a in models]
     workers = [
         create_agent(
             models[name],
-            [TOOLS[t] for t in policy.agent(name).tools],
-            system_prompt=AGENTS[name].system_prompt,
+            list(agents[name].resolved_tools(builtin.tools())),
+            system_prompt=agents[name].prompt,
             context_schema=TaskContext,
             name=name,
         )
         for name in names
     ]
-    roster = "\n".join(f"- {n}: {AGENTS[n].description}" for n in names)
+    roster = "\n".join(f"- {n}: {agents[n].description}" for n in names)
     workflow = create_supervisor(
         workers,
         model=models["supervisor"],

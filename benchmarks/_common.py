@@ -193,7 +193,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def verdict_word(met: bool | None) -> str:
-    return {True: "**met**", False: "**MISSED**", None: "not measured"}[met]
+    return {True: "**met**", False: "**NOT met**", None: "not measured"}[met]
 
 
 # -- environment ----------------------------------------------------------------------------

@@ -267,7 +267,7 @@ def run(home: Path) -> Section:
     )
     section.add(
         f"**Target (step {LATE} / step {EARLY} ≤ {TARGET} for relaygraph): "
-        + ("met.**" if met else "MISSED.**"),
+        + ("met.**" if met else "NOT met.**"),
         "",
     )
     return section

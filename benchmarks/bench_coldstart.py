@@ -107,7 +107,7 @@ def run(home: Path, *, runs: int) -> Section:
         )
     )
     section.add(
-        f"**Target (`relaygraph --help` ≤ {TARGET} s): " + ("met.**" if met else "MISSED.**"), ""
+        f"**Target (`relaygraph --help` ≤ {TARGET} s): " + ("met.**" if met else "NOT met.**"), ""
     )
     run_argv = [
         "-c",

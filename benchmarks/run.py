@@ -100,7 +100,7 @@ def _render(
     lines += [
         "",
         (
-            f"**{len(missed)} of {sum(v.met is not None for v in verdicts)} targets missed**; "
+            f"**{len(missed)} of {sum(v.met is not None for v in verdicts)} targets NOT met**; "
             "each section below says what costs the time, tokens or bytes."
             if missed
             else "**Every target measured here is met.**"
@@ -176,9 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.out.write_text(text, encoding="utf-8")
     log(f"wrote {args.out}")
-    for section in sections:
-        for v in section.verdicts:
-            log(f"  {v.benchmark}: {v.target}: {v.measured} — {verdict_word(v.met).strip('*')}")
+    verdicts = [v for section in sections for v in section.verdicts]
+    for v in verdicts:
+        log(f"  {v.benchmark}: {v.target}: {v.measured} — {verdict_word(v.met).strip('*')}")
+    judged = [v for v in verdicts if v.met is not None]
+    missed = sum(1 for v in judged if not v.met)
+    log(
+        f"{len(judged) - missed} of {len(judged)} targets met"
+        + (f", {missed} NOT met" if missed else "")
+    )
     return 0
 
 

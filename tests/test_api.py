@@ -230,9 +230,8 @@ async def test_approval_resumes_and_busy_thread_is_409(
             ],
             "coder": [
                 {"tool_calls": [{"name": "run_python", "args": {"code": "print(6*7)"}}]},
-                {"content": "42"},
+                {"content": "The answer is 42."},
             ],
-            "finalize": [{"content": "The answer is 42."}],
         }
     )
     body = {

@@ -286,8 +286,7 @@ def two_turns() -> dict[str, Any]:
             {"route": {"next": "writer", "task": "answer", "reason": "second"}},
             {"route": {"next": "FINISH", "task": "", "reason": "done"}},
         ],
-        "writer": [{"content": "one"}, {"content": "two"}],
-        "finalize": [{"content": "Answer one."}, {"content": "Answer two."}],
+        "writer": [{"content": "Answer one."}, {"content": "Answer two."}],
     }
 
 

@@ -23,6 +23,10 @@ APPROVAL_POLICY = """
 tools = ["run_python", "write_file", "read_file"]
 approval = ["run_python"]
 max_model_calls = 4
+
+# Finalize's model writes the answer after a resume too (its usage is counted below).
+[finalize]
+answer = "model"
 """
 
 FIRST = "open('side.txt', 'a').write('1')\nprint('first ran')"

@@ -88,9 +88,8 @@ def test_thread_continues_in_a_new_process_where_the_script_stopped(
                 {"route": {"next": "writer", "task": "second", "reason": "turn two"}},
                 {"route": {"next": "FINISH", "task": "", "reason": "done two"}},
             ],
-            "researcher": [{"content": "found it"}],
-            "writer": [{"content": "wrote it"}],
-            "finalize": [{"content": "answer one"}, {"content": "answer two"}],
+            "researcher": [{"content": "answer one"}],
+            "writer": [{"content": "answer two"}],
         }
     )
     first = relaygraph("run", "first question", "--model", spec, "--json", home=home)
@@ -104,7 +103,7 @@ def test_thread_continues_in_a_new_process_where_the_script_stopped(
     assert one["answer"] == "answer one"
     assert two["thread_id"] == one["thread_id"]
     assert two["task_id"] != one["task_id"]
-    # No turn replayed, none skipped: the second run took turns 3-4 and finalize turn 2.
+    # No turn replayed, none skipped: the second run took the supervisor's turns 3-4.
     assert two["agents_run"] == ["writer"]
     assert two["handoffs"][0]["reason"] == "turn two"
     assert two["answer"] == "answer two"

@@ -66,8 +66,9 @@ def test_team_runs_on_chat_completions_over_http(
     assert result.usage["researcher"]["output_tokens"] >= 40
     if stream_tokens:
         assert any(r.get("stream") for r in requests)
+        # The writer's reply is the answer (finalize calls no model): its tokens stream.
         tokens = "".join(
-            e["text"] for e in events if e["type"] == "token" and e["role"] == "finalize"
+            e["text"] for e in events if e["type"] == "token" and e["role"] == "writer"
         )
         assert "41 checkpoints" in tokens
 

@@ -136,8 +136,7 @@ def test_agent_limit_stops_the_agent_and_the_supervisor_routes_elsewhere(
                 route("writer", task="write it up"),  # the repair
                 route(FINISH),
             ],
-            "writer": [say("written")],
-            "finalize": [say("final answer")],
+            "writer": [say("final answer")],
         }
     )
     mapping: dict[str, Any] = {"agents": {"coder": rules}}

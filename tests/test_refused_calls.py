@@ -27,6 +27,7 @@ from relaygraph.supervisor import FINALIZE, FINISH
 from relaygraph.topology import Topology
 from relaygraph.tracing import build_timeline
 
+from .builtin_team import parse_policy
 from .test_team import final_state, route, say
 
 Script = Callable[[dict[str, Any]], str]
@@ -560,7 +561,8 @@ def test_run_python_refused_without_isolation_is_recorded(
 
 
 def finalized(script: Script, turn: dict[str, Any]) -> RunResult:
-    """A structured run whose finalize model answers with ``turn``."""
+    """A structured run whose finalize model answers with ``turn`` (its model asked to
+    write every answer: by default the researcher's reply would be the answer)."""
     spec = script(
         {
             "supervisor": [route("researcher", "find the facts"), route(FINISH)],
@@ -568,7 +570,8 @@ def finalized(script: Script, turn: dict[str, Any]) -> RunResult:
             "finalize": [turn],
         }
     )
-    return run_task("go", model=spec, topology=STRUCTURED)
+    policy = parse_policy({"finalize": {"answer": "model"}})
+    return run_task("go", model=spec, topology=STRUCTURED, policy=policy)
 
 
 def test_finalize_answering_with_a_tool_call_is_recorded_and_not_succeeded(

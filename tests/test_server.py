@@ -60,9 +60,8 @@ def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, An
         ],
         "coder": [
             {"tool_calls": [{"name": "run_python", "args": {"code": code}}]},
-            {"content": "It slept and wrote ran.txt."},
+            {"content": "Done: it slept."},
         ],
-        "finalize": [{"content": "Done: it slept."}],
     }
 
 
@@ -294,9 +293,8 @@ def test_approval_round_trip(serve: Callable[..., Server], home: Path, script: S
                         {"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=0)}}
                     ]
                 },
-                {"content": "It ran."},
+                {"content": "Done, with approval."},
             ],
-            "finalize": [{"content": "Done, with approval."}],
         }
     )
     with Client(server.url, key) as client:
@@ -348,8 +346,7 @@ def test_busy_thread_is_refused_or_enqueued(
         {"route": {"next": "writer", "task": "sum up", "reason": "a follow-up"}},
         {"route": {"next": "FINISH", "task": "", "reason": "done"}},
     ]
-    turns["writer"] = [{"content": "It slept."}]
-    turns["finalize"].append({"content": "Still done."})
+    turns["writer"] = [{"content": "Still done."}]
     spec = script(turns)
     with Client(server.url, key) as client:
         first = client.submit("sleep on it", model=spec)
@@ -386,8 +383,7 @@ def test_cancelling_a_waiting_task_starts_the_next_on_its_thread(
                 {"route": {"next": "FINISH", "task": "", "reason": "done"}},
             ],
             "coder": [{"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]}],
-            "writer": [{"content": "Written."}],
-            "finalize": [{"content": "The follow-up is done."}],
+            "writer": [{"content": "The follow-up is done."}],
         }
     )
     policy = {"agents": {"coder": {"approval": ["run_python"]}}}
@@ -420,8 +416,7 @@ def _follow_through_restart(
         {"route": {"next": "writer", "task": "sum up", "reason": "a follow-up"}},
         {"route": {"next": "FINISH", "task": "", "reason": "done"}},
     ]
-    turns["writer"] = [{"content": "It slept."}]
-    turns["finalize"].append({"content": "Still done."})
+    turns["writer"] = [{"content": "Still done."}]
     spec = script(turns)
     server = serve()
     key = create_project(home, "acme")

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 __all__ = ["AGENT_FACTORIES", "agents", "coder", "researcher", "tools", "writer"]
 
 COMMON_PROMPT = (
-    "You work in a team with a supervisor. You receive one task and the results other agents "
-    "produced so far; you do not see their conversations. Use your tools, then answer with a "
-    "short, self-contained result that the next agent can use. If a peer is better suited for "
-    "what remains, hand the work to it with a transfer_to_<peer> tool and a self-contained task."
+    "You work in a team: you see your task and the results so far, not the other agents' "
+    "conversations. Use your tools, then reply with a short, self-contained result: the next "
+    "agent, or the user, reads only that. If a peer suits what remains better, call its "
+    "transfer_to_<peer> tool with a self-contained task."
 )
 """How every built-in agent is told to work in the team; a custom agent may reuse it."""
 

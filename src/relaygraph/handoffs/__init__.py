@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessag
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Command
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from relaygraph._names import HANDOFF_PREFIX
@@ -110,13 +110,15 @@ def handoff_target(tool_name: str) -> str | None:
 
 
 class HandoffArgs(BaseModel):
-    """The arguments of every transfer tool: what to do, and why."""
+    """The arguments of every transfer tool: what to do, and why.
 
-    task: str = Field(
-        description="What the other agent must do, self-contained: it sees only this task and "
-        "the results so far, not your conversation."
-    )
-    reason: str = Field(default="", description="Why this agent should do it, in one sentence.")
+    The fields carry no descriptions: the schema is sent with every model call of every
+    agent that may hand off, once per peer, and the agent's prompt already says that a task
+    must be self-contained (the target sees only it and the results so far).
+    """
+
+    task: str
+    reason: str = ""
 
     @field_validator("task")
     @classmethod
@@ -214,7 +216,8 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     Args:
         target: The agent that receives the work.
         source: The agent that owns the tool.
-        description: Shown to the model; defaults to a sentence naming the target.
+        description: Shown to the model; defaults to one short line naming the target (it
+            is sent with every model call of ``source``).
     """
     name = f"{HANDOFF_PREFIX}{target}"
 
@@ -255,7 +258,6 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     return StructuredTool.from_function(
         func=handoff,
         name=name,
-        description=description
-        or f"Hand the work directly to the {target} agent, with a self-contained task.",
+        description=description or f"Hand the work to {target}.",
         args_schema=HandoffArgs,
     )

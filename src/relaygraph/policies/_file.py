@@ -20,6 +20,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.policies._policy import (
     AgentLimits,
     AgentPolicy,
+    FinalizePolicy,
     PingPongPolicy,
     Price,
     Roster,
@@ -54,6 +55,11 @@ class _PingPong(BaseModel):
     on_detect: Literal["finalize", "supervisor", "human"] = _default(PingPongPolicy, "on_detect")
 
 
+class _Finalize(BaseModel):
+    model_config = _STRICT
+    answer: Literal["last_reply", "model"] = _default(FinalizePolicy, "answer")
+
+
 class _Agent(BaseModel):
     model_config = _STRICT
     tools: list[str] | None = None
@@ -78,6 +84,7 @@ class _PolicyFile(BaseModel):
     ping_pong: _PingPong = Field(default_factory=_PingPong)
     agents: dict[str, _Agent] = Field(default_factory=dict)
     prices: dict[str, _Price] = Field(default_factory=dict)
+    finalize: _Finalize = Field(default_factory=_Finalize)
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {
@@ -85,6 +92,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "ping_pong": _PingPong,
     "agents": _Agent,
     "prices": _Price,
+    "finalize": _Finalize,
 }
 
 _MISSING = object()
@@ -252,6 +260,7 @@ def parse_policy(
         ping_pong=PingPongPolicy(
             max_bounces=parsed.ping_pong.max_bounces, on_detect=parsed.ping_pong.on_detect
         ),
+        finalize=FinalizePolicy(answer=parsed.finalize.answer),
         prices=MappingProxyType(
             {model: Price(input=p.input, output=p.output) for model, p in parsed.prices.items()}
         ),
@@ -316,6 +325,7 @@ def policy_to_mapping(policy: TeamPolicy) -> dict[str, Any]:
     return {
         "team": unset_none(dataclasses.asdict(policy.team)),
         "ping_pong": dataclasses.asdict(policy.ping_pong),
+        "finalize": dataclasses.asdict(policy.finalize),
         "agents": {
             name: {
                 "tools": list(agent.tools),

@@ -11,6 +11,7 @@ from relaygraph.errors import ConfigError
 
 OnExhausted = Literal["finalize", "fail"]
 OnDetect = Literal["finalize", "supervisor", "human"]
+FinalAnswer = Literal["last_reply", "model"]
 LIMIT_NAMES = ("max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd", "max_seconds")
 
 
@@ -69,6 +70,19 @@ class PingPongPolicy:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class FinalizePolicy:
+    """How the finalize node writes the team's answer to a request."""
+
+    answer: FinalAnswer = "last_reply"
+    """``last_reply``: a request the team finished normally (the supervisor said FINISH,
+    nothing stopped it, and the last agent ended its visit with a reply) is answered with
+    that reply, a writer's deliverable, with no model call; finalize's model writes the
+    answer only when the task stopped early or the last visit gave no reply. ``model``:
+    finalize's model writes every answer from the results (one more model call per request).
+    """
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Price:
     """US dollars per million tokens."""
 
@@ -83,6 +97,7 @@ class TeamPolicy:
     agents: Mapping[str, AgentPolicy]
     team: TeamLimits = field(default_factory=TeamLimits)
     ping_pong: PingPongPolicy = field(default_factory=PingPongPolicy)
+    finalize: FinalizePolicy = field(default_factory=FinalizePolicy)
     prices: Mapping[str, Price] = field(default_factory=lambda: MappingProxyType({}))
     source: str | None = None
     """The file the policy was read from, for messages; None for the defaults."""

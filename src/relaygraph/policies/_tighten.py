@@ -42,7 +42,8 @@ def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "pol
             or handoff the base does not allow, an approval removed, a price changed, a
             milder ``on_exhausted`` or ``on_detect`` (strictest last: ``finalize`` <
             ``fail``; ``supervisor`` < ``finalize`` < ``human``). The
-            message names the key and both values.
+            message names the key and both values. ``finalize.answer`` is no limit: a
+            caller may choose either.
     """
     merged = parse_policy(
         _merge(policy_to_mapping(base), override), source=source, roster=base.agents

@@ -225,6 +225,16 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
             emit(final_event(status, None, stop_reason))
             return {"answer": None, "status": status}
+        reply_answer = _last_reply_answer(state, policy)
+        if reply_answer is not None:
+            # The last agent's reply is the answer (a writer's deliverable): no model call.
+            emit(final_event(status, reply_answer, stop_reason))
+            return {
+                "answer": reply_answer,
+                "status": status,
+                "stop_reason": stop_reason,
+                "messages": [AIMessage(content=reply_answer, name=ANSWER_NAME)],
+            }
         messages: list[BaseMessage] = [
             SystemMessage(content=_prompts.FINALIZE_PROMPT),
             HumanMessage(content=_prompts.finalize_input(state)),
@@ -259,6 +269,25 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         return update
 
     return finalize
+
+
+def _last_reply_answer(state: TeamState, policy: TeamPolicy) -> str | None:
+    """The answer finalize gives without a model call, or None when its model must write it.
+
+    Under ``finalize.answer = "last_reply"``, a request the team finished normally (FINISH
+    routed, no stop, no degraded status) is answered with its last agent's reply when that
+    agent ended its visit with text. A task that stopped early, or whose last visit handed
+    off, ran out of budget or failed, still gets an answer written from what exists.
+    """
+    if policy.finalize.answer != "last_reply":
+        return None
+    if state.get("status") or state.get("stop_reason"):
+        return None
+    visits = _prompts.turn_visits(state)
+    if not visits or visits[-1]["ended"] != "finished":
+        return None
+    output = visits[-1]["output"].strip()
+    return output or None
 
 
 def _finalize_calls_refused(

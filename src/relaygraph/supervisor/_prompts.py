@@ -17,6 +17,11 @@ from relaygraph.supervisor._state import TeamState, Visit
 MAX_RESULTS_SHOWN = 4
 """Only the latest results are shown; earlier ones were already built upon."""
 MAX_RESULT_CHARS = 1500
+"""The newest result is shown up to this length."""
+MAX_EARLIER_RESULT_CHARS = 400
+"""Each earlier result shown is clipped to this length: the newest result builds on it, and
+every call of every later visit would carry it again."""
+MAX_TASK_CHARS = 200
 MAX_HISTORY_TURNS = 3
 MAX_HISTORY_CHARS = 600
 ANSWER_NAMES = (None, ANSWER_NAME, SUPERVISOR)
@@ -41,10 +46,11 @@ def results_text(visits: Sequence[Visit]) -> str:
     lines = ["Results so far:"]
     if skipped:
         lines.append(f"({skipped} earlier result(s) not shown)")
-    for visit in shown:
+    for i, visit in enumerate(shown, start=1):
+        limit = MAX_RESULT_CHARS if i == len(shown) else MAX_EARLIER_RESULT_CHARS
         lines.append(
-            f"- {visit['agent']} (task: {_clip(visit['task'], 200)}): "
-            f"{_clip(visit['output'], MAX_RESULT_CHARS) or '(no output)'}"
+            f"- {visit['agent']} (task: {_clip(visit['task'], MAX_TASK_CHARS)}): "
+            f"{_clip(visit['output'], limit) or '(no output)'}"
         )
     return "\n".join(lines)
 
@@ -89,12 +95,12 @@ def supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> s
     roster = "\n".join(f"- {agent.name}: {agent.description}" for agent in agents)
     return _with_extra(
         (
-            "You are the supervisor of a team of agents. You decide who works next; you do no "
-            "work yourself.\n\nThe agents:\n"
+            "You supervise a team of agents: you choose who works next and do no work "
+            "yourself.\n\nThe agents:\n"
             f"{roster}\n\n"
-            "Reply with a route: 'next' is the agent that works next, or FINISH once the results "
-            "answer the request; 'task' tells that agent exactly what to do, self-contained; "
-            "'reason' says why in one sentence. Do not send an agent the same task twice."
+            "Reply with a route: 'next', the agent to work next, or FINISH once the results "
+            "answer the request; 'task', what it must do, self-contained; 'reason', why, in a "
+            "sentence. Never send an agent the same task twice."
         ),
         extra,
     )
@@ -124,12 +130,19 @@ def supervisor_input(state: TeamState, barred: Sequence[str]) -> str:
 
 
 def agent_input(state: TeamState, assignment: Assignment) -> str:
+    """The scoped message that starts an agent's visit: its task, the request and the latest
+    results. It is sent once, as the visit's first message; the agent's own calls and tool
+    results follow it, so every later call of the visit repeats it only as the unchanged
+    prefix of the conversation.
+
+    The reason for the assignment is not shown: the task is self-contained by contract, and
+    the reason is recorded with the handoff.
+    """
     source = assignment["source"]
-    text = f"Your task (from {source}): {assignment['task']}\n"
-    if assignment["reason"]:
-        text += f"Why you: {assignment['reason']}\n"
-    text += f"\n{history_text(state)}The user's request: {state.get('request', '')}\n\n"
-    return text + results_text(turn_visits(state))
+    text = f"Your task (from {source}): {assignment['task']}\n\n"
+    text += f"{history_text(state)}The user's request: {state.get('request', '')}"
+    visits = turn_visits(state)
+    return f"{text}\n\n{results_text(visits)}" if visits else text
 
 
 FINALIZE_PROMPT = (

@@ -58,6 +58,24 @@ def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route
     )
 
 
+def route_json_schema(schema: type[Route]) -> dict[str, Any]:
+    """The JSON schema the supervisor's model fills for ``schema`` (from :func:`route_model`):
+    its fields and choices without titles or descriptions.
+
+    The schema goes with every supervisor call, and the supervisor's prompt already says
+    what ``next``, ``task`` and ``reason`` are; the reply is validated against ``schema``
+    itself all the same.
+    """
+    full = schema.model_json_schema()
+    return {
+        **{key: value for key, value in full.items() if key != "description"},
+        "properties": {
+            name: {k: v for k, v in field.items() if k not in ("title", "description")}
+            for name, field in full["properties"].items()
+        },
+    }
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RouteDecision:
     """What routing produced: a valid route, or the fallback and why."""
@@ -113,7 +131,7 @@ def _attempt(
     config: RunnableConfig,
 ) -> _Attempt:
     # No method named: each model uses its own (an openai: spec's ``structured`` option).
-    structured = model.with_structured_output(schema.model_json_schema(), include_raw=True)
+    structured = model.with_structured_output(route_json_schema(schema), include_raw=True)
     try:
         out: dict[str, Any] = structured.invoke(messages, config)  # type: ignore[assignment]
     except ModelCallError as exc:

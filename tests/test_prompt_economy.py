@@ -1,0 +1,202 @@
+"""What the team sends its models: the scoped message once per visit, a stable prefix for
+provider caching, minimal handoff and route schemas, and finalize without a model call when
+the last agent's reply is the answer (``[finalize] answer``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.errors import ConfigError
+from relaygraph.policies import FinalizePolicy, TeamPolicy, policy_to_mapping, tighten
+from relaygraph.runner import run_task
+from relaygraph.supervisor import FINISH
+
+from .builtin_team import default_policy, parse_policy
+from .openai_server import serve_script
+
+Script = Callable[[dict[str, Any]], str]
+ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
+
+
+def route(next: str, task: str = "do it", reason: str = "because") -> dict[str, Any]:
+    return {"route": {"next": next, "task": task if next != FINISH else "", "reason": reason}}
+
+
+def call(tool: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": tool, "args": args}]}
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"content": text}
+
+
+RELAY = {
+    "supervisor": [
+        route("researcher", "Find when checkpoints are written", "facts first"),
+        route("writer", "Write a short report from the results", "the deliverable"),
+        route(FINISH, reason="the report answers it"),
+    ],
+    "researcher": [
+        call("search_docs", query="checkpoint super-step"),
+        say("A checkpoint is written after every super-step [checkpoints]."),
+    ],
+    "writer": [
+        call("save_artifact", name="report.md", content="One checkpoint per super-step."),
+        say("Checkpoints are written after every super-step [checkpoints]. See report.md."),
+    ],
+    "finalize": [say("The finalize model's answer.")],
+}
+
+
+@pytest.fixture
+def over_http(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, list[dict[str, Any]]]]:
+    """Run a script through ``ChatOpenAI`` against the local server; the result and every
+    request body the team sent."""
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+
+    def run(script: dict[str, Any], **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
+        with serve_script(script) as server:
+            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+            result = run_task(
+                "When are checkpoints written? Write a short report.",
+                agent_models={role: f"openai:script-{role}" for role in ROLES},
+                **kwargs,
+            )
+            return result, list(server.requests)
+
+    return run
+
+
+def _of(requests: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    return [r for r in requests if r["model"] == f"script-{role}"]
+
+
+def test_the_scoped_message_is_sent_once_per_visit(over_http: Any) -> None:
+    result, requests = over_http(RELAY)
+    assert result.status == "succeeded", result.stop_reason
+    for agent in ("researcher", "writer"):
+        first, second = _of(requests, agent)
+        # The visit's second call is the first call's conversation and the agent's own
+        # turn after it: the scoped message is not rebuilt, repeated or moved.
+        assert second["messages"][: len(first["messages"])] == first["messages"]
+        assert [m["role"] for m in first["messages"]] == ["system", "user"]
+        assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+        scoped = first["messages"][1]["content"]
+        assert scoped.startswith("Your task (from supervisor): ")
+        texts = [json.dumps(m) for m in second["messages"]]
+        assert sum(scoped[:60] in text for text in texts) == 1
+        # Definitions come first and stay the same for every call of the agent.
+        assert first["tools"] == second["tools"]
+
+
+def test_an_agent_sees_the_results_but_not_the_reason_or_an_empty_results_block(
+    over_http: Any,
+) -> None:
+    _, requests = over_http(RELAY)
+    researcher = _of(requests, "researcher")[0]["messages"][1]["content"]
+    writer = _of(requests, "writer")[0]["messages"][1]["content"]
+    assert "Results so far" not in researcher  # nothing to show yet
+    assert "facts first" not in researcher and "Why you" not in researcher
+    assert "Results so far:\n- researcher (task: Find when checkpoints are written): " in writer
+    assert "A checkpoint is written after every super-step [checkpoints]." in writer
+
+
+def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
+    _, requests = over_http(RELAY)
+    tools = {t["function"]["name"]: t["function"] for t in _of(requests, "researcher")[0]["tools"]}
+    # One transfer tool per peer the policy allows, a one-line description, bare arguments.
+    assert tools["transfer_to_coder"]["description"] == "Hand the work to coder."
+    params = tools["transfer_to_writer"]["parameters"]
+    assert params["required"] == ["task"]
+    assert all(set(p) <= {"type", "default"} for p in params["properties"].values())
+    schema = _of(requests, "supervisor")[-1]["response_format"]["json_schema"]["schema"]
+    assert schema["required"] == ["next", "task", "reason"]
+    assert schema["properties"] == {
+        "next": {"enum": ["researcher", "coder", "writer", FINISH], "type": "string"},
+        "task": {"type": "string"},
+        "reason": {"type": "string"},
+    }
+
+
+def test_finalize_answers_with_the_last_reply_and_calls_no_model(over_http: Any) -> None:
+    result, requests = over_http(RELAY)
+    assert result.status == "succeeded", result.stop_reason
+    assert _of(requests, "finalize") == []
+    assert result.answer == RELAY["writer"][-1]["content"]
+    assert "finalize" not in result.usage
+    # As many model calls as the conversation needs: three routes and two per visit.
+    assert len(requests) == 3 + 2 + 2
+
+
+@pytest.mark.parametrize("how", ["python", "policy file"])
+def test_the_switch_makes_finalize_call_its_model(
+    over_http: Any, tmp_path: Path, how: str
+) -> None:
+    if how == "python":
+        policy: TeamPolicy | Path = parse_policy({"finalize": {"answer": "model"}})
+        assert policy.finalize == FinalizePolicy(answer="model")
+    else:
+        policy = tmp_path / "policy.toml"
+        policy.write_text('[finalize]\nanswer = "model"\n', encoding="utf-8")
+    result, requests = over_http(RELAY, policy=policy)
+    assert result.status == "succeeded", result.stop_reason
+    assert len(_of(requests, "finalize")) == 1
+    assert result.answer == "The finalize model's answer."
+    assert result.usage["finalize"]["model_calls"] == 1
+
+
+def test_a_task_that_stopped_early_still_gets_an_answer_written(home: Path, script: Script) -> None:
+    import dataclasses
+
+    from relaygraph.policies import TeamLimits
+
+    policy = dataclasses.replace(default_policy(), team=TeamLimits(max_agent_runs=1))
+    spec = script(
+        {
+            "supervisor": [route("researcher"), route("writer")],
+            "researcher": [say("half the facts")],
+            "finalize": [say("what we have")],
+        }
+    )
+    result = run_task("go", model=spec, policy=policy)
+    assert result.status == "degraded"
+    assert result.answer == "what we have"
+    assert result.usage["finalize"]["model_calls"] == 1
+
+
+def test_a_last_visit_cut_off_by_its_budget_is_no_answer(home: Path, script: Script) -> None:
+    """The supervisor finishes right after an agent ran out of budget: its visit ended with
+    a note, not a reply, so finalize's model writes the answer."""
+    spec = script(
+        {
+            "supervisor": [route("coder"), route(FINISH)],
+            "coder": [call("write_file", path="a.txt", content="a"), say("never")],
+            "finalize": [say("written by finalize")],
+        }
+    )
+    policy = parse_policy({"agents": {"coder": {"max_model_calls": 1}}})
+    result = run_task("go", model=spec, policy=policy)
+    assert result.answer == "written by finalize"
+    assert result.usage["finalize"]["model_calls"] == 1
+
+
+def test_the_finalize_switch_is_stored_and_a_caller_may_choose_either() -> None:
+    base = default_policy()
+    assert base.finalize.answer == "last_reply"
+    mapping = policy_to_mapping(base)
+    assert mapping["finalize"] == {"answer": "last_reply"}
+    wants_model = tighten(base, {"finalize": {"answer": "model"}})
+    assert wants_model.finalize.answer == "model"
+    # Not a limit: a caller's policy may turn the extra call off again.
+    assert tighten(wants_model, {"finalize": {"answer": "last_reply"}}).finalize.answer == (
+        "last_reply"
+    )
+    with pytest.raises(ConfigError, match=r"finalize.answer = \"always\""):
+        parse_policy({"finalize": {"answer": "always"}})
