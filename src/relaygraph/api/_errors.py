@@ -26,7 +26,10 @@ ERROR_CODES: dict[int, str] = {
     "or nests too deeply, a bad query parameter or header), `invalid_model`, "
     "`model_not_allowed`, `invalid_policy`, `policy_loosens`, `invalid_topology`, "
     "`invalid_team` (a team file's mistake, or a reference the server does not allow).",
-    503: "`not_ready`: the database is unreachable or not migrated.",
+    503: "`not_ready`: the database is unreachable or not migrated (with a broker: or the "
+    "broker, or the event listener, is unreachable); `broker_unavailable` (with a broker): "
+    "the task is recorded `queued` but the broker did not take its message; it is published "
+    "again later.",
 }
 """What each error status means; the OpenAPI document lists it per endpoint."""
 

@@ -1,24 +1,40 @@
 """What the API's routers share: the settings, the teams, the bearer-key dependency, and the
-ledger and the task workers, which open when the app starts and close when it stops."""
+ledger and the task dispatch (the server's own workers, or RabbitMQ in the worker mode), which
+open when the app starts and close when it stops."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from anyio import to_thread
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from relaygraph.api._auth import project_auth
+from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._teams import TeamRegistry
 from relaygraph.api._workers import TaskWorkers
+from relaygraph.errors import ConfigError
 from relaygraph.runner import ModelRules
-from relaygraph.store import DATABASE_URL_ENV, Ledger, Project
+from relaygraph.store import DATABASE_URL_ENV, Ledger, Project, database_url
+
+if TYPE_CHECKING:
+    from relaygraph.api._broker import BrokerDispatch
+    from relaygraph.worker import EventListener, WorkerSettings
 
 __all__ = ["ServiceState"]
+
+LISTEN_START_SECONDS = 10.0
+"""How long a starting server waits for its event listener before it serves without it
+(its streams poll until the listener connects; ``/readyz`` says not ready meanwhile)."""
+
+log = logging.getLogger("relaygraph.api")
 
 
 class ServiceState:
@@ -27,16 +43,31 @@ class ServiceState:
     Args:
         settings: The service settings.
         home: The data directory.
-        start_workers: Pick up unfinished tasks at start-up.
+        start_workers: Pick up unfinished tasks at start-up (in the worker mode: publish
+            again the tasks that waited ``queued`` too long).
+        worker_settings: The worker mode's settings when it has a broker: the server then
+            runs no tasks itself; it records them and publishes their ids. None: tasks run
+            in the server process.
 
     Raises:
-        ConfigError: A server team file is bad (the server does not start).
+        ConfigError: A server team file is bad, or the worker mode's ledger is not
+            PostgreSQL (the server does not start).
     """
 
-    def __init__(self, settings: ServiceSettings, *, home: Path, start_workers: bool) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        *,
+        home: Path,
+        start_workers: bool,
+        worker_settings: WorkerSettings | None = None,
+    ) -> None:
         self.settings = settings
         self.home = home
         self.start_workers = start_workers
+        self.worker_settings = worker_settings
+        """The worker mode's settings; None when tasks run in this process."""
+        self._shared_url = None if worker_settings is None else _shared_ledger_url(settings)
         # The teams tasks run: the built-in one, the operator's team files (read now: a bad
         # one stops the server from starting) and the projects' registered teams.
         self.teams = TeamRegistry(ledger=self.ledger, settings=settings, home=home)
@@ -44,8 +75,16 @@ class ServiceState:
         """What a request may name as a model: the server's allowlist and scripts folder."""
         self.project_of: Callable[..., Project] = project_auth(self.ledger)
         """The dependency that answers a request's project from its bearer key."""
+        self.listener: EventListener | None = None
+        """The worker mode's event notices (PostgreSQL LISTEN), while the app runs."""
         self._ledger: Ledger | None = None
-        self._workers: TaskWorkers | None = None
+        self._dispatch: TaskDispatch | None = None
+        self._broker: BrokerDispatch | None = None
+
+    @property
+    def worker_mode(self) -> bool:
+        """Whether tasks run on ``relaygraph worker`` processes rather than in this one."""
+        return self.worker_settings is not None
 
     def ledger(self) -> Ledger:
         """The server's ledger (open while the app runs)."""
@@ -53,16 +92,30 @@ class ServiceState:
             raise RuntimeError("the task service has not started: its ledger is not open")
         return self._ledger
 
-    def workers(self) -> TaskWorkers:
-        """The server's task workers (running while the app runs)."""
-        if self._workers is None:
-            raise RuntimeError("the task service has not started: it has no workers")
-        return self._workers
+    def dispatch(self) -> TaskDispatch:
+        """Where tasks go to run: the server's workers, or the broker (while the app runs)."""
+        if self._dispatch is None:
+            raise RuntimeError("the task service has not started: it cannot run tasks")
+        return self._dispatch
+
+    def broker(self) -> BrokerDispatch:
+        """The worker mode's publisher (while the app runs).
+
+        Raises:
+            RuntimeError: Not in the worker mode, or not started.
+        """
+        if self._broker is None:
+            raise RuntimeError("the task service has no broker (not in the worker mode)")
+        return self._broker
+
+    def lifespan(self, app: FastAPI) -> AbstractAsyncContextManager[None]:
+        """Open the ledger (migrations run) and what runs the tasks; close them at the end."""
+        return self._worker_mode() if self.worker_mode else self._in_process()
 
     @asynccontextmanager
-    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """Open the ledger (migrations run), start the workers and pick up unfinished tasks;
-        at the end, stop the workers, then close the ledger."""
+    async def _in_process(self) -> AsyncIterator[None]:
+        """Start the workers and pick up unfinished tasks; at the end, stop the workers,
+        then close the ledger."""
         url = self.settings.database_url
         if url is None and not os.environ.get(DATABASE_URL_ENV):
             url = f"sqlite:///{self.home / 'ledger.sqlite'}"
@@ -77,7 +130,7 @@ class ServiceState:
             sandbox_isolation_required=not self.settings.unsafe_sandbox,
             teams=self.teams.resolve,
         )
-        self._ledger, self._workers = ledger, workers
+        self._ledger, self._dispatch = ledger, workers
         if self.start_workers:
             await to_thread.run_sync(workers.recover)
             workers.sweep()
@@ -88,3 +141,51 @@ class ServiceState:
             # next start to continue; the ledger closes after their last writes.
             await to_thread.run_sync(lambda: workers.shutdown(wait=True))
             ledger.close()
+
+    @asynccontextmanager
+    async def _worker_mode(self) -> AsyncIterator[None]:
+        """Run no tasks: open the publisher and the event listener, and publish again what
+        waited ``queued`` too long; at the end, close them, then the ledger."""
+        # Celery is the `workers` extra: imported only in the worker mode.
+        from relaygraph.api._broker import BrokerDispatch
+        from relaygraph.worker import EventListener, create_celery_app, libpq_url
+
+        settings, url = self.worker_settings, self._shared_url
+        assert settings is not None and url is not None
+        # The API's own ledger writes (a cancel's last event) notify the streams as well.
+        ledger = Ledger(url, notify_channel=settings.events_channel)
+        await to_thread.run_sync(ledger.upgrade)
+        broker = BrokerDispatch(ledger, create_celery_app(settings))
+        listener = EventListener(libpq_url(url), channel=settings.events_channel)
+        try:
+            await to_thread.run_sync(lambda: listener.start(timeout=LISTEN_START_SECONDS))
+        except ConnectionError as exc:  # It keeps trying; streams poll meanwhile.
+            log.warning("event notices unavailable at start: %s", exc)
+        self._ledger, self._dispatch, self._broker = ledger, broker, broker
+        self.listener = listener
+        try:
+            if self.start_workers:
+                await to_thread.run_sync(broker.republish_stale)
+            yield
+        finally:
+            await to_thread.run_sync(listener.close)
+            self.listener = None
+            broker.close()
+            ledger.close()
+
+
+def _shared_ledger_url(settings: ServiceSettings) -> str:
+    """The worker mode's ledger: PostgreSQL, which every API server and worker shares.
+
+    Raises:
+        ConfigError: The ledger would be SQLite (a file only this process sees).
+    """
+    url = database_url(settings.database_url)
+    if make_url(url).get_backend_name() != "postgresql":
+        raise ConfigError(
+            "the worker mode (RELAYGRAPH_BROKER_URL is set) needs the ledger on PostgreSQL, "
+            "shared by every API server and worker: set RELAYGRAPH_DATABASE_URL to "
+            "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE (the ledger would be "
+            f"{make_url(url).render_as_string(hide_password=True)})"
+        )
+    return url

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
@@ -19,8 +19,9 @@ from relaygraph.runner import Decision, RequestRefused, decide_task
 from relaygraph.store import FINISHED_STATUSES, Ledger, Task
 
 if TYPE_CHECKING:
-    from relaygraph.api._workers import TaskWorkers
+    from relaygraph.api._dispatch import TaskDispatch
     from relaygraph.team import Team
+    from relaygraph.worker import EventListener, TaskWatch
 
 __all__ = ["decide", "follow_events"]
 
@@ -28,7 +29,7 @@ __all__ = ["decide", "follow_events"]
 def decide(
     *,
     ledger: Ledger,
-    workers: TaskWorkers,
+    workers: TaskDispatch,
     team_of: Callable[[Task], Team],
     task: Task,
     approval_id: str,
@@ -40,11 +41,12 @@ def decide(
 
     An edit's arguments are checked against the tool in the task's team (the built-in tools
     when that team no longer builds); the task is taken with this server's lease before it
-    resumes, so no other server starts it meanwhile.
+    resumes (in the worker mode: queued for the workers), so no other server starts it
+    meanwhile.
 
     Args:
         ledger: The server's ledger.
-        workers: The server's task workers.
+        workers: Where the server's tasks run (its workers, or the broker).
         team_of: The team a task records.
         task: The task, already checked to be the caller's project's.
         approval_id: The approval to decide.
@@ -53,7 +55,9 @@ def decide(
 
     Raises:
         ErrorAnswer: 404 ``approval_not_found``; 409 ``not_waiting`` when the approval is decided
-            or the task no longer waits; 422 ``invalid_request`` on ``args``.
+            or the task no longer waits; 422 ``invalid_request`` on ``args``; 503
+            ``broker_unavailable`` (the worker mode: the decision is recorded, the task
+            ``queued``, its message not sent).
     """
 
     def tools() -> Mapping[str, Any]:
@@ -86,21 +90,59 @@ async def follow_events(
     request: Request,
     poll_seconds: float,
     still_wanted: Callable[[], bool] = lambda: True,
+    notices: EventListener | None = None,
+    notice_timeout_seconds: float = 15.0,
 ) -> AsyncIterator[dict[str, Any]]:
     """The task's events after sequence number ``after``, as Server-Sent Events, while
     they are written.
 
+    The ledger is read whenever the task may have new events: every ``poll_seconds``, or,
+    with ``notices`` (the worker mode, where other processes write the events), when a
+    notice says so. The notices only wake the stream; what it sends is always read from
+    the ledger, so a lost notice costs latency, never an event, and ``Last-Event-ID``
+    replays exactly what a client missed.
+
     It ends after a finished task's last event, when the client went away, or when
-    ``still_wanted`` says no (it is asked between polls).
+    ``still_wanted`` says no (it is asked whenever no events are new).
 
     Args:
         ledger: Returns the server's ledger.
         task: The task, already checked to be the caller's project's.
         after: The last sequence number the client has.
         request: The streaming request (to see the client go away).
-        poll_seconds: How long to wait for new events between reads.
+        poll_seconds: How long to wait between reads without notices (none given, or the
+            listener's connection is down).
         still_wanted: Asked when no events are new; False ends the stream.
+        notices: The server's event listener (PostgreSQL ``NOTIFY``), in the worker mode.
+        notice_timeout_seconds: The longest the stream waits for a notice before it reads
+            the ledger anyway (a safety net, not the pace).
     """
+    if notices is None:
+        async for frame in _follow(
+            ledger, task, after, request, still_wanted, _sleep(poll_seconds)
+        ):
+            yield frame
+        return
+    # Entered before the first read: a notice sent while the stream reads is not missed.
+    async with notices.watch(task.id) as watch:
+        wait = _notice(watch, notices, poll_seconds, notice_timeout_seconds)
+        async for frame in _follow(ledger, task, after, request, still_wanted, wait):
+            yield frame
+
+
+Wait = Callable[[int], Awaitable[None]]
+"""Waits until the task may have events after the given sequence number."""
+
+
+async def _follow(
+    ledger: Callable[[], Ledger],
+    task: Task,
+    after: int,
+    request: Request,
+    still_wanted: Callable[[], bool],
+    wait: Wait,
+) -> AsyncIterator[dict[str, Any]]:
+    """:func:`follow_events`' loop: read, send, and ``wait`` when nothing is new."""
     seq, finished = after, False
     while True:
         batch = await to_thread.run_sync(ledger().events_after, task.id, seq)
@@ -125,4 +167,35 @@ async def follow_events(
             continue
         if await request.is_disconnected() or not still_wanted():
             return
-        await asyncio.sleep(poll_seconds)
+        await wait(seq)
+
+
+def _sleep(seconds: float) -> Wait:
+    async def wait(seq: int) -> None:
+        await asyncio.sleep(seconds)
+
+    return wait
+
+
+LISTENER_CHECK_SECONDS = 1.0
+"""How often a stream waiting for a notice looks whether the listener is still connected."""
+
+
+def _notice(watch: TaskWatch, listener: EventListener, poll: float, timeout: float) -> Wait:
+    """Wait for a notice of events after ``seq`` (at most ``timeout``); while the listener's
+    connection is down, wait ``poll`` instead, as a stream without notices does."""
+
+    async def wait(seq: int) -> None:
+        if not listener.listening:
+            await asyncio.sleep(poll)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while listener.listening:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            if await watch.wait(after=seq, timeout=min(remaining, LISTENER_CHECK_SECONDS)):
+                return
+
+    return wait

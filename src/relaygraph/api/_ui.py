@@ -9,9 +9,11 @@ comes from the same functions as the ``/v1`` endpoints (see :mod:`relaygraph.api
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from fastapi import APIRouter
 
+from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.api.ui._auth import auth_router
 from relaygraph.api.ui._dashboard import Dashboard
@@ -26,7 +28,7 @@ from relaygraph.team import Team
 def ui_router(
     *,
     ledger: Callable[[], Ledger],
-    workers: Callable[[], TaskWorkers],
+    workers: Callable[[], TaskDispatch],
     team_of: Callable[[Task], Team],
     home: Path,
     settings: DashboardSettings | None = None,
@@ -35,7 +37,8 @@ def ui_router(
 
     Args:
         ledger: Returns the server's ledger (it is opened when the app starts).
-        workers: Returns the server's task workers: a decision resumes its task on them.
+        workers: Returns where the server's tasks run (its own workers, or the broker in
+            the worker mode): a decision resumes its task there, a cancel reaches it.
         team_of: The team a task records (its tools check an edit's arguments).
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
@@ -43,7 +46,9 @@ def ui_router(
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
         ledger=ledger,
-        workers=workers,
+        # The dashboard only enqueues, resumes and cancels (TaskDispatch); its field still
+        # names the in-process workers' class.
+        workers=cast(Callable[[], TaskWorkers], workers),
         team_of=team_of,
         home=home,
         settings=settings,

@@ -1,5 +1,10 @@
 """The task service: the FastAPI app, assembled from its state and its routers."""
 
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
 from fastapi import FastAPI
 
 from relaygraph._home import data_home
@@ -14,26 +19,54 @@ from relaygraph.api.routes import (
     approvals_router,
     events_router,
     health_router,
+    metrics_router,
     projects_router,
     tasks_router,
     teams_router,
 )
+from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
+
+if TYPE_CHECKING:
+    from relaygraph.worker import WorkerSettings
 
 __all__ = ["create_app"]
 
+BROKER_URL_ENV = "RELAYGRAPH_BROKER_URL"
 
-def create_app(settings: ServiceSettings | None = None, *, start_workers: bool = True) -> FastAPI:
+
+def create_app(
+    settings: ServiceSettings | None = None,
+    *,
+    start_workers: bool = True,
+    worker_settings: WorkerSettings | None = None,
+) -> FastAPI:
     """Build the API app. Migrations run and unfinished tasks restart when it starts.
+
+    With a broker (``RELAYGRAPH_BROKER_URL``, docs/deploy.md) the server runs no tasks: it
+    records each in the ledger, which must be PostgreSQL, and publishes its id for a
+    ``relaygraph worker``.
 
     Args:
         settings: Service settings; read from the environment when None.
         start_workers: Pick up unfinished tasks at start-up (tests of a stopped server
             turn it off).
+        worker_settings: The worker mode's settings; read from the environment when None
+            (:func:`relaygraph.worker.load_worker_settings`). Without a broker URL in
+            them, tasks run in this process.
+
+    Raises:
+        ConfigError: A bad setting; in the worker mode, a ledger that is not PostgreSQL.
     """
     settings = settings or ServiceSettings()
     parse_model_spec(settings.default_model)
-    state = ServiceState(settings, home=data_home(settings.home), start_workers=start_workers)
+    broker = worker_settings or _worker_settings()
+    state = ServiceState(
+        settings,
+        home=data_home(settings.home),
+        start_workers=start_workers,
+        worker_settings=broker if broker is not None and broker.broker_url else None,
+    )
     app = FastAPI(
         title="relaygraph",
         version="0.1.0",
@@ -51,6 +84,7 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
     for router in (
         teams_router,
         health_router,
+        metrics_router,
         tasks_router,
         approvals_router,
         projects_router,
@@ -59,6 +93,25 @@ def create_app(settings: ServiceSettings | None = None, *, start_workers: bool =
         app.include_router(router(state))
     _include_dashboard(app, state)
     return app
+
+
+def _worker_settings() -> WorkerSettings | None:
+    """The worker mode's settings from the environment; None when Celery is not installed
+    and no broker is asked for (the single-machine server needs neither).
+
+    Raises:
+        ConfigError: A bad worker setting, or a broker without Celery installed.
+    """
+    try:
+        from relaygraph.worker import load_worker_settings
+    except ImportError as exc:  # Celery is the `workers` extra.
+        if os.environ.get(BROKER_URL_ENV):
+            raise ConfigError(
+                f"{BROKER_URL_ENV} is set, but the worker mode is not installed ({exc}): "
+                "pip install 'relaygraph[workers]'"
+            ) from None
+        return None
+    return load_worker_settings()
 
 
 def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
@@ -74,7 +127,7 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
     app.include_router(
         ui_router(
             ledger=state.ledger,
-            workers=state.workers,
+            workers=state.dispatch,
             team_of=state.teams.resolve,
             home=state.home,
             settings=dashboard,

@@ -29,13 +29,13 @@ def approvals_router(state: ServiceState) -> APIRouter:
         "/{approval_id}",
         status_code=202,
         response_model=TaskOut,
-        responses=error_responses(401, 404, 409, 413, 422),
+        responses=error_responses(401, 404, 409, 413, 422, 503),
     )
     def decide(task_id: str, approval_id: str, body: DecisionIn, project: ProjectDep) -> TaskOut:
         """Decide a pending approval; the task resumes from its checkpoint."""
         decide_approval(
             ledger=state.ledger(),
-            workers=state.workers(),
+            workers=state.dispatch(),
             team_of=state.teams.resolve,
             task=own_task(state.ledger(), task_id, project),
             approval_id=approval_id,

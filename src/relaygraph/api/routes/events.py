@@ -14,9 +14,22 @@ from relaygraph.api._state import ServiceState
 from relaygraph.api._tasks_service import follow_events
 from relaygraph.store import Project
 
-__all__ = ["MAX_EVENT_SEQ", "SSE_POLL_SECONDS", "events_router"]
+__all__ = [
+    "MAX_EVENT_SEQ",
+    "SSE_FALLBACK_POLL_SECONDS",
+    "SSE_NOTICE_TIMEOUT_SECONDS",
+    "SSE_POLL_SECONDS",
+    "events_router",
+]
 
 SSE_POLL_SECONDS = 0.2
+"""Between reads of the ledger when this server runs the tasks itself."""
+SSE_NOTICE_TIMEOUT_SECONDS = 15.0
+"""The worker mode: the longest a stream waits for an event notice before it reads the ledger
+anyway (a safety net; the notices set the pace)."""
+SSE_FALLBACK_POLL_SECONDS = 1.0
+"""The worker mode while the event listener's connection is down: between reads of the
+ledger. Slower than in process: every API server's streams poll the one shared database."""
 MAX_EVENT_SEQ = 2**31 - 1
 """The largest event sequence number: the ledger keeps it in a 32-bit integer column."""
 EVENT_ID = re.compile(r"[0-9]{1,19}")
@@ -60,9 +73,21 @@ def events_router(state: ServiceState) -> APIRouter:
         task = await to_thread.run_sync(lambda: own_task(state.ledger(), task_id, project))
         resumed = _event_id(last_event_id)  # Checked even when `after` is given.
         start = after if after is not None else resumed
+        if state.listener is None:
+            return EventSourceResponse(
+                follow_events(
+                    state.ledger, task, after=start, request=request, poll_seconds=SSE_POLL_SECONDS
+                )
+            )
         return EventSourceResponse(
             follow_events(
-                state.ledger, task, after=start, request=request, poll_seconds=SSE_POLL_SECONDS
+                state.ledger,
+                task,
+                after=start,
+                request=request,
+                poll_seconds=SSE_FALLBACK_POLL_SECONDS,
+                notices=state.listener,
+                notice_timeout_seconds=SSE_NOTICE_TIMEOUT_SECONDS,
             )
         )
 

@@ -25,13 +25,29 @@ def health_router(state: ServiceState) -> APIRouter:
         responses={200: {"description": '`{"status": "ready"}`'}, **error_responses(503)},
     )
     def readyz() -> JSONResponse:
-        """Ready when the database is reachable and migrated."""
-        try:
-            current = state.ledger().is_current()
-        except Exception as exc:  # Any database failure means not ready.
-            return JSONResponse(error_body("not_ready", f"database: {exc}"), status_code=503)
-        if not current:
-            return JSONResponse(error_body("not_ready", "migrations pending"), status_code=503)
+        """Ready when the database is reachable and migrated (with a broker: and the broker
+        takes connections, and the event listener is connected)."""
+        problem = _not_ready(state)
+        if problem is not None:
+            return JSONResponse(error_body("not_ready", problem), status_code=503)
         return JSONResponse({"status": "ready"})
 
     return router
+
+
+def _not_ready(state: ServiceState) -> str | None:
+    """What keeps the service from taking requests, or None."""
+    try:
+        current = state.ledger().is_current()
+    except Exception as exc:  # Any database failure means not ready.
+        return f"database: {exc}"
+    if not current:
+        return "migrations pending"
+    if not state.worker_mode:
+        return None
+    broker = state.broker().broker_problem()
+    if broker is not None:
+        return f"broker: {broker}"
+    if state.listener is None or not state.listener.listening:
+        return "event notices: the LISTEN connection to the database is down"
+    return None

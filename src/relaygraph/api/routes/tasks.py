@@ -41,7 +41,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         response_model=TaskOut,
         responses={
             202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
-            **error_responses(401, 404, 409, 413, 422),
+            **error_responses(401, 404, 409, 413, 422, 503),
         },
     )
     def create_task(
@@ -56,7 +56,11 @@ def tasks_router(state: ServiceState) -> APIRouter:
             ),
         ] = None,
     ) -> TaskOut:
-        """Submit a task (202): it runs when a worker is free."""
+        """Submit a task (202): it runs when a worker is free.
+
+        With a broker, 202 means the broker has the task's id (503 ``broker_unavailable``:
+        it is recorded but not queued; a retry with the same ``Idempotency-Key`` queues it).
+        """
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
         # A retry of a task already created names the team version the first try ran (a
@@ -95,8 +99,13 @@ def tasks_router(state: ServiceState) -> APIRouter:
             ),
             ledger=state.ledger(),
             model_rules=state.model_rules,
-            enqueue=state.workers().enqueue,
+            enqueue=state.dispatch().enqueue,
         )
+        if not submitted.created and state.worker_mode and submitted.task.status == "queued":
+            # A retry of a submission whose publish may have failed (503): publishing again
+            # is safe, the earlier message (if any) is stale once the task's dispatch moves.
+            state.broker().republish(submitted.task)
+            return TaskOut.of(own_task(state.ledger(), submitted.task.id, project))
         return TaskOut.of(submitted.task)
 
     @router.get("", response_model=TaskPage, responses=error_responses(401, 422))
@@ -157,7 +166,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         task = own_task(state.ledger(), task_id, project)
         if task.finished:
             raise ErrorAnswer(409, "task_finished", f"task {task_id} already {task.status}")
-        return TaskOut.of(state.workers().cancel(task_id))
+        return TaskOut.of(state.dispatch().cancel(task_id))
 
     @router.get("/{task_id}/trace", responses=error_responses(401, 404))
     def trace(task_id: str, project: ProjectDep) -> dict[str, Any]:

@@ -1,0 +1,182 @@
+"""The worker mode's hand-off: the ledger makes a task ``queued`` with its next dispatch
+number, then only its id and that number go to RabbitMQ, for a ``relaygraph worker``.
+
+Imported only when the server runs in the worker mode: Celery is the ``workers`` extra, and
+a single-machine ``serve`` needs none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from relaygraph.api._errors import ErrorAnswer
+from relaygraph.runner import Answers
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
+from relaygraph.worker import publish_run
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["DEFAULT_REPUBLISH_AFTER", "BrokerDispatch"]
+
+DEFAULT_REPUBLISH_AFTER = timedelta(minutes=10)
+"""How long a task may stay ``queued`` before an API server that starts publishes it again."""
+BROKER_CHECK_SECONDS = 3.0
+"""The longest a readiness check waits for the broker to accept a connection."""
+
+log = logging.getLogger("relaygraph.api")
+
+
+class BrokerDispatch:
+    """The worker mode's hand-off: the ledger makes the task ``queued`` with its next dispatch
+    number, then only its id and that number go to RabbitMQ.
+
+    The ledger is the truth, and RabbitMQ carries only "run task X for dispatch N": a message
+    whose dispatch is no longer the task's is stale and a worker drops it, so publishing a
+    task again (after a failed publish, or when it waited too long) never runs it twice.
+
+    Args:
+        ledger: The ledger every API server and worker shares (PostgreSQL).
+        celery: The worker mode's Celery app (:func:`relaygraph.worker.create_celery_app`),
+            used only to publish.
+        republish_after: See :meth:`republish_stale`.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        celery: Celery,
+        *,
+        republish_after: timedelta = DEFAULT_REPUBLISH_AFTER,
+    ) -> None:
+        self.ledger = ledger
+        self.celery = celery
+        self.republish_after = republish_after
+
+    def enqueue(self, task_id: str) -> None:
+        """Queue the task for the workers: a new dispatch in the ledger, then its message.
+
+        Raises:
+            ErrorAnswer: 503 ``broker_unavailable``: RabbitMQ did not take the message. The
+                task stays ``queued`` and is published again (:meth:`republish_stale`, or a
+                retry with the same ``Idempotency-Key``).
+        """
+        dispatch = self.ledger.queue_for_workers(task_id)
+        self._publish(task_id, dispatch)
+
+    def resume(self, task_id: str, answers: Answers) -> bool:
+        """Queue the decided task for the workers, to continue from its checkpoint.
+
+        ``answers`` are in the ledger already (each decision is recorded before this is
+        called); the worker that takes the message reads them from there.
+
+        Raises:
+            ErrorAnswer: 503 ``broker_unavailable`` (the decision is recorded and the task
+                ``queued``; it is published again by :meth:`republish_stale`).
+        """
+        # The runner's call that moves a decided task from `interrupted` to `queued` with
+        # its next dispatch (None when it no longer waits) belongs here; it is not written
+        # yet (issue 18), and guessing at it would let a decision continue a task that was
+        # cancelled meanwhile.
+        raise NotImplementedError(
+            f"task {task_id}: a decision cannot continue a task in the worker mode yet: "
+            "relaygraph.api._dispatch.BrokerDispatch.resume is not wired to the runner (issue 18)"
+        )
+
+    def cancel(self, task_id: str) -> Task:
+        """Cancel the task through the ledger (:meth:`Ledger.request_cancel`): at once when
+        no worker runs it, else the worker stops it at its next step boundary. When it is
+        cancelled at once, the task queued next on its thread is published."""
+        task = self.ledger.request_cancel(task_id)
+        if task.status == "cancelled":
+            self.queue_next(task)
+        return task
+
+    def queue_next(self, ended: Task) -> None:
+        """Publish the task queued next on ``ended``'s thread, if its turn has come.
+
+        A failure to publish is logged, not raised: the cancel that called this is done,
+        and the waiting task is published again when it has waited too long.
+        """
+        waiting = self.ledger.active_task_on_thread(ended.thread_id, project_id=ended.project_id)
+        if waiting is None or waiting.status != "queued":
+            return
+        try:
+            self.enqueue(waiting.id)
+        except ErrorAnswer as exc:
+            log.warning("task %s stays queued: %s", waiting.id, exc.message)
+
+    def republish(self, task: Task) -> bool:
+        """Publish ``task`` again if it is ``queued`` and first on its thread (a retry of a
+        submission whose publish failed). Its earlier message, if any, becomes stale.
+
+        Returns:
+            Whether it was published.
+
+        Raises:
+            ErrorAnswer: 503 ``broker_unavailable``.
+        """
+        first = self.ledger.active_task_on_thread(task.thread_id, project_id=task.project_id)
+        if first is None or first.id != task.id or first.status != "queued":
+            return False
+        self.enqueue(task.id)
+        return True
+
+    def republish_stale(self, *, now: datetime | None = None) -> int:
+        """Publish again every task still ``queued`` (and first on its thread) whose status
+        has not changed for :attr:`republish_after`: its message was lost, or its publish
+        failed. Called when an API server starts.
+
+        A task that only waited behind others that long goes to the back of the queue: its
+        earlier message is stale, so it still runs once.
+
+        Returns:
+            How many were published; it stops at the first failure to publish (the broker
+            is away, and the next server start tries again).
+        """
+        now = now or datetime.now(UTC)
+        published = 0
+        for task in self.ledger.unfinished_tasks(exclude_project=LOCAL_PROJECT_ID):
+            if task.status != "queued" or now - task.updated_at < self.republish_after:
+                continue
+            try:
+                if self.republish(task):
+                    published += 1
+            except ErrorAnswer as exc:
+                log.warning("publishing queued tasks again stopped: %s", exc.message)
+                break
+        if published:
+            log.info("published %d task(s) that waited queued again", published)
+        return published
+
+    def broker_problem(self) -> str | None:
+        """Why the broker cannot take messages now (a readiness check), or None when it can:
+        one connection attempt, no retry loop."""
+        try:
+            with self.celery.connection_for_write(connect_timeout=BROKER_CHECK_SECONDS) as conn:
+                conn.ensure_connection(
+                    max_retries=1, interval_start=0, timeout=BROKER_CHECK_SECONDS
+                )
+        except Exception as exc:  # Whatever stops a connection means not ready.
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def close(self) -> None:
+        """Close the connections the publishing app holds."""
+        self.celery.close()
+
+    def _publish(self, task_id: str, dispatch: int) -> None:
+        try:
+            publish_run(self.celery, task_id, dispatch)
+        except Exception as exc:  # Unconfirmed, for whatever reason: not queued.
+            log.warning("task %s (dispatch %d) not published: %s", task_id, dispatch, exc)
+            raise ErrorAnswer(
+                503,
+                "broker_unavailable",
+                f"task {task_id} is recorded `queued`, but the broker did not take it "
+                f"({type(exc).__name__}: {exc}): it is published again when an API server "
+                "starts, and at once when its submission is retried with the same "
+                "Idempotency-Key",
+            ) from None
