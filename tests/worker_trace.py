@@ -37,7 +37,7 @@ def record(kind: str, **fields: Any) -> None:
 
 
 def _run_fields(args: Any) -> dict[str, Any]:
-    task_id, dispatch, *_ = [*(args or ()), None, None]
+    task_id, dispatch, *_ = [*list(args or ()), None, None]
     return {"task_id": task_id, "dispatch": dispatch}
 
 

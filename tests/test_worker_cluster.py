@@ -1,0 +1,607 @@
+"""The worker mode as deployed: API servers and Celery workers as real processes on loopback.
+
+Each test starts its own cluster (tests/worker_cluster.py): ``relaygraph serve`` processes in
+broker mode and ``relaygraph worker`` processes on this machine's RabbitMQ and PostgreSQL,
+sharing a data directory, a fresh database and a queue of their own, so no test sees
+another's tasks or messages. Workers run through ``tests.worker_trace``, which records which
+pool process took which task and when its run returned: a test knows which worker to kill or
+freeze, and when a run is over, from the worker itself.
+
+Nothing here waits a fixed time for correctness: every wait polls for a condition under a
+generous deadline (a loaded 2-core machine). A program that must be running when a worker is
+killed, frozen or cancelled waits for a file that the test creates (``go-<token>``, one per
+start of the program), so the signal always lands mid-tool.
+
+The tests skip when RabbitMQ or PostgreSQL is not reachable, unless
+``RELAYGRAPH_REQUIRE_RABBITMQ=1`` / ``RELAYGRAPH_REQUIRE_POSTGRES=1`` (CI) make that a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.agents._journal import replay
+from relaygraph.client import Client
+
+from .conftest import EXAMPLE_RELAY
+from .worker_cluster import (
+    Cluster,
+    Run,
+    broker_problem,
+    broker_url,
+    fresh_database,
+    process_gone,
+    wait_until,
+)
+
+REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
+DEADLINE = 180.0
+"""Seconds any one wait may take before the test fails (generous: a loaded 2-core machine)."""
+DEFAULT_MODEL = f"scripted:{EXAMPLE_RELAY}"
+FINISHED = ("succeeded", "degraded", "failed", "cancelled")
+
+Script = Callable[[dict[str, Any]], str]
+
+GATED_CODE = (
+    "import os, time\n"
+    "token = os.urandom(6).hex()\n"
+    "with open('starts.txt', 'a') as f:\n"
+    "    f.write(token + '\\n')\n"
+    "deadline = time.monotonic() + 600\n"
+    "while not os.path.exists('go-' + token) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "with open('effects.txt', 'a') as f:\n"
+    "    f.write(token + '\\n')\n"
+    "print('went ' + token)"
+)
+"""A slow tool whose every start is visible: it appends a token of its own to
+``starts.txt``, runs until the test creates ``go-<token>`` in the workspace, then appends the
+token to ``effects.txt`` (its side effect) and prints it (its result)."""
+
+FIRST_CODE = "with open('effects.txt', 'a') as f:\n    f.write('first\\n')\nprint('first done')"
+"""A quick tool with a side effect."""
+
+
+def gated_coder(*, first: bool = False) -> dict[str, Any]:
+    """supervisor → coder (a quick program first, if ``first``; then the gated one) → FINISH."""
+    calls = []
+    if first:
+        calls.append(
+            {"tool_calls": [{"name": "run_python", "args": {"code": FIRST_CODE}, "id": "first"}]}
+        )
+    calls.append(
+        {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]}
+    )
+    return {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "compute slowly", "reason": "code to run"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [*calls, {"content": "It ran."}],
+        "finalize": [{"content": "Done: it ran."}],
+    }
+
+
+ARTIFACT_TEAM = {
+    "supervisor": [
+        {"route": {"next": "writer", "task": "write the report", "reason": "a deliverable"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
+    ],
+    "writer": [
+        {
+            "tool_calls": [
+                {
+                    "name": "save_artifact",
+                    "args": {"name": "report.md", "content": "# Report\n"},
+                    "id": "save",
+                }
+            ]
+        },
+        {"content": "Saved report.md."},
+    ],
+    "finalize": [{"content": "Done: report.md."}],
+}
+
+APPROVED_CODE = "with open('effects.txt', 'a') as f:\n    f.write('ran\\n')\nprint('ran')"
+APPROVAL_TEAM = {
+    "supervisor": [
+        {"route": {"next": "coder", "task": "compute", "reason": "code to run"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+    ],
+    "coder": [
+        {"tool_calls": [{"name": "run_python", "args": {"code": APPROVED_CODE}, "id": "ask"}]},
+        {"content": "It ran."},
+    ],
+    "finalize": [{"content": "Done, with approval."}],
+}
+APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
+
+PLAIN_TEAM = {
+    "supervisor": [
+        {"route": {"next": "writer", "task": "write a line", "reason": "a deliverable"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
+    ],
+    "writer": [{"content": "A line."}],
+    "finalize": [{"content": "Done: a line."}],
+}
+
+
+# Services and the cluster
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> str:
+    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
+    url = broker_url()
+    problem = broker_problem(url)
+    if problem is None:
+        return url
+    if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
+        pytest.fail(f"{problem} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
+    pytest.skip(f"{problem}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
+
+
+@pytest.fixture
+def database(postgres_server: str) -> Iterator[str]:
+    """A fresh database (``relaygraph_cluster_<random>``) for this test, dropped after it.
+
+    One per test rather than per module: an API server picks up the queued tasks it finds
+    in its ledger when it starts, so a task a failed test left behind must not be there."""
+    with fresh_database(postgres_server) as url:
+        yield url
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def script(scripts: Path) -> Script:
+    """Write a script into the servers' scripts folder; returns the spec a request names."""
+    counter = iter(range(1000))
+
+    def write(turns: dict[str, Any]) -> str:
+        name = f"script-{next(counter)}.json"
+        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
+        return f"scripted:{name}"
+
+    return write
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, rabbitmq: str, database: str, scripts: Path) -> Iterator[Cluster]:
+    """A cluster on this test's database and queue; every process group is killed after."""
+    with Cluster(
+        tmp_path / "cluster", database_url=database, broker=rabbitmq, scripts=scripts
+    ) as made:
+        yield made
+
+
+# Helpers
+
+
+def waited(
+    cluster: Cluster, condition: Callable[[], Any], what: str, timeout: float = DEADLINE
+) -> Any:
+    """``wait_until``, failing the test with every process's output when it times out."""
+    try:
+        return wait_until(condition, timeout, what)
+    except TimeoutError as exc:
+        pytest.fail(f"{exc}\n{cluster.outputs()}", pytrace=False)
+
+
+def kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [event["event"] for event in events]
+
+
+def lines(cluster: Cluster, task_id: str, name: str) -> list[str]:
+    """The lines of a file in the task's workspace ([] while it does not exist)."""
+    path = cluster.task_dir(task_id) / "workspace" / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def release(cluster: Cluster, task_id: str, token: str) -> None:
+    """Let the gated program that started with ``token`` finish."""
+    (cluster.task_dir(task_id) / "workspace" / f"go-{token}").touch()
+
+
+def started(cluster: Cluster, task_id: str, count: int) -> list[str]:
+    """Wait until the gated program of the task has started ``count`` times; its tokens."""
+    tokens: list[str] = waited(
+        cluster,
+        lambda: (found := lines(cluster, task_id, "starts.txt")) and len(found) >= count and found,
+        f"the program of task {task_id} started {count} time(s)",
+    )
+    return tokens
+
+
+def runs_of(cluster: Cluster, task_id: str, count: int) -> list[Run]:
+    """Wait until ``count`` runs of the task have started on the workers; those runs."""
+    runs: list[Run] = waited(
+        cluster,
+        lambda: (found := cluster.trace.runs(task_id)) and len(found) >= count and found,
+        f"task {task_id} taken by a worker {count} time(s)",
+    )
+    return runs
+
+
+class Follower:
+    """Follows a task's event stream (SSE) on a thread of its own, from its first event."""
+
+    def __init__(self, url: str, key: str, task_id: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._args = (url, key, task_id)
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        url, key, task_id = self._args
+        try:
+            with Client(url, key) as client:
+                for event in client.events(task_id, retry_for=60):
+                    self.events.append(event)
+        except BaseException as exc:
+            self.error = exc
+
+    def result(self, cluster: Cluster, timeout: float = DEADLINE) -> list[dict[str, Any]]:
+        """The whole stream, once the server ended it (the task finished)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            pytest.fail(
+                f"the event stream of {self._args[2]} did not end within {timeout:g} s; "
+                f"events so far: {kinds(self.events)}\n{cluster.outputs()}",
+                pytrace=False,
+            )
+        if self.error is not None:
+            raise self.error
+        return self.events
+
+
+def check_stream(events: list[dict[str, Any]], status: str) -> None:
+    """Event ids 1, 2, 3, ... with no gap or repeat, and one terminal event of ``status``."""
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1)), kinds(events)
+    assert kinds(events).count("run_finished") == 1, kinds(events)
+    assert events[-1]["event"] == "run_finished"
+    assert events[-1]["data"]["status"] == status
+
+
+def tool_rows(cluster: Cluster, task_id: str) -> list[dict[str, Any]]:
+    return cluster.sql(
+        "SELECT tool, tool_call_id, status, result_preview FROM tool_calls "
+        "WHERE task_id = :task ORDER BY id",
+        task=task_id,
+    )
+
+
+def journal(cluster: Cluster, task_id: str) -> dict[str, dict[str, Any]]:
+    rows = cluster.sql(
+        "SELECT call_id, record FROM tool_journal WHERE task_id = :task", task=task_id
+    )
+    return {row["call_id"]: row["record"] for row in rows}
+
+
+def journaled_text(record: dict[str, Any]) -> str:
+    """What the journaled call returned into the graph (the tool message's text)."""
+    return str(replay(record).content)  # type: ignore[union-attr]
+
+
+# 1. Many tasks, two servers, two workers
+
+
+@pytest.mark.slow
+def test_forty_tasks_across_two_servers_and_two_workers_run_once_each(
+    cluster: Cluster, script: Script
+) -> None:
+    spec = script(ARTIFACT_TEAM)
+    servers = [
+        cluster.serve("api-1", model=DEFAULT_MODEL),
+        cluster.serve("api-2", model=DEFAULT_MODEL),
+    ]
+    workers = [cluster.worker("w1", concurrency=2), cluster.worker("w2", concurrency=2)]
+    key = cluster.create_project("acme")
+
+    submitted: list[tuple[str, int]] = []  # (task id, index of the server that took it)
+    with Client(servers[0].url, key) as one, Client(servers[1].url, key) as two:
+        for i in range(40):
+            took = i % 2
+            task = (one, two)[took].submit(f"Write report {i}", model=spec)
+            assert task["status"] in ("queued", "running")
+            submitted.append((task["id"], took))
+
+    def follow(entry: tuple[str, int]) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        """Read the task's events (live or replayed) and state through the other server."""
+        task_id, took = entry
+        with Client(servers[1 - took].url, key) as other:
+            events = list(other.events(task_id, retry_for=60))
+            return task_id, events, other.get(task_id)
+
+    pool = ThreadPoolExecutor(max_workers=10)
+    try:
+        futures = [pool.submit(follow, entry) for entry in submitted]
+        deadline = time.monotonic() + 2 * DEADLINE
+        try:
+            results = [f.result(timeout=max(1, deadline - time.monotonic())) for f in futures]
+        except FuturesTimeout:
+            pytest.fail(f"not every task's stream ended\n{cluster.outputs()}", pytrace=False)
+    finally:
+        # A stream still open ends when the fixture kills the servers.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    for task_id, events, task in results:
+        assert task["status"] == "succeeded", (task_id, task["stop_reason"], kinds(events))
+        assert task["answer"] == "Done: report.md."
+        check_stream(events, "succeeded")
+        counted = Counter(kinds(events))
+        assert counted["run_started"] == 1, kinds(events)
+        assert counted["final"] == 1, kinds(events)
+        saved = [e for e in events if e["event"] == "tool_result"]
+        assert [(e["data"]["tool"], e["data"]["ran"]) for e in saved] == [("save_artifact", True)]
+        assert task["last_event_seq"] == len(events)
+        artifacts = cluster.task_dir(task_id) / "artifacts"
+        assert sorted(p.name for p in artifacts.iterdir()) == ["report.md"]
+
+    ids = [task_id for task_id, _ in submitted]
+    # The ledger: one tool call and one journal record per task, all succeeded.
+    rows = cluster.sql(
+        "SELECT task_id, count(*) AS n FROM tool_calls WHERE tool = 'save_artifact' "
+        "GROUP BY task_id"
+    )
+    assert {row["task_id"]: row["n"] for row in rows} == dict.fromkeys(ids, 1)
+    rows = cluster.sql("SELECT task_id, count(*) AS n FROM tool_journal GROUP BY task_id")
+    assert {row["task_id"]: row["n"] for row in rows} == dict.fromkeys(ids, 1)
+    statuses = cluster.sql("SELECT status, count(*) AS n FROM tasks GROUP BY status")
+    assert {row["status"]: row["n"] for row in statuses} == {"succeeded": 40}
+    # The workers: each task taken once, by one of the two, and both took some.
+    runs = cluster.trace.runs()
+    assert Counter(run.task_id for run in runs) == dict.fromkeys(ids, 1)
+    assert {run.ppid for run in runs} == {worker.pid for worker in workers}
+    assert waited(cluster, lambda: not cluster.trace.busy(), "every run returned")
+    assert cluster.queue_counts()[0] == 0
+
+
+# 2. kill -9 of a worker mid-tool
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_worker_mid_tool_continues_the_task_on_the_other_once(
+    cluster: Cluster, script: Script
+) -> None:
+    server = cluster.serve("api", model=DEFAULT_MODEL)
+    cluster.worker("w1")
+    cluster.worker("w2")
+    key = cluster.create_project("acme")
+    with Client(server.url, key) as client:
+        task_id = client.submit("compute slowly", model=script(gated_coder(first=True)))["id"]
+    stream = Follower(server.url, key, task_id)
+
+    # The quick program ran; the gated one is running: kill its worker's whole group.
+    [first_token] = started(cluster, task_id, 1)
+    assert lines(cluster, task_id, "effects.txt") == ["first"]
+    [first_run] = runs_of(cluster, task_id, 1)
+    holder = cluster.worker_of(first_run)
+    [other] = [w for w in cluster.workers if w is not holder]
+    holder.signal_group(signal.SIGKILL)
+    holder.popen.wait(30)
+    waited(cluster, lambda: process_gone(first_run.pid), "the killed pool process gone")
+
+    # RabbitMQ gives the unacknowledged message to the other worker, which continues the
+    # task from its checkpoint: the gated program starts again, and only that run may end.
+    second_run = runs_of(cluster, task_id, 2)[1]
+    assert second_run.ppid == other.pid
+    assert second_run.dispatch == first_run.dispatch
+    tokens = started(cluster, task_id, 2)
+    assert tokens[0] == first_token
+    release(cluster, task_id, tokens[1])
+
+    events = stream.result(cluster)
+    with Client(server.url, key) as client:
+        done = client.get(task_id)
+    assert (done["status"], done["answer"]) == ("succeeded", "Done: it ran."), done
+    # One stream across both attempts: no gap, one end.
+    check_stream(events, "succeeded")
+    assert kinds(events).count("run_started") == 2, kinds(events)
+    assert kinds(events).count("final") == 1, kinds(events)
+    assert done["last_event_seq"] == len(events)
+    # Completed steps were not run again: the supervisor routed to the coder once.
+    assert [e["data"]["next"] for e in events if e["event"] == "route"] == ["coder", "FINISH"]
+    # Completed tool calls were not repeated: the quick program ran once, the gated one
+    # finished once (the killed run's copy never did), and the ledger holds one call each.
+    assert lines(cluster, task_id, "effects.txt") == ["first", tokens[1]]
+    assert lines(cluster, task_id, "starts.txt") == tokens
+    rows = tool_rows(cluster, task_id)
+    assert sorted((r["tool"], r["tool_call_id"], r["status"]) for r in rows) == [
+        ("run_python", "first", "success"),
+        ("run_python", "gated", "success"),
+    ], rows
+    records = journal(cluster, task_id)
+    assert set(records) == {"first", "gated"}
+    assert journaled_text(records["gated"]).strip().endswith(f"went {tokens[1]}")
+    results = [e["data"] for e in events if e["event"] == "tool_result"]
+    assert [r["tool_call_id"] for r in results].count("gated") == 1, results
+    assert waited(cluster, lambda: cluster.trace.returned(second_run), "the second run returned")
+
+
+# 3. A frozen worker comes back: its late writes are refused
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
+    cluster: Cluster, script: Script
+) -> None:
+    # A low heartbeat: RabbitMQ gives a frozen worker's task away after about 3 of them.
+    fast = {"RELAYGRAPH_BROKER_HEARTBEAT": "2"}
+    server = cluster.serve("api", model=DEFAULT_MODEL)
+    cluster.worker("w1", env=fast)
+    cluster.worker("w2", env=fast)
+    key = cluster.create_project("acme")
+    with Client(server.url, key) as client:
+        task_id = client.submit("compute slowly", model=script(gated_coder()))["id"]
+
+    [old_token] = started(cluster, task_id, 1)
+    [old_run] = runs_of(cluster, task_id, 1)
+    frozen = cluster.worker_of(old_run)
+    [other] = [w for w in cluster.workers if w is not frozen]
+    # Freeze the worker, its main process and its pool (the sandboxed program, in a
+    # session of its own, keeps waiting for its file).
+    frozen.signal_group(signal.SIGSTOP)
+    try:
+        new_run = runs_of(cluster, task_id, 2)[1]
+        assert new_run.ppid == other.pid
+        new_token = started(cluster, task_id, 2)[1]
+        release(cluster, task_id, new_token)
+        with Client(server.url, key) as client:
+            done = waited(
+                cluster,
+                lambda: (task := client.get(task_id))["status"] in FINISHED and task,
+                "the new attempt finished the task",
+            )
+            events = list(client.events(task_id))
+        assert (done["status"], done["answer"]) == ("succeeded", "Done: it ran."), done
+        check_stream(events, "succeeded")
+        ledger_then = (tool_rows(cluster, task_id), journal(cluster, task_id))
+        assert journaled_text(ledger_then[1]["gated"]).strip().endswith(f"went {new_token}")
+
+        # The old attempt's program ends too, while its pool process is still frozen; then
+        # that pool process alone goes on (before its worker can stop it), with a completed
+        # tool call in hand and every later step of the task to run: its writes must all be
+        # refused.
+        release(cluster, task_id, old_token)
+        waited(
+            cluster,
+            lambda: old_token in lines(cluster, task_id, "effects.txt"),
+            "the old attempt's program finished",
+        )
+        os.kill(old_run.pid, signal.SIGCONT)
+        waited(cluster, lambda: cluster.trace.returned(old_run), "the old attempt returned")
+    finally:
+        frozen.signal_group(signal.SIGCONT)
+
+    with Client(server.url, key) as client:
+        after = client.get(task_id)
+        events_after = list(client.events(task_id))
+    # The ledger shows the new attempt's work only: the same events, the same status and
+    # answer, the same tool call and journal record (the new program's result).
+    assert events_after == events
+    assert {k: after[k] for k in ("status", "answer", "stop_reason", "last_event_seq")} == {
+        k: done[k] for k in ("status", "answer", "stop_reason", "last_event_seq")
+    }
+    assert (tool_rows(cluster, task_id), journal(cluster, task_id)) == ledger_then
+    assert [(r["tool_call_id"], r["status"]) for r in ledger_then[0]] == [("gated", "success")]
+    # The frozen worker is back on the queue.
+    waited(cluster, lambda: cluster.queue_counts()[1] == 2, "the frozen worker consumes again")
+
+
+# 4. A task waiting for a person holds no worker
+
+
+@pytest.mark.slow
+def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
+    cluster: Cluster, script: Script
+) -> None:
+    servers = [
+        cluster.serve("api-1", model=DEFAULT_MODEL),
+        cluster.serve("api-2", model=DEFAULT_MODEL),
+    ]
+    cluster.worker("w1")
+    cluster.worker("w2")  # Two places to run tasks, for ten waiting tasks.
+    key = cluster.create_project("acme")
+    asking = script(APPROVAL_TEAM)
+    with Client(servers[0].url, key) as one, Client(servers[1].url, key) as two:
+        ids = [
+            one.submit(f"compute {i}", model=asking, policy=APPROVAL_POLICY)["id"]
+            for i in range(10)
+        ]
+        for task_id in ids:
+            waiting = one.wait(task_id, timeout=DEADLINE)
+            assert waiting["status"] == "interrupted", waiting
+            assert lines(cluster, task_id, "effects.txt") == []  # Nothing ran unapproved.
+        # All ten are paused, and no pool process is in a run: each run returned when it
+        # paused, and nothing waits in the queue.
+        assert waited(cluster, lambda: not cluster.trace.busy(), "every paused run returned")
+        assert Counter(run.task_id for run in cluster.trace.runs()) == dict.fromkeys(ids, 1)
+        assert cluster.queue_counts()[0] == 0
+
+        # So one more task runs at once, on the other server.
+        plain = two.submit("write a line", model=script(PLAIN_TEAM))
+        done = two.wait(plain["id"], timeout=DEADLINE)
+        assert done["status"] == "succeeded", done
+        assert {one.get(task_id)["status"] for task_id in ids} == {"interrupted"}
+
+        # Each decision (through the other server) continues its task on some worker.
+        for task_id in ids:
+            assert two.approve(task_id, reason="fine")["status"] in (
+                "queued",
+                "running",
+                "succeeded",
+            )
+        for task_id in ids:
+            done = two.wait(task_id, timeout=DEADLINE, until=FINISHED)
+            assert (done["status"], done["answer"]) == ("succeeded", "Done, with approval."), done
+            assert lines(cluster, task_id, "effects.txt") == ["ran"]
+            events = list(one.events(task_id))
+            check_stream(events, "succeeded")
+            assert kinds(events).count("interrupted") == 1
+            assert kinds(events).count("run_started") == 2
+            [decided] = two.approvals(task_id)
+            assert (decided["decision"], decided["decided_by"]) == ("approve", "acme")
+    for task_id in ids:
+        runs = cluster.trace.runs(task_id)
+        assert len(runs) == 2, runs
+        assert runs[1].dispatch > runs[0].dispatch  # The decision was a new message.
+
+
+# 5. Cancel reaches the worker
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
+    cluster: Cluster, script: Script
+) -> None:
+    servers = [
+        cluster.serve("api-1", model=DEFAULT_MODEL),
+        cluster.serve("api-2", model=DEFAULT_MODEL),
+    ]
+    cluster.worker("w1")
+    cluster.worker("w2")
+    key = cluster.create_project("acme")
+    with Client(servers[0].url, key) as client:
+        task_id = client.submit("compute slowly", model=script(gated_coder()))["id"]
+    stream = Follower(servers[1].url, key, task_id)
+    [token] = started(cluster, task_id, 1)
+    with Client(servers[1].url, key) as other:
+        cancelling = other.cancel(task_id)
+        # The program is running: the cancel waits for the step boundary.
+        assert cancelling["status"] == "running", cancelling
+        assert cancelling["cancel_requested_at"] is not None
+        release(cluster, task_id, token)
+        events = stream.result(cluster)
+        [run] = cluster.trace.runs(task_id)
+        waited(cluster, lambda: cluster.trace.returned(run), "the cancelled run returned")
+        done = other.get(task_id)
+    assert (done["status"], done["stop_reason"]) == ("cancelled", "cancelled by request"), done
+    assert done["answer"] is None
+    check_stream(events, "cancelled")
+    # The step in progress finished (its program ran once); nothing after it ran: no
+    # second coder turn, no route back, no other agent, no finalize.
+    assert kinds(events)[-3:] == ["tool_call", "tool_result", "run_finished"], kinds(events)
+    assert "final" not in kinds(events)
+    assert [e["data"]["next"] for e in events if e["event"] == "route"] == ["coder"]
+    assert [e["data"]["agent"] for e in events if e["event"] == "agent_started"] == ["coder"]
+    assert lines(cluster, task_id, "effects.txt") == [token]
+    assert done["last_event_seq"] == len(events)  # The run returned: nothing comes later.
