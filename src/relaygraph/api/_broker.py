@@ -8,13 +8,17 @@ a single-machine ``serve`` needs none of it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+from amqp.exceptions import AMQPError, MessageNacked
+from kombu.exceptions import KombuError
 
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.runner import Answers
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
-from relaygraph.worker import publish_run
+from relaygraph.worker import WorkerDispatch
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -25,6 +29,11 @@ DEFAULT_REPUBLISH_AFTER = timedelta(minutes=10)
 """How long a task may stay ``queued`` before an API server that starts publishes it again."""
 BROKER_CHECK_SECONDS = 3.0
 """The longest a readiness check waits for the broker to accept a connection."""
+PUBLISH_ERRORS = (KombuError, AMQPError, MessageNacked, OSError)
+"""What a publish that RabbitMQ did not confirm raises (no connection, a closed channel, a
+refused or nacked message); the ledger's own errors are none of these."""
+
+T = TypeVar("T")
 
 log = logging.getLogger("relaygraph.api")
 
@@ -54,6 +63,7 @@ class BrokerDispatch:
         self.ledger = ledger
         self.celery = celery
         self.republish_after = republish_after
+        self._workers = WorkerDispatch(celery, ledger)
 
     def enqueue(self, task_id: str) -> None:
         """Queue the task for the workers: a new dispatch in the ledger, then its message.
@@ -63,8 +73,7 @@ class BrokerDispatch:
                 task stays ``queued`` and is published again (:meth:`republish_stale`, or a
                 retry with the same ``Idempotency-Key``).
         """
-        dispatch = self.ledger.queue_for_workers(task_id)
-        self._publish(task_id, dispatch)
+        self._published(f"task {task_id}", lambda: self._workers.enqueue(task_id))
 
     def resume(self, task_id: str, answers: Answers) -> bool:
         """Queue the decided task for the workers, to continue from its checkpoint.
@@ -72,18 +81,14 @@ class BrokerDispatch:
         ``answers`` are in the ledger already (each decision is recorded before this is
         called); the worker that takes the message reads them from there.
 
+        Returns:
+            False when the task no longer waits for a person.
+
         Raises:
             ErrorAnswer: 503 ``broker_unavailable`` (the decision is recorded and the task
                 ``queued``; it is published again by :meth:`republish_stale`).
         """
-        # The runner's call that moves a decided task from `interrupted` to `queued` with
-        # its next dispatch (None when it no longer waits) belongs here; it is not written
-        # yet (issue 18), and guessing at it would let a decision continue a task that was
-        # cancelled meanwhile.
-        raise NotImplementedError(
-            f"task {task_id}: a decision cannot continue a task in the worker mode yet: "
-            "relaygraph.api._dispatch.BrokerDispatch.resume is not wired to the runner (issue 18)"
-        )
+        return self._published(f"task {task_id}", lambda: self._workers.resume(task_id, answers))
 
     def cancel(self, task_id: str) -> Task:
         """Cancel the task through the ledger (:meth:`Ledger.request_cancel`): at once when
@@ -100,13 +105,13 @@ class BrokerDispatch:
         A failure to publish is logged, not raised: the cancel that called this is done,
         and the waiting task is published again when it has waited too long.
         """
-        waiting = self.ledger.active_task_on_thread(ended.thread_id, project_id=ended.project_id)
-        if waiting is None or waiting.status != "queued":
-            return
         try:
-            self.enqueue(waiting.id)
+            self._published(
+                f"the task queued after {ended.id}",
+                lambda: self._workers.start_next(ended.thread_id, project_id=ended.project_id),
+            )
         except ErrorAnswer as exc:
-            log.warning("task %s stays queued: %s", waiting.id, exc.message)
+            log.warning("the task after %s stays queued: %s", ended.id, exc.message)
 
     def republish(self, task: Task) -> bool:
         """Publish ``task`` again if it is ``queued`` and first on its thread (a retry of a
@@ -121,7 +126,7 @@ class BrokerDispatch:
         first = self.ledger.active_task_on_thread(task.thread_id, project_id=task.project_id)
         if first is None or first.id != task.id or first.status != "queued":
             return False
-        self.enqueue(task.id)
+        self._published(f"task {task.id}", lambda: self._workers.dispatch(task.id))
         return True
 
     def republish_stale(self, *, now: datetime | None = None) -> int:
@@ -167,15 +172,17 @@ class BrokerDispatch:
         """Close the connections the publishing app holds."""
         self.celery.close()
 
-    def _publish(self, task_id: str, dispatch: int) -> None:
+    def _published(self, what: str, publish: Callable[[], T]) -> T:
+        """``publish()`` (a dispatch in the ledger, then its message), with a publish that
+        RabbitMQ did not confirm answered as 503 (``what`` names the task)."""
         try:
-            publish_run(self.celery, task_id, dispatch)
-        except Exception as exc:  # Unconfirmed, for whatever reason: not queued.
-            log.warning("task %s (dispatch %d) not published: %s", task_id, dispatch, exc)
+            return publish()
+        except PUBLISH_ERRORS as exc:
+            log.warning("%s not published: %s: %s", what, type(exc).__name__, exc)
             raise ErrorAnswer(
                 503,
                 "broker_unavailable",
-                f"task {task_id} is recorded `queued`, but the broker did not take it "
+                f"{what} is recorded `queued`, but the broker did not take it "
                 f"({type(exc).__name__}: {exc}): it is published again when an API server "
                 "starts, and at once when its submission is retried with the same "
                 "Idempotency-Key",

@@ -130,8 +130,9 @@ async def follow_events(
             yield frame
 
 
-Wait = Callable[[int], Awaitable[None]]
-"""Waits until the task may have events after the given sequence number."""
+Wait = Callable[[int, bool], Awaitable[None]]
+"""Waits until the task may have events after the given sequence number; the flag says
+that the last event sent was a finished run's ``run_finished`` (its status comes next)."""
 
 
 async def _follow(
@@ -143,11 +144,12 @@ async def _follow(
     wait: Wait,
 ) -> AsyncIterator[dict[str, Any]]:
     """:func:`follow_events`' loop: read, send, and ``wait`` when nothing is new."""
-    seq, finished = after, False
+    seq, finished, ending = after, False, False
     while True:
         batch = await to_thread.run_sync(ledger().events_after, task.id, seq)
         for event in batch:
             seq = event.seq
+            ending = event.type == "run_finished" and event.data.get("status") in FINISHED_STATUSES
             yield {
                 "id": str(event.seq),
                 "event": event.type,
@@ -167,11 +169,11 @@ async def _follow(
             continue
         if await request.is_disconnected() or not still_wanted():
             return
-        await wait(seq)
+        await wait(seq, ending)
 
 
 def _sleep(seconds: float) -> Wait:
-    async def wait(seq: int) -> None:
+    async def wait(seq: int, ending: bool) -> None:
         await asyncio.sleep(seconds)
 
     return wait
@@ -179,13 +181,19 @@ def _sleep(seconds: float) -> Wait:
 
 LISTENER_CHECK_SECONDS = 1.0
 """How often a stream waiting for a notice looks whether the listener is still connected."""
+ENDING_POLL_SECONDS = 0.1
+"""Between reads of a task's status once its ``run_finished`` was sent: the runner records
+the status in the transaction after that event's, and that one announces no new event."""
 
 
 def _notice(watch: TaskWatch, listener: EventListener, poll: float, timeout: float) -> Wait:
     """Wait for a notice of events after ``seq`` (at most ``timeout``); while the listener's
     connection is down, wait ``poll`` instead, as a stream without notices does."""
 
-    async def wait(seq: int) -> None:
+    async def wait(seq: int, ending: bool) -> None:
+        if ending:
+            await asyncio.sleep(ENDING_POLL_SECONDS)
+            return
         if not listener.listening:
             await asyncio.sleep(poll)
             return
