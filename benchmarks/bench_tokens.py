@@ -78,9 +78,12 @@ KINDS = ("system", "user", "assistant", "tool")
 
 
 def count(requests: list[dict[str, Any]]) -> dict[str, int]:
-    """Model calls; message tokens (also by message role and by model); definition tokens;
-    their sum (``total``); and ``cached``, the tokens a prefix cache would serve."""
-    counted = dict.fromkeys(("calls", "messages", "definitions", "cached", *KINDS), 0)
+    """Model calls; message tokens (also by message role and by model); definition tokens,
+    and among them ``peer_handoffs``, the agents' ``transfer_to_<peer>`` tools; their sum
+    (``total``); and ``cached``, the tokens a prefix cache would serve."""
+    counted = dict.fromkeys(
+        ("calls", "messages", "definitions", "peer_handoffs", "cached", *KINDS), 0
+    )
     counted["calls"] = len(requests)
     earlier: dict[str, list[str]] = {}
     for body in requests:
@@ -93,6 +96,12 @@ def count(requests: list[dict[str, Any]]) -> dict[str, int]:
             counted[role if role in KINDS else "system"] += tokens
         definitions = _tokens(_definitions(body))
         counted["definitions"] += definitions
+        if body.get("model") != "script-supervisor":
+            counted["peer_handoffs"] += sum(
+                _tokens(json.dumps(tool))
+                for tool in body.get("tools", [])
+                if tool.get("function", {}).get("name", "").startswith("transfer_to_")
+            )
         counted[model] = counted.get(model, 0) + definitions
         prompt = _prompt(body)
         seen = earlier.setdefault(model, [])
@@ -325,40 +334,64 @@ def run(home: Path) -> Section:
         *table(["part of the prompts", "relaygraph", "bare last_message"], krows),
         "",
     )
-    rg, bare = kinds["relaygraph"], kinds["last_message"]
-    rg_total, bare_total = sum(rg.values()), sum(bare.values())
+    rg = kinds["relaygraph"]
+    rg_total = sum(rg.values())
     trend = ", ".join(
         f"{name} {c['relaygraph']['total'] / c['full_history']['total']:.2f}×"
         for name, c in by_scenario.items()
         if name != "relay.json"
     )
+    handoffs = {name: c["relaygraph"]["peer_handoffs"] for name, c in by_scenario.items()}
+    without = ", ".join(
+        f"{name} {(c['relaygraph']['total'] - handoffs[name]) / c['last_message']['total']:.2f}×"
+        for name, c in by_scenario.items()
+        if name != "relay.json"  # it hands off directly: it needs its transfer tools
+    )
+    uncached = {
+        side: totals[side]["total"] - totals[side]["cached"] for side in ("relaygraph", *SIDES[1:])
+    }
     section.add(
-        "**What costs the tokens.** relaygraph's prompts are scoped: an agent sees the "
-        "request, its task and the latest results (the newest in full, earlier ones clipped), "
-        "not the transcript, so its prompts grow with the calls of a visit, not with the "
-        "history; bare full_history re-sends the whole transcript to every call "
-        f"(assistant + tool messages are {_pct(bare['assistant'] + bare['tool'], bare_total)} "
-        "of bare last_message's tokens, "
-        f"{_pct(rg['assistant'] + rg['tool'], rg_total)} of relaygraph's), so the ratio to "
-        f"full_history falls as tasks get longer ({trend}). "
-        f"System prompts are {_pct(rg['system'], rg_total)} of relaygraph's tokens and the "
-        f"definitions {_pct(rg['definitions'], rg_total)}: each agent carries its tools "
-        "(the same as bare's) plus a one-line `transfer_to_<peer>` tool per peer its policy "
-        "allows, each taking only a `task` and an optional `reason`, and each supervisor call "
-        "the route's JSON schema (an enum of the agents and two strings, no descriptions). The "
-        f"scoped task message is {_pct(rg['user'], rg_total)}: sent once per visit as the "
-        "first message after the system prompt, it is the prefix of every later call of the "
-        "visit, as in any ReAct loop, so a prefix cache serves it after the first call. "
-        "Finalize makes no model call when the last agent's reply is the answer, so a task "
-        "takes as many model calls as bare's (one more for each direct handoff, which bare "
-        "plays as a reply and a supervisor transfer, fewer there).",
+        "**What costs the tokens.** relaygraph's prompts are scoped: an agent sees its task, "
+        "the request and the latest results (the newest in full, earlier ones clipped), not "
+        "the transcript, so its prompts grow with the calls of a visit, not with the history. "
+        "Bare full_history re-sends the whole transcript to every call, which grows with every "
+        f"step, so the ratio to full_history falls as tasks get longer ({trend}); bare "
+        "last_message re-sends each agent's last reply and the transfer messages, which grow "
+        "more slowly. The agents' system prompts and tools are the same on both sides. "
+        f"System prompts are {_pct(rg['system'], rg_total)} of relaygraph's tokens, the task "
+        f"messages {_pct(rg['user'], rg_total)}, the agents' own calls and tool results "
+        f"{_pct(rg['assistant'] + rg['tool'], rg_total)} and the definitions "
+        f"{_pct(rg['definitions'], rg_total)}. The scoped task message is sent once per visit, "
+        "as its first message after the system prompt; each later call of the visit carries it "
+        "again only as the unchanged prefix of the conversation, as in any ReAct loop (Chat "
+        "Completions keeps no state between calls). Finalize answers with the last agent's "
+        "reply and makes no model call, so a task takes as many model calls as bare's, and one "
+        "fewer per direct handoff (bare plays it as a reply and a supervisor call).",
         "",
-        "Caching: every prompt starts with what is stable for its role in the task (the "
-        "definitions, the system prompt, then the request), so consecutive calls of an agent "
-        "within a visit share everything up to the new turn. OpenAI's automatic caching "
-        "serves only prompts of 1024 tokens or more, in 128-token steps: the prompts here are "
-        "all shorter, so on OpenAI itself none of these scripted tasks would be served from "
-        "cache; the column shows what a prefix cache without that floor would serve.",
+        "What keeps short tasks above bare last_message is the direct handoffs: every agent "
+        "call carries a `transfer_to_<peer>` definition for each peer its policy allows (a "
+        "one-line description, a `task` and an optional `reason`), and bare's workers have "
+        f"none. Over the four scenarios they are {sum(handoffs.values())} tokens "
+        f"({_pct(sum(handoffs.values()), totals['relaygraph']['total'])} of relaygraph's); "
+        f"without them the ratio to last_message would be {without}. Each supervisor call "
+        "carries the route's JSON schema (the agents' names and two strings, no "
+        "descriptions), fewer tokens than bare's three transfer tools.",
+        "",
+        "**Caching.** Every prompt starts with what its role sends alike on every call: the "
+        "definitions (an agent's tools; the supervisor's route schema, which gains FINISH after "
+        "its first call of a request), then the system prompt; every later call of an agent's "
+        "visit extends the visit's earlier calls, and the supervisor's input lists the request "
+        "and then the results in order. A prefix cache serves those. Across visits relaygraph "
+        "shares less than bare: an agent's scoped message is rebuilt for each visit (its task "
+        "first, then the request and a window of the latest four results), while bare's "
+        "histories only grow, each call extending the last: bounded prompts cost fewer tokens, "
+        "append-only ones cache better. Tokens a cache would not serve, the four scenarios "
+        "together: "
+        f"relaygraph {uncached['relaygraph']}, bare last_message {uncached['last_message']}, "
+        f"bare full_history {uncached['full_history']}. OpenAI's automatic caching serves only "
+        "prompts of 1024 tokens or more, in 128-token steps: the prompts here are all shorter, "
+        "so on OpenAI itself none of these scripted tasks would be served from cache; the column "
+        "shows what a prefix cache without that floor would serve.",
         "",
     )
     for name, counted in by_scenario.items():
