@@ -7,14 +7,15 @@ pages are plain HTML a Python developer edits without a JavaScript build, and ev
 comes from the same functions as the ``/v1`` endpoints (see :mod:`relaygraph.api._dashboard_api`).
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 
 from relaygraph.api._dispatch import TaskDispatch
-from relaygraph.api._workers import TaskWorkers
 from relaygraph.api.ui._auth import auth_router
 from relaygraph.api.ui._dashboard import Dashboard
 from relaygraph.api.ui._report_pages import report_router
@@ -24,11 +25,15 @@ from relaygraph.api.ui._task_pages import task_router
 from relaygraph.store import Ledger, Task
 from relaygraph.team import Team
 
+if TYPE_CHECKING:
+    from relaygraph.worker import EventListener
+
 
 def ui_router(
     *,
     ledger: Callable[[], Ledger],
     workers: Callable[[], TaskDispatch],
+    notices: Callable[[], EventListener | None] = lambda: None,
     team_of: Callable[[Task], Team],
     home: Path,
     settings: DashboardSettings | None = None,
@@ -39,6 +44,7 @@ def ui_router(
         ledger: Returns the server's ledger (it is opened when the app starts).
         workers: Returns where the server's tasks run (its own workers, or the broker in
             the worker mode): a decision resumes its task there, a cancel reaches it.
+        notices: Returns the worker mode's event listener (None in process).
         team_of: The team a task records (its tools check an edit's arguments).
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
@@ -46,9 +52,8 @@ def ui_router(
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
         ledger=ledger,
-        # The dashboard only enqueues, resumes and cancels (TaskDispatch); its field still
-        # names the in-process workers' class.
-        workers=cast(Callable[[], TaskWorkers], workers),
+        workers=workers,
+        notices=notices,
         team_of=team_of,
         home=home,
         settings=settings,

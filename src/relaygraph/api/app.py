@@ -128,6 +128,7 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
         ui_router(
             ledger=state.ledger,
             workers=state.dispatch,
+            notices=lambda: state.listener,
             team_of=state.teams.resolve,
             home=state.home,
             settings=dashboard,

@@ -17,8 +17,9 @@ from relaygraph.api.ui._templates import render
 from relaygraph.store import Ledger, Task
 
 if TYPE_CHECKING:
-    from relaygraph.api._workers import TaskWorkers
+    from relaygraph.api._dispatch import TaskDispatch
     from relaygraph.team import Team
+    from relaygraph.worker import EventListener
 
 REFRESH_HEADER = "X-Relaygraph-Refresh"
 """Sent by the page's own refreshes: they do not keep an idle session alive."""
@@ -42,19 +43,23 @@ class Dashboard:
 
     Args:
         ledger: Returns the server's ledger (opened when the app starts).
-        workers: Returns the server's task workers (they resume a task after a decision).
+        workers: Returns where the server's tasks run (its own workers, or the broker in
+            the worker mode): a decision resumes its task there, a cancel reaches it.
         team_of: The team a task records (the server's registry of teams).
         home: The data directory (artifacts live under it).
         settings: The dashboard's settings.
         sessions: Who is signed in.
+        notices: Returns the worker mode's event listener (None in process): a task's
+            live page wakes on its notices instead of polling the ledger.
     """
 
     ledger: Callable[[], Ledger]
-    workers: Callable[[], TaskWorkers]
+    workers: Callable[[], TaskDispatch]
     team_of: Callable[[Task], Team]
     home: Path
     settings: DashboardSettings
     sessions: SessionStore
+    notices: Callable[[], EventListener | None] = lambda: None
 
     def session(self, request: Request) -> tuple[DashboardSession | None, bool]:
         """The request's live session, and whether one ran out of time.

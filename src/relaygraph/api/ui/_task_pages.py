@@ -126,6 +126,7 @@ def task_router(dashboard: Dashboard) -> APIRouter:
                 request=request,
                 poll_seconds=EVENT_POLL_SECONDS,
                 still_wanted=_session_alive(dashboard, request),
+                notices=dashboard.notices(),
             ),
             headers={k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Control"},
         )
