@@ -129,12 +129,22 @@ def test_run_task_calls_the_hook_it_is_given_once() -> None:
     assert calls == [("task-1", 3)]
 
 
-def test_the_unwired_hook_refuses_instead_of_pretending() -> None:
-    with pytest.raises(NotImplementedError, match="run_ledger_task is not wired"):
-        run_ledger_task("task-1", 1)
+def test_the_default_hook_runs_the_ledgers_task_and_drops_what_it_cannot_run() -> None:
+    """Wired to the runner: a message whose task is not in the ledger (or whose dispatch is
+    stale) is acknowledged and dropped, not retried (tests/test_worker_fencing.py runs tasks)."""
+    from relaygraph.store import Ledger
+    from relaygraph.worker import close_worker_runtime
+
     app = create_celery_app(WorkerSettings(broker_url=BROKER))
-    with pytest.raises(NotImplementedError):
-        app.tasks[RUN_TASK].apply(args=("task-1", 1)).get()
+    try:
+        assert run_ledger_task("no-such-task", 1) is None
+        assert app.tasks[RUN_TASK].apply(args=("no-such-task", 1)).get() is None
+        with Ledger() as ledger:  # The worker brought the ledger's schema up to date.
+            assert ledger.is_current()
+            assert ledger.count_tasks_by_status()["running"] == 0
+    finally:
+        close_worker_runtime()
+        app.close()
 
 
 def test_worker_argv() -> None:

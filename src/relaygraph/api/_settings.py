@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import fnmatch
-import os
-import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models import DEFAULT_MODEL, load_model, parse_model_spec
 from relaygraph.models.scripted import ScriptFolder, load_script
+from relaygraph.runner import RunnerSettings, read_settings
 
 _FLAGS = {
     "default_model": "--model",
@@ -23,69 +22,27 @@ _FLAGS = {
     "unsafe_sandbox": "--unsafe-sandbox",
     "team_files": "--team",
 }
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
 
 
-class ServiceSettings(BaseSettings):
-    """How ``relaygraph serve`` runs. Every field is also ``RELAYGRAPH_<FIELD>`` in the env."""
+class ServiceSettings(RunnerSettings):
+    """How ``relaygraph serve`` runs. Every field is also ``RELAYGRAPH_<FIELD>`` in the env.
+
+    The fields a worker needs as well (models and teams allowed, the data directory, the
+    ledger, the attempt limit) are :class:`~relaygraph.runner.RunnerSettings`'.
+    """
 
     model_config = SettingsConfigDict(env_prefix="RELAYGRAPH_", extra="ignore", frozen=True)
 
     default_model: str = DEFAULT_MODEL
     """The model of tasks that name none (``serve --model``)."""
-    allowed_models: list[str] = Field(default_factory=lambda: ["openai:*", "local:smollm2"])
-    """Model specs a request may name; ``*`` matches anything (``openai:*``)."""
-    scripts_dir: Path | None = None
-    """The folder whose scripts requests may name as ``scripted:NAME.json`` (``serve
-    --scripts``); None (the default): requests may name no scripted model."""
     workers: int = Field(default=2, ge=1, le=64)
     """Tasks that run at once in the server process."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     """How long a running task's lease lasts unrenewed: when a server dies, another server
     on the same ledger continues its tasks after this long (a server that stops cleanly
     lets go at once)."""
-    max_attempts: int = Field(default=3, ge=1, le=100)
-    """How many times a task is started whose runner died each time before it is failed
-    (a task that crashes its server must not take down every server that picks it up)."""
-    unsafe_sandbox: bool = False
-    """Run tenants' ``run_python`` code even where the host offers no filesystem isolation
-    (no bubblewrap): the code can then read and write the server's files."""
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413."""
-    policy_file: Path | None = None
-    """The built-in team's base policy (``serve --policy``); a request's policy may only
-    tighten it."""
-    team_files: list[Path] = Field(default_factory=list)
-    """Team files the operator loads at start (``serve --team FILE``, repeatable): every
-    project may run them by name. Only these may use stdio MCP servers, ``./file.py`` tools
-    and knowledge-base folders; a project's registered teams may not."""
-    tool_modules: list[str] = Field(default_factory=list)
-    """Python modules (each with its submodules) that a project's registered team may take
-    tools from (``package.module:function``); none by default."""
-    mcp_allowed_hosts: list[str] = Field(default_factory=list)
-    """Hosts of the MCP servers over HTTP that a project's registered team may use; none by
-    default."""
-    database_url: str | None = None
-    """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
-    home: Path | None = None
-    """The data directory (else ``$RELAYGRAPH_HOME`` or ``~/.relaygraph``)."""
-
-    @field_validator("tool_modules")
-    @classmethod
-    def _modules(cls, value: list[str]) -> list[str]:
-        for module in value:
-            if not _MODULE.fullmatch(module):
-                raise ValueError(f"{module!r} is not a module name (package.module)")
-        return value
-
-    @field_validator("mcp_allowed_hosts")
-    @classmethod
-    def _hosts(cls, value: list[str]) -> list[str]:
-        for host in value:
-            if not _HOST.fullmatch(host):
-                raise ValueError(f"{host!r} is not a host name (no scheme, port or path)")
-        return value
 
     def request_model(self, spec: str) -> str:
         """The model spec to record for a task whose request names ``spec``.
@@ -155,25 +112,7 @@ def load_settings(**overrides: Any) -> ServiceSettings:
         ConfigError: A setting is invalid; the message names its variable (and flag) and
             the value.
     """
-    try:
-        settings = ServiceSettings(**overrides)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
-            where = f"RELAYGRAPH_{field.upper()}"
-            if field in _FLAGS:
-                where += f" / {_FLAGS[field]}"
-            problems.append(f"{where} {error['input']!r}: {error['msg']}")
-        raise ConfigError("bad server setting: " + "; ".join(problems)) from None
-    except SettingsError as exc:
-        # pydantic-settings reads list settings as JSON and names only the field.
-        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
-        name = f"RELAYGRAPH_{field.upper()}"
-        raise ConfigError(
-            f"bad server setting: {name} {os.environ.get(name)!r} is not valid JSON; "
-            f"""a list is written as '["openai:*", "local:smollm2"]'"""
-        ) from None
+    settings = read_settings(ServiceSettings, overrides, role="server", flags=_FLAGS)
     default = parse_model_spec(settings.default_model)
     if default.provider == "scripted":
         # The operator's own script, named by any path: kept absolute, so the tasks' record

@@ -12,8 +12,10 @@ process (``_run``); :class:`TaskRunner` is the long-lived form the task service 
 Around them: the result and a person's decision (``_result``), each role's model
 (``_models``), the team a task runs (``_teams``), the ledger of a data directory
 (``_ledger``), the checkpointer (``_checkpoint``), the ledger writes behind the graph
-(``_event_writer``), the runner's hold on its task (``_lease``), the compiled teams per
-process (``_team_cache``) and the honest summary of a run (``_summary``).
+(``_event_writer``), the runner's hold on its task (``_lease``: a lease in process, a
+worker's attempt in the worker mode), the compiled teams per process (``_team_cache``), the
+honest summary of a run (``_summary``), the settings every process that runs the service's
+tasks reads (``_settings``) and the teams those tasks run (``_service_teams``).
 """
 
 from relaygraph.runner._checkpoint import sqlite_checkpointer
@@ -36,6 +38,8 @@ from relaygraph.runner._models import (
 )
 from relaygraph.runner._result import Decision, RunResult
 from relaygraph.runner._run import resume_task, run_task
+from relaygraph.runner._service_teams import ServiceTeams
+from relaygraph.runner._settings import RunnerSettings, load_runner_settings, read_settings
 from relaygraph.runner._submit import (
     POLICY_SOURCE_KEY,
     Enqueue,
@@ -67,6 +71,8 @@ __all__ = [
     "Resume",
     "RoleModels",
     "RunResult",
+    "RunnerSettings",
+    "ServiceTeams",
     "Submission",
     "SubmittedTask",
     "TaskRequest",
@@ -75,8 +81,10 @@ __all__ = [
     "check_request",
     "decide_task",
     "ledger_for",
+    "load_runner_settings",
     "policy_digest",
     "prepare_knowledge_base",
+    "read_settings",
     "record_submission",
     "resolve_model_specs",
     "resume_input",

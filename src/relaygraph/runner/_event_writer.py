@@ -29,7 +29,11 @@ class EventWriter:
     ``on_written`` receives every event in the order the run emitted it.
 
     A failure to write is raised from every later :meth:`put`, :meth:`flush` and
-    :meth:`close`; the events after it are not written and not handed on.
+    :meth:`close`; the events after it are not written and not handed on, and ``on_error``
+    hears of it at once (a worker's run that finds its attempt superseded stops then).
+
+    With ``attempt`` (a worker's run), every write carries it: the ledger refuses the
+    writes of an attempt that is no longer the task's latest.
     """
 
     def __init__(
@@ -40,9 +44,13 @@ class EventWriter:
         *,
         unstored: frozenset[str] = frozenset({"token"}),
         linger_seconds: float = 0.05,
+        attempt: int | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._ledger = ledger
         self._task_id = task_id
+        self._fence: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
+        self._on_error = on_error
         self._on_written = on_written
         self._unstored = unstored
         self._linger = linger_seconds
@@ -95,12 +103,14 @@ class EventWriter:
                 try:
                     stored = [e for e in events if e.get("type") not in self._unstored]
                     if stored:
-                        self._ledger.append_events(self._task_id, stored)
+                        self._ledger.append_events(self._task_id, stored, **self._fence)
                     for event in events:
                         self._on_written(event)
                 except BaseException as exc:  # Raised on the run's thread, not lost here.
                     self._error = exc
                     failed = True
+                    if self._on_error is not None:
+                        self._on_error(exc)
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()

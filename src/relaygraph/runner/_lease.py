@@ -1,4 +1,5 @@
-"""A runner's hold on the task it runs: taken at the start, renewed while it runs."""
+"""A runner's hold on the task it runs: a lease taken at the start and renewed while it runs
+(in process), or a worker's attempt watched from the ledger (the worker mode)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "LeaseKeeper"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper"]
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a lease lasts unrenewed: how long a crashed runner's task waits for another."""
@@ -82,5 +83,86 @@ class LeaseKeeper:
 
     def close(self) -> None:
         """Stop renewing (the caller releases the lease)."""
+        self._done.set()
+        self._thread.join()
+
+
+class AttemptWatch:
+    """Watches a worker's attempt at a task from the ledger, on a thread: the worker mode's
+    counterpart of :class:`LeaseKeeper` (nothing to renew: the broker says when a worker is
+    gone).
+
+    Every ``poll_seconds`` it reads the task's attempt and cancel flag. Once the task is on
+    another attempt (the broker gave it to another worker while this one was frozen, or a
+    write of this attempt was refused), ``lost`` is set and the run must stop at once: its
+    writes are refused anyway (the fencing number). Once a cancel waits on the task,
+    ``cancel`` is set: the run stops at its next step boundary, ``cancelled``.
+    """
+
+    def __init__(
+        self,
+        ledger: Any,
+        task_id: str,
+        attempt: int,
+        *,
+        poll_seconds: float = 0.5,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self.lost = threading.Event()
+        self.attempt = attempt
+        self.current: int | None = attempt
+        """The task's attempt when ``lost`` was set (None: the task is gone)."""
+        self._cancel = cancel
+        self._ledger = ledger
+        self._task_id = task_id
+        self._poll = poll_seconds
+        self._done = threading.Event()
+        self._on_lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._watch, name=f"relaygraph-attempt-{task_id[:8]}", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self._poll):
+            try:
+                state = self._ledger.attempt_state(self._task_id)
+            except Exception:  # A database hiccup: the next round may work.
+                log.warning("could not read task %s's attempt", self._task_id, exc_info=True)
+                continue
+            if state is None or state[0] != self.attempt:
+                self.supersede(None if state is None else state[0])
+                return
+            if state[1] and self._cancel is not None and not self._cancel.is_set():
+                self._cancel.set()
+
+    def supersede(self, current: int | None) -> None:
+        """Mark the attempt superseded by ``current`` (a refused write says so first)."""
+        with self._lock:
+            if self.lost.is_set():
+                return
+            self.current = current
+            self.lost.set()
+            callbacks = list(self._on_lost)
+        log.warning(
+            "task %s: attempt %s is superseded (now %s); stopping",
+            self._task_id,
+            self.attempt,
+            current,
+        )
+        for callback in callbacks:
+            callback()
+
+    def when_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the attempt is superseded (at once, if it already was)."""
+        with self._lock:
+            if not self.lost.is_set():
+                self._on_lost.append(callback)
+                return
+        callback()
+
+    def close(self) -> None:
+        """Stop watching."""
         self._done.set()
         self._thread.join()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from relaygraph.agents.context import TaskContext
     from relaygraph.policies import TeamPolicy
     from relaygraph.runner._event_writer import EventWriter
-    from relaygraph.runner._lease import LeaseKeeper
+    from relaygraph.runner._lease import AttemptWatch, LeaseKeeper
     from relaygraph.store import Ledger, Task
     from relaygraph.topology import Topology
 
@@ -77,8 +77,12 @@ class TaskRun:
     """The graph call's config: thread, identity, limits, tracing."""
     cancel: threading.Event
     stop: threading.Event | None
-    lease: LeaseKeeper
+    lease: LeaseKeeper | AttemptWatch
+    """The runner's hold on the task: its lease (in process), or its attempt (a worker)."""
     writer: EventWriter
+    attempt: int | None = None
+    """A worker's attempt (the fencing number every ledger write of the run carries); None
+    in process, where the lease keeps the task to one runner."""
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -130,8 +134,14 @@ class TaskRun:
                 stream_mode=modes,
                 subgraphs=True,
                 control=control,
+                # Each step's checkpoint is written before the next step starts: a model's
+                # tool calls are durable before any of the tools runs, so a run continued
+                # after a crash finds them (and the tool journal their results) instead of
+                # asking the model again and running other calls.
+                durability="sync",
             )
-            # A lost lease drains the run too; it stays the new holder's.
+            # A lost lease (or a superseded attempt) drains the run too; it stays the new
+            # holder's.
             self.lease.when_lost(lambda: control.request_drain("shutdown"))
             with _drain_when(control, cancel=self.cancel, stop=self.stop):
                 for _ns, mode, data in stream:
@@ -225,7 +235,9 @@ class TaskRun:
         if end.drained and not self.cancelled(end):
             emit(run_suspended_event(result.stop_reason))
             self.writer.flush()
-            self.ledger.end_run(self.task.id, usage=result.usage, runner_id=self.runner_id)
+            self.ledger.end_run(
+                self.task.id, usage=result.usage, runner_id=self.runner_id, attempt=self.attempt
+            )
             return
         self._report_pause(result.pending)
         emit(run_finished_event(result.status, result.stop_reason))
@@ -235,6 +247,7 @@ class TaskRun:
             usage=result.usage,
             runner_id=self.runner_id,
             status=result.status,
+            attempt=self.attempt,
             answer=result.answer,
             stop_reason=result.stop_reason,
         )
@@ -263,15 +276,16 @@ class TaskRun:
         nodes spent. The calls of a visit in progress, counted when it stopped, arrive
         again with the visit's ``agent_finished`` (which adds it whole)."""
         done = summarize(graph.get_state(self.config).values, self.policy, self.roles)["usage"]
-        self.ledger.record_usage(self.task.id, done, complete=True)
+        self.ledger.record_usage(self.task.id, done, complete=True, attempt=self.attempt)
 
     def _continue_input(self, graph: Any) -> Any:
         """The graph input that continues the task after a restart (:data:`CONTINUE`).
 
         On from the task's last checkpoint if it made one (the thread's latest checkpoint
         is this task's); else from the start, as if it had just been claimed. A task that
-        was resuming after a decision when the server stopped, and still waits at that
-        interrupt, is resumed with the decisions the ledger recorded.
+        waits at interrupts the ledger has decisions for (a worker's run after a decision;
+        a server that stopped while resuming one) is resumed with those decisions; one
+        still undecided waits again.
         """
         from relaygraph.runner._decide import resume_input
 
@@ -280,9 +294,9 @@ class TaskRun:
         if (latest.metadata or {}).get("relaygraph_task_id") != task.id:
             return {"request": task.input}
         decided = {a.interrupt_id: a for a in self.ledger.approvals(task.id) if not a.pending}
-        waiting = [i.id for i in latest.interrupts]
-        if waiting and all(i in decided for i in waiting):
-            return resume_input({i: _answer(decided[i]) for i in waiting})
+        answered = [i.id for i in latest.interrupts if i.id in decided]
+        if answered:
+            return resume_input({i: _answer(decided[i]) for i in answered})
         return None
 
 

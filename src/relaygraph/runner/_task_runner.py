@@ -17,11 +17,12 @@ from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
 from relaygraph.runner._checkpoint import open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
-from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, LeaseKeeper
+from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
+from relaygraph.store import AttemptSuperseded
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class TaskRunner:
         callbacks: list[Any] | None = None,
         team: Team | None = None,
         models: Mapping[str, Any] | None = None,
+        attempt: int | None = None,
     ) -> RunResult:
         """Run (or continue) ``task`` with ``graph_input``.
 
@@ -112,20 +114,34 @@ class TaskRunner:
                 task records (:meth:`team_of`).
             models: Each role's model spec or chat model, when the process has objects the
                 task's record only names; else the task's ``models``.
+            attempt: A worker's attempt at the task (``Ledger.begin_attempt``), which holds
+                it already: no lease is taken; every ledger write of the run (events, usage,
+                status, the tool journal) carries the attempt, and the run stops at once
+                when the task is on another attempt. The ledger's cancel flag is watched
+                (the run stops at the next step boundary, ``cancelled``). None: the run
+                takes the task's lease (in process).
+
+        Raises:
+            TaskBusy: Another runner holds the task's lease, or a cancel waits on it (in
+                process).
+            AttemptSuperseded: The task went on to another attempt than ``attempt``; this
+                run wrote nothing since, and nothing of its end.
         """
         from relaygraph.policies import stored_policy
 
         source = task.metadata.get("policy_source") or "<task>"
         policy = stored_policy(task.policy or {}, source=source)
         topology = Topology.from_mapping(task.topology)
-        team, graph_team = self._team_graph(task, team, models, policy, topology)
-        context = self._context(task, team)
+        team, graph_team = self._team_graph(task, team, models, policy, topology, attempt)
+        context = self._context(task, team, attempt)
         config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
-        task = self._take(task)
+        if attempt is None:
+            task = self._take(task)
         # A cancel asked for on another server reaches this run through the ledger.
         cancel = cancel or threading.Event()
         if task.cancel_requested_at is not None:
             cancel.set()
+        hold = self._hold(task, attempt, cancel)
         run = TaskRun(
             ledger=self.ledger,
             runner_id=self.runner_id,
@@ -137,11 +153,17 @@ class TaskRunner:
             config=config,
             cancel=cancel,
             stop=stop,
-            lease=LeaseKeeper(
-                self.ledger, task.id, self.runner_id, seconds=self.lease_seconds, cancel=cancel
+            lease=hold,
+            # The ledger's writes happen behind the graph (see EventWriter), in order; a
+            # worker's write refused for a superseded attempt stops the run at once.
+            writer=EventWriter(
+                self.ledger,
+                task.id,
+                on_event or (lambda event: None),
+                attempt=attempt,
+                on_error=lambda exc: _superseded_by(hold, exc),
             ),
-            # The ledger's writes happen behind the graph (see EventWriter), in order.
-            writer=EventWriter(self.ledger, task.id, on_event or (lambda event: None)),
+            attempt=attempt,
         )
         ended = False
         try:
@@ -149,7 +171,14 @@ class TaskRunner:
                 graph = graph_team.copy({"checkpointer": checkpointer})
                 graph_input = run.graph_input(graph, graph_input)
                 run.writer.put(run.started_event())
+                if attempt is not None:
+                    # A worker whose attempt was superseded already (it froze before it
+                    # began) learns it here, before its graph runs a step.
+                    run.writer.flush()
                 end = run.stream(graph, graph_input, stream_tokens=stream_tokens)
+            if isinstance(hold, AttemptWatch) and hold.lost.is_set():
+                # Another attempt has the task: nothing of this one's end is written.
+                raise AttemptSuperseded(task.id, hold.attempt, hold.current)
             result = run.result(end)
             run.record_end(end, result)
             ended = True
@@ -158,8 +187,12 @@ class TaskRunner:
             run.lease.close()
             try:
                 run.writer.close()
+            except AttemptSuperseded:
+                if ended:
+                    raise
+                # The error the run is leaving with (or the superseded attempt) says it.
             finally:
-                if not ended:  # A run that failed on the way: let another take it.
+                if not ended and attempt is None:  # Failed on the way: let another take it.
                     self.ledger.release_lease(task.id, self.runner_id)
 
     def team_of(self, task: Task) -> Team:
@@ -185,6 +218,7 @@ class TaskRunner:
         models: Mapping[str, Any] | None,
         policy: TeamPolicy,
         topology: Topology,
+        attempt: int | None,
     ) -> tuple[Team, Any]:
         """The task's team and its compiled graph (kept per process).
 
@@ -200,17 +234,29 @@ class TaskRunner:
             # A model that cannot be built (its script file went missing or broke, a key
             # was unset) fails the task, not the process.
             reason = f"error: {exc}"
-            self.ledger.append_event(task.id, dict(run_finished_event("failed", reason)))
-            self.ledger.set_status(task.id, "failed", stop_reason=reason)
+            event = dict(run_finished_event("failed", reason))
+            self.ledger.append_event(task.id, event, attempt=attempt)
+            if attempt is None:
+                self.ledger.set_status(task.id, "failed", stop_reason=reason)
+            else:  # The worker's hold ends with the run.
+                self.ledger.end_run(
+                    task.id, usage={}, status="failed", attempt=attempt, stop_reason=reason
+                )
             raise
 
-    def _context(self, task: Task, team: Team) -> TaskContext:
-        """The task's workspace, artifacts folder and knowledge base, made ready."""
+    def _context(self, task: Task, team: Team, attempt: int | None) -> TaskContext:
+        """The task's workspace, artifacts folder and knowledge base, made ready, and the
+        ledger's tool journal (a worker's fenced by its attempt)."""
         from relaygraph.agents.context import TaskContext
 
         context = replace(
             TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
             sandbox_isolation_required=self.sandbox_isolation_required,
+            tool_journal=(
+                self.ledger.tool_journal
+                if attempt is None
+                else self.ledger.attempt_journal(attempt)
+            ),
         )
         own_knowledge_base = prepare_knowledge_base(team, self.home)
         if own_knowledge_base is not None:
@@ -261,6 +307,17 @@ class TaskRunner:
         config.update(langsmith_config(**traced, request=task.input))
         return config
 
+    def _hold(
+        self, task: Task, attempt: int | None, cancel: threading.Event
+    ) -> LeaseKeeper | AttemptWatch:
+        """What keeps the run to its runner: the lease, renewed (in process), or the
+        worker's attempt, watched; either sets ``cancel`` when the ledger asks for it."""
+        if attempt is None:
+            return LeaseKeeper(
+                self.ledger, task.id, self.runner_id, seconds=self.lease_seconds, cancel=cancel
+            )
+        return AttemptWatch(self.ledger, task.id, attempt, cancel=cancel)
+
     def _take(self, task: Task) -> Task:
         """Take the task's lease: this runner is then the only one that runs it until it
         ends.
@@ -275,3 +332,9 @@ class TaskRunner:
             holder, until = self.ledger.lease_of(task.id)
             raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
         return taken
+
+
+def _superseded_by(hold: LeaseKeeper | AttemptWatch, error: BaseException) -> None:
+    """A write the ledger refused for a superseded attempt stops the worker's run at once."""
+    if isinstance(hold, AttemptWatch) and isinstance(error, AttemptSuperseded):
+        hold.supersede(error.current)

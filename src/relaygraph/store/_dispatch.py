@@ -10,6 +10,8 @@ are refused, so a worker that was only frozen cannot overwrite the new attempt's
 
 from __future__ import annotations
 
+from sqlalchemy import select
+
 from relaygraph.store._base import (
     LedgerBase,
     _add_finish_event,
@@ -108,3 +110,12 @@ class WorkerDispatchLedger(LedgerBase):
             seq = _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
             self._announce(session, task_id, seq)
             return None
+
+    def attempt_state(self, task_id: str) -> tuple[int, bool] | None:
+        """The task's latest attempt, and whether a cancel waits on it; None when there is no
+        such task. What a worker's run watches (one indexed read)."""
+        with self._read() as session:
+            row = session.execute(
+                select(TaskRow.attempts, TaskRow.cancel_requested_at).where(TaskRow.id == task_id)
+            ).first()
+        return None if row is None else (int(row[0]), row[1] is not None)

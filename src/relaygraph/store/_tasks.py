@@ -292,7 +292,7 @@ class TasksLedger(LedgerBase):
             counted = session.execute(
                 select(TaskRow.status, func.count()).group_by(TaskRow.status)
             ).all()
-        counts = dict.fromkeys(TASK_STATUSES, 0)
+        counts: dict[str, int] = dict.fromkeys(TASK_STATUSES, 0)
         counts.update({status: int(count) for status, count in counted})
         return counts
 

@@ -17,6 +17,7 @@ from relaygraph.worker._app import (
     run_ledger_task,
     worker_argv,
 )
+from relaygraph.worker._dispatch import WorkerDispatch
 from relaygraph.worker._notify import (
     DEFAULT_CHANNEL,
     EventListener,
@@ -25,6 +26,7 @@ from relaygraph.worker._notify import (
     libpq_url,
     notify,
 )
+from relaygraph.worker._runtime import WorkerRuntime, close_worker_runtime, worker_runtime
 from relaygraph.worker._settings import DEFAULT_QUEUE, WorkerSettings, load_worker_settings
 
 __all__ = [
@@ -35,8 +37,11 @@ __all__ = [
     "EventNotice",
     "RunHook",
     "TaskWatch",
+    "WorkerDispatch",
+    "WorkerRuntime",
     "WorkerSettings",
     "celery_config",
+    "close_worker_runtime",
     "create_celery_app",
     "libpq_url",
     "load_worker_settings",
@@ -44,4 +49,5 @@ __all__ = [
     "publish_run",
     "run_ledger_task",
     "worker_argv",
+    "worker_runtime",
 ]

@@ -39,28 +39,24 @@ RunHook = Callable[[str, int], None]
 def run_ledger_task(task_id: str, dispatch: int) -> None:
     """Run (or continue) the ledger's task ``task_id`` in this worker process.
 
-    The one place where the worker mode meets the runner. Wired, it will: take the next
-    attempt from the ledger for this dispatch (its fencing number; a redelivered message
-    carries the same arguments, so the number cannot come from the message), run the task
-    with the same ``TaskRunner`` as ``serve``, passing that attempt to every ledger write,
-    and return when the task finished, paused for a person, or was cancelled.
+    The one place where the worker mode meets the runner: it takes the next attempt from
+    the ledger for this dispatch (its fencing number; a redelivered message carries the same
+    arguments, so the number cannot come from the message), runs the task with the same
+    ``TaskRunner`` as ``serve``, passing that attempt to every ledger write, and returns when
+    the task finished, paused for a person or was cancelled (the message is then
+    acknowledged: a paused task holds no worker), or when another attempt took the task
+    over. The process's ledger and runner are made in the process, after the fork
+    (:func:`~relaygraph.worker.worker_runtime`).
 
     Args:
         task_id: The ledger's task.
         dispatch: The ledger's count of times the task was handed to the workers (its
             submission, then each decision that continues it); a message whose dispatch is
-            not the task's current one is stale.
-
-    Raises:
-        NotImplementedError: Always, until the runner is wired in (issue 18). A failed
-            task is acknowledged, not redelivered, so a worker without the runner does not
-            pass the same message round forever.
+            not the task's current one is stale, and dropped.
     """
-    raise NotImplementedError(
-        f"relaygraph.run_task got task {task_id!r} (dispatch {dispatch}), but this worker "
-        "cannot run it: relaygraph.worker._app.run_ledger_task is not wired to the runner yet "
-        "(issue 18)"
-    )
+    from relaygraph.worker._runtime import worker_runtime
+
+    worker_runtime().run(task_id, dispatch)
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -149,7 +145,26 @@ def create_celery_app(settings: WorkerSettings, *, run: RunHook = run_ledger_tas
         """Run the ledger's task ``task_id`` for its dispatch ``dispatch`` (see ``run``)."""
         run(task_id, dispatch)
 
+    if run is run_ledger_task:
+        _prepare_children(app)
     return app
+
+
+def _prepare_children(app: Celery) -> None:
+    """Make each prefork child's ledger and runner as the child starts, after the fork, and
+    let its runs publish the task queued next on their thread through ``app``."""
+    from celery.signals import worker_process_init, worker_process_shutdown
+
+    from relaygraph.worker._runtime import close_worker_runtime, worker_runtime
+
+    def start(**_: Any) -> None:
+        worker_runtime(publish=lambda task_id, dispatch: publish_run(app, task_id, dispatch))
+
+    def stop(**_: Any) -> None:
+        close_worker_runtime()
+
+    worker_process_init.connect(start, weak=False)
+    worker_process_shutdown.connect(stop, weak=False)
 
 
 def publish_run(app: Celery, task_id: str, dispatch: int) -> None:

@@ -1,0 +1,164 @@
+"""The teams a service's tasks run, as any process that runs them finds them: the built-in
+team, the operator's team files (``RELAYGRAPH_TEAM_FILES``) by name, and each project's
+registered versions, built under the operator's trust and kept.
+
+An API server's team registry and a worker resolve a task's team the same way, from the
+same settings (:class:`~relaygraph.runner.RunnerSettings`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from relaygraph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relaygraph.runner._settings import RunnerSettings
+    from relaygraph.store import Ledger, TeamVersion
+    from relaygraph.team import Team, TeamTrust
+
+__all__ = ["KEPT_TEAMS", "ServiceTeams", "server_teams"]
+
+KEPT_TEAMS = 64
+"""Built registered teams kept per process (their MCP sessions and compiled graphs reused)."""
+
+
+class ServiceTeams:
+    """The team of any of the service's tasks (``TaskRunner(teams=ServiceTeams(...).resolve)``).
+
+    Registered teams are built once per (project, name, version) and kept, least recently
+    used dropped first: a version never changes, so its MCP sessions and its compiled graphs
+    (the runner's team cache keys them by the team object) serve every task that runs it.
+
+    Args:
+        ledger: The ledger holding the projects' registered teams (or a function giving it,
+            for a ledger opened later).
+        settings: The operator's trust (tool modules, MCP hosts) and team files.
+        home: The data directory.
+
+    Raises:
+        ConfigError: A team file is bad, is named ``default``, or two share a name.
+    """
+
+    def __init__(
+        self, *, ledger: Ledger | Callable[[], Ledger], settings: RunnerSettings, home: Path
+    ) -> None:
+        from relaygraph.team import TeamTrust, default_team
+
+        self._ledger = ledger if callable(ledger) else (lambda: ledger)
+        self.trust: TeamTrust = TeamTrust(
+            local_files=False,
+            modules=tuple(settings.tool_modules),
+            mcp_hosts=tuple(host.lower().strip("[]") for host in settings.mcp_allowed_hosts),
+        )
+        # A registered definition names no files, so nothing is read from here; relative
+        # paths it might hold are refused before they are resolved.
+        self.base = home / "teams"
+        self.builtin = default_team()
+        self.server_teams = server_teams(settings.team_files)
+        self._kept: OrderedDict[tuple[str, str, int], Team] = OrderedDict()
+        self._lock = threading.Lock()
+        self._building: dict[tuple[str, str, int], threading.Lock] = {}
+
+    def build(self, name: str, definition: Mapping[str, Any]) -> Team:
+        """A project's team from its definition, under the operator's trust.
+
+        Raises:
+            ConfigError: Anything wrong in it, or a reference the operator does not allow;
+                the message names the table and the key.
+        """
+        from relaygraph.team import parse_team
+
+        return parse_team({**definition, "name": name}, base=self.base, trust=self.trust)
+
+    def keep(self, version: TeamVersion, team: Team) -> None:
+        """Keep ``team``, built from ``version``, for the tasks that run it."""
+        key = (version.project_id, version.name, version.version)
+        with self._lock:
+            self._kept.setdefault(key, team)
+            self._kept.move_to_end(key)
+            while len(self._kept) > KEPT_TEAMS:
+                self._kept.popitem(last=False)
+
+    def registered(self, version: TeamVersion) -> Team:
+        """The team a registered version defines, built once and kept.
+
+        Raises:
+            ConfigError: It no longer builds (an MCP server that does not answer, a module
+                the operator no longer allows).
+        """
+        key = (version.project_id, version.name, version.version)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # One build per version at a time: one set of MCP sessions.
+            with self._lock:
+                kept = self._kept.get(key)
+            if kept is None:
+                kept = self.build(version.name, version.definition)
+                self.keep(version, kept)
+        with self._lock:
+            self._building.pop(key, None)
+        return kept
+
+    def resolve(self, task: Any) -> Team:
+        """The team ``task`` records: the built-in team, a team file's team by name, or the
+        registered version of the task's project.
+
+        Raises:
+            ConfigError: This process does not load that team, or the project has no such
+                version.
+        """
+        from relaygraph.team import DEFAULT_TEAM_NAME
+
+        record = task.team or {}
+        name = record.get("name") or DEFAULT_TEAM_NAME
+        version = record.get("version")
+        if version is None:
+            if name == DEFAULT_TEAM_NAME:
+                return self.builtin
+            if name in self.server_teams:
+                return self.server_teams[name]
+            raise ConfigError(
+                f"task {task.id} ran team {name!r}, which this process does not load "
+                "(serve --team FILE; RELAYGRAPH_TEAM_FILES for a worker)"
+            )
+        found = self._ledger().team_version(task.project_id, name, version)
+        if found is None:
+            raise ConfigError(
+                f"task {task.id} ran team {name!r} version {version}, which its project "
+                "does not have"
+            )
+        return self.registered(found)
+
+
+def server_teams(files: list[Path]) -> dict[str, Team]:
+    """The operator's team files' teams, by name.
+
+    Raises:
+        ConfigError: A file is bad, its team is named ``default``, or two share a name.
+    """
+    from relaygraph.team import DEFAULT_TEAM_NAME, load_team
+
+    teams: dict[str, Team] = {}
+    for file in files:
+        team = load_team(file)  # The operator's own file: it may reference anything.
+        if team.name == DEFAULT_TEAM_NAME:
+            raise ConfigError(
+                f"team file {str(file)!r} is named {DEFAULT_TEAM_NAME!r}, the built-in team's "
+                "name; give it a name of its own"
+            )
+        if team.name in teams:
+            raise ConfigError(
+                f"team files {str(teams[team.name].source)!r} and {str(file)!r} are both named "
+                f"{team.name!r}; a server team is named by its name alone"
+            )
+        teams[team.name] = team
+    return teams

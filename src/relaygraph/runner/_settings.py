@@ -1,0 +1,129 @@
+"""The settings that every process running the service's tasks reads, from ``RELAYGRAPH_*``
+environment variables (pydantic-settings): an API server (``relaygraph serve``, whose
+``ServiceSettings`` extend these) checks requests with them, a worker (``relaygraph
+worker``) builds the tasks' teams with them. Set them alike for both roles."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from relaygraph.errors import ConfigError
+
+__all__ = ["RunnerSettings", "load_runner_settings", "read_settings"]
+
+S = TypeVar("S", bound=BaseSettings)
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
+_LIST_EXAMPLE = """'["openai:*", "local:smollm2"]'"""
+
+
+class RunnerSettings(BaseSettings):
+    """What a process that runs (or accepts) the service's tasks needs to know: which
+    models and teams tasks may use, where the data lives, and the attempt limit. Every
+    field is also ``RELAYGRAPH_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAYGRAPH_", extra="ignore", frozen=True)
+
+    allowed_models: list[str] = Field(default_factory=lambda: ["openai:*", "local:smollm2"])
+    """Model specs a request may name; ``*`` matches anything (``openai:*``)."""
+    scripts_dir: Path | None = None
+    """The folder whose scripts requests may name as ``scripted:NAME.json`` (``serve
+    --scripts``); None (the default): requests may name no scripted model."""
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    """How many times a task is started whose runner died each time before it is failed
+    (a task that crashes its server must not take down every server that picks it up)."""
+    unsafe_sandbox: bool = False
+    """Run tenants' ``run_python`` code even where the host offers no filesystem isolation
+    (no bubblewrap): the code can then read and write the server's files."""
+    policy_file: Path | None = None
+    """The built-in team's base policy (``serve --policy``); a request's policy may only
+    tighten it."""
+    team_files: list[Path] = Field(default_factory=list)
+    """Team files the operator loads at start (``serve --team FILE``, repeatable): every
+    project may run them by name. Only these may use stdio MCP servers, ``./file.py`` tools
+    and knowledge-base folders; a project's registered teams may not."""
+    tool_modules: list[str] = Field(default_factory=list)
+    """Python modules (each with its submodules) that a project's registered team may take
+    tools from (``package.module:function``); none by default."""
+    mcp_allowed_hosts: list[str] = Field(default_factory=list)
+    """Hosts of the MCP servers over HTTP that a project's registered team may use; none by
+    default."""
+    database_url: str | None = None
+    """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
+    home: Path | None = None
+    """The data directory (else ``$RELAYGRAPH_HOME`` or ``~/.relaygraph``)."""
+
+    @field_validator("tool_modules")
+    @classmethod
+    def _modules(cls, value: list[str]) -> list[str]:
+        for module in value:
+            if not _MODULE.fullmatch(module):
+                raise ValueError(f"{module!r} is not a module name (package.module)")
+        return value
+
+    @field_validator("mcp_allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if not _HOST.fullmatch(host):
+                raise ValueError(f"{host!r} is not a host name (no scheme, port or path)")
+        return value
+
+
+def read_settings(
+    settings: type[S],
+    overrides: Mapping[str, Any],
+    *,
+    role: str,
+    flags: Mapping[str, str] | None = None,
+    list_example: str = _LIST_EXAMPLE,
+) -> S:
+    """``settings`` read from the environment, ``overrides`` (command-line flags) over it.
+
+    Args:
+        settings: The settings class.
+        overrides: Values given on the command line, by field name.
+        role: Whose settings they are, for the message (``server``, ``worker``).
+        flags: The command-line flag of each field that has one, named beside its variable.
+        list_example: How a list setting is written, for a value that is not JSON.
+
+    Raises:
+        ConfigError: A setting is invalid; the message names its variable (and flag) and
+            the value.
+    """
+    try:
+        return settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            where = f"RELAYGRAPH_{field.upper()}"
+            if flags and field in flags:
+                where += f" / {flags[field]}"
+            problems.append(f"{where} {error['input']!r}: {error['msg']}")
+        raise ConfigError(f"bad {role} setting: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # pydantic-settings reads list settings as JSON and names only the field.
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        name = f"RELAYGRAPH_{field.upper()}"
+        raise ConfigError(
+            f"bad {role} setting: {name} {os.environ.get(name)!r} is not valid JSON; "
+            f"a list is written as {list_example}"
+        ) from None
+
+
+def load_runner_settings(**overrides: Any) -> RunnerSettings:
+    """A worker's runner settings: ``overrides`` over the environment.
+
+    Raises:
+        ConfigError: A setting is invalid (``bad worker setting: ...``, naming its variable).
+    """
+    return read_settings(RunnerSettings, overrides, role="worker")

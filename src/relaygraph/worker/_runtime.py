@@ -1,0 +1,205 @@
+"""What one worker process runs tasks with, and how it runs one message's task.
+
+A prefork child builds its :class:`WorkerRuntime` after the fork (Celery's
+``worker_process_init``; else at its first task): its own ledger connections, its own
+``TaskRunner``, its own compiled teams. Nothing of it is made before the fork, where
+connections and threads would be shared by every child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from relaygraph.errors import RelaygraphError
+from relaygraph.events import run_finished_event
+from relaygraph.store import FINISHED_STATUSES, AttemptSuperseded, Ledger
+from relaygraph.worker._dispatch import next_on_thread
+
+if TYPE_CHECKING:
+    from relaygraph.runner import RunnerSettings, RunResult, TaskRunner
+    from relaygraph.store import Task
+    from relaygraph.worker._settings import WorkerSettings
+
+__all__ = ["Publish", "WorkerRuntime", "close_worker_runtime", "worker_runtime"]
+
+log = logging.getLogger("relaygraph.worker")
+
+Publish = Callable[[str, int], None]
+"""Publishes ``(task_id, dispatch)`` for the workers (:func:`relaygraph.worker.publish_run`)."""
+
+
+class WorkerRuntime:
+    """One worker process's ledger and runner, and the run of each message's task.
+
+    Args:
+        settings: The runner settings (teams, data directory, ledger, attempt limit).
+        worker: The worker settings (the events' notice channel).
+        publish: Publishes the task that waits next on a thread once its predecessor
+            ends; None: nobody does here (the API servers' dispatch does it, or no one).
+        worker_id: Who this process is as the runner of its tasks; made from the host and
+            the process id when None.
+    """
+
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        worker: WorkerSettings,
+        *,
+        publish: Publish | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        from relaygraph._home import data_home
+        from relaygraph.runner import ServiceTeams, TaskRunner
+
+        home = data_home(settings.home)
+        self.pid = os.getpid()
+        self.worker_id = worker_id or (
+            f"worker-{socket.gethostname()[:30]}-{self.pid}-{uuid.uuid4().hex[:6]}"
+        )
+        self.max_attempts = settings.max_attempts
+        self.publish = publish
+        self.ledger = Ledger(settings.database_url, notify_channel=worker.events_channel)
+        if not self.ledger.is_current():  # As serve does: a first start needs no set-up step.
+            self.ledger.upgrade()
+        self.teams = ServiceTeams(ledger=self.ledger, settings=settings, home=home)
+        self.runner: TaskRunner = TaskRunner(
+            ledger=self.ledger,
+            home=home,
+            runner_id=self.worker_id,
+            sandbox_isolation_required=not settings.unsafe_sandbox,
+            teams=self.teams.resolve,
+        )
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def run(self, task_id: str, dispatch: int) -> RunResult | None:
+        """Run the task of the message ``(task_id, dispatch)``: begin the next attempt, then
+        run the task with it from where the ledger and its checkpoints say, until it ends,
+        pauses for a person or is cancelled.
+
+        The task starts from its request when it has no checkpoint of its own, continues
+        from its last checkpoint when an earlier attempt was cut short (a worker that died),
+        and resumes a pause with the decisions the ledger recorded.
+
+        Returns:
+            The run's result; None when the message was dropped (stale, or the task must
+            not run: see ``Ledger.begin_attempt``) or the attempt was superseded.
+        """
+        from relaygraph.runner import CONTINUE
+
+        attempt = self.ledger.begin_attempt(
+            task_id, dispatch=dispatch, worker_id=self.worker_id, max_attempts=self.max_attempts
+        )
+        if attempt is None:
+            log.info("task %s: message of dispatch %s dropped: nothing to run", task_id, dispatch)
+            self._start_next(task_id)
+            return None
+        task = self._task(task_id)
+        log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
+        try:
+            return self.runner.run(
+                task,
+                CONTINUE,
+                attempt=attempt,
+                # `relaygraph_team` is the project's id under its name from before
+                # projects, deprecated (as for serve's runs).
+                identity={"project": task.project_id, "team": task.project_id},
+            )
+        except AttemptSuperseded as exc:
+            log.warning("%s", exc)
+            return None
+        except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
+            log.warning("task %s could not start: %s", task_id, exc)
+            return None
+        except Exception as exc:  # The runner reports task failures itself: a bug guard.
+            log.exception("task %s crashed its worker", task_id)
+            self._fail(task, attempt, f"error: worker crashed: {type(exc).__name__}: {exc}")
+            return None
+        finally:
+            self._start_next(task_id)
+
+    def _task(self, task_id: str) -> Task:
+        project_id = self.ledger.task_owner(task_id)
+        task = None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
+        assert task is not None, f"task {task_id} began an attempt and is gone"
+        return task
+
+    def _fail(self, task: Task, attempt: int, reason: str) -> None:
+        try:
+            event = dict(run_finished_event("failed", reason))
+            self.ledger.append_event(task.id, event, attempt=attempt)
+            self.ledger.end_run(
+                task.id, usage={}, status="failed", attempt=attempt, stop_reason=reason
+            )
+        except AttemptSuperseded:
+            pass  # Another attempt has the task: its end is that attempt's to write.
+
+    def _start_next(self, task_id: str) -> None:
+        """Hand the task waiting next on the thread to the workers, once this one ended."""
+        if self.publish is None:
+            return
+        try:
+            project_id = self.ledger.task_owner(task_id)
+            task = (
+                None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
+            )
+            if task is None or task.status not in FINISHED_STATUSES:
+                return
+            waiting = next_on_thread(self.ledger, task.thread_id, project_id=task.project_id)
+            if waiting is not None:
+                self.publish(waiting, self.ledger.queue_for_workers(waiting))
+        except Exception:
+            log.warning(
+                "task %s: could not start the next task of its thread", task_id, exc_info=True
+            )
+
+
+_RUNTIME: WorkerRuntime | None = None
+_RUNTIME_KEY: tuple[int, str] | None = None
+_RUNTIME_LOCK = threading.Lock()
+
+
+def worker_runtime(*, publish: Publish | None = None) -> WorkerRuntime:
+    """This process's runtime, built from the environment's settings on first use in the
+    process (so never before a fork), and again when the settings change.
+
+    Args:
+        publish: Given to the runtime if it has none (see :class:`WorkerRuntime`).
+
+    Raises:
+        ConfigError: A setting is invalid.
+    """
+    from relaygraph.runner import load_runner_settings
+    from relaygraph.worker._settings import load_worker_settings
+
+    global _RUNTIME, _RUNTIME_KEY
+    settings, worker = load_runner_settings(), load_worker_settings()
+    key = (os.getpid(), settings.model_dump_json() + worker.events_channel)
+    with _RUNTIME_LOCK:
+        if _RUNTIME is not None and key == _RUNTIME_KEY:
+            if _RUNTIME.publish is None:
+                _RUNTIME.publish = publish
+            return _RUNTIME
+        if _RUNTIME is not None and _RUNTIME.pid == os.getpid():
+            _RUNTIME.close()
+        # A runtime inherited over a fork is dropped, not closed: its connections are the
+        # parent's.
+        _RUNTIME = WorkerRuntime(settings, worker, publish=publish)
+        _RUNTIME_KEY = key
+        return _RUNTIME
+
+
+def close_worker_runtime() -> None:
+    """Close this process's runtime, if it made one (a child that stops)."""
+    global _RUNTIME, _RUNTIME_KEY
+    with _RUNTIME_LOCK:
+        if _RUNTIME is not None and _RUNTIME.pid == os.getpid():
+            _RUNTIME.close()
+        _RUNTIME = _RUNTIME_KEY = None

@@ -1,0 +1,427 @@
+"""The worker mode's ledger: dispatches, attempts and their fencing number, deferred cancels,
+event notices; and a worker's run of a task (``run_ledger_task``, called in this process,
+without Celery) from its message to its end, through a pause and its decision.
+
+The ledger cases run on SQLite and PostgreSQL (the ``ledger`` fixture); the notices only on
+PostgreSQL, which has them.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.errors import RunError
+from relaygraph.store import (
+    LOCAL_PROJECT_ID,
+    AttemptSuperseded,
+    EventNotice,
+    Ledger,
+    RecordNotFound,
+)
+
+from .conftest import EXAMPLE_RELAY
+
+WORKER = "worker-test-1"
+USAGE = {"coder": {"model_calls": 1, "input_tokens": 10, "output_tokens": 2}}
+
+
+def queued(ledger: Ledger, key: str = "k-1") -> str:
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", idempotency_key=key)
+    return task.id
+
+
+def task_of(ledger: Ledger, task_id: str) -> Any:
+    task = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
+    assert task is not None
+    return task
+
+
+def begin(ledger: Ledger, task_id: str, dispatch: int, max_attempts: int = 3) -> int | None:
+    return ledger.begin_attempt(
+        task_id, dispatch=dispatch, worker_id=WORKER, max_attempts=max_attempts
+    )
+
+
+def event_types(ledger: Ledger, task_id: str) -> list[str]:
+    return [event.type for event in ledger.events_after(task_id)]
+
+
+# Dispatches and attempts
+
+
+def test_queue_for_workers_counts_dispatches(ledger: Ledger) -> None:
+    task_id = queued(ledger)
+    assert task_of(ledger, task_id).dispatch == 0
+    assert ledger.queue_for_workers(task_id) == 1
+    assert ledger.queue_for_workers(task_id) == 2
+    task = task_of(ledger, task_id)
+    assert (task.status, task.dispatch) == ("queued", 2)
+    with pytest.raises(RecordNotFound):
+        ledger.queue_for_workers("no-such-task")
+
+
+def test_begin_attempt_outcomes(ledger: Ledger) -> None:
+    task_id = queued(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    # A message of another dispatch is stale; a task that does not exist, dropped.
+    assert begin(ledger, task_id, dispatch - 1) is None
+    assert begin(ledger, task_id, dispatch + 1) is None
+    assert begin(ledger, "no-such-task", dispatch) is None
+    assert task_of(ledger, task_id).status == "queued"
+
+    assert begin(ledger, task_id, dispatch, max_attempts=2) == 1
+    task = task_of(ledger, task_id)
+    assert (task.status, task.attempts) == ("running", 1)
+    assert task.started_at is not None
+    assert ledger.lease_of(task_id) == (WORKER, None)  # Held, with no end.
+    # The same message again (its worker died): the next attempt supersedes the first.
+    assert begin(ledger, task_id, dispatch, max_attempts=2) == 2
+    assert ledger.attempt_state(task_id) == (2, False)
+    # Started max_attempts times without finishing: failed, saying so, never run again.
+    assert begin(ledger, task_id, dispatch, max_attempts=2) is None
+    task = task_of(ledger, task_id)
+    assert task.status == "failed"
+    assert task.stop_reason is not None
+    assert "started 2 times" in task.stop_reason
+    assert "RELAYGRAPH_MAX_ATTEMPTS" in task.stop_reason
+    assert event_types(ledger, task_id) == ["run_finished"]
+    assert ledger.events_after(task_id)[0].data["status"] == "failed"
+    assert ledger.lease_of(task_id) == (None, None)
+    # A finished task takes no message, even of a new dispatch.
+    assert begin(ledger, task_id, dispatch) is None
+    assert begin(ledger, task_id, ledger.queue_for_workers(task_id)) is None
+    assert task_of(ledger, task_id).status == "failed"
+
+
+def test_a_decision_dispatches_again_and_the_attempt_number_goes_on(ledger: Ledger) -> None:
+    task_id = queued(ledger)
+    first = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, first, max_attempts=1) == 1
+    # The run pauses for a person: the worker's hold ends, the attempt number stays.
+    ledger.end_run(task_id, usage=USAGE, status="interrupted", attempt=1)
+    task = task_of(ledger, task_id)
+    assert (task.status, task.attempts) == ("interrupted", 1)
+    assert ledger.lease_of(task_id) == (None, None)
+    assert begin(ledger, task_id, first) is None  # A paused task takes no message.
+
+    second = ledger.queue_for_workers(task_id)
+    assert task_of(ledger, task_id).status == "queued"
+    assert begin(ledger, task_id, first) is None  # The old message is stale.
+    # The limit counts the starts of this dispatch; the fencing number never goes back,
+    # so the first dispatch's attempt cannot pass for this one's.
+    assert begin(ledger, task_id, second, max_attempts=1) == 2
+    with pytest.raises(AttemptSuperseded):
+        ledger.append_event(task_id, {"type": "log"}, attempt=1)
+
+
+def test_an_older_attempts_writes_are_refused(ledger: Ledger) -> None:
+    task_id = queued(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, dispatch) == 1
+    assert ledger.append_events(task_id, [{"type": "run_started"}], attempt=1) == [1]
+    assert begin(ledger, task_id, dispatch) == 2  # Redelivered: attempt 1 was frozen.
+
+    with pytest.raises(AttemptSuperseded) as refused:
+        ledger.append_events(task_id, [{"type": "log"}, {"type": "log"}], attempt=1)
+    assert (refused.value.task_id, refused.value.attempt, refused.value.current) == (
+        task_id,
+        1,
+        2,
+    )
+    assert isinstance(refused.value, RunError)
+    assert "attempt 1" in str(refused.value) and "attempt 2" in str(refused.value)
+    with pytest.raises(AttemptSuperseded):
+        ledger.end_run(task_id, usage=USAGE, status="succeeded", attempt=1, answer="stale")
+    with pytest.raises(AttemptSuperseded):
+        ledger.set_status(task_id, "failed", attempt=1, stop_reason="stale")
+    with pytest.raises(AttemptSuperseded):
+        ledger.record_usage(task_id, USAGE, attempt=1)
+    with pytest.raises(AttemptSuperseded):
+        ledger.attempt_journal(1).put(task_id, "call-1", {"result": "stale"})
+    # None of it was written.
+    task = task_of(ledger, task_id)
+    assert (task.status, task.answer, task.last_event_seq) == ("running", None, 1)
+    assert ledger.usage(task_id) == []
+    assert ledger.journaled_call(task_id, "call-1") is None
+
+    # The latest attempt writes, and so does an unfenced writer (the in-process mode).
+    assert ledger.append_events(task_id, [{"type": "log"}], attempt=2) == [2]
+    assert ledger.attempt_journal(2).put(task_id, "call-1", {"result": "ok"}) == {"result": "ok"}
+    ledger.record_usage(task_id, USAGE, attempt=2)
+    ledger.end_run(task_id, usage=USAGE, status="succeeded", attempt=2, answer="done")
+    task = task_of(ledger, task_id)
+    assert (task.status, task.answer, task.attempts) == ("succeeded", "done", 2)
+    assert ledger.append_event(task_id, {"type": "log"}) == 3
+    with pytest.raises(RecordNotFound):
+        ledger.append_event("no-such-task", {"type": "log"}, attempt=1)
+
+
+def test_a_cancel_of_a_task_a_worker_runs_waits_for_the_worker(ledger: Ledger) -> None:
+    task_id = queued(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, dispatch) == 1
+
+    task = ledger.request_cancel(task_id)
+    assert task.status == "running"
+    assert task.cancel_requested_at is not None
+    assert ledger.attempt_state(task_id) == (1, True)
+    # The worker's hold does not lapse: no sweeper takes the task, no runner leases it.
+    assert task_id not in {t.id for t in ledger.unfinished_tasks()}
+    assert ledger.settle_abandoned(task_id, max_attempts=1) is None
+    assert ledger.take_lease(task_id, "server-x", seconds=30) is None
+    assert ledger.lease_of(task_id) == (WORKER, None)
+
+    # The worker stops at a step boundary and records the end.
+    ledger.append_event(task_id, {"type": "run_finished", "status": "cancelled"}, attempt=1)
+    ledger.end_run(
+        task_id, usage={}, status="cancelled", attempt=1, stop_reason="cancelled by request"
+    )
+    task = task_of(ledger, task_id)
+    assert (task.status, task.cancel_requested_at) == ("cancelled", None)
+
+
+def test_a_cancel_that_waits_ends_the_task_at_its_next_delivery(ledger: Ledger) -> None:
+    """The worker died before it saw the cancel: the redelivered message ends the task."""
+    task_id = queued(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, dispatch) == 1
+    ledger.request_cancel(task_id)
+    assert begin(ledger, task_id, dispatch) is None
+    task = task_of(ledger, task_id)
+    assert (task.status, task.stop_reason) == ("cancelled", "cancelled by request")
+    assert event_types(ledger, task_id) == ["run_finished"]
+    assert ledger.lease_of(task_id) == (None, None)
+
+
+def test_the_service_counts_for_metrics(ledger: Ledger) -> None:
+    counts = ledger.count_tasks_by_status()
+    assert set(counts) >= {"queued", "running", "succeeded", "failed", "cancelled"}
+    assert ledger.oldest_queued_at() is None
+    first = queued(ledger, "k-1")
+    queued(ledger, "k-2")
+    running = queued(ledger, "k-3")
+    assert begin(ledger, running, ledger.queue_for_workers(running)) == 1
+    ledger.request_cancel(queued(ledger, "k-4"))
+    counts = ledger.count_tasks_by_status()
+    assert (counts["queued"], counts["running"], counts["cancelled"]) == (2, 1, 1)
+    assert counts["succeeded"] == 0
+    oldest = ledger.oldest_queued_at()
+    assert oldest is not None
+    assert oldest == task_of(ledger, first).created_at
+
+
+# Event notices (PostgreSQL)
+
+
+@pytest.fixture
+def channel() -> str:
+    return f"rg_test_{uuid.uuid4().hex[:12]}"
+
+
+class Notices:
+    def __init__(self) -> None:
+        self.got: list[EventNotice] = []
+        self.arrived = threading.Condition()
+
+    def __call__(self, notice: EventNotice) -> None:
+        with self.arrived:
+            self.got.append(notice)
+            self.arrived.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 5.0) -> list[EventNotice]:
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.got) >= count, timeout)
+            return list(self.got)
+
+
+@pytest.fixture
+def notified(postgres_url: str, channel: str) -> Iterator[tuple[Ledger, Any]]:
+    from relaygraph.worker import EventListener, libpq_url
+
+    with Ledger(postgres_url, notify_channel=channel) as ledger:
+        ledger.upgrade()
+        with EventListener(libpq_url(postgres_url), channel=channel) as listener:
+            yield ledger, listener
+
+
+def test_appended_events_are_announced_when_they_commit(
+    notified: tuple[Ledger, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger, listener = notified
+    task_id = queued(ledger)
+    notices = Notices()
+    listener.subscribe(task_id, notices)
+    assert ledger.append_events(task_id, [{"type": "log"}, {"type": "log"}]) == [1, 2]
+    assert notices.wait_for(1) == [EventNotice(task_id=task_id, seq=2)]
+
+    # A transaction that announced its events and then rolled back announced nothing.
+    announce = ledger._announce
+
+    def announce_then_fail(session: Any, task: str, seq: int) -> None:
+        announce(session, task, seq)
+        raise RuntimeError("the transaction fails after its NOTIFY")
+
+    monkeypatch.setattr(ledger, "_announce", announce_then_fail)
+    with pytest.raises(RuntimeError):
+        ledger.append_event(task_id, {"type": "log"})
+    monkeypatch.undo()
+    # The ledger's own ends of a task are announced too (a cancel of a queued task).
+    ledger.request_cancel(task_id)
+    assert notices.wait_for(2) == [
+        EventNotice(task_id=task_id, seq=2),
+        EventNotice(task_id=task_id, seq=3),
+    ]
+    assert [e.seq for e in ledger.events_after(task_id)] == [1, 2, 3]
+
+
+def test_a_refused_write_and_a_ledger_without_a_channel_announce_nothing(
+    notified: tuple[Ledger, Any], postgres_url: str
+) -> None:
+    ledger, listener = notified
+    task_id = queued(ledger)
+    notices = Notices()
+    listener.subscribe(task_id, notices)
+    dispatch = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, dispatch) == 1
+    assert begin(ledger, task_id, dispatch) == 2
+    with pytest.raises(AttemptSuperseded):
+        ledger.append_event(task_id, {"type": "log"}, attempt=1)
+    with Ledger(postgres_url) as quiet:
+        quiet.append_event(task_id, {"type": "log"})
+    ledger.append_event(task_id, {"type": "log"}, attempt=2)
+    assert notices.wait_for(1) == [EventNotice(task_id=task_id, seq=2)]
+    assert notices.wait_for(2, timeout=0.5) == [EventNotice(task_id=task_id, seq=2)]
+
+
+# A worker's run of a task (run_ledger_task, without Celery)
+
+
+APPROVAL_POLICY = '[agents.coder]\napproval = ["run_python"]\n'
+
+
+@pytest.fixture
+def worker_env(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
+    """The environment a worker process reads (the ledger at ``url``), and its ledger."""
+    from relaygraph.worker import close_worker_runtime
+
+    monkeypatch.setenv("RELAYGRAPH_DATABASE_URL", url)
+    monkeypatch.setenv("RELAYGRAPH_UNSAFE_SANDBOX", "true")
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        try:
+            yield ledger
+        finally:
+            close_worker_runtime()
+
+
+def submitted(ledger: Ledger, policy: Path | None = None) -> str:
+    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.team import default_team
+
+    team = default_team()
+    request = TaskRequest(
+        input="When are checkpoints written?",
+        team=team,
+        model=f"scripted:{EXAMPLE_RELAY}",
+        policy=team.policy_from(policy) if policy is not None else None,
+    )
+    return submit_task(request, ledger=ledger).task.id
+
+
+def test_a_worker_runs_a_task_once_per_dispatch(worker_env: Ledger) -> None:
+    from relaygraph.worker import run_ledger_task
+
+    ledger = worker_env
+    task_id = submitted(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    run_ledger_task(task_id, dispatch)
+    task = task_of(ledger, task_id)
+    assert task.status == "succeeded", task.stop_reason
+    assert task.answer
+    assert (task.attempts, task.dispatch) == (1, 1)
+    assert ledger.lease_of(task_id) == (None, None)
+    types = event_types(ledger, task_id)
+    assert types.count("run_started") == types.count("run_finished") == 1
+    assert types.count("final") == 1
+    assert {u.agent for u in ledger.usage(task_id)} >= {"supervisor", "coder", "writer"}
+    # Its tool calls were journaled under attempt 1, before their results returned.
+    coder_call = next(c for c in ledger.tool_calls(task_id) if c.tool == "run_python")
+    assert coder_call.tool_call_id is not None
+    assert ledger.journaled_call(task_id, coder_call.tool_call_id) is not None
+
+    # The same message again (redelivered after the run ended, before its ack): a no-op.
+    run_ledger_task(task_id, dispatch)
+    again = task_of(ledger, task_id)
+    assert (again.status, again.attempts, again.last_event_seq) == (
+        "succeeded",
+        1,
+        task.last_event_seq,
+    )
+
+
+def test_a_paused_task_returns_and_its_decision_continues_it(
+    worker_env: Ledger, tmp_path: Path
+) -> None:
+    from relaygraph.runner import Decision, decide_task
+    from relaygraph.team import default_team
+    from relaygraph.worker import run_ledger_task
+
+    ledger = worker_env
+    policy = tmp_path / "policy.toml"
+    policy.write_text(APPROVAL_POLICY, encoding="utf-8")
+    task_id = submitted(ledger, policy)
+    run_ledger_task(task_id, ledger.queue_for_workers(task_id))
+    paused = task_of(ledger, task_id)
+    assert paused.status == "interrupted", paused.stop_reason
+    assert paused.stop_reason == "awaiting approval: coder wants to run run_python"
+    assert ledger.lease_of(task_id) == (None, None)  # It holds no worker.
+    [approval] = ledger.approvals(task_id)
+
+    answers = decide_task(
+        paused,
+        Decision(decision="approve"),
+        ledger=ledger,
+        tools=lambda: default_team().tools,
+        decided_by="reviewer",
+    )
+    assert list(answers) == [approval.interrupt_id]
+    # The answers are not handed over: the worker reads the recorded decision.
+    dispatch = ledger.queue_for_workers(task_id)
+    run_ledger_task(task_id, dispatch)
+    done = task_of(ledger, task_id)
+    assert done.status == "succeeded", done.stop_reason
+    assert (done.attempts, done.dispatch) == (2, 2)
+    types = event_types(ledger, task_id)
+    assert types.count("run_started") == types.count("run_finished") == 2
+    assert types.count("approval") == 1 and types.count("final") == 1
+    [decided] = ledger.approvals(task_id)
+    assert (decided.decision, decided.decided_by) == ("approve", "reviewer")
+    run_python = [c for c in ledger.tool_calls(task_id) if c.tool == "run_python"]
+    assert [c.status for c in run_python] == ["success"]  # Approved, run once.
+
+
+def test_a_worker_whose_attempt_was_superseded_writes_nothing_more(
+    worker_env: Ledger, home: Path
+) -> None:
+    """A frozen worker comes back after the task went to another worker: its run stops at
+    once and writes nothing; the task is the new attempt's."""
+    from relaygraph.runner import CONTINUE, TaskRunner
+
+    ledger = worker_env
+    task_id = submitted(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, dispatch) == 1
+    assert begin(ledger, task_id, dispatch) == 2  # Redelivered while attempt 1 froze.
+    runner = TaskRunner(ledger=ledger, home=home, runner_id=WORKER)
+    with pytest.raises(AttemptSuperseded) as refused:
+        runner.run(task_of(ledger, task_id), CONTINUE, attempt=1)
+    assert (refused.value.attempt, refused.value.current) == (1, 2)
+    task = task_of(ledger, task_id)
+    assert (task.status, task.last_event_seq, task.attempts) == ("running", 0, 2)
+    assert ledger.usage(task_id) == []
