@@ -38,9 +38,8 @@ def test_ledger_and_checkpoints_live_in_postgres(
                 {"route": {"next": "writer", "task": "two", "reason": "second"}},
                 {"route": {"next": "FINISH", "task": "", "reason": "done"}},
             ],
-            "researcher": [{"content": "found"}],
-            "writer": [{"content": "wrote"}],
-            "finalize": [{"content": "answer one"}, {"content": "answer two"}],
+            "researcher": [{"content": "answer one"}],
+            "writer": [{"content": "answer two"}],
         }
     )
     first = run_task("first", model=spec)
