@@ -166,6 +166,31 @@ def _parser() -> argparse.ArgumentParser:
         "isolation (bubblewrap): the code can then read and write the server's files",
     )
 
+    worker = commands.add_parser(
+        "worker",
+        help="run tasks for API servers in the worker mode (Celery on RabbitMQ)",
+        description="A Celery worker of the worker mode: it takes the task ids API servers "
+        "publish to RabbitMQ (RELAYGRAPH_BROKER_URL) and runs each task from the ledger on "
+        "PostgreSQL (RELAYGRAPH_DATABASE_URL), one task per process at a time. See "
+        "docs/deploy.md.",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=positive,
+        metavar="N",
+        help="tasks run at once, one process each (default $RELAYGRAPH_CONCURRENCY or 2)",
+    )
+    worker.add_argument(
+        "--queues",
+        metavar="Q[,Q]",
+        help="queues to consume, comma-separated (default $RELAYGRAPH_QUEUES or relaygraph)",
+    )
+    worker.add_argument(
+        "--hostname",
+        metavar="H",
+        help="the worker's node name (name@host); two workers on one host need different ones",
+    )
+
     projects = commands.add_parser(
         "projects", help="manage projects (the task service's tenants) and their API keys"
     )
@@ -273,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "worker":
+            return _worker(args)
         if args.command == "projects":
             return _create_project(args, key="project")
         if args.command == "teams":
@@ -408,6 +435,23 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from relaygraph.worker import create_celery_app, prepare_worker, worker_argv
+
+    if args.home is not None:
+        # The worker's processes read their settings from the environment.
+        os.environ["RELAYGRAPH_HOME"] = str(args.home)
+    overrides: dict[str, Any] = {}
+    if args.concurrency:
+        overrides["concurrency"] = args.concurrency
+    if args.queues is not None:
+        overrides["queues"] = [name.strip() for name in args.queues.split(",") if name.strip()]
+    settings = prepare_worker(**overrides)
+    app = create_celery_app(settings)
+    app.worker_main(worker_argv(settings, hostname=args.hostname))
     return EXIT_OK
 
 

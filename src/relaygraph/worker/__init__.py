@@ -26,7 +26,12 @@ from relaygraph.worker._notify import (
     libpq_url,
     notify,
 )
-from relaygraph.worker._runtime import WorkerRuntime, close_worker_runtime, worker_runtime
+from relaygraph.worker._runtime import (
+    WorkerRuntime,
+    close_worker_runtime,
+    prepare_worker,
+    worker_runtime,
+)
 from relaygraph.worker._settings import DEFAULT_QUEUE, WorkerSettings, load_worker_settings
 
 __all__ = [
@@ -46,6 +51,7 @@ __all__ = [
     "libpq_url",
     "load_worker_settings",
     "notify",
+    "prepare_worker",
     "publish_run",
     "run_ledger_task",
     "worker_argv",

@@ -14,7 +14,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relaygraph.errors import RelaygraphError
 from relaygraph.events import run_finished_event
@@ -26,7 +26,13 @@ if TYPE_CHECKING:
     from relaygraph.store import Task
     from relaygraph.worker._settings import WorkerSettings
 
-__all__ = ["Publish", "WorkerRuntime", "close_worker_runtime", "worker_runtime"]
+__all__ = [
+    "Publish",
+    "WorkerRuntime",
+    "close_worker_runtime",
+    "prepare_worker",
+    "worker_runtime",
+]
 
 log = logging.getLogger("relaygraph.worker")
 
@@ -203,3 +209,42 @@ def close_worker_runtime() -> None:
         if _RUNTIME is not None and _RUNTIME.pid == os.getpid():
             _RUNTIME.close()
         _RUNTIME = _RUNTIME_KEY = None
+
+
+def prepare_worker(**overrides: Any) -> WorkerSettings:
+    """Check what ``relaygraph worker`` needs before it starts its processes, and bring the
+    ledger's schema up to date (once, in the main process; it keeps no connection).
+
+    Args:
+        overrides: Command-line values of :class:`~relaygraph.worker.WorkerSettings`
+            (``concurrency``, ``queues``).
+
+    Returns:
+        The worker's settings.
+
+    Raises:
+        ConfigError: No broker (``RELAYGRAPH_BROKER_URL``), a ledger that is not on
+            PostgreSQL (``RELAYGRAPH_DATABASE_URL``), or an invalid setting.
+    """
+    from relaygraph.errors import ConfigError
+    from relaygraph.runner import load_runner_settings
+    from relaygraph.store import database_url
+    from relaygraph.worker._settings import load_worker_settings
+
+    settings = load_worker_settings(**overrides)
+    if settings.broker_url is None:
+        raise ConfigError(
+            "relaygraph worker needs a broker: set RELAYGRAPH_BROKER_URL "
+            "(amqp://user:password@host:5672/vhost)"
+        )
+    runner = load_runner_settings()
+    url = database_url(runner.database_url)
+    if not url.startswith("postgresql"):  # SQLite: a URL without a password to hide.
+        raise ConfigError(
+            "relaygraph worker needs the ledger on PostgreSQL, shared with the API servers: "
+            "set RELAYGRAPH_DATABASE_URL (postgresql+psycopg://user:password@host:5432/db), "
+            f"not {url!r}"
+        )
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+    return settings
