@@ -190,6 +190,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="H",
         help="the worker's node name (name@host); two workers on one host need different ones",
     )
+    worker.add_argument(
+        "--events",
+        action="store_true",
+        help="send Celery's task events (for Flower or celery-exporter)",
+    )
 
     projects = commands.add_parser(
         "projects", help="manage projects (the task service's tenants) and their API keys"
@@ -451,7 +456,8 @@ def _worker(args: argparse.Namespace) -> int:
         overrides["queues"] = [name.strip() for name in args.queues.split(",") if name.strip()]
     settings = prepare_worker(**overrides)
     app = create_celery_app(settings)
-    app.worker_main(worker_argv(settings, hostname=args.hostname))
+    argv = worker_argv(settings, hostname=args.hostname)
+    app.worker_main([*argv, "--task-events"] if args.events else argv)
     return EXIT_OK
 
 
