@@ -89,9 +89,10 @@ def channel_sizes(saver: Any, thread_id: str, step: int) -> dict[str, int]:
 
 
 def _long_policy() -> Any:
-    from relaygraph.policies import AgentLimits, default_policy
+    from relaygraph.policies import AgentLimits
+    from relaygraph.team import default_team
 
-    policy = default_policy()
+    policy = default_team().resolved_policy
     roomy = AgentLimits(max_model_calls=200, max_tool_calls=200)
     agents = {
         name: dataclasses.replace(agent, limits=roomy) for name, agent in policy.agents.items()
@@ -101,21 +102,26 @@ def _long_policy() -> Any:
 
 
 def _relaygraph(home: Path) -> tuple[Path, str, dict[str, int], dict[str, int]]:
-    from relaygraph.runner import run_task
+    from relaygraph.runner import ledger_for, run_task
     from relaygraph.runner._checkpoint import sqlite_checkpointer
+    from relaygraph.store import LOCAL_PROJECT_ID
 
     path = home / "long-20.json"
     path.write_text(json.dumps(long_script(VISITS)), encoding="utf-8")
     result = run_task(REQUEST, model=f"scripted:{path}", home=home, policy=_long_policy())
     assert result.status == "succeeded", result.stop_reason
     assert len(result.agents_run) == VISITS, result.agents_run
+    # The checkpoints are keyed by the ledger's checkpoint thread (thread ids are per project).
+    task = ledger_for(home).get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
+    assert task is not None
+    thread = task.checkpoint_thread
     db = home / "checkpoints.sqlite"
     with sqlite_checkpointer(db) as saver:
         return (
             db,
-            result.thread_id,
-            channel_sizes(saver, result.thread_id, EARLY),
-            channel_sizes(saver, result.thread_id, LATE),
+            thread,
+            channel_sizes(saver, thread, EARLY),
+            channel_sizes(saver, thread, LATE),
         )
 
 

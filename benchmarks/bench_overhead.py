@@ -51,12 +51,13 @@ SUBJECTS = (SUBJECT, SERVICE)
 
 def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], Any]]:
     from relaygraph.agents import TaskContext
-    from relaygraph.policies import default_policy, policy_to_mapping
+    from relaygraph.policies import policy_to_mapping
     from relaygraph.runner import TaskRunner, ledger_for, run_task
     from relaygraph.runner._checkpoint import sqlite_checkpointer
     from relaygraph.runner._team_cache import team_cache
     from relaygraph.store import LOCAL_PROJECT_ID
     from relaygraph.supervisor import FINALIZE, SUPERVISOR
+    from relaygraph.team import default_team
     from relaygraph.topology import Topology
 
     script = SCENARIOS[name][1]()
@@ -71,7 +72,8 @@ def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], An
     bare_saver = stack.enter_context(sqlite_checkpointer(home / f"bare-{name}.sqlite"))
     graph_saver = stack.enter_context(sqlite_checkpointer(home / f"graph-{name}.sqlite"))
     bare_graph = build_bare_team(models, checkpointer=bare_saver)
-    policy = default_policy()
+    the_team = default_team()
+    policy = the_team.resolved_policy
     roles = (SUPERVISOR, *policy.agents, FINALIZE)
     expected = len([t for t in bare_script["supervisor"] if "tool_calls" in t])
 
@@ -97,7 +99,9 @@ def _sides(name: str, home: Path, stack: ExitStack) -> dict[str, Callable[[], An
 
     def graph_only() -> None:
         # The compiled team as the runner takes it: from the process's cache.
-        team = team_cache.get(dict.fromkeys(roles, spec), policy=policy, topology=Topology())
+        team = team_cache.get(
+            dict.fromkeys(roles, spec), team=the_team, policy=policy, topology=Topology()
+        )
         graph = team.copy({"checkpointer": graph_saver})
         config: Any = {
             "configurable": {"thread_id": str(uuid.uuid4())},
@@ -239,9 +243,9 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "`langchain.agents.create_agent` workers (relaygraph's tools and prompts, a scripted "
         "model playing the same turns with `transfer_to_<agent>` calls), compiled once, one "
         "`invoke` per task on a new thread. The baseline of the target.",
-        f"- **{SUBJECT}**: `relaygraph.runner._run.run_task(..., model='scripted:...')`: policies on, "
-        "every event written to the SQL ledger (SQLite), the team graph built per task, as "
-        "`relaygraph run` does (it opens the ledger for each task).",
+        f"- **{SUBJECT}**: `relaygraph.runner._run.run_task(..., model='scripted:...')`: "
+        "policies on, every event written to the SQL ledger (SQLite), the team graph built per "
+        "task, as `relaygraph run` does (it opens the ledger for each task).",
         f"- **{SERVICE}**: `TaskRunner.run` on a task from `Ledger.create_task`, with one "
         "ledger and runner kept for all runs, as the task service holds them. The target is "
         "judged for both relaygraph sides.",
