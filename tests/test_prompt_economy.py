@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from relaygraph.errors import ConfigError
-from relaygraph.policies import FinalizePolicy, TeamPolicy, policy_to_mapping, tighten
+from relaygraph.policies import FinalizePolicy, policy_to_mapping, tighten
 from relaygraph.runner import run_task
 from relaygraph.supervisor import FINISH
 
@@ -135,17 +135,25 @@ def test_finalize_answers_with_the_last_reply_and_calls_no_model(over_http: Any)
     assert len(requests) == 3 + 2 + 2
 
 
-@pytest.mark.parametrize("how", ["python", "policy file"])
-def test_the_switch_makes_finalize_call_its_model(
-    over_http: Any, tmp_path: Path, how: str
-) -> None:
+@pytest.mark.parametrize("how", ["python", "policy file", "team file"])
+def test_the_switch_makes_finalize_call_its_model(over_http: Any, tmp_path: Path, how: str) -> None:
+    chosen: dict[str, Any] = {}
     if how == "python":
-        policy: TeamPolicy | Path = parse_policy({"finalize": {"answer": "model"}})
+        policy = parse_policy({"finalize": {"answer": "model"}})
         assert policy.finalize == FinalizePolicy(answer="model")
+        chosen["policy"] = policy
+    elif how == "policy file":
+        chosen["policy"] = tmp_path / "policy.toml"
+        chosen["policy"].write_text('[finalize]\nanswer = "model"\n', encoding="utf-8")
     else:
-        policy = tmp_path / "policy.toml"
-        policy.write_text('[finalize]\nanswer = "model"\n', encoding="utf-8")
-    result, requests = over_http(RELAY, policy=policy)
+        chosen["team"] = tmp_path / "team.toml"
+        chosen["team"].write_text(
+            'name = "trio"\n'
+            + "".join(f'[agents.{a}]\nuse = "builtin:{a}"\n' for a in ROLES[1:4])
+            + '[policy.finalize]\nanswer = "model"\n',
+            encoding="utf-8",
+        )
+    result, requests = over_http(RELAY, **chosen)
     assert result.status == "succeeded", result.stop_reason
     assert len(_of(requests, "finalize")) == 1
     assert result.answer == "The finalize model's answer."
