@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,12 +71,17 @@ def _turns(key: str) -> dict[str, list[dict[str, Any]]]:
 
 @dataclass
 class Round:
-    """One timed round of one mode."""
+    """One round of one mode."""
 
     seconds: float
     tasks: int
     statuses: dict[str, int]
     model_calls: int
+    cpu_seconds: float
+    """CPU time the deployment's processes used in the round (API servers, workers, their
+    pool processes; not PostgreSQL, RabbitMQ or the model double)."""
+    problems: list[str]
+    """The stop reasons of the tasks that did not succeed, each once."""
 
     @property
     def per_second(self) -> float:
@@ -88,6 +95,7 @@ class Mode:
     name: str
     concurrency: int
     rounds: list[Round]
+    warmup: Round | None = None
     problem: str | None = None
     """Why the mode was not measured."""
     failed: bool = False
@@ -100,6 +108,9 @@ class Mode:
         calls = sum(r.model_calls for r in self.rounds) / sum(r.tasks for r in self.rounds)
         return calls * DELAY_SECONDS
 
+    def cpu_seconds_per_task(self) -> float:
+        return sum(r.cpu_seconds for r in self.rounds) / sum(r.tasks for r in self.rounds)
+
     def bound(self) -> float:
         return self.concurrency / self.model_seconds_per_task()
 
@@ -109,34 +120,36 @@ def _parse_time(value: str) -> float:
 
 
 def _play(
-    url: str, key: str, model: Callable[[int], str], count: int, fake: Any
-) -> tuple[Round, list[str]]:
-    """Submit ``count`` tasks at once and wait for all; the round and its task ids."""
+    cluster: Any, url: str, key: str, model: Callable[[int], str], count: int, fake: Any
+) -> Round:
+    """Submit ``count`` tasks at once and wait until every one has finished."""
     from relaygraph.client import Client
 
     with Client(url, key, timeout=60) as client:
+        cpu = cluster.cpu_seconds()
         started = time.time()
         with ThreadPoolExecutor(max_workers=10) as pool:
             submitted = list(
                 pool.map(lambda i: client.submit(f"Task {i}", model=model(i)), range(count))
             )
-        ids = [task["id"] for task in submitted]
+        ids = {task["id"] for task in submitted}
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
-            page = client.list(limit=200)["tasks"]
-            mine = [task for task in page if task["id"] in set(ids)]
+            mine = [task for task in client.list(limit=200)["tasks"] if task["id"] in ids]
             if len(mine) == count and all(t["status"] in FINISHED for t in mine):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{count} tasks not finished within {WAIT_SECONDS} s")
             time.sleep(0.2)
-    statuses: dict[str, int] = {}
-    for task in mine:
-        statuses[task["status"]] = statuses.get(task["status"], 0) + 1
+        cpu = cluster.cpu_seconds() - cpu
+    statuses = dict(Counter(task["status"] for task in mine))
+    problems = sorted(
+        {str(t["stop_reason"]).splitlines()[0] for t in mine if t["status"] != "succeeded"}
+    )
     finished = max(_parse_time(t["finished_at"]) for t in mine)
     models = {model(i).removeprefix("openai:") for i in range(count)}
     calls = sum(1 for entry in fake.log if entry["model"] in models and entry["status"] == 200)
-    return Round(finished - started, count, statuses, calls), ids
+    return Round(finished - started, count, statuses, calls, cpu, problems)
 
 
 def _measure(
@@ -155,15 +168,19 @@ def _measure(
         for number in range(rounds + 1):
             key = cluster.create_project(f"bench-{number}")
             prefix = f"{name}-{number}"
-            warmup = number == 0
-            count = 2 * concurrency if warmup else TASKS
-            measured, _ = _play(url, key, lambda i, p=prefix: f"openai:script-{p}-{i}", count, fake)
-            what = "warm-up" if warmup else f"round {number}"
-            log(
-                f"  {name}, {what}: {measured.tasks} tasks in {measured.seconds:.2f} s "
-                f"({measured.per_second:.2f}/s), {measured.statuses}"
+            count = 2 * concurrency if number == 0 else TASKS
+            measured = _play(
+                cluster, url, key, lambda i, p=prefix: f"openai:script-{p}-{i}", count, fake
             )
-            if not warmup:
+            log(
+                f"  {name}, {'warm-up' if number == 0 else f'round {number}'}: "
+                f"{measured.tasks} tasks in {measured.seconds:.2f} s "
+                f"({measured.per_second:.2f}/s, {measured.cpu_seconds:.1f} CPU s), "
+                f"{measured.statuses} {'; '.join(measured.problems)}"
+            )
+            if number == 0:
+                mode.warmup = measured
+            else:
                 mode.rounds.append(measured)
     return mode
 
@@ -260,10 +277,11 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         "PostgreSQL + RabbitMQ",
     }
     ceiling = TASKS / (math.ceil(TASKS / 8) * 8)
+    cores = len(os.sched_getaffinity(0))
     rows = []
     for mode in modes:
         if mode.problem is not None:
-            rows.append([labels[mode.name], "—", "—", "—", "—", "—", "—"])
+            rows.append([labels[mode.name], *["—"] * 7])
             continue
         per_second = [f"{r.per_second:.2f}" for r in mode.rounds]
         failed = sum(n for r in mode.rounds for s, n in r.statuses.items() if s != "succeeded")
@@ -274,7 +292,8 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
                 f"{mode.model_seconds_per_task():.2f}",
                 f"{mode.bound():.2f}",
                 f"{mode.median_per_second() / mode.bound():.0%}",
-                f"{statistics.median(r.seconds for r in mode.rounds):.2f}",
+                f"{mode.cpu_seconds_per_task():.3f}",
+                f"{cores / mode.cpu_seconds_per_task():.1f}",
                 str(failed),
             ]
         )
@@ -282,11 +301,13 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         f"{TASKS} tasks submitted at once (10 client threads) to a real `relaygraph serve` "
         f"over HTTP; every model call answered after {DELAY_SECONDS * 1000:.0f} ms by "
         "`tests/openai_server.py` through `ChatOpenAI`; tasks per second from the first "
-        "submission to the last `finished_at`, median of "
-        f"{rounds} timed round(s) after an untimed warm-up (rounds in brackets). The bound is "
-        "the concurrency ÷ the model time of one task (its model calls × the delay); "
-        f"{TASKS} tasks on 8 places need at least {math.ceil(TASKS / 8)} model times, so the "
-        f"ratio cannot exceed {ceiling:.0%}.",
+        f"submission to the last `finished_at`, median of {rounds} timed round(s) after an "
+        "untimed warm-up (each round in brackets). The bound is the concurrency ÷ the model "
+        "time of one task (its model calls, counted at the server, × the delay); "
+        f"{TASKS} tasks on 8 places need at least {math.ceil(TASKS / 8)} model times, so "
+        f"the ratio cannot exceed {ceiling:.0%}. *CPU s/task* is the CPU time of the "
+        "deployment's own processes (servers, workers, pool processes) per task; "
+        f"*CPU limit* is what {cores} cores allow at that cost, whatever the concurrency.",
         "",
         *table(
             [
@@ -295,7 +316,8 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
                 "model s/task",
                 "bound tasks/s",
                 "of bound",
-                "seconds (median)",
+                "CPU s/task",
+                "CPU limit tasks/s",
                 "not succeeded",
             ],
             rows,
@@ -303,6 +325,21 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         "",
     )
     for mode in modes:
+        if mode.warmup is not None and mode.warmup.problems:
+            section.add(
+                f"In the untimed warm-up of the {mode.name} mode, "
+                f"{mode.warmup.tasks - mode.warmup.statuses.get('succeeded', 0)} of "
+                f"{mode.warmup.tasks} tasks did not succeed: "
+                + "; ".join(f"`{problem}`" for problem in mode.warmup.problems),
+                "",
+            )
+        problems = sorted({p for r in mode.rounds for p in r.problems})
+        if problems:
+            section.add(
+                f"Tasks of the {mode.name} mode that did not succeed said: "
+                + "; ".join(f"`{problem}`" for problem in problems),
+                "",
+            )
         if mode.problem is not None:
             what = "failed" if mode.failed else "was not measured"
             section.add(f"The worker mode {what}:", "", "```text", mode.problem[-3000:], "```", "")

@@ -274,6 +274,17 @@ class WorkerTrace:
         return [run for run in self.runs() if not self.returned(run)]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of ``pid`` so far (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Fields 14 and 15 of stat (utime, stime), counted from the state field (3rd).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _parents() -> dict[int, int]:
     """Every process's parent, from /proc."""
     parents = {}
@@ -477,6 +488,17 @@ class Cluster:
         assert self._engine is not None, "the cluster has no PostgreSQL ledger"
         with self._engine.connect() as connection:
             return [dict(row._mapping) for row in connection.execute(text(statement), params)]
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by the cluster's live processes and all their descendants
+        (pool processes, sandboxes): how much of the machine the service itself takes."""
+        parents = _parents()
+        found = {p.pid for p in [*self.servers, *self.workers] if p.running()}
+        frontier = set(found)
+        while frontier:
+            frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+            found |= frontier
+        return sum(_cpu_seconds(pid) for pid in found)
 
     def task_dir(self, task_id: str) -> Path:
         return self.home / "tasks" / task_id
