@@ -208,3 +208,21 @@ def test_the_finalize_switch_is_stored_and_a_caller_may_choose_either() -> None:
     )
     with pytest.raises(ConfigError, match=r"finalize.answer = \"always\""):
         parse_policy({"finalize": {"answer": "always"}})
+
+
+def test_a_model_that_writes_the_final_answer_is_always_asked(home: Path, script: Script) -> None:
+    """The embedded model cites its sources in finalize (``writes_final_answer``): under the
+    default ``last_reply`` its finalize call still runs; another model's does not."""
+    from relaygraph.models import load_model
+    from relaygraph.models.local import LocalChatModel
+
+    assert LocalChatModel.writes_final_answer
+    spec = script(RELAY)
+    finalize = load_model(spec, agent="finalize")
+    object.__setattr__(finalize, "writes_final_answer", True)
+    result = run_task("go", model=spec, agent_models={"finalize": finalize})
+    assert result.answer == "The finalize model's answer."
+    assert result.usage["finalize"]["model_calls"] == 1
+    plain = run_task("go", model=script(RELAY))
+    assert plain.answer.startswith("Checkpoints are written after every super-step")
+    assert "finalize" not in plain.usage

@@ -225,7 +225,13 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
             emit(final_event(status, None, stop_reason))
             return {"answer": None, "status": status}
-        reply_answer = _last_reply_answer(state, policy)
+        # A model that writes the answer itself (the embedded model cites its sources
+        # there) is always asked; any other is asked only when the policy says so.
+        reply_answer = (
+            None
+            if getattr(model, "writes_final_answer", False)
+            else _last_reply_answer(state, policy)
+        )
         if reply_answer is not None:
             # The last agent's reply is the answer (a writer's deliverable): no model call.
             emit(final_event(status, reply_answer, stop_reason))

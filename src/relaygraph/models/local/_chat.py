@@ -8,7 +8,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -205,6 +205,11 @@ class LocalChatModel(BaseChatModel):
     """
 
     model: str = "smollm2"
+
+    writes_final_answer: ClassVar[bool] = True
+    """Its finalize call writes the answer even when the last agent replied: it quotes the
+    agents' cited results with their sources, which an agent's own reply lacks (read by the
+    team graph's finalize, under any ``[finalize] answer``)."""
 
     @property
     def _llm_type(self) -> str:
