@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,8 +69,33 @@ def open_checkpointer(home: Path) -> Iterator[Any]:
 
     with PostgresSaver.from_conn_string(conninfo) as saver:
         with _SETUP_LOCK:
-            # setup() runs the saver's own migrations; once per database per process.
+            # setup() runs the saver's own migrations; once per database per process, and
+            # one process at a time: the first runs of new worker processes on a new
+            # database would otherwise insert the same migration row at once and fail.
             if conninfo not in _SETUP_DONE:
-                saver.setup()
+                with _setup_lock(conninfo):
+                    saver.setup()
                 _SETUP_DONE.add(conninfo)
         yield saver
+
+
+CHECKPOINT_SETUP_LOCK = 0x52470002
+"""PostgreSQL advisory lock key: processes set the checkpointer's tables up one at a time."""
+
+
+@contextmanager
+def _setup_lock(conninfo: str) -> Iterator[None]:
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        # Tried again and again rather than waited for: the saver's migrations build indexes
+        # CONCURRENTLY, which waits for every open transaction, a blocked
+        # pg_advisory_lock() of another process included (a deadlock PostgreSQL does not see).
+        while not connection.execute(
+            "SELECT pg_try_advisory_lock(%s)", (CHECKPOINT_SETUP_LOCK,)
+        ).fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.05)
+        try:
+            yield
+        finally:
+            connection.execute("SELECT pg_advisory_unlock(%s)", (CHECKPOINT_SETUP_LOCK,))

@@ -92,11 +92,14 @@ class AttemptWatch:
     counterpart of :class:`LeaseKeeper` (nothing to renew: the broker says when a worker is
     gone).
 
-    Every ``poll_seconds`` it reads the task's attempt and cancel flag. Once the task is on
-    another attempt (the broker gave it to another worker while this one was frozen, or a
-    write of this attempt was refused), ``lost`` is set and the run must stop at once: its
-    writes are refused anyway (the fencing number). Once a cancel waits on the task,
-    ``cancel`` is set: the run stops at its next step boundary, ``cancelled``.
+    It reads the task's attempt and cancel flag at each step boundary of the run
+    (:meth:`check`, which the runner calls before each checkpoint is written) and, for a step
+    that takes long, every ``poll_seconds`` on a thread. Once the task is on another attempt
+    (the broker gave it to another worker while this one was frozen, or a write of this
+    attempt was refused), ``lost`` is set and the run must stop at once: its writes are
+    refused anyway (the fencing number). Once a cancel waits on the task, ``cancel`` is set
+    and the ``when_cancelled`` callbacks run: the run stops at that step boundary,
+    ``cancelled``.
     """
 
     def __init__(
@@ -114,10 +117,11 @@ class AttemptWatch:
         """The task's attempt when ``lost`` was set (None: the task is gone)."""
         self._cancel = cancel
         self._ledger = ledger
-        self._task_id = task_id
+        self.task_id = task_id
         self._poll = poll_seconds
         self._done = threading.Event()
         self._on_lost: list[Callable[[], None]] = []
+        self._on_cancel: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._watch, name=f"relaygraph-attempt-{task_id[:8]}", daemon=True
@@ -127,15 +131,39 @@ class AttemptWatch:
     def _watch(self) -> None:
         while not self._done.wait(self._poll):
             try:
-                state = self._ledger.attempt_state(self._task_id)
+                if not self.check():
+                    return
             except Exception:  # A database hiccup: the next round may work.
-                log.warning("could not read task %s's attempt", self._task_id, exc_info=True)
-                continue
-            if state is None or state[0] != self.attempt:
-                self.supersede(None if state is None else state[0])
+                log.warning("could not read task %s's attempt", self.task_id, exc_info=True)
+
+    def check(self) -> bool:
+        """Read the task's attempt and cancel flag now; False when the attempt is superseded
+        (``lost`` is then set)."""
+        state = self._ledger.attempt_state(self.task_id)
+        if state is None or state[0] != self.attempt:
+            self.supersede(None if state is None else state[0])
+            return False
+        if state[1]:
+            self._cancelled()
+        return True
+
+    def _cancelled(self) -> None:
+        with self._lock:
+            if self._cancel is None or self._cancel.is_set():
                 return
-            if state[1] and self._cancel is not None and not self._cancel.is_set():
-                self._cancel.set()
+            self._cancel.set()
+            callbacks = list(self._on_cancel)
+        for callback in callbacks:
+            callback()
+
+    def when_cancelled(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the ledger asks for the run to be cancelled (at once, if it
+        already did)."""
+        with self._lock:
+            if self._cancel is None or not self._cancel.is_set():
+                self._on_cancel.append(callback)
+                return
+        callback()
 
     def supersede(self, current: int | None) -> None:
         """Mark the attempt superseded by ``current`` (a refused write says so first)."""
@@ -147,7 +175,7 @@ class AttemptWatch:
             callbacks = list(self._on_lost)
         log.warning(
             "task %s: attempt %s is superseded (now %s); stopping",
-            self._task_id,
+            self.task_id,
             self.attempt,
             current,
         )

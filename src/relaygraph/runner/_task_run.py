@@ -22,6 +22,7 @@ from relaygraph.events import (
     token_event,
     violation_event,
 )
+from relaygraph.runner._lease import AttemptWatch
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._summary import (
     honest_status,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from relaygraph.agents.context import TaskContext
     from relaygraph.policies import TeamPolicy
     from relaygraph.runner._event_writer import EventWriter
-    from relaygraph.runner._lease import AttemptWatch, LeaseKeeper
+    from relaygraph.runner._lease import LeaseKeeper
     from relaygraph.store import Ledger, Task
     from relaygraph.topology import Topology
 
@@ -141,8 +142,10 @@ class TaskRun:
                 durability="sync",
             )
             # A lost lease (or a superseded attempt) drains the run too; it stays the new
-            # holder's.
+            # holder's. A worker's run hears of a cancel at the step boundary itself.
             self.lease.when_lost(lambda: control.request_drain("shutdown"))
+            if isinstance(self.lease, AttemptWatch):
+                self.lease.when_cancelled(lambda: control.request_drain("cancel"))
             with _drain_when(control, cancel=self.cancel, stop=self.stop):
                 for _ns, mode, data in stream:
                     if mode == "custom":

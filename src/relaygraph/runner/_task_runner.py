@@ -168,6 +168,8 @@ class TaskRunner:
         ended = False
         try:
             with open_checkpointer(self.home) as checkpointer:
+                if isinstance(hold, AttemptWatch):
+                    _check_at_each_step(checkpointer, hold)
                 graph = graph_team.copy({"checkpointer": checkpointer})
                 graph_input = run.graph_input(graph, graph_input)
                 run.writer.put(run.started_event())
@@ -338,3 +340,19 @@ def _superseded_by(hold: LeaseKeeper | AttemptWatch, error: BaseException) -> No
     """A write the ledger refused for a superseded attempt stops the worker's run at once."""
     if isinstance(hold, AttemptWatch) and isinstance(error, AttemptSuperseded):
         hold.supersede(error.current)
+
+
+def _check_at_each_step(checkpointer: Any, hold: AttemptWatch) -> None:
+    """Make ``checkpointer`` (this run's own) ask the ledger before it saves each step's
+    checkpoint, which under sync durability is the step boundary, before the next step
+    starts (in the team graph and in each agent's subgraph alike): a cancel drains the run
+    right there, and an attempt that was superseded saves nothing more and stops.
+    """
+    save = checkpointer.put
+
+    def put(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        if not hold.check():
+            raise AttemptSuperseded(hold.task_id, hold.attempt, hold.current)
+        return save(config, checkpoint, metadata, new_versions)
+
+    checkpointer.put = put
