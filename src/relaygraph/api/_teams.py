@@ -9,8 +9,6 @@ operator's own team files may use anything; every project runs them by name.
 """
 
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +22,14 @@ from relaygraph.api._schemas import (
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.errors import ConfigError
 from relaygraph.policies import TeamPolicy
-from relaygraph.runner import RequestRefused, check_model_spec
+from relaygraph.runner import RequestRefused, ServiceTeams, check_model_spec
 from relaygraph.store import Ledger, TeamVersion
-from relaygraph.team import DEFAULT_TEAM_NAME, Team, TeamTrust, default_team, load_team, parse_team
+from relaygraph.team import DEFAULT_TEAM_NAME, Team
 
 __all__ = ["NAME", "ChosenTeam", "TeamRegistry", "is_team_name", "model_allowed"]
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a registered team's name may be (as a project's)."""
-KEPT_TEAMS = 64
-"""Built registered teams kept per server (their MCP sessions and compiled graphs reused)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,12 +49,10 @@ class ChosenTeam:
         return self.team.record(version=self.version)
 
 
-class TeamRegistry:
-    """The teams this server runs, and the team of any task it runs (its runner's resolver).
-
-    Registered teams are built once per (project, name, version) and kept, least recently
-    used dropped first: a version never changes, so its MCP sessions and its compiled graphs
-    (the runner's team cache keys them by the team object) serve every task that runs it.
+class TeamRegistry(ServiceTeams):
+    """The teams this server runs (as :class:`~relaygraph.runner.ServiceTeams`: the team of
+    any task, which is its runner's resolver), and what the API adds: a request's choice of
+    team, the built-in team's policy under ``--policy``, the teams' bodies.
 
     Raises:
         ConfigError: A server team file is bad, is named ``default``, or two share a name.
@@ -67,72 +61,17 @@ class TeamRegistry:
     def __init__(
         self, *, ledger: Callable[[], Ledger], settings: ServiceSettings, home: Path
     ) -> None:
-        self._ledger = ledger
+        super().__init__(ledger=ledger, settings=settings, home=home)
         self.settings = settings
-        self.trust = TeamTrust(
-            local_files=False,
-            modules=tuple(settings.tool_modules),
-            mcp_hosts=tuple(host.lower().strip("[]") for host in settings.mcp_allowed_hosts),
-        )
-        # A registered definition names no files, so nothing is read from here; relative
-        # paths it might hold are refused before they are resolved.
-        self.base = home / "teams"
-        self.builtin = default_team()
         self.builtin_policy = (
             self.builtin.policy_from(settings.policy_file)
             if settings.policy_file
             else self.builtin.resolved_policy
         )
-        self.server_teams = _server_teams(settings.team_files)
-        self._kept: OrderedDict[tuple[str, str, int], Team] = OrderedDict()
-        self._lock = threading.Lock()
-        self._building: dict[tuple[str, str, int], threading.Lock] = {}
 
     def reserved(self, name: str) -> bool:
         """Whether ``name`` is the built-in team's or a server team's (no project's)."""
         return name == DEFAULT_TEAM_NAME or name in self.server_teams
-
-    def build(self, name: str, definition: Mapping[str, Any]) -> Team:
-        """A project's team from its definition, under the server's trust.
-
-        Raises:
-            ConfigError: Anything wrong in it, or a reference the server does not allow;
-                the message names the table and the key.
-        """
-        return parse_team({**definition, "name": name}, base=self.base, trust=self.trust)
-
-    def keep(self, version: TeamVersion, team: Team) -> None:
-        """Keep ``team``, built from ``version``, for the tasks that run it."""
-        key = (version.project_id, version.name, version.version)
-        with self._lock:
-            self._kept.setdefault(key, team)
-            self._kept.move_to_end(key)
-            while len(self._kept) > KEPT_TEAMS:
-                self._kept.popitem(last=False)
-
-    def registered(self, version: TeamVersion) -> Team:
-        """The team a registered version defines, built once and kept.
-
-        Raises:
-            ConfigError: It no longer builds (an MCP server that does not answer, a module
-                the operator no longer allows).
-        """
-        key = (version.project_id, version.name, version.version)
-        with self._lock:
-            kept = self._kept.get(key)
-            if kept is not None:
-                self._kept.move_to_end(key)
-                return kept
-            building = self._building.setdefault(key, threading.Lock())
-        with building:  # One build per version at a time: one set of MCP sessions.
-            with self._lock:
-                kept = self._kept.get(key)
-            if kept is None:
-                kept = self.build(version.name, version.definition)
-                self.keep(version, kept)
-        with self._lock:
-            self._building.pop(key, None)
-        return kept
 
     def choose(self, project_id: str, name: str | None, version: int | None) -> ChosenTeam:
         """The team a request names for the project: the built-in team when None.
@@ -184,34 +123,6 @@ class TeamRegistry:
         return ChosenTeam(
             team=team, version=found.version, origin="project", policy=team.resolved_policy
         )
-
-    def resolve(self, task: Any) -> Team:
-        """The team ``task`` records (``TaskRunner(teams=...)``): the built-in team, a
-        server team by name, or the registered version of the task's project.
-
-        Raises:
-            ConfigError: The server does not load that team, or the project has no such
-                version.
-        """
-        record = task.team or {}
-        name = record.get("name") or DEFAULT_TEAM_NAME
-        version = record.get("version")
-        if version is None:
-            if name == DEFAULT_TEAM_NAME:
-                return self.builtin
-            if name in self.server_teams:
-                return self.server_teams[name]
-            raise ConfigError(
-                f"task {task.id} ran team {name!r}, which this server does not load "
-                "(serve --team FILE)"
-            )
-        found = self._ledger().team_version(task.project_id, name, version)
-        if found is None:
-            raise ConfigError(
-                f"task {task.id} ran team {name!r} version {version}, which its project "
-                "does not have"
-            )
-        return self.registered(found)
 
     def models_in(self, definition: Mapping[str, Any]) -> None:
         """Refuse a model a definition names that a request could not name either (the
@@ -276,21 +187,3 @@ def model_allowed(settings: ServiceSettings, spec: str, field: str) -> str:
 def is_team_name(name: str) -> bool:
     """Whether ``name`` is one a project's team may have (:data:`NAME`)."""
     return NAME.fullmatch(name) is not None
-
-
-def _server_teams(files: list[Path]) -> dict[str, Team]:
-    teams: dict[str, Team] = {}
-    for file in files:
-        team = load_team(file)  # The operator's own file: it may reference anything.
-        if team.name == DEFAULT_TEAM_NAME:
-            raise ConfigError(
-                f"team file {str(file)!r} is named {DEFAULT_TEAM_NAME!r}, the built-in team's "
-                "name; give it a name of its own"
-            )
-        if team.name in teams:
-            raise ConfigError(
-                f"team files {str(teams[team.name].source)!r} and {str(file)!r} are both named "
-                f"{team.name!r}; a server team is named by its name alone"
-            )
-        teams[team.name] = team
-    return teams
