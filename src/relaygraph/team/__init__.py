@@ -9,6 +9,7 @@
 built-in researcher, coder and writer, made through the same public path.
 """
 
+from relaygraph.team._errors import TeamFileError
 from relaygraph.team._file import OPERATOR, TeamTrust, load_team, parse_team
 from relaygraph.team._team import DEFAULT_TEAM_NAME, Team, default_team
 
@@ -16,6 +17,7 @@ __all__ = [
     "DEFAULT_TEAM_NAME",
     "OPERATOR",
     "Team",
+    "TeamFileError",
     "TeamTrust",
     "default_team",
     "load_team",

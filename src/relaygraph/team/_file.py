@@ -31,8 +31,10 @@ import hashlib
 import json
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from relaygraph.agents import Agent
 from relaygraph.agents import builtin as _builtin
 from relaygraph.errors import ConfigError
+from relaygraph.team._errors import TeamFileError
 from relaygraph.team._refs import ToolRef, allowed_module, parse_tool_ref, resolve_python_ref
 from relaygraph.team._team import Team
 
@@ -112,20 +115,20 @@ def load_team(path: str | Path, *, trust: TeamTrust = OPERATOR) -> Team:
     """Read and build a team file.
 
     Raises:
-        ConfigError: The file is missing, is not TOML, or anything in it is wrong; the
-            message names the file, the table and the key.
+        TeamFileError: The file is missing, is not TOML, or anything in it is wrong; the
+            message names the file, the table and the key, and so do the error's fields.
     """
     file = Path(path).expanduser()
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"team file {str(file)!r} does not exist") from None
+        raise TeamFileError(f"team file {str(file)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"team file {str(file)!r} cannot be read: {exc}") from None
+        raise TeamFileError(f"team file {str(file)!r} cannot be read: {exc}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"team file {str(file)!r} is not valid TOML: {exc}") from None
+        raise TeamFileError(f"team file {str(file)!r} is not valid TOML: {exc}") from None
     return parse_team(data, base=file.resolve().parent, source=file.resolve(), trust=trust)
 
 
@@ -145,15 +148,28 @@ def parse_team(
         trust: What the file may reference.
 
     Raises:
-        ConfigError: As :func:`load_team`.
+        TeamFileError: As :func:`load_team`.
     """
     where = f"team file {str(source)!r}" if source else "team definition"
     try:
         return _parse_team(data, base=base, source=source, trust=trust, where=where)
+    except TeamFileError:
+        raise
+    except ConfigError as exc:  # From a part that knows no team file (a Team's own checks).
+        message = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+        raise TeamFileError(message) from None
+
+
+@contextmanager
+def _at(where: str, *, table: str | None = None, key: str | None = None) -> Iterator[None]:
+    """Report a :class:`ConfigError` of a part that knows no team file (an MCP server, a
+    topology, a policy) as a mistake at ``table`` and ``key`` of the file ``where`` names."""
+    try:
+        yield
+    except TeamFileError:
+        raise
     except ConfigError as exc:
-        if str(exc).startswith(where):
-            raise
-        raise ConfigError(f"{where}: {exc}") from None
+        raise TeamFileError(f"{where}: {exc}", table=table, key=key) from None
 
 
 def _parse_team(
@@ -162,7 +178,9 @@ def _parse_team(
     try:
         parsed = _TeamFile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: " + "; ".join(_explain(exc))) from None
+        table, key = _location(exc.errors()[0]["loc"], data)
+        message = f"{where}: " + "; ".join(_explain(exc))
+        raise TeamFileError(message, table=table, key=key) from None
     servers = {
         name: _mcp_server(name, table, base, trust, where) for name, table in parsed.mcp.items()
     }
@@ -172,29 +190,68 @@ def _parse_team(
     policy: Any = parsed.policy
     if isinstance(policy, str):
         if not trust.local_files:
-            raise ConfigError(f"{where}: policy = {policy!r}: name no file; give a [policy] table")
+            raise TeamFileError(
+                f"{where}: policy = {policy!r}: name no file; give a [policy] table", key="policy"
+            )
         from relaygraph.policies import read_policy_file
 
-        policy = read_policy_file(base / policy)
+        with _at(where, key="policy"):
+            policy = read_policy_file(base / policy)
         files[parsed.policy] = _digest_json(policy)  # type: ignore[index]
-    from relaygraph.topology import Topology
+    topology = _topology(parsed, where)
+    if parsed.model is not None:
+        from relaygraph.models import parse_model_spec
 
-    topology = Topology.parse(
-        parsed.topology, start_agent=parsed.start_agent, output_mode=parsed.output_mode
-    )
-    name = parsed.name or (source.stem if source else "team")
-    definition = {**dict(data), "_files": files}
-    return Team(
+        with _at(where, key="model"):
+            parse_model_spec(parsed.model)
+    team = partial(
+        Team,
         agents=tuple(agents),
-        name=name,
+        name=parsed.name or (source.stem if source else "team"),
         description=parsed.description,
-        policy=policy,
         topology=topology,
         model=parsed.model,
         supervisor_prompt=parsed.supervisor.prompt,
         source=source,
-        definition=definition,
+        definition={**dict(data), "_files": files},
     )
+    try:
+        return team(policy=policy)
+    except ConfigError as exc:
+        message = f"{where}: {exc}"
+    # The team's own checks name no table: find the one that failed by asking each part.
+    # Handoffs are checked first, agent by agent, as the team does.
+    names = set(parsed.agents)
+    for agent in agents:
+        if any(peer == agent.name or peer not in names for peer in agent.handoffs or ()):
+            own = parsed.agents[agent.name].handoffs is not None  # Not one of its use's.
+            table = f"agents.{agent.name}" if own else None
+            raise TeamFileError(message, table=table, key="handoffs" if own else None)
+    # The policy is checked last: if the team builds without it, the mistake is the policy's.
+    if policy is None:
+        raise TeamFileError(message)
+    try:
+        team(policy=None)
+    except ConfigError:
+        raise TeamFileError(message) from None
+    if isinstance(parsed.policy, str):
+        raise TeamFileError(message, key="policy")
+    raise TeamFileError(message, table="policy")
+
+
+def _topology(parsed: _TeamFile, where: str) -> Any:
+    """The file's topology; each option checked on its own, so a mistake names its key."""
+    from relaygraph.topology import Topology
+
+    with _at(where, key="topology"):
+        Topology.parse(parsed.topology)
+    with _at(where, key="start_agent"):
+        Topology.parse(parsed.topology, start_agent=parsed.start_agent)
+    with _at(where, key="output_mode"):
+        topology = Topology.parse(
+            parsed.topology, start_agent=parsed.start_agent, output_mode=parsed.output_mode
+        )
+    return topology
 
 
 def _agent(
@@ -209,18 +266,25 @@ def _agent(
     chain: tuple[str, ...],
 ) -> Agent:
     """The agent ``name`` of the file, its ``use`` chain followed (a cycle is an error)."""
-    at = f"{where}: [agents.{name}]"
+    table_name = f"agents.{name}"
+    at = f"{where}: [{table_name}]"
     if name in chain:
-        raise ConfigError(f"{where}: a cycle of use: {' -> '.join((*chain, name))}")
+        raise TeamFileError(
+            f"{where}: a cycle of use: {' -> '.join((*chain, name))}",
+            table=f"agents.{chain[-1]}",
+            key="use",
+        )
     table = tables[name]
     start: Agent | None = None
     if table.use is not None:
         if table.use.startswith("builtin:"):
             factory = _builtin.AGENT_FACTORIES.get(table.use.removeprefix("builtin:"))
             if factory is None:
-                raise ConfigError(
+                raise TeamFileError(
                     f"{at} use = {table.use!r}: no such built-in agent "
-                    f"(builtin:{', builtin:'.join(_builtin.AGENT_FACTORIES)})"
+                    f"(builtin:{', builtin:'.join(_builtin.AGENT_FACTORIES)})",
+                    table=table_name,
+                    key="use",
                 )
             start = factory()
         elif table.use in tables:
@@ -228,8 +292,10 @@ def _agent(
                 table.use, tables, base, trust, servers, files, where, chain=(*chain, name)
             )
         else:
-            raise ConfigError(
-                f"{at} use = {table.use!r}: neither builtin:<agent> nor an agent of this file"
+            raise TeamFileError(
+                f"{at} use = {table.use!r}: neither builtin:<agent> nor an agent of this file",
+                table=table_name,
+                key="use",
             )
     changes: dict[str, Any] = {"name": name}
     for key in ("description", "prompt", "model", "handoffs"):
@@ -239,21 +305,35 @@ def _agent(
     if start is None:
         for key in ("description", "prompt"):
             if key not in changes:
-                raise ConfigError(f"{at} {key}: required key is missing (or give use = ...)")
+                raise TeamFileError(
+                    f"{at} {key}: required key is missing (or give use = ...)",
+                    table=table_name,
+                    key=key,
+                )
     if table.kb is not None:
         if not trust.local_files:
-            raise ConfigError(f"{at} kb: a registered team may name no folders of the server")
+            raise TeamFileError(
+                f"{at} kb: a registered team may name no folders of the server",
+                table=table_name,
+                key="kb",
+            )
         folders = [table.kb] if isinstance(table.kb, str) else table.kb
         changes["kb"] = tuple((base / f).resolve() for f in folders)
         for folder in changes["kb"]:
             if not folder.is_dir():
-                raise ConfigError(f"{at} kb: {str(folder)!r} is not a folder")
+                raise TeamFileError(
+                    f"{at} kb: {str(folder)!r} is not a folder", table=table_name, key="kb"
+                )
     if table.tools is not None:
         tools: list[Any] = []
         origins: dict[str, str] = {}
         for text in table.tools:
-            ref = parse_tool_ref(text, where=f"{at} tools")
-            for made, origin in _resolve(ref, base, trust, servers, files, f"{at} tools"):
+            ref = parse_tool_ref(text, where=f"{at} tools", table=table_name)
+            # An MCP server's own errors (it did not start, it lists no such tool) name no
+            # team file: they are this key's.
+            with _at(where, table=table_name, key="tools"):
+                resolved = _resolve(ref, base, trust, servers, files, f"{at} tools", table_name)
+            for made, origin in resolved:
                 tools.append(made)
                 from relaygraph.agents._agent import tool_name
 
@@ -263,7 +343,7 @@ def _agent(
     try:
         return replace(start, **changes) if start is not None else Agent(**changes)
     except ConfigError as exc:
-        raise ConfigError(f"{at}: {exc}") from None
+        raise TeamFileError(f"{at}: {exc}", table=table_name) from None
 
 
 def _resolve(
@@ -273,38 +353,48 @@ def _resolve(
     servers: Mapping[str, Any],
     files: dict[str, str],
     where: str,
+    table: str,
 ) -> list[tuple[Any, str]]:
     if ref.kind == "builtin":
         if ref.target not in _builtin.tools():
-            raise ConfigError(
-                f"{where}: unknown tool {ref.text!r}; built-in tools: {', '.join(_builtin.tools())}"
+            raise TeamFileError(
+                f"{where}: unknown tool {ref.text!r}; "
+                f"built-in tools: {', '.join(_builtin.tools())}",
+                table=table,
+                key="tools",
             )
         return [(ref.target, "builtin")]
     if ref.kind == "mcp":
         server = servers.get(ref.target)
         if server is None:
             known = ", ".join(servers) or "none"
-            raise ConfigError(
-                f"{where}: {ref.text!r}: no [mcp.{ref.target}] table (servers: {known})"
+            raise TeamFileError(
+                f"{where}: {ref.text!r}: no [mcp.{ref.target}] table (servers: {known})",
+                table=table,
+                key="tools",
             )
         from relaygraph.team._mcp import mcp_tools
 
         names = None if ref.attribute == "*" else [ref.attribute or ""]
         return [(t, f"mcp:{ref.target}") for t in mcp_tools(server, names)]
     if ref.kind == "file" and not trust.local_files:
-        raise ConfigError(
-            f"{where}: {ref.text!r}: a registered team may name no files of the server"
+        raise TeamFileError(
+            f"{where}: {ref.text!r}: a registered team may name no files of the server",
+            table=table,
+            key="tools",
         )
     if (
         ref.kind == "module"
         and trust.modules is not None
         and not allowed_module(ref.target, trust.modules)
     ):
-        raise ConfigError(
+        raise TeamFileError(
             f"{where}: {ref.text!r}: module {ref.target!r} is not allowed on this server "
-            f"(RELAYGRAPH_TOOL_MODULES: {', '.join(trust.modules) or 'none'})"
+            f"(RELAYGRAPH_TOOL_MODULES: {', '.join(trust.modules) or 'none'})",
+            table=table,
+            key="tools",
         )
-    found, digest = resolve_python_ref(ref, base=base, where=where)
+    found, digest = resolve_python_ref(ref, base=base, where=where, table=table)
     if digest is not None:
         files[ref.target] = digest
     return [(found, ref.text)]
@@ -313,39 +403,51 @@ def _resolve(
 def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where: str) -> Any:
     from relaygraph.team._mcp import McpServer
 
-    at = f"{where}: [mcp.{name}]"
+    table_name = f"mcp.{name}"
+    at = f"{where}: [{table_name}]"
     if (table.command is None) == (table.url is None):
-        raise ConfigError(f"{at}: give exactly one of command (stdio) or url (streamable HTTP)")
+        raise TeamFileError(
+            f"{at}: give exactly one of command (stdio) or url (streamable HTTP)",
+            table=table_name,
+        )
     if table.command is not None:
         if not trust.local_files:
-            raise ConfigError(
+            raise TeamFileError(
                 f"{at} command: a registered team may start no programs on the server; "
-                "use an MCP server over HTTP"
+                "use an MCP server over HTTP",
+                table=table_name,
+                key="command",
             )
         command = list(table.command)
         if command[0] in ("python", "python3"):
             # The interpreter relaygraph runs on, whose packages (mcp among them) the
             # server can import: "python" on PATH may be another one.
             command[0] = sys.executable
-        return McpServer(
-            name=name,
-            command=tuple(command),
-            cwd=base,
-            env=table.env,
-            timeout_seconds=table.timeout_seconds,
-        )
+        with _at(where, table=table_name):  # The server's own checks (its name).
+            return McpServer(
+                name=name,
+                command=tuple(command),
+                cwd=base,
+                env=table.env,
+                timeout_seconds=table.timeout_seconds,
+            )
     url = table.url or ""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{at} url = {url!r}: an http:// or https:// URL")
-    if trust.mcp_hosts is not None and parts.hostname not in trust.mcp_hosts:
-        raise ConfigError(
-            f"{at} url = {url!r}: host {parts.hostname!r} is not allowed on this server "
-            f"(RELAYGRAPH_MCP_ALLOWED_HOSTS: {', '.join(trust.mcp_hosts) or 'none'})"
+        raise TeamFileError(
+            f"{at} url = {url!r}: an http:// or https:// URL", table=table_name, key="url"
         )
-    return McpServer(
-        name=name, url=url, headers=table.headers, timeout_seconds=table.timeout_seconds
-    )
+    if trust.mcp_hosts is not None and parts.hostname not in trust.mcp_hosts:
+        raise TeamFileError(
+            f"{at} url = {url!r}: host {parts.hostname!r} is not allowed on this server "
+            f"(RELAYGRAPH_MCP_ALLOWED_HOSTS: {', '.join(trust.mcp_hosts) or 'none'})",
+            table=table_name,
+            key="url",
+        )
+    with _at(where, table=table_name):
+        return McpServer(
+            name=name, url=url, headers=table.headers, timeout_seconds=table.timeout_seconds
+        )
 
 
 def _explain(exc: ValidationError) -> list[str]:
@@ -359,6 +461,33 @@ def _explain(exc: ValidationError) -> list[str]:
         else:
             problems.append(f"{loc} = {err.get('input')!r}: {err['msg']}")
     return problems
+
+
+def _location(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The table and key a validation error's ``loc`` points at in ``data``.
+
+    The part of ``loc`` that names no key of ``data`` (the member of a union pydantic tried,
+    ``kb.list[str]``, ``policy.str``) is left out.
+    """
+    parts: list[str] = []
+    node: Any = data
+    for part in loc:
+        if isinstance(node, Mapping):
+            node = node.get(part)
+        elif isinstance(node, list | tuple) and isinstance(part, int):
+            node = node[part] if 0 <= part < len(node) else None
+        else:
+            break
+        parts.append(str(part))
+    if len(parts) >= 2 and parts[0] in ("agents", "mcp"):
+        table, rest = ".".join(parts[:2]), parts[2:]
+    elif parts[:1] == ["supervisor"] or (
+        parts[:1] == ["policy"] and isinstance(data.get("policy"), Mapping)
+    ):
+        table, rest = parts[0], parts[1:]
+    else:
+        table, rest = None, parts
+    return table, ".".join(rest) or None
 
 
 def _digest_json(value: Any) -> str:

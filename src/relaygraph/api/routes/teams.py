@@ -20,13 +20,11 @@ from relaygraph.api._state import ServiceState
 from relaygraph.api._teams import is_team_name
 from relaygraph.errors import ConfigError
 from relaygraph.store import Project
-from relaygraph.team import DEFAULT_TEAM_NAME
+from relaygraph.team import DEFAULT_TEAM_NAME, TeamFileError
 
 __all__ = ["teams_router"]
 
 VERSION = re.compile(r"[0-9]{1,10}")
-_WHERE = re.compile(r"team definition: \[(?P<table>[A-Za-z0-9_.-]+)\](?: (?P<key>[a-z_]+))?")
-_LOC = re.compile(r"team definition: (?P<loc>[A-Za-z0-9_.-]+)(:| =)")
 
 
 def _definition(body: TeamIn) -> tuple[dict[str, Any], str]:
@@ -44,16 +42,12 @@ def _definition(body: TeamIn) -> tuple[dict[str, Any], str]:
     return data, "toml"
 
 
-def _field(message: str, source: str) -> str:
-    """The body field a team-file error names: ``definition.agents.reviewer.tools`` for
-    "[agents.reviewer] tools: ...", else the definition (or toml) as a whole."""
-    found = _WHERE.match(message)
-    if found is not None:
-        return ".".join(part for part in (source, found["table"], found["key"]) if part)
-    found = _LOC.match(message)
-    if found is not None:
-        return f"{source}.{found['loc']}"
-    return source
+def _field(exc: ConfigError, source: str) -> str:
+    """The body field a team-file error is at: ``definition.agents.reviewer.tools`` for a
+    mistake in ``[agents.reviewer] tools``, else the definition (or toml) as a whole."""
+    if not isinstance(exc, TeamFileError):
+        return source
+    return ".".join(part for part in (source, exc.table, exc.key) if part)
 
 
 def teams_router(state: ServiceState) -> APIRouter:
@@ -97,8 +91,7 @@ def teams_router(state: ServiceState) -> APIRouter:
         try:
             team = registry.build(name, definition)
         except ConfigError as exc:
-            message = str(exc)
-            raise ErrorAnswer(422, "invalid_team", message, _field(message, source)) from None
+            raise ErrorAnswer(422, "invalid_team", str(exc), _field(exc, source)) from None
         try:
             version, created = ledger().register_team(
                 project.id, name, definition={**definition, "name": name}, digest=team.digest

@@ -1,0 +1,147 @@
+"""Every mistake in a team file is a TeamFileError that says where it is as fields (the
+table and the key), not only in its message: the HTTP API names the body field from them."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.errors import ConfigError
+from relaygraph.team import TeamFileError, TeamTrust, load_team, parse_team
+
+# What a tenant's registered team may reference: no local files, one module, one MCP host.
+TENANT = TeamTrust(local_files=False, modules=("json",), mcp_hosts=("127.0.0.1",))
+
+
+def definition(**reviewer: Any) -> dict[str, Any]:
+    """A one-agent team; a key given None is left out of the reviewer's table."""
+    table = {"description": "checks a draft", "prompt": "You review.", **reviewer}
+    return {"agents": {"reviewer": {k: v for k, v in table.items() if v is not None}}}
+
+
+def top(**keys: Any) -> dict[str, Any]:
+    return {**definition(), **keys}
+
+
+def http_mcp(**table: Any) -> dict[str, Any]:
+    return {"lint": {"url": "http://127.0.0.1/mcp", **table}}
+
+
+CASES: list[tuple[str, dict[str, Any], str | None, str | None]] = [
+    # The file's schema (pydantic): the first error's location.
+    ("unknown top-level key", top(colour="blue"), None, "colour"),
+    ("no agents", {"agents": {}}, None, "agents"),
+    ("agents missing", {}, None, "agents"),
+    ("an agent that is no table", {"agents": {"reviewer": 5}}, "agents.reviewer", None),
+    ("unknown agent key", definition(colour="blue"), "agents.reviewer", "colour"),
+    ("tools not a list", definition(tools="search_docs"), "agents.reviewer", "tools"),
+    ("a tool not a string", definition(tools=[5]), "agents.reviewer", "tools.0"),
+    ("kb neither list nor string", definition(kb=5), "agents.reviewer", "kb"),
+    ("policy neither file nor table", top(policy=5), None, "policy"),
+    ("a bad team name", top(name="no space"), None, "name"),
+    ("an mcp env value", top(mcp=http_mcp(env={"TOKEN": 1})), "mcp.lint", "env.TOKEN"),
+    ("an mcp timeout", top(mcp=http_mcp(timeout_seconds=0)), "mcp.lint", "timeout_seconds"),
+    ("an empty mcp command", top(mcp={"lint": {"command": []}}), "mcp.lint", "command"),
+    ("unknown supervisor key", top(supervisor={"colour": 1}), "supervisor", "colour"),
+    # [agents.NAME]
+    ("an unknown built-in agent", definition(use="builtin:nope"), "agents.reviewer", "use"),
+    ("use of no agent", definition(use="nope"), "agents.reviewer", "use"),
+    ("a cycle of use", {"agents": {"a": {"use": "b"}, "b": {"use": "a"}}}, "agents.b", "use"),
+    ("description missing", definition(description=None), "agents.reviewer", "description"),
+    ("prompt missing", definition(prompt=None), "agents.reviewer", "prompt"),
+    ("kb on a tenant's team", definition(kb=["/etc"]), "agents.reviewer", "kb"),
+    ("a bad agent name", {"agents": {"no space": {"description": "d", "prompt": "p"}}},
+     "agents.no space", None),
+    ("a handoff to itself", definition(handoffs=["reviewer"]), "agents.reviewer", "handoffs"),
+    ("a handoff to no agent", definition(handoffs=["nobody"]), "agents.reviewer", "handoffs"),
+    # [agents.NAME] tools: each kind of reference.
+    ("an empty tool", definition(tools=[""]), "agents.reviewer", "tools"),
+    ("a bad mcp reference", definition(tools=["mcp:lint"]), "agents.reviewer", "tools"),
+    ("a bad function name", definition(tools=["json:1x"]), "agents.reviewer", "tools"),
+    ("neither file nor module", definition(tools=["a/b:c"]), "agents.reviewer", "tools"),
+    ("no reference at all", definition(tools=["a b"]), "agents.reviewer", "tools"),
+    ("an unknown built-in tool", definition(tools=["nope"]), "agents.reviewer", "tools"),
+    ("an mcp server not defined", definition(tools=["mcp:lint/x"]), "agents.reviewer", "tools"),
+    ("a file on a tenant's team", definition(tools=["./t.py:f"]), "agents.reviewer", "tools"),
+    ("a module not allowed", definition(tools=["os.path:join"]), "agents.reviewer", "tools"),
+    ("a module without it", definition(tools=["json:nope"]), "agents.reviewer", "tools"),
+    # [mcp.NAME]
+    ("both command and url", top(mcp=http_mcp(command=["x"])), "mcp.lint", None),
+    ("neither command nor url", top(mcp={"lint": {}}), "mcp.lint", None),
+    ("a command on a tenant's team", top(mcp={"lint": {"command": ["python", "l.py"]}}),
+     "mcp.lint", "command"),
+    ("a url not http", top(mcp={"lint": {"url": "ftp://x"}}), "mcp.lint", "url"),
+    ("a host not allowed", top(mcp={"lint": {"url": "http://10.0.0.5/mcp"}}), "mcp.lint", "url"),
+    ("a bad server name", top(mcp={"li-nt": {"url": "http://127.0.0.1/mcp"}}), "mcp.li-nt", None),
+    # The top level and [policy].
+    ("a policy file on a tenant's team", top(policy="/etc/policy.toml"), None, "policy"),
+    ("an unknown topology", top(topology="nope"), None, "topology"),
+    ("start_agent outside swarm", top(start_agent="reviewer"), None, "start_agent"),
+    ("output_mode outside supervisor-tools", top(output_mode="text"), None, "output_mode"),
+    ("a bad model", top(model="acme:big"), None, "model"),
+    ("a policy over no such agent", top(policy={"agents": {"coder": {"tools": []}}}),
+     "policy", None),
+    ("an unknown policy key", top(policy={"colour": 1}), "policy", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "table", "key"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_each_mistake_says_its_table_and_key(
+    tmp_path: Path, data: dict[str, Any], table: str | None, key: str | None
+) -> None:
+    with pytest.raises(TeamFileError) as raised:
+        parse_team({"name": "t", **data}, base=tmp_path, trust=TENANT)
+    assert (raised.value.table, raised.value.key) == (table, key), str(raised.value)
+    # The message names the place too, and it is a ConfigError like any configuration mistake.
+    assert str(raised.value).startswith("team definition: ")
+    assert isinstance(raised.value, ConfigError)
+
+
+def test_an_mcp_server_that_does_not_start_is_the_tools_key(tmp_path: Path) -> None:
+    data = {
+        **definition(tools=["mcp:lint/check"]),
+        "mcp": {"lint": {"url": "http://127.0.0.1:1/mcp", "timeout_seconds": 5}},
+    }
+    with pytest.raises(TeamFileError) as raised:
+        parse_team(data, base=tmp_path, trust=TENANT)
+    assert (raised.value.table, raised.value.key) == ("agents.reviewer", "tools")
+    assert str(raised.value).startswith("team definition: MCP server 'lint' ")
+
+
+def test_a_file_that_cannot_be_read_is_the_file_as_a_whole(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text("name = ", encoding="utf-8")
+    for path, said in [
+        (tmp_path / "missing.toml", "does not exist"),
+        (tmp_path / "bad.toml", "is not valid TOML"),
+    ]:
+        with pytest.raises(TeamFileError, match=said) as raised:
+            load_team(path)
+        assert (raised.value.table, raised.value.key) == (None, None)
+
+
+def test_a_file_names_itself_and_the_place(tmp_path: Path) -> None:
+    (tmp_path / "team.toml").write_text(
+        '[agents.reviewer]\ndescription = "d"\nprompt = "p"\ntools = ["./tools.py:nope"]\n'
+        "[mcp.lint]\ncommand = []\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(TeamFileError) as raised:
+        load_team(tmp_path / "team.toml")
+    assert str(raised.value).startswith(f"team file {str(tmp_path / 'team.toml')!r}: ")
+    assert (raised.value.table, raised.value.key) == ("mcp.lint", "command")
+
+
+def test_the_place_survives_pickling() -> None:
+    error = TeamFileError("team definition: [mcp.lint] url = 'x': ...", table="mcp.lint", key="url")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy), copy.table, copy.key) == (
+        TeamFileError,
+        str(error),
+        "mcp.lint",
+        "url",
+    )
