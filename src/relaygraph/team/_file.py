@@ -31,8 +31,7 @@ import hashlib
 import json
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -44,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from relaygraph.agents import Agent
 from relaygraph.agents import builtin as _builtin
 from relaygraph.errors import ConfigError
-from relaygraph.team._errors import TeamFileError
+from relaygraph.team._errors import TeamFileError, located, location_of
 from relaygraph.team._refs import ToolRef, allowed_module, parse_tool_ref, resolve_python_ref
 from relaygraph.team._team import Team
 
@@ -160,25 +159,13 @@ def parse_team(
         raise TeamFileError(message) from None
 
 
-@contextmanager
-def _at(where: str, *, table: str | None = None, key: str | None = None) -> Iterator[None]:
-    """Report a :class:`ConfigError` of a part that knows no team file (an MCP server, a
-    topology, a policy) as a mistake at ``table`` and ``key`` of the file ``where`` names."""
-    try:
-        yield
-    except TeamFileError:
-        raise
-    except ConfigError as exc:
-        raise TeamFileError(f"{where}: {exc}", table=table, key=key) from None
-
-
 def _parse_team(
     data: Mapping[str, Any], *, base: Path, source: Path | None, trust: TeamTrust, where: str
 ) -> Team:
     try:
         parsed = _TeamFile.model_validate(data)
     except ValidationError as exc:
-        table, key = _location(exc.errors()[0]["loc"], data)
+        table, key = location_of(exc.errors()[0]["loc"], data)
         message = f"{where}: " + "; ".join(_explain(exc))
         raise TeamFileError(message, table=table, key=key) from None
     servers = {
@@ -195,14 +182,14 @@ def _parse_team(
             )
         from relaygraph.policies import read_policy_file
 
-        with _at(where, key="policy"):
+        with located(where, key="policy"):
             policy = read_policy_file(base / policy)
         files[parsed.policy] = _digest_json(policy)  # type: ignore[index]
     topology = _topology(parsed, where)
     if parsed.model is not None:
         from relaygraph.models import parse_model_spec
 
-        with _at(where, key="model"):
+        with located(where, key="model"):
             parse_model_spec(parsed.model)
     team = partial(
         Team,
@@ -243,11 +230,11 @@ def _topology(parsed: _TeamFile, where: str) -> Any:
     """The file's topology; each option checked on its own, so a mistake names its key."""
     from relaygraph.topology import Topology
 
-    with _at(where, key="topology"):
+    with located(where, key="topology"):
         Topology.parse(parsed.topology)
-    with _at(where, key="start_agent"):
+    with located(where, key="start_agent"):
         Topology.parse(parsed.topology, start_agent=parsed.start_agent)
-    with _at(where, key="output_mode"):
+    with located(where, key="output_mode"):
         topology = Topology.parse(
             parsed.topology, start_agent=parsed.start_agent, output_mode=parsed.output_mode
         )
@@ -331,7 +318,7 @@ def _agent(
             ref = parse_tool_ref(text, where=f"{at} tools", table=table_name)
             # An MCP server's own errors (it did not start, it lists no such tool) name no
             # team file: they are this key's.
-            with _at(where, table=table_name, key="tools"):
+            with located(where, table=table_name, key="tools"):
                 resolved = _resolve(ref, base, trust, servers, files, f"{at} tools", table_name)
             for made, origin in resolved:
                 tools.append(made)
@@ -423,7 +410,7 @@ def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where
             # The interpreter relaygraph runs on, whose packages (mcp among them) the
             # server can import: "python" on PATH may be another one.
             command[0] = sys.executable
-        with _at(where, table=table_name):  # The server's own checks (its name).
+        with located(where, table=table_name):  # The server's own checks (its name).
             return McpServer(
                 name=name,
                 command=tuple(command),
@@ -444,7 +431,7 @@ def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where
             table=table_name,
             key="url",
         )
-    with _at(where, table=table_name):
+    with located(where, table=table_name):
         return McpServer(
             name=name, url=url, headers=table.headers, timeout_seconds=table.timeout_seconds
         )
@@ -461,33 +448,6 @@ def _explain(exc: ValidationError) -> list[str]:
         else:
             problems.append(f"{loc} = {err.get('input')!r}: {err['msg']}")
     return problems
-
-
-def _location(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The table and key a validation error's ``loc`` points at in ``data``.
-
-    The part of ``loc`` that names no key of ``data`` (the member of a union pydantic tried,
-    ``kb.list[str]``, ``policy.str``) is left out.
-    """
-    parts: list[str] = []
-    node: Any = data
-    for part in loc:
-        if isinstance(node, Mapping):
-            node = node.get(part)
-        elif isinstance(node, list | tuple) and isinstance(part, int):
-            node = node[part] if 0 <= part < len(node) else None
-        else:
-            break
-        parts.append(str(part))
-    if len(parts) >= 2 and parts[0] in ("agents", "mcp"):
-        table, rest = ".".join(parts[:2]), parts[2:]
-    elif parts[:1] == ["supervisor"] or (
-        parts[:1] == ["policy"] and isinstance(data.get("policy"), Mapping)
-    ):
-        table, rest = parts[0], parts[1:]
-    else:
-        table, rest = None, parts
-    return table, ".".join(rest) or None
 
 
 def _digest_json(value: Any) -> str:
