@@ -304,6 +304,12 @@ def journal(cluster: Cluster, task_id: str) -> dict[str, dict[str, Any]]:
     return {row["call_id"]: row["record"] for row in rows}
 
 
+def attempts(cluster: Cluster, task_id: str) -> int:
+    """The task's attempt count, the fencing number of its latest attempt."""
+    [row] = cluster.sql("SELECT attempts FROM tasks WHERE id = :task", task=task_id)
+    return int(row["attempts"])
+
+
 def journaled_text(record: dict[str, Any]) -> str:
     """What the journaled call returned into the graph (the tool message's text)."""
     return str(replay(record).content)  # type: ignore[union-attr]
@@ -426,6 +432,7 @@ def test_kill_9_of_a_worker_mid_tool_continues_the_task_on_the_other_once(
     assert kinds(events).count("run_started") == 2, kinds(events)
     assert kinds(events).count("final") == 1, kinds(events)
     assert done["last_event_seq"] == len(events)
+    assert attempts(cluster, task_id) == 2  # The killed worker's attempt, then the other's.
     # Completed steps were not run again: the supervisor routed to the coder once.
     assert [e["data"]["next"] for e in events if e["event"] == "route"] == ["coder", "FINISH"]
     # Completed tool calls were not repeated: the quick program ran once, the gated one
@@ -510,6 +517,7 @@ def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
         k: done[k] for k in ("status", "answer", "stop_reason", "last_event_seq")
     }
     assert (tool_rows(cluster, task_id), journal(cluster, task_id)) == ledger_then
+    assert attempts(cluster, task_id) == 2  # The frozen worker's, fenced, and the new one.
     assert [(r["tool_call_id"], r["status"]) for r in ledger_then[0]] == [("gated", "success")]
     # The frozen worker is back on the queue.
     waited(cluster, lambda: cluster.queue_counts()[1] == 2, "the frozen worker consumes again")
