@@ -55,14 +55,71 @@ def postgres_conninfo(url: str) -> str | None:
     return f"postgresql://{rest}"
 
 
+class _KeptSavers:
+    """The process's open SQLite checkpointers, one per file, the most recently used kept.
+
+    Opening a SqliteSaver (connect, WAL, checks) and closing it (the last connection to a
+    WAL file checkpoints it) cost a run a few milliseconds; in-process runs share one per
+    file instead. SqliteSaver serialises its use of the connection with a lock of its own,
+    so runs on several threads may share it. At most ``keep`` files stay open (a process
+    with many data directories, a test session, does not pile up open files); one dropped
+    while runs use it is closed when the last of them ends.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[Any, Any]] = {}  # path -> (saver, its context manager)
+        self._users: dict[int, int] = {}
+        self._dropped: dict[int, Any] = {}
+
+    @contextmanager
+    def use(self, path: Path) -> Iterator[Any]:
+        key = str(Path(path).resolve())
+        with self._lock:
+            kept = self._open.pop(key, None)
+            if kept is None:
+                manager = sqlite_checkpointer(path)
+                kept = (manager.__enter__(), manager)
+            self._open[key] = kept  # The most recently used last.
+            saver = kept[0]
+            self._users[id(saver)] = self._users.get(id(saver), 0) + 1
+            while len(self._open) > self.keep:
+                old = self._open.pop(next(iter(self._open)))
+                if self._users.get(id(old[0]), 0):
+                    self._dropped[id(old[0])] = old[1]
+                else:
+                    old[1].__exit__(None, None, None)
+        try:
+            yield saver
+        finally:
+            with self._lock:
+                self._users[id(saver)] -= 1
+                if not self._users[id(saver)]:
+                    del self._users[id(saver)]
+                    dropped = self._dropped.pop(id(saver), None)
+                    if dropped is not None:
+                        dropped.__exit__(None, None, None)
+
+
+_KEPT = _KeptSavers()
+
+
 @contextmanager
-def open_checkpointer(home: Path) -> Iterator[Any]:
-    """The checkpointer for runs: PostgreSQL when the ledger is on PostgreSQL, else SQLite."""
+def open_checkpointer(home: Path, *, shared: bool = False) -> Iterator[Any]:
+    """The checkpointer for runs: PostgreSQL when the ledger is on PostgreSQL, else SQLite.
+
+    Args:
+        shared: On SQLite, the process's open checkpointer of the file (see
+            :class:`_KeptSavers`) instead of one of the run's own, opened and closed here.
+            Only for a run that leaves the saver as it is (a worker's run patches its own).
+    """
     from relaygraph.store import DATABASE_URL_ENV
 
     conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
     if conninfo is None:
-        with sqlite_checkpointer(home / "checkpoints.sqlite") as saver:
+        path = home / "checkpoints.sqlite"
+        with _KEPT.use(path) if shared else sqlite_checkpointer(path) as saver:
             yield saver
         return
     from langgraph.checkpoint.postgres import PostgresSaver

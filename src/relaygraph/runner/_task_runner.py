@@ -167,7 +167,9 @@ class TaskRunner:
         )
         ended = False
         try:
-            with open_checkpointer(self.home) as checkpointer:
+            # A worker's run makes its checkpointer check the attempt (it patches it): one
+            # of its own. An in-process run shares the process's open one.
+            with open_checkpointer(self.home, shared=attempt is None) as checkpointer:
                 if isinstance(hold, AttemptWatch):
                     _check_at_each_step(checkpointer, hold)
                 graph = graph_team.copy({"checkpointer": checkpointer})
@@ -260,7 +262,7 @@ class TaskRunner:
                 else self.ledger.attempt_journal(attempt)
             ),
         )
-        own_knowledge_base = prepare_knowledge_base(team, self.home)
+        own_knowledge_base = _prepared_knowledge_base(team, self.home)
         if own_knowledge_base is not None:
             context = replace(context, knowledge_base=own_knowledge_base)
         context.workspace.mkdir(parents=True, exist_ok=True)
@@ -334,6 +336,29 @@ class TaskRunner:
             holder, until = self.ledger.lease_of(task.id)
             raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
         return taken
+
+
+_SHARED_KB_READY: set[Path] = set()
+_SHARED_KB_LOCK = threading.Lock()
+
+
+def _prepared_knowledge_base(team: Team, home: Path) -> Path | None:
+    """:func:`prepare_knowledge_base`, done once per process for the shared knowledge base.
+
+    A team with folders of its own has them brought up to date at every run; the shared
+    one (``home/kb.sqlite``) is only given the sample corpus when empty, which a process
+    needs to see once: opening and checking it again cost every run a few milliseconds.
+    """
+    if any(agent.kb for agent in team.agents):
+        return prepare_knowledge_base(team, home)
+    shared = home / "kb.sqlite"
+    with _SHARED_KB_LOCK:
+        if shared in _SHARED_KB_READY and shared.exists():
+            return None
+    own = prepare_knowledge_base(team, home)
+    with _SHARED_KB_LOCK:
+        _SHARED_KB_READY.add(shared)
+    return own
 
 
 def _superseded_by(hold: LeaseKeeper | AttemptWatch, error: BaseException) -> None:

@@ -8,7 +8,17 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import ColumnElement, Select, func, or_, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    func,
+    insert,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from relaygraph.errors import ConfigError
@@ -57,9 +67,8 @@ class LedgerBase:
         no notices: the setting is ignored there."""
         self._engine = make_engine(self._url)
         self._reader = sessionmaker(self._engine, expire_on_commit=False)
-        self._writer = sessionmaker(
-            self._engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
-        )
+        self._write_engine = self._engine.execution_options(**{WRITE_OPTION: True})
+        self._writer = sessionmaker(self._write_engine, expire_on_commit=False)
 
     def __repr__(self) -> str:
         return f"Ledger({display_url(self._url)!r})"
@@ -101,6 +110,18 @@ class LedgerBase:
     def _read(self) -> Iterator[Session]:
         with self._reader() as session, session.begin():
             yield session
+
+    @contextmanager
+    def _write_connection(self) -> Iterator[Connection]:
+        """A write transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
+        with self._write_engine.begin() as connection:
+            yield connection
+
+    @contextmanager
+    def _read_connection(self) -> Iterator[Connection]:
+        """A read transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
+        with self._engine.begin() as connection:
+            yield connection
 
     def _snapshots(self, record: type[R], query: Select[Any]) -> list[R]:
         with self._read() as session:
@@ -150,16 +171,21 @@ def _add_events(
     session: Session, task_id: str, first: int, batch: Sequence[Mapping[str, Any]], now: datetime
 ) -> None:
     """Add the event rows numbered from ``first``, and the rows derived from them."""
-    session.add_all(
-        EventRow(
-            task_id=task_id,
-            seq=seq,
-            type=data["type"][:32],
-            agent=event_agent(data),
-            data=data,
-            created_at=now,
-        )
-        for seq, data in enumerate(batch, start=first)
+    # One multi-row INSERT in SQLAlchemy Core (no ORM objects): every batch of a run's
+    # events goes through here, on the thread that shares the interpreter with the graph.
+    session.connection().execute(
+        insert(EventRow),
+        [
+            {
+                "task_id": task_id,
+                "seq": seq,
+                "type": data["type"][:32],
+                "agent": event_agent(data),
+                "data": data,
+                "created_at": now,
+            }
+            for seq, data in enumerate(batch, start=first)
+        ],
     )
     for seq, data in enumerate(batch, start=first):
         derive(session, task_id, seq, data, now)

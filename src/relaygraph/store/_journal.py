@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Select, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _check_attempt, _now
-from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._base import LedgerBase, _now
+from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import TaskRow, ToolJournalRow
 
 __all__ = ["LedgerToolJournal", "ToolJournalLedger"]
@@ -29,9 +30,10 @@ class ToolJournalLedger(LedgerBase):
 
     def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         """The record of the task's call ``call_id``; None if it never completed."""
-        with self._read() as session:
-            row = session.get(ToolJournalRow, (task_id, call_id))
-            return dict(row.record) if row is not None else None
+        # SQLAlchemy Core, not the ORM: a read (and a write) on every tool call of a run.
+        with self._read_connection() as connection:
+            record = connection.scalar(_record_of(task_id, call_id))
+        return dict(record) if record is not None else None
 
     def journal_call(
         self,
@@ -65,18 +67,24 @@ class ToolJournalLedger(LedgerBase):
         call = check.text(call_id, "call_id", max_chars=check.MAX_KEY_CHARS)
         kept = check.json_object(record, "record")
         try:
-            with self._write() as session:
+            with self._write_connection() as connection:
                 # A fenced record locks the task's row, as a new attempt's start does: the
                 # two cannot interleave.
-                task = session.get(TaskRow, task_id, with_for_update=attempt is not None)
-                if task is None:
+                query = select(TaskRow.attempts).where(TaskRow.id == task_id)
+                if attempt is not None:
+                    query = query.with_for_update()
+                current = connection.execute(query).first()
+                if current is None:
                     raise RecordNotFound("task", task_id)
-                _check_attempt(task, attempt)
-                earlier = session.get(ToolJournalRow, (task_id, call))
+                if attempt is not None and current[0] != attempt:
+                    raise AttemptSuperseded(task_id, attempt, current[0])
+                earlier = connection.scalar(_record_of(task_id, call))
                 if earlier is not None:
-                    return dict(earlier.record)
-                session.add(
-                    ToolJournalRow(task_id=task_id, call_id=call, record=kept, created_at=_now())
+                    return dict(earlier)
+                connection.execute(
+                    insert(ToolJournalRow).values(
+                        task_id=task_id, call_id=call, record=kept, created_at=_now()
+                    )
                 )
             return kept
         except IntegrityError:
@@ -96,6 +104,12 @@ class ToolJournalLedger(LedgerBase):
         """This ledger as the tool journal of a worker's ``attempt``: its records are
         refused (``AttemptSuperseded``) once the task is on another attempt."""
         return LedgerToolJournal(self, attempt)
+
+
+def _record_of(task_id: str, call_id: str) -> Select[tuple[dict[str, Any]]]:
+    return select(ToolJournalRow.record).where(
+        ToolJournalRow.task_id == task_id, ToolJournalRow.call_id == call_id
+    )
 
 
 @dataclass(frozen=True, slots=True)
