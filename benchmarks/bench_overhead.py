@@ -244,8 +244,8 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "model playing the same turns with `transfer_to_<agent>` calls), compiled once, one "
         "`invoke` per task on a new thread. The baseline of the target.",
         f"- **{SUBJECT}**: `relaygraph.runner._run.run_task(..., model='scripted:...')`: "
-        "policies on, every event written to the SQL ledger (SQLite), the team graph built per "
-        "task, as `relaygraph run` does (it opens the ledger for each task).",
+        "policies on, every event written to the SQL ledger (SQLite), as `relaygraph run` "
+        "does (the team graph, the ledger and the checkpointer kept for the process).",
         f"- **{SERVICE}**: `TaskRunner.run` on a task from `Ledger.create_task`, with one "
         "ledger and runner kept for all runs, as the task service holds them. The target is "
         "judged for both relaygraph sides.",
@@ -401,12 +401,15 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "the derived handoff, tool-call and usage rows with their SELECTs) adds to the task's "
         "wall time. Besides the events, a task writes its row (`create_task`), takes its "
         "lease (`take_lease`) and ends with one transaction for its usage, status and lease "
-        "(`end_run`), and every run opens and closes its SQLite checkpointer (`run_task` "
-        "keeps its ledger for the process since this revision: opening one per task cost "
-        "about 8 ms). These are fixed per task, so the marginal cost of a handoff is on a "
-        "par with bare while a short task is not. What would close the rest: the ledger's "
-        "writes in SQLAlchemy Core or plain SQL instead of the ORM, a checkpointer kept open "
-        "by a long-lived runner, or the events written by a process of their own.",
+        "(`end_run`). The process keeps its ledger (opening one per task cost about 8 ms), "
+        "its open SQLite checkpointer (`open_checkpointer(shared=True)`: opening and "
+        "closing one per run cost a few ms) and its prepared shared knowledge base; the "
+        "tool journal and the event rows are written in SQLAlchemy Core. These are fixed "
+        "per task, so the marginal cost of a handoff is on a "
+        "par with bare while a short task is not. What would close the rest: the derived "
+        "rows (handoffs, tool calls, usage) in SQLAlchemy Core too, fewer threads started "
+        "per run (event writer, lease keeper, drain watcher), or the events written by a "
+        "process of their own.",
         "2. **A fixed cost per task**: relaygraph runs one more node (`begin`) and one more "
         "model call (`finalize`) per task than bare, and its supervisor validates a "
         "structured route each step. Compiling the team is no longer per task: "

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph._names import FINISH, SUPERVISOR
@@ -93,8 +93,15 @@ def _add_handoff(
 ) -> None:
     ns = handoff["id"] or None
     source, target = handoff["source"][:NAME_CHARS], handoff["target"][:NAME_CHARS]
-    latest = session.scalars(
-        select(HandoffRow)
+    latest = session.execute(
+        select(
+            HandoffRow.seq,
+            HandoffRow.checkpoint_ns,
+            HandoffRow.kind,
+            HandoffRow.source,
+            HandoffRow.target,
+            HandoffRow.task,
+        )
         .where(HandoffRow.task_id == task_id)
         .order_by(HandoffRow.seq.desc())
         .limit(1)
@@ -102,8 +109,7 @@ def _add_handoff(
     if (
         latest is not None
         and ns is not None
-        and (latest.checkpoint_ns, latest.kind, latest.source, latest.target, latest.task)
-        == (ns, handoff["kind"], source, target, handoff["task"])
+        and tuple(latest[1:]) == (ns, handoff["kind"], source, target, handoff["task"])
     ):
         # The same transfer from the same node run, reported again: the step re-ran after
         # a person's decision (a ping-pong the human approved). One transfer, one row.
@@ -111,8 +117,8 @@ def _add_handoff(
     last = latest.seq if latest is not None else 0
     if tokens_so_far is None:
         tokens_so_far = _usage.tokens_so_far(session, task_id)
-    session.add(
-        HandoffRow(
+    session.execute(
+        insert(HandoffRow).values(
             task_id=task_id,
             seq=(last or 0) + 1,
             event_seq=event_seq,
@@ -129,9 +135,14 @@ def _add_handoff(
     )
 
 
-def _open_call(session: Session, task_id: str, event: Mapping[str, Any]) -> ToolCallRow | None:
-    """The latest call this ``tool_result`` (or a repeated ``tool_call``) belongs to."""
-    query = select(ToolCallRow).where(
+# The tool-call rows are read and written in SQLAlchemy Core (ids and values, no ORM
+# objects): two of a run's events in three are a tool call or its result.
+
+
+def _open_call(session: Session, task_id: str, event: Mapping[str, Any]) -> int | None:
+    """The id of the latest call this ``tool_result`` (or a repeated ``tool_call``) belongs
+    to."""
+    query = select(ToolCallRow.id).where(
         ToolCallRow.task_id == task_id, ToolCallRow.finished_at.is_(None)
     )
     call_id = event.get("tool_call_id")
@@ -141,21 +152,21 @@ def _open_call(session: Session, task_id: str, event: Mapping[str, Any]) -> Tool
         query = query.where(
             ToolCallRow.agent == _name(event, "agent"), ToolCallRow.tool == _text(event, "tool")
         )
-    return session.scalars(query.order_by(ToolCallRow.id.desc()).limit(1)).first()
+    return session.scalar(query.order_by(ToolCallRow.id.desc()).limit(1))
 
 
-def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> ToolCallRow:
+def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     call_id = event.get("tool_call_id")
-    return ToolCallRow(
-        task_id=task_id,
-        event_seq=seq,
-        agent=_name(event, "agent"),
-        tool=_text(event, "tool")[:128],
-        tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
-        args=_object(event.get("args")),
-        status="pending",
-        created_at=now,
-    )
+    return {
+        "task_id": task_id,
+        "event_seq": seq,
+        "agent": _name(event, "agent"),
+        "tool": _text(event, "tool")[:128],
+        "tool_call_id": call_id if isinstance(call_id, str) and call_id else None,
+        "args": _object(event.get("args")),
+        "status": "pending",
+        "created_at": now,
+    }
 
 
 def _tool_call(
@@ -166,35 +177,38 @@ def _tool_call(
         return  # The same call announced again by an agent resumed after an approval.
     if has_id and _finished_call(session, task_id, event) is not None:
         return  # A call the tool journal replays after a crash: it ran once, one row.
-    session.add(_new_call(task_id, seq, event, now))
+    session.execute(insert(ToolCallRow).values(**_new_call(task_id, seq, event, now)))
 
 
-def _finished_call(session: Session, task_id: str, event: Mapping[str, Any]) -> ToolCallRow | None:
-    """The finished row of the same call (id, agent and tool), if any."""
-    query = select(ToolCallRow).where(
+def _finished_call(session: Session, task_id: str, event: Mapping[str, Any]) -> int | None:
+    """The id of the finished row of the same call (id, agent and tool), if any."""
+    query = select(ToolCallRow.id).where(
         ToolCallRow.task_id == task_id,
         ToolCallRow.finished_at.is_not(None),
         ToolCallRow.tool_call_id == event.get("tool_call_id"),
         ToolCallRow.agent == _name(event, "agent"),
         ToolCallRow.tool == _text(event, "tool")[:128],
     )
-    return session.scalars(query.limit(1)).first()
+    return session.scalar(query.limit(1))
 
 
 def _tool_result(
     session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
 ) -> None:
-    row = _open_call(session, task_id, event)
-    if row is None and event.get("tool_call_id") and _finished_call(session, task_id, event):
+    row_id = _open_call(session, task_id, event)
+    if row_id is None and event.get("tool_call_id") and _finished_call(session, task_id, event):
         return  # The journal's replay of a result already recorded.
-    if row is None:  # The call's own event was not recorded; keep the result all the same.
-        row = _new_call(task_id, seq, event, now)
-        row.args = None
-        session.add(row)
-    row.status = _text(event, "status")[:16] or "success"
     preview = event.get("preview")
-    row.result_preview = None if preview is None else str(preview)
-    row.finished_at = now
+    outcome = {
+        "status": _text(event, "status")[:16] or "success",
+        "result_preview": None if preview is None else str(preview),
+        "finished_at": now,
+    }
+    if row_id is None:  # The call's own event was not recorded; keep the result all the same.
+        row = {**_new_call(task_id, seq, event, now), "args": None, **outcome}
+        session.execute(insert(ToolCallRow).values(**row))
+        return
+    session.execute(update(ToolCallRow).where(ToolCallRow.id == row_id).values(**outcome))
 
 
 def _interrupted(
