@@ -34,7 +34,7 @@ from _common import (  # noqa: E402
     versions,
 )
 
-BENCHMARKS = ("overhead", "tokens", "checkpoints", "coldstart", "local")
+BENCHMARKS = ("overhead", "tokens", "checkpoints", "coldstart", "local", "service")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
             import bench_local
 
             sections.append(bench_local.run(home / "local", runs=local_runs))
+        if "service" in chosen:
+            log("6. the task service: in process and on workers")
+            import bench_service
+
+            sections.append(bench_service.run(args.quick))
     text = _render(
         sections,
         command=command,
