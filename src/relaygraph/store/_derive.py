@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph._names import FINISH, SUPERVISOR
@@ -83,6 +83,62 @@ def _transfer(
     _add_handoff(session, task_id, seq, handoff, tokens, now)
 
 
+# The handoff and tool-call rows are read and written in SQLAlchemy Core, on the session's
+# connection, with statements built once (ids and values, no ORM objects, no statement built
+# per event): most of a run's events are a route, a tool call or its result, and this runs on
+# the thread that shares the interpreter with the graph. Only these functions write those
+# two tables, so nothing the session holds unflushed is missed by their reads.
+
+_LATEST_HANDOFF = (
+    select(
+        HandoffRow.seq,
+        HandoffRow.checkpoint_ns,
+        HandoffRow.kind,
+        HandoffRow.source,
+        HandoffRow.target,
+        HandoffRow.task,
+    )
+    .where(HandoffRow.task_id == bindparam("task_id"))
+    .order_by(HandoffRow.seq.desc())
+    .limit(1)
+)
+_ADD_HANDOFF = insert(HandoffRow)
+_OPEN_CALL_BY_ID = (
+    select(ToolCallRow.id)
+    .where(
+        ToolCallRow.task_id == bindparam("task_id"),
+        ToolCallRow.finished_at.is_(None),
+        ToolCallRow.tool_call_id == bindparam("call_id"),
+    )
+    .order_by(ToolCallRow.id.desc())
+    .limit(1)
+)
+_OPEN_CALL_BY_TOOL = (
+    select(ToolCallRow.id)
+    .where(
+        ToolCallRow.task_id == bindparam("task_id"),
+        ToolCallRow.finished_at.is_(None),
+        ToolCallRow.agent == bindparam("agent"),
+        ToolCallRow.tool == bindparam("tool"),
+    )
+    .order_by(ToolCallRow.id.desc())
+    .limit(1)
+)
+_FINISHED_CALL = (
+    select(ToolCallRow.id)
+    .where(
+        ToolCallRow.task_id == bindparam("task_id"),
+        ToolCallRow.finished_at.is_not(None),
+        ToolCallRow.tool_call_id == bindparam("call_id"),
+        ToolCallRow.agent == bindparam("agent"),
+        ToolCallRow.tool == bindparam("tool"),
+    )
+    .limit(1)
+)
+_ADD_CALL = insert(ToolCallRow)
+_FINISH_CALL = update(ToolCallRow).where(ToolCallRow.id == bindparam("row_id"))
+
+
 def _add_handoff(
     session: Session,
     task_id: str,
@@ -93,19 +149,8 @@ def _add_handoff(
 ) -> None:
     ns = handoff["id"] or None
     source, target = handoff["source"][:NAME_CHARS], handoff["target"][:NAME_CHARS]
-    latest = session.execute(
-        select(
-            HandoffRow.seq,
-            HandoffRow.checkpoint_ns,
-            HandoffRow.kind,
-            HandoffRow.source,
-            HandoffRow.target,
-            HandoffRow.task,
-        )
-        .where(HandoffRow.task_id == task_id)
-        .order_by(HandoffRow.seq.desc())
-        .limit(1)
-    ).first()
+    connection = session.connection()
+    latest = connection.execute(_LATEST_HANDOFF, {"task_id": task_id}).first()
     if (
         latest is not None
         and ns is not None
@@ -117,42 +162,35 @@ def _add_handoff(
     last = latest.seq if latest is not None else 0
     if tokens_so_far is None:
         tokens_so_far = _usage.tokens_so_far(session, task_id)
-    session.execute(
-        insert(HandoffRow).values(
-            task_id=task_id,
-            seq=(last or 0) + 1,
-            event_seq=event_seq,
-            kind=handoff["kind"],
-            source=source,
-            target=target,
-            task=handoff["task"],
-            reason=handoff["reason"],
-            step=handoff["step"],
-            checkpoint_ns=ns,
-            tokens_so_far=tokens_so_far,
-            created_at=now,
-        )
+    connection.execute(
+        _ADD_HANDOFF,
+        {
+            "task_id": task_id,
+            "seq": (last or 0) + 1,
+            "event_seq": event_seq,
+            "kind": handoff["kind"],
+            "source": source,
+            "target": target,
+            "task": handoff["task"],
+            "reason": handoff["reason"],
+            "step": handoff["step"],
+            "checkpoint_ns": ns,
+            "tokens_so_far": tokens_so_far,
+            "created_at": now,
+        },
     )
-
-
-# The tool-call rows are read and written in SQLAlchemy Core (ids and values, no ORM
-# objects): two of a run's events in three are a tool call or its result.
 
 
 def _open_call(session: Session, task_id: str, event: Mapping[str, Any]) -> int | None:
     """The id of the latest call this ``tool_result`` (or a repeated ``tool_call``) belongs
     to."""
-    query = select(ToolCallRow.id).where(
-        ToolCallRow.task_id == task_id, ToolCallRow.finished_at.is_(None)
-    )
     call_id = event.get("tool_call_id")
     if isinstance(call_id, str) and call_id:
-        query = query.where(ToolCallRow.tool_call_id == call_id)
+        query, params = _OPEN_CALL_BY_ID, {"task_id": task_id, "call_id": call_id}
     else:
-        query = query.where(
-            ToolCallRow.agent == _name(event, "agent"), ToolCallRow.tool == _text(event, "tool")
-        )
-    return session.scalar(query.order_by(ToolCallRow.id.desc()).limit(1))
+        query = _OPEN_CALL_BY_TOOL
+        params = {"task_id": task_id, "agent": _name(event, "agent"), "tool": _text(event, "tool")}
+    return session.connection().execute(query, params).scalar()
 
 
 def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> dict[str, Any]:
@@ -165,7 +203,9 @@ def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -
         "tool_call_id": call_id if isinstance(call_id, str) and call_id else None,
         "args": _object(event.get("args")),
         "status": "pending",
+        "result_preview": None,
         "created_at": now,
+        "finished_at": None,
     }
 
 
@@ -177,19 +217,18 @@ def _tool_call(
         return  # The same call announced again by an agent resumed after an approval.
     if has_id and _finished_call(session, task_id, event) is not None:
         return  # A call the tool journal replays after a crash: it ran once, one row.
-    session.execute(insert(ToolCallRow).values(**_new_call(task_id, seq, event, now)))
+    session.connection().execute(_ADD_CALL, _new_call(task_id, seq, event, now))
 
 
 def _finished_call(session: Session, task_id: str, event: Mapping[str, Any]) -> int | None:
     """The id of the finished row of the same call (id, agent and tool), if any."""
-    query = select(ToolCallRow.id).where(
-        ToolCallRow.task_id == task_id,
-        ToolCallRow.finished_at.is_not(None),
-        ToolCallRow.tool_call_id == event.get("tool_call_id"),
-        ToolCallRow.agent == _name(event, "agent"),
-        ToolCallRow.tool == _text(event, "tool")[:128],
-    )
-    return session.scalar(query.limit(1))
+    params = {
+        "task_id": task_id,
+        "call_id": event.get("tool_call_id"),
+        "agent": _name(event, "agent"),
+        "tool": _text(event, "tool")[:128],
+    }
+    return session.connection().execute(_FINISHED_CALL, params).scalar()
 
 
 def _tool_result(
@@ -204,11 +243,13 @@ def _tool_result(
         "result_preview": None if preview is None else str(preview),
         "finished_at": now,
     }
+    connection = session.connection()
     if row_id is None:  # The call's own event was not recorded; keep the result all the same.
-        row = {**_new_call(task_id, seq, event, now), "args": None, **outcome}
-        session.execute(insert(ToolCallRow).values(**row))
+        connection.execute(
+            _ADD_CALL, {**_new_call(task_id, seq, event, now), "args": None, **outcome}
+        )
         return
-    session.execute(update(ToolCallRow).where(ToolCallRow.id == row_id).values(**outcome))
+    connection.execute(_FINISH_CALL, {"row_id": row_id, **outcome})
 
 
 def _interrupted(
