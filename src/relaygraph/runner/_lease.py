@@ -43,6 +43,7 @@ class LeaseKeeper:
         self._seconds = seconds
         self._done = threading.Event()
         self._on_lost: list[Callable[[], None]] = []
+        self._on_cancel: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._renew, name=f"relaygraph-lease-{task_id[:8]}", daemon=True
@@ -69,9 +70,27 @@ class LeaseKeeper:
             if self._cancel is not None and not self._cancel.is_set():
                 try:
                     if self._ledger.cancel_requested(self._task_id):
-                        self._cancel.set()
+                        self._cancelled()
                 except Exception:  # As for the renewal: the next round may work.
                     log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
+
+    def _cancelled(self) -> None:
+        with self._lock:
+            if self._cancel is None or self._cancel.is_set():
+                return
+            self._cancel.set()
+            callbacks = list(self._on_cancel)
+        for callback in callbacks:
+            callback()
+
+    def when_cancelled(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when this keeper finds a cancel waiting on the task (at once,
+        if ``cancel`` is set already)."""
+        with self._lock:
+            if self._cancel is None or not self._cancel.is_set():
+                self._on_cancel.append(callback)
+                return
+        callback()
 
     def when_lost(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the lease is lost (at once, if it already was)."""

@@ -81,6 +81,10 @@ class TaskRun:
     lease: LeaseKeeper | AttemptWatch
     """The runner's hold on the task: its lease (in process), or its attempt (a worker)."""
     writer: EventWriter
+    watch_cancel: bool = True
+    """Whether ``cancel`` may be set by others than ``lease`` (a caller's event): a watcher
+    thread then turns it into a drain. When False, only the lease (or attempt) sets it, and
+    tells the run itself (``when_cancelled``): no thread to start per run."""
     attempt: int | None = None
     """A worker's attempt (the fencing number every ledger write of the run carries); None
     in process, where the lease keeps the task to one runner."""
@@ -144,9 +148,9 @@ class TaskRun:
             # A lost lease (or a superseded attempt) drains the run too; it stays the new
             # holder's. A worker's run hears of a cancel at the step boundary itself.
             self.lease.when_lost(lambda: control.request_drain("shutdown"))
-            if isinstance(self.lease, AttemptWatch):
-                self.lease.when_cancelled(lambda: control.request_drain("cancel"))
-            with _drain_when(control, cancel=self.cancel, stop=self.stop):
+            self.lease.when_cancelled(lambda: control.request_drain("cancel"))
+            watched = self.cancel if self.watch_cancel else None
+            with _drain_when(control, cancel=watched, stop=self.stop):
                 for _ns, mode, data in stream:
                     if mode == "custom":
                         emit(data)

@@ -138,6 +138,7 @@ class TaskRunner:
         if attempt is None:
             task = self._take(task)
         # A cancel asked for on another server reaches this run through the ledger.
+        watch_cancel = cancel is not None
         cancel = cancel or threading.Event()
         if task.cancel_requested_at is not None:
             cancel.set()
@@ -152,6 +153,7 @@ class TaskRunner:
             context=context,
             config=config,
             cancel=cancel,
+            watch_cancel=watch_cancel,
             stop=stop,
             lease=hold,
             # The ledger's writes happen behind the graph (see EventWriter), in order; a
