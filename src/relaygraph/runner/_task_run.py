@@ -143,6 +143,13 @@ class TaskRun:
                 # tool calls are durable before any of the tools runs, so a run continued
                 # after a crash finds them (and the tool journal their results) instead of
                 # asking the model again and running other calls.
+                # In process too (no redelivery, a lease): `serve` restarted after a crash
+                # continues each running task from its last checkpoint, and under "async"
+                # a tool could run (and journal its result) before the step that holds
+                # its call is saved; the continued run would ask the model again, get other
+                # calls (other ids), and repeat the side effects. So sync here as well
+                # (measured: a few ms of a relay-3 task; the ledger cost more, see
+                # benchmarks/bench_overhead.py).
                 durability="sync",
             )
             # A lost lease (or a superseded attempt) drains the run too; it stays the new
