@@ -173,7 +173,7 @@ class TaskRunner:
             # of its own. An in-process run shares the process's open one.
             with open_checkpointer(self.home, shared=attempt is None) as checkpointer:
                 if isinstance(hold, AttemptWatch):
-                    _check_at_each_step(checkpointer, hold)
+                    _check_at_each_step(checkpointer, hold, flush=run.writer.flush)
                 graph = graph_team.copy({"checkpointer": checkpointer})
                 graph_input = run.graph_input(graph, graph_input)
                 run.writer.put(run.started_event())
@@ -369,15 +369,22 @@ def _superseded_by(hold: LeaseKeeper | AttemptWatch, error: BaseException) -> No
         hold.supersede(error.current)
 
 
-def _check_at_each_step(checkpointer: Any, hold: AttemptWatch) -> None:
+def _check_at_each_step(
+    checkpointer: Any, hold: AttemptWatch, *, flush: Callable[[], None]
+) -> None:
     """Make ``checkpointer`` (this run's own) ask the ledger before it saves each step's
     checkpoint, which under sync durability is the step boundary, before the next step
     starts (in the team graph and in each agent's subgraph alike): a cancel drains the run
     right there, and an attempt that was superseded saves nothing more and stops.
+
+    The step's events are written first (``flush``): a checkpoint saved before its step's
+    events would, if the worker died in between, let the next attempt go on past a step
+    whose events the ledger never got (a tool call left pending for good).
     """
     save = checkpointer.put
 
     def put(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        flush()
         if not hold.check():
             raise AttemptSuperseded(hold.task_id, hold.attempt, hold.current)
         return save(config, checkpoint, metadata, new_versions)
