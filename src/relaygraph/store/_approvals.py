@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import DECISIONS, LedgerBase, _now
+from relaygraph.store._base import DECISIONS, LedgerBase, utc_now
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ApprovalRow,
@@ -83,5 +83,5 @@ class ApprovalsLedger(LedgerBase):
                     f"already decided: {row.decision!r} by {row.decided_by!r}",
                 )
             row.decision, row.decided_by, row.reason = decision, who, why
-            row.edited_args, row.decided_at = edited, _now()
+            row.edited_args, row.decided_at = edited, utc_now()
             return snapshot(Approval, row)

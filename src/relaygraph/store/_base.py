@@ -47,7 +47,7 @@ DECISIONS = ("approve", "reject", "edit")
 R = TypeVar("R")
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -136,20 +136,20 @@ class LedgerBase:
         session.execute(select(func.pg_notify(self.notify_channel, payload)))
 
 
-def _no_live_lease(now: datetime) -> ColumnElement[bool]:
+def no_live_lease(now: datetime) -> ColumnElement[bool]:
     """No runner holds the task, or its lease has lapsed. A worker's attempt holds it with
     a runner id and no end (``lease_until`` NULL): the broker, not a lease, says when that
     worker is gone, so such a hold never lapses here."""
     return or_(TaskRow.runner_id.is_(None), TaskRow.lease_until < now)
 
 
-def _fenced(attempt: int | None) -> ColumnElement[bool]:
+def fenced_by(attempt: int | None) -> ColumnElement[bool]:
     """The condition a fenced write adds to its UPDATE: the task is still on ``attempt``
     (always true for an unfenced write, ``attempt`` None)."""
     return true() if attempt is None else TaskRow.attempts == attempt
 
 
-def _check_attempt(row: TaskRow, attempt: int | None) -> None:
+def check_attempt(row: TaskRow, attempt: int | None) -> None:
     """Refuse a write of ``attempt`` to a task (its row locked) that is on another attempt.
 
     Raises:
@@ -159,7 +159,7 @@ def _check_attempt(row: TaskRow, attempt: int | None) -> None:
         raise AttemptSuperseded(row.id, attempt, row.attempts)
 
 
-def _refusal(session: Session, task_id: str, attempt: int | None) -> Exception:
+def attempt_refusal(session: Session, task_id: str, attempt: int | None) -> Exception:
     """Why a fenced UPDATE of the task matched no row: no such task, or another attempt."""
     current = session.scalar(select(TaskRow.attempts).where(TaskRow.id == task_id))
     if current is None or attempt is None:
@@ -167,7 +167,7 @@ def _refusal(session: Session, task_id: str, attempt: int | None) -> Exception:
     return AttemptSuperseded(task_id, attempt, current)
 
 
-def _add_events(
+def add_events(
     session: Session, task_id: str, first: int, batch: Sequence[Mapping[str, Any]], now: datetime
 ) -> None:
     """Add the event rows numbered from ``first``, and the rows derived from them."""
@@ -191,7 +191,7 @@ def _add_events(
         derive(session, task_id, seq, data, now)
 
 
-def _add_finish_event(
+def add_finish_event(
     session: Session, task_id: str, status: str, stop_reason: str | None, now: datetime
 ) -> int:
     """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
@@ -204,11 +204,11 @@ def _add_finish_event(
         .returning(TaskRow.last_event_seq)
     )
     assert seq is not None
-    _add_events(session, task_id, seq, [run_finished_event(status, stop_reason)], now)
+    add_events(session, task_id, seq, [run_finished_event(status, stop_reason)], now)
     return seq
 
 
-def _status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+def status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     if status not in TASK_STATUSES:
         raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
     unknown = [name for name in fields if name not in STATUS_FIELDS]
@@ -220,10 +220,10 @@ def _status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in fields.items():
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{name} {value!r} must be a string or None")
-    return {"status": status, "updated_at": _now(), **fields}
+    return {"status": status, "updated_at": utc_now(), **fields}
 
 
-def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
+def apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         setattr(row, name, value)
     if row.status == "running" and row.started_at is None:
@@ -232,5 +232,5 @@ def _apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
         row.finished_at = values["updated_at"]
 
 
-def _task(row: TaskRow) -> Task:
+def task_of_row(row: TaskRow) -> Task:
     return snapshot(Task, row, metadata=row.meta)

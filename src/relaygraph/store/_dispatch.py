@@ -14,10 +14,10 @@ from sqlalchemy import select
 
 from relaygraph.store._base import (
     LedgerBase,
-    _add_finish_event,
-    _apply_status,
-    _now,
-    _status_values,
+    add_finish_event,
+    apply_status,
+    status_values,
+    utc_now,
 )
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import TaskRow
@@ -46,7 +46,7 @@ class WorkerDispatchLedger(LedgerBase):
         Raises:
             RecordNotFound: No such task.
         """
-        now = _now()
+        now = utc_now()
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
@@ -81,15 +81,15 @@ class WorkerDispatchLedger(LedgerBase):
             dispatch, a cancel waited on the task (now ``cancelled``), or the dispatch was
             started ``max_attempts`` times already (now ``failed``, saying so).
         """
-        now = _now()
+        now = utc_now()
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.dispatch != dispatch or row.status not in STARTABLE:
                 return None
             if row.cancel_requested_at is not None:
-                values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+                values = status_values("cancelled", {"stop_reason": "cancelled by request"})
             elif row.dispatch_attempts >= max_attempts:
-                values = _status_values(
+                values = status_values(
                     "failed",
                     {
                         "stop_reason": (
@@ -103,11 +103,11 @@ class WorkerDispatchLedger(LedgerBase):
                 row.attempts += 1
                 row.dispatch_attempts += 1
                 row.runner_id, row.lease_until = worker_id[:64], None
-                _apply_status(row, _status_values("running", {}))
+                apply_status(row, status_values("running", {}))
                 return row.attempts
-            _apply_status(row, values)
+            apply_status(row, values)
             row.runner_id = row.lease_until = row.cancel_requested_at = None
-            seq = _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            seq = add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
             self._announce(session, task_id, seq)
             return None
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import MAX_PAGE, LedgerBase, _now
+from relaygraph.store._base import MAX_PAGE, LedgerBase, utc_now
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     EvalCaseRow,
@@ -60,7 +60,7 @@ class EvalRunsLedger(LedgerBase):
             options=check.json_object(options, "options"),
             case_count=check.whole(case_count, "case_count"),
             run_count=check.whole(run_count, "run_count"),
-            started_at=check.aware(started_at, "started_at") or _now(),
+            started_at=check.aware(started_at, "started_at") or utc_now(),
         )
         with self._write() as session:
             session.add(row)
@@ -116,7 +116,7 @@ class EvalRunsLedger(LedgerBase):
             latency_seconds=check.amount(latency_seconds, "latency_seconds"),
             error=None if error is None else str(error).replace(check.NUL, check.REPLACEMENT),
             task_id=check.optional_text(task_id, "task_id", max_chars=36),
-            created_at=_now(),
+            created_at=utc_now(),
         )
         try:
             with self._write() as session:
@@ -157,7 +157,7 @@ class EvalRunsLedger(LedgerBase):
         """
         stored = check.json_object(metrics, "metrics")
         pass_rate = check.share(stored.get("pass_rate"), "metrics.pass_rate")
-        when = check.aware(finished_at, "finished_at") or _now()
+        when = check.aware(finished_at, "finished_at") or utc_now()
         with self._write() as session:
             row = session.get(EvalRunRow, eval_run_id, with_for_update=True)
             if row is None:

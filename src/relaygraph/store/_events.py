@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _add_events, _fenced, _now, _refusal
+from relaygraph.store._base import LedgerBase, add_events, attempt_refusal, fenced_by, utc_now
 from relaygraph.store._models import (
     ApprovalRow,
     EventRow,
@@ -73,7 +73,7 @@ class EventsLedger(LedgerBase):
         batch = [check.event_data(event) for event in events]
         if not batch:
             return []
-        now = _now()
+        now = utc_now()
         with self._write() as session:
             # The update locks the task's row until commit, so concurrent appends to one
             # task take their sequence numbers (and commit) strictly one after another; the
@@ -81,14 +81,14 @@ class EventsLedger(LedgerBase):
             # meanwhile waits for this write, or this write is refused.
             last = session.scalar(
                 update(TaskRow)
-                .where(TaskRow.id == task_id, _fenced(attempt))
+                .where(TaskRow.id == task_id, fenced_by(attempt))
                 .values(last_event_seq=TaskRow.last_event_seq + len(batch), updated_at=now)
                 .returning(TaskRow.last_event_seq)
             )
             if last is None:
-                raise _refusal(session, task_id, attempt)
+                raise attempt_refusal(session, task_id, attempt)
             first = last - len(batch) + 1
-            _add_events(session, task_id, first, batch, now)
+            add_events(session, task_id, first, batch, now)
             self._announce(session, task_id, last)
         return list(range(first, last + 1))
 

@@ -18,7 +18,7 @@ from sqlalchemy import Select, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _now
+from relaygraph.store._base import LedgerBase, utc_now
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import TaskRow, ToolJournalRow
 
@@ -83,7 +83,7 @@ class ToolJournalLedger(LedgerBase):
                     return dict(earlier)
                 connection.execute(
                     insert(ToolJournalRow).values(
-                        task_id=task_id, call_id=call, record=kept, created_at=_now()
+                        task_id=task_id, call_id=call, record=kept, created_at=utc_now()
                     )
                 )
             return kept

@@ -12,12 +12,12 @@ from sqlalchemy.orm import Session
 from relaygraph.errors import ConfigError
 from relaygraph.store._base import (
     LedgerBase,
-    _add_finish_event,
-    _apply_status,
-    _no_live_lease,
-    _now,
-    _status_values,
-    _task,
+    add_finish_event,
+    apply_status,
+    no_live_lease,
+    status_values,
+    task_of_row,
+    utc_now,
 )
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
@@ -44,7 +44,7 @@ class LeasesLedger(LedgerBase):
             The updated task, or None when its status was not in ``only_from`` (or there is
             no such task).
         """
-        values = _status_values(status, {})
+        values = status_values(status, {})
         allowed = tuple(only_from)
         for each in allowed:
             if each not in TASK_STATUSES:
@@ -82,7 +82,7 @@ class LeasesLedger(LedgerBase):
         for each in allowed:
             if each not in TASK_STATUSES:
                 raise ConfigError(f"only_from status {each!r} is not a task status")
-        values = _status_values("running", {})
+        values = status_values("running", {})
         now = values["updated_at"]
         with self._write() as session:
             taken = session.scalar(
@@ -91,7 +91,7 @@ class LeasesLedger(LedgerBase):
                     TaskRow.id == task_id,
                     TaskRow.status.in_(allowed),
                     TaskRow.cancel_requested_at.is_(None),
-                    or_(TaskRow.runner_id == runner_id, _no_live_lease(now)),
+                    or_(TaskRow.runner_id == runner_id, no_live_lease(now)),
                 )
                 .values(
                     status="running",
@@ -109,7 +109,7 @@ class LeasesLedger(LedgerBase):
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
-        now = _now()
+        now = utc_now()
         with self._write() as session:
             renewed = session.scalar(
                 update(TaskRow)
@@ -149,7 +149,7 @@ class LeasesLedger(LedgerBase):
         Raises:
             RecordNotFound: No such task.
         """
-        values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+        values = status_values("cancelled", {"stop_reason": "cancelled by request"})
         now = values["updated_at"]
         with self._write() as session:
             cancelled = session.scalar(
@@ -158,7 +158,7 @@ class LeasesLedger(LedgerBase):
                     TaskRow.id == task_id,
                     or_(
                         TaskRow.status.in_(("queued", "interrupted")),
-                        and_(TaskRow.status == "running", _no_live_lease(now)),
+                        and_(TaskRow.status == "running", no_live_lease(now)),
                     ),
                 )
                 .values(
@@ -172,7 +172,7 @@ class LeasesLedger(LedgerBase):
             )
             if cancelled is not None:
                 # Its event history ends like any run's, so a stream or an audit sees why.
-                seq = _add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
+                seq = add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
                 self._announce(session, task_id, seq)
                 return _updated(session, task_id, values)
             row = session.get(TaskRow, task_id, with_for_update=True)
@@ -180,7 +180,7 @@ class LeasesLedger(LedgerBase):
                 raise RecordNotFound("task", task_id)
             if row.status == "running" and row.cancel_requested_at is None:
                 row.cancel_requested_at = now
-            return _task(row)
+            return task_of_row(row)
 
     def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:
         """End a ``running`` task that no live runner holds, if it must not run again:
@@ -192,7 +192,7 @@ class LeasesLedger(LedgerBase):
             The task, now ``cancelled`` or ``failed``; None when it may run again (or is not
             running, or a live runner holds it).
         """
-        now = _now()
+        now = utc_now()
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.status != "running":
@@ -200,9 +200,9 @@ class LeasesLedger(LedgerBase):
             if row.runner_id is not None and (row.lease_until is None or row.lease_until >= now):
                 return None  # A live lease, or a worker's attempt (which never lapses here).
             if row.cancel_requested_at is not None:
-                values = _status_values("cancelled", {"stop_reason": "cancelled by request"})
+                values = status_values("cancelled", {"stop_reason": "cancelled by request"})
             elif row.attempts >= max_attempts:
-                values = _status_values(
+                values = status_values(
                     "failed",
                     {
                         "stop_reason": (
@@ -214,13 +214,13 @@ class LeasesLedger(LedgerBase):
                 )
             else:
                 return None
-            _apply_status(row, values)
+            apply_status(row, values)
             row.runner_id = row.lease_until = None
             row.updated_at = values["updated_at"]
-            seq = _add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
+            seq = add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
             self._announce(session, task_id, seq)
             session.refresh(row)
-            return _task(row)
+            return task_of_row(row)
 
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
         """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""
@@ -236,5 +236,5 @@ def _updated(session: Session, task_id: str, values: Mapping[str, Any]) -> Task:
     a status stamps)."""
     row = session.get(TaskRow, task_id, populate_existing=True)
     assert row is not None
-    _apply_status(row, values)
-    return _task(row)
+    apply_status(row, values)
+    return task_of_row(row)

@@ -19,12 +19,12 @@ from relaygraph.store import _validate as check
 from relaygraph.store._base import (
     MAX_PAGE,
     LedgerBase,
-    _apply_status,
-    _check_attempt,
-    _no_live_lease,
-    _now,
-    _status_values,
-    _task,
+    apply_status,
+    check_attempt,
+    no_live_lease,
+    status_values,
+    task_of_row,
+    utc_now,
 )
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -108,9 +108,9 @@ class TasksLedger(LedgerBase):
                 if earlier is not None:
                     return _same_request(session, earlier, row), False
                 row.checkpoint_thread = self._checkpoint_thread(session, project_id, row.thread_id)
-                row.created_at = row.updated_at = _now()
+                row.created_at = row.updated_at = utc_now()
                 session.add(row)
-            return _task(row), True
+            return task_of_row(row), True
         except IntegrityError:
             # Another writer created the task with this key between our check and insert
             # (PostgreSQL; SQLite's writers take turns and cannot race here).
@@ -139,13 +139,13 @@ class TasksLedger(LedgerBase):
         found = session.scalars(
             select(TaskRow).where(TaskRow.project_id == project_id, TaskRow.idempotency_key == key)
         ).first()
-        return _task(found) if found is not None else None
+        return task_of_row(found) if found is not None else None
 
     def get_task(self, task_id: str, *, project_id: str) -> Task | None:
         """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
         with self._read() as session:
             row = session.get(TaskRow, task_id)
-            return _task(row) if row is not None and row.project_id == project_id else None
+            return task_of_row(row) if row is not None and row.project_id == project_id else None
 
     def list_tasks(
         self,
@@ -184,7 +184,7 @@ class TasksLedger(LedgerBase):
             )
         query = query.order_by(TaskRow.created_at.desc(), TaskRow.id.desc()).limit(limit + 1)
         with self._read() as session:
-            tasks = [_task(row) for row in session.scalars(query)]
+            tasks = [task_of_row(row) for row in session.scalars(query)]
         if len(tasks) <= limit:
             return tasks, None
         tasks = tasks[:limit]
@@ -194,18 +194,18 @@ class TasksLedger(LedgerBase):
         """``queued`` tasks, and ``running`` ones whose runner's lease has lapsed (or that
         nobody holds), of every project but ``exclude_project``, oldest first: what a server picks
         up, at its start and from time to time after."""
-        now = _now()
+        now = utc_now()
         query = select(TaskRow).where(
             or_(
                 TaskRow.status == "queued",
-                and_(TaskRow.status == "running", _no_live_lease(now)),
+                and_(TaskRow.status == "running", no_live_lease(now)),
             )
         )
         if exclude_project is not None:
             query = query.where(TaskRow.project_id != exclude_project)
         with self._read() as session:
             rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
-            return [_task(row) for row in rows]
+            return [task_of_row(row) for row in rows]
 
     def task_owner(self, task_id: str) -> str | None:
         """The project of task ``task_id``, or None when there is no such task.
@@ -257,7 +257,7 @@ class TasksLedger(LedgerBase):
                 .order_by(TaskRow.created_at, TaskRow.id)
                 .limit(1)
             ).first()
-            return _task(row) if row is not None else None
+            return task_of_row(row) if row is not None else None
 
     def set_status(
         self, task_id: str, status: str, *, attempt: int | None = None, **fields: str | None
@@ -276,14 +276,14 @@ class TasksLedger(LedgerBase):
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
-        values = _status_values(status, fields)
+        values = status_values(status, fields)
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
-            _check_attempt(row, attempt)
-            _apply_status(row, values)
-            return _task(row)
+            check_attempt(row, attempt)
+            apply_status(row, values)
+            return task_of_row(row)
 
     def count_tasks_by_status(self) -> dict[str, int]:
         """How many tasks of every project have each status (every status named, 0 too):

@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _team_versions
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, _now
+from relaygraph.store._base import LedgerBase, utc_now
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
     ProjectRow,
@@ -61,7 +61,7 @@ class TeamsLedger(LedgerBase):
                         version=(latest.version if latest is not None else 0) + 1,
                         definition=stored,
                         digest=digest,
-                        created_at=_now(),
+                        created_at=utc_now(),
                     )
                     session.add(row)
                 return snapshot(TeamVersion, row), True

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import KEY_DISPLAY_CHARS, KEY_PREFIX, LedgerBase, _now, hash_key
+from relaygraph.store._base import KEY_DISPLAY_CHARS, KEY_PREFIX, LedgerBase, hash_key, utc_now
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ApiKeyRow,
@@ -38,7 +38,7 @@ class TenantsLedger(LedgerBase):
             RecordConflict: A project of that name exists.
         """
         check.name(name, "project")
-        now = _now()
+        now = utc_now()
         project = ProjectRow(id=str(uuid.uuid4()), name=name, created_at=now)
         try:
             with self._write() as session:
@@ -56,7 +56,7 @@ class TenantsLedger(LedgerBase):
         with self._write() as session:
             if session.get(ProjectRow, project_id) is None:
                 raise RecordNotFound("project", project_id)
-            return self._new_key(session, project_id, _now())
+            return self._new_key(session, project_id, utc_now())
 
     def _new_key(self, session: Session, project_id: str, now: datetime) -> tuple[ApiKey, str]:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -76,7 +76,7 @@ class TenantsLedger(LedgerBase):
             row = session.get(ApiKeyRow, key_id)
             if row is None:
                 raise RecordNotFound("api key", key_id)
-            row.revoked_at = row.revoked_at or _now()
+            row.revoked_at = row.revoked_at or utc_now()
             return snapshot(ApiKey, row)
 
     def api_keys(self, project_id: str) -> list[ApiKey]:

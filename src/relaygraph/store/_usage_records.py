@@ -14,12 +14,12 @@ from relaygraph.store import _usage
 from relaygraph.store import _validate as check
 from relaygraph.store._base import (
     LedgerBase,
-    _apply_status,
-    _check_attempt,
-    _fenced,
-    _now,
-    _refusal,
-    _status_values,
+    apply_status,
+    attempt_refusal,
+    check_attempt,
+    fenced_by,
+    status_values,
+    utc_now,
 )
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
@@ -66,10 +66,10 @@ class UsageLedger(LedgerBase):
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
-        now = _now()
+        now = utc_now()
         with self._write() as session:
             if not _lock_task(session, task_id, now, attempt):
-                raise _refusal(session, task_id, attempt)
+                raise attempt_refusal(session, task_id, attempt)
             _store_totals(session, task_id, usage, now, complete=complete)
 
     def end_run(
@@ -98,17 +98,17 @@ class UsageLedger(LedgerBase):
             AttemptSuperseded: The task is on another attempt than ``attempt``; nothing is
                 written.
         """
-        values = _status_values(status, fields) if status is not None else None
-        now = _now()
+        values = status_values(status, fields) if status is not None else None
+        now = utc_now()
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
-            _check_attempt(row, attempt)
+            check_attempt(row, attempt)
             _store_totals(session, task_id, usage, now)
             row.updated_at = now
             if values is not None:
-                _apply_status(row, values)
+                apply_status(row, values)
             if attempt is not None or (runner_id is not None and row.runner_id == runner_id):
                 row.runner_id = row.lease_until = None
             if attempt is None:
@@ -119,8 +119,8 @@ class UsageLedger(LedgerBase):
                 row.attempts = 0
             if row.cancel_requested_at is not None and row.status == "interrupted":
                 # A cancel asked for while the run went on to a pause: it is not waited on.
-                _apply_status(
-                    row, _status_values("cancelled", {"stop_reason": "cancelled by request"})
+                apply_status(
+                    row, status_values("cancelled", {"stop_reason": "cancelled by request"})
                 )
             if row.status in FINISHED_STATUSES:
                 row.cancel_requested_at = None
@@ -177,7 +177,7 @@ def _store_totals(
 def _lock_task(session: Session, task_id: str, now: datetime, attempt: int | None) -> bool:
     locked = session.scalar(
         update(TaskRow)
-        .where(TaskRow.id == task_id, _fenced(attempt))
+        .where(TaskRow.id == task_id, fenced_by(attempt))
         .values(updated_at=now)
         .returning(TaskRow.id)
     )
