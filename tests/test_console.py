@@ -50,3 +50,21 @@ def test_trace_prints_the_dashboard_link_when_a_service_is_named(
     monkeypatch.delenv("RELAYGRAPH_URL")
     assert main(["trace", result.task_id]) == 0
     assert "dashboard:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("ended", "note"),
+    [
+        ("budget", "— its budget ran out"),
+        ("model_error", "— its model call failed"),
+        ("finished", ""),
+    ],
+)
+def test_a_visit_cut_short_says_why(
+    ended: str, note: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    usage = {"model_calls": 2, "tool_calls": 1}
+    ProgressPrinter()({"type": "agent_finished", "agent": "coder", "ended": ended, "usage": usage})
+    line = " ".join(capsys.readouterr().err.split())
+    assert line.startswith("coder done (2 model calls, 1 tool calls)")
+    assert line.endswith(note or "tool calls)")

@@ -13,6 +13,11 @@ from relaygraph.events import is_carried_out
 from relaygraph.runner import RunResult
 
 _ARGS_CHARS = 120
+# How a visit that did not simply finish ended (events.VisitEnded), said after its figures.
+_ENDED_NOTES = {
+    "budget": " [yellow]— its budget ran out[/]",
+    "model_error": " [red]— its model call failed[/]",
+}
 
 
 def _args(args: Any) -> str:
@@ -70,12 +75,7 @@ class ProgressPrinter:
             usage = event["usage"]
             say(
                 f"  [green]{event['agent']}[/] done ({usage['model_calls']} model calls, "
-                f"{usage['tool_calls']} tool calls)"
-                + (
-                    " [yellow]— model call limit reached[/]"
-                    if event["ended"] == "model_call_limit"
-                    else ""
-                )
+                f"{usage['tool_calls']} tool calls)" + _ENDED_NOTES.get(event["ended"], "")
             )
         elif kind == "violation":
             say(f"    [bold red]{event['kind']}[/] ({event['agent']}): {escape(event['detail'])}")
