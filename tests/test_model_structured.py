@@ -177,6 +177,21 @@ def test_every_method_refused_is_one_error(serve: Any) -> None:
     assert learned_structured_method(server.base_url, "script-supervisor") is None
 
 
+def test_a_learned_method_refused_later_fails_the_call_without_probing(serve: Any) -> None:
+    # The server took json_schema once; a later 400 is about that request (here: the script
+    # has no turn left), so the call fails, reported once, and no other method is tried.
+    server = serve(OLLAMA, turns=1)
+    model = load_model("openai:script-supervisor", agent="supervisor")
+    structured = model.with_structured_output(SCHEMA)
+    assert structured.invoke(PROMPT) == ROUTE
+    error, events = in_graph(lambda: structured.invoke(PROMPT))
+    assert isinstance(error, ModelCallError)
+    assert error.status == 400 and "ran out" in error.detail
+    assert [method_of(r) for r in server.requests] == ["json_schema", "json_schema"]
+    assert [e["type"] for e in events] == ["model_error"]
+    assert learned_structured_method(server.base_url, "script-supervisor") == "json_schema"
+
+
 def test_route_asks_again_after_a_failed_call(serve: Any) -> None:
     server = serve(LLAMA_CPP_PYTHON, faults=Faults(sequence=["503"]))
     model = load_model(

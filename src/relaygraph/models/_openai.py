@@ -347,12 +347,13 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         key = (self.openai_api_base or OPENAI_API, self.model_name)
         by_method = {m: self._structured_by(m, schema, strict=strict, **kwargs) for m in AUTO_ORDER}
 
-        def order() -> tuple[StructuredMethod, ...]:
+        def learned() -> StructuredMethod | None:
+            # A method the server took once is no longer probed: a 400 on it now is about
+            # this request (a context too long, a message the server refuses), which every
+            # other method would be refused too; it fails the call like any other error,
+            # reported once, instead of costing two more requests that hide it.
             with _learned_lock:
-                known = _learned.get(key)
-            if known is None:
-                return AUTO_ORDER
-            return (known, *(m for m in AUTO_ORDER if m != known))
+                return _learned.get(key)
 
         def settle(method: StructuredMethod, rejected: dict[str, str]) -> None:
             with _learned_lock:
@@ -387,9 +388,12 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             return error
 
         def run(value: Any, config: RunnableConfig) -> Any:
+            known = learned()
+            if known is not None:
+                return by_method[known].invoke(value, config)
             rejected: dict[str, str] = {}
             last: ModelCallError | None = None
-            for method in order():
+            for method in AUTO_ORDER:
                 token = _probing.set(method)
                 try:
                     out = by_method[method].invoke(value, config)
@@ -406,9 +410,12 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             raise give_up(last)
 
         async def arun(value: Any, config: RunnableConfig) -> Any:
+            known = learned()
+            if known is not None:
+                return await by_method[known].ainvoke(value, config)
             rejected: dict[str, str] = {}
             last: ModelCallError | None = None
-            for method in order():
+            for method in AUTO_ORDER:
                 token = _probing.set(method)
                 try:
                     out = await by_method[method].ainvoke(value, config)
