@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from fastapi import FastAPI
 
 from relaygraph.api import ServiceSettings, create_app
-from relaygraph.api.ui._graph import layout, transfers_of
+from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
 from relaygraph.store import Event, Handoff, Ledger
 
 from .conftest import EXAMPLE_RELAY
@@ -727,6 +728,69 @@ def test_the_graph_numbers_transfers_and_marks_the_bounce_that_tripped_ping_pong
     # Arcs between the same two agents do not lie on top of each other.
     assert len({e.path for e in graph.edges}) == len(graph.edges)
     assert all(0 < e.label_y < graph.height for e in graph.edges)
+
+
+def _transfer(number: int, kind: str, source: str, target: str) -> Transfer:
+    return Transfer(
+        number=number,
+        kind=kind,  # type: ignore[arg-type]
+        source=source,
+        target=target,
+        task="t",
+        reason="r",
+        step=number,
+        tokens_so_far=None,
+        carried_out=True,
+        ping_pong=None,
+        event_seq=number,
+    )
+
+
+def test_a_large_team_with_long_names_gets_a_row_wide_enough_and_cut_labels() -> None:
+    names = [f"Agent{i}-WithAVeryLongNameMadeOfManyWords"[:40] for i in range(8)]
+    transfers = [_transfer(1, "route", "supervisor", names[0])]
+    # The first and the last agent bounce work five times: the deepest arc there is.
+    for n in range(2, 7):
+        source, target = (names[0], names[7]) if n % 2 else (names[7], names[0])
+        transfers.append(_transfer(n, "direct", source, target))
+    graph = layout(names, transfers)
+    row = sorted((n for n in graph.nodes if not n.supervisor), key=lambda n: n.x)
+    assert [n.name for n in row] == names
+    boxes = [(n.x - graph.node_width / 2, n.x + graph.node_width / 2) for n in row]
+    assert all(left[1] < right[0] for left, right in pairwise(boxes)), boxes
+    assert boxes[0][0] >= 0 and boxes[-1][1] <= graph.width and graph.wide
+    for node in row:
+        assert node.label.endswith("…") and node.name.startswith(node.label[:-1])
+        assert text_width(node.label) <= graph.node_width - 2 * 8
+    # Tall enough for the deepest arc's number, and no taller than it needs.
+    deepest = max(e.label_y for e in graph.edges)
+    assert deepest + 11 < graph.height <= deepest + 11 + 20
+    # The page draws the boxes it was given and names each cut one in full.
+    html = render_graph(graph)
+    assert html.count(f'width="{graph.node_width}"') == len(graph.nodes)
+    assert all(f"<title>{name}</title>" in html for name in names)
+    assert 'class="graph-layout graph-wide"' in html
+
+
+def test_a_small_team_keeps_its_names_and_a_graph_as_tall_as_its_arcs() -> None:
+    routes = [_transfer(1, "route", "supervisor", "researcher")]
+    flat = layout(["researcher", "coder", "writer"], routes)
+    assert flat.width == 760 and not flat.wide
+    assert [n.label for n in flat.nodes] == ["supervisor", "researcher", "coder", "writer"]
+    assert "<title>researcher</title>" not in render_graph(flat)
+    arced = layout(
+        ["researcher", "coder", "writer"], [*routes, _transfer(2, "direct", "researcher", "coder")]
+    )
+    assert flat.height < arced.height < 350
+
+
+def render_graph(graph: HandoffGraph) -> str:
+    from types import SimpleNamespace
+
+    from relaygraph.api.ui._templates import render
+
+    view = SimpleNamespace(graph=graph, transfers=[e.transfer for e in graph.edges])
+    return render("_task_graph.html", request=None, view=view)
 
 
 async def test_the_openapi_document_lists_the_dashboards_endpoints_not_its_pages(

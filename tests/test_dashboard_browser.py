@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -368,6 +369,56 @@ def test_sign_in_list_and_the_handoff_graph_of_a_relay(page: WebDriver, stage: S
     page.find_element(By.CSS_SELECTOR, f'button[data-copy="{trace_id}"]').click()
     copied = ("Copied", "Selected")  # Selected: where the browser offers no clipboard
     wait_for(page, lambda d: d.find_element(By.CSS_SELECTOR, "button[data-copy]").text in copied)
+
+
+LARGE_TEAM = [f"Specialist{i}ForEveryKindOfQuestion" for i in range(8)]
+"""Eight agents with names too long for their boxes."""
+
+
+def test_a_large_teams_graph_keeps_every_box_apart_and_every_name_inside(
+    page: WebDriver, stage: Stage
+) -> None:
+    first, last = LARGE_TEAM[0], LARGE_TEAM[-1]
+    team = "\n".join(
+        f'[agents.{name}]\ndescription = "answers question kind {i}"\nprompt = "Answer."\n'
+        for i, name in enumerate(LARGE_TEAM)
+    )
+    script = {
+        "supervisor": [
+            {"route": {"next": first, "task": "Start", "reason": "the first kind"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "answered"}},
+        ],
+        first: [
+            {"tool_calls": [{"name": f"transfer_to_{last}", "args": {"task": "Finish it",
+                                                                     "reason": "the last kind"}}]}
+        ],
+        last: [{"content": "Answered."}],
+        "finalize": [{"content": "Answered."}],
+    }  # fmt: skip
+    (stage.home.parent / "scripts" / "large.json").write_text(json.dumps(script))
+    with stage.client() as client:
+        client.push_team("large", toml=team)
+    task = stage.run(input="A question for a large team", team="large", model="scripted:large.json")
+    assert task["status"] == "succeeded", task
+    sign_in(page, stage, path=f"/ui/tasks/{task['id']}")
+    wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".edge[data-edge]"))
+    # Measured as drawn: each box's left and right edge, and its name's width against it.
+    nodes = page.execute_script(
+        "return [...document.querySelectorAll('.node')].map(n => {"
+        "  const box = n.querySelector('rect').getBBox(), text = n.querySelector('text');"
+        "  const title = n.querySelector('title');"
+        "  return [n.dataset.node, box.x, box.x + box.width, text.getBBox().width,"
+        "          title ? title.textContent : null];"
+        "});"
+    )
+    row = sorted((n for n in nodes if n[0] != "supervisor"), key=lambda n: n[1])
+    assert [n[0] for n in row] == LARGE_TEAM
+    assert all(a[2] < b[1] for a, b in pairwise(row)), row
+    assert all(text_width < right - left for _, left, right, text_width, _ in nodes), nodes
+    assert all(title == name for name, *_, title in row), row
+    edges = [e.get_attribute("data-to") for e in page.find_elements(By.CSS_SELECTOR, ".edge")]
+    assert edges == [first, last]
+    shot(page, stage, "large-team")
 
 
 def test_approve_and_edit_from_the_page_without_reloading(

@@ -5,10 +5,14 @@ the tokens spent when the work moved) and its events (transfers a limit or the p
 detector stopped, and which transfer tripped the detector). The layout is computed here,
 in plain numbers, and drawn as SVG by the template: the supervisor on top, the agents in a
 row below, routes coming down from the supervisor and direct handoffs as arcs under the row.
+The row grows wider with the team (a node's box never overlaps the next), a name too long
+for its box is cut (the template gives the whole name as the node's tooltip), and the
+drawing is as tall as its deepest arc.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -18,12 +22,19 @@ from relaygraph.events import is_carried_out, transfer_of
 from relaygraph.store import Event, Handoff
 
 WIDTH = 760
-HEIGHT = 350
+"""The width of a team of up to five agents; a larger team's row is wider."""
 NODE_W = 124
 NODE_H = 36
+NODE_GAP = 26
+"""The least space between two agents' boxes in the row."""
 TOP_Y = 46
 ROW_Y = 190
 MARGIN_X = 80
+BOTTOM_PAD = 14
+BADGE_R = 11
+"""The radius of an edge's number badge (the template draws it)."""
+LABEL_PAD = 12
+"""Space kept free on each side of a node's name inside its box."""
 ROUTE_SPREAD = 44
 """Sideways distance between two routes to the same agent."""
 ARC_DEPTH = 50
@@ -56,6 +67,8 @@ class Transfer:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Node:
     name: str
+    label: str
+    """The name as drawn: cut with "…" when the whole name would not fit in the box."""
     x: float
     y: float
     supervisor: bool
@@ -76,8 +89,15 @@ class Edge:
 class HandoffGraph:
     width: int
     height: int
+    node_width: int
+    node_height: int
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
+
+    @property
+    def wide(self) -> bool:
+        """Wider than a team of five: the page puts the edge details below it."""
+        return self.width > WIDTH
 
 
 def transfers_of(handoffs: Sequence[Handoff], events: Sequence[Event]) -> list[Transfer]:
@@ -163,13 +183,17 @@ def layout(roster: Sequence[str], transfers: Sequence[Transfer]) -> HandoffGraph
     with_supervisor = any(
         t.kind == "route" or SUPERVISOR in (t.source, t.target) for t in transfers
     )
+    # Up to five agents share the usual width; each further one widens the row by a box
+    # and a gap, so that boxes never overlap and the drawing keeps its scale.
+    step = NODE_W + NODE_GAP
+    width = max(WIDTH, round(2 * MARGIN_X + (len(agents) - 1) * step))
     nodes: dict[str, Node] = {}
     if with_supervisor or not transfers:
-        nodes[SUPERVISOR] = Node(name=SUPERVISOR, x=WIDTH / 2, y=TOP_Y, supervisor=True, ran=True)
-    span = WIDTH - 2 * MARGIN_X
+        nodes[SUPERVISOR] = _node(SUPERVISOR, width / 2, TOP_Y, supervisor=True, ran=True)
+    span = width - 2 * MARGIN_X
     for i, name in enumerate(agents):
-        x = WIDTH / 2 if len(agents) == 1 else MARGIN_X + i * span / (len(agents) - 1)
-        nodes[name] = Node(name=name, x=x, y=ROW_Y, supervisor=False, ran=name in reached)
+        x = width / 2 if len(agents) == 1 else MARGIN_X + i * span / (len(agents) - 1)
+        nodes[name] = _node(name, x, ROW_Y, supervisor=False, ran=name in reached)
 
     same_route: dict[str, list[Transfer]] = {}
     same_pair: dict[frozenset[str], list[Transfer]] = {}
@@ -199,10 +223,58 @@ def layout(roster: Sequence[str], transfers: Sequence[Transfer]) -> HandoffGraph
             end = (b.x - inward, b.y + NODE_H / 2)
             control = ((a.x + b.x) / 2, a.y + NODE_H / 2 + ARC_DEPTH + min(k, 4) * ARC_STEP)
         path = "M{:.1f},{:.1f} Q{:.1f},{:.1f} {:.1f},{:.1f}".format(*start, *control, *end)
-        # The quadratic curve's midpoint, where the number sits.
+        # The quadratic curve's midpoint, where the number sits: for an arc under the row
+        # (its ends level) also its lowest point.
         label = (
             0.25 * start[0] + 0.5 * control[0] + 0.25 * end[0],
             0.25 * start[1] + 0.5 * control[1] + 0.25 * end[1],
         )
         edges.append(Edge(transfer=t, path=path, label_x=label[0], label_y=label[1]))
-    return HandoffGraph(width=WIDTH, height=HEIGHT, nodes=tuple(nodes.values()), edges=tuple(edges))
+    lowest = max([ROW_Y + NODE_H / 2, *(e.label_y + BADGE_R for e in edges)])
+    return HandoffGraph(
+        width=width,
+        height=math.ceil(lowest + BOTTOM_PAD),
+        node_width=NODE_W,
+        node_height=NODE_H,
+        nodes=tuple(nodes.values()),
+        edges=tuple(edges),
+    )
+
+
+def _node(name: str, x: float, y: float, *, supervisor: bool, ran: bool) -> Node:
+    return Node(
+        name=name,
+        label=fitted(name, NODE_W - 2 * LABEL_PAD),
+        x=x,
+        y=y,
+        supervisor=supervisor,
+        ran=ran,
+    )
+
+
+# Widths in pixels of the node font (14 px, bold, a system sans-serif), rounded up, so that
+# a name is cut before it could leave its box; the browser test measures the real text.
+_NARROW, _WIDE, _CAPITAL, _OTHER, _ELLIPSIS = 5.0, 13.5, 11.0, 9.0, 14.0
+
+
+def _char_width(char: str) -> float:
+    if char in "fijlrtI-.":
+        return _NARROW
+    if char in "mwMW":
+        return _WIDE
+    return _CAPITAL if char.isupper() else _OTHER
+
+
+def text_width(text: str) -> float:
+    """How wide ``text`` is drawn in a node, at most (an estimate that errs wide)."""
+    return sum(_ELLIPSIS if char == "…" else _char_width(char) for char in text)
+
+
+def fitted(name: str, room: float) -> str:
+    """``name``, or as much of it as fits in ``room`` pixels followed by "…"."""
+    if text_width(name) <= room:
+        return name
+    cut = name
+    while cut and text_width(cut) + _ELLIPSIS > room:
+        cut = cut[:-1]
+    return cut + "…"
