@@ -1,6 +1,9 @@
-"""What `relaygraph run` prints on stderr for the model server's own events."""
+"""What the CLI prints on stderr: `relaygraph run` for the model server's own events and a
+visit cut short, `relaygraph trace` the dashboard link."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -34,22 +37,36 @@ def test_model_server_events_are_shown(
     assert shown in " ".join(capsys.readouterr().err.split())
 
 
-def test_trace_prints_the_dashboard_link_when_a_service_is_named(
-    home: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_trace_prints_the_dashboard_link_for_a_projects_task_when_a_service_is_named(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from relaygraph.cli import main
     from relaygraph.runner import run_task
+    from relaygraph.store import Ledger
     from tests.conftest import EXAMPLE_RELAY
 
-    result = run_task("When?", model=f"scripted:{EXAMPLE_RELAY}")
+    local = run_task("When?", model=f"scripted:{EXAMPLE_RELAY}")
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        project, _ = ledger.create_project("research")
+        served, _ = ledger.create_task(project_id=project.id, input="When? (from the API)")
     capsys.readouterr()
     monkeypatch.setenv("RELAYGRAPH_URL", "http://rg.example:8000/")
-    assert main(["trace", result.task_id]) == 0
-    err = capsys.readouterr().err
-    assert f"dashboard: http://rg.example:8000/ui/tasks/{result.task_id}" in err
-    monkeypatch.delenv("RELAYGRAPH_URL")
-    assert main(["trace", result.task_id]) == 0
+    assert main(["trace", served.id]) == 0
+    assert f"dashboard: http://rg.example:8000/ui/tasks/{served.id}" in capsys.readouterr().err
+    # The CLI's own task: no key opens it, so there is no page to link.
+    assert main(["trace", local.task_id]) == 0
     assert "dashboard:" not in capsys.readouterr().err
+    monkeypatch.delenv("RELAYGRAPH_URL")
+    assert main(["trace", served.id]) == 0
+    assert "dashboard:" not in capsys.readouterr().err
+
+
+def test_trace_help_names_the_service_url(capsys: pytest.CaptureFixture[str]) -> None:
+    from relaygraph.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["trace", "--help"])
+    assert "RELAYGRAPH_URL" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -259,6 +259,10 @@ def _parser() -> argparse.ArgumentParser:
         help="print a task's timeline from the ledger",
         description="Each route and handoff with its reason, each agent visit with its start, "
         "duration, tokens and tools, each violation and budget hit.",
+        epilog=f"With {SERVICE_URL_ENV} set to the task service's address (e.g. "
+        "http://127.0.0.1:8000), the task's dashboard page is printed too (on stderr), "
+        "for a task of a project of that service; the tasks of 'relaygraph run' belong to "
+        "no project a key opens, and get no link.",
     )
     trace.add_argument("task_id", metavar="TASK_ID")
     trace.add_argument("--json", action="store_true", help="print the timeline as one JSON object")
@@ -552,8 +556,9 @@ def _trace(args: argparse.Namespace) -> int:
     else:
         Console(highlight=False).print(render_timeline(timeline))
         service = os.environ.get(SERVICE_URL_ENV)
-        if service:
-            # A link that works in chat and alerts: the dashboard's page of the task.
+        # A link that works in chat and alerts: the dashboard's page of the task. A task of
+        # the CLI's own project has none, as no API key signs in to that project.
+        if service and project_id != LOCAL_PROJECT_ID:
             print(f"dashboard: {service.rstrip('/')}/ui/tasks/{args.task_id}", file=sys.stderr)
     return EXIT_OK
 
