@@ -22,8 +22,10 @@ from fastapi import FastAPI
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
 from relaygraph.store import Event, Handoff, Ledger
+from relaygraph.tracing._timeline import PREVIEW_CHARS
 
 from .conftest import EXAMPLE_RELAY
+from .test_timeline import record_task
 
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 HTML = {"Accept": "text/html"}
@@ -345,6 +347,33 @@ async def test_task_page_shows_the_trace_the_graph_and_the_budgets(dash: Dash) -
     assert 'data-budget="team"' in page and "agent visits" in page
     assert "report.md" in page and "# Checkpoint durability" in page  # the artifact, shown
     assert trace["answer"] in page.replace("&#39;", "'")
+
+
+async def test_model_retries_failures_a_suspended_run_and_a_cut_result_on_the_page(
+    home: Path, scripts: Path
+) -> None:
+    # Written before the server starts, so that no worker of it takes the task up.
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        ledger.upgrade()
+        project, key = ledger.create_project("acme")
+        task_id = record_task(ledger, project_id=project.id)
+    async with running(home, scripts) as dash, dash.browser(key) as client:
+        page = (await client.get(f"/ui/tasks/{task_id}", headers=HTML)).text
+        trace = (await client.get(f"/v1/tasks/{task_id}/trace", headers=bearer(key))).json()
+    timeline = page[page.index('id="section-timeline"') : page.index('id="section-answer"')]
+    shown = re.findall(r'data-seq="\d+" data-kind="(\w+)"', timeline)
+    assert shown.count("model_retry") == 2 and shown.count("model_error") == 1
+    assert "run_suspended" in shown
+    assert "the server is shutting down" in timeline and "HTTP 500: the server broke" in timeline
+    # The page and GET /v1/tasks/{id}/trace show the same nodes.
+    kinds = [n["kind"] for n in trace["children"]]
+    assert "model_retry" in kinds and "run_suspended" in kinds
+    [visit] = [n for n in trace["children"] if n["kind"] == "agent"]
+    assert [c["kind"] for c in visit["children"]][2:] == ["model_retry", "model_error"]
+    # The result the ledger kept only the start of says so; the whole one does not.
+    [cut] = re.findall(r"<details[^>]*data-preview-cut[^>]*>.*?</details>", timeline, re.S)
+    assert f"its first {PREVIEW_CHARS} characters" in cut and "not the whole" in cut
+    assert timeline.count("data-preview-cut") == 1
 
 
 OTEL_IDS = ("4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c")

@@ -20,6 +20,10 @@ from relaygraph.events import USAGE_AMOUNTS, USAGE_COUNTS, is_carried_out, trans
 from relaygraph.store import Ledger, RecordNotFound
 
 USAGE_KEYS = (*USAGE_COUNTS, *USAGE_AMOUNTS, "estimated")
+PREVIEW_CHARS = 300
+"""How much of a tool's result a ``tool_result`` event keeps (the agents' tool middleware
+cuts it there; this layer may not import it, and a test holds the two equal): a preview
+this long was cut, and the rest of the result is in no record."""
 _TEXT_CHARS = 100
 
 
@@ -65,8 +69,27 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
             "decision": data.get("decision"),
             "reason": data.get("reason"),
         }
+    if kind == "model_retry":
+        return base | {
+            "role": data.get("role"),
+            "model": data.get("model"),
+            "attempt": data.get("attempt"),
+            "status": data.get("status"),
+            "error": data.get("error", ""),
+            "wait_seconds": data.get("wait_seconds"),
+        }
+    if kind == "model_error":
+        return base | {
+            "role": data.get("role"),
+            "model": data.get("model"),
+            "status": data.get("status"),
+            "error": data.get("error", ""),
+            "attempts": data.get("attempts"),
+        }
     if kind == "run_started":
         return base
+    if kind == "run_suspended":
+        return base | {"reason": data.get("reason")}
     if kind == "run_finished":
         return base | {"status": data.get("status"), "stop_reason": data.get("stop_reason")}
     return None
@@ -98,17 +121,22 @@ def _transfer(data: Mapping[str, Any]) -> dict[str, Any]:
     return fields | {"carried_out": is_carried_out(data)}
 
 
+_IN_A_VISIT = ("violation", "approval", "interrupted", "model_retry", "model_error")
+"""Kinds shown under the agent visit they happened in (when one is open)."""
+
+
 def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str, Any]:
     """The task's timeline, from the ledger, as a JSON-ready span tree.
 
     The root is the task (status, times, the ``team`` that ran it: name, version, digest,
     and usage per role and in total). Its ``children`` are, in order: ``route``
     (supervisor → agent, with task and reason), ``agent`` visits (start, end, duration,
-    usage, and their own ``children``: each ``tool`` call with its status, and the
-    ``violation`` / ``budget_hit`` / ``approval`` / ``interrupted`` events inside the
-    visit), ``handoff`` (from, to, task, reason), violations and budget hits outside a
-    visit, and ``run_started`` / ``run_finished`` marks (a resumed task has more than one
-    run).
+    usage, and their own ``children``: each ``tool`` call with its status and result
+    preview, and the ``violation`` / ``budget_hit`` / ``approval`` / ``interrupted`` /
+    ``model_retry`` / ``model_error`` events inside the visit), ``handoff`` (from, to,
+    task, reason), violations, budget hits and model call retries and failures outside a
+    visit (the supervisor's), and ``run_started`` / ``run_suspended`` / ``run_finished``
+    marks (a resumed task has more than one run).
 
     Raises:
         RecordNotFound: ``project_id`` has no task ``task_id``.
@@ -162,6 +190,7 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
                 "duration_s": None,
                 "status": "pending",
                 "preview": None,
+                "preview_cut": False,
                 "seq": event.seq,
                 "_start": at,
             }
@@ -182,21 +211,30 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
                     "_start": at,
                 }
                 visit["children"].append(call)
+            preview = data.get("preview")
             call |= {
                 "end": _iso(at),
                 "duration_s": _seconds(call["_start"], at),
                 "status": data.get("status") or "success",
-                "preview": data.get("preview"),
+                "preview": preview,
+                "preview_cut": isinstance(preview, str) and len(preview) >= PREVIEW_CHARS,
             }
             continue
         entry = _entry(kind, data, at, event.seq)
         if entry is None:
             continue
-        if kind == "run_finished" and visit is not None:
-            # The run stopped inside the visit (a pause for a person, a failure).
-            visit["ended"] = "interrupted" if data.get("status") == "interrupted" else "stopped"
+        if kind in ("run_finished", "run_suspended") and visit is not None:
+            # The run stopped inside the visit (a pause for a person, a failure, a server
+            # that stopped mid-run).
+            visit["ended"] = (
+                "interrupted"
+                if data.get("status") == "interrupted"
+                else "suspended"
+                if kind == "run_suspended"
+                else "stopped"
+            )
             visit = None
-        if visit is not None and kind in ("violation", "approval", "interrupted"):
+        if visit is not None and kind in _IN_A_VISIT:
             visit["children"].append(entry)
         else:
             children.append(entry)
@@ -302,9 +340,26 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
     if kind == "approval":
         reason = f" ({_short(node['reason'])})" if node.get("reason") else ""
         return f"{when} approval of {node['agent']}'s {node['tool']}: {node['decision']}{reason}"
+    if kind == "model_retry":
+        wait = node.get("wait_seconds") or 0
+        return (
+            f"{when} [yellow]retry[/] {node['role']}'s model call (attempt {node['attempt']}, "
+            f"{_short(node['error'])}; waiting {wait:g} s)"
+        )
+    if kind == "model_error":
+        return (
+            f"{when} [bold red]model call failed[/] ({node['role']}, "
+            f"{_short(node['model'])}): {_short(node['error'])}"
+        )
     if kind == "run_finished":
         return f"{when} [dim]run finished: {node['status']}[/]"
-    return f"{when} [dim]run started[/]"
+    if kind == "run_suspended":
+        reason = f": {_short(node['reason'])}" if node.get("reason") else ""
+        later = "[dim](to be continued from its checkpoint)[/]"
+        return f"{when} [yellow]run suspended[/]{reason} {later}"
+    if kind == "run_started":
+        return f"{when} [dim]run started[/]"
+    return f"{when} [dim]{escape(str(kind))}[/]"
 
 
 def _team_label(team: Mapping[str, Any]) -> str:
@@ -322,7 +377,8 @@ def _team_label(team: Mapping[str, Any]) -> str:
 
 def render_timeline(timeline: Mapping[str, Any]) -> Tree:
     """The timeline as a rich tree for the terminal: one line per route, visit, tool,
-    handoff and violation, with its offset from the task's start."""
+    handoff, violation, model call retry or failure and run mark, with its offset from the
+    task's start."""
     start = datetime.fromisoformat(timeline["start"]) if timeline.get("start") else None
     total = timeline["usage"]["total"]
     duration = timeline.get("duration_s")
