@@ -56,6 +56,24 @@ def side_effect(home: Path, task_id: str) -> str | None:
     return path.read_text() if path.exists() else None
 
 
+def ledger_usage(home: Path, task_id: str) -> dict[str, tuple[int, int, int, int]]:
+    """Each role's (model calls, tool calls, input, output tokens) in the ledger's rows."""
+    from relaygraph.store import Ledger
+
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        return {
+            u.agent: (u.model_calls, u.tool_calls, u.input_tokens, u.output_tokens)
+            for u in ledger.usage(task_id)
+        }
+
+
+def figures(usage: dict[str, Any]) -> dict[str, tuple[int, int, int, int]]:
+    return {
+        role: (u["model_calls"], u["tool_calls"], u["input_tokens"], u["output_tokens"])
+        for role, u in usage.items()
+    }
+
+
 def coder_transcript(home: Path, thread_id: str) -> list[Any]:
     state = final_state(home, thread_id)
     return next(v for v in state["visits"] if v["agent"] == "coder")["messages"]
@@ -91,6 +109,9 @@ def test_approve_in_a_new_process_runs_the_tool_exactly_once(
     [pending] = paused["pending"]
     assert pending["type"] == "approval"
     assert (pending["agent"], pending["tool"]) == ("coder", "run_python")
+    # The paused visit's call so far is in the ledger: what the task has spent.
+    assert ledger_usage(home, paused["task_id"]) == figures(paused["usage"])
+    assert ledger_usage(home, paused["task_id"])["coder"] == (1, 0, 100, 10)
     assert pending["args"] == {"code": FIRST}
     assert isinstance(pending["step"], int)
 
@@ -117,6 +138,9 @@ def test_approve_in_a_new_process_runs_the_tool_exactly_once(
     assert coder["limits"]["max_model_calls"] == 4
     assert done["usage"]["supervisor"]["model_calls"] == 2
     assert done["team_usage"]["input_tokens"] == 625
+    # The ledger holds the same figures: the visit's finished record replaced what it had
+    # spent at each pause, nothing counted twice.
+    assert ledger_usage(home, paused["task_id"]) == figures(done["usage"])
     # The script went on where it stopped: turns 1, 2, 3 in order, none replayed or skipped.
     transcript = coder_transcript(home, done["thread_id"])
     turns = [

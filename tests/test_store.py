@@ -523,20 +523,20 @@ def test_a_real_run_yields_handoff_tool_and_usage_rows(
     assert all(c.finished_at and c.finished_at >= c.created_at for c in calls)
 
     fields = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
+    # Every role's usage records arrive with the events (the agents' in agent_finished,
+    # the supervisor's and finalize's in usage events): the ledger stores what the run's
+    # result adds up, and derives nothing of its own.
     usage = {u.agent: u for u in ledger.usage(task_id)}
-    assert set(usage) == {"researcher", "coder", "writer"}
+    assert set(usage) == set(result.usage) >= {"researcher", "coder", "writer", "supervisor"}
     for role, entry in usage.items():
         assert {f: getattr(entry, f) for f in fields} == {f: result.usage[role][f] for f in fields}
         assert entry.estimated == result.usage[role]["estimated"]
 
-    # A node that runs again after a crash sends its agent_finished again: counted once.
+    # A node that runs again after a crash sends its records again: counted once.
     finished = next(e for e in events if e["type"] == "agent_finished")
-    ledger.append_event(task_id, finished)
-    assert ledger.usage(task_id)[1] == usage["researcher"]
-
-    # The supervisor's and finalize's usage arrive with the result.
-    ledger.record_usage(task_id, result.usage)
-    assert {u.agent for u in ledger.usage(task_id)} == set(result.usage)
+    routed = next(e for e in events if e["type"] == "usage")
+    ledger.append_events(task_id, [finished, routed])
+    assert {u.agent: u for u in ledger.usage(task_id)} == usage
     project = ledger.usage_for_project(LOCAL_PROJECT_ID)
     assert project["tasks"] == 1
     for name in fields:
@@ -615,7 +615,13 @@ def test_usage_for_a_project_counts_tasks_created_in_the_window(ledger: Ledger) 
     theirs, _ = ledger.create_task(project_id=other.id, input="theirs")
     spent = {"model_calls": 2, "input_tokens": 100, "output_tokens": 10, "cost_usd": 0.25}
     for task in (early, late, theirs):
-        ledger.record_usage(task.id, {"coder": spent, "supervisor": {**spent, "estimated": True}})
+        ledger.record_usage(
+            task.id,
+            [
+                {"id": "coder:1", "agent": "coder", **spent},
+                {"id": "supervisor:1", "agent": "supervisor", **spent, "estimated": True},
+            ],
+        )
 
     everything = ledger.usage_for_project(project.id)
     assert everything["tasks"] == 2
@@ -765,9 +771,14 @@ def test_bad_input_errors_name_the_value(ledger: Ledger) -> None:
             "no approval 'ghost'",
         ),
         (
-            lambda: ledger.record_usage(task.id, {"coder": {"cost_usd": "free"}}),
+            lambda: ledger.record_usage(task.id, [{"agent": "coder", "cost_usd": "free"}]),
             ConfigError,
-            "usage\\['coder'\\].cost_usd 'free'",
+            "usage\\[0\\].cost_usd 'free'",
+        ),
+        (
+            lambda: ledger.record_usage(task.id, [{"id": "x", "model_calls": 1}]),
+            ConfigError,
+            "usage\\[0\\].agent None must name the role",
         ),
         (
             lambda: ledger.usage_for_project("t", since=datetime(2024, 1, 1)),
@@ -1024,6 +1035,64 @@ def _rows(
         engine.dispose()
 
 
+def test_usage_records_migration_keeps_each_roles_totals(url: str) -> None:
+    """0011 turns a usage row's totals into one record, so that a record added later adds
+    to them; downgraded, the row lists its records' ids as ``visits`` again."""
+    from relaygraph.store._migrate import downgrade_engine, upgrade_engine
+
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="old")
+    engine = create_engine(url)
+    try:
+        downgrade_engine(engine, "0010")
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO usage (task_id, agent, model_calls, tool_calls, input_tokens, "
+                    "output_tokens, cost_usd, seconds, estimated, visits, updated_at) VALUES "
+                    "(:id, 'coder', 2, 1, 100, 10, 0.5, 1.5, :yes, :visits, :now)"
+                ),
+                {
+                    "id": task.id,
+                    "now": datetime.now(UTC),
+                    "yes": True,
+                    "visits": json.dumps(["coder:a"]),
+                },
+            )
+        upgrade_engine(engine)
+    finally:
+        engine.dispose()
+    with Ledger(url) as ledger:
+        (kept,) = ledger.usage(task.id)
+        assert (kept.model_calls, kept.input_tokens, kept.cost_usd, kept.estimated) == (
+            2,
+            100,
+            0.5,
+            True,
+        )
+        ledger.record_usage(
+            task.id, [{"id": "coder:b", "agent": "coder", "model_calls": 1, "input_tokens": 7}]
+        )
+        (added,) = ledger.usage(task.id)
+        assert (added.model_calls, added.input_tokens, added.tool_calls) == (3, 107, 1)
+        # Sent again, the record replaces itself.
+        ledger.record_usage(
+            task.id, [{"id": "coder:b", "agent": "coder", "model_calls": 1, "input_tokens": 9}]
+        )
+        assert ledger.usage(task.id)[0].input_tokens == 109
+    engine = create_engine(url)
+    try:
+        downgrade_engine(engine, "0010")
+        with engine.connect() as connection:
+            visits = connection.execute(text("SELECT visits FROM usage")).scalar_one()
+        if isinstance(visits, str):
+            visits = json.loads(visits)
+        assert visits == ["coder:b", "coder:before-0011"]
+    finally:
+        engine.dispose()
+
+
 def test_projects_migration_keeps_every_row_both_ways(
     url: str, relay_run: tuple[list[dict[str, Any]], RunResult], approval_run: Paused
 ) -> None:
@@ -1050,7 +1119,6 @@ def test_projects_migration_keeps_every_row_both_ways(
             team={"name": "docs-review", "version": 2, "digest": "sha256:ab", "source": None},
         )
         ledger.append_events(task.id, events)
-        ledger.record_usage(task.id, result.usage)
         paused, _ = ledger.create_task(project_id=project.id, input="y")
         ledger.append_events(paused.id, approval_run.before)
         run_id = ledger.record_eval_run(
@@ -1061,8 +1129,9 @@ def test_projects_migration_keeps_every_row_both_ways(
         )
     # Registered teams (0008) and the tool journal (0009) came later.
     at_0006 = TABLES - {"team_versions", "tool_journal"}
-    # The worker mode's dispatch counts (0010) are columns 0006 has not.
-    later = frozenset({"dispatch", "dispatch_attempts"})
+    # The worker mode's dispatch counts (0010) are columns 0006 has not; usage rows hold
+    # their records since 0011 (the record ids before).
+    later = frozenset({"dispatch", "dispatch_attempts", "records", "visits"})
     before = _rows(url, at_0006, leave_out=later)
     assert all(before.values())  # Every table holds rows.
     old = {"teams": "projects", "team_id": "project_id"}

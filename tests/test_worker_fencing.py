@@ -28,7 +28,9 @@ from relaygraph.store import (
 from .conftest import EXAMPLE_RELAY
 
 WORKER = "worker-test-1"
-USAGE = {"coder": {"model_calls": 1, "input_tokens": 10, "output_tokens": 2}}
+USAGE = [
+    {"id": "coder:1", "agent": "coder", "model_calls": 1, "input_tokens": 10, "output_tokens": 2}
+]
 
 
 def queued(ledger: Ledger, key: str = "k-1") -> str:

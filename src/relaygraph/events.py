@@ -50,6 +50,7 @@ __all__ = [
     "ToolResultEvent",
     "TraceLinks",
     "Usage",
+    "UsageEvent",
     "ViolationEvent",
     "ViolationKind",
     "VisitEnded",
@@ -73,6 +74,7 @@ __all__ = [
     "tool_call_event",
     "tool_result_event",
     "transfer_of",
+    "usage_event",
     "violation_event",
 ]
 
@@ -231,6 +233,17 @@ class AgentFinishedEvent(TypedDict):
     """The visit's usage record, as the team graph recorded it."""
 
 
+class UsageEvent(TypedDict):
+    """A usage record of a role that is no agent (a supervisor's decision, finalize's
+    answer), as the team graph recorded it; an agent's comes in its ``agent_finished``.
+
+    The ledger stores each record by its id: a record sent again (its node ran again, or a
+    tool-calling supervisor's record grew by a call) replaces the one it had."""
+
+    type: Literal["usage"]
+    usage: Usage
+
+
 class ToolCallEvent(TypedDict):
     type: Literal["tool_call"]
     agent: str
@@ -367,6 +380,7 @@ Event = (
     | HandoffEvent
     | AgentStartedEvent
     | AgentFinishedEvent
+    | UsageEvent
     | ToolCallEvent
     | ToolResultEvent
     | ViolationEvent
@@ -572,6 +586,10 @@ def agent_finished_event(
     return AgentFinishedEvent(
         type="agent_finished", agent=agent, ended=ended, output=output, usage=usage
     )
+
+
+def usage_event(usage: Usage) -> UsageEvent:
+    return UsageEvent(type="usage", usage=usage)
 
 
 def tool_call_event(

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from relaygraph.events import EVENT_TYPES
 from relaygraph.runner import POLICY_SOURCE_KEY
 from relaygraph.store import Approval, Handoff, Task
 
@@ -92,9 +93,7 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
         },
         "event": {
             "type": "string",
-            "description": "The event's type: run_started, route, agent_started, tool_call, "
-            "tool_result, handoff, agent_finished, violation, approval, interrupted, final, "
-            "run_finished, run_suspended.",
+            "description": "The event's type: " + ", ".join(EVENT_TYPES) + ".",
         },
         "data": {
             "type": "string",

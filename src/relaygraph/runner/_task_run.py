@@ -95,12 +95,9 @@ class TaskRun:
 
     def graph_input(self, graph: Any, graph_input: Any) -> Any:
         """The input the graph goes on from: ``graph_input``, or for :data:`CONTINUE` what
-        the task's checkpoints and decisions say. A task that goes on from a pause or a stop
-        has its usage rows set back to what its finished nodes spent first."""
+        the task's checkpoints and decisions say."""
         if graph_input is CONTINUE:
             graph_input = self._continue_input(graph)
-        if not (isinstance(graph_input, dict) and "request" in graph_input):
-            self._settle_usage(graph)
         return graph_input
 
     def started_event(self) -> RunStartedEvent:
@@ -243,14 +240,16 @@ class TaskRun:
 
     def record_end(self, end: StreamEnd, result: RunResult) -> None:
         """Report the end (what a paused task waits for, then ``run_finished``) and record
-        it with the run's usage, giving up the lease. A suspended run is not finished: the
-        task stays ``running`` for the next server to continue."""
+        it with what the visits still in progress spent (the finished nodes' usage came
+        with their events), giving up the lease. A suspended run is not finished: the task
+        stays ``running`` for the next server to continue."""
         emit = self.writer.put
+        in_flight = end.in_flight[0]
         if end.drained and not self.cancelled(end):
             emit(run_suspended_event(result.stop_reason))
             self.writer.flush()
             self.ledger.end_run(
-                self.task.id, usage=result.usage, runner_id=self.runner_id, attempt=self.attempt
+                self.task.id, usage=in_flight, runner_id=self.runner_id, attempt=self.attempt
             )
             return
         self._report_pause(result.pending)
@@ -258,7 +257,7 @@ class TaskRun:
         self.writer.flush()
         self.ledger.end_run(
             self.task.id,
-            usage=result.usage,
+            usage=in_flight,
             runner_id=self.runner_id,
             status=result.status,
             attempt=self.attempt,
@@ -284,13 +283,6 @@ class TaskRun:
                 # reported here, at the pause: once, even if no decision ever comes.
                 emit(violation_event(item.get("next"), "ping_pong", item.get("detail") or ""))
             emit(interrupted_event(item))
-
-    def _settle_usage(self, graph: Any) -> None:
-        """Before a paused or stopped task goes on: its usage rows back to what finished
-        nodes spent. The calls of a visit in progress, counted when it stopped, arrive
-        again with the visit's ``agent_finished`` (which adds it whole)."""
-        done = summarize(graph.get_state(self.config).values, self.policy, self.roles)["usage"]
-        self.ledger.record_usage(self.task.id, done, complete=True, attempt=self.attempt)
 
     def _continue_input(self, graph: Any) -> Any:
         """The graph input that continues the task after a restart (:data:`CONTINUE`).

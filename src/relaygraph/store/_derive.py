@@ -323,7 +323,15 @@ def _agent_finished(
     usage = event.get("usage")
     if isinstance(usage, Mapping):
         agent = _name(event, "agent") or _name(usage, "agent")
-        _usage.add_visit(session, task_id, agent, usage, now)
+        _usage.add_record(session, task_id, usage, now, agent=agent, where="agent_finished usage")
+
+
+def _usage_record(
+    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
+) -> None:
+    usage = event.get("usage")
+    if isinstance(usage, Mapping):
+        _usage.add_record(session, task_id, usage, now, where="usage event")
 
 
 DERIVERS: dict[str, Deriver] = {
@@ -334,4 +342,5 @@ DERIVERS: dict[str, Deriver] = {
     "interrupted": _interrupted,
     "approval": _approval,
     "agent_finished": _agent_finished,
+    "usage": _usage_record,
 }

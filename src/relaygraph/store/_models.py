@@ -275,8 +275,9 @@ class UsageRow(Base):
     cost_usd: Mapped[float] = mapped_column(Float)
     seconds: Mapped[float] = mapped_column(Float)
     estimated: Mapped[bool]
-    visits: Mapped[list[str]] = mapped_column(JSONValue)
-    """Ids of the usage records already counted, so a re-sent ``agent_finished`` adds nothing."""
+    records: Mapped[dict[str, Any]] = mapped_column(JSONValue)
+    """The usage records the row adds up, by id (:class:`relaygraph.events.Usage` figures):
+    a record sent again replaces the one of its id, so the totals are always their sum."""
     updated_at: Mapped[datetime]
 
 

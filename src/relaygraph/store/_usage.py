@@ -1,9 +1,11 @@
 """Usage per role per task, as the team graph recorded it, and summed per project.
 
-The graph computes each node run's :class:`~relaygraph.events.Usage` record once; the ledger
-stores those figures: an ``agent_finished`` event's record is added to its agent's row (the
-row remembers which records it holds, so a record sent again adds nothing), and a run's
-result sets each role's totals, which its records add up to.
+The graph computes each node run's :class:`~relaygraph.events.Usage` record once, and its
+events carry it (an agent's ``agent_finished``, the supervisor's and finalize's ``usage``);
+a run that stops with a visit in progress sends that visit's record so far when it ends.
+The ledger stores each record in its role's row by id, replacing the one it had under that
+id (the node ran again, or the visit in progress finished later), and the row's figures are
+its records' sum: nothing here re-derives usage.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from relaygraph.errors import ConfigError
 from relaygraph.events import USAGE_AMOUNTS as AMOUNTS
 from relaygraph.events import USAGE_COUNTS as COUNTS
 from relaygraph.store import _validate as check
@@ -28,7 +31,7 @@ def _row(session: Session, task_id: str, agent: str) -> UsageRow:
             task_id=task_id,
             agent=agent,
             estimated=False,
-            visits=[],
+            records={},
             **dict.fromkeys(COUNTS, 0),
             **dict.fromkeys(AMOUNTS, 0.0),
         )
@@ -37,7 +40,7 @@ def _row(session: Session, task_id: str, agent: str) -> UsageRow:
 
 
 def _figures(usage: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The counts and amounts of a usage record or a role's totals, checked."""
+    """The counts and amounts of a usage record, checked."""
     values: dict[str, Any] = {
         name: check.count(usage.get(name), f"{where}.{name}") for name in COUNTS
     }
@@ -45,33 +48,38 @@ def _figures(usage: Mapping[str, Any], where: str) -> dict[str, Any]:
     return values
 
 
-def add_visit(
-    session: Session, task_id: str, agent: str, usage: Mapping[str, Any], now: datetime
+def add_record(
+    session: Session,
+    task_id: str,
+    usage: Mapping[str, Any],
+    now: datetime,
+    *,
+    agent: str | None = None,
+    where: str = "usage",
 ) -> None:
-    """Add one agent visit's usage record (an ``agent_finished`` event's) to the agent's row.
+    """Store one usage record in its role's row (``agent``, else the record's own), in place
+    of the row's record of the same id; the row's figures become its records' sum.
 
-    A record whose id the row holds already adds nothing: its node ran again after a crash.
+    Raises:
+        ConfigError: A figure is not a number of its kind (it names ``where``), or the
+            record names no role.
     """
-    row = _row(session, task_id, agent)
-    visit = usage.get("id")
-    if isinstance(visit, str) and visit:
-        if visit in row.visits:
-            return
-        row.visits = [*row.visits, visit]
-    for name, value in _figures(usage, "agent_finished usage").items():
-        setattr(row, name, getattr(row, name) + value)
-    row.estimated = row.estimated or bool(usage.get("estimated", False))
-    row.updated_at = now
-
-
-def set_totals(
-    session: Session, task_id: str, agent: str, totals: Mapping[str, Any], now: datetime
-) -> None:
-    """Replace ``agent``'s totals for the task with ``totals`` (a ``RunResult.usage`` entry)."""
-    row = _row(session, task_id, agent)
-    for name, value in _figures(totals, f"usage[{agent!r}]").items():
-        setattr(row, name, value)
-    row.estimated = bool(totals.get("estimated", False))
+    role = agent or usage.get("agent")
+    if not isinstance(role, str) or not role:
+        raise ConfigError(f"{where}.agent {role!r} must name the role that spent it")
+    figures = _figures(usage, where) | {"estimated": bool(usage.get("estimated", False))}
+    row = _row(session, task_id, role)
+    record_id = usage.get("id")
+    if not isinstance(record_id, str) or not record_id:
+        # A record without an id (written by hand) is one of its own.
+        record_id = f"{role}:{len(row.records) + 1}"
+    records = {**row.records, record_id: figures}
+    row.records = records
+    for name in COUNTS:
+        setattr(row, name, sum(int(r.get(name, 0)) for r in records.values()))
+    for name in AMOUNTS:
+        setattr(row, name, sum(float(r.get(name, 0.0)) for r in records.values()))
+    row.estimated = any(bool(r.get("estimated")) for r in records.values())
     row.updated_at = now
 
 

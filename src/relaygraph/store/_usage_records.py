@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,26 +43,24 @@ class UsageLedger(LedgerBase):
     def record_usage(
         self,
         task_id: str,
-        usage: Mapping[str, Mapping[str, Any]],
+        records: Iterable[Mapping[str, Any]],
         *,
-        complete: bool = False,
         attempt: int | None = None,
     ) -> None:
-        """Store each role's totals for the task, as the run's result says (replacing what
-        its events added up).
+        """Store usage records (:class:`relaygraph.events.Usage`) of the task, each in its
+        role's row in place of the record of the same id.
 
-        Events carry the agents' usage records; the supervisor's and finalize's arrive only
-        in the run's result, so a worker records ``RunResult.usage`` here when a run ends.
+        The runner stores the records its events carry as they come (``append_events``);
+        this is for the others: what a visit in progress spent when its run stopped (the
+        visit's own record replaces it once it finishes), or records made outside a run.
 
         Args:
-            complete: ``usage`` holds every role that spent: a role the ledger has a row
-                for and ``usage`` leaves out is set to zero (a task going on from a pause
-                sets its usage back to what its finished nodes spent; the visit that was in
-                progress sends its whole record again when it finishes).
-            attempt: The worker's attempt that writes: the usage is stored only while the
-                task is still on it (see ``append_events``). None: unfenced.
+            attempt: The worker's attempt that writes: the records are stored only while
+                the task is still on it (see ``append_events``). None: unfenced.
 
         Raises:
+            ConfigError: A record that is not a mapping, names no role, or whose figures
+                are not numbers.
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
@@ -70,20 +68,21 @@ class UsageLedger(LedgerBase):
         with self._write() as session:
             if not _lock_task(session, task_id, now, attempt):
                 raise attempt_refusal(session, task_id, attempt)
-            _store_totals(session, task_id, usage, now, complete=complete)
+            _store_records(session, task_id, records, now)
 
     def end_run(
         self,
         task_id: str,
         *,
-        usage: Mapping[str, Mapping[str, Any]],
+        usage: Iterable[Mapping[str, Any]] = (),
         runner_id: str | None = None,
         status: str | None = None,
         attempt: int | None = None,
         **fields: str | None,
     ) -> None:
-        """What a run writes when it ends, in one transaction: each role's usage (as
-        :meth:`record_usage`), the task's ``status`` with its ``answer`` or ``stop_reason``
+        """What a run writes when it ends, in one transaction: the usage records of the
+        visits still in progress (as :meth:`record_usage`; the finished nodes' came with
+        their events), the task's ``status`` with its ``answer`` or ``stop_reason``
         (as :meth:`set_status`; None leaves it, as for a run that was suspended), and
         ``runner_id``'s lease given up (as :meth:`release_lease`).
 
@@ -93,7 +92,7 @@ class UsageLedger(LedgerBase):
                 unfenced (the in-process runner, whose lease ``runner_id`` names).
 
         Raises:
-            ConfigError: An unknown status or field, or a usage entry that is not a mapping.
+            ConfigError: An unknown status or field, or a usage record that is not valid.
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``; nothing is
                 written.
@@ -105,7 +104,7 @@ class UsageLedger(LedgerBase):
             if row is None:
                 raise RecordNotFound("task", task_id)
             check_attempt(row, attempt)
-            _store_totals(session, task_id, usage, now)
+            _store_records(session, task_id, usage, now)
             row.updated_at = now
             if values is not None:
                 apply_status(row, values)
@@ -152,26 +151,13 @@ class UsageLedger(LedgerBase):
         }
 
 
-def _store_totals(
-    session: Session,
-    task_id: str,
-    usage: Mapping[str, Mapping[str, Any]],
-    now: datetime,
-    *,
-    complete: bool = False,
+def _store_records(
+    session: Session, task_id: str, records: Iterable[Mapping[str, Any]], now: datetime
 ) -> None:
-    for agent, totals in usage.items():
-        if not isinstance(totals, Mapping):
-            raise ConfigError(f"usage[{agent!r}] {totals!r} must be a mapping")
-        _usage.set_totals(session, task_id, agent, totals, now)
-    if complete:
-        stale = session.scalars(
-            select(UsageRow.agent).where(
-                UsageRow.task_id == task_id, UsageRow.agent.not_in(list(usage))
-            )
-        ).all()
-        for agent in stale:
-            _usage.set_totals(session, task_id, agent, {}, now)
+    for i, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise ConfigError(f"usage[{i}] {record!r} must be a usage record (a mapping)")
+        _usage.add_record(session, task_id, record, now, where=f"usage[{i}]")
 
 
 def _lock_task(session: Session, task_id: str, now: datetime, attempt: int | None) -> bool:

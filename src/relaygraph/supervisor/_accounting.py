@@ -11,7 +11,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 
 from relaygraph._names import PRIOR_CALLS_KEY
-from relaygraph.events import Usage, ViolationKind, violation_event
+from relaygraph.events import Usage, ViolationKind, usage_event, violation_event
 from relaygraph.policies.budget import UsageTotals
 from relaygraph.policies.middleware import VIOLATION_KEY, usage_estimated
 from relaygraph.policies.pingpong import normalize_call
@@ -87,6 +87,13 @@ def usage_record(
         seconds=totals.seconds,
         estimated=usage_estimated(replies),
     )
+
+
+def announce_usage(record: Usage) -> Usage:
+    """Send the usage record of a role that is no agent (an agent's goes in its
+    ``agent_finished``) to the task's stream, where the ledger stores it; returns it."""
+    get_stream_writer()(usage_event(record))
+    return record
 
 
 def earlier_results(state: TeamState, agent: str) -> dict[str, str]:

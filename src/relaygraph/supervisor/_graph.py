@@ -104,12 +104,14 @@ def _make_supervisor(
         )
         route, ns, turn = decision.route, acc.task_ns(config), state.get("turn", 0)
         replies = list(decision.raw)
-        usage = acc.usage_record(
-            ns,
-            SUPERVISOR,
-            turn,
-            replies_usage(replies, policy, seconds=time.monotonic() - started),
-            list(replies),
+        usage = acc.announce_usage(
+            acc.usage_record(
+                ns,
+                SUPERVISOR,
+                turn,
+                replies_usage(replies, policy, seconds=time.monotonic() - started),
+                list(replies),
+            )
         )
         # A route to an agent whose budget is spent is refused. When the agent spent it
         # exactly, without hitting the limit in its visit, nothing recorded that limit yet:
@@ -257,18 +259,17 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             stop_reason = "no answer: finalize wrote no text" + (
                 " (it called a tool, which it may not)" if violations else ""
             )
-        emit(final_event(status, answer, stop_reason))
         totals = replies_usage([reply], policy, seconds=time.monotonic() - started)
+        usage = acc.announce_usage(
+            acc.usage_record(acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, [reply])
+        )
+        emit(final_event(status, answer, stop_reason))
         update: dict[str, Any] = {
             "answer": answer,
             "status": status,
             "stop_reason": stop_reason,
             "violations": violations,
-            "usage": [
-                acc.usage_record(
-                    acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, [reply]
-                )
-            ],
+            "usage": [usage],
         }
         if answer is not None:
             update["messages"] = [AIMessage(content=answer, name=ANSWER_NAME)]

@@ -392,6 +392,8 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         totals = UsageTotals.of(earlier) + replies_usage([reply], policy, seconds=seconds)
         usage = acc.usage_record(record_id, SUPERVISOR, state.get("turn", 0), totals, [reply])
         usage["estimated"] = usage["estimated"] or any(u["estimated"] for u in earlier)
+        # The record grows by each call of this run; each version replaces the last.
+        acc.announce_usage(usage)
         if reply.tool_calls:
             refusals, violations = _refuse_calls(reply, tools, config, state.get("turn", 0))
             return {"usage": [usage], "messages": refusals, "violations": violations}

@@ -1,0 +1,78 @@
+"""A role's usage row holds the usage records it adds up, not only their ids.
+
+``records`` maps each record's id (the LangGraph task namespace that spent it) to its
+figures; the row's totals are their sum. A record sent again replaces the one of the same
+id (its node ran again, a tool-calling supervisor's record grew, a visit in progress when
+the run stopped finished later), so the ledger stores what the graph recorded and never
+re-derives it. A row written before this revision keeps its totals as one record.
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-11
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = "0011"
+down_revision: str | Sequence[str] | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_FIGURES = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "cost_usd", "seconds")
+
+
+def _json() -> Any:
+    return sa.JSON(none_as_null=True).with_variant(
+        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
+    )
+
+
+def _usage(*columns: str) -> sa.TableClause:
+    return sa.table(
+        "usage",
+        sa.column("task_id", sa.String()),
+        sa.column("agent", sa.String()),
+        *(sa.column(name) for name in _FIGURES),
+        sa.column("estimated", sa.Boolean()),
+        *(sa.column(name, _json()) for name in columns),
+    )
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("usage") as batch:
+        batch.add_column(sa.Column("records", _json(), nullable=True))
+    usage = _usage("records")
+    connection = op.get_bind()
+    for row in connection.execute(sa.select(usage)).mappings().all():
+        figures = {name: row[name] for name in _FIGURES} | {"estimated": bool(row["estimated"])}
+        connection.execute(
+            usage.update()
+            .where(usage.c.task_id == row["task_id"], usage.c.agent == row["agent"])
+            .values(records={f"{row['agent']}:before-0011": figures})
+        )
+    with op.batch_alter_table("usage") as batch:
+        batch.alter_column("records", existing_type=_json(), nullable=False)
+        batch.drop_column("visits")
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("usage") as batch:
+        batch.add_column(sa.Column("visits", _json(), nullable=True))
+    usage = _usage("records", "visits")
+    connection = op.get_bind()
+    for row in connection.execute(sa.select(usage)).mappings().all():
+        connection.execute(
+            usage.update()
+            .where(usage.c.task_id == row["task_id"], usage.c.agent == row["agent"])
+            .values(visits=sorted(row["records"] or {}))
+        )
+    with op.batch_alter_table("usage") as batch:
+        batch.alter_column("visits", existing_type=_json(), nullable=False)
+        batch.drop_column("records")
