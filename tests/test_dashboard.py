@@ -615,7 +615,18 @@ def record_eval(ledger_url: str, outcomes: dict[str, bool], task_id: str | None 
         return run
 
 
-async def test_eval_runs_their_cases_and_two_side_by_side(dash: Dash) -> None:
+@pytest.fixture
+async def evals_shown(
+    home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Dash]:
+    """The dashboard of a server whose operator shows the eval runs to its projects."""
+    monkeypatch.setenv("RELAYGRAPH_UI_SHOW_EVALS", "true")
+    async with running(home, scripts) as started:
+        yield started
+
+
+async def test_eval_runs_their_cases_and_two_side_by_side(evals_shown: Dash) -> None:
+    dash = evals_shown
     key = dash.key("acme")
     task = await dash.submit(key, input="When are checkpoints written?")
     before = record_eval(dash.ledger_url, {"a": True, "b": False, "c": True})
@@ -642,10 +653,10 @@ async def test_eval_runs_their_cases_and_two_side_by_side(dash: Dash) -> None:
         assert (await browser.get("/ui/evals/nope", headers=HTML)).status_code == 404
 
 
-async def test_evals_can_be_hidden_from_projects(
+async def test_eval_runs_are_hidden_from_projects_unless_the_operator_shows_them(
     home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RELAYGRAPH_UI_SHOW_EVALS", "false")
+    monkeypatch.delenv("RELAYGRAPH_UI_SHOW_EVALS", raising=False)
     async with running(home, scripts) as dash:
         key = dash.key("acme")
         run = record_eval(dash.ledger_url, {"a": True})
@@ -653,7 +664,9 @@ async def test_evals_can_be_hidden_from_projects(
             assert (await client.get("/v1/evals", headers=bearer(key))).json() == {"eval_runs": []}
             assert (await client.get(f"/v1/evals/{run}", headers=bearer(key))).status_code == 404
         async with dash.browser(key) as browser:
-            assert "not shown on this server" in (await browser.get("/ui/evals", headers=HTML)).text
+            listed = (await browser.get("/ui/evals", headers=HTML)).text
+            assert "not shown on this server" in listed
+            assert "RELAYGRAPH_UI_SHOW_EVALS=true" in listed  # what the operator may set
             assert (await browser.get(f"/ui/evals/{run}", headers=HTML)).status_code == 404
 
 

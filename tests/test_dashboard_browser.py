@@ -167,6 +167,8 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
             env={
                 **_env(home),
                 "RELAYGRAPH_UI_REFRESH_SECONDS": "1",
+                # Eval runs belong to no project: shown only where the operator says so.
+                "RELAYGRAPH_UI_SHOW_EVALS": "true",
                 "OTEL_TRACES_EXPORTER": "console",
             },
             stdin=subprocess.DEVNULL,

@@ -61,7 +61,7 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
 
 
 def dashboard_api_router(
-    *, ledger: Callable[[], Ledger], home: Path, show_evals: bool = True
+    *, ledger: Callable[[], Ledger], home: Path, show_evals: bool = False
 ) -> APIRouter:
     """The ``/v1`` endpoints the dashboard needs beyond the task service's own.
 
@@ -69,7 +69,8 @@ def dashboard_api_router(
         ledger: Returns the server's ledger (it is opened when the app starts).
         home: The data directory (the tasks' artifacts are under it).
         show_evals: Whether projects see the eval runs (they belong to no project: the
-            operator records them with ``relaygraph eval``).
+            operator records them with ``relaygraph eval``); without it ``/v1/evals`` is
+            empty and every run is not found.
     """
     router = APIRouter(prefix="/v1")
 
@@ -159,7 +160,8 @@ def dashboard_api_router(
 
     @router.get("/evals", response_model=EvalRunList, responses=error_responses(401, 422))
     def evals(project: ProjectDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> EvalRunList:
-        """The latest eval runs in the ledger, newest first, without their cases."""
+        """The latest eval runs in the ledger, newest first, without their cases; none
+        unless the operator shows them (`RELAYGRAPH_UI_SHOW_EVALS=true`)."""
         if not show_evals:
             return EvalRunList(eval_runs=[])
         runs = ledger().eval_runs(limit)
