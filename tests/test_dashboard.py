@@ -24,7 +24,7 @@ from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width,
 from relaygraph.store import Event, Handoff, Ledger
 from relaygraph.tracing._timeline import PREVIEW_CHARS
 
-from .conftest import EXAMPLE_RELAY
+from .conftest import EXAMPLE_RELAY, REPO
 from .test_timeline import record_task
 
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
@@ -851,6 +851,19 @@ async def test_the_openapi_document_lists_the_dashboards_endpoints_not_its_pages
     ):
         assert path in paths
     assert not [p for p in paths if p.startswith("/ui")]
+    # docs/api.md's table of endpoints names every one (``{id}`` for a task's id).
+    table = {
+        row.split("`")[1].split("?")[0]
+        for row in (REPO / "docs" / "api.md").read_text(encoding="utf-8").splitlines()
+        if row.startswith("| `")
+    }
+    documented = {
+        f"{method.upper()} {path.replace('{task_id}', '{id}')}"
+        for path, operations in paths.items()
+        if path.startswith("/v1/")
+        for method in operations
+    }
+    assert documented - table == set()
 
 
 async def test_cancel_from_the_page(dash: Dash) -> None:
