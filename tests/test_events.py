@@ -240,3 +240,52 @@ def test_the_supervisor_does_not_import_the_scripted_model() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
                 assert node.module != "relaygraph.models.scripted", path
+
+
+def test_only_a_model_that_replays_by_position_is_told_its_prior_calls(home: Path) -> None:
+    """The team graph tells a role's earlier call count only to a model that says it picks
+    replies by position (the scripted model); any other model's calls carry nothing of it."""
+    from langchain_core.callbacks import CallbackManagerForLLMRun
+    from langchain_core.messages import BaseMessage
+    from langchain_core.outputs import ChatResult
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from relaygraph._names import FINALIZE, PRIOR_CALLS_KEY, SUPERVISOR
+    from relaygraph.agents import TaskContext
+    from relaygraph.models import load_model
+    from relaygraph.models.scripted import ScriptedChatModel
+    from relaygraph.supervisor import build_team
+    from relaygraph.team import default_team
+
+    told: list[tuple[str, bool]] = []
+
+    class Listening(ScriptedChatModel):
+        def _generate(
+            self,
+            messages: list[BaseMessage],
+            stop: list[str] | None = None,
+            run_manager: CallbackManagerForLLMRun | None = None,
+            **kwargs: Any,
+        ) -> ChatResult:
+            metadata = run_manager.metadata if run_manager is not None else {}
+            told.append((self.agent, PRIOR_CALLS_KEY in metadata))
+            return super()._generate(messages, stop, run_manager, **kwargs)
+
+    class Plain(Listening):
+        relaygraph_replays_by_position: bool = False
+
+    spec = f"scripted:{EXAMPLE_RELAY}"
+    models: dict[str, Any] = {
+        r: load_model(spec, agent=r) for r in (SUPERVISOR, "researcher", "coder", FINALIZE)
+    }
+    models["coder"] = Listening(script=models["coder"].script, agent="coder")
+    # The writer is visited once: its own messages place each of its calls.
+    models["writer"] = Plain(script=models["coder"].script, agent="writer")
+    graph = build_team(models, team=default_team(), checkpointer=InMemorySaver())
+    ctx = TaskContext.for_task(home, task_id="t1", thread_id="th1")
+    config: Any = {"configurable": {"thread_id": "th1"}}
+    graph.invoke({"request": "go"}, config, context=ctx)
+    assert graph.get_state(config).values["status"] == "succeeded"
+    assert {agent for agent, _ in told} == {"coder", "writer"}
+    assert all(said for agent, said in told if agent == "coder")
+    assert not any(said for agent, said in told if agent == "writer")

@@ -494,6 +494,7 @@ def test_langsmith_trace_is_one_tree_with_agent_runs_and_a_handoff_that_is_not_a
 
     # The handoff: metadata and an event on the agent run, and a run of its own.
     handoff = {
+        "kind": "direct",
         "from": "researcher",
         "to": "coder",
         "task": result.handoffs[1]["task"],

@@ -16,6 +16,7 @@ __all__ = [
     "FINISH",
     "HANDOFF_PREFIX",
     "PRIOR_CALLS_KEY",
+    "REPLAYS_BY_POSITION",
     "RESERVED_NAMES",
     "SUPERVISOR",
 ]
@@ -35,10 +36,14 @@ ANSWER_NAME: Final = "relaygraph"
 RESERVED_NAMES = frozenset({SUPERVISOR, FINALIZE, FINISH, BEGIN, "__start__", "__end__"})
 """Names an agent may not take: the team graph's own nodes and routes, LangGraph's ends."""
 
+REPLAYS_BY_POSITION: Final = "relaygraph_replays_by_position"
+"""The attribute by which a chat model says it picks each reply by its position in its
+role's history (the scripted model does): only such a model is told
+:data:`PRIOR_CALLS_KEY`; every other model's calls carry nothing of it."""
 PRIOR_CALLS_KEY: Final = "relaygraph_prior_calls"
-"""``config["metadata"]`` and ``config["configurable"]`` key of every model call the team
-graph makes: how many model calls the calling role (an agent, ``supervisor``, ``finalize``)
-made earlier in the thread, as its usage records say. With the role's own AI messages in the
-conversation a call is given, it is the call's index in the role's history: a model that
-replays a history (the scripted model) picks its reply by it, the same in a re-run step or a
-new process."""
+"""``config["metadata"]`` and ``config["configurable"]`` key of the model calls the team
+graph makes for a model that replays by position (:data:`REPLAYS_BY_POSITION`): how many
+model calls the calling role (an agent, ``supervisor``, ``finalize``) made earlier in the
+thread, as its usage records say. With the role's own AI messages in the conversation a call
+is given, it is the call's index in the role's history, the same in a re-run step or a new
+process."""

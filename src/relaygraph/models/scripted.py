@@ -5,11 +5,12 @@ whose values are the turns that agent's model plays, in order. The format is doc
 ``docs/scripted-models.md``.
 
 Which turn a call takes is derived from the run's checkpointed state, never from a counter
-held in this process: the team graph says with every model call how many calls the role
+held in this process: the team graph says with each model call how many calls the role
 made earlier in the thread, from its usage records (``relaygraph._names.PRIOR_CALLS_KEY``,
-documented there for any model), and the model adds its own AI messages already in the
-conversation it is given. A run continued in a new process, or a super-step re-run after an
-interrupt, therefore takes exactly the turn it would have taken.
+told only to a model that says it replays by position, as this one does), and the model
+adds its own AI messages already in the conversation it is given. A run continued in a new
+process, or a super-step re-run after an interrupt, therefore takes exactly the turn it would
+have taken.
 """
 
 from __future__ import annotations
@@ -227,6 +228,9 @@ class ScriptedChatModel(BaseChatModel):
 
     script: Script
     agent: str
+    relaygraph_replays_by_position: bool = True
+    """Each call plays the turn at its position in the role's history, which the team graph
+    tells a model that says so (:data:`relaygraph._names.REPLAYS_BY_POSITION`)."""
 
     @property
     def _llm_type(self) -> str:

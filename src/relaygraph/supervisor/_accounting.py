@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 
-from relaygraph._names import PRIOR_CALLS_KEY
+from relaygraph._names import PRIOR_CALLS_KEY, REPLAYS_BY_POSITION
 from relaygraph.events import Usage, ViolationKind, usage_event, violation_event
 from relaygraph.policies.budget import UsageTotals
 from relaygraph.policies.middleware import VIOLATION_KEY, usage_estimated
@@ -28,24 +28,37 @@ def step_of(config: RunnableConfig) -> int | None:
     return int(step) if step is not None else None
 
 
-def with_prior_calls(config: RunnableConfig, prior: int, **configurable: Any) -> RunnableConfig:
-    """The node's config for a model call of a role: plus how many model calls the role made
-    earlier in the thread (:data:`~relaygraph._names.PRIOR_CALLS_KEY`, read from the usage
-    records, for any model that picks its reply by it) and ``configurable``."""
+def replays_by_position(model: object) -> bool:
+    """Whether ``model`` picks its replies by their position in its role's history
+    (:data:`~relaygraph._names.REPLAYS_BY_POSITION`); decided when the graph is built."""
+    return getattr(model, REPLAYS_BY_POSITION, False) is True
+
+
+def call_config(
+    config: RunnableConfig,
+    state: TeamState,
+    role: str,
+    *,
+    replays: bool,
+    **configurable: Any,
+) -> RunnableConfig:
+    """The node's config for a model call of ``role``, plus ``configurable``. For a model
+    that replays by position (``replays``), also how many model calls the role made earlier
+    in the thread (:data:`~relaygraph._names.PRIOR_CALLS_KEY`, from its usage records);
+    any other model is told nothing of it."""
+    extra: dict[str, Any] = dict(configurable)
+    metadata = config.get("metadata", {})
+    if replays:
+        prior = sum(u["model_calls"] for u in state.get("usage", []) if u["agent"] == role)
+        extra[PRIOR_CALLS_KEY] = prior
+        metadata = {**metadata, PRIOR_CALLS_KEY: prior}
+    if not extra:
+        return config
     return {
         **config,
-        "configurable": {
-            **config.get("configurable", {}),
-            PRIOR_CALLS_KEY: prior,
-            **configurable,
-        },
-        "metadata": {**config.get("metadata", {}), PRIOR_CALLS_KEY: prior},
+        "configurable": {**config.get("configurable", {}), **extra},
+        "metadata": metadata,
     }
-
-
-def prior_calls(state: TeamState, role: str) -> int:
-    """Model calls ``role`` made earlier in this thread, as its usage records say."""
-    return sum(u["model_calls"] for u in state.get("usage", []) if u["agent"] == role)
 
 
 def turn_usage(state: TeamState, role: str | None = None) -> UsageTotals:

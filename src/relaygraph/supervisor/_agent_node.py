@@ -100,6 +100,8 @@ def _agent_node(
     graph: CompiledStateGraph[Any, Any, Any, Any],
     policy: TeamPolicy,
     exits: Exits | None = None,
+    *,
+    replays: bool = False,
 ) -> Any:
     name = spec.name
     rules = policy.agent(name)
@@ -165,8 +167,8 @@ def _agent_node(
         try:
             # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
             # the visit's transcript and usage in hand.
-            visit_config = acc.with_prior_calls(
-                config, acc.prior_calls(state, name), **{BUDGET_KEY: budget}
+            visit_config = acc.call_config(
+                config, state, name, replays=replays, **{BUDGET_KEY: budget}
             )
             visit_config["recursion_limit"] = recursion_limit
             for values in graph.stream(  # noqa: B007
@@ -345,6 +347,7 @@ def agent_nodes(
             build_agent(members[name], models[name], policy, team.tools),
             policy,
             exits,
+            replays=acc.replays_by_position(models[name]),
         )
         for name in policy.agents
     }

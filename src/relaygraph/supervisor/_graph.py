@@ -52,6 +52,7 @@ def _make_supervisor(
 ) -> Any:
     system = _prompts.supervisor_prompt(members, extra=extra)
     agents = tuple(a.name for a in members)
+    replays = acc.replays_by_position(model)
 
     def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
         if hit := team_stop(state, policy, config, visits=False):
@@ -98,7 +99,7 @@ def _make_supervisor(
             model,
             messages,
             agents=available,
-            config=acc.with_prior_calls(config, acc.prior_calls(state, SUPERVISOR)),
+            config=acc.call_config(config, state, SUPERVISOR, replays=replays),
             may_finish=bool(visits),
             unavailable=unavailable,
         )
@@ -220,6 +221,8 @@ def _make_supervisor(
 
 
 def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
+    replays = acc.replays_by_position(model)
+
     def finalize(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
         status = state.get("status") or "succeeded"
         stop_reason = state.get("stop_reason")
@@ -248,9 +251,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             HumanMessage(content=_prompts.finalize_input(state)),
         ]
         started = time.monotonic()
-        reply = model.invoke(
-            messages, acc.with_prior_calls(config, acc.prior_calls(state, FINALIZE))
-        )
+        reply = model.invoke(messages, acc.call_config(config, state, FINALIZE, replays=replays))
         violations = _finalize_calls_refused(reply, state, config)
         # An empty answer is no answer: the run did not deliver what it was asked for.
         answer = reply.text if reply.text.strip() else None

@@ -20,18 +20,9 @@ from langchain_core.tracers.schemas import Run
 from langgraph.errors import GraphInterrupt, ParentCommand
 
 from relaygraph._names import SUPERVISOR
-from relaygraph.events import Handoff
+from relaygraph.events import handoff_result
 from relaygraph.tracing import _runs
 from relaygraph.tracing._runs import RunTree
-
-
-def _handoff_json(handoff: Handoff) -> dict[str, str]:
-    return {
-        "from": handoff["source"],
-        "to": handoff["target"],
-        "task": handoff["task"],
-        "reason": handoff["reason"],
-    }
 
 
 def _annotate(run: Run, *, tags: tuple[str, ...] = (), **metadata: Any) -> None:
@@ -129,7 +120,7 @@ class LangSmithTracer(LangChainTracer):
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> Run:
         run = self.run_map.get(str(run_id))
         if run is not None and (handoff := _runs.handoff_of(output)) is not None:
-            _annotate(run, tags=("handoff",), relaygraph_handoff=_handoff_json(handoff))
+            _annotate(run, tags=("handoff",), relaygraph_handoff=handoff_result(handoff))
         return super().on_tool_end(output, run_id=run_id, **kwargs)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> Run:
@@ -141,7 +132,7 @@ class LangSmithTracer(LangChainTracer):
     @staticmethod
     def _control_flow_output(error: BaseException) -> dict[str, Any]:
         if (handoff := _runs.handoff_of(error)) is not None:
-            return {"handoff": _handoff_json(handoff)}
+            return {"handoff": handoff_result(handoff)}
         if isinstance(error, ParentCommand):
             command = error.args[0] if error.args else None
             return {"command": {"goto": str(getattr(command, "goto", ""))}}
@@ -161,16 +152,16 @@ class LangSmithTracer(LangChainTracer):
         is_router = _runs.node_role(name) == SUPERVISOR
         for handoff in records.handoffs:
             if handoff["kind"] == "route":
-                metadata["relaygraph_route"] = _handoff_json(handoff)
-                _event(run, "route", **_handoff_json(handoff))
+                metadata["relaygraph_route"] = handoff_result(handoff)
+                _event(run, "route", **handoff_result(handoff))
             elif is_router:
                 # The tool supervisor passing on an agent's own handoff.
-                metadata["relaygraph_relay"] = _handoff_json(handoff)
-                _event(run, "relay", **_handoff_json(handoff))
+                metadata["relaygraph_relay"] = handoff_result(handoff)
+                _event(run, "relay", **handoff_result(handoff))
             else:
-                metadata["relaygraph_handoff"] = _handoff_json(handoff)
+                metadata["relaygraph_handoff"] = handoff_result(handoff)
                 tags.append("handoff")
-                _event(run, "handoff", **_handoff_json(handoff))
+                _event(run, "handoff", **handoff_result(handoff))
         if (
             is_router
             and records.goto is not None

@@ -493,12 +493,15 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                 "gen_ai.agent.name": agent,
             }
             if name.startswith(HANDOFF_PREFIX) and isinstance(inputs, Mapping):
-                attributes |= {
-                    "relaygraph.handoff.from": agent,
-                    "relaygraph.handoff.to": name.removeprefix(HANDOFF_PREFIX),
-                    "relaygraph.handoff.task": inputs.get("task"),
-                    "relaygraph.handoff.reason": inputs.get("reason"),
+                # The handoff as the tool was asked for it (source, target, task, reason):
+                # the same attributes as the carried-out handoff's span event below.
+                asked = {
+                    "source": agent,
+                    "target": name.removeprefix(HANDOFF_PREFIX),
+                    "task": inputs.get("task"),
+                    "reason": inputs.get("reason"),
                 }
+                attributes |= handoff_attributes(asked, "relaygraph.handoff")
             self._open(run_id, parent_run_id, f"execute_tool {name}", SpanKind.INTERNAL, attributes)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
