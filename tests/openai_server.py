@@ -11,7 +11,9 @@ under it) point it at this server instead of the internet::
 The script has the format of :mod:`relaygraph.models.scripted` (turns are validated with its
 ``ScriptTurn``): keys are script keys (agent names, ``supervisor``, ``finalize``) and values are
 lists of turns, each ``{"content": ...}``, ``{"tool_calls": [...]}`` or ``{"route": {...}}`` with
-an optional ``usage``. The request's ``model`` picks the key: ``script-<key>`` plays ``<key>``.
+an optional ``usage``. The request's ``model`` picks the key: ``script-<key>`` plays ``<key>``;
+a ``key_from`` function picks it from the request's body instead (the task text in its messages,
+say), so that many concurrent conversations can share one model name, as a service's tasks do.
 Each key has its own cursor that advances by one per answered request; a rejected request does
 not advance it.
 
@@ -24,7 +26,8 @@ or script bug would make the real API fail, so tests catch it:
   turn naming a tool that is not among the request's ``tools`` (or contradicting
   ``tool_choice`` / ``parallel_tool_calls``),
 * 400 when the key's script has run out, naming the key and the turn number,
-* 404 ``model_not_found`` for a model that is not ``script-<key>`` of a key in the script,
+* 404 ``model_not_found`` for a model that is not ``script-<key>`` of a key in the script
+  (or, with ``key_from``, for a key it picked that the script does not have),
 * 401 without an ``Authorization: Bearer ...`` header (any key is accepted).
 
 A ``content`` turn answers a structured-output request verbatim, so a script can play malformed
@@ -63,7 +66,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -133,6 +136,9 @@ PROFILES = {
 }
 
 FAULT_KINDS = ("429", "500", "503", "timeout", "truncated")
+
+KeyFrom = Callable[[dict[str, Any]], str | None]
+"""Picks the script key of a request from its JSON body; None: the model's key."""
 
 
 @dataclass(kw_only=True)
@@ -420,6 +426,8 @@ class FakeOpenAI:
         faults: The faults it injects, if any.
         delay_seconds: How long it takes to answer a request (not a faulted one), in
             seconds; 0 by default.
+        key_from: Picks each request's script key from its body (None, or where it
+            returns None: ``script-<key>`` of the request's model).
     """
 
     def __init__(
@@ -429,12 +437,14 @@ class FakeOpenAI:
         profile: ServerProfile = OPENAI,
         faults: Faults | None = None,
         delay_seconds: float = 0.0,
+        key_from: KeyFrom | None = None,
     ) -> None:
         if delay_seconds < 0:
             raise ValueError(f"delay_seconds must be 0 or more, not {delay_seconds!r}")
         self.profile = profile
         self.faults = faults
         self.delay_seconds = delay_seconds
+        self.key_from = key_from
         self.log: list[dict[str, Any]] = []
         self._turns = _parse_script(script)
         self._cursors = dict.fromkeys(self._turns, 0)
@@ -505,11 +515,22 @@ class FakeOpenAI:
         with self._lock:
             return [entry for entry in self.log if entry["fault"]]
 
-    def _key_of(self, model: Any) -> str:
+    def _key_of(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
         if not isinstance(model, str) or not model:
             raise _bad_request(
                 "you must provide a model parameter", "model", code="missing_required_parameter"
             )
+        picked = self.key_from(body) if self.key_from is not None else None
+        if picked is not None:
+            if picked not in self._turns:
+                raise _APIError(
+                    404,
+                    f"The script has no key {picked!r} (picked from the request for model "
+                    f"`{model}`).",
+                    code="model_not_found",
+                )
+            return picked
         key = model.removeprefix(MODEL_PREFIX)
         if not model.startswith(MODEL_PREFIX) or key not in self._turns:
             raise _APIError(
@@ -525,7 +546,7 @@ class FakeOpenAI:
         tools = _tool_names(body.get("tools"))
         structured = _structured(body.get("response_format"))
         _check_profile(self.profile, body)
-        key = self._key_of(body.get("model"))
+        key = self._key_of(body)
         with self._lock:
             index = self._cursors[key]
             turns = self._turns[key]
@@ -755,6 +776,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "relaygraph-fake-openai/1"
     timeout = 30  # idle keep-alive connections end after this many seconds
+    # An answer goes out in two writes (the head, then the body). With Nagle's algorithm
+    # the body waits for the ACK of the head, which a keep-alive client delays by up to
+    # 40 ms: every call would take that much longer than its delay.
+    disable_nagle_algorithm = True
     server: _Server
 
     def setup(self) -> None:
@@ -975,11 +1000,14 @@ def serve_script(
     profile: ServerProfile = OPENAI,
     faults: Faults | None = None,
     delay_seconds: float = 0.0,
+    key_from: KeyFrom | None = None,
 ) -> Iterator[FakeOpenAI]:
     """Serve ``script`` on a local port for the duration of the ``with`` block, as
-    ``profile``'s server would, with ``faults`` injected and each answer ``delay_seconds``
-    late."""
-    server = FakeOpenAI(script, profile=profile, faults=faults, delay_seconds=delay_seconds)
+    ``profile``'s server would, with ``faults`` injected, each answer ``delay_seconds``
+    late and each request's script key picked by ``key_from`` (default: its model)."""
+    server = FakeOpenAI(
+        script, profile=profile, faults=faults, delay_seconds=delay_seconds, key_from=key_from
+    )
     try:
         yield server
     finally:

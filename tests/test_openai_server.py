@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -457,3 +459,45 @@ def test_a_truncated_body_breaks_the_client() -> None:
         with pytest.raises(openai.APIConnectionError):
             _model(fake).invoke("hi")
         assert _model(fake).invoke("hi").content == "x"
+
+
+def test_key_from_lets_conversations_share_one_model_name() -> None:
+    def by_task(body: dict[str, Any]) -> str | None:
+        for message in body["messages"]:
+            if str(message.get("content", "")).startswith("task "):
+                return str(message["content"]).split()[1]
+        return None
+
+    script = {
+        "a": [{"content": "A1"}, {"content": "A2"}],
+        "b": [{"content": "B1"}, {"content": "B2"}],
+    }
+    with serve_script(script, key_from=by_task) as fake:
+        # One model name; the task text in the request picks each conversation's turns.
+        assert _model(fake, "shared").invoke("task a").content == "A1"
+        assert _model(fake, "shared").invoke("task b").content == "B1"
+        assert _model(fake, "shared").invoke("task a").content == "A2"
+        # Where it picks nothing, the model's key plays.
+        assert _model(fake, "b").invoke("hello").content == "B2"
+        with pytest.raises(openai.NotFoundError) as missing:
+            _model(fake, "shared").invoke("task c")
+    assert "no key 'c'" in missing.value.message
+
+
+def test_keep_alive_answers_do_not_wait_for_a_delayed_ack() -> None:
+    # The head and the body of an answer are two writes; with Nagle's algorithm on, the
+    # second waits for the client's delayed ACK of the first (40 ms on Linux) every call.
+    hi = {"model": "script-a", "messages": [{"role": "user", "content": "hi"}]}
+    with serve_script({"a": [{"content": "x"}] * 21}) as fake:
+        with openai.DefaultHttpxClient() as client:
+            seconds = []
+            for _ in range(21):
+                started = time.perf_counter()
+                response = client.post(
+                    f"{fake.base_url}/chat/completions",
+                    json=hi,
+                    headers={"Authorization": "Bearer test"},
+                )
+                seconds.append(time.perf_counter() - started)
+                assert response.status_code == 200
+    assert statistics.median(seconds[1:]) < 0.02, seconds
