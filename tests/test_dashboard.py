@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,10 @@ import pytest
 from fastapi import FastAPI
 
 from relaygraph.api import ServiceSettings, create_app
+from relaygraph.api.ui._charts import usage_chart
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
+from relaygraph.api.ui._queries import DailyUsage, DayUsage
+from relaygraph.api.ui._report_pages import DEFAULT_DAYS
 from relaygraph.store import Event, Handoff, Ledger
 from relaygraph.tracing._timeline import PREVIEW_CHARS
 
@@ -697,10 +700,41 @@ async def test_usage_per_day_and_agent(dash: Dash) -> None:
     async with dash.browser(key) as browser:
         page = (await browser.get("/ui/usage", headers=HTML)).text
         assert 'class="chart"' in page and "writer" in page
+        # The chart's figures as a table too, a row per day, today's with the task.
+        table = page[page.index("data-usage-days") : page.index("</table>")]
+        assert table.count("<tr data-day=") == DEFAULT_DAYS  # the page's default range
+        row = re.search(rf'<tr data-day="{today.isoformat()}">(.*?)</tr>', table)
+        assert row is not None and '<td class="num">1</td>' in row.group(1)
+        total = daily["days"][-1]["total"]
+        assert f"{total['input_tokens'] + total['output_tokens']:,}" in row.group(1)
         cost = (await browser.get("/ui/usage?metric=cost&since=2020-01-01", headers=HTML)).text
         assert "Cost per day" in cost and "choose at most 366 days" in cost
     async with dash.browser(other) as browser:
         assert "No usage in this range" in (await browser.get("/ui/usage", headers=HTML)).text
+
+
+def _days(count: int) -> DailyUsage:
+    first = date(2026, 1, 1)
+    usage = {"input_tokens": 10, "output_tokens": 2, "cost_usd": 0.0}
+    return DailyUsage(
+        project_id="p",
+        since=datetime.combine(first, datetime.min.time(), UTC),
+        until=datetime.combine(first + timedelta(days=count), datetime.min.time(), UTC),
+        days=[
+            DayUsage(date=first + timedelta(days=i), tasks=1, total=usage, agents={"coder": usage})
+            for i in range(count)
+        ],
+    )
+
+
+@pytest.mark.parametrize("count", [7, 14, 30, 366])
+def test_the_usage_charts_last_day_has_its_label_inside_the_chart(count: int) -> None:
+    chart = usage_chart(_days(count), "tokens")
+    last = (date(2026, 1, 1) + timedelta(days=count - 1)).strftime("%b %d")
+    assert chart.labels[-1].day == last
+    assert all(0 < label.x <= chart.width - 18 for label in chart.labels)
+    assert len(chart.labels) <= 12
+    assert [row.total for row in chart.rows] == [12.0] * count
 
 
 def _event(seq: int, type_: str, **data: Any) -> Event:

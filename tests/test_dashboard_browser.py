@@ -541,6 +541,17 @@ def test_usage_per_day_as_a_chart(page: WebDriver, stage: Stage) -> None:
     sign_in(page, stage, path="/ui/usage")
     bars = wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".chart rect"))
     assert bars and "writer" in text_of(page, ".legend")
+    # The same figures as a table, opened from the keyboard; today's row is the last.
+    table = page.find_element(By.CSS_SELECTOR, "[data-usage-days]")
+    assert not table.is_displayed()
+    summary = page.find_element(By.CSS_SELECTOR, ".day-table summary")
+    page.execute_script("arguments[0].focus()", summary)
+    page.switch_to.active_element.send_keys(Keys.ENTER)
+    wait_for(page, lambda d: table.is_displayed())
+    rows = table.find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert len(rows) == 14 and "writer" in table.find_element(By.TAG_NAME, "thead").text.lower()
+    assert rows[-1].find_elements(By.TAG_NAME, "td")[0].text != "0"  # today's tasks
+    page.execute_script("document.activeElement.blur()")
     shot(page, stage, "usage")
     page.find_element(By.CSS_SELECTOR, "input[name=metric][value=cost]").click()
     page.find_element(By.XPATH, "//button[normalize-space()='Show']").click()

@@ -14,6 +14,8 @@ LEFT = 64
 BOTTOM = 30
 TOP = 12
 MAX_LABELS = 12
+LABEL_HALF_W = 18
+"""Half the width of a day's label ("Jan 31" at 10 px): none is placed closer to an edge."""
 SERIES = 8
 """Colours in the stylesheet (``series-0`` .. ``series-7``); more agents reuse them."""
 
@@ -45,6 +47,18 @@ class DayLabel:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DayRow:
+    """One day of the chart as a table row (for readers who cannot see the bars)."""
+
+    day: str
+    """The UTC day, ``2026-01-31``."""
+    tasks: int
+    values: tuple[float, ...]
+    """The metric of each agent, in the legend's order."""
+    total: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UsageChart:
     metric: Metric
     width: int
@@ -56,6 +70,8 @@ class UsageChart:
     labels: tuple[DayLabel, ...]
     legend: tuple[tuple[str, int], ...]
     """Each agent and its colour."""
+    rows: tuple[DayRow, ...]
+    """The same figures, a row per day."""
     total: float
 
 
@@ -105,11 +121,17 @@ def usage_chart(daily: DailyUsage, metric: Metric) -> UsageChart:
                     series=series[agent],
                 )
             )
+    # Every so many days a label, counted back from the last day: the latest day, the one
+    # a reader looks for first, always has its label.
     every = max(1, math.ceil(len(daily.days) / MAX_LABELS))
+    last = len(daily.days) - 1
     labels = tuple(
-        DayLabel(day=day.date.strftime("%b %d"), x=LEFT + i * slot + slot / 2)
+        DayLabel(
+            day=day.date.strftime("%b %d"),
+            x=min(LEFT + i * slot + slot / 2, WIDTH - LABEL_HALF_W),
+        )
         for i, day in enumerate(daily.days)
-        if i % every == 0
+        if (last - i) % every == 0
     )
     ticks = tuple(Tick(value=top * k / 4, y=base - plot_h * k / 4) for k in range(5))
     return UsageChart(
@@ -122,5 +144,14 @@ def usage_chart(daily: DailyUsage, metric: Metric) -> UsageChart:
         ticks=ticks,
         labels=labels,
         legend=tuple((agent, series[agent]) for agent in agents),
+        rows=tuple(
+            DayRow(
+                day=day.date.isoformat(),
+                tasks=day.tasks,
+                values=tuple(_value(day.agents.get(agent) or {}, metric) for agent in agents),
+                total=total,
+            )
+            for day, total in zip(daily.days, totals, strict=True)
+        ),
         total=sum(totals),
     )
