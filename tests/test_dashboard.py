@@ -929,6 +929,27 @@ async def test_a_form_posted_after_the_session_ended_leads_to_sign_in(dash: Dash
         assert script.status_code == 401 and script.json()["error"]["code"] == "unauthorized"
 
 
+def agent_suggestions(page: str) -> list[str]:
+    found = re.search(r'<datalist id="agent-names">(.*?)</datalist>', page, re.S)
+    assert found is not None, "the task list has no agent suggestions"
+    return re.findall(r'<option value="([^"]+)">', found.group(1))
+
+
+async def test_the_agent_filter_suggests_the_agents_of_the_projects_own_tasks(
+    dash: Dash,
+) -> None:
+    mine, theirs = dash.key("acme"), dash.key("globex")
+    async with dash.browser(mine) as browser:
+        assert agent_suggestions((await browser.get("/ui", headers=HTML)).text) == []
+    task = await dash.submit(theirs, input="When are checkpoints written?")
+    await dash.wait(theirs, task["id"], FINISHED)
+    async with dash.browser(theirs) as browser:
+        shown = agent_suggestions((await browser.get("/ui", headers=HTML)).text)
+        assert shown == ["coder", "researcher", "writer"]  # no supervisor, no finalize
+    async with dash.browser(mine) as browser:
+        assert agent_suggestions((await browser.get("/ui", headers=HTML)).text) == []
+
+
 REVIEW_TEAM = """\
 name = "docs-review"
 
@@ -977,6 +998,9 @@ async def test_an_edit_is_checked_against_a_registered_teams_own_tool(
         )
         await dash.wait(key, task["id"], ("interrupted",))
         async with dash.browser(key) as browser:
+            # The agent filter suggests the agents this project's tasks ran: its own team's.
+            listed = (await browser.get("/ui", headers=HTML)).text
+            assert agent_suggestions(listed) == ["reviewer"]
             page = (await browser.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
             assert "docs-review" in page and "word_count" in page
             approval = re.search(r'data-approval="([^"]+)"', page)

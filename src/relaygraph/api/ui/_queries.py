@@ -17,6 +17,7 @@ from typing import Any
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
+from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.store import EvalRunRecord, Event, Ledger, RecordNotFound, Task
 
@@ -206,6 +207,14 @@ def summarize(ledger: Ledger, task: Task) -> TaskSummary:
         violation_kinds=sorted(set(kinds)),
         stop_reason=task.stop_reason,
     )
+
+
+def agent_names(ledger: Ledger, project_id: str) -> list[str]:
+    """The agents that ran in the project's tasks, for the task list's agent filter to
+    suggest: the roles its tasks used, but the supervisor and the finalizer, which are no
+    agents (a task's ``agents`` never names them)."""
+    roles = ledger.usage_for_project(project_id)["agents"]
+    return sorted(set(roles) - {SUPERVISOR, FINALIZE})
 
 
 def _matches(task: Task, summary: TaskSummary | None, filters: TaskFilters) -> bool:

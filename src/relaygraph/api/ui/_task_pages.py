@@ -21,6 +21,7 @@ from relaygraph.api._tasks_service import decide, follow_events
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
 from relaygraph.api.ui._queries import (
     TaskFilters,
+    agent_names,
     artifact_response,
     find_tasks,
     read_artifact,
@@ -36,7 +37,6 @@ EVENT_POLL_SECONDS = 0.25
 SESSION_CHECK_SECONDS = 5.0
 TASK_SECTIONS = ("summary", "graph", "approvals", "budgets", "timeline", "answer")
 """The parts of the task page that follow the task live, each a template ``_task_<name>``."""
-AGENT_NAMES = ("researcher", "coder", "writer")
 FILTER_KEYS = ("status", "agent", "violation", "since", "until", "q")
 
 
@@ -77,7 +77,6 @@ def task_router(dashboard: Dashboard) -> APIRouter:
             "live": live,
             "statuses": TASK_STATUSES,
             "violation_kinds": _violation_kinds(),
-            "agents": sorted({*AGENT_NAMES, *(a for t in found.tasks for a in t.agents)}),
             "refresh_ms": int(dashboard.settings.refresh_seconds * 1000),
             "error": error,
             "nav": "tasks",
@@ -85,7 +84,9 @@ def task_router(dashboard: Dashboard) -> APIRouter:
         if query.get("fragment") == "rows":
             html = render("_task_rows.html", request=request, session=session, **context)
             return JSONResponse({"html": html, "live": live}, headers=SECURITY_HEADERS)
-        return dashboard.page(request, "tasks.html", session, **context)
+        # The agent filter suggests the agents of the project's own tasks (of any team).
+        agents = agent_names(dashboard.ledger(), session.project_id)
+        return dashboard.page(request, "tasks.html", session, agents=agents, **context)
 
     @router.get("/")
     def tasks_slash() -> Response:
