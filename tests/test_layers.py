@@ -140,3 +140,18 @@ def test_the_base_is_stdlib_only(module: str) -> None:
         and name.split(".")[0] not in __import__("sys").stdlib_module_names
     ]
     assert not third_party, f"{module} imports {third_party}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_module_of_another_package_is_imported(path: Path) -> None:
+    """A package's ``_module`` is its own: other packages import what its ``__init__``
+    exports (``from relaygraph.agents import to_tool``, not ``relaygraph.agents._agent``)."""
+    own = path.relative_to(SRC).parts[0] if len(path.relative_to(SRC).parts) > 1 else None
+    bad = []
+    for name in imports(path):
+        parts = name.split(".")
+        if parts[0] != "relaygraph" or len(parts) < 3 or parts[1] == own:
+            continue
+        if any(part.startswith("_") for part in parts[2:]):
+            bad.append(name)
+    assert not bad, f"{path.relative_to(SRC)} imports another package's private modules {bad}"

@@ -810,8 +810,8 @@ def test_public_names_import() -> None:
 
 
 def test_event_names_match_the_team_graph() -> None:
-    from relaygraph.store._derive import FINISH
-    from relaygraph.store._derive import SUPERVISOR as ROUTER
+    from relaygraph._names import FINISH
+    from relaygraph._names import SUPERVISOR as ROUTER
     from relaygraph.supervisor import FINISH as GRAPH_FINISH
     from relaygraph.supervisor import SUPERVISOR
 

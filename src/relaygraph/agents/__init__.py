@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from relaygraph.agents import builtin
-from relaygraph.agents._agent import RESERVED_NAMES, Agent, check_agent_name
+from relaygraph.agents._agent import RESERVED_NAMES, Agent, check_agent_name, to_tool, tool_name
 from relaygraph.agents.context import TaskContext, ToolJournal
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ __all__ = [
     "build_agent",
     "builtin",
     "check_agent_name",
+    "to_tool",
+    "tool_name",
 ]
 
 

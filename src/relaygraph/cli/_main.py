@@ -18,7 +18,7 @@ from relaygraph import __version__
 from relaygraph.cli._argtypes import add_topology_arguments, agent_model, positive, topology_of
 from relaygraph.cli._evals import add_eval_parser, run_eval_command
 from relaygraph.errors import ConfigError, RelaygraphError
-from relaygraph.models._doctor import add_doctor_parser, run_doctor
+from relaygraph.models import add_doctor_parser, run_doctor
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
 SERVICE_URL_ENV = "RELAYGRAPH_URL"

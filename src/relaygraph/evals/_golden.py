@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relaygraph.errors import ConfigError
-from relaygraph.supervisor._state import ViolationKind
+from relaygraph.events import ViolationKind
 
 if TYPE_CHECKING:
     from relaygraph.team import Team

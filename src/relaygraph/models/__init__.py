@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from relaygraph.errors import ModelSpecError
+from relaygraph.models._doctor import add_doctor_parser, run_doctor
 from relaygraph.models._errors import ModelCallError
 from relaygraph.models._options import (
     STRUCTURED_ENV,
@@ -32,8 +33,10 @@ __all__ = [
     "ModelSpec",
     "OpenAIOptions",
     "StructuredMethod",
+    "add_doctor_parser",
     "load_model",
     "parse_model_spec",
+    "run_doctor",
 ]
 
 DEFAULT_MODEL = "local:smollm2"

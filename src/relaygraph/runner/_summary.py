@@ -7,49 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from relaygraph._names import SUPERVISOR
 from relaygraph.events import USAGE_AMOUNTS, USAGE_COUNTS, handoff_result
 from relaygraph.policies import TeamPolicy
-
-
-def in_flight_records(
-    snapshot: Any, policy: TeamPolicy
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """What the nodes still in progress spent and refused so far, as (usage, violations).
-
-    A task paused for a person, cancelled, suspended or failed mid-visit has made model and
-    tool calls that no visit record holds yet; so has a tool-calling supervisor whose run
-    has not left its own graph. Each is read from the pending task's own state (``snapshot``
-    is the team's, taken with ``subgraphs=True``; the task's namespace is the node's name
-    and task id, in every topology); the finished node's records replace these on a later
-    run, so nothing is counted twice. A visit's usage so far is the record the agent node
-    will make of it (:func:`~relaygraph.supervisor._accounting.usage_record`), computed the
-    same way from the transcript so far.
-    """
-    from relaygraph.policies.middleware import model_outputs, transcript_usage
-    from relaygraph.supervisor._accounting import transcript_violations, usage_record
-
-    usage: list[dict[str, Any]] = []
-    violations: list[dict[str, Any]] = []
-    for pending in snapshot.tasks:
-        if pending.name not in (*policy.agents, SUPERVISOR):
-            continue
-        ns = f"{pending.name}:{pending.id}"
-        # Read through the graph, not from the raw checkpoint: the records are delta
-        # channels, which a checkpoint does not hold.
-        values = getattr(pending.state, "values", None)
-        if not values:  # Not a graph of its own (the structured supervisor), or no step yet.
-            continue
-        if pending.name == SUPERVISOR:  # The tool supervisor: its records of this run.
-            usage += [u for u in values.get("usage") or [] if str(u["id"]).startswith(ns)]
-            violations += [v for v in values.get("violations") or [] if str(v["id"]).startswith(ns)]
-            continue
-        messages = list(values.get("messages") or [])
-        totals = transcript_usage(messages, policy)
-        record = usage_record(ns, pending.name, 0, totals, model_outputs(messages))
-        usage.append(dict(record))
-        violations += [dict(v) for v in transcript_violations(messages, pending.name, 0)]
-    return usage, violations
 
 
 def waiting_violations(snapshot: Any) -> list[dict[str, Any]]:

@@ -26,7 +26,6 @@ from relaygraph.runner._lease import AttemptWatch
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._summary import (
     honest_status,
-    in_flight_records,
     summarize,
     waiting_violations,
 )
@@ -172,6 +171,8 @@ class TaskRun:
         except Exception as exc:
             # A provider or tool failure ends this task, not the process.
             error = f"error: {type(exc).__name__}: {exc}"
+        from relaygraph.supervisor import in_flight_records
+
         snapshot = graph.get_state(self.config, subgraphs=True)
         return StreamEnd(
             drained=drained,

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.errors import ConfigError
 from relaygraph.models import parse_model_spec
 from relaygraph.policies import TeamPolicy, policy_to_mapping
@@ -46,7 +47,7 @@ def _check_script_keys(models: Mapping[str, Any], policy: TeamPolicy) -> None:
     would only fail later, at the first call of a role whose turns it should have held."""
     from relaygraph.models.scripted import ScriptedChatModel
 
-    roles = (*policy.agents, "supervisor", "finalize")
+    roles = (*policy.agents, SUPERVISOR, FINALIZE)
     for model in models.values():
         if isinstance(model, ScriptedChatModel):
             unknown = sorted(set(model.script.turns) - set(roles))

@@ -22,12 +22,12 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from relaygraph._names import FINISH, SUPERVISOR
+from relaygraph._names import SUPERVISOR
 from relaygraph.events import Handoff, moved_work
 from relaygraph.store import _usage
 from relaygraph.store._models import ApprovalRow, HandoffRow, ToolCallRow
 
-__all__ = ["DERIVERS", "FINISH", "NAME_CHARS", "SUPERVISOR", "derive", "event_agent"]
+__all__ = ["DERIVERS", "NAME_CHARS", "derive", "event_agent"]
 
 NAME_CHARS = 64
 

@@ -6,6 +6,7 @@ says ``FINISH`` a finalize node writes the answer.
 """
 
 from relaygraph._names import FINALIZE, FINISH, SUPERVISOR
+from relaygraph.supervisor._accounting import in_flight_records
 from relaygraph.supervisor._graph import build_team, draw_team
 from relaygraph.supervisor._route import Route, RouteDecision, route_model, route_next_agent
 from relaygraph.supervisor._state import TeamState, Usage, Visit
@@ -21,6 +22,7 @@ __all__ = [
     "Visit",
     "build_team",
     "draw_team",
+    "in_flight_records",
     "route_model",
     "route_next_agent",
 ]

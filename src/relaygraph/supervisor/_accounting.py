@@ -10,10 +10,16 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 
-from relaygraph._names import PRIOR_CALLS_KEY, REPLAYS_BY_POSITION
+from relaygraph._names import PRIOR_CALLS_KEY, REPLAYS_BY_POSITION, SUPERVISOR
 from relaygraph.events import Usage, ViolationKind, usage_event, violation_event
+from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals
-from relaygraph.policies.middleware import VIOLATION_KEY, usage_estimated
+from relaygraph.policies.middleware import (
+    VIOLATION_KEY,
+    model_outputs,
+    transcript_usage,
+    usage_estimated,
+)
 from relaygraph.policies.pingpong import normalize_call
 from relaygraph.supervisor._state import Bar, TeamState, Violation
 
@@ -176,3 +182,40 @@ def bars_now(state: TeamState, last_agent: str | None) -> dict[str, str]:
 
 def add_bar(state: TeamState, agent: str, reason: str, after: str | None = None) -> list[Bar]:
     return [*state.get("barred", []), Bar(agent=agent, after=after, reason=reason)]
+
+
+def in_flight_records(
+    snapshot: Any, policy: TeamPolicy
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What the nodes still in progress spent and refused so far, as (usage, violations).
+
+    A task paused for a person, cancelled, suspended or failed mid-visit has made model and
+    tool calls that no visit record holds yet; so has a tool-calling supervisor whose run
+    has not left its own graph. Each is read from the pending task's own state (``snapshot``
+    is the team's, taken with ``subgraphs=True``; the task's namespace is the node's name
+    and task id, in every topology); the finished node's records replace these on a later
+    run, so nothing is counted twice. A visit's usage so far is the record the agent node
+    will make of it (:func:`usage_record`), computed the
+    same way from the transcript so far.
+    """
+    usage: list[dict[str, Any]] = []
+    violations: list[dict[str, Any]] = []
+    for pending in snapshot.tasks:
+        if pending.name not in (*policy.agents, SUPERVISOR):
+            continue
+        ns = f"{pending.name}:{pending.id}"
+        # Read through the graph, not from the raw checkpoint: the records are delta
+        # channels, which a checkpoint does not hold.
+        values = getattr(pending.state, "values", None)
+        if not values:  # Not a graph of its own (the structured supervisor), or no step yet.
+            continue
+        if pending.name == SUPERVISOR:  # The tool supervisor: its records of this run.
+            usage += [u for u in values.get("usage") or [] if str(u["id"]).startswith(ns)]
+            violations += [v for v in values.get("violations") or [] if str(v["id"]).startswith(ns)]
+            continue
+        messages = list(values.get("messages") or [])
+        totals = transcript_usage(messages, policy)
+        record = usage_record(ns, pending.name, 0, totals, model_outputs(messages))
+        usage.append(dict(record))
+        violations += [dict(v) for v in transcript_violations(messages, pending.name, 0)]
+    return usage, violations

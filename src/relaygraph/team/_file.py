@@ -322,7 +322,7 @@ def _agent(
                 resolved = _resolve(ref, base, trust, servers, files, f"{at} tools", table_name)
             for made, origin in resolved:
                 tools.append(made)
-                from relaygraph.agents._agent import tool_name
+                from relaygraph.agents import tool_name
 
                 origins[tool_name(made)] = origin
         changes["tools"] = tuple(tools)

@@ -149,7 +149,7 @@ class Team:
         Raises:
             ConfigError: A tool cannot be made, or one name means two different tools.
         """
-        from relaygraph.agents._agent import to_tool
+        from relaygraph.agents import to_tool
 
         builtins = _builtin.tools()
         pool: dict[str, BaseTool] = {}
