@@ -40,11 +40,13 @@ from relaygraph.models._options import (
 )
 from relaygraph.models._retry import (
     RetryingAsyncClient,
-    RetryingClient,
     RetryNote,
     RetryPolicy,
     attempts_made,
     is_request_error,
+    reporting_retries,
+    shared_client,
+    tls_context,
 )
 
 if TYPE_CHECKING:
@@ -238,6 +240,15 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         log.warning("%s", error)
         emit_event(error.to_event())
 
+    def _retried(self, note: RetryNote) -> None:
+        """A retry of this model's call, reported by the HTTP client (which other models
+        share) as a ``model_retry`` event of this model's role."""
+        _report_retry(self.relaygraph_role, self.relaygraph_spec, note)
+
+    # The HTTP client reports retries to the model whose call made them (reporting_retries).
+    # A stream sends its request, and retries it, before its first chunk: the reporter is
+    # set for that step only, never across a yield, where it would be the caller's.
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -246,7 +257,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         **kwargs: Any,
     ) -> ChatResult:
         try:
-            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+            with reporting_retries(self._retried):
+                return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
@@ -254,7 +266,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 
     async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
         try:
-            return await super()._agenerate(*args, **kwargs)
+            with reporting_retries(self._retried):
+                return await super()._agenerate(*args, **kwargs)
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
@@ -262,7 +275,13 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         try:
-            yield from super()._stream(*args, **kwargs)
+            chunks = super()._stream(*args, **kwargs)
+            with reporting_retries(self._retried):
+                first = next(chunks, None)
+            if first is None:
+                return
+            yield first
+            yield from chunks
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
@@ -270,7 +289,13 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         try:
-            async for chunk in super()._astream(*args, **kwargs):
+            chunks = super()._astream(*args, **kwargs)
+            with reporting_retries(self._retried):
+                first = await anext(chunks, None)
+            if first is None:
+                return
+            yield first
+            async for chunk in chunks:
                 yield chunk
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
@@ -459,6 +484,11 @@ def build_openai_model(
 ) -> RelaygraphChatOpenAI:
     """The chat model of an ``openai:`` or ``openai-responses:`` spec, for ``role``.
 
+    Models of one server, timeout and retry policy share the process's sync HTTP client
+    (:func:`~relaygraph.models._retry.shared_client`), so building one costs no TLS setup
+    and no new connections; each has an async client of its own (bound to the event loop
+    that uses it) on the process's TLS context.
+
     Args:
         spec: The parsed spec.
         role: Who calls the model, for its errors and events.
@@ -467,8 +497,6 @@ def build_openai_model(
     Raises:
         ModelSpecError: Neither ``OPENAI_API_KEY`` nor a base URL is set.
     """
-    from functools import partial
-
     api_key = os.environ.get("OPENAI_API_KEY")
     base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     if not api_key:
@@ -483,7 +511,6 @@ def build_openai_model(
     options = spec.options or OpenAIOptions()
     timeout: Any = options.timeout if options.timeout is not None else openai.DEFAULT_TIMEOUT
     policy = RetryPolicy(max_retries=options.max_retries)
-    on_retry = partial(_report_retry, role, str(spec))
     return RelaygraphChatOpenAI(
         model=spec.name,
         api_key=api_key,  # type: ignore[arg-type]
@@ -497,8 +524,8 @@ def build_openai_model(
         max_tokens=options.max_tokens,  # type: ignore[call-arg]
         default_headers=options.extra_headers or None,
         extra_body=options.extra_body or None,
-        http_client=RetryingClient(policy=policy, on_retry=on_retry, timeout=timeout),
-        http_async_client=RetryingAsyncClient(policy=policy, on_retry=on_retry, timeout=timeout),
+        http_client=shared_client(base_url=base_url or OPENAI_API, timeout=timeout, policy=policy),
+        http_async_client=RetryingAsyncClient(policy=policy, timeout=timeout, verify=tls_context()),
         relaygraph_role=role,
         relaygraph_spec=str(spec),
         structured_method=options.structured,

@@ -13,18 +13,31 @@ does). They differ where it matters for servers other than OpenAI's:
   can still be sent again).
 
 A call retried until it succeeded is one call to the caller: usage and cost come from its
-one answer. Each retry is reported (:class:`RetryNote`) to the model, which sends it on as a
-``model_retry`` event.
+one answer. Each retry is reported (:class:`RetryNote`) to the model that made the call
+(:func:`reporting_retries`), which sends it on as a ``model_retry`` event.
+
+The clients are the process's, not a model's: a service that builds its models per task (a
+team cache miss, a model picked per request) would otherwise pay for a new TLS context
+(about 20 ms of CPU: the CA bundle is loaded each time) and new connections with every
+model. :func:`shared_client` hands the models of one server, timeout and retry policy one
+sync client and its connection pool; async clients stay one per model, since their
+connections belong to the event loop that opened them (a pooled connection used from
+another loop fails with "Event loop is closed"), but share the process's TLS context
+(:func:`tls_context`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import random
+import ssl
+import threading
 import time
-from collections.abc import Callable
-from contextlib import suppress
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +47,16 @@ import openai
 
 from relaygraph.models._errors import server_message
 
-__all__ = ["RETRY_STATUSES", "RetryNote", "RetryPolicy", "RetryingAsyncClient", "RetryingClient"]
+__all__ = [
+    "RETRY_STATUSES",
+    "RetryNote",
+    "RetryPolicy",
+    "RetryingAsyncClient",
+    "RetryingClient",
+    "reporting_retries",
+    "shared_client",
+    "tls_context",
+]
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Statuses that may pass on a second try (as the OpenAI SDK has them, 5xx spelled out)."""
@@ -140,18 +162,37 @@ def _no_answer(exc: Exception) -> str:
 
 OnRetry = Callable[[RetryNote], None]
 
+_reporter: ContextVar[OnRetry | None] = ContextVar("relaygraph_retry_reporter", default=None)
+
+
+@contextmanager
+def reporting_retries(on_retry: OnRetry) -> Iterator[None]:
+    """Send the retries of the requests made in this block (in this context) to
+    ``on_retry``: the model that calls, since one client serves the models of every role."""
+    token = _reporter.set(on_retry)
+    try:
+        yield
+    finally:
+        _reporter.reset(token)
+
+
+def _report(note: RetryNote) -> None:
+    on_retry = _reporter.get()
+    if on_retry is not None:
+        on_retry(note)
+
 
 class RetryingClient(openai.DefaultHttpxClient):
-    """The SDK's HTTP client, sending a failed request again where that may help."""
+    """The SDK's HTTP client, sending a failed request again where that may help, and
+    reporting each retry to the caller's :func:`reporting_retries`."""
 
-    def __init__(self, *, policy: RetryPolicy, on_retry: OnRetry, **kwargs: Any) -> None:
+    def __init__(self, *, policy: RetryPolicy, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._policy = policy
-        self._on_retry = on_retry
 
     def __del__(self) -> None:
-        # A model dropped with its client (a team cache's eviction) closes its connections,
-        # as the SDK's own client does.
+        # A client dropped with its model (one not shared) closes its connections, as the
+        # SDK's own client does.
         with suppress(Exception):
             if not self.is_closed:
                 self.close()
@@ -188,7 +229,7 @@ class RetryingClient(openai.DefaultHttpxClient):
                     retry_after=asked,
                 )
                 response.close()
-            self._on_retry(note)
+            _report(note)
             time.sleep(note.wait_seconds)
             attempt += 1
 
@@ -196,10 +237,9 @@ class RetryingClient(openai.DefaultHttpxClient):
 class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
     """:class:`RetryingClient` for the SDK's async client."""
 
-    def __init__(self, *, policy: RetryPolicy, on_retry: OnRetry, **kwargs: Any) -> None:
+    def __init__(self, *, policy: RetryPolicy, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._policy = policy
-        self._on_retry = on_retry
 
     def __del__(self) -> None:
         with suppress(Exception):
@@ -238,6 +278,46 @@ class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
                     retry_after=asked,
                 )
                 await response.aclose()
-            self._on_retry(note)
+            _report(note)
             await asyncio.sleep(note.wait_seconds)
             attempt += 1
+
+
+def _environment() -> tuple[Any, ...]:
+    """What of the environment a new client reads: its proxies (``HTTPS_PROXY``,
+    ``NO_PROXY``, ...) and its CA certificates (``SSL_CERT_FILE``, ``SSL_CERT_DIR``)."""
+    return (
+        tuple(sorted(urllib.request.getproxies().items())),
+        os.environ.get("SSL_CERT_FILE"),
+        os.environ.get("SSL_CERT_DIR"),
+    )
+
+
+_tls_contexts: dict[tuple[Any, ...], ssl.SSLContext] = {}
+_clients: dict[tuple[Any, ...], RetryingClient] = {}
+_shared_lock = threading.Lock()
+
+
+def tls_context() -> ssl.SSLContext:
+    """The TLS context a new client would build (httpx's default, which reads
+    ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``), built once per process and value of those."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    with _shared_lock:
+        context = _tls_contexts.get(key)
+        if context is None:
+            context = _tls_contexts[key] = httpx2.create_ssl_context()
+        return context
+
+
+def shared_client(*, base_url: str, timeout: Any, policy: RetryPolicy) -> RetryingClient:
+    """The process's sync client for the models of ``base_url`` with this timeout and
+    policy (and the environment's proxies and CA certificates): one connection pool for
+    them all, whichever role calls. A client someone closed is replaced."""
+    timeouts = httpx2.Timeout(timeout).as_dict()
+    key = (base_url, tuple(sorted(timeouts.items())), policy, _environment())
+    context = tls_context()
+    with _shared_lock:
+        client = _clients.get(key)
+        if client is None or client.is_closed:
+            client = _clients[key] = RetryingClient(policy=policy, timeout=timeout, verify=context)
+        return client
