@@ -11,6 +11,7 @@ The ledger is a fresh PostgreSQL schema per test (``postgres_url``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -340,6 +341,45 @@ async def test_a_server_that_starts_publishes_again_what_waited_too_long(
         later = datetime.now(UTC) + broker.republish_after + timedelta(seconds=1)
         assert broker.republish_stale(now=later) == 1
         assert published(worker_settings) == [(task_id, 2)]
+
+
+async def test_a_running_server_publishes_again_what_lost_its_message(
+    home: Path, postgres_url: str, worker_settings: WorkerSettings
+) -> None:
+    async with broker_api(home, postgres_url, worker_settings) as api:
+        key = api.key("acme")
+        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
+        task_id = made.json()["id"]
+        broker = api.app.state.service.broker()
+        later = datetime.now(UTC) + broker.republish_after + timedelta(seconds=1)
+        # Its message waits in the queue: a task queued that long is only behind others.
+        assert broker.queue_depth() == 1
+        assert broker.sweep_lost(now=later) == 0
+        # The message taken and never run (lost): with the queue empty, it goes out again.
+        assert published(worker_settings) == [(task_id, 1)]
+        assert broker.queue_depth() == 0
+        assert broker.sweep_lost(now=later) == 1
+        assert published(worker_settings) == [(task_id, 2)]
+
+
+async def test_the_sweep_runs_while_the_server_runs(
+    home: Path, postgres_url: str, worker_settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relaygraph.api import _state
+
+    monkeypatch.setattr(_state, "SWEEP_SECONDS", 0.1)
+    async with broker_api(home, postgres_url, worker_settings) as api:
+        key = api.key("acme")
+        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
+        task_id = made.json()["id"]
+        assert published(worker_settings) == [(task_id, 1)]  # Taken: lost.
+        api.app.state.service.broker().republish_after = timedelta(0)
+        deadline = time.monotonic() + 60
+        again: list[tuple[str, int]] = []
+        while not again and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            again = published(worker_settings)
+        assert again and all(t == task_id and n >= 2 for t, n in again), again
 
 
 async def test_readyz_checks_the_broker_and_the_listener(

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_REPUBLISH_AFTER", "BrokerDispatch"]
 
 DEFAULT_REPUBLISH_AFTER = timedelta(minutes=10)
-"""How long a task may stay ``queued`` before an API server that starts publishes it again."""
+"""How long a task may stay ``queued`` before it is published again (by an API server that
+starts, or by the running servers' sweep while the queue is empty)."""
 BROKER_CHECK_SECONDS = 3.0
 """The longest a readiness check waits for the broker to accept a connection."""
 PUBLISH_ERRORS = (KombuError, AMQPError, MessageNacked, OSError)
@@ -132,7 +133,7 @@ class BrokerDispatch:
     def republish_stale(self, *, now: datetime | None = None) -> int:
         """Publish again every task still ``queued`` (and first on its thread) whose status
         has not changed for :attr:`republish_after`: its message was lost, or its publish
-        failed. Called when an API server starts.
+        failed. Called when an API server starts, and by :meth:`sweep_lost`.
 
         A task that only waited behind others that long goes to the back of the queue: its
         earlier message is stale, so it still runs once.
@@ -155,6 +156,37 @@ class BrokerDispatch:
         if published:
             log.info("published %d task(s) that waited queued again", published)
         return published
+
+    def queue_depth(self) -> int | None:
+        """How many messages wait in the queue the tasks are published to (not counting
+        those a worker holds unacknowledged); None when the broker cannot say."""
+        queue = self.celery.conf.task_default_queue
+        try:
+            with self.celery.connection_for_write(connect_timeout=BROKER_CHECK_SECONDS) as conn:
+                declared = conn.default_channel.queue_declare(queue=queue, passive=True)
+        except Exception as exc:  # No broker, or no queue yet: nothing to say.
+            log.info("queue %r depth unknown: %s: %s", queue, type(exc).__name__, exc)
+            return None
+        return int(declared.message_count)
+
+    def sweep_lost(self, *, now: datetime | None = None) -> int:
+        """Publish again the tasks whose message was lost (a publish that failed after the
+        decision or cancel it followed was recorded, a message dropped by the broker), while
+        the server runs: :meth:`republish_stale`, but only when the queue is empty.
+
+        With messages waiting, a task queued for long may only be behind them: publishing
+        it again would send it to the back of the queue, and under a backlog longer than
+        :attr:`republish_after` it would never run. With the queue empty, a task that waited
+        ``queued`` that long has no message anywhere (a worker holding one has made it
+        ``running``). Several API servers sweeping at once publish a task more than once;
+        each publish is a new dispatch, so only the latest message runs it.
+
+        Returns:
+            How many were published.
+        """
+        if self.queue_depth() != 0:
+            return 0
+        return self.republish_stale(now=now)
 
     def broker_problem(self) -> str | None:
         """Why the broker cannot take messages now (a readiness check), or None when it can:
@@ -183,7 +215,7 @@ class BrokerDispatch:
                 503,
                 "broker_unavailable",
                 f"{what} is recorded `queued`, but the broker did not take it "
-                f"({type(exc).__name__}: {exc}): it is published again when an API server "
-                "starts, and at once when its submission is retried with the same "
-                "Idempotency-Key",
+                f"({type(exc).__name__}: {exc}): it is published again once it has waited "
+                "too long (an API server's sweep, or its start), and at once when its "
+                "submission is retried with the same Idempotency-Key",
             ) from None

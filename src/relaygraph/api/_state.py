@@ -4,12 +4,14 @@ open when the app starts and close when it stops."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
 from fastapi import FastAPI
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ServiceState"]
 
+SWEEP_SECONDS = 60.0
+"""How often a worker-mode API server looks for tasks whose message was lost
+(``BrokerDispatch.sweep_lost``; Celery is imported only in that mode)."""
 LISTEN_START_SECONDS = 10.0
 """How long a starting server waits for its event listener before it serves without it
 (its streams poll until the listener connects; ``/readyz`` says not ready meanwhile)."""
@@ -67,6 +72,8 @@ class ServiceState:
         self.start_workers = start_workers
         self.worker_settings = worker_settings
         """The worker mode's settings; None when tasks run in this process."""
+        self.sweep_seconds = SWEEP_SECONDS
+        """How often the worker mode looks for tasks whose message was lost."""
         self._shared_url = None if worker_settings is None else _shared_ledger_url(settings)
         # The teams tasks run: the built-in one, the operator's team files (read now: a bad
         # one stops the server from starting) and the projects' registered teams.
@@ -163,15 +170,35 @@ class ServiceState:
             log.warning("event notices unavailable at start: %s", exc)
         self._ledger, self._dispatch, self._broker = ledger, broker, broker
         self.listener = listener
+        sweeping: asyncio.Task[None] | None = None
         try:
             if self.start_workers:
                 await to_thread.run_sync(broker.republish_stale)
+                sweeping = asyncio.create_task(_sweep_lost(broker, self.sweep_seconds))
             yield
         finally:
+            if sweeping is not None:
+                sweeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeping
             await to_thread.run_sync(listener.close)
             self.listener = None
             broker.close()
             ledger.close()
+
+
+async def _sweep_lost(broker: Any, every: float) -> None:
+    """Every ``every`` seconds, publish again what lost its message (``sweep_lost``); a
+    failing sweep is logged and tried again at the next."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            swept = await to_thread.run_sync(broker.sweep_lost)
+        except Exception:  # The ledger away for a moment must not end the server's loop.
+            log.exception("the sweep for tasks that lost their message failed")
+            continue
+        if swept:
+            log.info("published %d task(s) again whose message was lost", swept)
 
 
 def _shared_ledger_url(settings: ServiceSettings) -> str:
