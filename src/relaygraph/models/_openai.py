@@ -16,9 +16,10 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Mapping
+from contextlib import aclosing, closing
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import urlsplit
 
 import httpx2
@@ -275,13 +276,15 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         try:
-            chunks = super()._stream(*args, **kwargs)
-            with reporting_retries(self._retried):
-                first = next(chunks, None)
-            if first is None:
-                return
-            yield first
-            yield from chunks
+            # ChatOpenAI's stream methods are generators (typed as iterators).
+            chunks = cast("Generator[ChatGenerationChunk]", super()._stream(*args, **kwargs))
+            with closing(chunks):  # a stream left early ends its response at once
+                with reporting_retries(self._retried):
+                    first = next(chunks, None)
+                if first is None:
+                    return
+                yield first
+                yield from chunks
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
@@ -289,14 +292,15 @@ class RelaygraphChatOpenAI(ChatOpenAI):
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         try:
-            chunks = super()._astream(*args, **kwargs)
-            with reporting_retries(self._retried):
-                first = await anext(chunks, None)
-            if first is None:
-                return
-            yield first
-            async for chunk in chunks:
-                yield chunk
+            chunks = cast("AsyncGenerator[ChatGenerationChunk]", super()._astream(*args, **kwargs))
+            async with aclosing(chunks):
+                with reporting_retries(self._retried):
+                    first = await anext(chunks, None)
+                if first is None:
+                    return
+                yield first
+                async for chunk in chunks:
+                    yield chunk
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
