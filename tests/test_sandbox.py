@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from relaygraph.backends import _cgroup, sandbox
+from relaygraph.backends import _cgroup, _sandbox_child
 from relaygraph.backends.sandbox import (
     SandboxLimits,
     SandboxResult,
@@ -754,14 +754,14 @@ def no_user_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make user namespaces fail, so the sandbox falls back to a plain network namespace."""
     if os.geteuid() != 0:
         pytest.skip("a plain network namespace needs root")
-    real = sandbox._unshare
+    real = _sandbox_child._unshare
 
     def unshare(flags: int) -> int:
-        if flags & sandbox._CLONE_NEWUSER:
+        if flags & _sandbox_child._CLONE_NEWUSER:
             return errno.EPERM
         return real(flags)
 
-    monkeypatch.setattr(sandbox, "_unshare", unshare)
+    monkeypatch.setattr(_sandbox_child, "_unshare", unshare)
 
 
 @fallback_only
@@ -798,7 +798,7 @@ def test_plain_network_namespace_can_be_left_by_root(tmp_path: Path) -> None:
 def test_runs_without_isolation_when_namespaces_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox, "_unshare", lambda flags: errno.EPERM)
+    monkeypatch.setattr(_sandbox_child, "_unshare", lambda flags: errno.EPERM)
     result = run("print('still runs')", tmp_path)
 
     assert result.exit_code == 0
@@ -814,7 +814,7 @@ def test_a_failing_isolation_attempt_never_fails_the_run(
     def broken(flags: int) -> int:
         raise OSError("unexpected")
 
-    monkeypatch.setattr(sandbox, "_unshare", broken)
+    monkeypatch.setattr(_sandbox_child, "_unshare", broken)
     result = run("print('still runs')", tmp_path)
 
     assert result.stdout == "still runs\n"
@@ -822,8 +822,8 @@ def test_a_failing_isolation_attempt_never_fails_the_run(
 
 
 def test_unshare_reports_errno_without_libc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "_LIBC_UNSHARE", None)
-    assert sandbox._unshare(sandbox._CLONE_NEWNET) == errno.ENOSYS
+    monkeypatch.setattr(_sandbox_child, "_LIBC_UNSHARE", None)
+    assert _sandbox_child._unshare(_sandbox_child._CLONE_NEWNET) == errno.ENOSYS
 
 
 # --- limits and result values ------------------------------------------------------------
@@ -916,7 +916,7 @@ def test_inherited_stricter_hard_limits_stay_in_force(
             return (inherited[which], inherited[which])
         return real_getrlimit(which)
 
-    monkeypatch.setattr(sandbox.resource, "getrlimit", getrlimit)
+    monkeypatch.setattr(resource, "getrlimit", getrlimit)
     result = run(
         "import resource as r; print(r.getrlimit(r.RLIMIT_CPU), r.getrlimit(r.RLIMIT_FSIZE))",
         tmp_path,
