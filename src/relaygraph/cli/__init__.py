@@ -1,8 +1,8 @@
 """The ``relaygraph`` command line: argument parsing, the commands, and the console output.
 
-``_main`` parses and dispatches (heavy modules are imported inside the commands, so
-``relaygraph --help`` answers at once); ``_argtypes`` checks flag values; ``_console`` prints
-a run's progress and result; ``_evals`` is ``relaygraph eval``.
+``_main`` dispatches what ``_parser`` reads to ``_commands`` (heavy modules are imported
+inside the commands, so ``relaygraph --help`` answers at once); ``_argtypes`` checks flag
+values; ``_console`` prints a run's progress and result; ``_evals`` is ``relaygraph eval``.
 """
 
 from relaygraph.cli._main import main

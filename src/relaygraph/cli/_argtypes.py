@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 
@@ -21,6 +22,24 @@ def positive(value: str) -> int:
     if not value.strip().isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
     return int(value)
+
+
+def port(value: str) -> int:
+    """A TCP port, 1 to 65535."""
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port between 1 and 65535, got {value!r}")
+    return int(value)
+
+
+def json_object(value: str) -> dict[str, Any]:
+    """A JSON object, such as the arguments of ``resume --edit``."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of arguments, got {value!r}")
+    return parsed
 
 
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:

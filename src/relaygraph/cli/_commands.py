@@ -1,0 +1,287 @@
+"""What each ``relaygraph`` command does, once :mod:`relaygraph.cli._parser` has read it.
+
+Heavy modules (LangGraph, LangChain, the model clients, the API, the store) are imported
+inside the commands, so that importing this module costs ``relaygraph --help`` nothing.
+Each command takes the parsed arguments and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from relaygraph.cli._argtypes import topology_of
+from relaygraph.cli._parser import SERVICE_KEY_ENV, SERVICE_URL_ENV
+from relaygraph.errors import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
+
+LOCAL_MODEL_NOTE = (
+    "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): it "
+    "answers from the documents it finds, by constrained choices, and reasons little. For "
+    "open-ended work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
+    "set, or OPENAI_BASE_URL pointing at any Chat Completions server (vLLM, Ollama, LiteLLM)."
+)
+
+
+def _team_arg(args: argparse.Namespace) -> Any:
+    """The team ``--team`` names, or the built-in team."""
+    from relaygraph.team import default_team, load_team
+
+    return load_team(args.team) if args.team is not None else default_team()
+
+
+def run(args: argparse.Namespace) -> int:
+    """``relaygraph run``: run a task through the team, in this process."""
+    from relaygraph.cli._console import ProgressPrinter
+    from relaygraph.runner import run_task
+
+    agent_models = dict(args.agent_model)
+    printer = ProgressPrinter()
+    team = _team_arg(args)
+    result = run_task(
+        args.task,
+        team=team,
+        model=args.model,
+        agent_models=agent_models,
+        thread_id=args.thread,
+        policy=args.policy,
+        home=args.home,
+        on_event=printer,
+        topology=topology_of(args, team.arrangement),
+    )
+    return _report(result, as_json=args.json)
+
+
+def resume(args: argparse.Namespace) -> int:
+    """``relaygraph resume``: continue an interrupted task with a person's decision."""
+    from relaygraph.cli._console import ProgressPrinter
+    from relaygraph.runner import Decision, resume_task
+
+    if args.edit is not None:
+        decision = Decision(decision="edit", args=args.edit, reason=args.reason)
+    else:
+        decision = Decision(decision="approve" if args.approve else "reject", reason=args.reason)
+    result = resume_task(
+        args.task_id, decision, home=args.home, on_event=ProgressPrinter(), team=args.team
+    )
+    return _report(result, as_json=args.json)
+
+
+def _report(result: Any, *, as_json: bool) -> int:
+    from relaygraph.cli._console import print_result
+
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+    else:
+        print_result(result)
+    if any(spec.startswith("local:") for spec in result.models.values()):
+        print(LOCAL_MODEL_NOTE, file=sys.stderr)
+    if result.status == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _ledger_url(home: Path | None) -> str | None:
+    import os
+
+    from relaygraph._home import data_home
+    from relaygraph.store import DATABASE_URL_ENV
+
+    if os.environ.get(DATABASE_URL_ENV):
+        return None
+    return f"sqlite:///{data_home(home) / 'ledger.sqlite'}"
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``relaygraph serve``: run the task service."""
+    import uvicorn
+
+    from relaygraph.api import create_app, load_settings
+
+    overrides: dict[str, Any] = {"home": args.home}
+    if args.model:
+        overrides["default_model"] = args.model
+    if args.workers:
+        overrides["workers"] = args.workers
+    if args.policy:
+        overrides["policy_file"] = args.policy
+    if args.scripts:
+        overrides["scripts_dir"] = args.scripts
+    if args.unsafe_sandbox:
+        overrides["unsafe_sandbox"] = True
+    if args.team_files:
+        overrides["team_files"] = args.team_files
+    settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    app = create_app(settings)
+    print(
+        f"relaygraph serving on http://{args.host}:{args.port} (dashboard at /ui, "
+        "OpenAPI at /openapi.json)",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK
+
+
+def worker(args: argparse.Namespace) -> int:
+    """``relaygraph worker``: run a Celery worker of the worker mode."""
+    from relaygraph.worker import create_celery_app, prepare_worker, worker_argv
+
+    if args.home is not None:
+        # The worker's processes read their settings from the environment.
+        os.environ["RELAYGRAPH_HOME"] = str(args.home)
+    overrides: dict[str, Any] = {}
+    if args.concurrency:
+        overrides["concurrency"] = args.concurrency
+    if args.queues is not None:
+        overrides["queues"] = [name.strip() for name in args.queues.split(",") if name.strip()]
+    settings = prepare_worker(**overrides)
+    app = create_celery_app(settings)
+    argv = worker_argv(settings, hostname=args.hostname)
+    app.worker_main([*argv, "--task-events"] if args.events else argv)
+    return EXIT_OK
+
+
+def create_project(args: argparse.Namespace, *, key: str) -> int:
+    """``relaygraph projects create`` (and the deprecated ``teams create``)."""
+    from relaygraph.store import Ledger
+
+    with Ledger(_ledger_url(args.home)) as ledger:
+        ledger.upgrade()
+        project, secret = ledger.create_project(args.name)
+    if args.json:
+        print(json.dumps({key: project.name, "key": secret}))
+    else:
+        print(f"project {project.name} created. Its API key (shown once, keep it safe):\n{secret}")
+    return EXIT_OK
+
+
+def push_team(args: argparse.Namespace) -> int:
+    """``relaygraph teams push``: register a team file with a task service."""
+    import tomllib
+
+    from relaygraph.client import ApiError, Client
+
+    if not args.key:
+        raise ConfigError(f"teams push needs your project's API key: --key or ${SERVICE_KEY_ENV}")
+    try:
+        text = args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"team file {str(args.file)!r} cannot be read: {exc}") from None
+    try:
+        named = tomllib.loads(text).get("name")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"team file {str(args.file)!r} is not valid TOML: {exc}") from None
+    name = args.name or (named if isinstance(named, str) else None) or args.file.stem
+    with Client(args.url, args.key) as client:
+        try:
+            version = client.push_team(name, toml=text)
+        except ApiError as exc:
+            print(f"relaygraph: error: {args.file}: {exc}", file=sys.stderr)
+            return EXIT_USAGE if exc.status == 422 else EXIT_FAILED
+    if args.json:
+        sys.stdout.write(json.dumps(version, ensure_ascii=False) + "\n")
+    else:
+        what = "registered" if version.get("created") else "unchanged, still"
+        print(
+            f"team {version['name']} {what} version {version['version']} ({version['digest']}): "
+            f"agents {', '.join(version['agents'])}"
+        )
+    return EXIT_OK
+
+
+def check_team(args: argparse.Namespace) -> int:
+    """``relaygraph teams check``: build a team file's team and print it."""
+    from relaygraph.team import load_team
+
+    team = load_team(args.file)
+    described = team.describe()
+    if args.json:
+        sys.stdout.write(json.dumps(described, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    print(f"team {described['name']} ({described['digest']})")
+    if described["description"]:
+        print(f"  {described['description']}")
+    print(f"  topology: {described['topology']['kind']}; policy: {described['policy_source']}")
+    for agent in described["agents"]:
+        print(f"- {agent['name']}: {agent['description']}")
+        print(f"    model: {agent['model']}")
+        for tool in agent["tools"]:
+            print(f"    tool {tool['name']}  ({tool['origin']})")
+        print(f"    hands off to: {', '.join(agent['handoffs']) or 'nobody'}")
+    return EXIT_OK
+
+
+def upgrade_db(args: argparse.Namespace) -> int:
+    """``relaygraph db upgrade``: apply the ledger's migrations."""
+    from relaygraph.store import upgrade
+
+    print(f"ledger at {upgrade(_ledger_url(args.home))} is up to date")
+    return EXIT_OK
+
+
+def trace(args: argparse.Namespace) -> int:
+    """``relaygraph trace``: print a task's timeline from the ledger."""
+    from rich.console import Console
+
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+    from relaygraph.tracing import build_timeline, render_timeline
+
+    with Ledger(_ledger_url(args.home)) as ledger:
+        if not ledger.is_current():
+            ledger.upgrade()
+        # The operator reads every project's tasks: the API's as well as the CLI's own.
+        project_id = ledger.task_owner(args.task_id) or LOCAL_PROJECT_ID
+        timeline = build_timeline(ledger, args.task_id, project_id=project_id)
+    if args.json:
+        sys.stdout.write(json.dumps(timeline, ensure_ascii=False) + "\n")
+    else:
+        Console(highlight=False).print(render_timeline(timeline))
+        service = os.environ.get(SERVICE_URL_ENV)
+        # A link that works in chat and alerts: the dashboard's page of the task. A task of
+        # the CLI's own project has none, as no API key signs in to that project.
+        if service and project_id != LOCAL_PROJECT_ID:
+            print(f"dashboard: {service.rstrip('/')}/ui/tasks/{args.task_id}", file=sys.stderr)
+    return EXIT_OK
+
+
+def graph(args: argparse.Namespace) -> int:
+    """``relaygraph graph``: print the team graph's topology."""
+    from relaygraph.supervisor import draw_team
+
+    team = _team_arg(args)
+    policy = team.policy_from(args.policy) if args.policy is not None else team.resolved_policy
+    topology = topology_of(args, team.arrangement)
+    print(draw_team(team=team, ascii=args.ascii, policy=policy, topology=topology))
+    return EXIT_OK
+
+
+def manage_kb(args: argparse.Namespace) -> int:
+    """``relaygraph kb``: add to, search or list the knowledge base."""
+    from relaygraph._home import data_home
+    from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
+
+    with KnowledgeBase(data_home(args.home) / "kb.sqlite") as kb:
+        ensure_sample_corpus(kb)
+        return _kb_command(args, kb)
+
+
+def _kb_command(args: argparse.Namespace, kb: Any) -> int:
+    if args.kb_command == "add":
+        if not args.path.is_dir():
+            raise ConfigError(f"kb add: {str(args.path)!r} is not a folder")
+        report: Any = kb.add_folder(args.path)
+        print(f"indexed {args.path}: {report.summary()}")
+        for path, reason in report.skipped:
+            print(f"  skipped {path}: {reason}", file=sys.stderr)
+    elif args.kb_command == "search":
+        for hit in kb.search(args.query, k=args.k):
+            print(f"[{hit.doc_id}] {hit.title}\n    {hit.snippet}")
+    else:
+        for doc_id, title in kb.list_documents():
+            print(f"{doc_id}\t{title}")
+    return EXIT_OK

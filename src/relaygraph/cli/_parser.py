@@ -1,0 +1,279 @@
+"""The ``relaygraph`` command line's arguments: :func:`build_parser` and nothing it runs.
+
+Only light modules are imported here, so ``relaygraph --help`` and argument errors answer
+at once; :mod:`relaygraph.cli._commands` carries the commands out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from relaygraph import __version__
+from relaygraph.cli._argtypes import (
+    add_topology_arguments,
+    agent_model,
+    json_object,
+    port,
+    positive,
+)
+from relaygraph.cli._evals import add_eval_parser
+from relaygraph.models import add_doctor_parser
+
+__all__ = ["SERVICE_KEY_ENV", "SERVICE_URL_ENV", "build_parser"]
+
+SERVICE_URL_ENV = "RELAYGRAPH_URL"
+SERVICE_KEY_ENV = "RELAYGRAPH_API_KEY"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``relaygraph`` and all its commands."""
+    parser = argparse.ArgumentParser(
+        prog="relaygraph",
+        description="A supervised team of agents (researcher, coder, writer) on LangGraph.",
+    )
+    parser.add_argument("--version", action="version", version=f"relaygraph {__version__}")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        help="data directory (default: $RELAYGRAPH_HOME or ~/.relaygraph)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="run a task through the team",
+        description="Run a task: the supervisor routes it to the agents, who may hand work "
+        "to each other; progress goes to stderr, the answer to stdout.",
+    )
+    run.add_argument("task", help="what the team should do")
+    run.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model for every role: openai:MODEL, scripted:PATH or local:smollm2 "
+        "(default: local:smollm2, the embedded model)",
+    )
+    run.add_argument(
+        "--agent-model",
+        metavar="AGENT=SPEC",
+        type=agent_model,
+        action="append",
+        default=[],
+        help="model for one role (researcher, coder, writer, supervisor, finalize, as the "
+        "topology has them); repeatable",
+    )
+    _add_team_argument(run)
+    run.add_argument("--thread", metavar="ID", help="continue the conversation of this thread")
+    run.add_argument(
+        "--policy",
+        metavar="FILE",
+        type=Path,
+        help="policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)",
+    )
+    add_topology_arguments(run)
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
+    )
+
+    resume = commands.add_parser(
+        "resume",
+        help="continue a task that waits for a person's decision",
+        description="Continue an interrupted task from its checkpoint, in this process, with "
+        "a decision on what it waits for (a tool needing approval, or a ping-pong).",
+    )
+    resume.add_argument("task_id", metavar="TASK_ID")
+    decision = resume.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--approve", action="store_true", help="run the tool as requested")
+    decision.add_argument("--reject", action="store_true", help="refuse it; the model is told")
+    decision.add_argument(
+        "--edit",
+        metavar="ARGS_JSON",
+        type=json_object,
+        help="run the tool with these arguments instead (a JSON object)",
+    )
+    resume.add_argument("--reason", metavar="TEXT", help="why; shown to the model on --reject")
+    resume.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        help="the task's team file, when the task does not record where it is",
+    )
+    resume.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
+    )
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the task service (HTTP API under /v1)",
+        description="Serve the task API. Migrations run at start; tasks that were queued or "
+        "running when the server stopped are picked up again.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=port, default=8000, help="port (default 8000)")
+    serve.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="default model for tasks that name none (default local:smollm2)",
+    )
+    serve.add_argument(
+        "--workers", type=positive, metavar="N", help="tasks that run at once (default 2)"
+    )
+    serve.add_argument(
+        "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"
+    )
+    serve.add_argument(
+        "--scripts",
+        metavar="DIR",
+        type=Path,
+        help="a folder of scripted models that requests may name by file name "
+        "(scripted:NAME.json); off by default",
+    )
+    serve.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        action="append",
+        default=[],
+        dest="team_files",
+        help="a team file every project may run by its name (repeatable); only these may use "
+        "stdio MCP servers, ./file.py tools and kb folders (see docs/api.md)",
+    )
+    serve.add_argument(
+        "--unsafe-sandbox",
+        action="store_true",
+        help="run tenants' run_python code even where this host has no filesystem "
+        "isolation (bubblewrap): the code can then read and write the server's files",
+    )
+
+    worker = commands.add_parser(
+        "worker",
+        help="run tasks for API servers in the worker mode (Celery on RabbitMQ)",
+        description="A Celery worker of the worker mode: it takes the task ids API servers "
+        "publish to RabbitMQ (RELAYGRAPH_BROKER_URL) and runs each task from the ledger on "
+        "PostgreSQL (RELAYGRAPH_DATABASE_URL), one task per process at a time. See "
+        "docs/deploy.md.",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=positive,
+        metavar="N",
+        help="tasks run at once, one process each (default $RELAYGRAPH_CONCURRENCY or 2)",
+    )
+    worker.add_argument(
+        "--queues",
+        metavar="Q[,Q]",
+        help="queues to consume, comma-separated (default $RELAYGRAPH_QUEUES or relaygraph)",
+    )
+    worker.add_argument(
+        "--hostname",
+        metavar="H",
+        help="the worker's node name (name@host); two workers on one host need different ones",
+    )
+    worker.add_argument(
+        "--events",
+        action="store_true",
+        help="send Celery's task events (for Flower or celery-exporter)",
+    )
+
+    projects = commands.add_parser(
+        "projects", help="manage projects (the task service's tenants) and their API keys"
+    )
+    project_commands = projects.add_subparsers(
+        dest="projects_command", metavar="PROJECTS_COMMAND", required=True
+    )
+    create = project_commands.add_parser(
+        "create", help="create a project and print its API key (once)"
+    )
+    create.add_argument("name")
+    create.add_argument("--json", action="store_true", help='print {"project": ..., "key": ...}')
+
+    teams = commands.add_parser(
+        "teams", help="check team files (your own agents and tools) and register them"
+    )
+    team_commands = teams.add_subparsers(
+        dest="teams_command", metavar="TEAMS_COMMAND", required=True
+    )
+    check = team_commands.add_parser(
+        "check",
+        help="validate a team file and print its agents, tools, handoffs and models",
+        description="Build the team a file describes (tools imported, MCP servers started "
+        "and listed) without calling any model, and print it.",
+    )
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument("--json", action="store_true", help="print the team as one JSON object")
+    push = team_commands.add_parser(
+        "push",
+        help="register a team file with a task service, for your project's tasks",
+        description="Send a team file to a task service (PUT /v1/teams/NAME) with your "
+        "project's API key: the server checks it and keeps it as the next version, unless it "
+        'is unchanged. Tasks then name it: {"team": NAME}.',
+    )
+    push.add_argument("file", type=Path, metavar="FILE")
+    push.add_argument(
+        "--name", help="the name tasks use (default: the file's name key, else its file name)"
+    )
+    push.add_argument(
+        "--url",
+        default=os.environ.get(SERVICE_URL_ENV, "http://127.0.0.1:8000"),
+        help=f"the task service (default: ${SERVICE_URL_ENV} or http://127.0.0.1:8000)",
+    )
+    push.add_argument(
+        "--key",
+        default=os.environ.get(SERVICE_KEY_ENV),
+        help=f"your project's API key (default: ${SERVICE_KEY_ENV})",
+    )
+    push.add_argument("--json", action="store_true", help="print the version as one JSON object")
+    old_create = team_commands.add_parser(
+        "create", help="deprecated: use 'relaygraph projects create' (a tenant, not a team)"
+    )
+    old_create.add_argument("name")
+    old_create.add_argument("--json", action="store_true", help='print {"team": ..., "key": ...}')
+
+    db = commands.add_parser("db", help="manage the ledger database")
+    db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
+    db_commands.add_parser("upgrade", help="apply the ledger's migrations")
+
+    trace = commands.add_parser(
+        "trace",
+        help="print a task's timeline from the ledger",
+        description="Each route and handoff with its reason, each agent visit with its start, "
+        "duration, tokens and tools, each violation and budget hit.",
+        epilog=f"With {SERVICE_URL_ENV} set to the task service's address (e.g. "
+        "http://127.0.0.1:8000), the task's dashboard page is printed too (on stderr), "
+        "for a task of a project of that service; the tasks of 'relaygraph run' belong to "
+        "no project a key opens, and get no link.",
+    )
+    trace.add_argument("task_id", metavar="TASK_ID")
+    trace.add_argument("--json", action="store_true", help="print the timeline as one JSON object")
+
+    graph = commands.add_parser("graph", help="print the team graph's topology")
+    graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
+    _add_team_argument(graph)
+    graph.add_argument(
+        "--policy", metavar="FILE", type=Path, help="draw the agents and handoffs of this policy"
+    )
+    add_topology_arguments(graph)
+
+    add_eval_parser(commands)
+    add_doctor_parser(commands)
+
+    kb = commands.add_parser("kb", help="manage the researcher's knowledge base")
+    kb_commands = kb.add_subparsers(dest="kb_command", metavar="KB_COMMAND", required=True)
+    kb_add = kb_commands.add_parser("add", help="index a folder of Markdown and text files")
+    kb_add.add_argument("path", type=Path, help="folder to index")
+    kb_search = kb_commands.add_parser("search", help="search the knowledge base")
+    kb_search.add_argument("query")
+    kb_search.add_argument("-k", type=int, default=5, help="how many results (default 5)")
+    kb_commands.add_parser("list", help="list the indexed documents")
+    return parser
+
+
+def _add_team_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--team",
+        metavar="FILE",
+        type=Path,
+        help="a team file (TOML): your own agents, tools and MCP servers (see docs/teams.md); "
+        "default: the built-in researcher, coder and writer",
+    )
