@@ -23,23 +23,37 @@ Files are visited in sorted order, a folder's own files before its subfolders, s
 folder indexed into a new knowledge base gets the same ids.
 
 An id never changes while its file stays in place, even when the file's content does.
+
+This module holds the index, its search and the id rule; ``_kb_files`` finds and reads the
+files of a folder, and ``_kb_documents`` defines what the knowledge base returns.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.resources import files
 from pathlib import Path
 from types import TracebackType
 
+from relaygraph.backends._kb_documents import (
+    Document,
+    DocumentNotFoundError,
+    IndexReport,
+    SearchHit,
+)
+from relaygraph.backends._kb_files import (
+    INDEXED_SUFFIXES,
+    MAX_FILE_BYTES,
+    LoadedFile,
+    candidate_files,
+    load_file,
+    title_of,
+)
 from relaygraph.errors import ConfigError, ToolInputError
 
 __all__ = [
@@ -52,11 +66,6 @@ __all__ = [
     "ensure_sample_corpus",
     "sample_corpus_path",
 ]
-
-MAX_FILE_BYTES = 2 * 1024 * 1024
-"""Size in bytes above which a file is skipped: such files are rarely notes, and crowd the index."""
-
-INDEXED_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
 
 _SCHEMA_VERSION = 1
 _TITLE_WEIGHT = 10.0
@@ -85,101 +94,8 @@ CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts USING fts5(
 # implicit rowid: a table whose primary key is TEXT may get new rowids from VACUUM, while the
 # rowids of an FTS5 table are stored values and never move.
 
-_HEADING = re.compile(r"^#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
-_FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
 _NOT_ID_CHAR = re.compile(r"[^\w./-]+")
 _TERM = re.compile(r"\w+")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class IndexReport:
-    """What :meth:`KnowledgeBase.add_folder` did; each field lists doc ids.
-
-    Attributes:
-        added: Documents indexed for the first time.
-        updated: Documents whose file content changed and was indexed again.
-        unchanged: Documents whose content hash was the same, left as they were.
-        removed: Documents of this folder whose file is gone, or is now skipped.
-        skipped: Files not indexed, with the reason.
-    """
-
-    added: tuple[str, ...] = ()
-    updated: tuple[str, ...] = ()
-    unchanged: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
-    skipped: tuple[tuple[Path, str], ...] = ()
-
-    def summary(self) -> str:
-        """One line for people, e.g. ``"7 added, 0 updated, 0 unchanged, 0 removed, 1 skipped"``."""
-        return (
-            f"{len(self.added)} added, {len(self.updated)} updated, "
-            f"{len(self.unchanged)} unchanged, {len(self.removed)} removed, "
-            f"{len(self.skipped)} skipped"
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SearchHit:
-    """One search result.
-
-    Attributes:
-        doc_id: Pass to :meth:`KnowledgeBase.read` for the full text.
-        title: The document's title.
-        snippet: A few words around the matches in the body, matches wrapped in ``**``.
-        score: BM25 relevance, higher is better; comparable only within one search.
-    """
-
-    doc_id: str
-    title: str
-    snippet: str
-    score: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Document:
-    """A document's text, possibly cut to the length the reader asked for.
-
-    Attributes:
-        doc_id: The document's id.
-        title: The first ``# `` heading, else the file name without extension.
-        source: The absolute path of the file it was read from.
-        text: The text, at most ``max_chars`` characters.
-        truncated: Whether ``text`` was cut short.
-    """
-
-    doc_id: str
-    title: str
-    source: Path
-    text: str
-    truncated: bool
-
-
-class DocumentNotFoundError(ToolInputError):
-    """``read`` was given an id that is not in the knowledge base.
-
-    Attributes:
-        doc_id: The id asked for.
-        suggestions: Existing ids close to it, best first (possibly empty).
-    """
-
-    def __init__(self, doc_id: str, suggestions: list[str], *, empty: bool = False) -> None:
-        self.doc_id = doc_id
-        self.suggestions = suggestions
-        if empty:
-            hint = "the knowledge base is empty."
-        elif suggestions:
-            hint = "did you mean " + ", ".join(repr(s) for s in suggestions) + "?"
-        else:
-            hint = "search first and copy a doc_id from the results."
-        super().__init__(f"no document with id {doc_id!r}; {hint}")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _File:
-    path: Path
-    relative: Path
-    text: str
-    content_hash: str
 
 
 class KnowledgeBase:
@@ -274,10 +190,10 @@ class KnowledgeBase:
                 "give a directory that holds .md, .markdown or .txt files."
             )
         root = root.resolve()
-        found: list[_File] = []
+        found: list[LoadedFile] = []
         skipped: list[tuple[Path, str]] = []
-        for path in _candidate_files(root):
-            loaded = _load(path, root)
+        for path in candidate_files(root):
+            loaded = load_file(path, root)
             if isinstance(loaded, str):
                 skipped.append((path, loaded))
             else:
@@ -287,7 +203,7 @@ class KnowledgeBase:
             return self._apply(root, found, tuple(skipped))
 
     def _apply(
-        self, root: Path, found: list[_File], skipped: tuple[tuple[Path, str], ...]
+        self, root: Path, found: list[LoadedFile], skipped: tuple[tuple[Path, str], ...]
     ) -> IndexReport:
         conn = self._conn
         known = {
@@ -305,7 +221,7 @@ class KnowledgeBase:
         for file in found:
             source = str(file.path)
             seen.add(source)
-            title = _title(file.text, file.path)
+            title = title_of(file.text, file.path)
             if source in known:
                 doc_id, old_hash, fts_rowid = known[source]
                 if old_hash == file.content_hash:
@@ -355,7 +271,7 @@ class KnowledgeBase:
             skipped=skipped,
         )
 
-    def _new_doc_id(self, file: _File, root: Path) -> str:
+    def _new_doc_id(self, file: LoadedFile, root: Path) -> str:
         base = _slug(file.relative.with_suffix("").as_posix())
         with_suffix = _slug(file.relative.as_posix())
         folder_tag = hashlib.sha256(str(root).encode()).hexdigest()[:6]
@@ -521,55 +437,6 @@ def _require_fts5(conn: sqlite3.Connection) -> None:
             f"FTS5 full-text search ({exc}); use a Python whose sqlite3 includes FTS5, "
             "such as the python.org or uv-managed builds."
         ) from exc
-
-
-def _candidate_files(root: Path) -> Iterator[Path]:
-    # os.walk lets hidden directories (.git, .venv) be pruned without descending into them,
-    # and does not follow directory symlinks, so a link cycle cannot loop forever.
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            if not name.startswith(".") and path.suffix.lower() in INDEXED_SUFFIXES:
-                yield path
-
-
-def _load(path: Path, root: Path) -> _File | str:
-    """Read one file, or return the reason it is skipped."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            return f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MB ({size} bytes)"
-        data = path.read_bytes()
-    except OSError as exc:
-        return f"cannot be read: {exc.strerror or exc}"
-    try:
-        # utf-8-sig drops the byte-order mark some editors write, which would end up in titles.
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte {exc.start} cannot be decoded)"
-    return _File(
-        path=path,
-        relative=path.relative_to(root),
-        text=text,
-        content_hash=hashlib.sha256(data).hexdigest(),
-    )
-
-
-def _title(text: str, path: Path) -> str:
-    """The first level-1 Markdown heading outside code fences, else the file stem."""
-    fence: str | None = None
-    for line in text.splitlines():
-        opening = _FENCE.match(line)
-        if opening:
-            if fence is None:
-                fence = opening.group(1)
-            elif opening.group(1) == fence:
-                fence = None
-            continue
-        if fence is None and (heading := _HEADING.match(line)):
-            return heading.group(1).strip()
-    return path.stem
 
 
 def _slug(text: str) -> str:
