@@ -94,10 +94,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInEngine]:
 
 
 def _agent_input(task: str = "Find what the docs say about checkpoint durability.") -> HumanMessage:
-    return HumanMessage(
-        f"Your task (from supervisor): {task}\nWhy you: docs\n\n"
-        f"The user's request: {REQUEST}\n\nResults so far: none yet."
-    )
+    return HumanMessage(f"Task: {task}\n\nRequest: {REQUEST}")
 
 
 def _round(name: str, args: dict[str, Any], result: str, n: int) -> list[BaseMessage]:
@@ -197,8 +194,7 @@ def test_a_read_id_is_not_offered_again_and_the_limit_holds(engine: StandInEngin
 def test_the_search_query_is_a_few_of_the_requests_own_words(engine: StandInEngine) -> None:
     request = "According to the docs, which durability mode is the default? Write a short report."
     human = HumanMessage(
-        "Your task (from supervisor): Find what the docs say about durability mode default.\n\n"
-        f"The user's request: {request}\n\nResults so far: none yet."
+        f"Task: Find what the docs say about durability mode default.\n\nRequest: {request}"
     )
     message = LocalChatModel().bind_tools(_researcher_tools()).invoke([human])
     queries = _offered(engine.schemas[-1])["search_docs"]["properties"]["query"]["enum"]
@@ -392,9 +388,9 @@ def test_a_choice_with_one_option_is_not_decoded(engine: StandInEngine) -> None:
 
 def test_the_builtin_deliverable_quotes_the_cited_results(engine: StandInEngine) -> None:
     human = HumanMessage(
-        "Your task (from supervisor): Write a short report on checkpoint durability.\n\n"
-        f"The user's request: {REQUEST} Write a short report.\n\nResults so far:\n"
-        "- researcher (task: Find it.): Checkpoints are written after each super-step. "
+        "Task: Write a short report on checkpoint durability.\n\n"
+        f"Request: {REQUEST} Write a short report.\n\nResults so far:\n"
+        "- researcher: Checkpoints are written after each super-step. "
         "The durability argument chooses when checkpoints are written. [checkpoints]"
     )
     tools = [BUILTIN_TOOLS["save_artifact"], BUILTIN_TOOLS["list_artifacts"]]

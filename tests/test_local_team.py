@@ -180,6 +180,21 @@ def test_team_prompts_parse() -> None:
     agent = TeamInput.parse(_prompts.agent_input(state, assignment))
     assert (agent.request, agent.task) == (request, "Write it up.")
     assert agent.results == (("researcher", f"{DURABILITY} [checkpoints]"),)
+    direct = Assignment(
+        agent="writer", task="Write it up.", reason="why", source="researcher", kind="direct"
+    )
+    handed = TeamInput.parse(_prompts.agent_input(state, direct))
+    assert (handed.request, handed.task, handed.results) == (request, "Write it up.", agent.results)
+    # A thread checkpointed before the markers changed resumes with its message as it was.
+    older = TeamInput.parse(
+        "Your task (from supervisor): Write it up.\n\n"
+        f"The user's request: {request}\n\nResults so far:\n- researcher (task: t): Found."
+    )
+    assert (older.request, older.task, older.results) == (
+        request,
+        "Write it up.",
+        (("researcher", "Found."),),
+    )
     final = TeamInput.parse(_prompts.finalize_input(state))
     assert final.request == request and final.stopped == "budget:x"
     assert final.results == agent.results

@@ -38,7 +38,14 @@ def turn_visits(state: TeamState) -> list[Visit]:
     return [v for v in state.get("visits", []) if v["turn"] == turn]
 
 
-def results_text(visits: Sequence[Visit]) -> str:
+def results_text(visits: Sequence[Visit], *, with_tasks: bool = True) -> str:
+    """The latest results, newest last; ``with_tasks`` shows the task each one answered.
+
+    The supervisor (and finalize) see each result's task, which the supervisor needs so as
+    not to give the same task twice; an agent sees only the results, which are
+    self-contained by contract: every call of its visit carries them, so the tasks would
+    be repeated on each.
+    """
     if not visits:
         return "Results so far: none yet."
     shown = visits[-MAX_RESULTS_SHOWN:]
@@ -48,10 +55,8 @@ def results_text(visits: Sequence[Visit]) -> str:
         lines.append(f"({skipped} earlier result(s) not shown)")
     for i, visit in enumerate(shown, start=1):
         limit = MAX_RESULT_CHARS if i == len(shown) else MAX_EARLIER_RESULT_CHARS
-        lines.append(
-            f"- {visit['agent']} (task: {_clip(visit['task'], MAX_TASK_CHARS)}): "
-            f"{_clip(visit['output'], limit) or '(no output)'}"
-        )
+        task = f" (task: {_clip(visit['task'], MAX_TASK_CHARS)})" if with_tasks else ""
+        lines.append(f"- {visit['agent']}{task}: {_clip(visit['output'], limit) or '(no output)'}")
     return "\n".join(lines)
 
 
@@ -135,14 +140,16 @@ def agent_input(state: TeamState, assignment: Assignment) -> str:
     results follow it, so every later call of the visit repeats it only as the unchanged
     prefix of the conversation.
 
-    The reason for the assignment is not shown: the task is self-contained by contract, and
-    the reason is recorded with the handoff.
+    A task from the supervisor is headed ``Task:``; one a peer handed over directly names
+    that peer (``Task (from researcher):``). The reason for the assignment is not shown:
+    the task is self-contained by contract, and the reason is recorded with the handoff.
     """
     source = assignment["source"]
-    text = f"Your task (from {source}): {assignment['task']}\n\n"
-    text += f"{history_text(state)}The user's request: {state.get('request', '')}"
+    heading = "Task" if source == SUPERVISOR else f"Task (from {source})"
+    text = f"{heading}: {assignment['task']}\n\n"
+    text += f"{history_text(state)}Request: {state.get('request', '')}"
     visits = turn_visits(state)
-    return f"{text}\n\n{results_text(visits)}" if visits else text
+    return f"{text}\n\n{results_text(visits, with_tasks=False)}" if visits else text
 
 
 FINALIZE_PROMPT = (

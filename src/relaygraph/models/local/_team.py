@@ -2,10 +2,11 @@
 the supervisor's route (keyword hints) and finalize's answer (quoted, never invented).
 
 The team's prompts are written by ``relaygraph.supervisor._prompts``; this module reads the
-markers they use (``Request:``, ``The user's request:``, ``Your task (from ...):``,
-``Results so far:``, the roster's ``- name: description`` lines). The model layer may not
-import the supervisor, so the markers are repeated here and ``tests/test_local_team.py``
-builds real prompts with the supervisor's functions to check that they still match.
+markers they use (``Request:``, ``Task:`` or ``Task (from ...):``, ``Results so far:`` with
+its ``- name (task: ...): `` entries, or ``- name: `` in an agent's input, the roster's
+``- name: description`` lines). The model layer may not import the supervisor, so the
+markers are repeated here and ``tests/test_local_team.py`` builds real prompts with the
+supervisor's functions to check that they still match.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ __all__ = [
     "render_quotes",
 ]
 
+# The older markers (``The user's request:``, ``Your task (from ...):``) are still read: a
+# thread checkpointed before they changed resumes with its scoped message as it was.
 _REQUEST = re.compile(
     r"^(?:The user's request|Request): (.*?)(?:\n\nResults so far:|\Z)", re.M | re.S
 )
-_TASK = re.compile(r"^Your task \(from [^)]*\): (.*)$", re.M)
+_TASK = re.compile(r"^(?:Your task|Task)(?: \(from [^)]*\))?: (.*)$", re.M)
 _RESULTS = "Results so far:"
-_RESULT_ENTRY = re.compile(r"^- ([\w.@-]+) \(task: .*?\): ", re.M)
+_RESULT_ENTRY = re.compile(r"^- ([\w.@-]+)(?: \(task: .*?\))?: ", re.M)
 _RESULTS_END = re.compile(r"\n\n(?:You may not route to: |The team stopped early: )", re.S)
 _STOPPED = re.compile(r"\n\nThe team stopped early: (.*)\Z", re.S)
 _ROSTER = re.compile(r"^- ([\w.@-]+): (.+)$", re.M)
