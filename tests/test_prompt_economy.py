@@ -121,11 +121,11 @@ def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
     assert tools["transfer_to_coder"]["description"] == "Hand the work to coder."
     params = tools["transfer_to_writer"]["parameters"]
     assert params["required"] == ["task"]
-    assert all(set(p) <= {"type", "default"} for p in params["properties"].values())
+    assert params["properties"] == {"task": {"type": "string"}, "reason": {"type": "string"}}
     schema = _of(requests, "supervisor")[-1]["response_format"]["json_schema"]["schema"]
     assert schema["required"] == ["next", "task", "reason"]
     assert schema["properties"] == {
-        "next": {"enum": ["researcher", "coder", "writer", FINISH], "type": "string"},
+        "next": {"enum": ["researcher", "coder", "writer", FINISH]},
         "task": {"type": "string"},
         "reason": {"type": "string"},
     }

@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessag
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import ToolRuntime
 from langgraph.types import Command
-from pydantic import BaseModel, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from relaygraph._names import HANDOFF_PREFIX
@@ -118,7 +118,9 @@ class HandoffArgs(BaseModel):
     """
 
     task: str
-    reason: str = ""
+    reason: str = Field(default_factory=str)
+    """May be left out. Made by a factory rather than given as a default, so that the JSON
+    schema sent to the model carries no ``"default": ""``: ``required`` already says so."""
 
     @field_validator("task")
     @classmethod

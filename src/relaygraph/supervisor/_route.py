@@ -60,17 +60,24 @@ def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route
 
 def route_json_schema(schema: type[Route]) -> dict[str, Any]:
     """The JSON schema the supervisor's model fills for ``schema`` (from :func:`route_model`):
-    its fields and choices without titles or descriptions.
+    its fields and choices without titles or descriptions, and ``next`` as its choices alone
+    (an enum of strings needs no ``"type": "string"``).
 
     The schema goes with every supervisor call, and the supervisor's prompt already says
     what ``next``, ``task`` and ``reason`` are; the reply is validated against ``schema``
-    itself all the same.
+    itself all the same. ``additionalProperties: false`` stays: a server that decodes under
+    the schema then never produces a key the validation refuses.
     """
     full = schema.model_json_schema()
+    dropped = {"title", "description"}
     return {
         **{key: value for key, value in full.items() if key != "description"},
         "properties": {
-            name: {k: v for k, v in field.items() if k not in ("title", "description")}
+            name: {
+                k: v
+                for k, v in field.items()
+                if k not in dropped and not (k == "type" and "enum" in field)
+            }
             for name, field in full["properties"].items()
         },
     }
