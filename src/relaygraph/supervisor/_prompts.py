@@ -100,12 +100,11 @@ def supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> s
     roster = "\n".join(f"- {agent.name}: {agent.description}" for agent in agents)
     return _with_extra(
         (
-            "You supervise a team of agents: you choose who works next and do no work "
-            "yourself.\n\nThe agents:\n"
+            "You choose which agent works next and do no work yourself.\n\nThe agents:\n"
             f"{roster}\n\n"
-            "Reply with a route: 'next', the agent to work next, or FINISH once the results "
-            "answer the request; 'task', what it must do, self-contained; 'reason', why, in a "
-            "sentence. Never send an agent the same task twice."
+            "Route: 'next', the agent to work next, or FINISH once the results answer the "
+            "request; 'task', what it must do, self-contained; 'reason', why, in a sentence. "
+            "Never give an agent the same task twice."
         ),
         extra,
     )
