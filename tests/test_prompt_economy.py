@@ -114,6 +114,27 @@ def test_an_agent_sees_the_results_but_not_the_reason_or_an_empty_results_block(
     assert "- researcher (task: Find when checkpoints are written): " in supervisor
 
 
+def test_a_direct_handoffs_task_is_sent_once_per_message(over_http: Any) -> None:
+    task = "Compute how many checkpoints a 40-step run writes"
+    script = {
+        "supervisor": [
+            route("researcher", "Find when checkpoints are written", "facts first"),
+            route(FINISH, reason="the count answers it"),
+        ],
+        "researcher": [call("transfer_to_coder", task=task, reason="needs code")],
+        "coder": [say("41: one per super-step plus the input.")],
+    }
+    result, requests = over_http(script)
+    assert result.status == "succeeded", result.stop_reason
+    coder = _of(requests, "coder")[0]["messages"][1]["content"]
+    assert coder.startswith(f"Task (from researcher): {task}\n\n")
+    assert coder.count(task) == 1
+    assert coder.endswith("Results so far:\n- researcher: Handed off to coder.")
+    supervisor = _of(requests, "supervisor")[1]["messages"][1]["content"]
+    assert supervisor.count(task) == 1
+    assert "Handed off to coder.\n- coder (task: " in supervisor
+
+
 def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
     _, requests = over_http(RELAY)
     tools = {t["function"]["name"]: t["function"] for t in _of(requests, "researcher")[0]["tools"]}

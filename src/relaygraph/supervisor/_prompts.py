@@ -38,13 +38,16 @@ def turn_visits(state: TeamState) -> list[Visit]:
     return [v for v in state.get("visits", []) if v["turn"] == turn]
 
 
-def results_text(visits: Sequence[Visit], *, with_tasks: bool = True) -> str:
+def results_text(
+    visits: Sequence[Visit], *, with_tasks: bool = True, assignment: Assignment | None = None
+) -> str:
     """The latest results, newest last; ``with_tasks`` shows the task each one answered.
 
     The supervisor (and finalize) see each result's task, which the supervisor needs so as
     not to give the same task twice; an agent sees only the results, which are
     self-contained by contract: every call of its visit carries them, so the tasks would
-    be repeated on each.
+    be repeated on each. ``assignment`` is the task of the agent that reads them, whose
+    own task a peer's handoff note need not repeat (see :func:`_handoff_note`).
     """
     if not visits:
         return "Results so far: none yet."
@@ -56,8 +59,38 @@ def results_text(visits: Sequence[Visit], *, with_tasks: bool = True) -> str:
     for i, visit in enumerate(shown, start=1):
         limit = MAX_RESULT_CHARS if i == len(shown) else MAX_EARLIER_RESULT_CHARS
         task = f" (task: {_clip(visit['task'], MAX_TASK_CHARS)})" if with_tasks else ""
-        lines.append(f"- {visit['agent']}{task}: {_clip(visit['output'], limit) or '(no output)'}")
+        following = shown[i] if i < len(shown) else None
+        output = _handoff_note(visit, following, with_tasks=with_tasks, assignment=assignment)
+        lines.append(f"- {visit['agent']}{task}: {_clip(output, limit) or '(no output)'}")
     return "\n".join(lines)
+
+
+def _handoff_note(
+    visit: Visit, following: Visit | None, *, with_tasks: bool, assignment: Assignment | None
+) -> str:
+    """A visit's output; for one that handed its work to a peer directly, only the peer's
+    name when the message shows the task anyway.
+
+    Such a visit's output is ``Handed off to <peer>: <task>``. The same message shows that
+    task again as the peer's when the peer's result follows with its task, or when the peer
+    is the agent reading it (its own task heads its message): there the note says
+    ``Handed off to <peer>.`` and the task is sent once.
+    """
+    if visit["ended"] != "handed_off":
+        return visit["output"]
+    if following is not None and with_tasks and following["source"] == visit["agent"]:
+        target, task = following["agent"], following["task"]
+    elif (
+        following is None
+        and assignment is not None
+        and assignment["kind"] == "direct"
+        and assignment["source"] == visit["agent"]
+    ):
+        target, task = assignment["agent"], assignment["task"]
+    else:
+        return visit["output"]
+    note = f"Handed off to {target}"
+    return f"{note}." if visit["output"] == f"{note}: {task}" else visit["output"]
 
 
 def history_text(state: TeamState) -> str:
@@ -148,7 +181,8 @@ def agent_input(state: TeamState, assignment: Assignment) -> str:
     text = f"{heading}: {assignment['task']}\n\n"
     text += f"{history_text(state)}Request: {state.get('request', '')}"
     visits = turn_visits(state)
-    return f"{text}\n\n{results_text(visits, with_tasks=False)}" if visits else text
+    results = results_text(visits, with_tasks=False, assignment=assignment)
+    return f"{text}\n\n{results}" if visits else text
 
 
 FINALIZE_PROMPT = (
