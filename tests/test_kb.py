@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -108,7 +109,7 @@ def test_doc_ids_are_readable_slugs_and_never_clash(kb: KnowledgeBase, tmp_path:
     ids_second = kb.add_folder(second).added
 
     assert ids_first == ("notes", "notes.txt", "guides/check-points")
-    tag = kb_module.hashlib.sha256(str(second.resolve()).encode()).hexdigest()[:6]
+    tag = hashlib.sha256(str(second.resolve()).encode()).hexdigest()[:6]
     # "notes" is taken, so the second folder's notes.md keeps its extension; "notes.txt" is
     # taken too, so its notes.txt gets the folder tag.
     assert ids_second == ("notes.md", f"notes.txt@{tag}")

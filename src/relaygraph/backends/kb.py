@@ -24,14 +24,14 @@ folder indexed into a new knowledge base gets the same ids.
 
 An id never changes while its file stays in place, even when the file's content does.
 
-This module holds the index, its search and the id rule; ``_kb_files`` finds and reads the
-files of a folder, and ``_kb_documents`` defines what the knowledge base returns.
+This module holds the index and its search; ``_kb_files`` finds and reads the files of a
+folder, ``_kb_ids`` applies the id rule, and ``_kb_documents`` defines what the knowledge base
+returns.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 import sqlite3
 import threading
@@ -47,13 +47,13 @@ from relaygraph.backends._kb_documents import (
     SearchHit,
 )
 from relaygraph.backends._kb_files import (
-    INDEXED_SUFFIXES,
     MAX_FILE_BYTES,
     LoadedFile,
     candidate_files,
     load_file,
     title_of,
 )
+from relaygraph.backends._kb_ids import drop_suffix, new_doc_id, slug
 from relaygraph.errors import ConfigError, ToolInputError
 
 __all__ = [
@@ -94,7 +94,6 @@ CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts USING fts5(
 # implicit rowid: a table whose primary key is TEXT may get new rowids from VACUUM, while the
 # rowids of an FTS5 table are stored values and never move.
 
-_NOT_ID_CHAR = re.compile(r"[^\w./-]+")
 _TERM = re.compile(r"\w+")
 
 
@@ -272,19 +271,7 @@ class KnowledgeBase:
         )
 
     def _new_doc_id(self, file: LoadedFile, root: Path) -> str:
-        base = _slug(file.relative.with_suffix("").as_posix())
-        with_suffix = _slug(file.relative.as_posix())
-        folder_tag = hashlib.sha256(str(root).encode()).hexdigest()[:6]
-        candidates = [base, with_suffix, f"{with_suffix}@{folder_tag}"]
-        for candidate in candidates:
-            if not self._id_taken(candidate):
-                return candidate
-        # Only reachable when different names normalise alike (``a b.md`` and ``a-b.md`` in
-        # two folders that each hold both); a counter keeps the id readable and unique.
-        n = 2
-        while self._id_taken(f"{candidates[-1]}-{n}"):
-            n += 1
-        return f"{candidates[-1]}-{n}"
+        return new_doc_id(file.relative, root, taken=self._id_taken)
 
     def _id_taken(self, doc_id: str) -> bool:
         row = self._conn.execute("SELECT 1 FROM documents WHERE doc_id = ?", (doc_id,))
@@ -356,7 +343,7 @@ class KnowledgeBase:
             )
         with self._lock:
             row = None
-            for candidate in dict.fromkeys((wanted, _slug(wanted), _slug(_drop_suffix(wanted)))):
+            for candidate in dict.fromkeys((wanted, slug(wanted), slug(drop_suffix(wanted)))):
                 row = self._conn.execute(
                     "SELECT doc_id, title, source, text FROM documents WHERE doc_id = ?",
                     (candidate,),
@@ -367,7 +354,7 @@ class KnowledgeBase:
                 ids = [r[0] for r in self._conn.execute("SELECT doc_id FROM documents")]
                 raise DocumentNotFoundError(
                     doc_id,
-                    difflib.get_close_matches(_slug(_drop_suffix(wanted)), ids, n=3, cutoff=0.5),
+                    difflib.get_close_matches(slug(drop_suffix(wanted)), ids, n=3, cutoff=0.5),
                     empty=not ids,
                 )
         found_id, title, source, text = row
@@ -437,21 +424,6 @@ def _require_fts5(conn: sqlite3.Connection) -> None:
             f"FTS5 full-text search ({exc}); use a Python whose sqlite3 includes FTS5, "
             "such as the python.org or uv-managed builds."
         ) from exc
-
-
-def _slug(text: str) -> str:
-    # A part made only of punctuation still needs a name, or ``a/!!!.md`` would become ``a/``.
-    parts = [
-        _NOT_ID_CHAR.sub("-", part.lower()).strip("-") or "doc" for part in text.split("/") if part
-    ]
-    return "/".join(parts) or "doc"
-
-
-def _drop_suffix(doc_id: str) -> str:
-    for suffix in INDEXED_SUFFIXES:
-        if doc_id.lower().endswith(suffix):
-            return doc_id[: -len(suffix)]
-    return doc_id
 
 
 def _match_expression(query: str) -> str | None:
