@@ -352,7 +352,8 @@ def run(home: Path) -> Section:
     }
     section.add(
         "**What costs the tokens.** relaygraph's prompts are scoped: an agent sees its task, "
-        "the request and the latest results (the newest in full, earlier ones clipped), not "
+        "the request and the latest results (the newest in full, earlier ones clipped; "
+        "without the tasks they answered, which only the supervisor's input lists), not "
         "the transcript, so its prompts grow with the calls of a visit, not with the history. "
         "Bare full_history re-sends the whole transcript to every call, which grows with every "
         f"step, so the ratio to full_history falls as tasks get longer ({trend}); bare "
