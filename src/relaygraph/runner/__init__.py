@@ -18,7 +18,7 @@ honest summary of a run (``_summary``), the settings every process that runs the
 tasks reads (``_settings``) and the teams those tasks run (``_service_teams``).
 """
 
-from relaygraph.runner._checkpoint import sqlite_checkpointer
+from relaygraph.runner._checkpoint import CheckpointFence, fenced_checkpoints, sqlite_checkpointer
 from relaygraph.runner._decide import (
     Answers,
     Resume,
@@ -61,6 +61,7 @@ __all__ = [
     "POLICY_SOURCE_KEY",
     "SUSPENDED",
     "Answers",
+    "CheckpointFence",
     "Decision",
     "Enqueue",
     "EventHandler",
@@ -80,6 +81,7 @@ __all__ = [
     "check_model_spec",
     "check_request",
     "decide_task",
+    "fenced_checkpoints",
     "ledger_for",
     "load_runner_settings",
     "policy_digest",

@@ -3,6 +3,10 @@
 SQLite file in the data directory by default; PostgreSQL (``langgraph-checkpoint-postgres``)
 when ``RELAYGRAPH_DATABASE_URL`` names a PostgreSQL database, so a service's checkpoints
 live beside its ledger and survive the machine.
+
+A worker's run writes its checkpoints fenced by its attempt (``_fenced_saver``): each
+write commits only while the attempt is still the task's latest, in the transaction that
+checks it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,17 +111,53 @@ class _KeptSavers:
 _KEPT = _KeptSavers()
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointFence:
+    """The worker's attempt at a task that a checkpointer writes for."""
+
+    task_id: str
+    attempt: int
+    """The attempt's number (``Ledger.begin_attempt``): the task's fencing number while no
+    later attempt has begun."""
+
+
+_FENCE: ContextVar[CheckpointFence | None] = ContextVar("relaygraph_fence", default=None)
+
+
 @contextmanager
-def open_checkpointer(home: Path, *, shared: bool = False) -> Iterator[Any]:
+def fenced_checkpoints(task_id: str, attempt: int) -> Iterator[CheckpointFence]:
+    """Fence by ``attempt`` every checkpointer on PostgreSQL that :func:`open_checkpointer`
+    opens in this context: its writes for the task are refused once another attempt began.
+
+    A worker runs the task through the runner, which opens the run's checkpointer itself;
+    this is how the worker's attempt reaches that checkpointer.
+    """
+    fence = CheckpointFence(task_id=task_id, attempt=attempt)
+    token = _FENCE.set(fence)
+    try:
+        yield fence
+    finally:
+        _FENCE.reset(token)
+
+
+@contextmanager
+def open_checkpointer(
+    home: Path, *, shared: bool = False, fence: CheckpointFence | None = None
+) -> Iterator[Any]:
     """The checkpointer for runs: PostgreSQL when the ledger is on PostgreSQL, else SQLite.
 
     Args:
         shared: On SQLite, the process's open checkpointer of the file (see
             :class:`_KeptSavers`) instead of one of the run's own, opened and closed here.
             Only for a run that leaves the saver as it is (a worker's run patches its own).
+        fence: On PostgreSQL, the worker's attempt whose writes alone the checkpointer
+            saves (``_fenced_saver.FencedPostgresSaver``); when None, the one
+            :func:`fenced_checkpoints` set, if any. SQLite has no fence: the worker mode
+            runs on PostgreSQL only, and an in-process run holds the task's lease.
     """
     from relaygraph.store import DATABASE_URL_ENV
 
+    fence = fence or _FENCE.get()
     conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
     if conninfo is None:
         path = home / "checkpoints.sqlite"
@@ -124,7 +166,13 @@ def open_checkpointer(home: Path, *, shared: bool = False) -> Iterator[Any]:
         return
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    with PostgresSaver.from_conn_string(conninfo) as saver:
+    from relaygraph.runner._fenced_saver import FencedPostgresSaver
+
+    with (
+        PostgresSaver.from_conn_string(conninfo)
+        if fence is None
+        else FencedPostgresSaver.for_attempt(conninfo, fence)
+    ) as saver:
         with _SETUP_LOCK:
             # setup() runs the saver's own migrations; once per database per process, and
             # one process at a time: the first runs of new worker processes on a new
