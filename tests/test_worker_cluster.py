@@ -310,6 +310,24 @@ def attempts(cluster: Cluster, task_id: str) -> int:
     return int(row["attempts"])
 
 
+def checkpoint_rows(cluster: Cluster, task_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the task's checkpoint thread, table by table (``checkpoints``, the
+    tasks' pending ``checkpoint_writes``, the channels' ``checkpoint_blobs``)."""
+    [row] = cluster.sql("SELECT checkpoint_thread FROM tasks WHERE id = :task", task=task_id)
+    rows = {
+        table: cluster.sql(
+            f"SELECT * FROM {table} WHERE thread_id = :thread", thread=row["checkpoint_thread"]
+        )
+        for table in ("checkpoints", "checkpoint_writes", "checkpoint_blobs")
+    }
+    return {
+        table: sorted(
+            tuple(json.dumps(v, sort_keys=True, default=str) for v in r.values()) for r in found
+        )
+        for table, found in rows.items()
+    }
+
+
 def journaled_text(record: dict[str, Any]) -> str:
     """What the journaled call returned into the graph (the tool message's text)."""
     return str(replay(record).content)  # type: ignore[union-attr]
@@ -490,6 +508,7 @@ def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
         assert (done["status"], done["answer"]) == ("succeeded", "It ran."), done
         check_stream(events, "succeeded")
         ledger_then = (tool_rows(cluster, task_id), journal(cluster, task_id))
+        checkpoints_then = checkpoint_rows(cluster, task_id)
         assert f"went {new_token}" in journaled_text(ledger_then[1]["gated"])
 
         # The old attempt's program ends too, while its pool process is still frozen; then
@@ -517,6 +536,9 @@ def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
         k: done[k] for k in ("status", "answer", "stop_reason", "last_event_seq")
     }
     assert (tool_rows(cluster, task_id), journal(cluster, task_id)) == ledger_then
+    # Nor did its checkpoints reach the thread the new attempt went on from: no newer
+    # checkpoint, no step's writes over the new attempt's.
+    assert checkpoint_rows(cluster, task_id) == checkpoints_then
     assert attempts(cluster, task_id) == 2  # The frozen worker's, fenced, and the new one.
     assert [(r["tool_call_id"], r["status"]) for r in ledger_then[0]] == [("gated", "success")]
     # The frozen worker is back on the queue.
