@@ -33,6 +33,8 @@ from relaygraph.runner._checkpoint import open_checkpointer, postgres_conninfo
 from relaygraph.runner._fenced_saver import FencedPostgresSaver
 from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, AttemptSuperseded, Ledger
 
+from .worker_cluster import gated_coder
+
 DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
 WORKER = "worker-test-1"
@@ -261,32 +263,6 @@ def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
 # 3. A stale worker's run of a real task, woken after the new attempt finished it
 
 
-GATED_CODE = (
-    "import os, time\n"
-    "token = os.urandom(6).hex()\n"
-    "with open('starts.txt', 'a') as f:\n"
-    "    f.write(token + '\\n')\n"
-    "deadline = time.monotonic() + 600\n"
-    "while not os.path.exists('go-' + token) and time.monotonic() < deadline:\n"
-    "    time.sleep(0.02)\n"
-    "print('went ' + token)"
-)
-"""A tool that runs until the test lets it go: it appends a token of its own to
-``starts.txt`` and ends once ``go-<token>`` exists in the workspace."""
-
-GATED_TEAM = {
-    "supervisor": [
-        {"route": {"next": "coder", "task": "compute slowly", "reason": "code to run"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "coder": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]},
-        {"content": "It ran."},
-    ],
-    "finalize": [{"content": "It ran."}],
-}
-
-
 def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints(
     ledger: Ledger, home: Path, tmp_path: Path
 ) -> None:
@@ -295,7 +271,7 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
     from relaygraph.worker import close_worker_runtime, run_ledger_task
 
     script = tmp_path / "gated.json"
-    script.write_text(json.dumps(GATED_TEAM), encoding="utf-8")
+    script.write_text(json.dumps(gated_coder()), encoding="utf-8")
     request = TaskRequest(input="compute slowly", team=default_team(), model=f"scripted:{script}")
     task = submit_task(request, ledger=ledger).task
     workspace = home / "tasks" / task.id / "workspace"

@@ -30,7 +30,9 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from relaygraph.agents._journal import replay
 from relaygraph.client import Client
@@ -42,6 +44,7 @@ from .worker_cluster import (
     broker_problem,
     broker_url,
     fresh_database,
+    gated_coder,
     process_gone,
     wait_until,
 )
@@ -53,46 +56,6 @@ DEFAULT_MODEL = f"scripted:{EXAMPLE_RELAY}"
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 
 Script = Callable[[dict[str, Any]], str]
-
-GATED_CODE = (
-    "import os, time\n"
-    "token = os.urandom(6).hex()\n"
-    "with open('starts.txt', 'a') as f:\n"
-    "    f.write(token + '\\n')\n"
-    "deadline = time.monotonic() + 600\n"
-    "while not os.path.exists('go-' + token) and time.monotonic() < deadline:\n"
-    "    time.sleep(0.05)\n"
-    "with open('effects.txt', 'a') as f:\n"
-    "    f.write(token + '\\n')\n"
-    "print('went ' + token)"
-)
-"""A slow tool whose every start is visible: it appends a token of its own to
-``starts.txt``, runs until the test creates ``go-<token>`` in the workspace, then appends the
-token to ``effects.txt`` (its side effect) and prints it (its result)."""
-
-FIRST_CODE = "with open('effects.txt', 'a') as f:\n    f.write('first\\n')\nprint('first done')"
-"""A quick tool with a side effect."""
-
-
-def gated_coder(*, first: bool = False) -> dict[str, Any]:
-    """supervisor → coder (a quick program first, if ``first``; then the gated one) → FINISH."""
-    calls = []
-    if first:
-        calls.append(
-            {"tool_calls": [{"name": "run_python", "args": {"code": FIRST_CODE}, "id": "first"}]}
-        )
-    calls.append(
-        {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]}
-    )
-    return {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "compute slowly", "reason": "code to run"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [*calls, {"content": "It ran."}],
-        "finalize": [{"content": "It ran."}],
-    }
-
 
 # Each finalize turn repeats the last agent's reply: finalize answers with that reply without
 # a model call unless the policy asks for one, and either way the answer is the same.
@@ -643,3 +606,33 @@ def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
     assert [e["data"]["agent"] for e in events if e["event"] == "agent_started"] == ["coder"]
     assert lines(cluster, task_id, "effects.txt") == [token]
     assert done["last_event_seq"] == len(events)  # The run returned: nothing comes later.
+
+
+# 6. /readyz checks the database (the broker and the listener: tests/test_api_worker_mode.py)
+
+
+@pytest.mark.slow
+def test_readyz_of_an_api_server_says_when_its_ledger_is_behind(
+    cluster: Cluster, database: str
+) -> None:
+    server = cluster.serve("api", model=DEFAULT_MODEL)
+    assert httpx.get(f"{server.url}/readyz", timeout=30).json() == {"status": "ready"}
+    # The ledger falls behind the shipped schema (a release rolled out before its migration
+    # ran): not ready, saying why; ready again once it is at the head.
+    [head] = cluster.sql("SELECT version_num FROM relaygraph_alembic_version")
+    engine = create_engine(database)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE relaygraph_alembic_version SET version_num = 'old'"))
+        behind = httpx.get(f"{server.url}/readyz", timeout=30)
+        assert behind.status_code == 503, behind.text
+        assert behind.json()["error"]["code"] == "not_ready"
+        assert behind.json()["error"]["message"] == "migrations pending"
+        with engine.begin() as connection:
+            connection.execute(
+                text("UPDATE relaygraph_alembic_version SET version_num = :head"),
+                {"head": head["version_num"]},
+            )
+    finally:
+        engine.dispose()
+    assert httpx.get(f"{server.url}/readyz", timeout=30).json() == {"status": "ready"}

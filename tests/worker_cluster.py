@@ -8,6 +8,9 @@ process shares a data directory (``RELAYGRAPH_HOME``), a fresh database of its o
 messages. Each process starts in a session of its own, so that a signal to its process
 group reaches its pool children too, and :meth:`Cluster.close` kills every group it started.
 
+:func:`gated_coder` is a scripted team whose tool runs until the test lets it go, so that a
+worker is killed, frozen or cancelled mid-tool.
+
 A worker started with ``traced=True`` runs ``tests.worker_trace`` (the ``relaygraph``
 command with a trace of which process ran which task: :class:`WorkerTrace`).
 """
@@ -43,6 +46,49 @@ POSTGRES_URLS = (
 POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
 
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+# A tool that runs until the test lets it go
+
+
+GATED_CODE = (
+    "import os, time\n"
+    "token = os.urandom(6).hex()\n"
+    "with open('starts.txt', 'a') as f:\n"
+    "    f.write(token + '\\n')\n"
+    "deadline = time.monotonic() + 600\n"
+    "while not os.path.exists('go-' + token) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "with open('effects.txt', 'a') as f:\n"
+    "    f.write(token + '\\n')\n"
+    "print('went ' + token)"
+)
+"""A slow tool whose every start is visible: it appends a token of its own to
+``starts.txt``, runs until the test creates ``go-<token>`` in the workspace, then appends the
+token to ``effects.txt`` (its side effect) and prints it (its result)."""
+
+FIRST_CODE = "with open('effects.txt', 'a') as f:\n    f.write('first\\n')\nprint('first done')"
+"""A quick tool with a side effect."""
+
+
+def gated_coder(*, first: bool = False) -> dict[str, Any]:
+    """supervisor → coder (a quick program first, if ``first``; then the gated one) → FINISH."""
+    calls = []
+    if first:
+        calls.append(
+            {"tool_calls": [{"name": "run_python", "args": {"code": FIRST_CODE}, "id": "first"}]}
+        )
+    calls.append(
+        {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]}
+    )
+    return {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "compute slowly", "reason": "code to run"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [*calls, {"content": "It ran."}],
+        "finalize": [{"content": "It ran."}],
+    }
 
 
 def broker_url() -> str:

@@ -157,7 +157,7 @@ def open_checkpointer(
     """
     from relaygraph.store import DATABASE_URL_ENV
 
-    fence = fence or _FENCE.get()
+    fence = fence if fence is not None else _FENCE.get()
     conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
     if conninfo is None:
         path = home / "checkpoints.sqlite"
