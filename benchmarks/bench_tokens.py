@@ -369,10 +369,13 @@ def run(home: Path) -> Section:
         "reply and makes no model call, so a task takes as many model calls as bare's, and one "
         "fewer per direct handoff (bare plays it as a reply and a supervisor call).",
         "",
-        "What keeps short tasks above bare last_message is the direct handoffs: every agent "
-        "call carries a `transfer_to_<peer>` definition for each peer its policy allows (a "
-        "one-line description, a `task` and an optional `reason`), and bare's workers have "
-        f"none. Over the four scenarios they are {sum(handoffs.values())} tokens "
+        "What relaygraph sends and bare does not is the direct handoffs: every agent call "
+        "carries a `transfer_to_<peer>` definition for each peer its policy allows (its name, "
+        "an empty description, a `task` and an optional `reason`), and bare's workers have "
+        "none. The built-in researcher and coder may hand off to every other agent; the "
+        "writer, the last stage, to none (its reply is the deliverable; work it finds missing "
+        "goes back through the supervisor). Over the four scenarios the definitions are "
+        f"{sum(handoffs.values())} tokens "
         f"({_pct(sum(handoffs.values()), totals['relaygraph']['total'])} of relaygraph's); "
         f"without them the ratio to last_message would be {without}. Each supervisor call "
         "carries the route's JSON schema (the agents' names and two strings, no "

@@ -185,14 +185,15 @@ def test_defaults_have_concrete_limits_not_placeholders() -> None:
             assert value is None or type(value) in (int, float)
 
 
-def test_agents_not_named_keep_default_tools_and_hand_off_to_every_other_agent() -> None:
+def test_agents_not_named_keep_their_default_tools_and_peers() -> None:
     policy = parse_policy(tomllib.loads('[agents.researcher]\ntools = ["read_doc"]\n'))
     assert policy.agents["researcher"].tools == ("read_doc",)
     assert policy.agents["researcher"].handoffs == ("coder", "writer")
     assert policy.agents["coder"].tools == DEFAULT_TOOLS["coder"]
     assert policy.agents["coder"].handoffs == ("researcher", "writer")
     assert policy.agents["writer"].tools == DEFAULT_TOOLS["writer"]
-    assert policy.agents["writer"].handoffs == ("researcher", "coder")
+    # The built-in writer is the last stage: it hands off to no peer.
+    assert policy.agents["writer"].handoffs == ()
 
 
 def test_a_team_of_some_agents_hands_off_only_within_the_team() -> None:
@@ -204,7 +205,10 @@ def test_a_team_of_some_agents_hands_off_only_within_the_team() -> None:
     policy = parse_over({}, roster=two)
     assert list(policy.agents) == ["researcher", "writer"]
     assert policy.agents["researcher"].handoffs == ("writer",)
-    assert policy.agents["writer"].handoffs == ("researcher",)
+    assert policy.agents["writer"].handoffs == ()
+    # An agent whose handoffs are not given hands off to every other agent of its team.
+    back = Team(agents=[builtin.researcher(), builtin.writer(handoffs=None)]).roster
+    assert parse_over({}, roster=back).agents["writer"].handoffs == ("researcher",)
     with pytest.raises(ConfigError) as refused:
         parse_over({"agents": {"researcher": {"handoffs": ["coder"]}}}, roster=two)
     assert "agents.researcher.handoffs" in str(refused.value) and '"coder"' in str(refused.value)

@@ -112,6 +112,9 @@ def test_an_agent_sees_the_results_but_not_the_reason_or_an_empty_results_block(
     assert "Find when checkpoints are written" not in writer
     supervisor = _of(requests, "supervisor")[1]["messages"][1]["content"]
     assert "- researcher (task: Find when checkpoints are written): " in supervisor
+    # Before any agent has worked, the supervisor reads the request alone.
+    first = _of(requests, "supervisor")[0]["messages"][1]["content"]
+    assert first == "Request: When are checkpoints written? Write a short report."
 
 
 def test_a_direct_handoffs_task_is_sent_once_per_message(over_http: Any) -> None:
@@ -138,11 +141,18 @@ def test_a_direct_handoffs_task_is_sent_once_per_message(over_http: Any) -> None
 def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
     _, requests = over_http(RELAY)
     tools = {t["function"]["name"]: t["function"] for t in _of(requests, "researcher")[0]["tools"]}
-    # One transfer tool per peer the policy allows, a one-line description, bare arguments.
-    assert tools["transfer_to_coder"]["description"] == "Hand the work to coder."
+    # One transfer tool per peer the policy allows; no description (its name says what it
+    # does, and it goes with every call: the pin was "Hand the work to coder." until issue
+    # 19 measured ~6 tokens per definition per call), bare arguments: 'task' required,
+    # 'reason' optional (the ledger and the dashboard show it when given).
+    assert tools["transfer_to_coder"]["description"] == ""
     params = tools["transfer_to_writer"]["parameters"]
     assert params["required"] == ["task"]
     assert params["properties"] == {"task": {"type": "string"}, "reason": {"type": "string"}}
+    # The writer, the built-in team's last stage, hands off to no peer: its definitions are
+    # its work tools alone.
+    writer = {t["function"]["name"] for t in _of(requests, "writer")[0]["tools"]}
+    assert writer == {"save_artifact", "list_artifacts"}
     schema = _of(requests, "supervisor")[-1]["response_format"]["json_schema"]["schema"]
     assert schema["required"] == ["next", "task", "reason"]
     assert schema["properties"] == {

@@ -80,7 +80,12 @@ def coder(**changes: Any) -> Agent:
 
 
 def writer(**changes: Any) -> Agent:
-    """The writer: turns the results into the deliverable and saves it as an artifact."""
+    """The writer: turns the results into the deliverable and saves it as an artifact.
+
+    It is the team's last stage and hands off to no peer (``handoffs=()``): its reply is
+    the deliverable, which finalize answers with, and work it finds missing goes back
+    through the supervisor, which sees every result. Give it ``handoffs`` to change that.
+    """
     return _agent(
         {
             "name": "writer",
@@ -90,6 +95,7 @@ def writer(**changes: Any) -> Agent:
             "save it with save_artifact (for example report.md), and answer with its text. "
             + COMMON_PROMPT,
             "tools": ("save_artifact", "list_artifacts"),
+            "handoffs": (),
         },
         changes,
     )

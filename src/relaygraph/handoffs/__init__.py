@@ -112,9 +112,11 @@ def handoff_target(tool_name: str) -> str | None:
 class HandoffArgs(BaseModel):
     """The arguments of every transfer tool: what to do, and why.
 
-    The fields carry no descriptions: the schema is sent with every model call of every
-    agent that may hand off, once per peer, and the agent's prompt already says that a task
-    must be self-contained (the target sees only it and the results so far).
+    Neither the fields nor the schema carry a description (the tools take their schema
+    from :class:`_HandoffCall`, which has no docstring to send): the schema goes with every
+    model call of every agent that may hand off, once per peer, and the agent's prompt
+    already says that a task must be self-contained (the target sees only it and the
+    results so far).
     """
 
     task: str
@@ -129,6 +131,12 @@ class HandoffArgs(BaseModel):
         if not task.strip():
             raise PydanticCustomError("blank_task", "is empty; say what the agent must do")
         return task
+
+
+class _HandoffCall(HandoffArgs):
+    # No docstring: LangChain describes a tool whose description is empty by its argument
+    # schema's docstring, and the transfer tools' definitions carry no description.
+    pass
 
 
 def handoff_args_problem(args: Any) -> str | None:
@@ -205,7 +213,7 @@ def _refusal(runtime: ToolRuntime[Any, Any], name: str, why: str) -> ToolMessage
     )
 
 
-def create_handoff_tool(target: str, *, source: str, description: str | None = None) -> BaseTool:
+def create_handoff_tool(target: str, *, source: str, description: str = "") -> BaseTool:
     """Create the ``transfer_to_<target>`` tool for agent ``source``.
 
     Only the first handoff call of a message is carried out, and only when the message
@@ -218,8 +226,8 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
     Args:
         target: The agent that receives the work.
         source: The agent that owns the tool.
-        description: Shown to the model; defaults to one short line naming the target (it
-            is sent with every model call of ``source``).
+        description: Shown to the model; empty by default: the tool's name says what it
+            does, and its definition is sent with every model call of ``source``.
     """
     name = f"{HANDOFF_PREFIX}{target}"
 
@@ -257,9 +265,9 @@ def create_handoff_tool(target: str, *, source: str, description: str | None = N
             },
         )
 
-    return StructuredTool.from_function(
-        func=handoff,
-        name=name,
-        description=description or f"Hand the work to {target}.",
-        args_schema=HandoffArgs,
+    tool = StructuredTool.from_function(
+        func=handoff, name=name, description=description or name, args_schema=_HandoffCall
     )
+    # Set afterwards: given as empty, from_function would take the function's docstring.
+    tool.description = description
+    return tool

@@ -135,9 +135,8 @@ def supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> s
         (
             "You choose which agent works next and do no work yourself.\n\nThe agents:\n"
             f"{roster}\n\n"
-            "Route: 'next', the agent to work next, or FINISH once the results answer the "
-            "request; 'task', what it must do, self-contained; 'reason', why, in a sentence. "
-            "Never give an agent the same task twice."
+            "Route: 'next', an agent or FINISH once the results answer the request; 'task', "
+            "what it must do, self-contained and not given before; 'reason', why, in a sentence."
         ),
         extra,
     )
@@ -159,8 +158,12 @@ def tool_supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None)
 
 
 def supervisor_input(state: TeamState, barred: Sequence[str]) -> str:
-    text = f"{history_text(state)}Request: {state.get('request', '')}\n\n"
-    text += results_text(turn_visits(state))
+    """The request and the latest results with their tasks; before any agent has worked,
+    the request alone (as an agent's input shows no empty results block)."""
+    text = f"{history_text(state)}Request: {state.get('request', '')}"
+    visits = turn_visits(state)
+    if visits:
+        text += f"\n\n{results_text(visits)}"
     if barred:
         text += "\n\nYou may not route to: " + "; ".join(barred)
     return text
