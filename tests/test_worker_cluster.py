@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -608,7 +609,49 @@ def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
     assert done["last_event_seq"] == len(events)  # The run returned: nothing comes later.
 
 
-# 6. /readyz checks the database (the broker and the listener: tests/test_api_worker_mode.py)
+# 6. A task that kills its worker every time is failed, not run forever
+
+
+@pytest.mark.slow
+def test_a_task_whose_worker_dies_at_each_attempt_ends_failed_at_the_limit(
+    cluster: Cluster, script: Script
+) -> None:
+    server = cluster.serve("api", model=DEFAULT_MODEL)
+    cluster.worker("w1", env={"RELAYGRAPH_MAX_ATTEMPTS": "2"})
+    key = cluster.create_project("acme")
+    with Client(server.url, key) as client:
+        task_id = client.submit("compute slowly", model=script(gated_coder()))["id"]
+    stream = Follower(server.url, key, task_id)
+    # Each attempt's pool process dies mid-tool (as under the OOM killer); the worker
+    # requeues the task and a new pool process takes it.
+    for count in (1, 2):
+        started(cluster, task_id, count)
+        run = runs_of(cluster, task_id, count)[count - 1]
+        os.kill(run.pid, signal.SIGKILL)
+        waited(cluster, partial(process_gone, run.pid), "the killed pool process gone")
+
+    events = stream.result(cluster)
+    with Client(server.url, key) as client:
+        done = client.get(task_id)
+    assert done["status"] == "failed", done
+    assert "started 2 times" in done["stop_reason"], done
+    assert "RELAYGRAPH_MAX_ATTEMPTS" in done["stop_reason"], done
+    check_stream(events, "failed")
+    assert kinds(events).count("run_started") == 2, kinds(events)
+    assert attempts(cluster, task_id) == 2
+    # The third delivery ended the task instead of running it: the tool started twice.
+    runs = waited(
+        cluster, lambda: len(found := cluster.trace.runs(task_id)) >= 3 and found, "3 runs"
+    )
+    waited(cluster, lambda: cluster.trace.returned(runs[2]), "the third delivery returned")
+    tokens = lines(cluster, task_id, "starts.txt")
+    assert len(tokens) == 2
+    assert cluster.queue_counts()[0] == 0
+    for token in tokens:  # The killed runs' programs may end now.
+        release(cluster, task_id, token)
+
+
+# 7. /readyz checks the database (the broker and the listener: tests/test_api_worker_mode.py)
 
 
 @pytest.mark.slow
