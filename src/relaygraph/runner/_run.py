@@ -77,6 +77,7 @@ def run_task(
         raise RequestRefused(str(exc), field="policy", code="invalid_policy") from None
     home = data_home(home)
     ledger = ledger_for(home)  # kept for the process: not closed here
+    runner = TaskRunner(ledger=ledger, home=home)
     submitted = submit_task(
         TaskRequest(
             input=request,
@@ -90,8 +91,10 @@ def run_task(
             output_mode=None if topology is None else topology.output_mode,
         ),
         ledger=ledger,
+        # Recorded under the runner's lease: it runs the task at once.
+        runner_id=runner.runner_id,
+        lease_seconds=runner.lease_seconds,
     )
-    runner = TaskRunner(ledger=ledger, home=home)
     return runner.run(
         submitted.task,
         {"request": request},
@@ -100,6 +103,7 @@ def run_task(
         callbacks=callbacks,
         team=the_team,
         models=submitted.submission.models.chosen,
+        leased=submitted.leased,
     )
 
 

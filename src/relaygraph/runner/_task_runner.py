@@ -92,6 +92,7 @@ class TaskRunner:
         team: Team | None = None,
         models: Mapping[str, Any] | None = None,
         attempt: int | None = None,
+        leased: bool = False,
     ) -> RunResult:
         """Run (or continue) ``task`` with ``graph_input``.
 
@@ -120,6 +121,9 @@ class TaskRunner:
                 when the task is on another attempt. The ledger's cancel flag is watched
                 (the run stops at the next step boundary, ``cancelled``). None: the run
                 takes the task's lease (in process).
+            leased: ``task`` was just recorded under this runner's lease
+                (``submit_task(runner_id=...)``, ``SubmittedTask.leased``), and nothing ran
+                it since: the run does not take the lease again.
 
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it (in
@@ -135,7 +139,7 @@ class TaskRunner:
         team, graph_team = self._team_graph(task, team, models, policy, topology, attempt)
         context = self._context(task, team, attempt)
         config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
-        if attempt is None:
+        if attempt is None and not leased:
             task = self._take(task)
         # A cancel asked for on another server reaches this run through the ledger.
         watch_cancel = cancel is not None
@@ -242,12 +246,16 @@ class TaskRunner:
             reason = f"error: {exc}"
             event = dict(run_finished_event("failed", reason))
             self.ledger.append_event(task.id, event, attempt=attempt)
-            if attempt is None:
-                self.ledger.set_status(task.id, "failed", stop_reason=reason)
-            else:  # The worker's hold ends with the run.
-                self.ledger.end_run(
-                    task.id, usage={}, status="failed", attempt=attempt, stop_reason=reason
-                )
+            # As any run ends: a lease this runner holds (a task recorded under it, or taken
+            # before the run) or a worker's hold ends with it.
+            self.ledger.end_run(
+                task.id,
+                usage=(),
+                runner_id=self.runner_id,
+                status="failed",
+                attempt=attempt,
+                stop_reason=reason,
+            )
             raise
 
     def _context(self, task: Task, team: Team, attempt: int | None) -> TaskContext:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Select,
+    bindparam,
     func,
     insert,
     or_,
@@ -23,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from relaygraph.errors import ConfigError
 from relaygraph.events import run_finished_event
-from relaygraph.store._derive import derive, event_agent
+from relaygraph.store._derive import BatchRows, derive, event_agent
 from relaygraph.store._engine import WRITE_OPTION, database_url, display_url, make_engine
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
@@ -127,13 +130,16 @@ class LedgerBase:
         with self._read() as session:
             return [snapshot(record, row) for row in session.scalars(query)]
 
-    def _announce(self, session: Session, task_id: str, last_seq: int) -> None:
+    def _announce(self, session: Session | Connection, task_id: str, last_seq: int) -> None:
         """Tell every listener, when ``session`` commits, that the task has events up to
         ``last_seq`` (nothing is sent if it rolls back, or without a channel)."""
         if self.notify_channel is None or self._engine.dialect.name != "postgresql":
             return
         payload = EventNotice(task_id=task_id, seq=last_seq).payload()
-        session.execute(select(func.pg_notify(self.notify_channel, payload)))
+        session.execute(_NOTIFY, {"channel": self.notify_channel, "payload": payload})
+
+
+_NOTIFY = select(func.pg_notify(bindparam("channel"), bindparam("payload")))
 
 
 def no_live_lease(now: datetime) -> ColumnElement[bool]:
@@ -159,7 +165,7 @@ def check_attempt(row: TaskRow, attempt: int | None) -> None:
         raise AttemptSuperseded(row.id, attempt, row.attempts)
 
 
-def attempt_refusal(session: Session, task_id: str, attempt: int | None) -> Exception:
+def attempt_refusal(session: Session | Connection, task_id: str, attempt: int | None) -> Exception:
     """Why a fenced UPDATE of the task matched no row: no such task, or another attempt."""
     current = session.scalar(select(TaskRow.attempts).where(TaskRow.id == task_id))
     if current is None or attempt is None:
@@ -167,14 +173,21 @@ def attempt_refusal(session: Session, task_id: str, attempt: int | None) -> Exce
     return AttemptSuperseded(task_id, attempt, current)
 
 
+_ADD_EVENTS = insert(EventRow)
+
+
 def add_events(
-    session: Session, task_id: str, first: int, batch: Sequence[Mapping[str, Any]], now: datetime
+    connection: Connection,
+    task_id: str,
+    first: int,
+    batch: Sequence[Mapping[str, Any]],
+    now: datetime,
 ) -> None:
     """Add the event rows numbered from ``first``, and the rows derived from them."""
     # One multi-row INSERT in SQLAlchemy Core (no ORM objects): every batch of a run's
     # events goes through here, on the thread that shares the interpreter with the graph.
-    session.connection().execute(
-        insert(EventRow),
+    connection.execute(
+        _ADD_EVENTS,
         [
             {
                 "task_id": task_id,
@@ -187,8 +200,10 @@ def add_events(
             for seq, data in enumerate(batch, start=first)
         ],
     )
+    rows = BatchRows(connection, task_id, now)
     for seq, data in enumerate(batch, start=first):
-        derive(session, task_id, seq, data, now)
+        derive(rows, seq, data)
+    rows.flush()
 
 
 def add_finish_event(
@@ -204,7 +219,7 @@ def add_finish_event(
         .returning(TaskRow.last_event_seq)
     )
     assert seq is not None
-    add_events(session, task_id, seq, [run_finished_event(status, stop_reason)], now)
+    add_events(session.connection(), task_id, seq, [run_finished_event(status, stop_reason)], now)
     return seq
 
 
@@ -223,7 +238,7 @@ def status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {"status": status, "updated_at": utc_now(), **fields}
 
 
-def apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
+def apply_status(row: TaskRow | SimpleNamespace, values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         setattr(row, name, value)
     if row.status == "running" and row.started_at is None:
@@ -234,3 +249,13 @@ def apply_status(row: TaskRow, values: Mapping[str, Any]) -> None:
 
 def task_of_row(row: TaskRow) -> Task:
     return snapshot(Task, row, metadata=row.meta)
+
+
+TASK_COLUMNS = tuple(TaskRow.__table__.c[f.name] for f in fields(Task))
+"""The task table's columns a :class:`Task` holds (its ``metadata`` is the column's name),
+for the statements in SQLAlchemy Core that return a task."""
+
+
+def task_of_mapping(row: Mapping[Any, Any]) -> Task:
+    """The task in a Core row of :data:`TASK_COLUMNS` (``row._mapping``)."""
+    return Task(**{column.name: row[column.name] for column in TASK_COLUMNS})

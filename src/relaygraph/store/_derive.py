@@ -6,7 +6,13 @@ them: a handoff row from the event's :class:`~relaygraph.events.Handoff`
 :class:`~relaygraph.events.Usage` record; nothing is computed again here.
 
 Each function runs inside the transaction that appends the event, after the task row was
-locked, so the derived rows of one task are written one event at a time, in order.
+locked, so the derived rows of one task are written one event at a time, in order. They
+write in SQLAlchemy Core, on that transaction's connection, with statements built once (ids
+and values, no ORM objects, no statement built per event): every batch of a run's events
+comes through here, on the thread that shares the interpreter with the graph. In the ORM, a
+relay-3 task's derived rows cost about 5 ms of CPU; in Core, with the batch's usage rows read
+once (:class:`BatchRows`), well under 1 ms (``tests/test_ledger_statements.py`` counts the
+statements).
 
 A resumed or recovered run re-emits some events (the agent that paused starts again and
 repeats its ``tool_call``; a node re-run after a crash repeats its ``agent_finished``); the
@@ -19,19 +25,39 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, bindparam, insert, select, update
 
 from relaygraph._names import SUPERVISOR
 from relaygraph.events import Handoff, moved_work
 from relaygraph.store import _usage
 from relaygraph.store._models import ApprovalRow, HandoffRow, ToolCallRow
 
-__all__ = ["DERIVERS", "NAME_CHARS", "derive", "event_agent"]
+__all__ = ["DERIVERS", "NAME_CHARS", "BatchRows", "derive", "event_agent"]
 
 NAME_CHARS = 64
 
-Deriver = Callable[[Session, str, int, Mapping[str, Any], datetime], None]
+
+class BatchRows:
+    """What the derivations of one batch of a task's events share: the transaction's
+    connection, the task's usage rows as the batch leaves them (read at the first record,
+    written when the batch ends: :meth:`flush`), and the tool-call rows of each call id
+    the batch has seen (a call and its result often come in one batch: the result's row is
+    then known without reading it back)."""
+
+    def __init__(self, connection: Connection, task_id: str, now: datetime) -> None:
+        self.connection = connection
+        self.task_id = task_id
+        self.now = now
+        self.usage = _usage.UsageRows(connection, task_id)
+        self.calls: dict[str, list[list[Any]]] = {}
+        """Per call id, its rows as ``[id, finished, agent, tool]``, newest first."""
+
+    def flush(self) -> None:
+        """Write the usage rows the batch changed."""
+        self.usage.write(self.now)
+
+
+Deriver = Callable[[BatchRows, int, Mapping[str, Any]], None]
 
 
 def event_agent(event: Mapping[str, Any]) -> str | None:
@@ -45,13 +71,12 @@ def event_agent(event: Mapping[str, Any]) -> str | None:
     return None
 
 
-def derive(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
-    """Write the rows event number ``seq`` implies, if any."""
+def derive(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
+    """Write the rows event number ``seq`` implies, if any (the usage rows when the batch
+    ends: :meth:`BatchRows.flush`)."""
     deriver = DERIVERS.get(event["type"])
     if deriver is not None:
-        deriver(session, task_id, seq, event, now)
+        deriver(rows, seq, event)
 
 
 def _text(event: Mapping[str, Any], key: str) -> str:
@@ -73,21 +98,13 @@ def _object(value: object) -> dict[str, Any] | None:
     return {"value": value}
 
 
-def _transfer(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
+def _transfer(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
     handoff = moved_work(event)
     if handoff is None:
         return  # Finishing, or a transfer a limit or a ping-pong stopped: no work moved.
     tokens = _optional_int(event.get("tokens_so_far"))
-    _add_handoff(session, task_id, seq, handoff, tokens, now)
+    _add_handoff(rows, seq, handoff, tokens)
 
-
-# The handoff and tool-call rows are read and written in SQLAlchemy Core, on the session's
-# connection, with statements built once (ids and values, no ORM objects, no statement built
-# per event): most of a run's events are a route, a tool call or its result, and this runs on
-# the thread that shares the interpreter with the graph. Only these functions write those
-# two tables, so nothing the session holds unflushed is missed by their reads.
 
 _LATEST_HANDOFF = (
     select(
@@ -103,15 +120,16 @@ _LATEST_HANDOFF = (
     .limit(1)
 )
 _ADD_HANDOFF = insert(HandoffRow)
-_OPEN_CALL_BY_ID = (
-    select(ToolCallRow.id)
+_CALLS_BY_ID = (
+    # A tool call's rows by the model's call id, newest first: the open one a result or a
+    # repeated announcement belongs to, and the finished ones a replay matches (one read
+    # for both questions; a call id has one row, rarely a few).
+    select(ToolCallRow.id, ToolCallRow.finished_at, ToolCallRow.agent, ToolCallRow.tool)
     .where(
         ToolCallRow.task_id == bindparam("task_id"),
-        ToolCallRow.finished_at.is_(None),
         ToolCallRow.tool_call_id == bindparam("call_id"),
     )
     .order_by(ToolCallRow.id.desc())
-    .limit(1)
 )
 _OPEN_CALL_BY_TOOL = (
     select(ToolCallRow.id)
@@ -124,32 +142,58 @@ _OPEN_CALL_BY_TOOL = (
     .order_by(ToolCallRow.id.desc())
     .limit(1)
 )
-_FINISHED_CALL = (
-    select(ToolCallRow.id)
-    .where(
-        ToolCallRow.task_id == bindparam("task_id"),
-        ToolCallRow.finished_at.is_not(None),
-        ToolCallRow.tool_call_id == bindparam("call_id"),
-        ToolCallRow.agent == bindparam("agent"),
-        ToolCallRow.tool == bindparam("tool"),
+_ADD_CALL = insert(ToolCallRow)
+_ADD_CALL_RETURNING_ID = insert(ToolCallRow).returning(ToolCallRow.id)
+_FINISH_CALL = (
+    update(ToolCallRow)
+    .where(ToolCallRow.id == bindparam("row_id"))
+    .values(
+        status=bindparam("status"),
+        result_preview=bindparam("result_preview"),
+        finished_at=bindparam("finished_at"),
     )
+)
+_APPROVAL_BY_INTERRUPT = select(ApprovalRow.id).where(
+    ApprovalRow.task_id == bindparam("task_id"),
+    ApprovalRow.interrupt_id == bindparam("interrupt_id"),
+)
+_ADD_APPROVAL = insert(ApprovalRow)
+_UNAPPLIED_APPROVAL = (
+    select(ApprovalRow.id, ApprovalRow.decision)
+    .where(
+        ApprovalRow.task_id == bindparam("task_id"),
+        ApprovalRow.kind == "approval",
+        # IS NOT DISTINCT FROM: an approval event may name no agent or no tool.
+        ApprovalRow.agent.is_not_distinct_from(bindparam("agent")),
+        ApprovalRow.tool.is_not_distinct_from(bindparam("tool")),
+        ApprovalRow.applied_at.is_(None),
+    )
+    .order_by(ApprovalRow.id.desc())
     .limit(1)
 )
-_ADD_CALL = insert(ToolCallRow)
-_FINISH_CALL = update(ToolCallRow).where(ToolCallRow.id == bindparam("row_id"))
+_APPLY_APPROVAL = (
+    update(ApprovalRow)
+    .where(ApprovalRow.id == bindparam("row_id"))
+    .values(applied_at=bindparam("applied_at"))
+)
+_APPLY_UNDECIDED_APPROVAL = (
+    update(ApprovalRow)
+    .where(ApprovalRow.id == bindparam("row_id"))
+    .values(
+        applied_at=bindparam("applied_at"),
+        decision=bindparam("decision"),
+        reason=bindparam("reason"),
+        decided_at=bindparam("applied_at"),
+    )
+)
 
 
 def _add_handoff(
-    session: Session,
-    task_id: str,
-    event_seq: int,
-    handoff: Handoff,
-    tokens_so_far: int | None,
-    now: datetime,
+    rows: BatchRows, event_seq: int, handoff: Handoff, tokens_so_far: int | None
 ) -> None:
     ns = handoff["id"] or None
     source, target = handoff["source"][:NAME_CHARS], handoff["target"][:NAME_CHARS]
-    connection = session.connection()
+    connection, task_id = rows.connection, rows.task_id
     latest = connection.execute(_LATEST_HANDOFF, {"task_id": task_id}).first()
     if (
         latest is not None
@@ -161,7 +205,7 @@ def _add_handoff(
         return
     last = latest.seq if latest is not None else 0
     if tokens_so_far is None:
-        tokens_so_far = _usage.tokens_so_far(session, task_id)
+        tokens_so_far = rows.usage.tokens_so_far()
     connection.execute(
         _ADD_HANDOFF,
         {
@@ -176,162 +220,182 @@ def _add_handoff(
             "step": handoff["step"],
             "checkpoint_ns": ns,
             "tokens_so_far": tokens_so_far,
-            "created_at": now,
+            "created_at": rows.now,
         },
     )
 
 
-def _open_call(session: Session, task_id: str, event: Mapping[str, Any]) -> int | None:
-    """The id of the latest call this ``tool_result`` (or a repeated ``tool_call``) belongs
-    to."""
+def _call_id(event: Mapping[str, Any]) -> str | None:
     call_id = event.get("tool_call_id")
-    if isinstance(call_id, str) and call_id:
-        query, params = _OPEN_CALL_BY_ID, {"task_id": task_id, "call_id": call_id}
-    else:
-        query = _OPEN_CALL_BY_TOOL
-        params = {"task_id": task_id, "agent": _name(event, "agent"), "tool": _text(event, "tool")}
-    return session.connection().execute(query, params).scalar()
+    return call_id if isinstance(call_id, str) and call_id else None
 
 
-def _new_call(task_id: str, seq: int, event: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    call_id = event.get("tool_call_id")
+def _calls(rows: BatchRows, event: Mapping[str, Any]) -> tuple[int | None, bool]:
+    """The id of the latest open call this ``tool_result`` (or a repeated ``tool_call``)
+    belongs to, and whether the same call (id, agent and tool) has a finished row."""
+    call_id = _call_id(event)
+    agent, tool = _name(event, "agent"), _text(event, "tool")
+    if call_id is None:
+        params = {"task_id": rows.task_id, "agent": agent, "tool": tool}
+        return rows.connection.execute(_OPEN_CALL_BY_TOOL, params).scalar(), False
+    open_id: int | None = None
+    finished = False
+    for row_id, row_finished, row_agent, row_tool in _call_rows(rows, call_id):
+        if not row_finished:
+            open_id = row_id if open_id is None else open_id
+        elif (row_agent, row_tool) == (agent, tool[:128]):
+            finished = True
+    return open_id, finished
+
+
+def _call_rows(rows: BatchRows, call_id: str) -> list[list[Any]]:
+    """The rows of the call ``call_id``: read the first time, then as the batch changes
+    them."""
+    known = rows.calls.get(call_id)
+    if known is None:
+        found = rows.connection.execute(_CALLS_BY_ID, {"task_id": rows.task_id, "call_id": call_id})
+        known = rows.calls[call_id] = [
+            [row_id, finished_at is not None, agent, tool]
+            for row_id, finished_at, agent, tool in found
+        ]
+    return known
+
+
+def _add_call(rows: BatchRows, values: dict[str, Any]) -> None:
+    """Insert a tool-call row, and remember it under its call id."""
+    call_id = values["tool_call_id"]
+    if call_id is None:
+        rows.connection.execute(_ADD_CALL, values)
+        return
+    known = _call_rows(rows, call_id)
+    row_id = rows.connection.execute(_ADD_CALL_RETURNING_ID, values).scalar_one()
+    finished = values["finished_at"] is not None
+    known.insert(0, [row_id, finished, values["agent"], values["tool"]])
+
+
+def _new_call(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "task_id": task_id,
+        "task_id": rows.task_id,
         "event_seq": seq,
         "agent": _name(event, "agent"),
         "tool": _text(event, "tool")[:128],
-        "tool_call_id": call_id if isinstance(call_id, str) and call_id else None,
+        "tool_call_id": _call_id(event),
         "args": _object(event.get("args")),
         "status": "pending",
         "result_preview": None,
-        "created_at": now,
+        "created_at": rows.now,
         "finished_at": None,
     }
 
 
-def _tool_call(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
-    has_id = isinstance(event.get("tool_call_id"), str) and event["tool_call_id"]
-    if has_id and _open_call(session, task_id, event) is not None:
-        return  # The same call announced again by an agent resumed after an approval.
-    if has_id and _finished_call(session, task_id, event) is not None:
-        return  # A call the tool journal replays after a crash: it ran once, one row.
-    session.connection().execute(_ADD_CALL, _new_call(task_id, seq, event, now))
+def _tool_call(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
+    if _call_id(event) is not None:
+        open_id, finished = _calls(rows, event)
+        if open_id is not None:
+            return  # The same call announced again by an agent resumed after an approval.
+        if finished:
+            return  # A call the tool journal replays after a crash: it ran once, one row.
+    _add_call(rows, _new_call(rows, seq, event))
 
 
-def _finished_call(session: Session, task_id: str, event: Mapping[str, Any]) -> int | None:
-    """The id of the finished row of the same call (id, agent and tool), if any."""
-    params = {
-        "task_id": task_id,
-        "call_id": event.get("tool_call_id"),
-        "agent": _name(event, "agent"),
-        "tool": _text(event, "tool")[:128],
-    }
-    return session.connection().execute(_FINISHED_CALL, params).scalar()
-
-
-def _tool_result(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
-    row_id = _open_call(session, task_id, event)
-    if row_id is None and event.get("tool_call_id") and _finished_call(session, task_id, event):
+def _tool_result(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
+    row_id, finished = _calls(rows, event)
+    if row_id is None and finished:
         return  # The journal's replay of a result already recorded.
     preview = event.get("preview")
     outcome = {
         "status": _text(event, "status")[:16] or "success",
         "result_preview": None if preview is None else str(preview),
-        "finished_at": now,
+        "finished_at": rows.now,
     }
-    connection = session.connection()
     if row_id is None:  # The call's own event was not recorded; keep the result all the same.
-        connection.execute(
-            _ADD_CALL, {**_new_call(task_id, seq, event, now), "args": None, **outcome}
-        )
+        _add_call(rows, {**_new_call(rows, seq, event), "args": None, **outcome})
         return
-    connection.execute(_FINISH_CALL, {"row_id": row_id, **outcome})
+    rows.connection.execute(_FINISH_CALL, {"row_id": row_id, **outcome})
+    call_id = _call_id(event)
+    for known in rows.calls.get(call_id, []) if call_id is not None else []:
+        if known[0] == row_id:
+            known[1] = True
 
 
-def _interrupted(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
+def _interrupted(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
     interrupt_id = event.get("id")
     interrupt_id = str(interrupt_id) if interrupt_id is not None else None
     if interrupt_id is not None:
-        known = session.scalar(
-            select(ApprovalRow.id).where(
-                ApprovalRow.task_id == task_id, ApprovalRow.interrupt_id == interrupt_id
-            )
-        )
+        known = rows.connection.execute(
+            _APPROVAL_BY_INTERRUPT, {"task_id": rows.task_id, "interrupt_id": interrupt_id}
+        ).scalar()
         if known is not None:
             return  # Interrupted again on the same request (a restarted run).
     call_id = event.get("tool_call_id")
-    session.add(
-        ApprovalRow(
-            task_id=task_id,
-            interrupt_id=interrupt_id,
-            kind=_text(event, "waits_for")[:32] or "approval",
-            agent=_name(event, "agent") or None,
-            tool=_text(event, "tool")[:128] or None,
-            tool_call_id=str(call_id) if call_id is not None else None,
-            args=_object(event.get("args")),
-            request={k: v for k, v in event.items() if k not in ("type", "id", "waits_for")},
-            requested_at=now,
-        )
+    rows.connection.execute(
+        _ADD_APPROVAL,
+        {
+            "task_id": rows.task_id,
+            "interrupt_id": interrupt_id,
+            "kind": _text(event, "waits_for")[:32] or "approval",
+            "agent": _name(event, "agent") or None,
+            "tool": _text(event, "tool")[:128] or None,
+            "tool_call_id": str(call_id) if call_id is not None else None,
+            "args": _object(event.get("args")),
+            "request": {k: v for k, v in event.items() if k not in ("type", "id", "waits_for")},
+            "requested_at": rows.now,
+        },
     )
 
 
-def _approval(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
+def _approval(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
     """The resumed run acted on a decision: mark the request it answered as applied."""
     agent, tool = _name(event, "agent") or None, _text(event, "tool")[:128] or None
-    row = session.scalars(
-        select(ApprovalRow)
-        .where(
-            ApprovalRow.task_id == task_id,
-            ApprovalRow.kind == "approval",
-            ApprovalRow.agent == agent,
-            ApprovalRow.tool == tool,
-            ApprovalRow.applied_at.is_(None),
-        )
-        .order_by(ApprovalRow.id.desc())
-        .limit(1)
+    connection, now = rows.connection, rows.now
+    found = connection.execute(
+        _UNAPPLIED_APPROVAL, {"task_id": rows.task_id, "agent": agent, "tool": tool}
     ).first()
-    if row is None:  # No recorded request (the interrupt's event was not appended).
-        row = ApprovalRow(
-            task_id=task_id,
-            kind="approval",
-            agent=agent,
-            tool=tool,
-            request={k: v for k, v in event.items() if k != "type"},
-            requested_at=now,
-        )
-        session.add(row)
-    if row.decision is None:  # Decided outside the ledger (e.g. `relaygraph resume`).
-        decision = event.get("decision")
-        row.decision = None if decision is None else str(decision)[:16]
-        reason = event.get("reason")
-        row.reason = None if reason is None else str(reason)
-        row.decided_at = now
-    row.applied_at = now
+    if found is None:  # No recorded request (the interrupt's event was not appended).
+        row_id = connection.execute(
+            _ADD_APPROVAL.returning(ApprovalRow.id),
+            {
+                "task_id": rows.task_id,
+                "interrupt_id": None,
+                "kind": "approval",
+                "agent": agent,
+                "tool": tool,
+                "tool_call_id": None,
+                "args": None,
+                "request": {k: v for k, v in event.items() if k != "type"},
+                "requested_at": now,
+            },
+        ).scalar_one()
+        decided = False
+    else:
+        row_id, decided = found.id, found.decision is not None
+    if decided:
+        connection.execute(_APPLY_APPROVAL, {"row_id": row_id, "applied_at": now})
+        return
+    # Decided outside the ledger (e.g. `relaygraph resume`): the event says how.
+    decision, reason = event.get("decision"), event.get("reason")
+    connection.execute(
+        _APPLY_UNDECIDED_APPROVAL,
+        {
+            "row_id": row_id,
+            "applied_at": now,
+            "decision": None if decision is None else str(decision)[:16],
+            "reason": None if reason is None else str(reason),
+        },
+    )
 
 
-def _agent_finished(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
+def _agent_finished(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
     usage = event.get("usage")
     if isinstance(usage, Mapping):
         agent = _name(event, "agent") or _name(usage, "agent")
-        _usage.add_record(session, task_id, usage, now, agent=agent, where="agent_finished usage")
+        rows.usage.add_record(usage, agent=agent, where="agent_finished usage")
 
 
-def _usage_record(
-    session: Session, task_id: str, seq: int, event: Mapping[str, Any], now: datetime
-) -> None:
+def _usage_record(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
     usage = event.get("usage")
     if isinstance(usage, Mapping):
-        _usage.add_record(session, task_id, usage, now, where="usage event")
+        rows.usage.add_record(usage, where="usage event")
 
 
 DERIVERS: dict[str, Deriver] = {

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
@@ -30,9 +30,11 @@ class ToolJournalLedger(LedgerBase):
 
     def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         """The record of the task's call ``call_id``; None if it never completed."""
-        # SQLAlchemy Core, not the ORM: a read (and a write) on every tool call of a run.
+        # SQLAlchemy Core, not the ORM, statements built once: a read (and a write) on every
+        # tool call of a run, on the graph's thread (built per call, the statements cost
+        # about 0.3 ms of CPU per tool call more).
         with self._read_connection() as connection:
-            record = connection.scalar(_record_of(task_id, call_id))
+            record = connection.scalar(_RECORD_OF, {"task_id": task_id, "call_id": call_id})
         return dict(record) if record is not None else None
 
     def journal_call(
@@ -68,32 +70,33 @@ class ToolJournalLedger(LedgerBase):
         kept = check.json_object(record, "record")
         try:
             with self._write_connection() as connection:
-                # A fenced record locks the task's row, as a new attempt's start does: the
-                # two cannot interleave.
-                query = select(TaskRow.attempts).where(TaskRow.id == task_id)
                 if attempt is not None:
-                    query = query.with_for_update()
-                current = connection.execute(query).first()
-                if current is None:
-                    raise RecordNotFound("task", task_id)
-                if attempt is not None and current[0] != attempt:
-                    raise AttemptSuperseded(task_id, attempt, current[0])
-                earlier = connection.scalar(_record_of(task_id, call))
+                    # A fenced record locks the task's row, as a new attempt's start does:
+                    # the two cannot interleave.
+                    current = connection.execute(_ATTEMPTS_LOCKED, {"task_id": task_id}).first()
+                    if current is None:
+                        raise RecordNotFound("task", task_id)
+                    if current[0] != attempt:
+                        raise AttemptSuperseded(task_id, attempt, current[0])
+                ids = {"task_id": task_id, "call_id": call}
+                earlier = connection.scalar(_RECORD_OF, ids)
                 if earlier is not None:
                     return dict(earlier)
-                connection.execute(
-                    insert(ToolJournalRow).values(
-                        task_id=task_id, call_id=call, record=kept, created_at=utc_now()
-                    )
-                )
+                # Unfenced, the task's foreign key says whether it exists (one statement
+                # less on every tool call of a run).
+                connection.execute(_ADD_RECORD, {**ids, "record": kept, "created_at": utc_now()})
             return kept
         except IntegrityError:
             # Another writer recorded the call between our read and insert (PostgreSQL;
             # SQLite's writers take turns and cannot race here): its record is the first.
+            # Or there is no such task.
             earlier_record = self.journaled_call(task_id, call)
-            if earlier_record is None:
-                raise
-            return earlier_record
+            if earlier_record is not None:
+                return earlier_record
+            with self._read_connection() as connection:
+                if connection.execute(_ATTEMPTS, {"task_id": task_id}).first() is None:
+                    raise RecordNotFound("task", task_id) from None
+            raise
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
@@ -106,10 +109,12 @@ class ToolJournalLedger(LedgerBase):
         return LedgerToolJournal(self, attempt)
 
 
-def _record_of(task_id: str, call_id: str) -> Select[tuple[dict[str, Any]]]:
-    return select(ToolJournalRow.record).where(
-        ToolJournalRow.task_id == task_id, ToolJournalRow.call_id == call_id
-    )
+_RECORD_OF = select(ToolJournalRow.record).where(
+    ToolJournalRow.task_id == bindparam("task_id"), ToolJournalRow.call_id == bindparam("call_id")
+)
+_ATTEMPTS = select(TaskRow.attempts).where(TaskRow.id == bindparam("task_id"))
+_ATTEMPTS_LOCKED = _ATTEMPTS.with_for_update()
+_ADD_RECORD = insert(ToolJournalRow)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,16 +6,18 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store._base import (
+    TASK_COLUMNS,
     LedgerBase,
     add_finish_event,
     apply_status,
     no_live_lease,
     status_values,
+    task_of_mapping,
     task_of_row,
     utc_now,
 )
@@ -26,6 +28,35 @@ from relaygraph.store._models import (
 from relaygraph.store._records import (
     TASK_STATUSES,
     Task,
+)
+
+_TAKE_LEASE = (
+    update(TaskRow)
+    .where(
+        TaskRow.id == bindparam("row_id"),
+        TaskRow.status.in_(bindparam("allowed", expanding=True)),
+        TaskRow.cancel_requested_at.is_(None),
+        # The runner's own lease, or none that is live (see no_live_lease).
+        or_(
+            TaskRow.runner_id == bindparam("runner"),
+            TaskRow.runner_id.is_(None),
+            TaskRow.lease_until < bindparam("now"),
+        ),
+    )
+    .values(
+        status="running",
+        # The SET expressions read the row as it was: a runner that takes its own task
+        # again counts no new attempt.
+        attempts=case(
+            (TaskRow.runner_id == bindparam("runner"), TaskRow.attempts),
+            else_=TaskRow.attempts + 1,
+        ),
+        runner_id=bindparam("runner"),
+        lease_until=bindparam("until"),
+        started_at=func.coalesce(TaskRow.started_at, bindparam("now")),
+        updated_at=bindparam("now"),
+    )
+    .returning(*TASK_COLUMNS)
 )
 
 
@@ -82,30 +113,21 @@ class LeasesLedger(LedgerBase):
         for each in allowed:
             if each not in TASK_STATUSES:
                 raise ConfigError(f"only_from status {each!r} is not a task status")
-        values = status_values("running", {})
-        now = values["updated_at"]
-        with self._write() as session:
-            taken = session.scalar(
-                update(TaskRow)
-                .where(
-                    TaskRow.id == task_id,
-                    TaskRow.status.in_(allowed),
-                    TaskRow.cancel_requested_at.is_(None),
-                    or_(TaskRow.runner_id == runner_id, no_live_lease(now)),
-                )
-                .values(
-                    status="running",
-                    attempts=case(
-                        (TaskRow.runner_id == runner_id, TaskRow.attempts),
-                        else_=TaskRow.attempts + 1,
-                    ),
-                    runner_id=runner_id,
-                    lease_until=now + timedelta(seconds=seconds),
-                    updated_at=now,
-                )
-                .returning(TaskRow.id)
-            )
-            return None if taken is None else _updated(session, task_id, values)
+        now = utc_now()
+        # One statement in SQLAlchemy Core, built once, that returns the task: every run in
+        # process starts here (in the ORM, with the task read again, about 2.9 ms of CPU).
+        with self._write_connection() as connection:
+            taken = connection.execute(
+                _TAKE_LEASE,
+                {
+                    "row_id": task_id,
+                    "allowed": allowed,
+                    "runner": runner_id,
+                    "now": now,
+                    "until": now + timedelta(seconds=seconds),
+                },
+            ).first()
+        return None if taken is None else task_of_mapping(taken._mapping)
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Connection, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
@@ -23,20 +23,20 @@ from relaygraph.events import USAGE_COUNTS as COUNTS
 from relaygraph.store import _validate as check
 from relaygraph.store._models import TaskRow, UsageRow
 
-
-def _row(session: Session, task_id: str, agent: str) -> UsageRow:
-    row = session.get(UsageRow, (task_id, agent))
-    if row is None:
-        row = UsageRow(
-            task_id=task_id,
-            agent=agent,
-            estimated=False,
-            records={},
-            **dict.fromkeys(COUNTS, 0),
-            **dict.fromkeys(AMOUNTS, 0.0),
-        )
-        session.add(row)
-    return row
+_ADD_ROW = insert(UsageRow)
+_SET_ROW = (
+    update(UsageRow)
+    .where(UsageRow.task_id == bindparam("row_task"), UsageRow.agent == bindparam("row_agent"))
+    .values(
+        records=bindparam("records"),
+        estimated=bindparam("estimated"),
+        updated_at=bindparam("updated_at"),
+        **{name: bindparam(name) for name in (*COUNTS, *AMOUNTS)},
+    )
+)
+_ALL_RECORDS = select(UsageRow.agent, UsageRow.records).where(
+    UsageRow.task_id == bindparam("task_id")
+)
 
 
 def _figures(usage: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -48,49 +48,90 @@ def _figures(usage: Mapping[str, Any], where: str) -> dict[str, Any]:
     return values
 
 
-def add_record(
-    session: Session,
-    task_id: str,
-    usage: Mapping[str, Any],
-    now: datetime,
-    *,
-    agent: str | None = None,
-    where: str = "usage",
-) -> None:
-    """Store one usage record in its role's row (``agent``, else the record's own), in place
-    of the row's record of the same id; the row's figures become its records' sum.
+class UsageRows:
+    """A task's usage rows inside one transaction, in SQLAlchemy Core: read together when
+    they are first needed (one statement), changed in memory, and written by :meth:`write`
+    (one statement for the new rows, one for the changed ones).
 
-    Raises:
-        ConfigError: A figure is not a number of its kind (it names ``where``), or the
-            record names no role.
+    A batch of a run's events carries several records, of several roles (each supervisor
+    call sends one): read and written once per batch, the rows cost a relay-3 batch three
+    statements instead of two per record. The transaction holds the task's row locked, so
+    nothing else writes these rows meanwhile.
     """
-    role = agent or usage.get("agent")
-    if not isinstance(role, str) or not role:
-        raise ConfigError(f"{where}.agent {role!r} must name the role that spent it")
-    figures = _figures(usage, where) | {"estimated": bool(usage.get("estimated", False))}
-    row = _row(session, task_id, role)
-    record_id = usage.get("id")
-    if not isinstance(record_id, str) or not record_id:
-        # A record without an id (written by hand) is one of its own.
-        record_id = f"{role}:{len(row.records) + 1}"
-    records = {**row.records, record_id: figures}
-    row.records = records
-    for name in COUNTS:
-        setattr(row, name, sum(int(r.get(name, 0)) for r in records.values()))
-    for name in AMOUNTS:
-        setattr(row, name, sum(float(r.get(name, 0.0)) for r in records.values()))
-    row.estimated = any(bool(r.get("estimated")) for r in records.values())
-    row.updated_at = now
 
+    def __init__(self, connection: Connection, task_id: str) -> None:
+        self._connection = connection
+        self._task_id = task_id
+        self._records: dict[str, dict[str, Any]] | None = None
+        """Each role's records by record id, as the transaction leaves them (None: not
+        read yet)."""
+        self._stored: set[str] = set()
+        """The roles that have a row in the database."""
+        self._changed: dict[str, None] = {}
 
-def tokens_so_far(session: Session, task_id: str) -> int:
-    """Input plus output tokens the task's roles have used, as recorded so far."""
-    used = session.scalar(
-        select(func.coalesce(func.sum(UsageRow.input_tokens + UsageRow.output_tokens), 0)).where(
-            UsageRow.task_id == task_id
+    def _rows(self) -> dict[str, dict[str, Any]]:
+        if self._records is None:
+            found = self._connection.execute(_ALL_RECORDS, {"task_id": self._task_id})
+            self._records = {agent: dict(records) for agent, records in found}
+            self._stored = set(self._records)
+        return self._records
+
+    def add_record(
+        self, usage: Mapping[str, Any], *, agent: str | None = None, where: str = "usage"
+    ) -> None:
+        """Store one usage record in its role's row (``agent``, else the record's own), in
+        place of the row's record of the same id.
+
+        Raises:
+            ConfigError: A figure is not a number of its kind (it names ``where``), or the
+                record names no role.
+        """
+        role = agent or usage.get("agent")
+        if not isinstance(role, str) or not role:
+            raise ConfigError(f"{where}.agent {role!r} must name the role that spent it")
+        figures = _figures(usage, where) | {"estimated": bool(usage.get("estimated", False))}
+        records = self._rows().setdefault(role, {})
+        record_id = usage.get("id")
+        if not isinstance(record_id, str) or not record_id:
+            # A record without an id (written by hand) is one of its own.
+            record_id = f"{role}:{len(records) + 1}"
+        records[record_id] = figures
+        self._changed[role] = None
+
+    def tokens_so_far(self) -> int:
+        """Input plus output tokens the task's roles have used, as recorded so far (this
+        transaction's records too)."""
+        return sum(
+            int(r.get("input_tokens", 0)) + int(r.get("output_tokens", 0))
+            for records in self._rows().values()
+            for r in records.values()
         )
-    )
-    return int(used or 0)
+
+    def write(self, now: datetime) -> None:
+        """Write each changed role's row: its records, and its figures as their sum."""
+        added: list[dict[str, Any]] = []
+        changed: list[dict[str, Any]] = []
+        for role in self._changed:
+            records = self._rows()[role]
+            values: dict[str, Any] = {
+                name: sum(int(r.get(name, 0)) for r in records.values()) for name in COUNTS
+            }
+            values |= {
+                name: sum(float(r.get(name, 0.0)) for r in records.values()) for name in AMOUNTS
+            }
+            values["estimated"] = any(bool(r.get("estimated")) for r in records.values())
+            values["records"] = dict(records)
+            values["updated_at"] = now
+            if role in self._stored:
+                changed.append({"row_task": self._task_id, "row_agent": role, **values})
+            else:
+                added.append({"task_id": self._task_id, "agent": role, **values})
+        if added:
+            self._connection.execute(_ADD_ROW, added)
+        if changed:
+            self._connection.execute(_SET_ROW, changed)
+        self._stored.update(self._changed)
+        self._changed.clear()
 
 
 def project_usage(
