@@ -122,6 +122,56 @@ def test_no_broker_is_a_config_error() -> None:
         create_celery_app(WorkerSettings())
 
 
+WITHOUT_CELERY = """
+import asyncio, os, sys
+
+sys.modules["celery"] = sys.modules["kombu"] = None  # Not installed: every import fails.
+
+import httpx
+
+from relaygraph.api import ServiceSettings, create_app
+from relaygraph.errors import ConfigError
+
+settings = ServiceSettings(default_model=sys.argv[1])
+
+
+async def ready():
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return (await client.get("/readyz")).json()
+
+
+print(asyncio.run(ready()))
+os.environ["RELAYGRAPH_BROKER_URL"] = "amqp://guest:guest@127.0.0.1:5672//"
+try:
+    create_app(settings)
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_the_single_machine_server_needs_no_celery() -> None:
+    """Without the ``workers`` extra, ``serve`` is ready (it runs tasks in process); asked
+    for a broker, it names the extra to install."""
+    from .conftest import EXAMPLE_RELAY
+
+    env = {k: v for k, v in os.environ.items() if k != "RELAYGRAPH_BROKER_URL"}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CELERY, f"scripted:{EXAMPLE_RELAY}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    ready, refused = done.stdout.splitlines()[-2:]
+    assert ready == "{'status': 'ready'}"
+    assert "RELAYGRAPH_BROKER_URL is set, but the worker mode is not installed" in refused
+    assert "pip install 'relaygraph[workers]'" in refused
+
+
 def test_run_task_calls_the_hook_it_is_given_once() -> None:
     calls: list[tuple[str, int]] = []
     app = create_celery_app(WorkerSettings(broker_url=BROKER), run=lambda *args: calls.append(args))
