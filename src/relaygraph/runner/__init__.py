@@ -11,11 +11,12 @@ process (``_run``); :class:`TaskRunner` is the long-lived form the task service 
 :class:`~relaygraph.runner._task_run.TaskRun` (input, ``run_started``, stream, result, end).
 Around them: the result and a person's decision (``_result``), each role's model
 (``_models``), the team a task runs (``_teams``), the ledger of a data directory
-(``_ledger``), the checkpointer (``_checkpoint``), the ledger writes behind the graph
-(``_event_writer``), the runner's hold on its task (``_lease``: a lease in process, a
-worker's attempt in the worker mode), the compiled teams per process (``_team_cache``), the
-honest summary of a run (``_summary``), the settings every process that runs the service's
-tasks reads (``_settings``) and the teams those tasks run (``_service_teams``).
+(``_ledger``), the checkpointer (``_checkpoint``; a worker's, fenced by its attempt, in
+``_fenced_saver``), the ledger writes behind the graph (``_event_writer``), the runner's hold
+on its task (``_lease``: a lease in process, a worker's attempt in the worker mode), the
+compiled teams per process (``_team_cache``), the honest summary of a run (``_summary``), the
+settings every process that runs the service's tasks reads (``_settings``) and the teams
+those tasks run (``_service_teams``).
 """
 
 from relaygraph.runner._checkpoint import CheckpointFence, fenced_checkpoints, sqlite_checkpointer
