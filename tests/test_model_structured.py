@@ -145,6 +145,32 @@ def test_json_schema_that_works_is_kept_silently(serve: Any) -> None:
     assert learned_structured_method(server.base_url, "script-supervisor") == "json_schema"
 
 
+def test_a_structured_runnable_is_built_once_per_schema(serve: Any) -> None:
+    """A supervisor asks for its route schema at every call: the model keeps what it built,
+    and once ``auto`` has learned the server's method, asks by that method alone."""
+    server = serve(OPENAI)
+    model = load_model("openai:script-supervisor", agent="supervisor")
+    first = model.with_structured_output(SCHEMA, include_raw=True)
+    assert model.with_structured_output(dict(SCHEMA), include_raw=True) is first
+    assert model.with_structured_output(SCHEMA) is not first  # include_raw is part of the key
+    assert first.invoke(PROMPT)["parsed"] == ROUTE
+    learned = model.with_structured_output(SCHEMA, include_raw=True)
+    assert learned is not first
+    assert learned is model.with_structured_output(SCHEMA, method="json_schema", include_raw=True)
+    out = learned.invoke(PROMPT)
+    assert out == {"raw": out["raw"], "parsed": ROUTE, "parsing_error": None}
+    assert [method_of(r) for r in server.requests] == ["json_schema", "json_schema"]
+
+
+def test_a_parsing_error_is_returned_with_the_raw_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    with serve_script({"supervisor": [{"content": "not json"}]}) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        model = load_model("openai:script-supervisor?structured=json_schema", agent="supervisor")
+        out = model.with_structured_output(SCHEMA, include_raw=True).invoke(PROMPT)
+    assert out["raw"].content == "not json"
+    assert out["parsed"] is None and out["parsing_error"] is not None
+
+
 def test_a_pinned_method_is_used_as_it_is(serve: Any) -> None:
     server = serve(LLAMA_CPP_PYTHON)
     pinned = load_model("openai:script-supervisor?structured=json_mode", agent="supervisor")
