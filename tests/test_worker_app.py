@@ -197,6 +197,26 @@ def test_the_default_hook_runs_the_ledgers_task_and_drops_what_it_cannot_run() -
         app.close()
 
 
+def test_the_runtime_is_kept_while_its_settings_are_unchanged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A message does not read the settings again: the process's runtime stays while the
+    RELAYGRAPH_* variables do, and is made again when one of them changes."""
+    from relaygraph.worker import close_worker_runtime, worker_runtime
+
+    monkeypatch.setenv("RELAYGRAPH_DATABASE_URL", f"sqlite:///{tmp_path / 'one.sqlite'}")
+    try:
+        first = worker_runtime()
+        monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # not a setting
+        assert worker_runtime() is first
+        monkeypatch.setenv("RELAYGRAPH_DATABASE_URL", f"sqlite:///{tmp_path / 'two.sqlite'}")
+        second = worker_runtime()
+        assert second is not first
+        assert second.ledger.url.endswith("two.sqlite")
+    finally:
+        close_worker_runtime()
+
+
 def test_worker_argv() -> None:
     settings = WorkerSettings(broker_url=BROKER, queues=["a", "b"], concurrency=3)
     argv = worker_argv(settings, hostname="w1@box")

@@ -131,7 +131,7 @@ class WorkerRuntime:
             self._fail(task, attempt, f"error: worker crashed: {type(exc).__name__}: {exc}")
             return None
         finally:
-            self._start_next(task_id)
+            self._start_next(task_id, project_id=task.project_id)
 
     def _task(self, task_id: str) -> Task:
         project_id = self.ledger.task_owner(task_id)
@@ -149,12 +149,13 @@ class WorkerRuntime:
         except AttemptSuperseded:
             pass  # Another attempt has the task: its end is that attempt's to write.
 
-    def _start_next(self, task_id: str) -> None:
-        """Hand the task waiting next on the thread to the workers, once this one ended."""
+    def _start_next(self, task_id: str, *, project_id: str | None = None) -> None:
+        """Hand the task waiting next on the thread to the workers, once this one ended
+        (``project_id``: the task's, when the caller has read it already)."""
         if self.publish is None:
             return
         try:
-            project_id = self.ledger.task_owner(task_id)
+            project_id = project_id or self.ledger.task_owner(task_id)
             task = (
                 None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
             )
@@ -170,8 +171,18 @@ class WorkerRuntime:
 
 
 _RUNTIME: WorkerRuntime | None = None
-_RUNTIME_KEY: tuple[int, str] | None = None
+_RUNTIME_KEY: tuple[int, tuple[tuple[str, str], ...]] | None = None
 _RUNTIME_LOCK = threading.Lock()
+_SETTINGS_PREFIX = "RELAYGRAPH_"
+"""The environment variables the runner's and the worker's settings are read from (the
+names in any case, as pydantic-settings matches them)."""
+
+
+def _settings_environment() -> tuple[tuple[str, str], ...]:
+    """The variables the runtime's settings come from, as they are now."""
+    return tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(_SETTINGS_PREFIX))
+    )
 
 
 def worker_runtime(*, publish: Publish | None = None) -> WorkerRuntime:
@@ -188,13 +199,16 @@ def worker_runtime(*, publish: Publish | None = None) -> WorkerRuntime:
     from relaygraph.worker._settings import load_worker_settings
 
     global _RUNTIME, _RUNTIME_KEY
-    settings, worker = load_runner_settings(), load_worker_settings()
-    key = (os.getpid(), settings.model_dump_json() + worker.events_channel)
+    # Both settings are read from the RELAYGRAPH_* variables alone: the runtime is kept
+    # while they are unchanged, without reading and validating them again for every
+    # message (about 2 ms of CPU per task).
+    key = (os.getpid(), _settings_environment())
     with _RUNTIME_LOCK:
         if _RUNTIME is not None and key == _RUNTIME_KEY:
             if _RUNTIME.publish is None:
                 _RUNTIME.publish = publish
             return _RUNTIME
+        settings, worker = load_runner_settings(), load_worker_settings()
         if _RUNTIME is not None and _RUNTIME.pid == os.getpid():
             _RUNTIME.close()
         # A runtime inherited over a fork is dropped, not closed: its connections are the
