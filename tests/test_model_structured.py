@@ -162,6 +162,26 @@ def test_a_structured_runnable_is_built_once_per_schema(serve: Any) -> None:
     assert [method_of(r) for r in server.requests] == ["json_schema", "json_schema"]
 
 
+def test_a_schema_given_as_json_goes_without_the_sdks_parse(
+    serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's parse() has no class to fill for a JSON schema: the request goes through
+    create(), in the same body, and the parser checks the answer."""
+    import openai.resources.chat.completions as completions
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("parse() called for a JSON schema")
+
+    monkeypatch.setattr(completions.Completions, "parse", refuse)
+    server = serve(OPENAI)
+    model = load_model("openai:script-supervisor?structured=json_schema", agent="supervisor")
+    assert model.with_structured_output(SCHEMA).invoke(PROMPT) == ROUTE
+    assert (
+        server.requests[0]["response_format"]["json_schema"]["schema"]["properties"]
+        == (SCHEMA["properties"])
+    )
+
+
 def test_a_parsing_error_is_returned_with_the_raw_reply(monkeypatch: pytest.MonkeyPatch) -> None:
     with serve_script({"supervisor": [{"content": "not json"}]}) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
