@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from relaygraph.errors import ConfigError
 from relaygraph.events import run_finished_event
 from relaygraph.store._derive import BatchRows, derive, event_agent
-from relaygraph.store._engine import WRITE_OPTION, database_url, display_url, make_engine
+from relaygraph.store._engine import database_url, display_url, make_engine
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
 from relaygraph.store._models import (
@@ -70,7 +70,10 @@ class LedgerBase:
         no notices: the setting is ignored there."""
         self._engine = make_engine(self._url)
         self._reader = sessionmaker(self._engine, expire_on_commit=False)
-        self._write_engine = self._engine.execution_options(**{WRITE_OPTION: True})
+        # On SQLite, writes begin with BEGIN IMMEDIATE: an engine (and pool) of their own.
+        self._write_engine = (
+            make_engine(self._url, immediate=True) if self.dialect == "sqlite" else self._engine
+        )
         self._writer = sessionmaker(self._write_engine, expire_on_commit=False)
 
     def __repr__(self) -> str:
@@ -89,6 +92,7 @@ class LedgerBase:
     def close(self) -> None:
         """Close the connection pool; the ledger opens new connections if used again."""
         self._engine.dispose()
+        self._write_engine.dispose()
 
     def __enter__(self) -> Self:
         return self
@@ -98,7 +102,7 @@ class LedgerBase:
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply the shipped migrations up to ``revision``; does nothing when current."""
-        upgrade_engine(self._engine, revision)
+        upgrade_engine(self._write_engine, revision)
 
     def is_current(self) -> bool:
         """Whether the database has every shipped migration (a readiness check)."""

@@ -13,8 +13,6 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
-from relaygraph.store._engine import WRITE_OPTION
-
 MIGRATIONS = Path(__file__).with_name("migrations")
 VERSION_TABLE = "relaygraph_alembic_version"
 """Alembic's bookkeeping table, named so it cannot clash with another app's in a shared database."""
@@ -63,11 +61,14 @@ def migrating(engine: Engine) -> Iterator[Connection]:
     changes turns them off, outside the transaction (inside it the pragma does nothing),
     and checks them before committing.
 
+    On SQLite, give it an engine whose transactions take the write lock when they begin
+    (``make_engine(url, immediate=True)``), as the ledger's writes do.
+
     Raises:
         RuntimeError: On SQLite, the migrated rows break a foreign key; nothing is committed.
     """
     sqlite = engine.dialect.name == "sqlite"
-    with engine.execution_options(**{WRITE_OPTION: True}).connect() as connection:
+    with engine.connect() as connection:
         raw: Any = connection.connection.driver_connection
         if sqlite:
             raw.execute("PRAGMA foreign_keys=OFF")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from relaygraph.store._engine import WRITE_OPTION, database_url, make_engine
+from relaygraph.store._engine import database_url, make_engine
 from relaygraph.store._migrate import VERSION_TABLE
 from relaygraph.store._models import Base
 
@@ -39,9 +39,9 @@ def _main() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = make_engine(url)
+    engine = make_engine(url, immediate=True)
     try:
-        with engine.execution_options(**{WRITE_OPTION: True}).begin() as own:
+        with engine.begin() as own:
             _run(own)
     finally:
         engine.dispose()
