@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -102,9 +103,35 @@ def event_data(value: object) -> dict[str, Any]:
     kind = value.get("type")
     if not isinstance(kind, str) or not kind:
         raise ConfigError(f"event 'type' {kind!r} must be a non-empty string")
+    copied = _plain_json_copy(value)
+    if copied is not None:
+        return copied
     result = _json_copy(value, "event", scrub=True)
     assert isinstance(result, dict)
     return result
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False).encode
+_DECODE = json.JSONDecoder().decode
+
+
+def _plain_json_copy(value: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``value`` copied through JSON text when nothing in it needs a scrub or an error
+    message (the common case: a run's own events), else None for :func:`_json_copy`.
+
+    The encoder and decoder are C code: a relay-3 task's 17 events cost about 600 Python
+    calls less than the walk of :func:`_json_copy`. The copy must equal ``value``: a tuple
+    (which reads back as a list) or a key that is not a string (which JSON turns into one)
+    takes the walk, which keeps the list and refuses the key, naming it.
+    """
+    try:
+        text = _ENCODE(value)
+    except (TypeError, ValueError, RecursionError):
+        return None  # Something JSON cannot hold, named by the walk.
+    if "\\u0000" in text or LONE_SURROGATE.search(text):
+        return None  # NUL (JSON escapes it) or a lone surrogate: scrubbed by the walk.
+    copied = _DECODE(text)
+    return copied if isinstance(copied, dict) and copied == value else None
 
 
 def aware(value: object, field: str) -> datetime | None:
