@@ -175,9 +175,11 @@ def _breakdown(name: str, home: Path, runs: int) -> tuple[list[list[str]], int, 
         setattr(owner, attr, timed)
 
     wrap(run_module, "ledger_for", "ledger: the process's ledger (opened once)")
-    wrap(Ledger, "create_task", "ledger: create_task")
+    wrap(Ledger, "create_task", "ledger: create_task (under the runner's lease)")
     wrap(Ledger, "append_events", BATCHES)
     wrap(Ledger, "take_lease", "ledger: take_lease")
+    wrap(Ledger, "journaled_call", "ledger: tool journal read (on the graph's thread)")
+    wrap(Ledger, "journal_call", "ledger: tool journal write (on the graph's thread)")
     wrap(Ledger, "release_lease", "ledger: release_lease")
     wrap(Ledger, "end_run", "ledger: end_run (usage, status, lease, one transaction)")
     wrap(Ledger, "close", "ledger: close")
@@ -392,29 +394,36 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         f"{graph_marginal:.2f}× per extra handoff. The rest of the gap:",
         "",
         f"1. **The ledger**: run_task − graph only = {ms(net_ledger)} ms per {short} task "
-        f"({ms(net_service)} ms with a long-lived ledger) for {events} events. Since this "
-        "revision the events are written behind the graph, in batches of what queued up "
-        "within 50 ms (`src/relaygraph/runner/_event_writer.py`; one transaction per batch: about "
-        "0.4 ms per event against 1.1 ms one at a time), but that work still takes the "
-        "interpreter's lock from the graph's threads: on 2 cores the Python it runs "
-        "(SQLAlchemy's ORM: the UPDATE … RETURNING of the sequence number, the event rows, "
-        "the derived handoff, tool-call and usage rows with their SELECTs) adds to the task's "
-        "wall time. Besides the events, a task writes its row (`create_task`), takes its "
-        "lease (`take_lease`) and ends with one transaction for its usage, status and lease "
-        "(`end_run`). The process keeps its ledger (opening one per task cost about 8 ms), "
-        "its open SQLite checkpointer (`open_checkpointer(shared=True)`: opening and "
-        "closing one per run cost a few ms) and its prepared shared knowledge base; the "
-        "tool journal and the event rows are written in SQLAlchemy Core. These are fixed "
-        "per task, so the marginal cost of a handoff is on a "
-        "par with bare while a short task is not. What would close the rest: the derived "
-        "rows (handoffs, tool calls, usage) in SQLAlchemy Core too, fewer threads started "
-        "per run (event writer, lease keeper, drain watcher), or the events written by a "
-        "process of their own.",
-        "2. **A fixed cost per task**: relaygraph runs one more node (`begin`) and one more "
-        "model call (`finalize`) per task than bare, and its supervisor validates a "
-        "structured route each step. Compiling the team is no longer per task: "
-        "`TeamCache` (`src/relaygraph/runner/_team_cache.py`) compiles it once per process and key "
-        "(before, `build_team` cost about 15 ms per task).",
+        f"({ms(net_service)} ms with a long-lived ledger) for {events} events. The events "
+        "are written behind the graph, in batches of what queued up within 50 ms "
+        "(`src/relaygraph/runner/_event_writer.py`, which sleeps while it lingers: the events "
+        "of a batch do not wake it one by one), one transaction per batch; that work still "
+        "takes the interpreter's lock from the graph's threads, so on 2 cores the Python it "
+        "runs adds to the task's wall time. The ledger's hot path is SQLAlchemy Core with "
+        "statements built once: `create_task` (which, for `run_task`, records the task "
+        "running under the runner's lease, so no `take_lease` follows; the long-lived "
+        "`TaskRunner` takes one, one UPDATE … RETURNING), per batch the UPDATE … RETURNING "
+        "of the sequence numbers, the event rows, and the derived handoff, tool-call and "
+        "usage rows (a batch reads the task's usage rows once), the tool journal (a read "
+        "and a write per tool call, on the graph's thread) and `end_run` (usage, status, "
+        "lease). In the ORM these cost a relay-3 task 15 to 19 ms of CPU, in Core 4.5 to "
+        "6 (the same calls replayed on one thread, three rounds on a loaded machine); "
+        "SQLite's BEGIN comes from the dialect rather than an event listener, which made "
+        "every statement dispatch every connection event (75 Python calls per statement "
+        "instead of 38). The "
+        "process keeps its ledger (opening one per task cost about 8 ms), its open SQLite "
+        "checkpointer (`open_checkpointer(shared=True)`: opening and closing one per run "
+        "cost a few ms) and its prepared shared knowledge base. These are fixed per task, "
+        "so the marginal cost of a handoff is on a par with bare while a short task is not. "
+        "What is left: about 40 statements and 8 transactions per relay-3 task in "
+        "SQLAlchemy Core (about 40 and 75 Python calls each), two threads started per run "
+        "(event writer, lease keeper), and the run's last batch and `end_run` written one "
+        "after the other while the run waits.",
+        "2. **A fixed cost per task**: relaygraph runs one more node (`begin`) and a "
+        '`finalize` node per task (a model call only under `[finalize] answer = "model"`), '
+        "and its supervisor validates a structured route each step. Compiling the team is "
+        "no longer per task: `TeamCache` (`src/relaygraph/runner/_team_cache.py`) compiles it "
+        "once per process and key (before, `build_team` cost about 15 ms per task).",
         "",
     )
     path = home / f"{short}.json"
