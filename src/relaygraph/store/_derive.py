@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, case, insert, select, update
 
 from relaygraph._names import SUPERVISOR
 from relaygraph.events import Handoff, moved_work
@@ -159,7 +159,7 @@ _APPROVAL_BY_INTERRUPT = select(ApprovalRow.id).where(
 )
 _ADD_APPROVAL = insert(ApprovalRow)
 _UNAPPLIED_APPROVAL = (
-    select(ApprovalRow.id, ApprovalRow.decision)
+    select(ApprovalRow.id)
     .where(
         ApprovalRow.task_id == bindparam("task_id"),
         ApprovalRow.kind == "approval",
@@ -171,19 +171,17 @@ _UNAPPLIED_APPROVAL = (
     .order_by(ApprovalRow.id.desc())
     .limit(1)
 )
+_UNDECIDED = ApprovalRow.decision.is_(None)
 _APPLY_APPROVAL = (
     update(ApprovalRow)
     .where(ApprovalRow.id == bindparam("row_id"))
-    .values(applied_at=bindparam("applied_at"))
-)
-_APPLY_UNDECIDED_APPROVAL = (
-    update(ApprovalRow)
-    .where(ApprovalRow.id == bindparam("row_id"))
     .values(
+        # A request decided outside the ledger (e.g. `relaygraph resume`) takes the
+        # decision the event reports; the SET expressions read the row as it was.
+        decision=case((_UNDECIDED, bindparam("decision")), else_=ApprovalRow.decision),
+        reason=case((_UNDECIDED, bindparam("reason")), else_=ApprovalRow.reason),
+        decided_at=case((_UNDECIDED, bindparam("applied_at")), else_=ApprovalRow.decided_at),
         applied_at=bindparam("applied_at"),
-        decision=bindparam("decision"),
-        reason=bindparam("reason"),
-        decided_at=bindparam("applied_at"),
     )
 )
 
@@ -366,16 +364,11 @@ def _approval(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
                 "requested_at": now,
             },
         ).scalar_one()
-        decided = False
     else:
-        row_id, decided = found.id, found.decision is not None
-    if decided:
-        connection.execute(_APPLY_APPROVAL, {"row_id": row_id, "applied_at": now})
-        return
-    # Decided outside the ledger (e.g. `relaygraph resume`): the event says how.
+        row_id = found.id
     decision, reason = event.get("decision"), event.get("reason")
     connection.execute(
-        _APPLY_UNDECIDED_APPROVAL,
+        _APPLY_APPROVAL,
         {
             "row_id": row_id,
             "applied_at": now,
