@@ -148,6 +148,39 @@ def test_the_event_writer_lingers_for_the_events_right_behind() -> None:
     assert ledger.batches[-1] == ["final"]
 
 
+def test_a_flush_behind_a_write_in_progress_does_not_wait_out_the_linger() -> None:
+    """The writer sleeps while it lingers; a flush queued (behind an event) while the
+    writer is still writing the batch before must still wake it."""
+    written = threading.Event()
+    proceed = threading.Event()
+    batches: list[list[str]] = []
+
+    class HeldLedger:
+        def append_events(self, task_id: str, events: list[dict[str, Any]]) -> list[int]:
+            batches.append([e["type"] for e in events])
+            if len(batches) == 1:
+                written.set()
+                proceed.wait(5)
+            return []
+
+    writer = EventWriter(HeldLedger(), "task-1", lambda e: None, linger_seconds=30)
+    writer.put({"type": "route"})
+    writer.put({"type": "agent_started"})
+    flusher = threading.Thread(target=writer.flush)
+    flusher.start()
+    assert written.wait(5)  # The first batch is being written.
+    writer.put({"type": "agent_finished"})
+    start = time.monotonic()
+    done = threading.Thread(target=writer.flush)
+    done.start()
+    proceed.set()
+    done.join(10)
+    flusher.join(10)
+    assert time.monotonic() - start < 5
+    assert batches == [["route", "agent_started"], ["agent_finished"]]
+    writer.close()
+
+
 def test_a_failed_write_is_raised_on_the_runs_thread() -> None:
     ledger = _SlowLedger(fail_on="handoff")
     ledger.release.set()

@@ -91,23 +91,33 @@ class EventWriter:
         if self._error is not None:
             raise self._error
 
+    def _take_queued(self) -> list[Any]:
+        """Everything queued now. The hurry is cleared only where the queue is then seen
+        empty: a flush queues its marker before it hurries the writer, so no marker is
+        ever left in the queue with the hurry cleared (to wait out a whole linger). At
+        worst a hurry outlives its marker and the next batch lingers less."""
+        taken: list[Any] = []
+        while True:
+            self._hurry.clear()
+            before = len(taken)
+            while True:
+                try:
+                    taken.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if len(taken) == before:
+                return taken
+
     def _loop(self) -> None:
         failed = False
         while True:
-            # Cleared before the wait for a batch's first item: a flush or a close from
-            # then on ends the batch's linger.
-            self._hurry.clear()
             batch = [self._queue.get()]
             if not (batch[0] is _STOP or isinstance(batch[0], threading.Event)):
                 # Linger a moment for the events right behind the first: a batch of many
                 # costs the ledger little more than one. A flush or a close ends the wait
                 # at once.
                 self._hurry.wait(self._linger)
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch += self._take_queued()
             events = [item for item in batch if isinstance(item, dict)]
             if events and not failed:
                 try:
