@@ -24,8 +24,8 @@ from relaygraph.api.ui._charts import usage_chart
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
 from relaygraph.api.ui._queries import DailyUsage, DayUsage
 from relaygraph.api.ui._report_pages import DEFAULT_DAYS
+from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, Handoff, Ledger
-from relaygraph.tracing._timeline import PREVIEW_CHARS
 
 from .conftest import EXAMPLE_RELAY, REPO
 from .test_timeline import record_task

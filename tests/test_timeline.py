@@ -12,9 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
+from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.tracing import build_timeline, render_timeline
-from relaygraph.tracing._timeline import PREVIEW_CHARS
 
 LONG_RESULT = "a line of the document\n" * 40
 """A tool result longer than the ledger keeps."""
@@ -189,7 +189,15 @@ def test_a_run_suspended_inside_a_visit_ends_it_as_suspended(home: Path) -> None
     assert timeline["children"][2]["kind"] == "run_suspended"
 
 
-def test_the_timelines_preview_length_is_the_one_the_tools_are_cut_at() -> None:
-    from relaygraph.agents._middleware import PREVIEW_CHARS as CUT_AT
+def test_a_tool_result_event_keeps_the_preview_the_timeline_reads() -> None:
+    from relaygraph.events import tool_result_event
 
-    assert PREVIEW_CHARS == CUT_AT
+    event = tool_result_event(
+        "coder",
+        tool="run_python",
+        tool_call_id="c1",
+        status="success",
+        ran=True,
+        result="x" * (PREVIEW_CHARS + 50),
+    )
+    assert event["preview"] == "x" * PREVIEW_CHARS

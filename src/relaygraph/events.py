@@ -25,6 +25,7 @@ __all__ = [
     "EVENT_SHAPES",
     "EVENT_TYPES",
     "INTERRUPT_TYPES",
+    "PREVIEW_CHARS",
     "USAGE_AMOUNTS",
     "USAGE_COUNTS",
     "AgentFinishedEvent",
@@ -252,6 +253,11 @@ class ToolCallEvent(TypedDict):
     tool_call_id: str | None
 
 
+PREVIEW_CHARS = 300
+"""How much of a tool's result a ``tool_result`` event keeps: a preview this long was cut
+(the timeline says so), and the rest of the result is in no record."""
+
+
 class ToolResultEvent(TypedDict):
     type: Literal["tool_result"]
     agent: str
@@ -262,6 +268,7 @@ class ToolResultEvent(TypedDict):
     ran: bool
     """False for a call refused or rejected before it ran."""
     preview: str
+    """The result's first :data:`PREVIEW_CHARS` characters; the rest is in no record."""
 
 
 class ViolationEvent(TypedDict):
@@ -601,8 +608,9 @@ def tool_call_event(
 
 
 def tool_result_event(
-    agent: str, *, tool: str, tool_call_id: str | None, status: str, ran: bool, preview: str
+    agent: str, *, tool: str, tool_call_id: str | None, status: str, ran: bool, result: str
 ) -> ToolResultEvent:
+    """The event of a tool's result, its text cut to :data:`PREVIEW_CHARS`."""
     return ToolResultEvent(
         type="tool_result",
         agent=agent,
@@ -610,7 +618,7 @@ def tool_result_event(
         tool_call_id=tool_call_id,
         status=status,
         ran=ran,
-        preview=preview,
+        preview=result[:PREVIEW_CHARS],
     )
 
 

@@ -16,8 +16,6 @@ from relaygraph.events import tool_call_event, tool_result_event
 from relaygraph.handoffs import handoff_target
 from relaygraph.policies.middleware import refuse_call, was_run
 
-PREVIEW_CHARS = 300
-
 
 class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
     """Reports each tool call and its result on the custom stream, and answers refused input.
@@ -78,7 +76,7 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
                     tool_call_id=call["id"],
                     status=result.status,
                     ran=was_run(result),
-                    preview=str(result.content)[:PREVIEW_CHARS],
+                    result=str(result.content),
                 )
             )
         return result

@@ -16,14 +16,16 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from relaygraph._names import FINISH, SUPERVISOR
-from relaygraph.events import USAGE_AMOUNTS, USAGE_COUNTS, is_carried_out, transfer_of
+from relaygraph.events import (
+    PREVIEW_CHARS,
+    USAGE_AMOUNTS,
+    USAGE_COUNTS,
+    is_carried_out,
+    transfer_of,
+)
 from relaygraph.store import Ledger, RecordNotFound
 
 USAGE_KEYS = (*USAGE_COUNTS, *USAGE_AMOUNTS, "estimated")
-PREVIEW_CHARS = 300
-"""How much of a tool's result a ``tool_result`` event keeps (the agents' tool middleware
-cuts it there; this layer may not import it, and a test holds the two equal): a preview
-this long was cut, and the rest of the result is in no record."""
 _TEXT_CHARS = 100
 
 
