@@ -26,6 +26,9 @@ bound is what a service with no overhead reaches.
 The client polls as a careful client would: every 0.5 s, for one task still queued or
 running (``?status=...&limit=1``); the full task list is read once, at the end. Polling
 does not change the measured time (the ledger's clock), only the load on the API server.
+The CPU time each process used in the timed rounds is reported per task: the API servers,
+the workers with their pool processes, and the benchmark's own process (the client and the
+model double); it stays put when other work shares the machine, where tasks per second do not.
 
 Run alone: ``.venv/bin/python benchmarks/bench_service.py [--quick]``.
 """
@@ -111,6 +114,9 @@ class Round:
     cpu_seconds: float
     """CPU time the deployment's processes used in the round (API servers, workers, their
     pool processes; not PostgreSQL, RabbitMQ or the model double)."""
+    cpu_by_process: dict[str, float]
+    """CPU seconds of the round by process: the API servers, the workers (with their pool
+    processes), and this process (the client and the model double)."""
     problems: list[str]
     """The stop reasons of the tasks that did not succeed, each once."""
 
@@ -142,6 +148,13 @@ class Mode:
     def cpu_seconds_per_task(self) -> float:
         return sum(r.cpu_seconds for r in self.rounds) / sum(r.tasks for r in self.rounds)
 
+    def cpu_ms_per_task_by_process(self) -> dict[str, float]:
+        tasks = sum(r.tasks for r in self.rounds)
+        return {
+            name: 1000 * sum(r.cpu_by_process[name] for r in self.rounds) / tasks
+            for name in self.rounds[0].cpu_by_process
+        }
+
     def bound(self) -> float:
         return self.concurrency / self.model_seconds_per_task()
 
@@ -157,7 +170,7 @@ def _play(cluster: Any, url: str, key: str, prefix: str, count: int, fake: Any) 
 
     logged = len(fake.log)
     with Client(url, key, timeout=60) as client:
-        cpu = cluster.cpu_seconds()
+        by_role, own = cluster.cpu_seconds_by_role(), _own_cpu_seconds()
         started = time.time()
         with ThreadPoolExecutor(max_workers=10) as pool:
             submitted = list(
@@ -169,7 +182,9 @@ def _play(cluster: Any, url: str, key: str, prefix: str, count: int, fake: Any) 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{count} tasks not finished within {WAIT_SECONDS} s")
             time.sleep(POLL_SECONDS)
-        cpu = cluster.cpu_seconds() - cpu
+        after = cluster.cpu_seconds_by_role()
+        cpu_by_process = {name: after[name] - by_role[name] for name in after}
+        cpu_by_process["client and model double"] = _own_cpu_seconds() - own
         mine = [task for task in client.list(limit=200)["tasks"] if task["id"] in ids]
     stuck = sorted(f"{t['id']}: {t['status']}" for t in mine if t["status"] not in FINISHED)
     if len(mine) != count or stuck:
@@ -181,7 +196,14 @@ def _play(cluster: Any, url: str, key: str, prefix: str, count: int, fake: Any) 
     finished = max(_parse_time(t["finished_at"]) for t in mine)
     # The deployment's own calls: the double served nothing else during the round.
     calls = sum(1 for entry in fake.log[logged:] if entry["status"] == 200)
-    return Round(finished - started, count, statuses, calls, cpu, problems)
+    cpu = cpu_by_process["API servers"] + cpu_by_process["workers"]
+    return Round(finished - started, count, statuses, calls, cpu, cpu_by_process, problems)
+
+
+def _own_cpu_seconds() -> float:
+    """CPU time of this process so far: the client's threads and the model double's."""
+    times = os.times()
+    return times.user + times.system
 
 
 def _measure(
@@ -354,6 +376,23 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         ),
         "",
     )
+    measured_modes = [m for m in modes if m.problem is None and m.rounds]
+    if measured_modes:
+        section.add(
+            "CPU per task by process, in ms (the figure that stays put when other work "
+            "shares the machine; PostgreSQL and RabbitMQ not counted): "
+            + "; ".join(
+                f"{labels[m.name].split(':')[0]}: "
+                + ", ".join(
+                    f"{name} {ms:.1f}"
+                    for name, ms in m.cpu_ms_per_task_by_process().items()
+                    if ms  # no worker processes in process
+                )
+                for m in measured_modes
+            )
+            + ".",
+            "",
+        )
     for mode in modes:
         if mode.warmup is not None and mode.warmup.problems:
             section.add(

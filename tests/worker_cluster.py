@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -538,13 +538,25 @@ class Cluster:
     def cpu_seconds(self) -> float:
         """CPU time used so far by the cluster's live processes and all their descendants
         (pool processes, sandboxes): how much of the machine the service itself takes."""
+        return sum(self.cpu_seconds_by_role().values())
+
+    def cpu_seconds_by_role(self) -> dict[str, float]:
+        """:meth:`cpu_seconds` apart for the API servers and the workers (each with its
+        descendants: a worker's pool processes count as the worker's)."""
         parents = _parents()
-        found = {p.pid for p in [*self.servers, *self.workers] if p.running()}
-        frontier = set(found)
-        while frontier:
-            frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-            found |= frontier
-        return sum(_cpu_seconds(pid) for pid in found)
+
+        def with_descendants(processes: Sequence[Process]) -> float:
+            found = {p.pid for p in processes if p.running()}
+            frontier = set(found)
+            while frontier:
+                frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+                found |= frontier
+            return sum(_cpu_seconds(pid) for pid in found)
+
+        return {
+            "API servers": with_descendants(self.servers),
+            "workers": with_descendants(self.workers),
+        }
 
     def task_dir(self, task_id: str) -> Path:
         return self.home / "tasks" / task_id
