@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
-from relaygraph.runner._checkpoint import open_checkpointer
+from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
 from relaygraph.runner._result import RunResult
@@ -173,9 +173,11 @@ class TaskRunner:
         )
         ended = False
         try:
-            # A worker's run makes its checkpointer check the attempt (it patches it): one
-            # of its own. An in-process run shares the process's open one.
-            with open_checkpointer(self.home, shared=attempt is None) as checkpointer:
+            # A worker's run has a checkpointer of its own, fenced by its attempt (on
+            # PostgreSQL each write checks it in its own transaction) and checked at each
+            # step; an in-process run shares the process's open one.
+            fence = None if attempt is None else CheckpointFence(task_id=task.id, attempt=attempt)
+            with open_checkpointer(self.home, shared=attempt is None, fence=fence) as checkpointer:
                 if isinstance(hold, AttemptWatch):
                     _check_at_each_step(checkpointer, hold, flush=run.writer.flush)
                 graph = graph_team.copy({"checkpointer": checkpointer})
