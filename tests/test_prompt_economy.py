@@ -263,3 +263,17 @@ def test_a_model_that_writes_the_final_answer_is_always_asked(home: Path, script
     plain = run_task("go", model=script(RELAY))
     assert plain.answer.startswith("Checkpoints are written after every super-step")
     assert "finalize" not in plain.usage
+
+
+def test_the_route_schema_is_made_once_per_roster_and_handed_out_as_a_copy() -> None:
+    from relaygraph.supervisor._route import route_json_schema, route_model
+
+    schema = route_model(["researcher", "coder"], may_finish=True)
+    assert route_model(("researcher", "coder"), may_finish=True) is schema
+    assert route_model(("researcher", "coder"), may_finish=False) is not schema
+    first = route_json_schema(schema)
+    first["properties"]["next"]["enum"].append("intruder")
+    first["required"].clear()
+    again = route_json_schema(schema)
+    assert again["properties"]["next"]["enum"] == ["researcher", "coder", "FINISH"]
+    assert again["required"] == ["next", "task", "reason"]

@@ -9,6 +9,7 @@ asked once more, then the documented fallback, with the server's words in the re
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,16 @@ def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route
             it is not: a team that answers without its agents is no team, and small models
             otherwise pick FINISH at once.
     """
-    choices: Any = Literal[(*agents, FINISH)] if may_finish else Literal[tuple(agents)]
+    return _route_model(tuple(agents), may_finish)
+
+
+# The supervisor asks for its route at every step: the schema class of a roster and its
+# JSON schema are made once per roster (pydantic's create_model and model_json_schema, made
+# at every call, were about 3.6% of a worker's CPU per task); bounded, as a server may hold
+# many teams.
+@functools.lru_cache(maxsize=256)
+def _route_model(agents: tuple[str, ...], may_finish: bool) -> type[Route]:
+    choices: Any = Literal[(*agents, FINISH)] if may_finish else Literal[agents]
     return create_model(
         "Route",
         __base__=Route,
@@ -68,9 +78,15 @@ def route_json_schema(schema: type[Route]) -> dict[str, Any]:
     itself all the same. ``additionalProperties: false`` stays: a server that decodes under
     the schema then never produces a key the validation refuses.
     """
+    # A fresh copy per call (the caller may change it), from the text made once.
+    return json.loads(_route_json_text(schema))
+
+
+@functools.lru_cache(maxsize=256)
+def _route_json_text(schema: type[Route]) -> str:
     full = schema.model_json_schema()
     dropped = {"title", "description"}
-    return {
+    trimmed = {
         **{key: value for key, value in full.items() if key != "description"},
         "properties": {
             name: {
@@ -81,6 +97,7 @@ def route_json_schema(schema: type[Route]) -> dict[str, Any]:
             for name, field in full["properties"].items()
         },
     }
+    return json.dumps(trimmed)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
