@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import operator
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -33,7 +32,7 @@ from relaygraph.runner._checkpoint import open_checkpointer, postgres_conninfo
 from relaygraph.runner._fenced_saver import FencedPostgresSaver
 from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, AttemptSuperseded, Ledger
 
-from .worker_cluster import gated_coder
+from .worker_cluster import gated_coder, wait_until
 
 DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
@@ -91,12 +90,11 @@ def checkpoint_rows(thread_id: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def waited(condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
-        time.sleep(0.02)
-    return result
+    """``wait_until`` of the cluster helpers, failing the test when it times out."""
+    try:
+        return wait_until(condition, timeout, what)
+    except TimeoutError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 class Background:
