@@ -27,7 +27,7 @@ import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
-from relaygraph.runner import CheckpointFence, fenced_checkpoints
+from relaygraph.runner import CheckpointFence
 from relaygraph.runner._checkpoint import open_checkpointer, postgres_conninfo
 from relaygraph.runner._fenced_saver import FencedPostgresSaver
 from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, AttemptSuperseded, Ledger
@@ -156,7 +156,8 @@ def test_a_stale_attempt_that_wakes_up_saves_nothing_on_the_new_attempts_thread(
     task_id, dispatch = running_task(ledger)
     config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
     frozen = threading.Event()
-    with fenced_checkpoints(task_id, 1), open_checkpointer(home) as stale_saver:
+    fence = CheckpointFence(task_id=task_id, attempt=1)
+    with open_checkpointer(home, fence=fence) as stale_saver:
         assert isinstance(stale_saver, FencedPostgresSaver)
         assert stale_saver.fence == CheckpointFence(task_id=task_id, attempt=1)
         stale = two_steps(stale_saver, "attempt 1", frozen)

@@ -19,7 +19,7 @@ settings every process that runs the service's tasks reads (``_settings``) and t
 those tasks run (``_service_teams``).
 """
 
-from relaygraph.runner._checkpoint import CheckpointFence, fenced_checkpoints, sqlite_checkpointer
+from relaygraph.runner._checkpoint import CheckpointFence, sqlite_checkpointer
 from relaygraph.runner._decide import (
     Answers,
     Resume,
@@ -82,7 +82,6 @@ __all__ = [
     "check_model_spec",
     "check_request",
     "decide_task",
-    "fenced_checkpoints",
     "ledger_for",
     "load_runner_settings",
     "policy_digest",

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,25 +120,6 @@ class CheckpointFence:
     later attempt has begun."""
 
 
-_FENCE: ContextVar[CheckpointFence | None] = ContextVar("relaygraph_fence", default=None)
-
-
-@contextmanager
-def fenced_checkpoints(task_id: str, attempt: int) -> Iterator[CheckpointFence]:
-    """Fence by ``attempt`` every checkpointer on PostgreSQL that :func:`open_checkpointer`
-    opens in this context: its writes for the task are refused once another attempt began.
-
-    A worker runs the task through the runner, which opens the run's checkpointer itself;
-    this is how the worker's attempt reaches that checkpointer.
-    """
-    fence = CheckpointFence(task_id=task_id, attempt=attempt)
-    token = _FENCE.set(fence)
-    try:
-        yield fence
-    finally:
-        _FENCE.reset(token)
-
-
 @contextmanager
 def open_checkpointer(
     home: Path, *, shared: bool = False, fence: CheckpointFence | None = None
@@ -151,13 +131,12 @@ def open_checkpointer(
             :class:`_KeptSavers`) instead of one of the run's own, opened and closed here.
             Only for a run that leaves the saver as it is (a worker's run patches its own).
         fence: On PostgreSQL, the worker's attempt whose writes alone the checkpointer
-            saves (``_fenced_saver.FencedPostgresSaver``); when None, the one
-            :func:`fenced_checkpoints` set, if any. SQLite has no fence: the worker mode
+            saves (``_fenced_saver.FencedPostgresSaver``; ``TaskRunner.run`` passes its
+            ``attempt``); None: unfenced. SQLite has no fence: the worker mode
             runs on PostgreSQL only, and an in-process run holds the task's lease.
     """
     from relaygraph.store import DATABASE_URL_ENV
 
-    fence = fence if fence is not None else _FENCE.get()
     conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
     if conninfo is None:
         path = home / "checkpoints.sqlite"

@@ -98,7 +98,7 @@ class WorkerRuntime:
             The run's result; None when the message was dropped (stale, or the task must
             not run: see ``Ledger.begin_attempt``) or the attempt was superseded.
         """
-        from relaygraph.runner import CONTINUE, fenced_checkpoints
+        from relaygraph.runner import CONTINUE
 
         attempt = self.ledger.begin_attempt(
             task_id, dispatch=dispatch, worker_id=self.worker_id, max_attempts=self.max_attempts
@@ -110,16 +110,15 @@ class WorkerRuntime:
         task = self._task(task_id)
         log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
         try:
-            # The run's checkpoints are fenced by the attempt as its ledger writes are.
-            with fenced_checkpoints(task_id, attempt):
-                return self.runner.run(
-                    task,
-                    CONTINUE,
-                    attempt=attempt,
-                    # `relaygraph_team` is the project's id under its name from before
-                    # projects, deprecated (as for serve's runs).
-                    identity={"project": task.project_id, "team": task.project_id},
-                )
+            # The runner fences the run's ledger writes and checkpoints by the attempt.
+            return self.runner.run(
+                task,
+                CONTINUE,
+                attempt=attempt,
+                # `relaygraph_team` is the project's id under its name from before
+                # projects, deprecated (as for serve's runs).
+                identity={"project": task.project_id, "team": task.project_id},
+            )
         except AttemptSuperseded as exc:
             log.warning("%s", exc)
             return None
