@@ -178,3 +178,79 @@ def test_run_task_records_its_task_under_its_lease(
         assert ledger.lease_of(task.id) == (None, None) and task.attempts == 0
     finally:
         ledger.close()
+
+
+@contextmanager
+def every_statement() -> Iterator[list[str]]:
+    """Every statement any engine of the process sends while in the block (the run's ledger
+    is the process's own)."""
+    from sqlalchemy.engine import Engine
+
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+
+
+def test_a_run_that_starts_its_task_reads_no_tool_journal(tmp_path: Path) -> None:
+    """A run from the request knows the ledger has no record of its calls: it writes one
+    per completed call and reads none (a step re-run after a crash is a continued run,
+    which reads them: tests/test_tool_journal.py)."""
+    with every_statement() as seen:
+        result = run_task("x", model=f"scripted:{EXAMPLE_RELAY}", home=tmp_path)
+    assert result.status == "succeeded", result
+    reads = [s for s in seen if s.startswith("SELECT") and "FROM tool_journal" in s]
+    writes = [s for s in seen if s.startswith("INSERT INTO tool_journal")]
+    assert reads == []
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        calls = [c for c in ledger.tool_calls(result.task_id) if c.status == "success"]
+        work = [c for c in calls if not c.tool.startswith("transfer_to_")]
+        assert work and len(writes) == len(work), (writes, work)
+    finally:
+        ledger.close()
+
+
+def test_a_runs_last_events_and_its_end_commit_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def apart(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the run's end was written apart from its last events")
+
+    monkeypatch.setattr(Ledger, "end_run", apart)
+    result = run_task("x", model=f"scripted:{EXAMPLE_RELAY}", home=tmp_path)
+    assert result.status == "succeeded", result
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
+        assert task is not None
+        assert (task.status, task.answer, task.attempts) == ("succeeded", result.answer, 0)
+        assert ledger.lease_of(task.id) == (None, None)
+        assert ledger.events_after(task.id)[-1].type == "run_finished"
+        # What the visits spent is recorded with the end.
+        assert {u.agent for u in ledger.usage(task.id)} >= {"supervisor", "researcher"}
+    finally:
+        ledger.close()
+
+
+def test_an_end_with_the_last_batch_is_refused_with_it(ledger: Ledger) -> None:
+    """A bad end (an unknown status) writes neither the end nor the batch's events."""
+    from relaygraph.store import RunEnd
+
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+    with pytest.raises(ConfigError, match="'done'"):
+        ledger.append_events(task.id, [{"type": "log"}], end=RunEnd(status="done"))
+    assert ledger.events_after(task.id) == []
+    ledger.append_events(task.id, [{"type": "log"}], end=RunEnd(status="succeeded", answer="a"))
+    done = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+    assert done is not None and (done.status, done.answer, done.last_event_seq) == (
+        "succeeded",
+        "a",
+        1,
+    )

@@ -320,3 +320,57 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
     assert [(e.seq, e.type) for e in ledger.events_after(task.id)] == events
     [call] = [c for c in ledger.tool_calls(task.id) if c.tool == "run_python"]
     assert f"went {new_token}" in (call.result_preview or "")
+
+
+# 4. The fence's read sees a cancel too: the run needs no read of its own per step
+
+
+def test_a_write_tells_the_fence_of_a_cancel_asked_for(ledger: Ledger, home: Path) -> None:
+    task_id, _ = running_task(ledger)
+    with open_checkpointer(home):  # The saver's tables.
+        pass
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}
+    }
+    told: list[str] = []
+    fence = CheckpointFence(task_id=task_id, attempt=1, on_cancel=lambda: told.append("cancel"))
+    with open_checkpointer(home, fence=fence) as saver:
+        saver.put_writes(config, [("steps", ["one"])], "task-1")
+        assert told == []
+        assert ledger.request_cancel(task_id).status == "running"  # It waits for the worker.
+        saver.put_writes(config, [("steps", ["two"])], "task-2")
+        assert told == ["cancel"]
+        # The write itself is saved: the run stops at the step boundary, after its writes.
+        writes = checkpoint_rows("t")["checkpoint_writes"]
+        assert [row[2] for row in writes] == ["task-1", "task-2"]
+
+
+def test_a_workers_run_reads_no_attempt_state_per_step(
+    ledger: Ledger, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the fenced checkpointer checks the attempt and the cancel flag in each
+    write; the run's step boundaries make no read of their own (only the watch's poll)."""
+    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.team import default_team
+    from relaygraph.worker import close_worker_runtime, run_ledger_task
+    from tests.conftest import EXAMPLE_RELAY
+
+    reads: list[str] = []
+    state = Ledger.attempt_state
+
+    def counted(self: Ledger, task_id: str) -> Any:
+        reads.append(threading.current_thread().name)
+        return state(self, task_id)
+
+    monkeypatch.setattr(Ledger, "attempt_state", counted)
+    request = TaskRequest(input="x", team=default_team(), model=f"scripted:{EXAMPLE_RELAY}")
+    task = submit_task(request, ledger=ledger).task
+    try:
+        run_ledger_task(task.id, ledger.queue_for_workers(task.id))
+    finally:
+        close_worker_runtime()
+    done = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+    assert done is not None and done.status == "succeeded", done
+    # Only the watch's own thread polls (every half second); the step boundaries (more
+    # than a dozen in this task) read nothing.
+    assert [name for name in reads if not name.startswith("relaygraph-attempt-")] == []

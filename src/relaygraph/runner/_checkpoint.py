@@ -15,9 +15,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,10 @@ class CheckpointFence:
     attempt: int
     """The attempt's number (``Ledger.begin_attempt``): the task's fencing number while no
     later attempt has begun."""
+    on_cancel: Callable[[], None] | None = field(default=None, compare=False)
+    """Called when a write finds a cancel asked for in the ledger (the fence's read of the
+    task's row sees the flag too): the run stops at a step boundary without a read of its own
+    per step (``AttemptWatch.cancelled``)."""
 
 
 @contextmanager

@@ -14,6 +14,14 @@ __all__ = ["EventWriter"]
 _STOP = object()
 
 
+class _Finish(threading.Event):
+    """Queued by :meth:`EventWriter.finish`: the run's end goes with the batch it ends."""
+
+    def __init__(self, end: Any) -> None:
+        super().__init__()
+        self.end = end
+
+
 class EventWriter:
     """Writes one task's events to the ledger on a thread of its own.
 
@@ -80,6 +88,17 @@ class EventWriter:
         done.wait()
         self._raise_error()
 
+    def finish(self, end: Any) -> None:
+        """Write what is queued and the run's end (``store.RunEnd``) in the same
+        transaction (``Ledger.append_events(end=...)``), then wait until it is written
+        and every event handed on. Written apart, a run's last batch and its end were two
+        transactions one after the other while the run waited."""
+        marker = _Finish(end)
+        self._queue.put(marker)
+        self._hurry.set()
+        marker.wait()
+        self._raise_error()
+
     def close(self) -> None:
         """Write what is queued, then stop the writer's thread."""
         self._queue.put(_STOP)
@@ -119,10 +138,15 @@ class EventWriter:
                 self._hurry.wait(self._linger)
             batch += self._take_queued()
             events = [item for item in batch if isinstance(item, dict)]
-            if events and not failed:
+            finish = next((item for item in batch if isinstance(item, _Finish)), None)
+            if (events or finish is not None) and not failed:
                 try:
                     stored = [e for e in events if e.get("type") not in self._unstored]
-                    if stored:
+                    if finish is not None:
+                        self._ledger.append_events(
+                            self._task_id, stored, **self._fence, end=finish.end
+                        )
+                    elif stored:
                         self._ledger.append_events(self._task_id, stored, **self._fence)
                     for event in events:
                         self._on_written(event)

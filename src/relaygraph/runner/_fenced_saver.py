@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTEMPT_FENCE_SQL", "FencedPostgresSaver"]
 
-ATTEMPT_FENCE_SQL = "SELECT attempts FROM tasks WHERE id = %s FOR SHARE"
+ATTEMPT_FENCE_SQL = (
+    "SELECT attempts, cancel_requested_at IS NOT NULL AS cancel FROM tasks WHERE id = %s FOR SHARE"
+)
 """The task's attempt in the ledger (``tasks.attempts``, the fencing number), its row held
-until the write commits. FOR SHARE, not FOR KEY SHARE: it must wait for, and hold off, any
-change of the row (``begin_attempt`` locks it FOR UPDATE, and a plain UPDATE of the
-attempts would take only FOR NO KEY UPDATE)."""
+until the write commits, and whether a cancel waits on it (told to ``fence.on_cancel``: the
+run needs no read of its own at each step). FOR SHARE, not FOR KEY SHARE: it must wait for,
+and hold off, any change of the row (``begin_attempt`` locks it FOR UPDATE, and a plain
+UPDATE of the attempts would take only FOR NO KEY UPDATE)."""
 
 
 class FencedPostgresSaver(PostgresSaver):
@@ -86,4 +89,6 @@ class FencedPostgresSaver(PostgresSaver):
             current = None if row is None else int(row["attempts"])
             if current != self.fence.attempt:
                 raise AttemptSuperseded(self.fence.task_id, self.fence.attempt, current)
+            if row is not None and row["cancel"] and self.fence.on_cancel is not None:
+                self.fence.on_cancel()
             yield cur

@@ -29,6 +29,7 @@ from relaygraph.runner._summary import (
     summarize,
     waiting_violations,
 )
+from relaygraph.store import RunEnd
 
 if TYPE_CHECKING:
     from relaygraph.agents.context import TaskContext
@@ -248,22 +249,18 @@ class TaskRun:
         in_flight = end.in_flight[0]
         if end.drained and not self.cancelled(end):
             emit(run_suspended_event(result.stop_reason))
-            self.writer.flush()
-            self.ledger.end_run(
-                self.task.id, usage=in_flight, runner_id=self.runner_id, attempt=self.attempt
-            )
+            self.writer.finish(RunEnd(usage=in_flight, runner_id=self.runner_id))
             return
         self._report_pause(result.pending)
         emit(run_finished_event(result.status, result.stop_reason))
-        self.writer.flush()
-        self.ledger.end_run(
-            self.task.id,
-            usage=in_flight,
-            runner_id=self.runner_id,
-            status=result.status,
-            attempt=self.attempt,
-            answer=result.answer,
-            stop_reason=result.stop_reason,
+        self.writer.finish(
+            RunEnd(
+                usage=in_flight,
+                runner_id=self.runner_id,
+                status=result.status,
+                answer=result.answer,
+                stop_reason=result.stop_reason,
+            )
         )
 
     def _report_pause(self, pending: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
-from relaygraph.store import AttemptSuperseded
+from relaygraph.store import AttemptSuperseded, LedgerToolJournal
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -176,12 +176,22 @@ class TaskRunner:
             # A worker's run has a checkpointer of its own, fenced by its attempt (on
             # PostgreSQL each write checks it in its own transaction) and checked at each
             # step; an in-process run shares the process's open one.
-            fence = None if attempt is None else CheckpointFence(task_id=task.id, attempt=attempt)
+            fence = (
+                CheckpointFence(task_id=task.id, attempt=hold.attempt, on_cancel=hold.cancelled)
+                if isinstance(hold, AttemptWatch)
+                else None
+            )
             with open_checkpointer(self.home, shared=attempt is None, fence=fence) as checkpointer:
                 if isinstance(hold, AttemptWatch):
                     _check_at_each_step(checkpointer, hold, flush=run.writer.flush)
                 graph = graph_team.copy({"checkpointer": checkpointer})
                 graph_input = run.graph_input(graph, graph_input)
+                if isinstance(graph_input, Mapping) and "request" in graph_input:
+                    # The run starts the task from its request: the ledger has no record
+                    # of its tool calls (see LedgerToolJournal), so the journal reads none.
+                    journal = context.tool_journal
+                    if isinstance(journal, LedgerToolJournal):
+                        journal.starts_empty(task.id)
                 run.writer.put(run.started_event())
                 if attempt is not None:
                     # A worker whose attempt was superseded already (it froze before it
@@ -382,20 +392,29 @@ def _superseded_by(hold: LeaseKeeper | AttemptWatch, error: BaseException) -> No
 def _check_at_each_step(
     checkpointer: Any, hold: AttemptWatch, *, flush: Callable[[], None]
 ) -> None:
-    """Make ``checkpointer`` (this run's own) ask the ledger before it saves each step's
-    checkpoint, which under sync durability is the step boundary, before the next step
-    starts (in the team graph and in each agent's subgraph alike): a cancel drains the run
-    right there, and an attempt that was superseded saves nothing more and stops.
+    """Make ``checkpointer`` (this run's own) write each step's events first and stop at an
+    attempt that was superseded or a cancel, at each step's checkpoint, which under sync
+    durability is the step boundary, before the next step starts (in the team graph and in
+    each agent's subgraph alike): a cancel drains the run right there, and an attempt that
+    was superseded saves nothing more and stops.
 
     The step's events are written first (``flush``): a checkpoint saved before its step's
     events would, if the worker died in between, let the next attempt go on past a step
     whose events the ledger never got (a tool call left pending for good).
+
+    A fenced checkpointer (PostgreSQL, ``FencedPostgresSaver``) reads the task's attempt
+    and cancel flag in each write's own transaction and tells ``hold`` of a cancel (its
+    fence's ``on_cancel``), so no read is made here: a worker's run made one per step (13
+    per relay task, about a tenth of a pool process's CPU). Any other asks ``hold`` first.
     """
+    from relaygraph.runner._fenced_saver import FencedPostgresSaver
+
     save = checkpointer.put
+    fenced = isinstance(checkpointer, FencedPostgresSaver)
 
     def put(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         flush()
-        if not hold.check():
+        if not fenced and not hold.check():
             raise AttemptSuperseded(hold.task_id, hold.attempt, hold.current)
         return save(config, checkpoint, metadata, new_versions)
 

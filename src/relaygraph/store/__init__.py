@@ -13,6 +13,7 @@ package: run ``relaygraph db upgrade`` (:func:`upgrade`) or :meth:`Ledger.upgrad
 
 from relaygraph.store._engine import DATABASE_URL_ENV, database_url
 from relaygraph.store._errors import AttemptSuperseded, RecordConflict, RecordNotFound
+from relaygraph.store._journal import LedgerToolJournal
 from relaygraph.store._ledger import Ledger, hash_key
 from relaygraph.store._models import LOCAL_PROJECT_ID
 from relaygraph.store._notices import DEFAULT_CHANNEL, EventNotice
@@ -32,6 +33,7 @@ from relaygraph.store._records import (
     TeamVersion,
     ToolCall,
 )
+from relaygraph.store._usage_records import RunEnd
 
 __all__ = [
     "DATABASE_URL_ENV",
@@ -49,9 +51,11 @@ __all__ = [
     "EventNotice",
     "Handoff",
     "Ledger",
+    "LedgerToolJournal",
     "Project",
     "RecordConflict",
     "RecordNotFound",
+    "RunEnd",
     "Task",
     "TaskStatus",
     "TeamVersion",

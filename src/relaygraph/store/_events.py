@@ -23,6 +23,7 @@ from relaygraph.store._records import (
     ToolCall,
     snapshot,
 )
+from relaygraph.store._usage_records import RunEnd, end_run_in
 
 _NEXT_SEQS = (
     update(TaskRow)
@@ -58,6 +59,7 @@ class EventsLedger(LedgerBase):
         events: Sequence[Mapping[str, Any]],
         *,
         attempt: int | None = None,
+        end: RunEnd | None = None,
     ) -> list[int]:
         """Record the task's next events, in order, in one transaction (see
         :meth:`append_event`); returns their sequence numbers.
@@ -71,15 +73,20 @@ class EventsLedger(LedgerBase):
             attempt: The worker's attempt that writes (its fencing number): the events are
                 written only while the task is still on that attempt. None: unfenced (the
                 in-process runner, which holds a lease instead).
+            end: The run's end, written in the same transaction after the events (as
+                :meth:`end_run` with these arguments): a run's last batch and its end
+                commit together, one transaction less per run.
 
         Raises:
-            ConfigError: An event is not a JSON object with a ``type``; nothing is written.
+            ConfigError: An event is not a JSON object with a ``type``, or ``end`` is not
+                valid; nothing is written.
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``; nothing is
                 written.
         """
         batch = [check.event_data(event) for event in events]
-        if not batch:
+        values = None if end is None or end.status is None else end.status_values()
+        if not batch and end is None:
             return []
         now = utc_now()
         # SQLAlchemy Core, statements built once (see store/_derive.py): in the ORM a batch
@@ -90,19 +97,34 @@ class EventsLedger(LedgerBase):
             # task take their sequence numbers (and commit) strictly one after another; the
             # attempt is checked on the row it locks, so a new attempt that begins
             # meanwhile waits for this write, or this write is refused.
-            params = {"row_id": task_id, "count": len(batch), "now": now}
-            if attempt is None:
-                last = connection.execute(_NEXT_SEQS, params).scalar()
+            if not batch:
+                seqs: list[int] = []
             else:
-                last = connection.execute(
-                    _NEXT_SEQS_FENCED, {**params, "attempt": attempt}
-                ).scalar()
-            if last is None:
-                raise attempt_refusal(connection, task_id, attempt)
-            first = last - len(batch) + 1
-            add_events(connection, task_id, first, batch, now)
-            self._announce(connection, task_id, last)
-        return list(range(first, last + 1))
+                params = {"row_id": task_id, "count": len(batch), "now": now}
+                if attempt is None:
+                    last = connection.execute(_NEXT_SEQS, params).scalar()
+                else:
+                    last = connection.execute(
+                        _NEXT_SEQS_FENCED, {**params, "attempt": attempt}
+                    ).scalar()
+                if last is None:
+                    raise attempt_refusal(connection, task_id, attempt)
+                first = last - len(batch) + 1
+                add_events(connection, task_id, first, batch, now)
+                seqs = list(range(first, last + 1))
+            if end is not None:
+                end_run_in(
+                    connection,
+                    task_id,
+                    usage=end.usage,
+                    runner_id=end.runner_id,
+                    values=values,
+                    attempt=attempt,
+                    now=now,
+                )
+            if seqs:
+                self._announce(connection, task_id, seqs[-1])
+        return seqs
 
     def events_after(
         self, task_id: str, after_seq: int = 0, *, limit: int | None = None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +28,24 @@ from relaygraph.store._records import (
     FINISHED_STATUSES,
     AgentUsage,
 )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunEnd:
+    """What a run writes when it ends, given to ``Ledger.append_events(end=...)`` with the
+    run's last events (the arguments of :meth:`UsageLedger.end_run`, which says what each
+    does; the attempt is the batch's)."""
+
+    usage: Sequence[Mapping[str, Any]] = ()
+    runner_id: str | None = None
+    status: str | None = None
+    answer: str | None = None
+    stop_reason: str | None = None
+
+    def status_values(self) -> dict[str, Any]:
+        """The task's columns the status sets (ConfigError when not valid)."""
+        assert self.status is not None
+        return status_values(self.status, {"answer": self.answer, "stop_reason": self.stop_reason})
 
 
 class UsageLedger(LedgerBase):
@@ -99,37 +118,17 @@ class UsageLedger(LedgerBase):
                 written.
         """
         values = status_values(status, fields) if status is not None else None
-        now = utc_now()
         # SQLAlchemy Core, statements built once: every run ends here (in the ORM, about
         # 1.2 ms of CPU per run; in Core about 0.4 ms).
         with self._write_connection() as connection:
-            found = connection.execute(_RUN_END_STATE, {"row_id": task_id}).first()
-            if found is None:
-                raise RecordNotFound("task", task_id)
-            if attempt is not None and found.attempts != attempt:
-                raise AttemptSuperseded(task_id, attempt, found.attempts)
-            _store_records(connection, task_id, usage, now)
-            row = SimpleNamespace(**found._mapping)
-            row.updated_at = now
-            if values is not None:
-                apply_status(row, values)
-            if attempt is not None or (runner_id is not None and row.runner_id == runner_id):
-                row.runner_id = row.lease_until = None
-            if attempt is None:
-                # The run ended on its own (finished, paused or stopped cleanly): the next
-                # start is not a retry after a crash. (A worker's attempt number is its
-                # fencing number and never goes back: the next dispatch counts its starts
-                # in dispatch_attempts.)
-                row.attempts = 0
-            if row.cancel_requested_at is not None and row.status == "interrupted":
-                # A cancel asked for while the run went on to a pause: it is not waited on.
-                apply_status(
-                    row, status_values("cancelled", {"stop_reason": "cancelled by request"})
-                )
-            if row.status in FINISHED_STATUSES:
-                row.cancel_requested_at = None
-            connection.execute(
-                _END_RUN, {"row_id": task_id, **{name: getattr(row, name) for name in _RUN_END}}
+            end_run_in(
+                connection,
+                task_id,
+                usage=usage,
+                runner_id=runner_id,
+                values=values,
+                attempt=attempt,
+                now=utc_now(),
             )
 
     def usage_for_project(
@@ -199,3 +198,42 @@ def _store_records(
             raise ConfigError(f"usage[{i}] {record!r} must be a usage record (a mapping)")
         rows.add_record(record, where=f"usage[{i}]")
     rows.write(now)
+
+
+def end_run_in(
+    connection: Connection,
+    task_id: str,
+    *,
+    usage: Iterable[Mapping[str, Any]],
+    runner_id: str | None,
+    values: Mapping[str, Any] | None,
+    attempt: int | None,
+    now: datetime,
+) -> None:
+    """:meth:`UsageLedger.end_run` in ``connection``'s transaction; ``values`` are the
+    status's (``status_values``), None to leave the status as it is."""
+    found = connection.execute(_RUN_END_STATE, {"row_id": task_id}).first()
+    if found is None:
+        raise RecordNotFound("task", task_id)
+    if attempt is not None and found.attempts != attempt:
+        raise AttemptSuperseded(task_id, attempt, found.attempts)
+    _store_records(connection, task_id, usage, now)
+    row = SimpleNamespace(**found._mapping)
+    row.updated_at = now
+    if values is not None:
+        apply_status(row, values)
+    if attempt is not None or (runner_id is not None and row.runner_id == runner_id):
+        row.runner_id = row.lease_until = None
+    if attempt is None:
+        # The run ended on its own (finished, paused or stopped cleanly): the next start
+        # is not a retry after a crash. (A worker's attempt number is its fencing number
+        # and never goes back: the next dispatch counts its starts in dispatch_attempts.)
+        row.attempts = 0
+    if row.cancel_requested_at is not None and row.status == "interrupted":
+        # A cancel asked for while the run went on to a pause: it is not waited on.
+        apply_status(row, status_values("cancelled", {"stop_reason": "cancelled by request"}))
+    if row.status in FINISHED_STATUSES:
+        row.cancel_requested_at = None
+    connection.execute(
+        _END_RUN, {"row_id": task_id, **{name: getattr(row, name) for name in _RUN_END}}
+    )
