@@ -406,9 +406,10 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "running under the runner's lease, so no `take_lease` follows; the long-lived "
         "`TaskRunner` takes one, one UPDATE … RETURNING), per batch the UPDATE … RETURNING "
         "of the sequence numbers, the event rows, and the derived handoff, tool-call and "
-        "usage rows (a batch reads the task's usage rows once), the tool journal (a read "
-        "and a write per tool call, on the graph's thread) and `end_run` (usage, status, "
-        "lease). In the ORM these cost a relay-3 task 15 to 19 ms of CPU, in Core 4.5 to "
+        "usage rows (a batch reads the task's usage rows once), the tool journal (one "
+        "INSERT per tool call, on the graph's thread: a run that starts its task from the "
+        "request reads no record, the ledger cannot hold one yet) and the run's end (usage, "
+        "status, lease), written in the transaction of the run's last batch. In the ORM these cost a relay-3 task 15 to 19 ms of CPU, in Core 4.5 to "
         "6 (the same calls replayed on one thread, three rounds on a loaded machine); "
         "SQLite's BEGIN comes from the dialect rather than an event listener, which made "
         "every statement dispatch every connection event (75 Python calls per statement "
@@ -417,10 +418,9 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "checkpointer (`open_checkpointer(shared=True)`: opening and closing one per run "
         "cost a few ms) and its prepared shared knowledge base. These are fixed per task, "
         "so the marginal cost of a handoff is on a par with bare while a short task is not. "
-        "What is left: about 40 statements and 8 transactions per relay-3 task in "
-        "SQLAlchemy Core (about 40 and 75 Python calls each), two threads started per run "
-        "(event writer, lease keeper), and the run's last batch and `end_run` written one "
-        "after the other while the run waits.",
+        "What is left: about 35 statements and 6 transactions per relay-3 task in "
+        "SQLAlchemy Core (about 40 and 75 Python calls each), and two threads started per "
+        "run (event writer, lease keeper).",
         "2. **A fixed cost per task**: relaygraph runs one more node (`begin`) and a "
         '`finalize` node per task (a model call only under `[finalize] answer = "model"`), '
         "and its supervisor validates a structured route each step. Compiling the team is "
