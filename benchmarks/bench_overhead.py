@@ -418,7 +418,7 @@ def run(home: Path, *, runs: int, profile_runs: int) -> Section:
         "checkpointer (`open_checkpointer(shared=True)`: opening and closing one per run "
         "cost a few ms) and its prepared shared knowledge base. These are fixed per task, "
         "so the marginal cost of a handoff is on a par with bare while a short task is not. "
-        "What is left: about 35 statements and 6 transactions per relay-3 task in "
+        "What is left: 25 statements and 5 transactions per relay-3 task in "
         "SQLAlchemy Core (about 40 and 75 Python calls each), and two threads started per "
         "run (event writer, lease keeper).",
         "2. **A fixed cost per task**: relaygraph runs one more node (`begin`) and a "
