@@ -425,6 +425,7 @@ def test_serve_refuses_a_scripts_setting_that_is_no_folder(tmp_path: Path) -> No
 KILL_PARENT = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')"
 
 
+@pytest.mark.slow
 def test_a_task_that_kills_its_server_is_failed_after_max_attempts(
     home: Path, tmp_path: Path, script: Any
 ) -> None:
