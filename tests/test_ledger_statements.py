@@ -168,14 +168,22 @@ def test_run_task_records_its_task_under_its_lease(
         raise AssertionError("run_task took a lease after recording its task")
 
     monkeypatch.setattr(Ledger, "take_lease", no_lease)
-    result = run_task("x", model=f"scripted:{EXAMPLE_RELAY}", home=tmp_path)
-    assert result.status == "succeeded", result
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    try:
-        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
-        assert task is not None and task.status == "succeeded"
+    with relay_run(tmp_path) as (ledger, task):
+        assert task.status == "succeeded"
         # The run ended on its own: its lease is given up and its attempts start over.
         assert ledger.lease_of(task.id) == (None, None) and task.attempts == 0
+
+
+@contextmanager
+def relay_run(home: Path) -> Iterator[tuple[Ledger, Any]]:
+    """Run the shipped relay example with ``run_task``; its ledger and finished task."""
+    result = run_task("x", model=f"scripted:{EXAMPLE_RELAY}", home=home)
+    assert result.status == "succeeded", result
+    ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
+    try:
+        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
+        assert task is not None
+        yield ledger, task
     finally:
         ledger.close()
 
@@ -202,19 +210,13 @@ def test_a_run_that_starts_its_task_reads_no_tool_journal(tmp_path: Path) -> Non
     """A run from the request knows the ledger has no record of its calls: it writes one
     per completed call and reads none (a step re-run after a crash is a continued run,
     which reads them: tests/test_tool_journal.py)."""
-    with every_statement() as seen:
-        result = run_task("x", model=f"scripted:{EXAMPLE_RELAY}", home=tmp_path)
-    assert result.status == "succeeded", result
-    reads = [s for s in seen if s.startswith("SELECT") and "FROM tool_journal" in s]
-    writes = [s for s in seen if s.startswith("INSERT INTO tool_journal")]
-    assert reads == []
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    try:
-        calls = [c for c in ledger.tool_calls(result.task_id) if c.status == "success"]
+    with every_statement() as seen, relay_run(tmp_path) as (ledger, task):
+        reads = [s for s in seen if s.startswith("SELECT") and "FROM tool_journal" in s]
+        writes = [s for s in seen if s.startswith("INSERT INTO tool_journal")]
+        assert reads == []
+        calls = [c for c in ledger.tool_calls(task.id) if c.status == "success"]
         work = [c for c in calls if not c.tool.startswith("transfer_to_")]
         assert work and len(writes) == len(work), (writes, work)
-    finally:
-        ledger.close()
 
 
 def test_a_runs_last_events_and_its_end_commit_together(
@@ -224,19 +226,13 @@ def test_a_runs_last_events_and_its_end_commit_together(
         raise AssertionError("the run's end was written apart from its last events")
 
     monkeypatch.setattr(Ledger, "end_run", apart)
-    result = run_task("x", model=f"scripted:{EXAMPLE_RELAY}", home=tmp_path)
-    assert result.status == "succeeded", result
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    try:
-        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
-        assert task is not None
-        assert (task.status, task.answer, task.attempts) == ("succeeded", result.answer, 0)
+    with relay_run(tmp_path) as (ledger, task):
+        assert (task.status, task.attempts) == ("succeeded", 0)
+        assert task.answer
         assert ledger.lease_of(task.id) == (None, None)
         assert ledger.events_after(task.id)[-1].type == "run_finished"
         # What the visits spent is recorded with the end.
         assert {u.agent for u in ledger.usage(task.id)} >= {"supervisor", "researcher"}
-    finally:
-        ledger.close()
 
 
 def test_an_end_with_the_last_batch_is_refused_with_it(ledger: Ledger) -> None:
