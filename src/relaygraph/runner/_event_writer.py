@@ -142,12 +142,9 @@ class EventWriter:
             if (events or finish is not None) and not failed:
                 try:
                     stored = [e for e in events if e.get("type") not in self._unstored]
-                    if finish is not None:
-                        self._ledger.append_events(
-                            self._task_id, stored, **self._fence, end=finish.end
-                        )
-                    elif stored:
-                        self._ledger.append_events(self._task_id, stored, **self._fence)
+                    given = self._fence if finish is None else {**self._fence, "end": finish.end}
+                    if stored or finish is not None:
+                        self._ledger.append_events(self._task_id, stored, **given)
                     for event in events:
                         self._on_written(event)
                 except BaseException as exc:  # Raised on the run's thread, not lost here.

@@ -70,14 +70,11 @@ class LeaseKeeper:
             if self._cancel is not None and not self._cancel.is_set():
                 try:
                     if self._ledger.cancel_requested(self._task_id):
-                        self.cancelled()
+                        self._cancelled()
                 except Exception:  # As for the renewal: the next round may work.
                     log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
 
-    def cancelled(self) -> None:
-        """The ledger asks for the run to be cancelled (read here, or by the run's fenced
-        checkpointer at a write): ``cancel`` is set and the ``when_cancelled`` callbacks run,
-        once."""
+    def _cancelled(self) -> None:
         with self._lock:
             if self._cancel is None or self._cancel.is_set():
                 return

@@ -96,7 +96,8 @@ class ToolJournalLedger(LedgerBase):
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
-        """This ledger as a task's tool journal (``TaskContext.tool_journal``), unfenced."""
+        """This ledger as a task's tool journal (``TaskContext.tool_journal``), unfenced: a
+        new one at each call, one per run (it keeps what its run recorded)."""
         return LedgerToolJournal(self)
 
     def attempt_journal(self, attempt: int) -> LedgerToolJournal:
