@@ -16,10 +16,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 _SETUP_DONE: set[str] = set()
 _SETUP_LOCK = threading.Lock()
@@ -60,35 +62,38 @@ def postgres_conninfo(url: str) -> str | None:
     return f"postgresql://{rest}"
 
 
-class _KeptSavers:
-    """The process's open SQLite checkpointers, one per file, the most recently used kept.
+class _Kept(Generic[T]):
+    """Things the process keeps open between runs, one per key, the most recently used kept.
 
-    Opening a SqliteSaver (connect, WAL, checks) and closing it (the last connection to a
-    WAL file checkpoints it) cost a run a few milliseconds; in-process runs share one per
-    file instead. SqliteSaver serialises its use of the connection with a lock of its own,
-    so runs on several threads may share it. At most ``keep`` files stay open (a process
-    with many data directories, a test session, does not pile up open files); one dropped
-    while runs use it is closed when the last of them ends.
+    Two kinds: SQLite checkpointers, one per file (opening a SqliteSaver, with connect, WAL
+    and checks, and closing it, where the last connection to a WAL file checkpoints it,
+    cost a run a few milliseconds; SqliteSaver serialises its use of the connection with a
+    lock of its own, so runs on several threads share it), and pools of PostgreSQL
+    connections for checkpointers, one per database (see :func:`_postgres_pool`). At most
+    ``keep`` keys stay open (a process with many data directories or databases, a test
+    session, does not pile up open files and connections); one dropped while runs use it is
+    closed when the last of them ends. A forked child (Celery's prefork pool) keeps none of
+    its parent's: their connections are the parent's sockets (:meth:`forget`).
     """
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, opener: Callable[[str], AbstractContextManager[T]], keep: int = 4) -> None:
         self.keep = keep
+        self._opener = opener
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[Any, Any]] = {}  # path -> (saver, its context manager)
+        self._open: dict[str, tuple[T, AbstractContextManager[T]]] = {}
         self._users: dict[int, int] = {}
-        self._dropped: dict[int, Any] = {}
+        self._dropped: dict[int, AbstractContextManager[T]] = {}
 
     @contextmanager
-    def use(self, path: Path) -> Iterator[Any]:
-        key = str(Path(path).resolve())
+    def use(self, key: str) -> Iterator[T]:
         with self._lock:
             kept = self._open.pop(key, None)
             if kept is None:
-                manager = sqlite_checkpointer(path)
+                manager = self._opener(key)
                 kept = (manager.__enter__(), manager)
             self._open[key] = kept  # The most recently used last.
-            saver = kept[0]
-            self._users[id(saver)] = self._users.get(id(saver), 0) + 1
+            thing = kept[0]
+            self._users[id(thing)] = self._users.get(id(thing), 0) + 1
             while len(self._open) > self.keep:
                 old = self._open.pop(next(iter(self._open)))
                 if self._users.get(id(old[0]), 0):
@@ -96,18 +101,64 @@ class _KeptSavers:
                 else:
                     old[1].__exit__(None, None, None)
         try:
-            yield saver
+            yield thing
         finally:
             with self._lock:
-                self._users[id(saver)] -= 1
-                if not self._users[id(saver)]:
-                    del self._users[id(saver)]
-                    dropped = self._dropped.pop(id(saver), None)
+                self._users[id(thing)] -= 1
+                if not self._users[id(thing)]:
+                    del self._users[id(thing)]
+                    dropped = self._dropped.pop(id(thing), None)
                     if dropped is not None:
                         dropped.__exit__(None, None, None)
 
+    def forget(self) -> None:
+        """In a forked child: drop what the parent opened, unclosed (closing a connection
+        would end the parent's session on the socket they share). Referenced for good, so
+        no finalizer closes them either."""
+        _INHERITED.append((self._open, self._dropped))
+        self._lock = threading.Lock()
+        self._open, self._users, self._dropped = {}, {}, {}
 
-_KEPT = _KeptSavers()
+
+_INHERITED: list[Any] = []
+"""What forked children inherited of their parent's kept things, never closed."""
+
+
+@contextmanager
+def _postgres_pool(conninfo: str) -> Iterator[Any]:
+    """A psycopg_pool pool of checkpointer connections to ``conninfo``, closed after.
+
+    A checkpointer on a connection of its own per run cost every worker task a new server
+    backend and a fresh parse of each statement the saver prepares (``prepare_threshold=0``,
+    as ``PostgresSaver.from_conn_string`` connects): half of PostgreSQL's CPU per task in the
+    worker-mode benchmark. The pool starts empty and grows on demand (a worker's pool
+    process runs one task at a time; ``serve --workers N`` on PostgreSQL up to N); each
+    connection is checked before it is lent (a restarted server costs no run) and kept
+    while used (``max_idle``). The options are ``from_conn_string``'s.
+    """
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(
+        conninfo,
+        min_size=0,
+        max_size=POSTGRES_POOL_SIZE,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        check=ConnectionPool.check_connection,
+        name="relaygraph-checkpoints",
+        open=True,
+    ) as pool:
+        yield pool
+
+
+POSTGRES_POOL_SIZE = 64
+"""Connections at most in a process's pool for one database: runs at once beyond it wait
+(psycopg_pool's timeout, 30 s) for one to come back."""
+
+_KEPT: _Kept[Any] = _Kept(lambda path: sqlite_checkpointer(Path(path)))
+_POOLS: _Kept[Any] = _Kept(_postgres_pool)
+os.register_at_fork(after_in_child=_KEPT.forget)
+os.register_at_fork(after_in_child=_POOLS.forget)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,7 +183,7 @@ def open_checkpointer(
 
     Args:
         shared: On SQLite, the process's open checkpointer of the file (see
-            :class:`_KeptSavers`) instead of one of the run's own, opened and closed here.
+            :class:`_Kept`) instead of one of the run's own, opened and closed here.
             Only for a run that leaves the saver as it is (a worker's run patches its own).
         fence: On PostgreSQL, the worker's attempt whose writes alone the checkpointer
             saves (``_fenced_saver.FencedPostgresSaver``; ``TaskRunner.run`` passes its
@@ -144,18 +195,19 @@ def open_checkpointer(
     conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
     if conninfo is None:
         path = home / "checkpoints.sqlite"
-        with _KEPT.use(path) if shared else sqlite_checkpointer(path) as saver:
+        with _KEPT.use(str(path.resolve())) if shared else sqlite_checkpointer(path) as saver:
             yield saver
         return
     from langgraph.checkpoint.postgres import PostgresSaver
 
     from relaygraph.runner._fenced_saver import FencedPostgresSaver
 
-    with (
-        PostgresSaver.from_conn_string(conninfo)
-        if fence is None
-        else FencedPostgresSaver.for_attempt(conninfo, fence)
-    ) as saver:
+    with _POOLS.use(conninfo) as pool, pool.connection() as connection:
+        saver = (
+            PostgresSaver(connection)
+            if fence is None
+            else FencedPostgresSaver(connection, fence=fence)
+        )
         with _SETUP_LOCK:
             # setup() runs the saver's own migrations; once per database per process, and
             # one process at a time: the first runs of new worker processes on a new
