@@ -291,21 +291,15 @@ def _service_cpu_seconds() -> dict[str, float]:
     /proc: their own time and that of their children that have ended (a PostgreSQL backend
     of a closed connection counts in the postmaster's children's time), so a process that
     ends between two readings is not lost."""
+    from tests.worker_cluster import process_stats
+
     spent = dict.fromkeys(dict.fromkeys(SERVICE_PROCESSES.values()), 0.0)
     tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        owner = SERVICE_PROCESSES.get(stat[stat.index("(") + 1 : stat.rindex(")")])
-        if owner is None:
-            continue
-        # utime, stime, cutime, cstime: fields 14-17 of stat, counted from the state (3rd).
-        fields = stat[stat.rindex(")") + 2 :].split()
-        spent[owner] += sum(int(f) for f in fields[11:15]) / tick
+    for _, name, fields in process_stats():
+        owner = SERVICE_PROCESSES.get(name)
+        if owner is not None:
+            # utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 from the state.
+            spent[owner] += sum(int(f) for f in fields[11:15]) / tick
     return spent
 
 

@@ -331,9 +331,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _parents() -> dict[int, int]:
-    """Every process's parent, from /proc."""
-    parents = {}
+def process_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """Every process's id, command name and the fields of its /proc stat that follow the
+    name, from the state (the stat's 3rd field) on; a process gone while read is left out."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -342,9 +342,13 @@ def _parents() -> dict[int, int]:
         except OSError:
             continue
         # The command name is in parentheses and may contain anything; fields follow it.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-    return parents
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        yield int(entry.name), name, stat[stat.rindex(")") + 2 :].split()
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc."""
+    return {pid: int(fields[1]) for pid, _, fields in process_stats()}
 
 
 def process_gone(pid: int) -> bool:
