@@ -250,3 +250,56 @@ def test_an_end_with_the_last_batch_is_refused_with_it(ledger: Ledger) -> None:
         "a",
         1,
     )
+
+
+def test_a_served_task_takes_its_lease_once(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's worker takes a queued task's lease, and the run goes on under it: one
+    lease taken per start, whether the task was queued or waited on a decision."""
+    import threading
+
+    from relaygraph.api._workers import TaskWorkers
+    from relaygraph.runner import ledger_for
+    from tests.test_containment import runnable
+
+    ledger = ledger_for(home)
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "writer", "task": "write", "reason": "a line"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "written"}},
+            ],
+            "writer": [{"content": "One line."}],
+        }
+    )
+    project, _ = ledger.create_project("p")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    taken: list[str] = []
+    take = Ledger.take_lease
+
+    def counted(self: Ledger, task_id: str, *args: Any, **kwargs: Any) -> Any:
+        taken.append(task_id)
+        return take(self, task_id, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "take_lease", counted)
+    workers = TaskWorkers(ledger, home=home, workers=1, sandbox_isolation_required=False)
+    done = threading.Event()
+    ran = workers.runner.run
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return ran(*args, **kwargs)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(workers.runner, "run", run)
+    try:
+        workers.enqueue(task.id)
+        assert done.wait(120), "the task never ran"
+    finally:
+        workers.shutdown()
+    stored = ledger.get_task(task.id, project_id=project.id)
+    assert stored is not None and stored.status == "succeeded", stored.stop_reason
+    assert (stored.attempts, ledger.lease_of(task.id)) == (0, (None, None))
+    assert taken == [task.id]

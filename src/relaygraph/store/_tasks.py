@@ -156,9 +156,13 @@ class TasksLedger(LedgerBase):
 
     def get_task(self, task_id: str, *, project_id: str) -> Task | None:
         """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
-        with self._read() as session:
-            row = session.get(TaskRow, task_id)
-            return task_of_row(row) if row is not None and row.project_id == project_id else None
+        # In SQLAlchemy Core, the statement built once: every served task is read by id
+        # when it is handed to a worker, and every poll of a task reads it.
+        with self._read_connection() as connection:
+            found = connection.execute(
+                _TASK, {"task_id": task_id, "project_id": project_id}
+            ).first()
+        return None if found is None else task_of_mapping(found._mapping)
 
     def list_tasks(
         self,
@@ -226,8 +230,8 @@ class TasksLedger(LedgerBase):
         For the operator's own tools (``relaygraph trace``), which read every project's
         tasks; the API looks tasks up by project instead.
         """
-        with self._read() as session:
-            return session.scalar(select(TaskRow.project_id).where(TaskRow.id == task_id))
+        with self._read_connection() as connection:
+            return connection.execute(_TASK_OWNER, {"task_id": task_id}).scalar()
 
     def task_by_idempotency_key(self, project_id: str, key: str) -> Task | None:
         """The project's task created with Idempotency-Key ``key``, if any."""
@@ -260,18 +264,12 @@ class TasksLedger(LedgerBase):
     def active_task_on_thread(self, thread_id: str, *, project_id: str) -> Task | None:
         """The project's oldest task on the thread that is queued, running or waiting for a
         person."""
-        with self._read() as session:
-            row = session.scalars(
-                select(TaskRow)
-                .where(
-                    TaskRow.project_id == project_id,
-                    TaskRow.thread_id == thread_id,
-                    TaskRow.status.in_(("queued", "running", "interrupted")),
-                )
-                .order_by(TaskRow.created_at, TaskRow.id)
-                .limit(1)
+        # Core, built once: asked before and after every served task runs.
+        with self._read_connection() as connection:
+            found = connection.execute(
+                _ACTIVE_ON_THREAD, {"project_id": project_id, "thread": thread_id}
             ).first()
-            return task_of_row(row) if row is not None else None
+        return None if found is None else task_of_mapping(found._mapping)
 
     def set_status(
         self, task_id: str, status: str, *, attempt: int | None = None, **fields: str | None
@@ -326,6 +324,20 @@ _PROJECT = select(ProjectRow.id).where(ProjectRow.id == bindparam("project_id"))
 _ADD_TASK = insert(cast("Table", TaskRow.__table__))
 _BY_IDEMPOTENCY_KEY = select(*TASK_COLUMNS, TaskRow.request_digest).where(
     TaskRow.project_id == bindparam("project_id"), TaskRow.idempotency_key == bindparam("key")
+)
+_TASK = select(*TASK_COLUMNS).where(
+    TaskRow.id == bindparam("task_id"), TaskRow.project_id == bindparam("project_id")
+)
+_TASK_OWNER = select(TaskRow.project_id).where(TaskRow.id == bindparam("task_id"))
+_ACTIVE_ON_THREAD = (
+    select(*TASK_COLUMNS)
+    .where(
+        TaskRow.project_id == bindparam("project_id"),
+        TaskRow.thread_id == bindparam("thread"),
+        TaskRow.status.in_(("queued", "running", "interrupted")),
+    )
+    .order_by(TaskRow.created_at, TaskRow.id)
+    .limit(1)
 )
 _THREAD_CHECKPOINTS = (
     select(TaskRow.checkpoint_thread)
