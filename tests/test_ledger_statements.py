@@ -300,6 +300,7 @@ def test_a_served_task_takes_its_lease_once(
     finally:
         workers.shutdown()
     stored = ledger.get_task(task.id, project_id=project.id)
-    assert stored is not None and stored.status == "succeeded", stored.stop_reason
+    assert stored is not None
+    assert stored.status == "succeeded", stored.stop_reason
     assert (stored.attempts, ledger.lease_of(task.id)) == (0, (None, None))
     assert taken == [task.id]
