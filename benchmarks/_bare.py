@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -93,7 +93,7 @@ class TurnModel(BaseChatModel):
 
 
 def build_bare_team(
-    models: dict[str, BaseChatModel],
+    models: Mapping[str, BaseChatModel],
     *,
     output_mode: str = "full_history",
     checkpointer: Any = None,
@@ -118,7 +118,9 @@ def build_bare_team(
     ]
     roster = "\n".join(f"- {n}: {agents[n].description}" for n in names)
     workflow = create_supervisor(
-        workers,
+        # A compiled create_agent graph is a Pregel; langgraph-supervisor's annotation asks
+        # for a Pregel with no context schema, which these (on TaskContext) are not.
+        workers,  # type: ignore[arg-type]
         model=models["supervisor"],
         prompt=SUPERVISOR_PROMPT.format(roster=roster),
         output_mode=output_mode,  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -454,7 +454,7 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self._httpd = _Server(("127.0.0.1", 0), _Handler, self)
         host, port = self._httpd.server_address[:2]
-        self.base_url = f"http://{host}:{port}/v1"
+        self.base_url = f"http://{host!s}:{port}/v1"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -803,7 +803,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            parts = []
+            parts: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:
@@ -981,8 +981,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(err.status, err.body)
             return
         except Exception as exc:  # a server bug: fail the test at once, without retries
-            err = _APIError(500, f"fake OpenAI server error: {exc!r}", type_="server_error")
-            self._send_json(500, err.body, {"x-should-retry": "false"})
+            bug = _APIError(500, f"fake OpenAI server error: {exc!r}", type_="server_error")
+            self._send_json(500, bug.body, {"x-should-retry": "false"})
             return
         try:
             if chunks is None:
@@ -1012,3 +1012,31 @@ def serve_script(
         yield server
     finally:
         server.close()
+
+
+@contextmanager
+def script_servers(
+    script: dict[str, Any], setenv: Callable[[str, str], None]
+) -> Iterator[Callable[..., FakeOpenAI]]:
+    """A starter of servers of ``script`` (each with its own faults and options) for a
+    test's ``openai:`` models: the newest started is ``OPENAI_BASE_URL`` (through
+    ``setenv``, a ``monkeypatch.setenv``); all are closed when the block ends."""
+    with ExitStack() as stack:
+
+        def start(faults: Faults | None = None, **kwargs: Any) -> FakeOpenAI:
+            server = stack.enter_context(serve_script(script, faults=faults, **kwargs))
+            setenv("OPENAI_BASE_URL", server.base_url)
+            return server
+
+        yield start
+
+
+def quick_retries(monkeypatch: Any) -> None:
+    """For a retry test: backoff without Retry-After shrinks to 10 ms (a server's
+    Retry-After is kept), and no proxy from the environment stands between the model and
+    the local server."""
+    from relaygraph.models._retry import RetryPolicy
+
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.01)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)

@@ -16,9 +16,8 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from relaygraph.models import load_model
-from relaygraph.models._retry import RetryPolicy
 
-from .openai_server import FakeOpenAI, Faults, serve_script
+from .openai_server import FakeOpenAI, Faults, quick_retries, script_servers
 from .test_model_retry import in_graph
 
 SCRIPT = {
@@ -29,25 +28,13 @@ SCRIPT = {
 
 @pytest.fixture(autouse=True)
 def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.01)
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+    quick_retries(monkeypatch)
 
 
 @pytest.fixture
 def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., FakeOpenAI]]:
-    contexts: list[Any] = []
-
-    def start(faults: Faults | None = None) -> FakeOpenAI:
-        context = serve_script(SCRIPT, faults=faults)
-        server = context.__enter__()
-        contexts.append(context)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        return server
-
-    yield start
-    for context in contexts:
-        context.__exit__(None, None, None)
+    with script_servers(SCRIPT, monkeypatch.setenv) as start:
+        yield start
 
 
 def test_models_of_one_server_share_one_client(monkeypatch: pytest.MonkeyPatch) -> None:

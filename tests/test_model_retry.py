@@ -15,9 +15,15 @@ from langchain_core.messages import AIMessage
 from langgraph.graph import END, START, StateGraph
 
 from relaygraph.models import ModelCallError, load_model
-from relaygraph.models._retry import RetryPolicy, retry_after
+from relaygraph.models._retry import retry_after
 
-from .openai_server import LLAMA_CPP_PYTHON, FakeOpenAI, Faults, serve_script
+from .openai_server import (
+    LLAMA_CPP_PYTHON,
+    FakeOpenAI,
+    Faults,
+    quick_retries,
+    script_servers,
+)
 
 SCRIPT = {
     "researcher": [
@@ -30,26 +36,13 @@ SCRIPT = {
 
 @pytest.fixture(autouse=True)
 def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Backoff without Retry-After shrinks to 10 ms; a server's Retry-After is kept."""
-    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.01)
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+    quick_retries(monkeypatch)
 
 
 @pytest.fixture
 def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., FakeOpenAI]]:
-    servers: list[Any] = []
-
-    def start(faults: Faults | None = None, **kwargs: Any) -> FakeOpenAI:
-        context = serve_script(SCRIPT, faults=faults, **kwargs)
-        server = context.__enter__()
-        servers.append(context)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        return server
-
-    yield start
-    for context in servers:
-        context.__exit__(None, None, None)
+    with script_servers(SCRIPT, monkeypatch.setenv) as start:
+        yield start
 
 
 class _State(TypedDict, total=False):
