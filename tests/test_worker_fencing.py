@@ -427,3 +427,53 @@ def test_a_worker_whose_attempt_was_superseded_writes_nothing_more(
     task = task_of(ledger, task_id)
     assert (task.status, task.last_event_seq, task.attempts) == ("running", 0, 2)
     assert ledger.usage(task_id) == []
+
+
+def test_a_superseded_attempts_tool_call_never_runs(ledger: Ledger, tmp_path: Path) -> None:
+    """A worker that froze between steps and woke after the task went to another attempt:
+    its next tool call is refused before the tool runs, so it changes nothing in the
+    task's workspace (the new attempt's now); the latest attempt's call runs."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    from relaygraph.agents import TaskContext
+    from relaygraph.agents._journal import ToolJournalMiddleware
+    from relaygraph.backends.workspace import Workspace
+
+    task_id = queued(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    assert begin(ledger, task_id, dispatch) == 1
+    base = TaskContext.for_task(tmp_path, task_id=task_id, thread_id="t")
+    base.workspace.mkdir(parents=True)
+    call = {"name": "write_file", "args": {"path": "out.txt"}, "id": "call-1", "type": "tool_call"}
+    ran: list[int] = []
+
+    def tool_call(attempt: int) -> Any:
+        context = dataclasses.replace(base, tool_journal=ledger.attempt_journal(attempt))
+        journal = context.tool_journal
+        assert journal is not None
+        journal.starts_empty(task_id)  # type: ignore[attr-defined]  # a run from the request
+        request = ToolCallRequest(
+            tool_call=call,  # type: ignore[arg-type]
+            tool=None,
+            state={},
+            runtime=SimpleNamespace(context=context),  # type: ignore[arg-type]
+        )
+
+        def handler(_request: Any) -> Any:
+            from langchain_core.messages import ToolMessage
+
+            ran.append(attempt)
+            Workspace(context.workspace).write_text("out.txt", f"attempt {attempt}")
+            return ToolMessage(content="written", tool_call_id="call-1", name="write_file")
+
+        return ToolJournalMiddleware("coder").wrap_tool_call(request, handler)
+
+    assert begin(ledger, task_id, dispatch) == 2  # Redelivered while attempt 1 froze.
+    with pytest.raises(AttemptSuperseded):
+        tool_call(1)
+    assert ran == [] and not (base.workspace / "out.txt").exists()
+    assert tool_call(2).content == "written"
+    assert ran == [2] and (base.workspace / "out.txt").read_text() == "attempt 2"

@@ -36,6 +36,22 @@ class ToolJournalLedger(LedgerBase):
             record = connection.scalar(_RECORD_OF, {"task_id": task_id, "call_id": call_id})
         return dict(record) if record is not None else None
 
+    def check_attempt(self, task_id: str, attempt: int) -> None:
+        """Raise unless the task is still on the worker's ``attempt``: asked before each of
+        the attempt's tool calls runs, so that a worker that froze and woke after the task
+        went on to another attempt changes no file of the task's workspace.
+
+        Raises:
+            RecordNotFound: No such task.
+            AttemptSuperseded: The task is on another attempt than ``attempt``.
+        """
+        with self._read_connection() as connection:
+            current = connection.execute(_ATTEMPTS, {"task_id": task_id}).scalar()
+        if current is None:
+            raise RecordNotFound("task", task_id)
+        if current != attempt:
+            raise AttemptSuperseded(task_id, attempt, current)
+
     def journal_call(
         self,
         task_id: str,
@@ -124,6 +140,12 @@ class LedgerToolJournal:
     this journal made (a step LangGraph runs again within the run finds them), not from the
     ledger: a relay-3 task reads the journal twice, about 0.7 ms each on the graph's thread.
     A stale attempt that wakes cannot add records meanwhile: its writes are fenced.
+
+    A worker's attempt's journal (``attempt``) also asks the ledger at each :meth:`get`,
+    which the journal middleware makes before the call runs, whether the task is still on
+    the attempt (:meth:`ToolJournalLedger.check_attempt`): a stale attempt's tool never
+    runs, and the workspace it would change is the new attempt's. A call already running
+    when the task moved on is not stopped by this; its record is refused.
     """
 
     __slots__ = ("_made", "attempt", "ledger")
@@ -140,6 +162,8 @@ class LedgerToolJournal:
         self._made.setdefault(task_id, {})
 
     def get(self, task_id: str, call_id: str) -> dict[str, Any] | None:
+        if self.attempt is not None:
+            self.ledger.check_attempt(task_id, self.attempt)
         made = self._made.get(task_id)
         if made is not None:
             return made.get(call_id)
