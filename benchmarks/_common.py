@@ -193,7 +193,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def verdict_word(met: bool | None) -> str:
-    return {True: "**met**", False: "**NOT met**", None: "not measured"}[met]
+    """A target's result; None: no verdict (a figure reported with no target, or one that
+    could not be measured, which the *measured* column says)."""
+    return {True: "**met**", False: "**NOT met**", None: "no verdict"}[met]
 
 
 # -- environment ----------------------------------------------------------------------------

@@ -64,7 +64,7 @@ sys.path.insert(0, str(HERE))
 if str(HERE.parent) not in sys.path:
     sys.path.insert(1, str(HERE.parent))  # for tests/openai_server.py, tests/worker_cluster.py
 
-from _common import Section, Verdict, log, table  # noqa: E402
+from _common import Section, Verdict, log, table, verdict_word  # noqa: E402
 
 DELAY_SECONDS = 0.2
 IN_PROCESS_WORKERS = 8
@@ -679,8 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## {section.title}\n")
     print("\n".join(section.body))
     for v in section.verdicts:
-        met = {True: "met", False: "NOT met", None: "not measured"}[v.met]
-        print(f"- {v.target}: {v.measured} — {met}")
+        print(f"- {v.target}: {v.measured} — {verdict_word(v.met).strip('*')}")
     return 0
 
 
