@@ -101,8 +101,8 @@ class TaskWorkers:
     ) -> None:
         """Run ``task`` (queued, or interrupted with a decision) when a worker is free.
 
-        ``leased``: ``task`` is the record :meth:`take` returned, so the run takes no lease
-        again (one write transaction less per task).
+        ``leased``: ``task`` is the record :meth:`take` returned just now, on the worker's
+        thread, so the run takes no lease again (one write transaction less per task).
         """
         with self._lock:
             self._cancel.setdefault(task.id, threading.Event())
@@ -130,7 +130,9 @@ class TaskWorkers:
         task = self.take(task_id, only_from=("interrupted",))
         if task is None:
             return False
-        self.start(task, resume_input(answers), project=task.project_id, leased=True)
+        # Not ``leased``: the run may wait in the pool for a free worker longer than the
+        # lease, which no keeper renews meanwhile; the run takes it again when it starts.
+        self.start(task, resume_input(answers), project=task.project_id)
         return True
 
     def _task(self, task_id: str) -> Task | None:
