@@ -289,7 +289,7 @@ def test_workers_settle_a_dead_servers_task_instead_of_running_it(
     workers = TaskWorkers(ledger, home=tmp_path, workers=1, max_attempts=3)
     started: list[str] = []
 
-    def start(task: Any, graph_input: Any = None, *, project: str, leased: bool = False) -> None:
+    def start(task: Any, graph_input: Any = None, *, project: str) -> None:
         workers._cancel.setdefault(task.id, threading.Event())  # as the real one does
         started.append(task.id)
 

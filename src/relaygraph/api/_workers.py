@@ -96,17 +96,11 @@ class TaskWorkers:
         self._sweeper = threading.Thread(target=loop, name="relaygraph-sweep", daemon=True)
         self._sweeper.start()
 
-    def start(
-        self, task: Task, graph_input: Any = None, *, project: str, leased: bool = False
-    ) -> None:
-        """Run ``task`` (queued, or interrupted with a decision) when a worker is free.
-
-        ``leased``: ``task`` is the record :meth:`take` returned just now, on the worker's
-        thread, so the run takes no lease again (one write transaction less per task).
-        """
+    def start(self, task: Task, graph_input: Any = None, *, project: str) -> None:
+        """Run ``task`` (queued, or interrupted with a decision) when a worker is free."""
         with self._lock:
             self._cancel.setdefault(task.id, threading.Event())
-            future = self._pool.submit(self._run, task, graph_input, project, leased)
+            future = self._pool.submit(self._run, task, graph_input, project)
             self._futures.add(future)
             future.add_done_callback(self._futures.discard)
 
@@ -130,8 +124,6 @@ class TaskWorkers:
         task = self.take(task_id, only_from=("interrupted",))
         if task is None:
             return False
-        # Not ``leased``: the run may wait in the pool for a free worker longer than the
-        # lease, which no keeper renews meanwhile; the run takes it again when it starts.
         self.start(task, resume_input(answers), project=task.project_id)
         return True
 
@@ -187,7 +179,7 @@ class TaskWorkers:
             started += 1
         return started
 
-    def _run(self, task: Task, graph_input: Any, project: str, leased: bool) -> None:
+    def _run(self, task: Task, graph_input: Any, project: str) -> None:
         ran = False
         try:
             if graph_input is None:
@@ -198,10 +190,8 @@ class TaskWorkers:
                 )
                 if first is not None and first.id != task.id:
                     return  # Its thread is busy (a race at submission): it starts next.
-                taken = self.take(task.id, only_from=("queued",))
-                if taken is None:
+                if self.take(task.id, only_from=("queued",)) is None:
                     return  # Cancelled while queued, or another worker or server has it.
-                task, leased = taken, True
                 graph_input = {"request": task.input}
             ran = True
             self.runner.run(
@@ -209,7 +199,6 @@ class TaskWorkers:
                 graph_input,
                 cancel=self._cancel[task.id],
                 stop=self._stopping,
-                leased=leased,
                 # `relaygraph_team` is the project's id under its name from before
                 # projects, deprecated: it goes in the next release.
                 identity={"project": project, "team": project},
