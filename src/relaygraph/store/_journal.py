@@ -47,10 +47,7 @@ class ToolJournalLedger(LedgerBase):
         """
         with self._read_connection() as connection:
             current = connection.execute(_ATTEMPTS, {"task_id": task_id}).scalar()
-        if current is None:
-            raise RecordNotFound("task", task_id)
-        if current != attempt:
-            raise AttemptSuperseded(task_id, attempt, current)
+        _refuse_unless_on(task_id, attempt, current)
 
     def journal_call(
         self,
@@ -89,11 +86,8 @@ class ToolJournalLedger(LedgerBase):
                 if attempt is not None:
                     # A fenced record locks the task's row, as a new attempt's start does:
                     # the two cannot interleave.
-                    current = connection.execute(_ATTEMPTS_LOCKED, {"task_id": task_id}).first()
-                    if current is None:
-                        raise RecordNotFound("task", task_id)
-                    if current[0] != attempt:
-                        raise AttemptSuperseded(task_id, attempt, current[0])
+                    current = connection.execute(_ATTEMPTS_LOCKED, {"task_id": task_id}).scalar()
+                    _refuse_unless_on(task_id, attempt, current)
                 # No read first: the primary key refuses a second record of the call, and
                 # unfenced, the task's foreign key says whether it exists (two statements
                 # less on every tool call of a run).
@@ -128,6 +122,15 @@ _RECORD_OF = select(ToolJournalRow.record).where(
 _ATTEMPTS = select(TaskRow.attempts).where(TaskRow.id == bindparam("task_id"))
 _ATTEMPTS_LOCKED = _ATTEMPTS.with_for_update()
 _ADD_RECORD = insert(ToolJournalRow)
+
+
+def _refuse_unless_on(task_id: str, attempt: int, current: int | None) -> None:
+    """Raise unless the task (whose attempt is ``current``, None: no such task) is on
+    ``attempt``: ``RecordNotFound`` or ``AttemptSuperseded``."""
+    if current is None:
+        raise RecordNotFound("task", task_id)
+    if current != attempt:
+        raise AttemptSuperseded(task_id, attempt, current)
 
 
 class LedgerToolJournal:
