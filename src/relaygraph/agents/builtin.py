@@ -21,15 +21,30 @@ from relaygraph.agents._agent import Agent
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
 
-__all__ = ["AGENT_FACTORIES", "agents", "coder", "researcher", "tools", "writer"]
+__all__ = [
+    "AGENT_FACTORIES",
+    "COMMON_PROMPT",
+    "HANDOFF_PROMPT",
+    "agents",
+    "coder",
+    "researcher",
+    "tools",
+    "writer",
+]
 
 COMMON_PROMPT = (
-    "You work in a team: you see your task and the results so far, not the other agents' "
-    "conversations. Use your tools, then reply with a short, self-contained result: the next "
-    "agent, or the user, reads only that. If a peer suits what remains better, call its "
-    "transfer_to_<peer> tool with a self-contained task."
+    "In a team, you see only your task and the results so far. Use your tools, then reply "
+    "with a short, self-contained result: the next agent or the user reads only that."
 )
-"""How every built-in agent is told to work in the team; a custom agent may reuse it."""
+"""How every built-in agent is told to work in the team; a custom agent may reuse it. It goes
+with every model call of every agent, so it says only what the agent cannot see otherwise."""
+
+HANDOFF_PROMPT = (
+    "If a peer suits what remains better, call its transfer_to_<peer> tool with a "
+    "self-contained task."
+)
+"""Told to the built-in agents that may hand off to a peer (not the writer, which has none:
+a prompt naming tools the agent does not have only costs tokens and invites refused calls)."""
 
 
 def tools() -> Mapping[str, BaseTool]:
@@ -55,7 +70,9 @@ def researcher(*, kb: str | Path | Iterable[str | Path] = (), **changes: Any) ->
             "doc ids",
             "prompt": "You are the researcher. Find facts in the knowledge base with "
             "search_docs and read_doc, and cite the doc ids you used in square brackets. "
-            + COMMON_PROMPT,
+            + COMMON_PROMPT
+            + " "
+            + HANDOFF_PROMPT,
             "tools": ("search_docs", "read_doc"),
             "kb": tuple(Path(f) for f in folders),
         },
@@ -72,7 +89,7 @@ def coder(**changes: Any) -> Agent:
             "read_file)",
             "prompt": "You are the coder. Write Python and run it with run_python to check it "
             "works; keep files in the workspace with write_file and read_file. Report the code "
-            "and what running it printed. " + COMMON_PROMPT,
+            "and what running it printed. " + COMMON_PROMPT + " " + HANDOFF_PROMPT,
             "tools": ("run_python", "write_file", "read_file"),
         },
         changes,

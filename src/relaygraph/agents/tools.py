@@ -27,7 +27,7 @@ __all__ = ["BUILTIN_TOOLS", "check_tool_args"]
 log = logging.getLogger(__name__)
 
 
-@tool
+@tool(parse_docstring=True)
 def search_docs(query: str, runtime: ToolRuntime[TaskContext], k: int = 5) -> str:
     """Search the knowledge base. Returns matching documents with their doc ids and titles.
 
@@ -42,7 +42,7 @@ def search_docs(query: str, runtime: ToolRuntime[TaskContext], k: int = 5) -> st
     return "\n".join(f"[{h.doc_id}] {h.title}: {h.snippet}" for h in hits)
 
 
-@tool
+@tool(parse_docstring=True)
 def read_doc(doc_id: str, runtime: ToolRuntime[TaskContext]) -> str:
     """Read one document of the knowledge base by its doc id (as shown by search_docs).
 
@@ -55,7 +55,7 @@ def read_doc(doc_id: str, runtime: ToolRuntime[TaskContext]) -> str:
     return f"[{doc.doc_id}] {doc.title}\n\n{doc.text}{note}"
 
 
-@tool
+@tool(parse_docstring=True)
 def run_python(code: str, runtime: ToolRuntime[TaskContext]) -> str:
     """Run Python code in a sandbox and return its exit code, stdout and stderr.
 
@@ -87,7 +87,7 @@ def _warn_unisolated() -> None:
     )
 
 
-@tool
+@tool(parse_docstring=True)
 def write_file(path: str, content: str, runtime: ToolRuntime[TaskContext]) -> str:
     """Write a text file in the task's workspace.
 
@@ -99,7 +99,7 @@ def write_file(path: str, content: str, runtime: ToolRuntime[TaskContext]) -> st
     return f"Wrote {len(content)} characters to {path} ({written.name})."
 
 
-@tool
+@tool(parse_docstring=True)
 def read_file(path: str, runtime: ToolRuntime[TaskContext]) -> str:
     """Read a text file from the task's workspace.
 
@@ -109,7 +109,7 @@ def read_file(path: str, runtime: ToolRuntime[TaskContext]) -> str:
     return Workspace(runtime.context.workspace).read_text(path)
 
 
-@tool
+@tool(parse_docstring=True)
 def save_artifact(name: str, content: str, runtime: ToolRuntime[TaskContext]) -> str:
     """Save a deliverable of the task (a report, a summary) under a file name.
 
@@ -121,7 +121,7 @@ def save_artifact(name: str, content: str, runtime: ToolRuntime[TaskContext]) ->
     return f"Saved artifact {artifact.name} ({artifact.size_bytes} bytes)."
 
 
-@tool
+@tool(parse_docstring=True)
 def list_artifacts(runtime: ToolRuntime[TaskContext]) -> str:
     """List the deliverables saved so far for this task."""
     artifacts = ArtifactStore(runtime.context.artifacts).list()

@@ -130,13 +130,14 @@ def _with_extra(prompt: str, extra: str | None) -> str:
 
 
 def supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> str:
+    """The routing supervisor's system prompt: the roster and what each route field holds,
+    in as few words as say it (it goes with every supervisor call of every task)."""
     roster = "\n".join(f"- {agent.name}: {agent.description}" for agent in agents)
     return _with_extra(
         (
-            "You choose which agent works next and do no work yourself.\n\nThe agents:\n"
-            f"{roster}\n\n"
-            "Route: 'next', an agent or FINISH once the results answer the request; 'task', "
-            "what it must do, self-contained and not given before; 'reason', why, in a sentence."
+            f"Choose who works next; do no work yourself. The agents:\n{roster}\n\n"
+            "next: an agent, or FINISH once the results answer the request. task: what it "
+            "must do, self-contained, not given before. reason: why, in a sentence."
         ),
         extra,
     )
