@@ -20,8 +20,13 @@ RELAY_EXAMPLE = REPO / "examples" / "scripts" / "relay.json"
 Script = dict[str, list[dict[str, Any]]]
 
 
-def _route(next_: str, task: str = "", reason: str = "") -> dict[str, Any]:
-    return {"route": {"next": next_, "task": task, "reason": reason}}
+def _route(
+    next_: str, task: str = "", reason: str = "", then: list[str] | None = None
+) -> dict[str, Any]:
+    route: dict[str, Any] = {"next": next_, "task": task, "reason": reason}
+    if then:
+        route["then"] = then
+    return {"route": route}
 
 
 def _call(tool: str, **args: Any) -> dict[str, Any]:
@@ -29,18 +34,18 @@ def _call(tool: str, **args: Any) -> dict[str, Any]:
 
 
 def relay3() -> Script:
-    """supervisor → researcher → writer → finish: two handoffs (the issue's short case)."""
+    """supervisor → researcher → writer → finish: two handoffs (the issue's short case). The
+    supervisor knows both steps at the start: its first route plans the writer's (``then``)."""
     return {
         "supervisor": [
             _route(
                 "researcher",
                 "Find out when LangGraph writes checkpoints and how durable they are",
-                "the request needs facts from the docs",
-            ),
-            _route(
-                "writer",
-                "Write a short report on checkpoint durability from the research results",
-                "the facts are in; a report is the deliverable",
+                "the request needs facts from the docs, then a report",
+                then=[
+                    "writer: Write a short report on checkpoint durability from the research "
+                    "results"
+                ],
             ),
             _route("FINISH", "", "the report answers the request"),
         ],
@@ -101,17 +106,22 @@ _WORK = [
 
 
 def long_script(visits: int) -> Script:
-    """``visits`` supervisor routes, cycling researcher → coder → writer, each visit one tool
-    call and a reply, every task different (so no ping-pong or repeated-call rule fires)."""
+    """``visits`` routes, cycling researcher → coder → writer, each visit one tool call and a
+    reply, every task different (so no ping-pong or repeated-call rule fires). The steps are
+    a plan: the supervisor's first route carries the rest of it (``then``), and it is asked
+    again when the plan is done."""
     script: Script = {"supervisor": [], "researcher": [], "coder": [], "writer": []}
+    steps: list[tuple[str, str]] = []
     for i in range(visits):
         agent, task, call, reply = _WORK[i % len(_WORK)]
         n = i // len(_WORK) + 1
-        script["supervisor"].append(
-            _route(agent, f"{task} (part {n})", f"step {i + 1} of the plan")
-        )
+        steps.append((agent, f"{task} (part {n})"))
         script[agent].append(call(n))
         script[agent].append({"content": f"{reply} (part {n})"})
+    (first, task), rest = steps[0], steps[1:]
+    script["supervisor"].append(
+        _route(first, task, f"a plan of {visits} steps", then=[f"{a}: {t}" for a, t in rest])
+    )
     script["supervisor"].append(_route("FINISH", "", "the plan is done"))
     script["finalize"] = [{"content": "Checkpoints are written after every super-step."}]
     return script
@@ -141,7 +151,11 @@ REQUEST = "When are checkpoints written, and how durable are they? Write a short
 
 def handoffs_of(script: Script) -> int:
     """Transfers of work the relaygraph run makes: routes to an agent plus direct handoffs."""
-    routes = sum(1 for t in script["supervisor"] if t["route"]["next"] != "FINISH")
+    routes = sum(
+        1 + len(t["route"].get("then", []))
+        for t in script["supervisor"]
+        if t["route"]["next"] != "FINISH"
+    )
     direct = sum(
         1
         for agent, turns in script.items()
@@ -151,6 +165,22 @@ def handoffs_of(script: Script) -> int:
         if c["name"].startswith("transfer_to_")
     )
     return routes + direct
+
+
+def step_by_step(script: Script) -> Script | None:
+    """The same script with its supervisor's plans (``then``) played as one route per
+    supervisor call, as bare's supervisor plays them; None when the script has no plan."""
+    if not any(t["route"].get("then") for t in script["supervisor"]):
+        return None
+    routes: list[dict[str, Any]] = []
+    for turn in script["supervisor"]:
+        route = dict(turn["route"])
+        steps = route.pop("then", [])
+        routes.append({"route": route})
+        for step in steps:
+            agent, _, task = step.partition(":")
+            routes.append(_route(agent.strip(), task.strip(), route["reason"]))
+    return {**script, "supervisor": routes}
 
 
 def to_bare(script: Script) -> Script:
@@ -163,8 +193,15 @@ def to_bare(script: Script) -> Script:
         return turn
 
     bare: Script = {role: [] for role in script if role != "finalize"}
+    planned: list[str] = []
     while True:
-        route = take("supervisor")["route"]
+        if planned:
+            # A step of a relaygraph plan (``then``): bare's supervisor has no plans and
+            # routes it in a call of its own.
+            route = {"next": planned.pop(0).partition(":")[0].strip()}
+        else:
+            route = take("supervisor")["route"]
+            planned = list(route.get("then", []))
         if route["next"] == "FINISH":
             bare["supervisor"].append({"content": take("finalize")["content"]})
             return bare

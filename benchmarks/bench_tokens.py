@@ -25,7 +25,7 @@ from typing import Any
 
 from _bare import AGENT_NAMES, build_bare_team
 from _common import REPO, Section, Verdict, log, table
-from _scenarios import GOLDEN, REQUEST, SCENARIOS, golden_cases, to_bare
+from _scenarios import GOLDEN, REQUEST, SCENARIOS, golden_cases, step_by_step, to_bare
 
 TARGET_LAST = 1.0
 """Tokens per task (messages and definitions) against bare ``last_message``, every task."""
@@ -347,6 +347,17 @@ def run(home: Path) -> Section:
         for name, c in by_scenario.items()
         if name != "relay.json"  # it hands off directly: it needs its transfer tools
     )
+    stepwise = []
+    for name, (_, factory) in SCENARIOS.items():
+        unplanned = step_by_step(factory())
+        if unplanned is not None:
+            log(f"  tokens: {name}, one route per supervisor call")
+            tokens = _relaygraph(unplanned, home, REQUEST)["total"]
+            bare = by_scenario[name]
+            stepwise.append(
+                f"{name} {tokens} tokens ({tokens / bare['last_message']['total']:.2f}× "
+                f"last_message, {tokens / bare['full_history']['total']:.2f}× full_history)"
+            )
     uncached = {
         side: totals[side]["total"] - totals[side]["cached"] for side in ("relaygraph", *SIDES[1:])
     }
@@ -366,8 +377,21 @@ def run(home: Path) -> Section:
         "as its first message after the system prompt; each later call of the visit carries it "
         "again only as the unchanged prefix of the conversation, as in any ReAct loop (Chat "
         "Completions keeps no state between calls). Finalize answers with the last agent's "
-        "reply and makes no model call, so a task takes as many model calls as bare's, and one "
-        "fewer per direct handoff (bare plays it as a reply and a supervisor call).",
+        "reply and makes no model call, so a task takes no more model calls than bare's, one "
+        "fewer per direct handoff (bare plays it as a reply and a supervisor call), and one "
+        "fewer per planned step (below).",
+        "",
+        "**Plans.** A route may carry the steps after it that the supervisor already knows "
+        "(`then`, `'agent: task'` each): each runs without a supervisor call while the visit "
+        "before it finishes with a result, and any other outcome (a handoff to a peer, a budget "
+        "stop, a refusal, a failed call, an agent that may not work now) asks the supervisor "
+        "again. Where a scenario's steps are known at the start, its relaygraph script plans "
+        "them: relay-3's first route plans the writer's step, long-6's and long-12's the whole "
+        "cycle, and the supervisor is asked once more when the plan is done (FINISH); bare's "
+        "supervisor has no plans and routes every step in a call of its own. The agents' turns, "
+        "tasks and results are the same. Played one route per supervisor call, as bare's, "
+        "relaygraph costs: " + "; ".join(stepwise) + ". The plan field costs every supervisor "
+        "call a few tokens (its schema, a list of strings, and a sentence of the prompt).",
         "",
         "What relaygraph sends and bare does not is the direct handoffs: every agent call "
         "carries a `transfer_to_<peer>` definition for each peer its policy allows (its name, "
@@ -378,8 +402,8 @@ def run(home: Path) -> Section:
         f"{sum(handoffs.values())} tokens "
         f"({_pct(sum(handoffs.values()), totals['relaygraph']['total'])} of relaygraph's); "
         f"without them the ratio to last_message would be {without}. Each supervisor call "
-        "carries the route's JSON schema (the agents' names and two strings, no "
-        "descriptions), fewer tokens than bare's three transfer tools.",
+        "carries the route's JSON schema (the agents' names, two strings and the plan's list "
+        "of strings, no descriptions), fewer tokens than bare's three transfer tools.",
         "",
         "**Caching.** Every prompt starts with what its role sends alike on every call: the "
         "definitions (an agent's tools; the supervisor's route schema, which gains FINISH after "

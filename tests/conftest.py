@@ -113,3 +113,32 @@ def ledger(url: str) -> Iterator[Any]:
     with Ledger(url) as ledger:
         ledger.upgrade()
         yield ledger
+
+
+SCRIPT_ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
+"""The roles of a script that :func:`over_http` plays, each on a model of its own."""
+
+
+@pytest.fixture
+def over_http(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, list[dict[str, Any]]]]:
+    """Run a script through ``ChatOpenAI`` against the local server; the result and every
+    request body the team sent."""
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+
+    def run(script: dict[str, Any], **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
+        from .openai_server import serve_script
+
+        with serve_script(script) as server:
+            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+            from relaygraph.runner import run_task
+
+            result = run_task(
+                "When are checkpoints written? Write a short report.",
+                agent_models={role: f"openai:script-{role}" for role in SCRIPT_ROLES},
+                **kwargs,
+            )
+            return result, list(server.requests)
+
+    return run

@@ -17,7 +17,6 @@ from relaygraph.runner import run_task
 from relaygraph.supervisor import FINISH
 
 from .builtin_team import default_policy, parse_policy
-from .openai_server import serve_script
 
 Script = Callable[[dict[str, Any]], str]
 ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
@@ -51,27 +50,6 @@ RELAY = {
     ],
     "finalize": [say("The finalize model's answer.")],
 }
-
-
-@pytest.fixture
-def over_http(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, list[dict[str, Any]]]]:
-    """Run a script through ``ChatOpenAI`` against the local server; the result and every
-    request body the team sent."""
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-
-    def run(script: dict[str, Any], **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
-        with serve_script(script) as server:
-            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-            result = run_task(
-                "When are checkpoints written? Write a short report.",
-                agent_models={role: f"openai:script-{role}" for role in ROLES},
-                **kwargs,
-            )
-            return result, list(server.requests)
-
-    return run
 
 
 def _of(requests: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
@@ -159,6 +137,8 @@ def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
         "next": {"enum": ["researcher", "coder", "writer", FINISH]},
         "task": {"type": "string"},
         "reason": {"type": "string"},
+        # The plan (optional): later steps as 'agent: task' strings, the shortest form.
+        "then": {"items": {"type": "string"}, "type": "array"},
     }
 
 

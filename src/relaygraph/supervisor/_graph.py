@@ -27,8 +27,8 @@ from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import agent_nodes
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
-from relaygraph.supervisor._route import route_next_agent
-from relaygraph.supervisor._state import TeamState, Violation
+from relaygraph.supervisor._route import Route, RouteDecision, route_next_agent
+from relaygraph.supervisor._state import TeamState, Violation, Visit
 from relaygraph.topology import Topology
 
 
@@ -40,6 +40,7 @@ def _begin(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
         "turn_step": acc.step_of(config) or 0,
         "messages": [HumanMessage(content=state.get("request", ""))],
         "assignment": None,
+        "plan": [],
         "barred": [],
         "answer": None,
         "status": None,
@@ -86,34 +87,52 @@ def _make_supervisor(
                 goto=FINALIZE,
                 update={"status": "degraded", "stop_reason": f"no agent left: {reason}"},
             )
-        messages: list[BaseMessage] = [
-            SystemMessage(content=system),
-            HumanMessage(
-                content=_prompts.supervisor_input(
-                    state, [f"{a} ({why})" for a, why in unavailable.items()]
-                )
-            ),
-        ]
-        started = time.monotonic()
-        decision = route_next_agent(
-            model,
-            messages,
-            agents=available,
-            config=acc.call_config(config, state, SUPERVISOR, replays=replays),
-            may_finish=bool(visits),
-            unavailable=unavailable,
-        )
-        route, ns, turn = decision.route, acc.task_ns(config), state.get("turn", 0)
-        replies = list(decision.raw)
-        usage = acc.announce_usage(
-            acc.usage_record(
-                ns,
-                SUPERVISOR,
-                turn,
-                replies_usage(replies, policy, seconds=time.monotonic() - started),
-                list(replies),
+        ns, turn = acc.task_ns(config), state.get("turn", 0)
+        step = _planned_step(state, visits, available)
+        if step is not None:
+            # The step the supervisor planned when it routed the visit that just finished
+            # with a result: carried out without a model call, through the same checks.
+            decision = RouteDecision(
+                route=Route.model_construct(
+                    next=step["agent"], task=step["task"], reason=step["reason"]
+                ),
+                fallback=False,
+                error=None,
+                raw=(),
             )
-        )
+            plan = list(state.get("plan") or [])[1:]
+            recorded: dict[str, Any] = {"usage": []}
+        else:
+            messages: list[BaseMessage] = [
+                SystemMessage(content=system),
+                HumanMessage(
+                    content=_prompts.supervisor_input(
+                        state, [f"{a} ({why})" for a, why in unavailable.items()]
+                    )
+                ),
+            ]
+            started = time.monotonic()
+            decision = route_next_agent(
+                model,
+                messages,
+                agents=available,
+                config=acc.call_config(config, state, SUPERVISOR, replays=replays),
+                may_finish=bool(visits),
+                unavailable=unavailable,
+            )
+            replies = list(decision.raw)
+            usage = acc.announce_usage(
+                acc.usage_record(
+                    ns,
+                    SUPERVISOR,
+                    turn,
+                    replies_usage(replies, policy, seconds=time.monotonic() - started),
+                    list(replies),
+                )
+            )
+            plan = _plan_of(decision.route)
+            recorded = {"usage": [usage]}
+        route = decision.route
         # A route to an agent whose budget is spent is refused. When the agent spent it
         # exactly, without hitting the limit in its visit, nothing recorded that limit yet:
         # the refusal is then the budget's violation. (A bar's ping-pong was recorded when
@@ -124,20 +143,17 @@ def _make_supervisor(
             if v["turn"] == turn and v["kind"] == "budget"
         }
         spent_names = {hit.agent for hit in spent_agents}
-        recorded: dict[str, Any] = {
-            "usage": [usage],
-            "violations": [
-                acc.violation(
-                    f"{ns}:refused:{agent}",
-                    turn,
-                    agent,
-                    "budget",
-                    f"route to {agent!r} refused: {unavailable[agent]}",
-                )
-                for agent in decision.refused
-                if agent in spent_names and agent not in hit_before
-            ],
-        }
+        recorded["violations"] = [
+            acc.violation(
+                f"{ns}:refused:{agent}",
+                turn,
+                agent,
+                "budget",
+                f"route to {agent!r} refused: {unavailable[agent]}",
+            )
+            for agent in decision.refused
+            if agent in spent_names and agent not in hit_before
+        ]
         tokens_so_far = acc.agent_tokens(state, agents)
 
         def report(carried_out: bool) -> None:
@@ -188,6 +204,7 @@ def _make_supervisor(
                     source=SUPERVISOR,
                     kind="route",
                 ),
+                "plan": plan,
             },
         )
         routes = [
@@ -218,6 +235,40 @@ def _make_supervisor(
         return Command(goto=proceed.goto, update={**recorded, **(proceed.update or {})})
 
     return supervisor
+
+
+def _planned_step(
+    state: TeamState, visits: Sequence[Visit], available: Sequence[str]
+) -> Assignment | None:
+    """The next step of the supervisor's plan, if it may run without asking the supervisor:
+    the visit the supervisor routed last finished with a result (not a handoff to a peer,
+    a budget stop, a refusal or a failed model call) and the planned agent may work now.
+    Any other outcome drops the plan: the supervisor is asked and sees what happened."""
+    plan = state.get("plan") or []
+    if not plan or not visits:
+        return None
+    last = visits[-1]
+    routed = last["source"] == SUPERVISOR and last["ended"] == "finished"
+    if not routed or not last["output"].strip() or plan[0]["agent"] not in available:
+        return None
+    return plan[0]
+
+
+def _plan_of(route: Route) -> list[Assignment]:
+    """The assignments a route's ``then`` plans after its ``next``."""
+    if route.next == FINISH:
+        return []
+    steps = route.planned_steps()
+    return [
+        Assignment(
+            agent=agent,
+            task=task,
+            reason=f"planned ({i}/{len(steps)}): {route.reason}",
+            source=SUPERVISOR,
+            kind="route",
+        )
+        for i, (agent, task) in enumerate(steps, start=1)
+    ]
 
 
 def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:

@@ -137,7 +137,8 @@ def supervisor_prompt(agents: Sequence[Agent], *, extra: str | None = None) -> s
         (
             f"Choose who works next; do no work yourself. The agents:\n{roster}\n\n"
             "next: an agent, or FINISH once the results answer the request. task: what it "
-            "must do, self-contained, not given before. reason: why, in a sentence."
+            "must do, self-contained, not given before. reason: why, in a sentence. then: "
+            "the steps after it you already know, 'agent: task' each."
         ),
         extra,
     )

@@ -13,7 +13,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
@@ -34,12 +34,42 @@ class Route(BaseModel):
     next: str = Field(description="The agent that works next, or FINISH when the task is done.")
     task: str = Field(description="What that agent must do, self-contained. Empty for FINISH.")
     reason: str = Field(description="Why, in one sentence.")
+    then: list[str] = Field(
+        default_factory=list,
+        description="Later steps already known, 'agent: task' each, in order.",
+    )
+    """The supervisor's plan after ``next``: each step runs without another supervisor call
+    while the one before it finished with a result; any other outcome asks the supervisor
+    again (see :func:`planned_steps`). A string per step rather than an object keeps the
+    schema, which goes with every supervisor call, a few tokens long."""
+
+    agents_allowed: ClassVar[tuple[str, ...]] = ()
+    """The agents a planned step may name (set by :func:`route_model`; empty: any)."""
 
     @model_validator(mode="after")
     def _task_for_agent(self) -> Route:
         if self.next != FINISH and not self.task.strip():
             raise ValueError(f"'task' must say what {self.next!r} should do; it is empty")
+        if self.then and self.next == FINISH:
+            raise ValueError("'then' must be empty when 'next' is FINISH")
+        for step in self.then:
+            _planned_step(step, type(self).agents_allowed)
         return self
+
+    def planned_steps(self) -> list[tuple[str, str]]:
+        """The plan after ``next`` as ``(agent, task)`` pairs, in order."""
+        return [_planned_step(step, type(self).agents_allowed) for step in self.then]
+
+
+def _planned_step(step: str, agents: tuple[str, ...]) -> tuple[str, str]:
+    agent, colon, task = step.partition(":")
+    agent, task = agent.strip(), task.strip()
+    if not colon or not task:
+        raise ValueError(f"each step of 'then' must be 'agent: task'; got {step!r}")
+    if agent == FINISH or (agents and agent not in agents):
+        choices = ", ".join(agents) if agents else "an agent of the team"
+        raise ValueError(f"step {step!r} of 'then' names {agent!r}, not one of {choices}")
+    return agent, task
 
 
 def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route]:
@@ -61,11 +91,13 @@ def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route
 @functools.lru_cache(maxsize=256)
 def _route_model(agents: tuple[str, ...], may_finish: bool) -> type[Route]:
     choices: Any = Literal[(*agents, FINISH)] if may_finish else Literal[agents]
-    return create_model(
+    model = create_model(
         "Route",
         __base__=Route,
         next=(choices, Field(description="The agent that works next, or FINISH.")),
     )
+    model.agents_allowed = agents
+    return model
 
 
 def route_json_schema(schema: type[Route]) -> dict[str, Any]:

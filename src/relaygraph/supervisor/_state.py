@@ -75,6 +75,9 @@ class TeamState(TypedDict, total=False):
     """The team graph's step at which the current request began (``begin``)."""
     assignment: Assignment | None
     """The work waiting for the next agent."""
+    plan: list[Assignment]
+    """The steps the supervisor planned after the current one (its route's ``then``), run
+    in order without a supervisor call while each visit finishes with a result."""
     visits: Annotated[list[Visit], DeltaChannel(merge_batch_by_id)]
     handoffs: Annotated[list[Handoff], DeltaChannel(merge_batch_by_id)]
     """Every transfer of work, carried out (a stopped one moved no work)."""

@@ -57,7 +57,7 @@ from relaygraph.models.local._schema import (
     single_value,
     structured_schema,
 )
-from relaygraph.models.local._team import final_answer, narrow_route, numbered
+from relaygraph.models.local._team import final_answer, narrow_route, numbered, without_plan
 
 __all__ = [
     "ANSWER_CHARS",
@@ -308,6 +308,7 @@ class LocalChatModel(BaseChatModel):
     ) -> Completion:
         system = next((text_of(m) for m in messages if isinstance(m, SystemMessage)), "")
         human = next((text_of(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+        schema = without_plan(schema)
         route = narrow_route(schema, system, human)
         if route is not None:
             instruction = schema_instruction(schema, route["properties"])

@@ -278,9 +278,26 @@ def _clause(request: str, intent: Intent) -> str:
     return sentences[0][:160]
 
 
+PLAN_FIELD = "then"
+"""The route's plan (``supervisor._route.Route.then``): later steps the supervisor already
+knows. The embedded model never fills it: a 135M model plans nothing, and each of its
+routes is a constrained choice made on what the results show at that step."""
+
+
+def without_plan(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` without the route's optional plan field, so the grammar never offers it;
+    any other schema unchanged."""
+    props = schema.get("properties") or {}
+    if PLAN_FIELD not in props or "next" not in props or PLAN_FIELD in schema.get("required", ()):
+        return dict(schema)
+    return {**schema, "properties": {k: v for k, v in props.items() if k != PLAN_FIELD}}
+
+
 def narrow_route(schema: Mapping[str, Any], system: str, human: str) -> dict[str, Any] | None:
     """The supervisor's route schema narrowed by the keyword hints, or None when ``schema``
-    is not a route (an object with a ``next`` choice and a ``task``) or no hint applies."""
+    is not a route (an object with a ``next`` choice and a ``task``) or no hint applies.
+    The narrowed route never has the plan field (:func:`without_plan`)."""
+    schema = without_plan(schema)
     props = schema.get("properties") or {}
     nxt = props.get("next") or {}
     options = nxt.get("enum") or ([nxt["const"]] if "const" in nxt else None)
