@@ -105,11 +105,11 @@ _WORK = [
 ]
 
 
-def long_script(visits: int) -> Script:
+def long_script(visits: int, *, plan: bool = True) -> Script:
     """``visits`` routes, cycling researcher → coder → writer, each visit one tool call and a
     reply, every task different (so no ping-pong or repeated-call rule fires). The steps are
     a plan: the supervisor's first route carries the rest of it (``then``), and it is asked
-    again when the plan is done."""
+    again when the plan is done; ``plan=False``: one route per supervisor call."""
     script: Script = {"supervisor": [], "researcher": [], "coder": [], "writer": []}
     steps: list[tuple[str, str]] = []
     for i in range(visits):
@@ -123,6 +123,8 @@ def long_script(visits: int) -> Script:
         _route(first, task, f"a plan of {visits} steps", then=[f"{a}: {t}" for a, t in rest])
     )
     script["supervisor"].append(_route("FINISH", "", "the plan is done"))
+    if not plan:
+        script = step_by_step(script) or script
     script["finalize"] = [{"content": "Checkpoints are written after every super-step."}]
     return script
 

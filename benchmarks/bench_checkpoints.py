@@ -107,7 +107,7 @@ def _relaygraph(home: Path) -> tuple[Path, str, dict[str, int], dict[str, int]]:
     from relaygraph.store import LOCAL_PROJECT_ID
 
     path = home / "long-20.json"
-    path.write_text(json.dumps(long_script(VISITS)), encoding="utf-8")
+    path.write_text(json.dumps(long_script(VISITS, plan=False)), encoding="utf-8")
     result = run_task(REQUEST, model=f"scripted:{path}", home=home, policy=_long_policy())
     assert result.status == "succeeded", result.stop_reason
     assert len(result.agents_run) == VISITS, result.agents_run
@@ -135,7 +135,9 @@ def _bare(home: Path) -> tuple[Path, str, dict[str, int], dict[str, int]]:
     context.workspace.mkdir(parents=True, exist_ok=True)
     context.artifacts.mkdir(parents=True, exist_ok=True)
     with sqlite_checkpointer(db) as saver:
-        graph = build_bare_team(turn_models(to_bare(long_script(VISITS))), checkpointer=saver)
+        graph = build_bare_team(
+            turn_models(to_bare(long_script(VISITS, plan=False))), checkpointer=saver
+        )
         graph.invoke(
             {"messages": [{"role": "user", "content": REQUEST}]},
             {"configurable": {"thread_id": thread_id}, "recursion_limit": 500},
@@ -153,7 +155,9 @@ def run(home: Path) -> Section:
     section = Section("3. Checkpoint growth")
     section.add(
         f"One {VISITS}-visit task per side (supervisor routes researcher → coder → writer, "
-        "cycled, each visit one tool call and a reply), SQLite checkpointer. The thread's "
+        "cycled, each visit one tool call and a reply; one route per supervisor call, no "
+        "plan, so every supervisor step is a step of the history), SQLite checkpointer. The "
+        "thread's "
         "rows in the `checkpoints` and `writes` tables are read back and attributed to the "
         "top-level super-step that wrote them: checkpoint *n* (blob + metadata), the pending "
         "writes of the tasks that ran in step *n*, and all rows of the subgraphs those tasks "
