@@ -68,6 +68,8 @@ from _common import Section, Verdict, log, table, verdict_word  # noqa: E402
 
 DELAY_SECONDS = 0.2
 IN_PROCESS_WORKERS = 8
+IN_PROCESS_PROCESSES = int(os.environ.get("BENCH_SERVE_PROCESSES", "2"))
+"""``serve --processes``: the in-process service's workers spread over this many processes."""
 WORKERS, CONCURRENCY = 2, 4
 TASKS = 48
 """Six full rounds of the 8 places (the issue's 50 would leave 6 of 8 idle in a 7th round,
@@ -375,7 +377,9 @@ def _in_process(root: Path, env: dict[str, str]) -> tuple[Any, str]:
 
     cluster = Cluster(root / "in-process", database_url=None, broker=None, env=env)
     try:
-        server = cluster.serve("api", model=MODEL, workers=IN_PROCESS_WORKERS)
+        server = cluster.serve(
+            "api", model=MODEL, workers=IN_PROCESS_WORKERS, processes=IN_PROCESS_PROCESSES
+        )
     except BaseException:
         cluster.close()
         raise

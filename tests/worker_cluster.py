@@ -433,6 +433,7 @@ class Cluster:
         *,
         model: str,
         workers: int | None = None,
+        processes: int | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float = 90,
     ) -> ApiServer:
@@ -444,6 +445,8 @@ class Cluster:
             argv += ["--scripts", str(self.scripts)]
         if workers is not None:
             argv += ["--workers", str(workers)]
+        if processes is not None:
+            argv += ["--processes", str(processes)]
         server = ApiServer(name, argv, {**self.env, **(env or {})}, self.logs / f"{name}.log", port)
         self.servers.append(server)
         server.wait_ready(timeout)

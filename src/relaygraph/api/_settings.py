@@ -17,6 +17,7 @@ from relaygraph.runner import RunnerSettings, read_settings
 _FLAGS = {
     "default_model": "--model",
     "workers": "--workers",
+    "processes": "--processes",
     "policy_file": "--policy",
     "scripts_dir": "--scripts",
     "unsafe_sandbox": "--unsafe-sandbox",
@@ -36,7 +37,12 @@ class ServiceSettings(RunnerSettings):
     default_model: str = DEFAULT_MODEL
     """The model of tasks that name none (``serve --model``)."""
     workers: int = Field(default=2, ge=1, le=64)
-    """Tasks that run at once in the server process."""
+    """Tasks that run at once on this server (in all its processes together)."""
+    processes: int = Field(default=1, ge=1, le=64)
+    """The processes the workers are spread over (``serve --processes``): the server's own
+    and ``processes - 1`` task processes on the same ledger. Every graph of one process
+    runs in one Python interpreter, one thread at a time; more processes let a server use
+    more cores. At most ``workers``."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     """How long a running task's lease lasts unrenewed: when a server dies, another server
     on the same ledger continues its tasks after this long (a server that stops cleanly
@@ -119,6 +125,11 @@ def load_settings(**overrides: Any) -> ServiceSettings:
         # does not depend on the server's working directory.
         path = Path(default.name).expanduser().resolve()
         settings = settings.model_copy(update={"default_model": f"scripted:{path}"})
+    if settings.processes > settings.workers:
+        raise ConfigError(
+            f"bad server setting: RELAYGRAPH_PROCESSES / --processes {settings.processes} is "
+            f"more than the workers ({settings.workers}): every process runs at least one"
+        )
     if settings.scripts_dir is not None and not settings.scripts_dir.is_dir():
         raise ConfigError(
             f"bad server setting: RELAYGRAPH_SCRIPTS_DIR / --scripts {str(settings.scripts_dir)!r} "

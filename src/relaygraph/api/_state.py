@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from relaygraph.api._auth import project_auth
 from relaygraph.api._dispatch import TaskDispatch
+from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._teams import TeamRegistry
 from relaygraph.api._workers import TaskWorkers
@@ -128,17 +129,27 @@ class ServiceState:
             url = f"sqlite:///{self.home / 'ledger.sqlite'}"
         ledger = Ledger(url)
         await to_thread.run_sync(ledger.upgrade)
+        spread = self.settings.processes > 1
         workers = TaskWorkers(
             ledger,
             home=self.home,
-            workers=self.settings.workers,
+            workers=shares(self.settings.workers, self.settings.processes)[0],
             lease_seconds=self.settings.lease_seconds,
             max_attempts=self.settings.max_attempts,
             sandbox_isolation_required=not self.settings.unsafe_sandbox,
             teams=self.teams.resolve,
+            pull=spread,
         )
-        self._ledger, self._dispatch = ledger, workers
+        dispatch: TaskWorkers | TaskProcesses = workers
+        if spread:
+            dispatch = TaskProcesses(
+                workers, settings=self.settings, url=url or database_url(None), home=self.home
+            )
+        self._ledger, self._dispatch = ledger, dispatch
         if self.start_workers:
+            if isinstance(dispatch, TaskProcesses):
+                dispatch.start()
+                workers.start_pulling()
             await to_thread.run_sync(workers.recover)
             workers.sweep()
         try:
@@ -146,7 +157,7 @@ class ServiceState:
         finally:
             # Running tasks stop at their next step boundary and stay `running`, for the
             # next start to continue; the ledger closes after their last writes.
-            await to_thread.run_sync(lambda: workers.shutdown(wait=True))
+            await to_thread.run_sync(lambda: dispatch.shutdown(wait=True))
             ledger.close()
 
     @asynccontextmanager

@@ -23,6 +23,9 @@ from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
 
 DEFAULT_MAX_ATTEMPTS = 3
 """How many times a task may be started without a run ending before it is failed."""
+PULL_IDLE_SECONDS = 0.5
+"""How often a pulling server process looks for queued tasks when nothing woke it: the
+fallback for a wake that did not come (a process that started late, a lost notice)."""
 
 log = logging.getLogger("relaygraph.api")
 
@@ -44,6 +47,7 @@ class TaskWorkers:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         sandbox_isolation_required: bool = True,
         teams: Callable[[Task], Any] | None = None,
+        pull: bool = False,
     ) -> None:
         """
         Args:
@@ -57,8 +61,13 @@ class TaskWorkers:
                 offers no filesystem isolation (``serve --unsafe-sandbox`` turns it off).
             teams: Finds the team a task records (the server's registered teams); see
                 :class:`~relaygraph.runner.TaskRunner`.
+            pull: Take queued tasks from the ledger only when a worker is free
+                (:meth:`pull`), as one of several processes that share the ledger's queue
+                (``serve --processes``), instead of queueing every task handed over here.
         """
         self.ledger = ledger
+        self.workers = workers
+        self.pulling = pull
         self.max_attempts = max_attempts
         self.runner = TaskRunner(
             ledger=ledger,
@@ -74,6 +83,8 @@ class TaskWorkers:
         self._futures: set[Future[Any]] = set()
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._puller: threading.Thread | None = None
 
     def take(self, task_id: str, *, only_from: tuple[str, ...]) -> Task | None:
         """Mark the task running under this server's lease, if its status is in ``only_from``
@@ -96,20 +107,91 @@ class TaskWorkers:
         self._sweeper = threading.Thread(target=loop, name="relaygraph-sweep", daemon=True)
         self._sweeper.start()
 
-    def start(self, task: Task, graph_input: Any = None, *, project: str) -> None:
-        """Run ``task`` (queued, or interrupted with a decision) when a worker is free."""
+    def start(
+        self, task: Task, graph_input: Any = None, *, project: str, taken: bool = False
+    ) -> None:
+        """Run ``task`` (queued, or interrupted with a decision) when a worker is free;
+        ``taken``: this server took its lease already (:meth:`pull`, :meth:`resume`)."""
         with self._lock:
             self._cancel.setdefault(task.id, threading.Event())
-            future = self._pool.submit(self._run, task, graph_input, project)
+            future = self._pool.submit(self._run, task, graph_input, project, taken)
             self._futures.add(future)
-            future.add_done_callback(self._futures.discard)
+            future.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+        if self.pulling:
+            self._wake.set()  # A worker is free: take the next queued task.
 
     def enqueue(self, task_id: str) -> None:
         """Start the queued task ``task_id`` when a worker is free: the submission's hand-off
-        (:func:`~relaygraph.runner.submit_task`), by id, as a task queue would take it."""
+        (:func:`~relaygraph.runner.submit_task`), by id, as a task queue would take it.
+        Pulling, the task waits in the ledger for whichever process has a worker free."""
+        if self.pulling:
+            self.wake()
+            return
         task = self._task(task_id)
         if task is not None:
             self.start(task, project=task.project_id)
+
+    def wake(self) -> None:
+        """Look for queued tasks now (pulling): one may have been queued or freed."""
+        self._wake.set()
+
+    def pull(self) -> int:
+        """Take queued tasks, oldest first, for the workers that are free; returns how many.
+
+        Each is taken under this process's lease before it is handed to a worker, and only
+        when a worker is free, so it starts at once (its lease cannot lapse while it waits)
+        and two processes sharing the ledger never both run it: the one whose take fails
+        leaves it. Only the oldest active task of a thread is taken, as :meth:`recover` does.
+        """
+        if self._stopping.is_set():
+            return 0
+        with self._lock:
+            free = self.workers - len(self._futures)
+        started = 0
+        if free <= 0:
+            return 0
+        for task_id, thread_id, project_id in self.ledger.queued_tasks(
+            limit=free + self.workers, exclude_project=LOCAL_PROJECT_ID
+        ):
+            if started == free:
+                break
+            first = self.ledger.active_task_on_thread(thread_id, project_id=project_id)
+            if first is None or first.id != task_id:
+                continue  # Its thread is busy: it starts when the task before it ends.
+            task = self.take(task_id, only_from=("queued",))
+            if task is None:
+                continue  # Another process took it first, or it was cancelled.
+            self.start(task, {"request": task.input}, project=task.project_id, taken=True)
+            started += 1
+        return started
+
+    def start_pulling(self) -> None:
+        """From now on, take queued tasks whenever a worker is free or :meth:`wake` is
+        called, and every :data:`PULL_IDLE_SECONDS` besides."""
+
+        def loop() -> None:
+            while not self._stopping.is_set():
+                self._wake.wait(PULL_IDLE_SECONDS)
+                self._wake.clear()  # Before the read: a wake during it is not lost.
+                try:
+                    self.pull()
+                except Exception:  # The database may be away for a moment; try again.
+                    log.warning("taking queued tasks failed", exc_info=True)
+
+        self._puller = threading.Thread(target=loop, name="relaygraph-pull", daemon=True)
+        self._puller.start()
+
+    def cancel_here(self, task_id: str) -> None:
+        """Stop ``task_id`` at its next step boundary if it runs in this process (its cancel
+        is already in the ledger: another process of the server recorded it)."""
+        with self._lock:
+            event = self._cancel.get(task_id)
+        if event is not None:
+            event.set()
 
     def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
         """Continue the decided task ``task_id`` with ``answers`` when a worker is free: the
@@ -124,7 +206,7 @@ class TaskWorkers:
         task = self.take(task_id, only_from=("interrupted",))
         if task is None:
             return False
-        self.start(task, resume_input(answers), project=task.project_id)
+        self.start(task, resume_input(answers), project=task.project_id, taken=True)
         return True
 
     def _task(self, task_id: str) -> Task | None:
@@ -162,6 +244,8 @@ class TaskWorkers:
             with self._lock:
                 if task.id in self._cancel:
                     continue  # Already started here.
+            if self.pulling and task.status == "queued":
+                continue  # Taken by whichever process has a worker free (pull).
             if task.status == "running":
                 # A task no live runner holds that must not run again (cancelled meanwhile,
                 # or its runner died on it too often) ends here instead.
@@ -177,9 +261,11 @@ class TaskWorkers:
                 task, CONTINUE if task.status == "running" else None, project=task.project_id
             )
             started += 1
+        if self.pulling:
+            self.wake()
         return started
 
-    def _run(self, task: Task, graph_input: Any, project: str) -> None:
+    def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
         ran = False
         try:
             if graph_input is None:
@@ -203,8 +289,16 @@ class TaskWorkers:
                 # projects, deprecated: it goes in the next release.
                 identity={"project": project, "team": project},
             )
-        except TaskBusy as exc:  # Another server took it first: it is that server's.
-            log.info("%s", exc)
+        except TaskBusy as exc:
+            if taken:
+                # This server holds the lease, so what refused the run is a cancel asked
+                # for after the take: give the lease up, and the cancel ends the task at
+                # once (else it would stay `running` until the lease lapsed).
+                self.ledger.release_lease(task.id, self.runner.runner_id)
+                self.ledger.request_cancel(task.id)
+                log.info("task %s cancelled before its run began", task.id)
+            else:  # Another server took it first: it is that server's.
+                log.info("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task.id, exc)
         except Exception:  # The runner reports task failures itself; this is a bug guard.
@@ -220,6 +314,9 @@ class TaskWorkers:
         """Start the task enqueued next on the project's thread, if its turn has come."""
         if self._stopping.is_set():
             return
+        if self.pulling:
+            self.wake()  # It is the thread's oldest active task now: pull takes it.
+            return
         waiting = self.ledger.active_task_on_thread(thread_id, project_id=project_id)
         if waiting is not None and waiting.status == "queued":
             self.start(waiting, project=waiting.project_id)
@@ -232,6 +329,9 @@ class TaskWorkers:
             wait: Return only when the running tasks have stopped.
         """
         self._stopping.set()
+        self._wake.set()
         if self._sweeper is not None:
             self._sweeper.join()
+        if self._puller is not None:
+            self._puller.join()
         self._pool.shutdown(wait=wait, cancel_futures=True)

@@ -108,6 +108,8 @@ def serve(args: argparse.Namespace) -> int:
         overrides["default_model"] = args.model
     if args.workers:
         overrides["workers"] = args.workers
+    if args.processes:
+        overrides["processes"] = args.processes
     if args.policy:
         overrides["policy_file"] = args.policy
     if args.scripts:

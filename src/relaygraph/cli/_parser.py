@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=positive, metavar="N", help="tasks that run at once (default 2)"
     )
     serve.add_argument(
+        "--processes",
+        type=positive,
+        metavar="N",
+        help="spread the workers over N processes sharing the ledger, to use more cores "
+        "(default 1: every task on threads of the server process)",
+    )
+    serve.add_argument(
         "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"
     )
     serve.add_argument(

@@ -224,6 +224,18 @@ class TasksLedger(LedgerBase):
             rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
             return [task_of_row(row) for row in rows]
 
+    def queued_tasks(
+        self, *, limit: int, exclude_project: str | None = None
+    ) -> list[tuple[str, str, str]]:
+        """The oldest ``queued`` tasks, up to ``limit``, of every project but
+        ``exclude_project``: ``(task id, thread id, project id)`` each, what a server
+        process that has a worker free takes from (``TaskWorkers.pull``)."""
+        # Core, built once: read whenever a worker of a pulling server frees up.
+        statement = _QUEUED if exclude_project is None else _QUEUED_EXCLUDING
+        with self._read_connection() as connection:
+            rows = connection.execute(statement, {"limit": limit, "exclude": exclude_project}).all()
+        return [(row.id, row.thread_id, row.project_id) for row in rows]
+
     def task_owner(self, task_id: str) -> str | None:
         """The project of task ``task_id``, or None when there is no such task.
 
@@ -329,6 +341,13 @@ _TASK = select(*TASK_COLUMNS).where(
     TaskRow.id == bindparam("task_id"), TaskRow.project_id == bindparam("project_id")
 )
 _TASK_OWNER = select(TaskRow.project_id).where(TaskRow.id == bindparam("task_id"))
+_QUEUED = (
+    select(TaskRow.id, TaskRow.thread_id, TaskRow.project_id)
+    .where(TaskRow.status == "queued")
+    .order_by(TaskRow.created_at, TaskRow.id)
+    .limit(bindparam("limit"))
+)
+_QUEUED_EXCLUDING = _QUEUED.where(TaskRow.project_id != bindparam("exclude"))
 _ACTIVE_ON_THREAD = (
     select(*TASK_COLUMNS)
     .where(

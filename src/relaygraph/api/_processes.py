@@ -1,0 +1,168 @@
+"""``serve --processes N``: the server's workers spread over N processes sharing the ledger.
+
+Every graph of an in-process server runs on threads of one Python interpreter, which runs
+one thread at a time: past some tasks per second the interpreter, not the model, sets the
+pace (benchmarks/RESULTS.md, section 6). With ``--processes N`` the server process keeps
+its share of the workers and starts N - 1 task processes (``python -m
+relaygraph.api._task_process``), each with its share, on the same ledger. No broker and no
+new service: the ledger is the queue. A queued task waits in it until a process with a
+free worker takes it under that process's lease (:meth:`TaskWorkers.pull`), so a task
+never runs twice and starts at once wherever a worker frees up.
+
+The server tells its task processes over their stdin (a line each): ``wake`` when a task
+was queued (they would otherwise find it within :data:`~relaygraph.api._workers.
+PULL_IDLE_SECONDS`), ``cancel <id>`` when one was cancelled (its lease keeper would
+otherwise see it only at its next renewal). A task process that reads the end of its stdin
+(the server stopped, or died) stops as the server does: running tasks stop at their next
+step boundary and stay ``running``, for the next start to continue. multiprocessing is not
+used: a fork of a process with threads running may copy held locks, and a spawned child
+would need the server's objects pickled; a plain subprocess reads its settings from stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._workers import TaskWorkers
+from relaygraph.runner import Answers
+from relaygraph.store import Ledger, Task
+
+__all__ = ["TaskProcesses", "serve_tasks", "shares"]
+
+log = logging.getLogger("relaygraph.api")
+
+STOP_SECONDS = 60.0
+"""How long the server waits for a task process to stop after its stdin closes."""
+
+
+def shares(workers: int, processes: int) -> list[int]:
+    """The workers of each process, the server's first: as even as they divide."""
+    base, extra = divmod(workers, processes)
+    return [base + (1 if i < extra else 0) for i in range(processes)]
+
+
+class TaskProcesses:
+    """The server's hand-off (:class:`~relaygraph.api._dispatch.TaskDispatch`) when its
+    workers are spread over processes: its own pulling workers, and its task processes.
+
+    Args:
+        workers: This process's workers (pulling).
+        settings: The server's settings, given to every task process.
+        url: The ledger's URL, the same for every process.
+        home: The data directory.
+    """
+
+    def __init__(
+        self, workers: TaskWorkers, *, settings: ServiceSettings, url: str, home: Path
+    ) -> None:
+        self.workers = workers
+        self.ledger = workers.ledger
+        self._settings, self._url, self._home = settings, url, home
+        self._children: list[subprocess.Popen[str]] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the task processes (each with its share of the workers)."""
+        for count in shares(self._settings.workers, self._settings.processes)[1:]:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "relaygraph.api._task_process"],
+                stdin=subprocess.PIPE,
+                text=True,
+                # Its own session: a Ctrl-C meant for the server reaches the server, which
+                # then stops its task processes in order (stdin closed).
+                start_new_session=True,
+            )
+            assert child.stdin is not None
+            setup = {
+                "settings": self._settings.model_dump(mode="json"),
+                "url": self._url,
+                "home": str(self._home),
+                "workers": count,
+            }
+            child.stdin.write(json.dumps(setup) + "\n")
+            child.stdin.flush()
+            self._children.append(child)
+
+    def _tell(self, line: str) -> None:
+        with self._lock:
+            for child in self._children:
+                if child.stdin is None or child.poll() is not None:
+                    continue  # Gone: its tasks' leases lapse and the sweeper continues them.
+                try:
+                    child.stdin.write(line + "\n")
+                    child.stdin.flush()
+                except (BrokenPipeError, OSError):
+                    log.warning("task process %d is gone", child.pid)
+
+    def enqueue(self, task_id: str) -> None:
+        """Wake every process: the first with a worker free takes the task."""
+        self.workers.wake()
+        self._tell("wake")
+
+    def resume(self, task_id: str, answers: Answers) -> bool:
+        """Continue a decided task in this process (see :meth:`TaskWorkers.resume`)."""
+        return self.workers.resume(task_id, answers)
+
+    def cancel(self, task_id: str) -> Task:
+        """Cancel in the ledger, and stop the task at once wherever it runs."""
+        task = self.workers.cancel(task_id)
+        if task.status != "cancelled":
+            self._tell(f"cancel {task_id}")
+        return task
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Stop this process's workers and the task processes (stdin closed)."""
+        with self._lock:
+            for child in self._children:
+                if child.stdin is not None:
+                    with contextlib.suppress(OSError):
+                        child.stdin.close()
+        self.workers.shutdown(wait=wait)
+        for child in self._children:
+            try:
+                child.wait(timeout=STOP_SECONDS if wait else 0.1)
+            except subprocess.TimeoutExpired:
+                log.warning("task process %d did not stop in time; killing it", child.pid)
+                child.kill()
+                child.wait()
+
+
+def serve_tasks(stdin: IO[str]) -> None:
+    """A task process: run queued tasks until stdin ends (see the module docstring)."""
+    from relaygraph.runner import ServiceTeams
+
+    setup: dict[str, Any] = json.loads(stdin.readline())
+    settings = ServiceSettings.model_validate(setup["settings"])
+    home = Path(setup["home"])
+    ledger = Ledger(setup["url"])
+    teams = ServiceTeams(ledger=ledger, settings=settings, home=home)
+    workers = TaskWorkers(
+        ledger,
+        home=home,
+        workers=int(setup["workers"]),
+        lease_seconds=settings.lease_seconds,
+        max_attempts=settings.max_attempts,
+        sandbox_isolation_required=not settings.unsafe_sandbox,
+        teams=teams.resolve,
+        pull=True,
+    )
+    workers.start_pulling()
+    workers.wake()
+    try:
+        for line in stdin:
+            command, _, argument = line.strip().partition(" ")
+            if command == "wake":
+                workers.wake()
+            elif command == "cancel":
+                workers.cancel_here(argument)
+    finally:
+        workers.shutdown(wait=True)
+        ledger.close()

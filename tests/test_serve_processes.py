@@ -1,0 +1,196 @@
+"""``serve --processes``: the server's workers spread over processes that share the ledger.
+
+A real ``relaygraph serve`` on loopback (tests/worker_cluster.py, SQLite, no broker), its
+tasks on ``openai:`` models answered by the local Chat Completions double after a delay, so
+that they are running long enough to be seen. Every wait polls a condition under a generous
+deadline; none waits a fixed time for correctness.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.api._processes import shares
+from relaygraph.api._settings import load_settings
+from relaygraph.api._workers import TaskWorkers
+from relaygraph.client import Client
+from relaygraph.errors import ConfigError
+from relaygraph.store import Ledger
+
+from .openai_server import serve_script
+from .test_containment import runnable
+from .worker_cluster import Cluster, process_gone, process_stats, wait_until
+
+DEADLINE = 120.0
+"""Seconds any one wait may take (generous: a loaded 2-core machine)."""
+DELAY = 6.0
+"""Each model call's answer comes this late: the window in which both tasks are running."""
+FINISHED = ("succeeded", "degraded", "failed", "cancelled")
+
+
+def _turns(job: str) -> list[dict[str, Any]]:
+    return [
+        {"route": {"next": "writer", "task": f"Write the line for {job}.", "reason": "asked"}},
+        {"content": f"One line for {job}."},
+        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
+    ]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Any]]:
+    script = {job: _turns(job) for job in ("job-a", "job-b", "job-c", "job-d")}
+    with serve_script(script, delay_seconds=DELAY) as double:
+        env = {
+            "OPENAI_BASE_URL": double.base_url,
+            "OPENAI_API_KEY": "test-key",
+            # Long leases: a cancel that reached a task only through its lease keeper would
+            # come after the task had finished.
+            "RELAYGRAPH_LEASE_SECONDS": "600",
+        }
+        with Cluster(tmp_path, database_url=None, broker=None, env=env) as cluster:
+            yield cluster, double
+
+
+def _holders(home: Path) -> dict[str, str | None]:
+    with sqlite3.connect(home / "ledger.sqlite") as db:
+        return dict(db.execute("SELECT id, runner_id FROM tasks WHERE status = 'running'"))
+
+
+def _task_processes(server_pid: int) -> list[int]:
+    return [
+        pid
+        for pid, _, fields in process_stats()
+        if int(fields[1]) == server_pid
+        and b"relaygraph.api._task_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def test_tasks_run_in_every_process_and_a_cancel_reaches_each(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    cluster_, _ = cluster
+    server = cluster_.serve("api", model="openai:script-job-a", workers=2, processes=2)
+    [child] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
+    key = cluster_.create_project("acme")
+    with Client(server.url, key) as client:
+        ids = [
+            client.submit("Write one line.", model=model)["id"]
+            for model in ("openai:script-job-a", "openai:script-job-b")
+        ]
+        # One worker per process: both run at once only if each process runs one, each
+        # under its own process's lease.
+        holders = wait_until(
+            lambda: len(found := _holders(cluster_.home)) == 2 and found,
+            DEADLINE,
+            "both tasks running",
+        )
+        assert set(holders) == set(ids)
+        assert len(set(holders.values())) == 2, holders
+
+        # Cancelled mid-call, each stops at its next step boundary: in the task process
+        # too, told by the server at once (its lease keeper would see it in 200 s).
+        for task_id in ids:
+            client.cancel(task_id)
+
+        def ended() -> list[dict[str, Any]] | None:
+            tasks = [client.get(task_id) for task_id in ids]
+            return tasks if all(t["status"] in FINISHED for t in tasks) else None
+
+        done = wait_until(ended, DEADLINE, "both tasks ended")
+        assert [t["status"] for t in done] == ["cancelled", "cancelled"], done
+
+        # A task queued later runs in whichever process has a worker free.
+        later = client.submit("Write one line.", model="openai:script-job-c")["id"]
+        ended = wait_until(
+            lambda: (t := client.get(later))["status"] in FINISHED and t,
+            DEADLINE,
+            "the later task ended",
+        )
+        assert ended["status"] == "succeeded", ended
+
+    # The server stops its task process when it stops.
+    server.signal_group(signal.SIGTERM)
+    wait_until(lambda: process_gone(server.pid), DEADLINE, "the server stopped")
+    wait_until(lambda: process_gone(child), DEADLINE, "the task process stopped")
+
+
+def test_workers_are_shared_out_and_processes_are_checked() -> None:
+    assert shares(8, 2) == [4, 4]
+    assert shares(5, 3) == [2, 2, 1]
+    assert shares(3, 1) == [3]
+    with pytest.raises(ConfigError, match=r"--processes 3 is more than the workers \(2\)"):
+        load_settings(workers=2, processes=3)
+
+
+def _recording(workers: TaskWorkers) -> list[str]:
+    """Make ``workers`` record the tasks it starts instead of running them."""
+    started: list[str] = []
+
+    def start(task: Any, graph_input: Any = None, *, project: str, taken: bool = False) -> None:
+        assert taken and graph_input == {"request": task.input}
+        with workers._lock:  # as the real one does: a busy worker until the test frees it
+            workers._cancel.setdefault(task.id, threading.Event())
+            workers._futures.add(Future())
+        started.append(task.id)
+
+    workers.start = start  # type: ignore[method-assign]
+    return started
+
+
+def test_pulling_processes_take_only_what_their_free_workers_run(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    project, _ = ledger.create_project("t")
+    first, _ = ledger.create_task(project_id=project.id, input="a", thread_id="t1")
+    behind, _ = ledger.create_task(project_id=project.id, input="b", thread_id="t1")
+    other, _ = ledger.create_task(project_id=project.id, input="c", thread_id="t2")
+    last, _ = ledger.create_task(project_id=project.id, input="d", thread_id="t3")
+    one = TaskWorkers(ledger, home=tmp_path, workers=1, pull=True)
+    two = TaskWorkers(ledger, home=tmp_path, workers=2, pull=True)
+    taken_by_one, taken_by_two = _recording(one), _recording(two)
+    try:
+        assert one.pull() == 1 and taken_by_one == [first.id]  # the oldest, one worker
+        assert one.pull() == 0  # no worker free
+        # The other process skips the task behind `first` on its thread.
+        assert two.pull() == 2 and taken_by_two == [other.id, last.id]
+    finally:
+        one.shutdown(wait=False)
+        two.shutdown(wait=False)
+    holders = {t: ledger.get_task(t, project_id=project.id) for t in (first.id, other.id)}
+    assert {t.status for t in holders.values() if t} == {"running"}
+    waiting = ledger.get_task(behind.id, project_id=project.id)
+    assert waiting is not None and waiting.status == "queued"
+
+
+def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script: Any) -> None:
+    """A task taken for a free worker and cancelled before its run takes the lease again
+    is cancelled at once, not left ``running`` under the lease until it lapses."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    workers = TaskWorkers(ledger, home=home, workers=1, pull=True)
+    try:
+        taken = workers.take(task.id, only_from=("queued",))
+        assert taken is not None
+        asked = ledger.request_cancel(task.id)  # held: asked, not ended
+        assert asked.status == "running" and asked.cancel_requested_at is not None
+        workers.start(taken, {"request": "x"}, project=project.id, taken=True)
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "cancelled" and ended.stop_reason == "cancelled by request"
