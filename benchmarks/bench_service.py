@@ -664,10 +664,11 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
             f"**`--processes {PROCESSES}`** (diagnostic, no target): "
             f"{spread.median_per_second() / spread.bound():.0%} of the bound against "
             f"{one.median_per_second() / one.bound():.0%} with every graph in the server "
-            "process. Spread over two interpreters, the graphs' threads wait less for their "
-            "interpreter's turn; what is left between relaygraph and bare is time on each "
-            "task's own path (the run's set-up, its ledger and checkpoint writes, the API's "
-            "submission), not CPU the cores lack (see *What 90% of the bound needs*).",
+            "process (rounds in the table). The server's one interpreter runs below its limit "
+            "here (the table's *interpreter limit*), so two interpreters change the pace no "
+            "more than the rounds vary: what is left between relaygraph and bare is time on "
+            "each task's own path (the run's set-up, its ledger and checkpoint writes, the "
+            "API's submission), not CPU the cores or the interpreter lack.",
             "",
         )
     needs = [_needs(mode, cores) for name, mode in measured.items() if name != "floor"]

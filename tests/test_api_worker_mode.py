@@ -82,6 +82,14 @@ def test_the_worker_mode_refuses_a_sqlite_ledger(home: Path) -> None:
     assert "sqlite" in str(refused.value)
 
 
+def test_the_worker_mode_refuses_server_processes(home: Path) -> None:
+    # Its API servers run no tasks: more processes there would be processes doing nothing.
+    broker = WorkerSettings(broker_url=f"amqp://guest:guest@127.0.0.1:{closed_port()}//")
+    settings = service_settings(home).model_copy(update={"workers": 4, "processes": 2})
+    with pytest.raises(ConfigError, match=r"--processes 2: in the worker mode"):
+        create_app(settings, worker_settings=broker)
+
+
 def test_the_broker_url_comes_from_the_environment(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -75,6 +75,12 @@ class ServiceState:
         """The worker mode's settings; None when tasks run in this process."""
         self.sweep_seconds = SWEEP_SECONDS
         """How often the worker mode looks for tasks whose message was lost."""
+        if worker_settings is not None and settings.processes > 1:
+            raise ConfigError(
+                f"bad server setting: RELAYGRAPH_PROCESSES / --processes {settings.processes}: "
+                "in the worker mode (RELAYGRAPH_BROKER_URL is set) the server runs no tasks; "
+                "start more `relaygraph worker` processes instead"
+            )
         self._shared_url = None if worker_settings is None else _shared_ledger_url(settings)
         # The teams tasks run: the built-in one, the operator's team files (read now: a bad
         # one stops the server from starting) and the projects' registered teams.
