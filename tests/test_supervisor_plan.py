@@ -3,6 +3,8 @@ while every step finishes with a result; anything else asks the supervisor again
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from relaygraph.models.local._team import without_plan
@@ -123,3 +125,106 @@ def test_the_embedded_model_is_never_offered_a_plan() -> None:
     assert narrowed["required"] == schema["required"]
     other = {"type": "object", "properties": {"then": {"type": "string"}}, "required": []}
     assert without_plan(other) == other  # not a route: unchanged
+
+
+# In process, on the scripted model, under a policy of the test's own.
+
+
+def _run(tmp_path: Path, script: dict[str, Any], policy: str | None = None) -> Any:
+    from relaygraph.runner import run_task
+
+    path = tmp_path / f"script-{len(list(tmp_path.glob('script-*')))}.json"
+    path.write_text(json.dumps(script), encoding="utf-8")
+    policy_file = None
+    if policy is not None:
+        policy_file = tmp_path / "policy.toml"
+        policy_file.write_text(policy, encoding="utf-8")
+    return run_task("When are checkpoints written?", model=f"scripted:{path}", policy=policy_file)
+
+
+def test_a_plan_may_name_an_agent_that_may_not_work_until_its_step(tmp_path: Path) -> None:
+    # After a researcher/coder ping-pong the pair is barred after each other; a plan
+    # writer -> researcher is valid: the researcher comes after the writer, not the coder.
+    script = {
+        "supervisor": [
+            route("researcher", "r1"),
+            route("coder", "c1"),
+            route("researcher", "r2"),
+            route("coder", "c2"),
+            route("researcher", "r3"),  # a ping-pong: the pair is barred
+            route("writer", "Write the draft", "draft, then verify", then=["researcher: Verify"]),
+            route(FINISH, reason="verified"),
+        ],
+        "researcher": [say("r1 out"), say("r2 out"), say("verified")],
+        "coder": [say("c1 out"), say("c2 out")],
+        "writer": [say("draft")],
+    }
+    result = _run(tmp_path, script, '[ping_pong]\non_detect = "supervisor"\n')
+    assert result.agents_run == [
+        "researcher",
+        "coder",
+        "researcher",
+        "coder",
+        "writer",
+        "researcher",
+    ]
+    assert result.handoffs[-1]["reason"] == "planned (1/1): draft, then verify"
+
+
+def test_a_planned_step_to_a_spent_agent_is_refused_and_recorded(tmp_path: Path) -> None:
+    script = {
+        "supervisor": [
+            route("writer", "Draft the report", "draft first", then=["writer: Final report"]),
+            route(FINISH, reason="the draft will do"),
+        ],
+        "writer": [say("draft report")],
+    }
+    result = _run(tmp_path, script, "[agents.writer]\nmax_model_calls = 1\n")
+    # The writer spent its one call: its planned step is refused, recorded as a model's
+    # route to it is, and the supervisor decides (here: FINISH).
+    assert result.agents_run == ["writer"]
+    assert [v["kind"] for v in result.violations] == ["budget"]
+    assert "route to 'writer' refused: out of budget" in result.violations[0]["detail"]
+
+
+def test_a_plan_past_the_teams_visits_asks_the_supervisor(tmp_path: Path) -> None:
+    script = {
+        "supervisor": [
+            route(
+                "researcher", "Find it", "facts first", then=["coder: Tabulate", "writer: Report"]
+            ),
+            route(FINISH, reason="enough with two visits"),
+        ],
+        "researcher": [say("A checkpoint per super-step.")],
+        "coder": [say("table")],
+    }
+    result = _run(tmp_path, script, "[team]\nmax_agent_runs = 2\n")
+    # With every visit spent the supervisor may still say FINISH, plan or no plan.
+    assert result.agents_run == ["researcher", "coder"]
+    assert result.status == "succeeded", result.stop_reason
+
+
+def test_other_topologies_play_a_plan_one_route_per_step(tmp_path: Path) -> None:
+    from relaygraph.evals._translate import to_supervisor_tools, to_swarm
+    from relaygraph.runner import run_task
+    from relaygraph.topology import Topology
+
+    script = {
+        "supervisor": [
+            route("researcher", "Find it", "facts, then the report", then=["writer: Report"]),
+            route(FINISH, reason="answered"),
+        ],
+        "researcher": [say("A checkpoint is written after every super-step.")],
+        "writer": [say("Report: one checkpoint per super-step.")],
+    }
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(to_supervisor_tools(script)), encoding="utf-8")
+    swarm_script, start = to_swarm(script, ["researcher", "coder", "writer"])
+    swarm = tmp_path / "swarm.json"
+    swarm.write_text(json.dumps(swarm_script), encoding="utf-8")
+    for path, topology in (
+        (tools, Topology(kind="supervisor-tools")),
+        (swarm, Topology(kind="swarm", start_agent=start)),
+    ):
+        result = run_task("When?", model=f"scripted:{path}", topology=topology)
+        assert result.agents_run == ["researcher", "writer"], topology

@@ -5,6 +5,7 @@ agent's turns, ``finalize``'s answer. The same conversation in the other topolog
 
 - ``supervisor-tools``: each route becomes a ``transfer_to_<agent>`` tool call with the same
   task and reason; ``FINISH`` becomes the supervisor's final message, with finalize's answer.
+  A route's plan (``then``) becomes one such call per planned step, in order.
 - ``swarm``: there is no supervisor. The first route names the starting agent; where the
   supervisor routed from one agent to the next, the agent's last turn of that visit becomes a
   ``transfer_to_<next>`` call with the route's task; the last agent ends with finalize's
@@ -37,6 +38,32 @@ def _route(turn: dict[str, Any]) -> dict[str, Any] | None:
     return route if isinstance(route, dict) and isinstance(route.get("next"), str) else None
 
 
+def _one_route_per_turn(supervisor: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The supervisor's turns with each plan (a route's ``then``) played as routes of their
+    own, one per step with the planning route's reason: the other topologies' supervisors
+    (and the swarm's agents) have no plans."""
+    played: list[dict[str, Any]] = []
+    for turn in supervisor:
+        route = _route(turn)
+        steps = route.get("then") if route is not None else None
+        if route is None or not isinstance(steps, list) or not steps:
+            played.append(turn)
+            continue
+        played.append({**turn, "route": {k: v for k, v in route.items() if k != "then"}})
+        for step in steps:
+            agent, _, task = str(step).partition(":")
+            played.append(
+                {
+                    "route": {
+                        "next": agent.strip(),
+                        "task": task.strip(),
+                        "reason": route.get("reason", ""),
+                    }
+                }
+            )
+    return played
+
+
 def _with_usage(turn: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {**new, "usage": turn["usage"]} if "usage" in turn else new
 
@@ -49,7 +76,7 @@ def to_supervisor_tools(turns: Turns) -> Turns:
     out = {k: copy.deepcopy(v) for k, v in turns.items() if k != FINALIZE}
     answers = iter(_answers(turns))
     played = []
-    for turn in turns.get(SUPERVISOR, []):
+    for turn in _one_route_per_turn(turns.get(SUPERVISOR, [])):
         route = _route(turn)
         if route is None:
             played.append(copy.deepcopy(turn))
@@ -98,7 +125,8 @@ def to_swarm(turns: Turns, agents: Sequence[str] | None = None) -> tuple[Turns, 
     key of the script other than the supervisor and finalize).
     """
     out = {k: copy.deepcopy(v) for k, v in turns.items() if k not in (SUPERVISOR, FINALIZE)}
-    routes = [r for t in turns.get(SUPERVISOR, []) if (r := _route(t)) is not None]
+    supervisor = _one_route_per_turn(turns.get(SUPERVISOR, []))
+    routes = [r for t in supervisor if (r := _route(t)) is not None]
     known = set(agents) if agents is not None else set(out)
     targets = [r for r in routes if r["next"] in known]
     if not targets:

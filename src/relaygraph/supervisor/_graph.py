@@ -88,7 +88,9 @@ def _make_supervisor(
                 update={"status": "degraded", "stop_reason": f"no agent left: {reason}"},
             )
         ns, turn = acc.task_ns(config), state.get("turn", 0)
-        step = _planned_step(state, visits, available)
+        # With every visit spent, the supervisor is asked (it may still say FINISH).
+        step = None if no_visits_left else _planned_step(state, visits, available)
+        plan_refused = _plan_refused(state, visits, unavailable) if step is None else ()
         if step is not None:
             # The step the supervisor planned when it routed the visit that just finished
             # with a result: carried out without a model call, through the same checks.
@@ -119,6 +121,7 @@ def _make_supervisor(
                 config=acc.call_config(config, state, SUPERVISOR, replays=replays),
                 may_finish=bool(visits),
                 unavailable=unavailable,
+                team=agents,
             )
             replies = list(decision.raw)
             usage = acc.announce_usage(
@@ -151,7 +154,7 @@ def _make_supervisor(
                 "budget",
                 f"route to {agent!r} refused: {unavailable[agent]}",
             )
-            for agent in decision.refused
+            for agent in dict.fromkeys((*plan_refused, *decision.refused))
             if agent in spent_names and agent not in hit_before
         ]
         tokens_so_far = acc.agent_tokens(state, agents)
@@ -237,21 +240,35 @@ def _make_supervisor(
     return supervisor
 
 
-def _planned_step(
-    state: TeamState, visits: Sequence[Visit], available: Sequence[str]
-) -> Assignment | None:
-    """The next step of the supervisor's plan, if it may run without asking the supervisor:
-    the visit the supervisor routed last finished with a result (not a handoff to a peer,
-    a budget stop, a refusal or a failed model call) and the planned agent may work now.
-    Any other outcome drops the plan: the supervisor is asked and sees what happened."""
+def _next_in_plan(state: TeamState, visits: Sequence[Visit]) -> Assignment | None:
+    """The next step of the supervisor's plan, if the plan still holds: the visit the
+    supervisor routed last finished with a result (not a handoff to a peer, a budget stop,
+    a refusal or a failed model call). Any other outcome drops the plan: the supervisor is
+    asked and sees what happened."""
     plan = state.get("plan") or []
     if not plan or not visits:
         return None
     last = visits[-1]
     routed = last["source"] == SUPERVISOR and last["ended"] == "finished"
-    if not routed or not last["output"].strip() or plan[0]["agent"] not in available:
-        return None
-    return plan[0]
+    return plan[0] if routed and last["output"].strip() else None
+
+
+def _planned_step(
+    state: TeamState, visits: Sequence[Visit], available: Sequence[str]
+) -> Assignment | None:
+    """The planned step that runs now without a supervisor call: the plan holds and its
+    agent may work now."""
+    step = _next_in_plan(state, visits)
+    return step if step is not None and step["agent"] in available else None
+
+
+def _plan_refused(
+    state: TeamState, visits: Sequence[Visit], unavailable: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The agent of a planned step that would run now but may not work (a spent budget, a
+    bar): its step is refused as a model's route to it is, and recorded the same way."""
+    step = _next_in_plan(state, visits)
+    return (step["agent"],) if step is not None and step["agent"] in unavailable else ()
 
 
 def _plan_of(route: Route) -> list[Assignment]:

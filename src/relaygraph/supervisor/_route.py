@@ -72,7 +72,9 @@ def _planned_step(step: str, agents: tuple[str, ...]) -> tuple[str, str]:
     return agent, task
 
 
-def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route]:
+def route_model(
+    agents: Sequence[str], *, may_finish: bool = True, team: Sequence[str] | None = None
+) -> type[Route]:
     """The ``Route`` schema for a team: ``next`` is one of ``agents`` or ``FINISH``.
 
     Args:
@@ -80,8 +82,11 @@ def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route
         may_finish: Whether ``FINISH`` is a choice. Before any agent has worked on a request
             it is not: a team that answers without its agents is no team, and small models
             otherwise pick FINISH at once.
+        team: Every agent of the team, which a planned step (``then``) may name: an agent
+            that may not work now (a bar after a ping-pong, a spent budget) may be able to
+            by the time its step comes, which is checked then. None: ``agents``.
     """
-    return _route_model(tuple(agents), may_finish)
+    return _route_model(tuple(agents), may_finish, tuple(team) if team is not None else None)
 
 
 # The supervisor asks for its route at every step: the schema class of a roster and its
@@ -89,14 +94,16 @@ def route_model(agents: Sequence[str], *, may_finish: bool = True) -> type[Route
 # at every call, were about 3.6% of a worker's CPU per task); bounded, as a server may hold
 # many teams.
 @functools.lru_cache(maxsize=256)
-def _route_model(agents: tuple[str, ...], may_finish: bool) -> type[Route]:
+def _route_model(
+    agents: tuple[str, ...], may_finish: bool, team: tuple[str, ...] | None
+) -> type[Route]:
     choices: Any = Literal[(*agents, FINISH)] if may_finish else Literal[agents]
     model = create_model(
         "Route",
         __base__=Route,
         next=(choices, Field(description="The agent that works next, or FINISH.")),
     )
-    model.agents_allowed = agents
+    model.agents_allowed = agents if team is None else team
     return model
 
 
@@ -224,6 +231,7 @@ def route_next_agent(
     config: RunnableConfig,
     may_finish: bool = True,
     unavailable: Mapping[str, str] | None = None,
+    team: Sequence[str] | None = None,
 ) -> RouteDecision:
     """Ask the model for the next route; repair once; fall back to FINISH.
 
@@ -235,7 +243,7 @@ def route_next_agent(
     fallback: finish with what exists, flagged so the run reports ``degraded``.
     """
     unavailable = unavailable or {}
-    schema = route_model(agents, may_finish=may_finish)
+    schema = route_model(agents, may_finish=may_finish, team=team)
     first = _attempt(model, schema, messages, config)
     if first.route is not None and first.raw is not None:
         return RouteDecision(route=first.route, fallback=False, error=None, raw=(first.raw,))
