@@ -171,22 +171,20 @@ def handoffs_of(script: Script) -> int:
 
 def step_by_step(script: Script) -> Script | None:
     """The same script with its supervisor's plans (``then``) played as one route per
-    supervisor call, as bare's supervisor plays them; None when the script has no plan."""
+    supervisor call, as bare's supervisor plays them (the eval's translation for the other
+    topologies does the same); None when the script has no plan."""
+    from relaygraph.evals._translate import one_route_per_turn
+
     if not any(t["route"].get("then") for t in script["supervisor"]):
         return None
-    routes: list[dict[str, Any]] = []
-    for turn in script["supervisor"]:
-        route = dict(turn["route"])
-        steps = route.pop("then", [])
-        routes.append({"route": route})
-        for step in steps:
-            agent, _, task = step.partition(":")
-            routes.append(_route(agent.strip(), task.strip(), route["reason"]))
-    return {**script, "supervisor": routes}
+    return {**script, "supervisor": one_route_per_turn(script["supervisor"])}
 
 
 def to_bare(script: Script) -> Script:
     """The same conversation for a bare ``create_supervisor`` team (see the module docstring)."""
+    # A relaygraph plan (``then``): bare's supervisor has no plans and routes each step in
+    # a call of its own.
+    script = step_by_step(script) or script
     cursors = dict.fromkeys(script, 0)
 
     def take(role: str) -> dict[str, Any]:
@@ -195,15 +193,8 @@ def to_bare(script: Script) -> Script:
         return turn
 
     bare: Script = {role: [] for role in script if role != "finalize"}
-    planned: list[str] = []
     while True:
-        if planned:
-            # A step of a relaygraph plan (``then``): bare's supervisor has no plans and
-            # routes it in a call of its own.
-            route = {"next": planned.pop(0).partition(":")[0].strip()}
-        else:
-            route = take("supervisor")["route"]
-            planned = list(route.get("then", []))
+        route = take("supervisor")["route"]
         if route["next"] == "FINISH":
             bare["supervisor"].append({"content": take("finalize")["content"]})
             return bare

@@ -151,9 +151,9 @@ class TaskWorkers:
             return 0
         with self._lock:
             free = self.workers - len(self._futures)
-        started = 0
         if free <= 0:
             return 0
+        started = 0
         for task_id, thread_id, project_id in self.ledger.queued_tasks(
             limit=free + self.workers, exclude_project=LOCAL_PROJECT_ID
         ):
@@ -226,10 +226,7 @@ class TaskWorkers:
         if task.status == "cancelled":
             self.start_next(task.thread_id, project_id=task.project_id)
             return task
-        with self._lock:
-            event = self._cancel.get(task_id)
-        if event is not None:
-            event.set()
+        self.cancel_here(task_id)
         return task
 
     def recover(self) -> int:

@@ -38,7 +38,7 @@ def _route(turn: dict[str, Any]) -> dict[str, Any] | None:
     return route if isinstance(route, dict) and isinstance(route.get("next"), str) else None
 
 
-def _one_route_per_turn(supervisor: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def one_route_per_turn(supervisor: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The supervisor's turns with each plan (a route's ``then``) played as routes of their
     own, one per step with the planning route's reason: the other topologies' supervisors
     (and the swarm's agents) have no plans."""
@@ -76,7 +76,7 @@ def to_supervisor_tools(turns: Turns) -> Turns:
     out = {k: copy.deepcopy(v) for k, v in turns.items() if k != FINALIZE}
     answers = iter(_answers(turns))
     played = []
-    for turn in _one_route_per_turn(turns.get(SUPERVISOR, [])):
+    for turn in one_route_per_turn(turns.get(SUPERVISOR, [])):
         route = _route(turn)
         if route is None:
             played.append(copy.deepcopy(turn))
@@ -125,7 +125,7 @@ def to_swarm(turns: Turns, agents: Sequence[str] | None = None) -> tuple[Turns, 
     key of the script other than the supervisor and finalize).
     """
     out = {k: copy.deepcopy(v) for k, v in turns.items() if k not in (SUPERVISOR, FINALIZE)}
-    supervisor = _one_route_per_turn(turns.get(SUPERVISOR, []))
+    supervisor = one_route_per_turn(turns.get(SUPERVISOR, []))
     routes = [r for t in supervisor if (r := _route(t)) is not None]
     known = set(agents) if agents is not None else set(out)
     targets = [r for r in routes if r["next"] in known]
