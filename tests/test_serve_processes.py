@@ -170,6 +170,32 @@ def test_pulling_processes_take_only_what_their_free_workers_run(
     assert waiting is not None and waiting.status == "queued"
 
 
+def test_tasks_behind_a_paused_thread_do_not_starve_other_threads(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """A hostile (or just busy) tenant pauses a thread on an approval and queues more tasks
+    behind it than a pull reads at once: another tenant's task still gets the free worker."""
+    hostile, _ = ledger.create_project("hostile")
+    paused, _ = ledger.create_task(project_id=hostile.id, input="p", thread_id="held")
+    assert ledger.take_lease(paused.id, "elsewhere", seconds=600, only_from=("queued",))
+    ledger.set_status(paused.id, "interrupted", stop_reason="awaiting approval")
+    behind = [
+        ledger.create_task(project_id=hostile.id, input=f"b{i}", thread_id="held")[0]
+        for i in range(6)
+    ]
+    victim, _ = ledger.create_project("victim")
+    theirs, _ = ledger.create_task(project_id=victim.id, input="v", thread_id="own")
+    workers = TaskWorkers(ledger, home=tmp_path, workers=1, pull=True)
+    started = _recording(workers)
+    try:
+        assert workers.pull() == 1 and started == [theirs.id]
+    finally:
+        workers.shutdown(wait=False)
+    assert ledger.queued_tasks(limit=10) == []  # all behind the paused one: none may start
+    left = [ledger.get_task(t.id, project_id=hostile.id) for t in behind]
+    assert {t.status for t in left if t} == {"queued"}
+
+
 def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script: Any) -> None:
     """A task taken for a free worker and cancelled before its run takes the lease again
     is cancelled at once, not left ``running`` under the lease until it lapses."""

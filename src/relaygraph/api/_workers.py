@@ -145,7 +145,9 @@ class TaskWorkers:
         Each is taken under this process's lease before it is handed to a worker, and only
         when a worker is free, so it starts at once (its lease cannot lapse while it waits)
         and two processes sharing the ledger never both run it: the one whose take fails
-        leaves it. Only the oldest active task of a thread is taken, as :meth:`recover` does.
+        leaves it. Only the oldest active task of a thread is taken, as :meth:`recover` does;
+        the ledger reads no others (``Ledger.queued_tasks``), so the tasks queued behind a
+        paused thread never keep another thread's task from a free worker.
         """
         if self._stopping.is_set():
             return 0
@@ -154,14 +156,11 @@ class TaskWorkers:
         if free <= 0:
             return 0
         started = 0
-        for task_id, thread_id, project_id in self.ledger.queued_tasks(
+        for task_id in self.ledger.queued_tasks(
             limit=free + self.workers, exclude_project=LOCAL_PROJECT_ID
         ):
             if started == free:
                 break
-            first = self.ledger.active_task_on_thread(thread_id, project_id=project_id)
-            if first is None or first.id != task_id:
-                continue  # Its thread is busy: it starts when the task before it ends.
             task = self.take(task_id, only_from=("queued",))
             if task is None:
                 continue  # Another process took it first, or it was cancelled.

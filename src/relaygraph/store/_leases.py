@@ -26,6 +26,7 @@ from relaygraph.store._models import (
     TaskRow,
 )
 from relaygraph.store._records import (
+    ACTIVE_STATUSES,
     TASK_STATUSES,
     Task,
 )
@@ -95,7 +96,7 @@ class LeasesLedger(LedgerBase):
         runner_id: str,
         *,
         seconds: float,
-        only_from: Iterable[str] = ("queued", "running", "interrupted"),
+        only_from: Iterable[str] = ACTIVE_STATUSES,
     ) -> Task | None:
         """Make ``runner_id`` the one that runs the task, for ``seconds``, and mark it running.
 

@@ -23,6 +23,8 @@ TASK_STATUSES: tuple[TaskStatus, ...] = (
     "cancelled",
 )
 FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "degraded", "failed", "cancelled"})
+ACTIVE_STATUSES: tuple[TaskStatus, ...] = ("queued", "running", "interrupted")
+"""A task not yet finished: its thread's later tasks wait for it."""
 """Statuses a task does not leave: it has an answer or a reason it has none."""
 
 

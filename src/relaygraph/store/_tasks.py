@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Table, and_, bindparam, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
@@ -33,6 +34,7 @@ from relaygraph.store._models import (
     TaskRow,
 )
 from relaygraph.store._records import (
+    ACTIVE_STATUSES,
     TASK_STATUSES,
     Task,
 )
@@ -224,17 +226,17 @@ class TasksLedger(LedgerBase):
             rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
             return [task_of_row(row) for row in rows]
 
-    def queued_tasks(
-        self, *, limit: int, exclude_project: str | None = None
-    ) -> list[tuple[str, str, str]]:
-        """The oldest ``queued`` tasks, up to ``limit``, of every project but
-        ``exclude_project``: ``(task id, thread id, project id)`` each, what a server
-        process that has a worker free takes from (``TaskWorkers.pull``)."""
+    def queued_tasks(self, *, limit: int, exclude_project: str | None = None) -> list[str]:
+        """The ids of the oldest ``queued`` tasks that may start now, up to ``limit``, of
+        every project but ``exclude_project``: what a server
+        process that has a worker free takes from (``TaskWorkers.pull``). A task is left
+        out while an older task of its thread is active (queued, running or waiting for a
+        person): it starts after that one, as :meth:`active_task_on_thread` orders them."""
         # Core, built once: read whenever a worker of a pulling server frees up.
         statement = _QUEUED if exclude_project is None else _QUEUED_EXCLUDING
         with self._read_connection() as connection:
             rows = connection.execute(statement, {"limit": limit, "exclude": exclude_project}).all()
-        return [(row.id, row.thread_id, row.project_id) for row in rows]
+        return [row.id for row in rows]
 
     def task_owner(self, task_id: str) -> str | None:
         """The project of task ``task_id``, or None when there is no such task.
@@ -341,9 +343,26 @@ _TASK = select(*TASK_COLUMNS).where(
     TaskRow.id == bindparam("task_id"), TaskRow.project_id == bindparam("project_id")
 )
 _TASK_OWNER = select(TaskRow.project_id).where(TaskRow.id == bindparam("task_id"))
+_EARLIER = aliased(TaskRow)
 _QUEUED = (
-    select(TaskRow.id, TaskRow.thread_id, TaskRow.project_id)
-    .where(TaskRow.status == "queued")
+    select(TaskRow.id)
+    .where(
+        TaskRow.status == "queued",
+        # Only a thread's oldest active task may start (the ones behind it wait for it), so
+        # the rest are not read at all: a thread paused on an approval with many tasks
+        # queued behind it must not fill every page and starve every other thread.
+        ~select(_EARLIER.id)
+        .where(
+            _EARLIER.project_id == TaskRow.project_id,
+            _EARLIER.thread_id == TaskRow.thread_id,
+            _EARLIER.status.in_(ACTIVE_STATUSES),
+            or_(
+                _EARLIER.created_at < TaskRow.created_at,
+                and_(_EARLIER.created_at == TaskRow.created_at, _EARLIER.id < TaskRow.id),
+            ),
+        )
+        .exists(),
+    )
     .order_by(TaskRow.created_at, TaskRow.id)
     .limit(bindparam("limit"))
 )
@@ -353,7 +372,7 @@ _ACTIVE_ON_THREAD = (
     .where(
         TaskRow.project_id == bindparam("project_id"),
         TaskRow.thread_id == bindparam("thread"),
-        TaskRow.status.in_(("queued", "running", "interrupted")),
+        TaskRow.status.in_(ACTIVE_STATUSES),
     )
     .order_by(TaskRow.created_at, TaskRow.id)
     .limit(1)
