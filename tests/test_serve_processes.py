@@ -8,6 +8,7 @@ deadline; none waits a fixed time for correctness.
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import threading
@@ -120,6 +121,69 @@ def test_tasks_run_in_every_process_and_a_cancel_reaches_each(
     server.signal_group(signal.SIGTERM)
     wait_until(lambda: process_gone(server.pid), DEADLINE, "the server stopped")
     wait_until(lambda: process_gone(child), DEADLINE, "the task process stopped")
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for SIGTERM (/proc's SigCgt)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def test_a_task_process_that_ends_is_logged_and_started_again(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """Killed, or stopped by SIGTERM on its own (which it takes as the end of its stdin:
+    exit code 0), a task process is replaced while the server runs, and the new one runs
+    tasks."""
+    cluster_, _ = cluster
+    server = cluster_.serve("api", model="openai:script-job-a", workers=2, processes=2)
+    [first] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
+    os.kill(first, signal.SIGKILL)
+    [second] = wait_until(
+        lambda: [p for p in _task_processes(server.pid) if p != first] or None,
+        DEADLINE,
+        "another task process",
+    )
+    wait_until(
+        lambda: f"task process {first} ended (exit code -9)" in server.output(),
+        DEADLINE,
+        "the server logged the killed task process",
+    )
+    wait_until(lambda: _catches_sigterm(second), DEADLINE, "the new process's SIGTERM handler")
+    os.kill(second, signal.SIGTERM)
+    wait_until(
+        lambda: f"task process {second} ended (exit code 0)" in server.output(),
+        DEADLINE,
+        "the second task process stopped on SIGTERM",
+    )
+    [third] = wait_until(
+        lambda: [p for p in _task_processes(server.pid) if p not in (first, second)] or None,
+        DEADLINE,
+        "a third task process",
+    )
+    key = cluster_.create_project("acme")
+    with Client(server.url, key) as client:
+        # Both tasks at once on two workers, one per process: the new process runs one.
+        ids = [
+            client.submit("Write one line.", model=model)["id"]
+            for model in ("openai:script-job-a", "openai:script-job-b")
+        ]
+        holders = wait_until(
+            lambda: len(found := _holders(cluster_.home)) == 2 and found,
+            DEADLINE,
+            "both tasks running",
+        )
+        assert set(holders) == set(ids) and len(set(holders.values())) == 2, holders
+
+        def statuses() -> list[str] | None:
+            found = [client.get(task_id)["status"] for task_id in ids]
+            return found if all(status in FINISHED for status in found) else None
+
+        done = wait_until(statuses, DEADLINE, "both tasks ended")
+        assert done == ["succeeded", "succeeded"]
+    assert third in _task_processes(server.pid)
 
 
 def test_workers_are_shared_out_and_processes_are_checked() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import subprocess
 import sys
 import threading
@@ -49,9 +50,69 @@ def shares(workers: int, processes: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(processes)]
 
 
+class _Child:
+    """One task process, and what the server says to it.
+
+    Lines go through a queue to a writer thread of its own, so the request that queues a
+    task or cancels one never waits on a pipe a stuck process has stopped reading (its
+    lines wait in the queue instead; ``wake`` lines are merged, so they never pile up).
+    """
+
+    def __init__(self, setup: dict[str, Any]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "relaygraph.api._task_process"],
+            stdin=subprocess.PIPE,
+            text=True,
+            # Its own session: a Ctrl-C meant for the server reaches the server, which
+            # then stops its task processes in order (stdin closed).
+            start_new_session=True,
+        )
+        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._woken = threading.Event()
+        """A ``wake`` is queued and not yet written: another adds nothing."""
+        self._lines.put(json.dumps(setup))
+        self._writer = threading.Thread(
+            target=self._write, name=f"relaygraph-tell-{self.process.pid}", daemon=True
+        )
+        self._writer.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def tell(self, line: str) -> None:
+        if line == "wake":
+            if self._woken.is_set():
+                return
+            self._woken.set()
+        self._lines.put(line)
+
+    def close(self) -> None:
+        """Close its stdin once what is queued is written: the process then stops."""
+        self._lines.put(None)
+
+    def _write(self) -> None:
+        stdin = self.process.stdin
+        assert stdin is not None
+        try:
+            while (line := self._lines.get()) is not None:
+                if line == "wake":
+                    self._woken.clear()
+                stdin.write(line + "\n")
+                stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # Gone: the watcher logs it and starts another.
+        finally:
+            with contextlib.suppress(OSError):
+                stdin.close()
+
+
 class TaskProcesses:
     """The server's hand-off (:class:`~relaygraph.api._dispatch.TaskDispatch`) when its
     workers are spread over processes: its own pulling workers, and its task processes.
+
+    A task process that dies (killed, out of memory) is logged and started again at once;
+    its running tasks continue once their leases lapse (the sweeper), as a dead server's do.
 
     Args:
         workers: This process's workers (pulling).
@@ -66,41 +127,56 @@ class TaskProcesses:
         self.workers = workers
         self.ledger = workers.ledger
         self._settings, self._url, self._home = settings, url, home
-        self._children: list[subprocess.Popen[str]] = []
+        self._children: list[_Child] = []
         self._lock = threading.Lock()
+        self._stopping = False
+        self._watchers: list[threading.Thread] = []
+
+    @property
+    def pids(self) -> list[int]:
+        """The task processes' process ids, as they are now."""
+        with self._lock:
+            return [child.pid for child in self._children]
 
     def start(self) -> None:
         """Start the task processes (each with its share of the workers)."""
-        for count in shares(self._settings.workers, self._settings.processes)[1:]:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "relaygraph.api._task_process"],
-                stdin=subprocess.PIPE,
-                text=True,
-                # Its own session: a Ctrl-C meant for the server reaches the server, which
-                # then stops its task processes in order (stdin closed).
-                start_new_session=True,
+        for slot, count in enumerate(shares(self._settings.workers, self._settings.processes)[1:]):
+            self._children.append(self._spawn(count))
+            watcher = threading.Thread(
+                target=self._watch, args=(slot, count), name="relaygraph-processes", daemon=True
             )
-            assert child.stdin is not None
-            setup = {
-                "settings": self._settings.model_dump(mode="json"),
-                "url": self._url,
-                "home": str(self._home),
-                "workers": count,
-            }
-            child.stdin.write(json.dumps(setup) + "\n")
-            child.stdin.flush()
-            self._children.append(child)
+            watcher.start()
+            self._watchers.append(watcher)
+
+    def _spawn(self, workers: int) -> _Child:
+        setup = {
+            "settings": self._settings.model_dump(mode="json"),
+            "url": self._url,
+            "home": str(self._home),
+            "workers": workers,
+        }
+        return _Child(setup)
+
+    def _watch(self, slot: int, workers: int) -> None:
+        """Wait on the task process of ``slot``; should it end while the server runs, log
+        how and start another in its place."""
+        while True:
+            with self._lock:
+                child = self._children[slot]
+            code = child.process.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                log.warning(
+                    "task process %d ended (exit code %s); starting another", child.pid, code
+                )
+                child.close()
+                self._children[slot] = self._spawn(workers)
 
     def _tell(self, line: str) -> None:
         with self._lock:
             for child in self._children:
-                if child.stdin is None or child.poll() is not None:
-                    continue  # Gone: its tasks' leases lapse and the sweeper continues them.
-                try:
-                    child.stdin.write(line + "\n")
-                    child.stdin.flush()
-                except (BrokenPipeError, OSError):
-                    log.warning("task process %d is gone", child.pid)
+                child.tell(line)
 
     def enqueue(self, task_id: str) -> None:
         """Wake every process: the first with a worker free takes the task."""
@@ -121,22 +197,25 @@ class TaskProcesses:
     def shutdown(self, *, wait: bool = True) -> None:
         """Stop this process's workers and the task processes (stdin closed)."""
         with self._lock:
-            for child in self._children:
-                if child.stdin is not None:
-                    with contextlib.suppress(OSError):
-                        child.stdin.close()
+            self._stopping = True
+            children = list(self._children)
+        for child in children:
+            child.close()
         self.workers.shutdown(wait=wait)
-        for child in self._children:
+        for child in children:
             try:
-                child.wait(timeout=STOP_SECONDS if wait else 0.1)
+                child.process.wait(timeout=STOP_SECONDS if wait else 0.1)
             except subprocess.TimeoutExpired:
                 log.warning("task process %d did not stop in time; killing it", child.pid)
-                child.kill()
-                child.wait()
+                child.process.kill()
+                child.process.wait()
+        for watcher in self._watchers:
+            watcher.join()
 
 
 def serve_tasks(stdin: IO[str]) -> None:
-    """A task process: run queued tasks until stdin ends (see the module docstring)."""
+    """A task process: run queued tasks until stdin ends, or ``SystemExit`` (its SIGTERM
+    handler, :mod:`relaygraph.api._task_process`), see the module docstring."""
     from relaygraph.runner import ServiceTeams
 
     setup: dict[str, Any] = json.loads(stdin.readline())

@@ -5,7 +5,15 @@ that running it as ``__main__`` does not run a module the package has loaded alr
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+
+if __name__ == "__main__":
+    # SIGTERM (an operator's kill, a service manager stopping the group) stops this process
+    # as the end of its stdin does: running tasks stop at their next step boundary and stay
+    # `running`, to continue at the next start, rather than waiting for their leases to
+    # lapse. First of all, so that no moment of the start-up dies of it instead.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 from relaygraph.api._processes import serve_tasks
 
