@@ -35,6 +35,7 @@ import difflib
 import re
 import sqlite3
 import threading
+import time
 from datetime import UTC, datetime
 from importlib.resources import files
 from pathlib import Path
@@ -68,6 +69,8 @@ __all__ = [
 ]
 
 _SCHEMA_VERSION = 1
+_OPEN_SECONDS = 30.0
+"""How long opening a knowledge base waits for another first run that holds the file."""
 _TITLE_WEIGHT = 10.0
 _BODY_WEIGHT = 1.0
 _MAX_K = 20
@@ -124,7 +127,7 @@ class KnowledgeBase:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # A generous wait for the lock: first runs side by side (server workers, eval cases)
         # each open the file while one of them switches it to WAL and indexes the samples.
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, timeout=_OPEN_SECONDS)
         try:
             self._init_schema()
         except BaseException:
@@ -141,15 +144,35 @@ class KnowledgeBase:
                     "file."
                 )
             self._conn.execute("PRAGMA busy_timeout = 30000")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            with self._conn:
-                self._conn.executescript(_SCHEMA)
-                self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            self._switch_to_wal()
+            # BEGIN IMMEDIATE takes the write lock before the schema is read: a connection
+            # that read first and then asked to write while another first run held the
+            # write lock was refused at once ("database is locked", SQLite's deadlock rule
+            # does not wait), which two first runs side by side hit now and then.
+            self._conn.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {_SCHEMA_VERSION}; COMMIT;"
+            )
         except sqlite3.DatabaseError as exc:
+            if self._conn.in_transaction:
+                self._conn.rollback()
             raise ConfigError(
                 f"cannot use {str(self.path)!r} as a knowledge base ({exc}); "
                 "give the path of a new file or of an existing knowledge base."
             ) from exc
+
+    def _switch_to_wal(self) -> None:
+        """Put the file in WAL mode (once per file; it stays). The switch needs the file to
+        itself; should another first run hold it past the busy wait's rules (SQLite refuses
+        some waits at once), try again for up to :data:`_OPEN_SECONDS`."""
+        deadline = time.monotonic() + _OPEN_SECONDS
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         """Close the database connection."""
