@@ -317,3 +317,31 @@ def test_a_script_key_that_names_no_role_is_refused(
     )
     with pytest.raises(ConfigError, match="has turns for 'reviewr', which is no role"):
         run_task("go", model=spec, home=home)
+
+
+def test_a_long_lived_process_keeps_its_modules_out_of_full_collections() -> None:
+    """``settle_long_lived`` (what ``serve``, its task processes and a worker's pool process
+    call before their first task) imports what runs use and freezes it: a full collection
+    then walks a small fraction of the objects it walked before. In a process of its own:
+    frozen objects are never collected, and the test session's are not to be frozen."""
+    import subprocess
+    import sys
+
+    probe = """
+import gc, json, sys
+import relaygraph.api, relaygraph.cli
+from relaygraph.runner import settle_long_lived
+from relaygraph.runner._long_lived import RUN_MODULES
+before = len(gc.get_objects())
+frozen = settle_long_lived()
+print(json.dumps({"before": before, "frozen": frozen,
+    "walked": len(gc.get_objects()),
+    "imported": all(m in sys.modules for m in RUN_MODULES)}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True
+    )
+    found = json.loads(done.stdout)
+    assert found["imported"], found
+    assert found["frozen"] >= found["before"], found  # the run modules were imported first
+    assert found["walked"] < found["frozen"] / 20, found

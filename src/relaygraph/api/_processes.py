@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._workers import TaskWorkers
-from relaygraph.runner import Answers
+from relaygraph.runner import Answers, settle_long_lived
 from relaygraph.store import Ledger, Task
 
 __all__ = ["TaskProcesses", "serve_tasks", "shares"]
@@ -233,6 +233,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         teams=teams.resolve,
         pull=True,
     )
+    settle_long_lived()  # as the server does before its first task
     workers.start_pulling()
     workers.wake()
     try:

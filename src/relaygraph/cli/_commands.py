@@ -102,6 +102,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relaygraph.api import create_app, load_settings
+    from relaygraph.runner import settle_long_lived
 
     overrides: dict[str, Any] = {"home": args.home}
     if args.model:
@@ -120,6 +121,10 @@ def serve(args: argparse.Namespace) -> int:
         overrides["team_files"] = args.team_files
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     app = create_app(settings)
+    # A process that lives to serve: what it holds now (the modules its runs use) is kept
+    # out of the cyclic GC's full collections, which would otherwise stall every running
+    # task for a fifth of a second every few seconds (see relaygraph.runner._long_lived).
+    settle_long_lived()
     print(
         f"relaygraph serving on http://{args.host}:{args.port} (dashboard at /ui, "
         "OpenAPI at /openapi.json)",

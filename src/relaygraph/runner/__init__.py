@@ -30,6 +30,7 @@ from relaygraph.runner._decide import (
 from relaygraph.runner._errors import RefusalKind, RequestRefused
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.runner._ledger import ledger_for
+from relaygraph.runner._long_lived import settle_long_lived
 from relaygraph.runner._models import (
     ModelGate,
     ModelRules,
@@ -92,6 +93,7 @@ __all__ = [
     "resume_input",
     "resume_task",
     "run_task",
+    "settle_long_lived",
     "sqlite_checkpointer",
     "submit_task",
     "team_of",

@@ -158,7 +158,10 @@ def _prepare_children(app: Celery) -> None:
     from relaygraph.worker._runtime import close_worker_runtime, worker_runtime
 
     def start(**_: Any) -> None:
+        from relaygraph.runner import settle_long_lived
+
         worker_runtime(publish=lambda task_id, dispatch: publish_run(app, task_id, dispatch))
+        settle_long_lived()  # before the child's first task, as the server's workers do
 
     def stop(**_: Any) -> None:
         close_worker_runtime()
