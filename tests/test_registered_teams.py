@@ -550,7 +550,9 @@ async def test_the_operators_team_files_serve_every_project(
         assert versioned.status_code == 422
 
 
-def test_a_bad_server_team_file_stops_the_server_at_start(home: Path, tmp_path: Path) -> None:
+def test_a_bad_server_team_file_stops_the_server_at_start(
+    home: Path, tmp_path: Path, tools_module: Path
+) -> None:
     default = tmp_path / "default.toml"
     default.write_text('name = "default"\n' + TEAM_TOML.split("\n", 1)[1], encoding="utf-8")
     with pytest.raises(ConfigError, match="the built-in team's name"):

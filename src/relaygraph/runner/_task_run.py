@@ -5,7 +5,9 @@ config, lease) and takes it through these steps."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -333,25 +335,76 @@ def _drain_when(
 ) -> Iterator[None]:
     """While in the block, ask ``control`` to drain as soon as ``cancel`` or ``stop`` is set.
 
-    A watcher thread, so that the request reaches LangGraph before its next step boundary
-    even when the step in progress emits no event (a long model or tool call).
+    Watched from a thread, so that the request reaches LangGraph before its next step
+    boundary even when the step in progress emits no event (a long model or tool call):
+    one thread for every run of the process (:class:`_DrainWatch`), not one per run.
     """
-    events = [event for event in (cancel, stop) if event is not None]
-    if not events:
+    if cancel is None and stop is None:
         yield
         return
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.05):
-            if any(event.is_set() for event in events):
-                control.request_drain("cancel" if cancel and cancel.is_set() else "shutdown")
-                return
-
-    watcher = threading.Thread(target=watch, name="relaygraph-drain", daemon=True)
-    watcher.start()
+    token = _DRAIN_WATCH.watch(control, cancel, stop)
     try:
         yield
     finally:
-        done.set()
-        watcher.join()
+        _DRAIN_WATCH.unwatch(token)
+
+
+class _DrainWatch:
+    """The cancel and stop events of every run of the process, looked at every
+    :data:`POLL_SECONDS` by one thread, which ends while no run is watched.
+
+    A thread per run cost each run a thread's start and end on its own path, and each of
+    them woke the interpreter twenty times a second: with 8 runs at once, 160 times a
+    second, each time taking the interpreter from a run that was working. The events are
+    plain ``threading.Event`` objects that callers own (``TaskRunner.run``'s ``cancel``
+    and ``stop``), which cannot call back when set: hence a look every 50 ms.
+    """
+
+    POLL_SECONDS = 0.05
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[object, tuple[Any, threading.Event | None, threading.Event | None]]
+        self._runs = {}
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def watch(
+        self, control: Any, cancel: threading.Event | None, stop: threading.Event | None
+    ) -> object:
+        token = object()
+        with self._lock:
+            if self._pid != os.getpid():  # A forked child: the parent's thread is not here.
+                self._runs, self._thread, self._pid = {}, None, os.getpid()
+            self._runs[token] = (control, cancel, stop)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="relaygraph-drain", daemon=True
+                )
+                self._thread.start()
+        return token
+
+    def unwatch(self, token: object) -> None:
+        with self._lock:
+            self._runs.pop(token, None)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.POLL_SECONDS)
+            with self._lock:
+                if not self._runs:
+                    self._thread = None
+                    return
+                runs = list(self._runs.items())
+            for token, (control, cancel, stop) in runs:
+                if cancel is not None and cancel.is_set():
+                    why = "cancel"
+                elif stop is not None and stop.is_set():
+                    why = "shutdown"
+                else:
+                    continue
+                self.unwatch(token)
+                control.request_drain(why)
+
+
+_DRAIN_WATCH = _DrainWatch()
