@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from relaygraph.runner._lease import LeaseKeeper
 
@@ -44,3 +45,63 @@ def test_a_cancel_set_before_is_told_at_once() -> None:
     finally:
         keeper.close()
     assert calls == ["cancel"]
+
+
+class _Counting(_Ledger):
+    """Counts renewals per task; a task in ``gone`` has lost its lease."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed: dict[str, int] = {}
+        self.gone: set[str] = set()
+        self.lock = threading.Lock()
+
+    def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
+        with self.lock:
+            self.renewed[task_id] = self.renewed.get(task_id, 0) + 1
+        return task_id not in self.gone
+
+
+def _renewed(ledger: _Counting, task_id: str, at_least: int) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with ledger.lock:
+            if ledger.renewed.get(task_id, 0) >= at_least:
+                return True
+        time.sleep(0.01)
+    return False
+
+
+def test_every_keeper_is_renewed_by_one_thread_until_closed() -> None:
+    ledger = _Counting()
+    keepers = [LeaseKeeper(ledger, f"task-{n}", "runner-1", seconds=0.03) for n in range(3)]
+    try:
+        assert all(_renewed(ledger, f"task-{n}", 3) for n in range(3))
+        threads = [t for t in threading.enumerate() if t.name.startswith("relaygraph-lease")]
+        assert len(threads) == 1, threads
+        keepers[0].close()
+        with ledger.lock:
+            closed_at = ledger.renewed["task-0"]
+        assert _renewed(ledger, "task-1", ledger.renewed["task-1"] + 3)
+        with ledger.lock:
+            assert ledger.renewed["task-0"] == closed_at  # none after close returned
+    finally:
+        for keeper in keepers:
+            keeper.close()
+
+
+def test_a_lost_lease_is_told_once_and_renewed_no_more() -> None:
+    ledger = _Counting()
+    ledger.gone.add("task-1")
+    lost = threading.Event()
+    keeper = LeaseKeeper(ledger, "task-1", "runner-1", seconds=0.03)
+    other = LeaseKeeper(ledger, "task-2", "runner-1", seconds=0.03)
+    try:
+        keeper.when_lost(lost.set)
+        assert lost.wait(30) and keeper.lost.is_set()
+        assert _renewed(ledger, "task-2", ledger.renewed.get("task-2", 0) + 3)
+        with ledger.lock:
+            assert ledger.renewed["task-1"] == 1
+    finally:
+        keeper.close()
+        other.close()

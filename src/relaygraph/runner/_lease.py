@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,13 +21,16 @@ log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    """Renews ``runner_id``'s lease on a task every third of its length, on a thread.
+    """Renews ``runner_id``'s lease on a task every third of its length.
 
     A runner that dies stops renewing, and after ``seconds`` another may take the task
     over (``Ledger.take_lease``). Should this runner find its lease gone (it could not
     renew in time, and another took the task), ``lost`` is set: the run must stop. Should
     a cancel wait on the task (asked for on another server, ``Ledger.request_cancel``),
     ``cancel`` is set: the run stops at its next step boundary, ``cancelled``.
+
+    Every keeper of the process is renewed from one thread (:class:`_Renewals`), not one
+    thread each: a thread per run cost each run a thread's start and end on its own path.
     """
 
     def __init__(
@@ -45,34 +52,32 @@ class LeaseKeeper:
         self._on_lost: list[Callable[[], None]] = []
         self._on_cancel: list[Callable[[], None]] = []
         self._lock = threading.Lock()
-        self._thread = threading.Thread(
-            target=self._renew, name=f"relaygraph-lease-{task_id[:8]}", daemon=True
-        )
-        self._thread.start()
+        _RENEWALS.add(self, seconds / 3)
 
-    def _renew(self) -> None:
-        while not self._done.wait(self._seconds / 3):
+    def _renew(self) -> bool:
+        """Renew the lease once, and look for a cancel; False: renew no more."""
+        if self._done.is_set():
+            return False
+        try:
+            held = self._ledger.renew_lease(self._task_id, self._runner_id, seconds=self._seconds)
+        except Exception:  # A database hiccup: the next renewal may work.
+            log.warning("could not renew the lease on task %s", self._task_id, exc_info=True)
+            return True
+        if not held:
+            log.warning("task %s: another runner took it over; stopping", self._task_id)
+            with self._lock:
+                self.lost.set()
+                callbacks = list(self._on_lost)
+            for callback in callbacks:
+                callback()
+            return False
+        if self._cancel is not None and not self._cancel.is_set():
             try:
-                held = self._ledger.renew_lease(
-                    self._task_id, self._runner_id, seconds=self._seconds
-                )
-            except Exception:  # A database hiccup: the next renewal may work.
-                log.warning("could not renew the lease on task %s", self._task_id, exc_info=True)
-                continue
-            if not held:
-                log.warning("task %s: another runner took it over; stopping", self._task_id)
-                with self._lock:
-                    self.lost.set()
-                    callbacks = list(self._on_lost)
-                for callback in callbacks:
-                    callback()
-                return
-            if self._cancel is not None and not self._cancel.is_set():
-                try:
-                    if self._ledger.cancel_requested(self._task_id):
-                        self._cancelled()
-                except Exception:  # As for the renewal: the next round may work.
-                    log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
+                if self._ledger.cancel_requested(self._task_id):
+                    self._cancelled()
+            except Exception:  # As for the renewal: the next round may work.
+                log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
+        return not self._done.is_set()
 
     def _cancelled(self) -> None:
         with self._lock:
@@ -101,9 +106,75 @@ class LeaseKeeper:
         callback()
 
     def close(self) -> None:
-        """Stop renewing (the caller releases the lease)."""
+        """Stop renewing (the caller releases the lease). A renewal under way may still
+        finish; none starts after this returns."""
         self._done.set()
-        self._thread.join()
+        _RENEWALS.remove(self)
+
+
+class _Renewals:
+    """The process's lease keepers, each renewed every ``every`` seconds by one thread,
+    which ends while there is none (and is started again with the next)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._due: list[tuple[float, int, LeaseKeeper, float]] = []
+        """A heap: (when, order, keeper, every)."""
+        self._order = itertools.count()
+        self._renewing: LeaseKeeper | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, keeper: LeaseKeeper, every: float) -> None:
+        with self._changed:
+            if self._pid != os.getpid():  # A forked child: the parent's thread is not here.
+                self._due, self._thread, self._pid = [], None, os.getpid()
+            self._push(keeper, every)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="relaygraph-leases", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self._changed:
+            self._due = [entry for entry in self._due if entry[2] is not keeper]
+            heapq.heapify(self._due)
+            # A renewal of this keeper under way finishes before close returns (unless
+            # close is called from that renewal: a callback on the renewing thread).
+            while self._renewing is keeper and threading.current_thread() is not self._thread:
+                self._changed.wait()
+            self._changed.notify()
+
+    def _push(self, keeper: LeaseKeeper, every: float) -> None:
+        heapq.heappush(self._due, (time.monotonic() + every, next(self._order), keeper, every))
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    if not self._due:
+                        self._thread = None
+                        return
+                    when, _, keeper, every = self._due[0]
+                    wait = when - time.monotonic()
+                    if wait <= 0:
+                        heapq.heappop(self._due)
+                        self._renewing = keeper
+                        break
+                    self._changed.wait(wait)
+            try:
+                again = keeper._renew()
+            finally:
+                with self._changed:
+                    self._renewing = None
+                    if again and not keeper._done.is_set():
+                        self._push(keeper, every)
+                    self._changed.notify_all()
+
+
+_RENEWALS = _Renewals()
 
 
 class AttemptWatch:
