@@ -1232,6 +1232,40 @@ def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> N
         ledger.take_lease(task.id, "c", seconds=30, only_from=("nope",))
 
 
+def test_a_run_whose_lease_lapsed_does_not_end_the_task_it_lost(ledger: Ledger) -> None:
+    """A runner that stalled past its lease ends its run late: the task went on without
+    it (another runner took it, or the sweeper settled it), and the late end changes
+    neither; the usage it spent is still recorded."""
+    usage = {
+        "id": "writer:1", "agent": "writer", "turn": 1, "model_calls": 1, "tool_calls": 0,
+        "input_tokens": 3, "output_tokens": 2, "cost_usd": 0.0, "seconds": 0.1,
+        "estimated": False,
+    }  # fmt: skip
+    taken_over, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+    assert ledger.take_lease(taken_over.id, "a", seconds=-1)  # lapsed at once
+    assert ledger.take_lease(taken_over.id, "b", seconds=30)
+    ledger.end_run(taken_over.id, runner_id="a", status="succeeded", answer="late", usage=[usage])
+    now = ledger.get_task(taken_over.id, project_id=LOCAL_PROJECT_ID)
+    assert now is not None and (now.status, now.answer) == ("running", None)
+    assert ledger.lease_of(taken_over.id)[0] == "b"
+    assert [(u.agent, u.input_tokens) for u in ledger.usage(taken_over.id)] == [("writer", 3)]
+
+    settled, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="y")
+    assert ledger.take_lease(settled.id, "a", seconds=-1)
+    ended = ledger.settle_abandoned(settled.id, max_attempts=1)
+    assert ended is not None and ended.status == "failed"
+    ledger.end_run(settled.id, runner_id="a", status="succeeded", answer="late")
+    now = ledger.get_task(settled.id, project_id=LOCAL_PROJECT_ID)
+    assert now is not None and (now.status, now.stop_reason) == ("failed", ended.stop_reason)
+
+    # Its own lease still held, a run's end is the task's, as always.
+    held, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="z")
+    assert ledger.take_lease(held.id, "a", seconds=30)
+    ledger.end_run(held.id, runner_id="a", status="succeeded", answer="done")
+    now = ledger.get_task(held.id, project_id=LOCAL_PROJECT_ID)
+    assert now is not None and (now.status, now.answer) == ("succeeded", "done")
+
+
 def test_a_replayed_tool_call_keeps_one_row(ledger: Ledger) -> None:
     """The tool journal replays a finished call after a crash: its events come again, the
     ledger keeps one row for it; the same id for another agent's call is another call."""

@@ -200,6 +200,14 @@ def _store_records(
     rows.write(now)
 
 
+def _not_this_runners(row: Any, runner_id: str) -> bool:
+    """Whether the task moved on from ``runner_id``'s run: another runner holds it, or it
+    already ended (the sweeper settled it abandoned, a cancel ended it while no lease was
+    held)."""
+    held_by_another = row.runner_id is not None and row.runner_id != runner_id
+    return held_by_another or row.status in FINISHED_STATUSES
+
+
 def end_run_in(
     connection: Connection,
     task_id: str,
@@ -220,6 +228,10 @@ def end_run_in(
     _store_records(connection, task_id, usage, now)
     row = SimpleNamespace(**found._mapping)
     row.updated_at = now
+    if attempt is None and runner_id is not None and _not_this_runners(row, runner_id):
+        # A run whose lease lapsed while it went on (a long stall): the task went on
+        # without it. Its usage was spent and is recorded; its end is not the task's.
+        values = None
     if values is not None:
         apply_status(row, values)
     if attempt is not None or (runner_id is not None and row.runner_id == runner_id):
