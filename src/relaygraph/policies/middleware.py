@@ -19,13 +19,11 @@ from langchain.agents.middleware import (
     AgentState,
     ModelRequest,
     ModelResponse,
-    hook_config,
 )
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 from langgraph.config import get_config
 from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.runtime import Runtime
 from langgraph.types import Command, StreamWriter, interrupt
 from pydantic import BaseModel
 
@@ -278,12 +276,11 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             self.agent, self.rules.limits, agent_used, before=before
         ) or check_team_budget(self.policy.team, team_used)
 
-    @hook_config(can_jump_to=["end"])
-    def before_model(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
+    def _budget_note(self, messages: list[BaseMessage]) -> AIMessage | None:
+        """The note that ends the visit, if a budget forbids the next model call."""
         budget = _visit_budget()
         if budget is None:
             return None
-        messages: list[BaseMessage] = list(state["messages"])
         hit = self._hit(messages, budget, "model")
         if hit is None:
             # A tool call refused for the tool budget spends the agent's budget too.
@@ -298,20 +295,27 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                     break
         if hit is None:
             return None
-        note = AIMessage(
+        return AIMessage(
             content=f"Stopped: {hit.message} ({hit.stop_reason}).",
             additional_kwargs={BUDGET_KEY: hit.to_json()},
         )
-        return {"jump_to": "end", "messages": [note]}
 
     def wrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelResponse[Any]:
+        # The budgets are checked here, before the call, rather than in a `before_model`
+        # hook: a hook is a node of the agent's graph, so a step of its own, with its own
+        # checkpoint and writes (sync durability), before every model call. A spent budget
+        # answers with the note instead of the model: a reply without tool calls, which
+        # ends the visit as `jump_to: end` did.
+        note = self._budget_note(list(request.state["messages"]))
+        if note is not None:
+            return ModelResponse(result=[note])
+        response = handler(request)
         # Marking the model's own messages lets usage be counted from the checkpointed
         # transcript alone (re-runs cannot double count), apart from notes middleware adds.
-        response = handler(request)
         for message in response.result:
             if isinstance(message, AIMessage):
                 message.response_metadata[MODEL_CALL_MARK] = self.agent
