@@ -263,7 +263,6 @@ class TaskWorkers:
 
     def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
         ran = False
-        leased = False
         try:
             if graph_input is None:
                 if self._stopping.is_set():
@@ -273,14 +272,9 @@ class TaskWorkers:
                 )
                 if first is not None and first.id != task.id:
                     return  # Its thread is busy (a race at submission): it starts next.
-                held = self.take(task.id, only_from=("queued",))
-                if held is None:
+                if self.take(task.id, only_from=("queued",)) is None:
                     return  # Cancelled while queued, or another worker or server has it.
-                # Taken on this thread just now, as the run would take it: the run does
-                # not take it again (one transaction less on every task's path). A task
-                # taken elsewhere (pull, resume) is taken again by its run, which finds
-                # a cancel asked for meanwhile.
-                task, graph_input, leased = held, {"request": held.input}, True
+                graph_input = {"request": task.input}
             ran = True
             self.runner.run(
                 task,
@@ -290,7 +284,6 @@ class TaskWorkers:
                 # `relaygraph_team` is the project's id under its name from before
                 # projects, deprecated: it goes in the next release.
                 identity={"project": project, "team": project},
-                leased=leased,
             )
         except TaskBusy as exc:
             if taken:
