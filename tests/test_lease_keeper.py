@@ -105,3 +105,44 @@ def test_a_lost_lease_is_told_once_and_renewed_no_more() -> None:
     finally:
         keeper.close()
         other.close()
+
+
+def test_a_callback_that_raises_stops_no_other_lease() -> None:
+    """The renewals of every keeper run on one thread: a lost-lease callback that raises is
+    logged, and the other keepers are still renewed (and later ones too)."""
+    ledger = _Counting()
+    ledger.gone.add("task-1")
+    heard = threading.Event()
+    keeper = LeaseKeeper(ledger, "task-1", "runner-1", seconds=0.03)
+    keeper.when_lost(lambda: 1 / 0)
+    keeper.when_lost(heard.set)  # the next callback still runs
+    try:
+        assert heard.wait(30)
+        later = LeaseKeeper(ledger, "task-2", "runner-1", seconds=0.03)
+        try:
+            assert _renewed(ledger, "task-2", 3)
+        finally:
+            later.close()
+    finally:
+        keeper.close()
+
+
+def test_a_drain_request_that_raises_stops_no_other_runs_watch() -> None:
+    from relaygraph.runner._task_run import _drain_when
+
+    class Control:
+        def __init__(self, fails: bool) -> None:
+            self.fails, self.asked = fails, threading.Event()
+
+        def request_drain(self, why: str) -> None:
+            self.asked.set()
+            if self.fails:
+                raise RuntimeError("boom")
+
+    bad, good = Control(fails=True), Control(fails=False)
+    first, second = threading.Event(), threading.Event()
+    with _drain_when(bad, cancel=first, stop=None), _drain_when(good, cancel=second, stop=None):
+        first.set()
+        assert bad.asked.wait(30)
+        second.set()
+        assert good.asked.wait(30)

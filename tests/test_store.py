@@ -1248,6 +1248,7 @@ def test_a_run_whose_lease_lapsed_does_not_end_the_task_it_lost(ledger: Ledger) 
     now = ledger.get_task(taken_over.id, project_id=LOCAL_PROJECT_ID)
     assert now is not None and (now.status, now.answer) == ("running", None)
     assert ledger.lease_of(taken_over.id)[0] == "b"
+    assert now.attempts == 2  # the new holder's starts still count toward max_attempts
     assert [(u.agent, u.input_tokens) for u in ledger.usage(taken_over.id)] == [("writer", 3)]
 
     settled, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="y")

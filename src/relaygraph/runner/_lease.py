@@ -68,8 +68,7 @@ class LeaseKeeper:
             with self._lock:
                 self.lost.set()
                 callbacks = list(self._on_lost)
-            for callback in callbacks:
-                callback()
+            _call_each(callbacks, "lease lost")
             return False
         if self._cancel is not None and not self._cancel.is_set():
             try:
@@ -85,8 +84,7 @@ class LeaseKeeper:
                 return
             self._cancel.set()
             callbacks = list(self._on_cancel)
-        for callback in callbacks:
-            callback()
+        _call_each(callbacks, "cancel")
 
     def when_cancelled(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when this keeper finds a cancel waiting on the task (at once,
@@ -164,8 +162,12 @@ class _Renewals:
                         self._renewing = keeper
                         break
                     self._changed.wait(wait)
+            again = False
             try:
                 again = keeper._renew()
+            except Exception:  # One keeper's failure must not stop every lease's renewals.
+                log.exception("renewing the lease on task %s failed", keeper._task_id)
+                again = not keeper._done.is_set()
             finally:
                 with self._changed:
                     self._renewing = None
@@ -175,6 +177,16 @@ class _Renewals:
 
 
 _RENEWALS = _Renewals()
+
+
+def _call_each(callbacks: list[Callable[[], None]], what: str) -> None:
+    """Call every callback; one that raises is logged and the others still run (they run
+    on the thread that renews every lease of the process, which must go on)."""
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            log.exception("a %s callback failed", what)
 
 
 class AttemptWatch:
@@ -246,8 +258,7 @@ class AttemptWatch:
                 return
             self._cancel.set()
             callbacks = list(self._on_cancel)
-        for callback in callbacks:
-            callback()
+        _call_each(callbacks, "cancel")
 
     def when_cancelled(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the ledger asks for the run to be cancelled (at once, if it

@@ -5,6 +5,7 @@ config, lease) and takes it through these steps."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from relaygraph.topology import Topology
 
 __all__ = ["CONTINUE", "LEASE_LOST", "SUSPENDED", "EventHandler", "StreamEnd", "TaskRun"]
+
+log = logging.getLogger(__name__)
 
 EventHandler = Callable[[dict[str, Any]], None]
 CONTINUE: Any = object()
@@ -404,7 +407,10 @@ class _DrainWatch:
                 else:
                     continue
                 self.unwatch(token)
-                control.request_drain(why)
+                try:
+                    control.request_drain(why)
+                except Exception:  # One run's must not stop every run's watch.
+                    log.exception("asking a run to drain (%s) failed", why)
 
 
 _DRAIN_WATCH = _DrainWatch()

@@ -228,7 +228,8 @@ def end_run_in(
     _store_records(connection, task_id, usage, now)
     row = SimpleNamespace(**found._mapping)
     row.updated_at = now
-    if attempt is None and runner_id is not None and _not_this_runners(row, runner_id):
+    stale = attempt is None and runner_id is not None and _not_this_runners(row, runner_id)
+    if stale:
         # A run whose lease lapsed while it went on (a long stall): the task went on
         # without it. Its usage was spent and is recorded; its end is not the task's.
         values = None
@@ -236,7 +237,7 @@ def end_run_in(
         apply_status(row, values)
     if attempt is not None or (runner_id is not None and row.runner_id == runner_id):
         row.runner_id = row.lease_until = None
-    if attempt is None:
+    if attempt is None and not stale:
         # The run ended on its own (finished, paused or stopped cleanly): the next start
         # is not a retry after a crash. (A worker's attempt number is its fencing number
         # and never goes back: the next dispatch counts its starts in dispatch_attempts.)
