@@ -28,6 +28,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,6 +43,10 @@ log = logging.getLogger("relaygraph.api")
 
 STOP_SECONDS = 60.0
 """How long the server waits for a task process to stop after its stdin closes."""
+QUICK_END_SECONDS = 10.0
+"""A task process that ends sooner than this after it started is started again only after
+a pause, which doubles while they keep ending so soon."""
+RESTART_PAUSE_MAX = 30.0
 
 
 def shares(workers: int, processes: int) -> list[int]:
@@ -130,6 +135,7 @@ class TaskProcesses:
         self._children: list[_Child] = []
         self._lock = threading.Lock()
         self._stopping = False
+        self._stop = threading.Event()
         self._watchers: list[threading.Thread] = []
 
     @property
@@ -159,18 +165,30 @@ class TaskProcesses:
 
     def _watch(self, slot: int, workers: int) -> None:
         """Wait on the task process of ``slot``; should it end while the server runs, log
-        how and start another in its place."""
+        how and start another in its place: at once after a process that ran a while,
+        after a growing pause (1 s, 2 s, ... up to :data:`RESTART_PAUSE_MAX`) after one
+        that ended soon after it started (the ledger unreachable, say), so a process that
+        cannot start does not make the server start processes in a tight loop."""
+        pause = 0.0
         while True:
             with self._lock:
                 child = self._children[slot]
+            started = time.monotonic()
             code = child.process.wait()
+            quick = time.monotonic() - started < QUICK_END_SECONDS
+            pause = min(RESTART_PAUSE_MAX, max(1.0, 2 * pause)) if quick else 0.0
+            log.warning(
+                "task process %d ended (exit code %s); starting another%s",
+                child.pid,
+                code,
+                f" in {pause:g} s" if pause else "",
+            )
+            child.close()
+            if self._stop.wait(pause):
+                return
             with self._lock:
                 if self._stopping:
                     return
-                log.warning(
-                    "task process %d ended (exit code %s); starting another", child.pid, code
-                )
-                child.close()
                 self._children[slot] = self._spawn(workers)
 
     def _tell(self, line: str) -> None:
@@ -198,6 +216,7 @@ class TaskProcesses:
         """Stop this process's workers and the task processes (stdin closed)."""
         with self._lock:
             self._stopping = True
+            self._stop.set()
             children = list(self._children)
         for child in children:
             child.close()
