@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from relaygraph.runner._lease import LeaseKeeper
 
@@ -54,22 +53,20 @@ class _Counting(_Ledger):
         super().__init__()
         self.renewed: dict[str, int] = {}
         self.gone: set[str] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         with self.lock:
             self.renewed[task_id] = self.renewed.get(task_id, 0) + 1
+            self.lock.notify_all()
         return task_id not in self.gone
 
 
 def _renewed(ledger: _Counting, task_id: str, at_least: int) -> bool:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with ledger.lock:
-            if ledger.renewed.get(task_id, 0) >= at_least:
-                return True
-        time.sleep(0.01)
-    return False
+    """Wait (woken by each renewal, 30 s at most) until ``task_id`` was renewed
+    ``at_least`` times."""
+    with ledger.lock:
+        return ledger.lock.wait_for(lambda: ledger.renewed.get(task_id, 0) >= at_least, 30)
 
 
 def test_every_keeper_is_renewed_by_one_thread_until_closed() -> None:

@@ -65,6 +65,22 @@ def _holders(home: Path) -> dict[str, str | None]:
         return dict(db.execute("SELECT id, runner_id FROM tasks WHERE status = 'running'"))
 
 
+def _one_in_each_process(cluster: Cluster, client: Client) -> list[str]:
+    """Submit two tasks to a server of 2 workers in 2 processes, and wait until both run
+    at once: only if each process runs one, each under its own process's lease."""
+    ids = [
+        client.submit("Write one line.", model=model)["id"]
+        for model in ("openai:script-job-a", "openai:script-job-b")
+    ]
+    holders = wait_until(
+        lambda: len(found := _holders(cluster.home)) == 2 and found,
+        DEADLINE,
+        "both tasks running",
+    )
+    assert set(holders) == set(ids) and len(set(holders.values())) == 2, holders
+    return ids
+
+
 def _task_processes(server_pid: int) -> list[int]:
     return [
         pid
@@ -82,19 +98,7 @@ def test_tasks_run_in_every_process_and_a_cancel_reaches_each(
     [child] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
     key = cluster_.create_project("acme")
     with Client(server.url, key) as client:
-        ids = [
-            client.submit("Write one line.", model=model)["id"]
-            for model in ("openai:script-job-a", "openai:script-job-b")
-        ]
-        # One worker per process: both run at once only if each process runs one, each
-        # under its own process's lease.
-        holders = wait_until(
-            lambda: len(found := _holders(cluster_.home)) == 2 and found,
-            DEADLINE,
-            "both tasks running",
-        )
-        assert set(holders) == set(ids)
-        assert len(set(holders.values())) == 2, holders
+        ids = _one_in_each_process(cluster_, client)
 
         # Cancelled mid-call, each stops at its next step boundary: in the task process
         # too, told by the server at once (its lease keeper would see it in 200 s).
@@ -165,17 +169,7 @@ def test_a_task_process_that_ends_is_logged_and_started_again(
     )
     key = cluster_.create_project("acme")
     with Client(server.url, key) as client:
-        # Both tasks at once on two workers, one per process: the new process runs one.
-        ids = [
-            client.submit("Write one line.", model=model)["id"]
-            for model in ("openai:script-job-a", "openai:script-job-b")
-        ]
-        holders = wait_until(
-            lambda: len(found := _holders(cluster_.home)) == 2 and found,
-            DEADLINE,
-            "both tasks running",
-        )
-        assert set(holders) == set(ids) and len(set(holders.values())) == 2, holders
+        ids = _one_in_each_process(cluster_, client)  # the new process runs one
 
         def statuses() -> list[str] | None:
             found = [client.get(task_id)["status"] for task_id in ids]
