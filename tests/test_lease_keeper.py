@@ -143,3 +143,33 @@ def test_a_drain_request_that_raises_stops_no_other_runs_watch() -> None:
         assert bad.asked.wait(30)
         second.set()
         assert good.asked.wait(30)
+
+
+def test_a_forked_child_renews_its_own_leases() -> None:
+    """A Celery pool process is forked from a process that may hold leases: the child starts
+    a renewal thread of its own (the parent's is not copied) for the leases it takes.
+    In a process of its own, since it forks."""
+    import subprocess
+    import sys
+
+    probe = """
+import os, sys, threading
+sys.path.insert(0, os.getcwd())
+from tests.test_lease_keeper import _Counting, _renewed
+from relaygraph.runner._lease import LeaseKeeper
+parent = LeaseKeeper(_Counting(), "parent", "r", seconds=0.03)
+pid = os.fork()
+if pid == 0:
+    ledger = _Counting()
+    child = LeaseKeeper(ledger, "child", "r", seconds=0.03)
+    ok = _renewed(ledger, "child", 3)
+    child.close()
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+parent.close()
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

@@ -121,12 +121,15 @@ class _Renewals:
         self._order = itertools.count()
         self._renewing: LeaseKeeper | None = None
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+
+    def forget(self) -> None:
+        """In a forked child: none of the parent's leases or its thread are here, and its
+        lock may have been copied held."""
+        self._changed = threading.Condition()
+        self._due, self._renewing, self._thread = [], None, None
 
     def add(self, keeper: LeaseKeeper, every: float) -> None:
         with self._changed:
-            if self._pid != os.getpid():  # A forked child: the parent's thread is not here.
-                self._due, self._thread, self._pid = [], None, os.getpid()
             self._push(keeper, every)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -177,6 +180,7 @@ class _Renewals:
 
 
 _RENEWALS = _Renewals()
+os.register_at_fork(after_in_child=_RENEWALS.forget)
 
 
 def _call_each(callbacks: list[Callable[[], None]], what: str) -> None:

@@ -370,15 +370,18 @@ class _DrainWatch:
         self._runs: dict[object, tuple[Any, threading.Event | None, threading.Event | None]]
         self._runs = {}
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+
+    def forget(self) -> None:
+        """In a forked child: none of the parent's runs or its thread are here, and its
+        lock may have been copied held."""
+        self._lock = threading.Lock()
+        self._runs, self._thread = {}, None
 
     def watch(
         self, control: Any, cancel: threading.Event | None, stop: threading.Event | None
     ) -> object:
         token = object()
         with self._lock:
-            if self._pid != os.getpid():  # A forked child: the parent's thread is not here.
-                self._runs, self._thread, self._pid = {}, None, os.getpid()
             self._runs[token] = (control, cancel, stop)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -414,3 +417,4 @@ class _DrainWatch:
 
 
 _DRAIN_WATCH = _DrainWatch()
+os.register_at_fork(after_in_child=_DRAIN_WATCH.forget)
