@@ -400,6 +400,40 @@ def test_cancelling_a_waiting_task_starts_the_next_on_its_thread(
         assert (done["status"], done["answer"]) == ("succeeded", "The follow-up is done.")
 
 
+def test_a_stream_that_drops_as_the_task_finishes_replays_what_it_missed() -> None:
+    """The server's stream closes (a restart) after two events; the task finishes, with
+    four, before the client looks: the client reconnects for the two it missed."""
+    events = [
+        {"type": "run_started"},
+        {"type": "route"},
+        {"type": "final"},
+        {"type": "run_finished"},
+    ]
+    asked_after: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            after = int(request.headers.get("Last-Event-ID", "0"))
+            asked_after.append(after)
+            shown = events[after:] if after else events[:2]  # The first stream drops early.
+            body = "".join(
+                f"id: {after + i}\nevent: {e['type']}\ndata: {json.dumps(e)}\n\n"
+                for i, e in enumerate(shown, start=1)
+            )
+            return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={"status": "succeeded", "last_event_seq": len(events)})
+
+    with Client("http://test", "key", transport=httpx.MockTransport(handler)) as client:
+        got = list(client.events("t-1"))
+    assert [(e["id"], e["event"]) for e in got] == [
+        (1, "run_started"),
+        (2, "route"),
+        (3, "final"),
+        (4, "run_finished"),
+    ]
+    assert asked_after == [0, 2]
+
+
 def _follow_through_restart(
     serve: Callable[..., Server], home: Path, script: Script, sig: signal.Signals
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:

@@ -305,9 +305,12 @@ class Client:
                 time.sleep(0.5)
                 continue
             # The server closes the stream when the task has finished; a close for any
-            # other reason (a restart, a proxy timeout) is followed by a reconnect.
+            # other reason (a restart, a proxy timeout) is followed by a reconnect. A task
+            # that finished while the stream was down has events this client has not seen
+            # yet: the reconnect replays them, and the stream after it ends.
             try:
-                if self.get(task_id)["status"] in FINISHED:
+                task = self.get(task_id)
+                if task["status"] in FINISHED and task["last_event_seq"] <= last:
                     return
             except httpx.TransportError:
                 failing_since = failing_since or time.monotonic()
