@@ -278,3 +278,49 @@ def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script:
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "cancelled" and ended.stop_reason == "cancelled by request"
+
+
+def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's worker starts a queued task with one take of its lease, the run's own
+    (not a take and the run's take again: one ledger write less per task); a second start
+    of it finds the task no longer queued and runs nothing."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "writer", "task": "write it", "reason": "x"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "writer": [{"content": "Written."}],
+        }
+    )
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    takes: list[Any] = []
+    take_lease = Ledger.take_lease
+
+    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
+        takes.append(kwargs.get("only_from"))
+        return take_lease(self, task_id, runner_id, **kwargs)
+
+    monkeypatch.setattr(Ledger, "take_lease", counted)
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project.id)
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+        workers.start(task, project=project.id)  # a duplicate start of the queued task
+        wait_until(lambda: len(takes) == 2, DEADLINE, "the second start tried its take")
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "succeeded", ended.stop_reason
+    assert takes == [("queued",), ("queued",)]  # one take per start; the second refused
+    assert [e.type for e in ledger.events_after(task.id)].count("run_started") == 1
+    assert ledger.get_task(task.id, project_id=project.id) == ended  # left as it was

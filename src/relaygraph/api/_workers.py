@@ -272,9 +272,12 @@ class TaskWorkers:
                 )
                 if first is not None and first.id != task.id:
                     return  # Its thread is busy (a race at submission): it starts next.
-                if self.take(task.id, only_from=("queued",)) is None:
-                    return  # Cancelled while queued, or another worker or server has it.
                 graph_input = {"request": task.input}
+                # The run takes the lease only if the task is still queued: one write,
+                # where a take here and the run's own were two.
+                only_from: tuple[str, ...] | None = ("queued",)
+            else:
+                only_from = None
             ran = True
             self.runner.run(
                 task,
@@ -284,6 +287,7 @@ class TaskWorkers:
                 # `relaygraph_team` is the project's id under its name from before
                 # projects, deprecated: it goes in the next release.
                 identity={"project": project, "team": project},
+                only_from=only_from,
             )
         except TaskBusy as exc:
             if taken:
@@ -293,7 +297,8 @@ class TaskWorkers:
                 self.ledger.release_lease(task.id, self.runner.runner_id)
                 self.ledger.request_cancel(task.id)
                 log.info("task %s cancelled before its run began", task.id)
-            else:  # Another server took it first: it is that server's.
+            else:  # Cancelled while queued, or another worker or server took it first.
+                ran = False  # Refused at the take, before the run began: it ran nothing.
                 log.info("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task.id, exc)

@@ -93,6 +93,7 @@ class TaskRunner:
         models: Mapping[str, Any] | None = None,
         attempt: int | None = None,
         leased: bool = False,
+        only_from: tuple[str, ...] | None = None,
     ) -> RunResult:
         """Run (or continue) ``task`` with ``graph_input``.
 
@@ -124,6 +125,9 @@ class TaskRunner:
             leased: ``task`` was just recorded under this runner's lease
                 (``submit_task(runner_id=...)``, ``SubmittedTask.leased``), and nothing ran
                 it since: the run does not take the lease again.
+            only_from: The statuses the task may have when the run takes its lease (in
+                process): ``("queued",)`` for a task that must not have started yet (a
+                server's worker starting a queued task: one take, not a check and a take).
 
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it (in
@@ -140,7 +144,7 @@ class TaskRunner:
         context = self._context(task, team, attempt)
         config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
         if attempt is None and not leased:
-            task = self._take(task)
+            task = self._take(task, only_from)
         # A cancel asked for on another server reaches this run through the ledger.
         watch_cancel = cancel is not None
         cancel = cancel or threading.Event()
@@ -344,18 +348,23 @@ class TaskRunner:
             )
         return AttemptWatch(self.ledger, task.id, attempt, cancel=cancel)
 
-    def _take(self, task: Task) -> Task:
+    def _take(self, task: Task, only_from: tuple[str, ...] | None) -> Task:
         """Take the task's lease: this runner is then the only one that runs it until it
         ends.
 
         Raises:
             TaskBusy: Another runner holds it, or a cancel waits on it.
         """
-        taken = self.ledger.take_lease(task.id, self.runner_id, seconds=self.lease_seconds)
+        statuses = {} if only_from is None else {"only_from": only_from}
+        taken = self.ledger.take_lease(
+            task.id, self.runner_id, seconds=self.lease_seconds, **statuses
+        )
         if taken is None:
             if self.ledger.cancel_requested(task.id):
                 raise TaskBusy(task.id, "a cancel waits on it")
             holder, until = self.ledger.lease_of(task.id)
+            if holder is None:
+                raise TaskBusy(task.id, f"it is not {' or '.join(only_from or ())} any more")
             raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
         return taken
 
