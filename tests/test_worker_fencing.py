@@ -101,6 +101,27 @@ def test_begin_attempt_outcomes(ledger: Ledger) -> None:
     assert task_of(ledger, task_id).status == "failed"
 
 
+def test_an_attempt_says_whether_its_task_ever_ran(ledger: Ledger) -> None:
+    """The attempt comes with its task as the ledger now has it (the worker reads no more)
+    and whether the task ran before: only one that never did starts from its request."""
+    task_id = queued(ledger)
+    dispatch = ledger.queue_for_workers(task_id)
+    first = ledger.start_attempt(task_id, dispatch=dispatch, worker_id=WORKER, max_attempts=3)
+    assert first is not None and (first.number, first.fresh) == (1, True)
+    assert first.task == task_of(ledger, task_id)
+    assert first.task.status == "running" and ledger.lease_of(task_id) == (WORKER, None)
+    # Redelivered (its worker died): the task ran, and may have checkpoints of its own.
+    again = ledger.start_attempt(task_id, dispatch=dispatch, worker_id=WORKER, max_attempts=3)
+    assert again is not None and (again.number, again.fresh) == (2, False)
+    # Paused, decided and dispatched again: it ran before, though its attempts were reset.
+    ledger.end_run(task_id, usage=USAGE, status="interrupted", attempt=2)
+    resumed = ledger.start_attempt(
+        task_id, dispatch=ledger.queue_for_workers(task_id), worker_id=WORKER, max_attempts=3
+    )
+    assert resumed is not None and resumed.fresh is False
+    assert ledger.start_attempt(task_id, dispatch=1, worker_id=WORKER, max_attempts=3) is None
+
+
 def test_a_decision_dispatches_again_and_the_attempt_number_goes_on(ledger: Ledger) -> None:
     task_id = queued(ledger)
     first = ledger.queue_for_workers(task_id)
@@ -336,13 +357,28 @@ def submitted(ledger: Ledger, policy: Path | None = None) -> str:
     return submit_task(request, ledger=ledger).task.id
 
 
-def test_a_worker_runs_a_task_once_per_dispatch(worker_env: Ledger) -> None:
+def test_a_worker_runs_a_task_once_per_dispatch(
+    worker_env: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langgraph.pregel import Pregel
+
     from relaygraph.worker import run_ledger_task
 
     ledger = worker_env
     task_id = submitted(ledger)
     dispatch = ledger.queue_for_workers(task_id)
+    states: list[bool] = []
+    get_state = Pregel.get_state
+
+    def state_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        states.append(kwargs.get("subgraphs", False))
+        return get_state(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pregel, "get_state", state_read)
     run_ledger_task(task_id, dispatch)
+    # A task that never ran starts from its request: no read of the thread's checkpoints
+    # to find that it has none of its own; the one read is the run's end (its outcome).
+    assert states == [True]
     task = task_of(ledger, task_id)
     assert task.status == "succeeded", task.stop_reason
     assert task.answer

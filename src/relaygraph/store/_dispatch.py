@@ -17,11 +17,12 @@ from relaygraph.store._base import (
     add_finish_event,
     apply_status,
     status_values,
+    task_of_row,
     utc_now,
 )
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import TaskRow
-from relaygraph.store._records import FINISHED_STATUSES
+from relaygraph.store._records import FINISHED_STATUSES, Attempt
 
 __all__ = ["WorkerDispatchLedger"]
 
@@ -61,8 +62,17 @@ class WorkerDispatchLedger(LedgerBase):
     def begin_attempt(
         self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
     ) -> int | None:
+        """:meth:`start_attempt`'s attempt number, or None."""
+        started = self.start_attempt(
+            task_id, dispatch=dispatch, worker_id=worker_id, max_attempts=max_attempts
+        )
+        return None if started is None else started.number
+
+    def start_attempt(
+        self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
+    ) -> Attempt | None:
         """Begin a worker's attempt at the task for the message of dispatch ``dispatch``, in
-        one transaction.
+        one transaction, and return it with the task as it left it (no read after).
 
         Args:
             task_id: The task the message names.
@@ -75,8 +85,8 @@ class WorkerDispatchLedger(LedgerBase):
                 started again (its workers died on it each time: ``RELAYGRAPH_MAX_ATTEMPTS``).
 
         Returns:
-            The attempt's number (the fencing number of every write of its run), the task
-            now ``running``. None when the message must be acknowledged and dropped: no such
+            The attempt (its number fences every write of its run), the task now
+            ``running``. None when the message must be acknowledged and dropped: no such
             task, the task is finished or waits for a person, the message is of an earlier
             dispatch, a cancel waited on the task (now ``cancelled``), or the dispatch was
             started ``max_attempts`` times already (now ``failed``, saying so).
@@ -100,11 +110,12 @@ class WorkerDispatchLedger(LedgerBase):
                     },
                 )
             else:
+                fresh = row.started_at is None  # stamped the first time the task runs
                 row.attempts += 1
                 row.dispatch_attempts += 1
                 row.runner_id, row.lease_until = worker_id[:64], None
                 apply_status(row, status_values("running", {}))
-                return row.attempts
+                return Attempt(number=row.attempts, task=task_of_row(row), fresh=fresh)
             apply_status(row, values)
             row.runner_id = row.lease_until = row.cancel_requested_at = None
             seq = add_finish_event(session, task_id, values["status"], values["stop_reason"], now)

@@ -95,6 +95,19 @@ class Task:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Attempt:
+    """A worker's attempt at a task, as it began (``Ledger.start_attempt``)."""
+
+    number: int
+    """The attempt's number: the fencing number of every write of its run."""
+    task: Task
+    """The task as the attempt left it (``running``, held by the worker)."""
+    fresh: bool
+    """The task never ran before this attempt: it has no checkpoint of its own, so the run
+    starts from its request without reading the thread's checkpoints to find out."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TeamVersion:
     """One version of a team a project registered: its definition and its digest."""
 

@@ -100,20 +100,22 @@ class WorkerRuntime:
         """
         from relaygraph.runner import CONTINUE
 
-        attempt = self.ledger.begin_attempt(
+        begun = self.ledger.start_attempt(
             task_id, dispatch=dispatch, worker_id=self.worker_id, max_attempts=self.max_attempts
         )
-        if attempt is None:
+        if begun is None:
             log.info("task %s: message of dispatch %s dropped: nothing to run", task_id, dispatch)
             self._start_next(task_id)
             return None
-        task = self._task(task_id)
+        task, attempt = begun.task, begun.number
         log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
         try:
-            # The runner fences the run's ledger writes and checkpoints by the attempt.
+            # The runner fences the run's ledger writes and checkpoints by the attempt. A
+            # task that never ran starts from its request: it has no checkpoint to go on
+            # from, and asking the thread's checkpoints (CONTINUE) cost a read of them.
             return self.runner.run(
                 task,
-                CONTINUE,
+                {"request": task.input} if begun.fresh else CONTINUE,
                 attempt=attempt,
                 # `relaygraph_team` is the project's id under its name from before
                 # projects, deprecated (as for serve's runs).
@@ -131,12 +133,6 @@ class WorkerRuntime:
             return None
         finally:
             self._start_next(task_id, project_id=task.project_id)
-
-    def _task(self, task_id: str) -> Task:
-        project_id = self.ledger.task_owner(task_id)
-        task = None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
-        assert task is not None, f"task {task_id} began an attempt and is gone"
-        return task
 
     def _fail(self, task: Task, attempt: int, reason: str) -> None:
         try:
