@@ -324,3 +324,69 @@ def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
     assert takes == [("queued",), ("queued",)]  # one take per start; the second refused
     assert [e.type for e in ledger.events_after(task.id)].count("run_started") == 1
     assert ledger.get_task(task.id, project_id=project.id) == ended  # left as it was
+
+
+def test_a_queued_task_whose_team_cannot_be_built_fails_on_the_record(
+    home: Path, tmp_path: Path
+) -> None:
+    """The server's worker takes the task before it builds its team: a model that cannot be
+    built (its script went missing) fails the task with the reason, rather than leaving it
+    queued (or running under a lease nobody renews) to be started again and again."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    project, _ = ledger.create_project("t")
+    missing = f"scripted:{tmp_path / 'gone.json'}"
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(missing))
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project.id)
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "failed"
+    assert "gone.json" in (ended.stop_reason or "")
+    assert ledger.lease_of(task.id) == (None, None)
+    assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["queued", "taken"])
+def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch, taken: bool
+) -> None:
+    """A knowledge base that cannot be made ready (a folder gone, a broken file) fails the
+    task with the reason, whether the run took the task or was handed it taken: it is not
+    left queued, nor running under a lease nobody renews, to be started again and again."""
+    from relaygraph.runner import _task_runner, ledger_for
+
+    def broken(*args: Any) -> Any:
+        raise ConfigError("knowledge base folder 'docs' is gone")
+
+    monkeypatch.setattr(_task_runner, "_prepared_knowledge_base", broken)
+    ledger = ledger_for(home)
+    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        if taken:
+            held = workers.take(task.id, only_from=("queued",))
+            assert held is not None
+            workers.start(held, {"request": "x"}, project=project.id, taken=True)
+        else:
+            workers.start(task, project=project.id)
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            30.0,
+            "the task ended",
+        )
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "failed"
+    assert "knowledge base folder 'docs' is gone" in (ended.stop_reason or "")
+    assert ledger.lease_of(task.id) == (None, None)
+    assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]

@@ -141,8 +141,14 @@ class TaskRunner:
         policy = stored_policy(task.policy or {}, source=source)
         topology = Topology.from_mapping(task.topology)
         team, graph_team = self._team_graph(task, team, models, policy, topology, attempt)
-        context = self._context(task, team, attempt)
-        config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+        try:
+            context = self._context(task, team, attempt)
+            config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+        except RelaygraphError as exc:
+            # A knowledge base that cannot be made ready fails the task on the record, as a
+            # team that cannot be built does: left as it was, it would start again and again.
+            self._failed_to_start(task, attempt, exc)
+            raise
         if attempt is None and not leased:
             task = self._take(task, only_from)
         # A cancel asked for on another server reaches this run through the ledger.
@@ -259,20 +265,24 @@ class TaskRunner:
         except RelaygraphError as exc:
             # A model that cannot be built (its script file went missing or broke, a key
             # was unset) fails the task, not the process.
-            reason = f"error: {exc}"
-            event = dict(run_finished_event("failed", reason))
-            self.ledger.append_event(task.id, event, attempt=attempt)
-            # As any run ends: a lease this runner holds (a task recorded under it, or taken
-            # before the run) or a worker's hold ends with it.
-            self.ledger.end_run(
-                task.id,
-                usage=(),
-                runner_id=self.runner_id,
-                status="failed",
-                attempt=attempt,
-                stop_reason=reason,
-            )
+            self._failed_to_start(task, attempt, exc)
             raise
+
+    def _failed_to_start(self, task: Task, attempt: int | None, exc: RelaygraphError) -> None:
+        """Record that the task failed before its run began, with ``exc`` as the reason."""
+        reason = f"error: {exc}"
+        event = dict(run_finished_event("failed", reason))
+        self.ledger.append_event(task.id, event, attempt=attempt)
+        # As any run ends: a lease this runner holds (a task recorded under it, or taken
+        # before the run) or a worker's hold ends with it.
+        self.ledger.end_run(
+            task.id,
+            usage=(),
+            runner_id=self.runner_id,
+            status="failed",
+            attempt=attempt,
+            stop_reason=reason,
+        )
 
     def _context(self, task: Task, team: Team, attempt: int | None) -> TaskContext:
         """The task's workspace, artifacts folder and knowledge base, made ready, and the
