@@ -27,7 +27,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
 from .openai_server import serve_script
-from .test_containment import runnable
+from .test_containment import lapse, runnable
 from .worker_cluster import Cluster, process_gone, process_stats, wait_until
 
 DEADLINE = 120.0
@@ -354,13 +354,14 @@ def test_a_queued_task_whose_team_cannot_be_built_fails_on_the_record(
     assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
 
 
-@pytest.mark.parametrize("taken", [False, True], ids=["queued", "taken"])
+@pytest.mark.parametrize("how", ["queued", "taken", "orphaned"])
 def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
-    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch, taken: bool
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """A knowledge base that cannot be made ready (a folder gone, a broken file) fails the
-    task with the reason, whether the run took the task or was handed it taken: it is not
-    left queued, nor running under a lease nobody renews, to be started again and again."""
+    task with the reason, whether the run took the task, was handed it taken, or picked it
+    up from a runner that died: it is not left queued, nor running under a lease nobody
+    renews, to be started again and again."""
     from relaygraph.runner import _task_runner, ledger_for
 
     def broken(*args: Any) -> Any:
@@ -371,12 +372,17 @@ def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
     spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
     project, _ = ledger.create_project("t")
     task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    if how == "orphaned":
+        assert ledger.take_lease(task.id, "dead", seconds=30)
+        lapse(ledger, task.id, "dead")
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
-        if taken:
+        if how == "taken":
             held = workers.take(task.id, only_from=("queued",))
             assert held is not None
             workers.start(held, {"request": "x"}, project=project.id, taken=True)
+        elif how == "orphaned":
+            assert workers.recover() == 1
         else:
             workers.start(task, project=project.id)
         ended = wait_until(
@@ -390,3 +396,89 @@ def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
     assert "knowledge base folder 'docs' is gone" in (ended.stop_reason or "")
     assert ledger.lease_of(task.id) == (None, None)
     assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
+
+
+def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start of a task cancelled while it waited for a worker, whose set-up would fail
+    too, is refused at its take: nothing is written of the task (no failed end after its
+    cancel), and the set-up is not even tried."""
+    from relaygraph.runner import _task_runner, ledger_for
+
+    tried: list[Any] = []
+
+    def broken(*args: Any) -> Any:
+        tried.append(args)
+        raise ConfigError("knowledge base folder 'docs' is gone")
+
+    monkeypatch.setattr(_task_runner, "_prepared_knowledge_base", broken)
+    ledger = ledger_for(home)
+    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    assert ledger.request_cancel(task.id).status == "cancelled"
+    events = [e.type for e in ledger.events_after(task.id)]
+    takes: list[str] = []
+    take_lease = Ledger.take_lease
+
+    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
+        takes.append(task_id)
+        return take_lease(self, task_id, runner_id, **kwargs)
+
+    monkeypatch.setattr(Ledger, "take_lease", counted)
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project.id)  # the start handed over before the cancel
+        wait_until(lambda: takes, DEADLINE, "the start tried its take")
+    finally:
+        workers.shutdown(wait=True)
+    after = ledger.get_task(task.id, project_id=project.id)
+    assert after is not None and after.status == "cancelled"
+    assert [e.type for e in ledger.events_after(task.id)] == events
+    assert tried == []
+
+
+def test_a_continue_refused_at_its_take_leaves_the_task_to_a_later_sweep(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers both pick up a dead runner's task; the one refused at the take forgets
+    it, so that its sweep picks the task up if the other server dies too."""
+    from relaygraph.runner import CONTINUE, ledger_for
+
+    ledger = ledger_for(home)
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "writer", "task": "write it", "reason": "x"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "writer": [{"content": "Written."}],
+        }
+    )
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    running = ledger.take_lease(task.id, "other", seconds=30)  # the server that won
+    assert running is not None
+    takes: list[str] = []
+    take_lease = Ledger.take_lease
+
+    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
+        takes.append(task_id)
+        return take_lease(self, task_id, runner_id, **kwargs)
+
+    monkeypatch.setattr(Ledger, "take_lease", counted)
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(running, CONTINUE, project=project.id)
+        wait_until(lambda: takes, DEADLINE, "the start tried its take")
+        lapse(ledger, task.id, "other")  # ... and the server that won dies too.
+        assert workers.recover() == 1
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "succeeded", ended.stop_reason

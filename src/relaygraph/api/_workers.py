@@ -263,6 +263,7 @@ class TaskWorkers:
 
     def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
         ran = False
+        only_from: tuple[str, ...] | None = None
         try:
             if graph_input is None:
                 if self._stopping.is_set():
@@ -275,9 +276,7 @@ class TaskWorkers:
                 graph_input = {"request": task.input}
                 # The run takes the lease only if the task is still queued: one write,
                 # where a take here and the run's own were two.
-                only_from: tuple[str, ...] | None = ("queued",)
-            else:
-                only_from = None
+                only_from = ("queued",)
             ran = True
             self.runner.run(
                 task,
@@ -298,7 +297,9 @@ class TaskWorkers:
                 self.ledger.request_cancel(task.id)
                 log.info("task %s cancelled before its run began", task.id)
             else:  # Cancelled while queued, or another worker or server took it first.
-                ran = False  # Refused at the take, before the run began: it ran nothing.
+                # A queued task's start refused at its take ran nothing: a run of it in
+                # this process (a duplicate start) keeps its cancel.
+                ran = only_from is None
                 log.info("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task.id, exc)

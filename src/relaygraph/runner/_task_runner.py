@@ -140,15 +140,9 @@ class TaskRunner:
         source = task.metadata.get("policy_source") or "<task>"
         policy = stored_policy(task.policy or {}, source=source)
         topology = Topology.from_mapping(task.topology)
-        team, graph_team = self._team_graph(task, team, models, policy, topology, attempt)
-        try:
-            context = self._context(task, team, attempt)
-            config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
-        except RelaygraphError as exc:
-            # A knowledge base that cannot be made ready fails the task on the record, as a
-            # team that cannot be built does: left as it was, it would start again and again.
-            self._failed_to_start(task, attempt, exc)
-            raise
+        # The task is this runner's before anything is written of it (a failure to start
+        # included), and its lease is renewed from here on, through the set-up (a team's
+        # first compile, its knowledge base made ready) as through the run.
         if attempt is None and not leased:
             task = self._take(task, only_from)
         # A cancel asked for on another server reaches this run through the ledger.
@@ -157,6 +151,22 @@ class TaskRunner:
         if task.cancel_requested_at is not None:
             cancel.set()
         hold = self._hold(task, attempt, cancel)
+        try:
+            team, graph_team = self._team_graph(task, team, models, policy, topology)
+            context = self._context(task, team, attempt)
+            config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+        except RelaygraphError as exc:
+            # A team or a model that cannot be built, a knowledge base that cannot be made
+            # ready: the task fails on the record, not the process; left as it was, it would
+            # start again and again.
+            hold.close()
+            self._failed_to_start(task, attempt, exc)
+            raise
+        except BaseException:
+            hold.close()
+            if attempt is None:  # Let another take it.
+                self.ledger.release_lease(task.id, self.runner_id)
+            raise
         run = TaskRun(
             ledger=self.ledger,
             runner_id=self.runner_id,
@@ -250,23 +260,16 @@ class TaskRunner:
         models: Mapping[str, Any] | None,
         policy: TeamPolicy,
         topology: Topology,
-        attempt: int | None,
     ) -> tuple[Team, Any]:
         """The task's team and its compiled graph (kept per process).
 
         Raises:
-            RelaygraphError: The team or a model cannot be built; the task is failed on the
-                record, with the reason, before it starts.
+            RelaygraphError: The team or a model cannot be built (a script file went
+                missing or broke, a key was unset).
         """
         specs: dict[str, Any] = dict(models if models is not None else task.models)
-        try:
-            team = team or self.team_of(task)
-            return team, team_cache.get(specs, team=team, policy=policy, topology=topology)
-        except RelaygraphError as exc:
-            # A model that cannot be built (its script file went missing or broke, a key
-            # was unset) fails the task, not the process.
-            self._failed_to_start(task, attempt, exc)
-            raise
+        team = team or self.team_of(task)
+        return team, team_cache.get(specs, team=team, policy=policy, topology=topology)
 
     def _failed_to_start(self, task: Task, attempt: int | None, exc: RelaygraphError) -> None:
         """Record that the task failed before its run began, with ``exc`` as the reason."""
@@ -374,7 +377,8 @@ class TaskRunner:
                 raise TaskBusy(task.id, "a cancel waits on it")
             holder, until = self.ledger.lease_of(task.id)
             if holder is None:
-                raise TaskBusy(task.id, f"it is not {' or '.join(only_from or ())} any more")
+                wanted = " or ".join(only_from) if only_from else "unfinished"
+                raise TaskBusy(task.id, f"it is not {wanted} any more")
             raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
         return taken
 
