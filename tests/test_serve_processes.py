@@ -280,8 +280,32 @@ def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script:
     assert ended.status == "cancelled" and ended.stop_reason == "cancelled by request"
 
 
+WRITER_TURNS: dict[str, Any] = {
+    "supervisor": [
+        {"route": {"next": "writer", "task": "write it", "reason": "x"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+    ],
+    "writer": [{"content": "Written."}],
+}
+"""A task that runs and succeeds: the writer's one reply, then FINISH."""
+
+
+@pytest.fixture
+def takes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Each ``Ledger.take_lease`` call from now on, as its ``only_from`` (None: not given)."""
+    seen: list[Any] = []
+    take_lease = Ledger.take_lease
+
+    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("only_from"))
+        return take_lease(self, task_id, runner_id, **kwargs)
+
+    monkeypatch.setattr(Ledger, "take_lease", counted)
+    return seen
+
+
 def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
-    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+    home: Path, script: Any, takes: list[Any]
 ) -> None:
     """A server's worker starts a queued task with one take of its lease, the run's own
     (not a take and the run's take again: one ledger write less per task); a second start
@@ -289,25 +313,9 @@ def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
     from relaygraph.runner import ledger_for
 
     ledger = ledger_for(home)
-    spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "writer", "task": "write it", "reason": "x"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "writer": [{"content": "Written."}],
-        }
-    )
+    spec = script(WRITER_TURNS)
     project, _ = ledger.create_project("t")
     task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
-    takes: list[Any] = []
-    take_lease = Ledger.take_lease
-
-    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
-        takes.append(kwargs.get("only_from"))
-        return take_lease(self, task_id, runner_id, **kwargs)
-
-    monkeypatch.setattr(Ledger, "take_lease", counted)
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
@@ -399,7 +407,7 @@ def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
 
 
 def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
-    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch, takes: list[Any]
 ) -> None:
     """A start of a task cancelled while it waited for a worker, whose set-up would fail
     too, is refused at its take: nothing is written of the task (no failed end after its
@@ -419,14 +427,6 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
     task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
     assert ledger.request_cancel(task.id).status == "cancelled"
     events = [e.type for e in ledger.events_after(task.id)]
-    takes: list[str] = []
-    take_lease = Ledger.take_lease
-
-    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
-        takes.append(task_id)
-        return take_lease(self, task_id, runner_id, **kwargs)
-
-    monkeypatch.setattr(Ledger, "take_lease", counted)
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)  # the start handed over before the cancel
@@ -440,38 +440,23 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
 
 
 def test_a_continue_refused_at_its_take_leaves_the_task_to_a_later_sweep(
-    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+    home: Path, script: Any, takes: list[Any]
 ) -> None:
     """Two servers both pick up a dead runner's task; the one refused at the take forgets
     it, so that its sweep picks the task up if the other server dies too."""
     from relaygraph.runner import CONTINUE, ledger_for
 
     ledger = ledger_for(home)
-    spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "writer", "task": "write it", "reason": "x"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "writer": [{"content": "Written."}],
-        }
-    )
+    spec = script(WRITER_TURNS)
     project, _ = ledger.create_project("t")
     task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
     running = ledger.take_lease(task.id, "other", seconds=30)  # the server that won
     assert running is not None
-    takes: list[str] = []
-    take_lease = Ledger.take_lease
-
-    def counted(self: Ledger, task_id: str, runner_id: str, **kwargs: Any) -> Any:
-        takes.append(task_id)
-        return take_lease(self, task_id, runner_id, **kwargs)
-
-    monkeypatch.setattr(Ledger, "take_lease", counted)
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(running, CONTINUE, project=project.id)
-        wait_until(lambda: takes, DEADLINE, "the start tried its take")
+        # The winner's take, then this server's.
+        wait_until(lambda: len(takes) == 2, DEADLINE, "the start tried its take")
         lapse(ledger, task.id, "other")  # ... and the server that won dies too.
         assert workers.recover() == 1
         ended = wait_until(
