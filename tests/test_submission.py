@@ -122,7 +122,7 @@ def test_a_thread_keeps_its_topology_and_the_refusal_names_the_option(
     assert "runs the 'swarm' topology" in str(refused)
 
 
-def test_a_submission_is_handed_to_enqueue_by_id_unless_its_thread_is_busy(
+def test_a_submission_is_handed_to_enqueue_unless_its_thread_is_busy(
     ledger: Ledger, script: Script
 ) -> None:
     spec = script(FINISH_AT_ONCE)
@@ -133,7 +133,7 @@ def test_a_submission_is_handed_to_enqueue_by_id_unless_its_thread_is_busy(
         request = TaskRequest(
             input="go", team=default_team(), model=spec, project_id=project.id, **fields
         )
-        return submit_task(request, ledger=ledger, enqueue=enqueued.append)
+        return submit_task(request, ledger=ledger, enqueue=lambda task: enqueued.append(task.id))
 
     first = submit(thread_id="t-1", thread_must_exist=False, multitask="reject")
     assert first.created and first.starts and enqueued == [first.task.id]

@@ -66,7 +66,7 @@ class BrokerDispatch:
         self.republish_after = republish_after
         self._workers = WorkerDispatch(celery, ledger)
 
-    def enqueue(self, task_id: str) -> None:
+    def enqueue(self, task: Task) -> None:
         """Queue the task for the workers: a new dispatch in the ledger, then its message.
 
         Raises:
@@ -74,7 +74,7 @@ class BrokerDispatch:
                 task stays ``queued`` and is published again (:meth:`republish_stale`, or a
                 retry with the same ``Idempotency-Key``).
         """
-        self._published(f"task {task_id}", lambda: self._workers.enqueue(task_id))
+        self._published(f"task {task.id}", lambda: self._workers.enqueue(task))
 
     def resume(self, task_id: str, answers: Answers) -> bool:
         """Queue the decided task for the workers, to continue from its checkpoint.

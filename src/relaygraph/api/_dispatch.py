@@ -19,8 +19,8 @@ __all__ = ["TaskDispatch"]
 class TaskDispatch(Protocol):
     """What the API does with a task once the ledger has recorded or changed it."""
 
-    def enqueue(self, task_id: str) -> None:
-        """Run the recorded ``queued`` task ``task_id`` when a worker is free
+    def enqueue(self, task: Task) -> None:
+        """Run the recorded ``queued`` task when a worker is free
         (:func:`~relaygraph.runner.submit_task`'s hand-off)."""
 
     def resume(self, task_id: str, answers: Answers) -> bool:

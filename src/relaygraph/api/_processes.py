@@ -196,7 +196,7 @@ class TaskProcesses:
             for child in self._children:
                 child.tell(line)
 
-    def enqueue(self, task_id: str) -> None:
+    def enqueue(self, task: Task) -> None:
         """Wake every process: the first with a worker free takes the task."""
         self.workers.wake()
         self._tell("wake")

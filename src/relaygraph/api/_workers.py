@@ -124,16 +124,15 @@ class TaskWorkers:
         if self.pulling:
             self._wake.set()  # A worker is free: take the next queued task.
 
-    def enqueue(self, task_id: str) -> None:
-        """Start the queued task ``task_id`` when a worker is free: the submission's hand-off
-        (:func:`~relaygraph.runner.submit_task`), by id, as a task queue would take it.
-        Pulling, the task waits in the ledger for whichever process has a worker free."""
+    def enqueue(self, task: Task) -> None:
+        """Start the queued ``task`` when a worker is free: the submission's hand-off
+        (:func:`~relaygraph.runner.submit_task`), with the task as it recorded it (whose
+        status the run's take checks again). Pulling, the task waits in the ledger for
+        whichever process has a worker free."""
         if self.pulling:
             self.wake()
             return
-        task = self._task(task_id)
-        if task is not None:
-            self.start(task, project=task.project_id)
+        self.start(task, project=task.project_id)
 
     def wake(self) -> None:
         """Look for queued tasks now (pulling): one may have been queued or freed."""
@@ -207,10 +206,6 @@ class TaskWorkers:
             return False
         self.start(task, resume_input(answers), project=task.project_id, taken=True)
         return True
-
-    def _task(self, task_id: str) -> Task | None:
-        project_id = self.ledger.task_owner(task_id)
-        return None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
 
     def cancel(self, task_id: str) -> Task:
         """Cancel a task wherever it is (:meth:`Ledger.request_cancel`): at once when no live

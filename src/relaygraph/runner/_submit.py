@@ -41,9 +41,10 @@ POLICY_SOURCE_KEY = "policy_source"
 """The task metadata key that says where the task's policy came from (traces and the audit
 timeline show it); the submission sets it, never the caller."""
 
-Enqueue = Callable[[str], None]
-"""Starts a recorded ``queued`` task, by id, when a worker is free (the server's worker pool
-in-process; a task queue's producer)."""
+Enqueue = Callable[[Task], None]
+"""Starts a recorded ``queued`` task when a worker is free (the server's worker pool
+in-process; a task queue's producer). It is handed the task as the submission recorded it,
+so a worker pool need not read it again (two reads of every submission)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,7 +217,7 @@ def submit_task(
         ledger: Where the task is recorded.
         model_rules: Which models the caller's requests may name; a user's own rules
             (any valid spec) when None.
-        enqueue: Starts the task by id; None when the caller runs it itself
+        enqueue: Starts the recorded task; None when the caller runs it itself
             (``run_task`` runs it in this process).
         runner_id: The runner that runs the task in this process at once (with
             ``lease_seconds``, the length of its lease; not with ``enqueue``): a task that
@@ -240,7 +241,7 @@ def submit_task(
     )
     starts = created and not submission.waits_for_thread
     if starts and enqueue is not None:
-        enqueue(task.id)
+        enqueue(task)
     return SubmittedTask(
         task=task,
         submission=submission,

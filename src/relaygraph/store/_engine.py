@@ -90,10 +90,18 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
         return create_engine(parsed, json_serializer=serializer, pool_pre_ping=True)
     assert parsed.database is not None
     Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    # SQLite has one writer at a time. The write engine hands its one connection to one
+    # thread at a time: the next writer of this process wakes the moment the last commits,
+    # where two connections would have it wait in SQLite's busy handler, which polls with
+    # sleeps of 1, 2, 5, 10, ... ms (a task's lease took 13 ms to take behind the API's
+    # and the other runs' writes; benchmarks/bench_service.py). Other processes still wait
+    # in the busy handler.
+    pool = {"pool_size": 1, "max_overflow": 0, "pool_timeout": SQLITE_BUSY_SECONDS}
     engine = create_engine(
         parsed,
         json_serializer=serializer,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS},
+        **(pool if immediate else {}),
     )
     event.listen(engine, "connect", _configure_sqlite)
     # The transaction's BEGIN is the dialect's, not a "begin" event listener's: an engine

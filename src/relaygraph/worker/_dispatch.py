@@ -18,7 +18,7 @@ from relaygraph.worker._app import publish_run
 if TYPE_CHECKING:
     from celery import Celery
 
-    from relaygraph.store import Ledger
+    from relaygraph.store import Ledger, Task
 
 __all__ = ["WorkerDispatch", "next_on_thread"]
 
@@ -45,9 +45,9 @@ class WorkerDispatch:
         publish_run(self.app, task_id, dispatch)
         return dispatch
 
-    def enqueue(self, task_id: str) -> None:
+    def enqueue(self, task: Task) -> None:
         """A submission's hand-off (``submit_task(enqueue=...)``): the new task to the workers."""
-        self.dispatch(task_id)
+        self.dispatch(task.id)
 
     def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
         """A decision's hand-off (``decide_task(resume=...)``): the decided task to the
