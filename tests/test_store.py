@@ -1232,6 +1232,25 @@ def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> N
         ledger.take_lease(task.id, "c", seconds=30, only_from=("nope",))
 
 
+def test_a_queued_task_is_taken_only_as_its_threads_oldest_active_task(ledger: Ledger) -> None:
+    """A start (a take from ``queued``) of a task enqueued behind another on its thread is
+    refused while the earlier one is active, in the take itself; other threads, and a take
+    from another status, are not held back by it."""
+    first, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="1", thread_id="t-q")
+    second, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="2", thread_id="t-q")
+    other, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="3", thread_id="t-o")
+    assert ledger.take_lease(second.id, "a", seconds=30, only_from=("queued",)) is None
+    assert ledger.take_lease(other.id, "a", seconds=30, only_from=("queued",)) is not None
+    assert ledger.take_lease(first.id, "a", seconds=30, only_from=("queued",)) is not None
+    # Running, then waiting for a person: the first still holds its thread.
+    assert ledger.take_lease(second.id, "b", seconds=30, only_from=("queued",)) is None
+    ledger.set_status(first.id, "interrupted")
+    assert ledger.take_lease(second.id, "b", seconds=30, only_from=("queued",)) is None
+    ledger.set_status(first.id, "succeeded")
+    taken = ledger.take_lease(second.id, "b", seconds=30, only_from=("queued",))
+    assert taken is not None and (taken.id, taken.status) == (second.id, "running")
+
+
 def test_a_run_whose_lease_lapsed_does_not_end_the_task_it_lost(ledger: Ledger) -> None:
     """A runner that stalled past its lease ends its run late: the task went on without
     it (another runner took it, or the sweeper settled it), and the late end changes

@@ -263,14 +263,11 @@ class TaskWorkers:
             if graph_input is None:
                 if self._stopping.is_set():
                     return  # Stays queued for the next start.
-                first = self.ledger.active_task_on_thread(
-                    task.thread_id, project_id=task.project_id
-                )
-                if first is not None and first.id != task.id:
-                    return  # Its thread is busy (a race at submission): it starts next.
                 graph_input = {"request": task.input}
-                # The run takes the lease only if the task is still queued: one write,
-                # where a take here and the run's own were two.
+                # The run takes the lease only if the task is still queued and its thread's
+                # oldest active task (else its thread is busy, a race at submission, and it
+                # starts next): one write, where a read, a take here and the run's own take
+                # were three statements.
                 only_from = ("queued",)
             ran = True
             self.runner.run(

@@ -228,7 +228,10 @@ class TaskRun:
             # the run read is not a success. (Other models: see the closing note.)
             grounding=any(spec.startswith("local:") for spec in self.recorded.values()),
         )
-        artifacts = sorted(p.name for p in self.context.artifacts.iterdir() if p.is_file())
+        try:
+            artifacts = sorted(p.name for p in self.context.artifacts.iterdir() if p.is_file())
+        except FileNotFoundError:  # No agent saved one (the folder is made by the first).
+            artifacts = []
         return RunResult(
             task_id=self.task.id,
             thread_id=self.task.thread_id,

@@ -127,7 +127,8 @@ class TaskRunner:
                 it since: the run does not take the lease again.
             only_from: The statuses the task may have when the run takes its lease (in
                 process): ``("queued",)`` for a task that must not have started yet (a
-                server's worker starting a queued task: one take, not a check and a take).
+                server's worker starting a queued task: one take, not a check and a take),
+                and that is its thread's oldest active task (see ``Ledger.take_lease``).
 
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it (in
@@ -288,8 +289,13 @@ class TaskRunner:
         )
 
     def _context(self, task: Task, team: Team, attempt: int | None) -> TaskContext:
-        """The task's workspace, artifacts folder and knowledge base, made ready, and the
-        ledger's tool journal (a worker's fenced by its attempt)."""
+        """The task's workspace, artifacts folder and knowledge base (made ready), and the
+        ledger's tool journal (a worker's fenced by its attempt).
+
+        The workspace and the artifacts folder are made by the tools that use them
+        (``Workspace``, ``ArtifactStore``, ``run_python``), not here: a run whose agents
+        write no file makes none (two ``mkdir`` of every run, each a wait for the
+        interpreter's lock on a busy server)."""
         from relaygraph.agents.context import TaskContext
 
         context = replace(
@@ -304,8 +310,6 @@ class TaskRunner:
         own_knowledge_base = _prepared_knowledge_base(team, self.home)
         if own_knowledge_base is not None:
             context = replace(context, knowledge_base=own_knowledge_base)
-        context.workspace.mkdir(parents=True, exist_ok=True)
-        context.artifacts.mkdir(parents=True, exist_ok=True)
         return context
 
     def _config(
@@ -376,6 +380,12 @@ class TaskRunner:
             if self.ledger.cancel_requested(task.id):
                 raise TaskBusy(task.id, "a cancel waits on it")
             holder, until = self.ledger.lease_of(task.id)
+            if holder is None and only_from == ("queued",):
+                first = self.ledger.active_task_on_thread(
+                    task.thread_id, project_id=task.project_id
+                )
+                if first is not None and first.id != task.id:
+                    raise TaskBusy(task.id, f"task {first.id} of its thread runs first")
             if holder is None:
                 wanted = " or ".join(only_from) if only_from else "unfinished"
                 raise TaskBusy(task.id, f"it is not {wanted} any more")

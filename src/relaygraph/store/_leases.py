@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, case, exists, func, or_, select, update
+from sqlalchemy.orm import Session, aliased
 
 from relaygraph.errors import ConfigError
 from relaygraph.store._base import (
@@ -59,6 +59,21 @@ _TAKE_LEASE = (
     )
     .returning(*TASK_COLUMNS)
 )
+_EARLIER = aliased(TaskRow)
+_TAKE_QUEUED = _TAKE_LEASE.where(
+    # A queued task starts only as its thread's oldest active task: one enqueued behind
+    # another waits for it (and two submitted at once on a new thread do not both start).
+    # In the take itself, not a read before it: one statement for every served run's start.
+    ~exists().where(
+        _EARLIER.project_id == TaskRow.project_id,
+        _EARLIER.thread_id == TaskRow.thread_id,
+        _EARLIER.status.in_(ACTIVE_STATUSES),
+        or_(
+            _EARLIER.created_at < TaskRow.created_at,
+            and_(_EARLIER.created_at == TaskRow.created_at, _EARLIER.id < TaskRow.id),
+        ),
+    )
+)
 
 
 class LeasesLedger(LedgerBase):
@@ -106,9 +121,14 @@ class LeasesLedger(LedgerBase):
         runner still alive, cannot both hold it. A runner that takes a task it did not hold
         counts one more attempt (:meth:`settle_abandoned` fails a task after too many).
 
+        A task taken only from ``queued`` (``only_from=("queued",)``: a start) is taken
+        only while it is its thread's oldest active task (:meth:`active_task_on_thread`):
+        one queued behind another waits for it to end.
+
         Returns:
             The task, now ``running``; None when another runner holds it, or its status is
-            not one of ``only_from``, or a cancel waits on it, or there is no such task.
+            not one of ``only_from``, or a cancel waits on it, or there is no such task, or
+            (taken from ``queued``) an earlier task of its thread is still active.
         """
         allowed = tuple(only_from)
         for each in allowed:
@@ -119,7 +139,7 @@ class LeasesLedger(LedgerBase):
         # process starts here (in the ORM, with the task read again, about 2.9 ms of CPU).
         with self._write_connection() as connection:
             taken = connection.execute(
-                _TAKE_LEASE,
+                _TAKE_QUEUED if allowed == ("queued",) else _TAKE_LEASE,
                 {
                     "row_id": task_id,
                     "allowed": allowed,
