@@ -322,8 +322,9 @@ def test_a_script_key_that_names_no_role_is_refused(
 def test_a_long_lived_process_keeps_its_modules_out_of_full_collections() -> None:
     """``settle_long_lived`` (what ``serve``, its task processes and a worker's pool process
     call before their first task) imports what runs use and freezes it: a full collection
-    then walks a small fraction of the objects it walked before. In a process of its own:
-    frozen objects are never collected, and the test session's are not to be frozen."""
+    then walks a small fraction of the objects it walked before; and the youngest
+    generation is collected less often. In a process of its own: frozen objects are never
+    collected, and the test session's are not to be frozen."""
     import subprocess
     import sys
 
@@ -332,9 +333,9 @@ import gc, json, sys
 import relaygraph.api, relaygraph.cli
 from relaygraph.runner import settle_long_lived
 from relaygraph.runner._long_lived import RUN_MODULES
-before = len(gc.get_objects())
+before, threshold = len(gc.get_objects()), gc.get_threshold()
 frozen = settle_long_lived()
-print(json.dumps({"before": before, "frozen": frozen,
+print(json.dumps({"before": before, "frozen": frozen, "threshold": [threshold, gc.get_threshold()],
     "walked": len(gc.get_objects()),
     "imported": all(m in sys.modules for m in RUN_MODULES)}))
 """
@@ -345,3 +346,5 @@ print(json.dumps({"before": before, "frozen": frozen,
     assert found["imported"], found
     assert found["frozen"] >= found["before"], found  # the run modules were imported first
     assert found["walked"] < found["frozen"] / 20, found
+    (young, *older), (settled_young, *settled_older) = found["threshold"]
+    assert (young, settled_young, settled_older) == (700, 10_000, older), found
