@@ -403,6 +403,41 @@ def test_a_worker_runs_a_task_once_per_dispatch(
     )
 
 
+def test_a_worker_that_ends_a_task_hands_its_threads_next_task_to_the_workers(
+    worker_env: Ledger,
+) -> None:
+    """The task enqueued behind another on its thread is published once the worker's run
+    of the first ends it (and not while the first still holds the thread)."""
+    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.team import default_team
+    from relaygraph.worker import worker_runtime
+
+    ledger = worker_env
+    spec = f"scripted:{EXAMPLE_RELAY}"
+
+    def submit(text: str) -> Any:
+        request = TaskRequest(
+            input=text,
+            team=default_team(),
+            model=spec,
+            thread_id="t-next",
+            thread_must_exist=False,
+            multitask="enqueue",
+        )
+        return submit_task(request, ledger=ledger)
+
+    first, second = submit("When are checkpoints written?"), submit("And after a crash?")
+    assert first.starts and not second.starts
+    published: list[tuple[str, int]] = []
+    runtime = worker_runtime(
+        publish=lambda task_id, dispatch: published.append((task_id, dispatch))
+    )
+    result = runtime.run(first.task.id, ledger.queue_for_workers(first.task.id))
+    assert result is not None and result.status == "succeeded", result
+    assert published == [(second.task.id, 1)]
+    assert task_of(ledger, second.task.id).dispatch == 1
+
+
 def test_a_paused_task_returns_and_its_decision_continues_it(
     worker_env: Ledger, tmp_path: Path
 ) -> None:

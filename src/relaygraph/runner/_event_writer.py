@@ -70,6 +70,10 @@ class EventWriter:
         self._hurry = threading.Event()
         """Set by :meth:`flush` and :meth:`close`: the writer stops lingering."""
         self._error: BaseException | None = None
+        self._queued = 0
+        """Events queued so far (``put``)."""
+        self._handed = 0
+        """Events written and handed on so far (the writer's thread alone counts them)."""
         self._thread = threading.Thread(
             target=self._loop, name=f"relaygraph-events-{task_id[:8]}", daemon=True
         )
@@ -79,9 +83,17 @@ class EventWriter:
         """Queue ``event`` to be written."""
         self._raise_error()
         self._queue.put(event)
+        self._queued += 1
 
     def flush(self) -> None:
-        """Wait until every event queued so far is written and handed on."""
+        """Wait until every event queued so far is written and handed on.
+
+        At once when they are: a worker's run flushes before each checkpoint, and a step
+        that emitted no event would otherwise wait for the writer's thread to wake and
+        answer (two hand-overs of the processor on a loaded machine)."""
+        self._raise_error()
+        if self._handed == self._queued:
+            return
         done = threading.Event()
         self._queue.put(done)
         self._hurry.set()
@@ -147,6 +159,7 @@ class EventWriter:
                         self._ledger.append_events(self._task_id, stored, **given)
                     for event in events:
                         self._on_written(event)
+                    self._handed += len(events)
                 except BaseException as exc:  # Raised on the run's thread, not lost here.
                     self._error = exc
                     failed = True

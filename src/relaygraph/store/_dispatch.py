@@ -10,13 +10,15 @@ are refused, so a worker that was only frozen cannot overwrite the new attempt's
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, func, select, update
 
 from relaygraph.store._base import (
+    TASK_COLUMNS,
     LedgerBase,
     add_finish_event,
     apply_status,
     status_values,
+    task_of_mapping,
     task_of_row,
     utc_now,
 )
@@ -29,6 +31,30 @@ __all__ = ["WorkerDispatchLedger"]
 STARTABLE = ("queued", "running")
 """Statuses a worker's attempt may begin from: queued, or running (a message redelivered
 after the worker that ran it died or froze)."""
+
+_START_ATTEMPT = (
+    update(TaskRow)
+    .where(
+        TaskRow.id == bindparam("row_id"),
+        TaskRow.dispatch == bindparam("for_dispatch"),
+        TaskRow.status.in_(STARTABLE),
+        TaskRow.cancel_requested_at.is_(None),
+        TaskRow.dispatch_attempts < bindparam("max_attempts"),
+    )
+    .values(
+        attempts=TaskRow.attempts + 1,
+        dispatch_attempts=TaskRow.dispatch_attempts + 1,
+        runner_id=bindparam("runner"),
+        lease_until=None,
+        status="running",
+        started_at=func.coalesce(TaskRow.started_at, bindparam("now")),
+        updated_at=bindparam("now"),
+    )
+    .returning(*TASK_COLUMNS)
+)
+"""The attempt begun, as every worker's run begins: one statement in SQLAlchemy Core, built
+once (the ORM's locked read, update and flush cost about 2.4 ms of CPU and four round trips
+to the server per task)."""
 
 
 class WorkerDispatchLedger(LedgerBase):
@@ -92,6 +118,23 @@ class WorkerDispatchLedger(LedgerBase):
             started ``max_attempts`` times already (now ``failed``, saying so).
         """
         now = utc_now()
+        with self._write_connection() as connection:
+            begun = connection.execute(
+                _START_ATTEMPT,
+                {
+                    "row_id": task_id,
+                    "for_dispatch": dispatch,
+                    "max_attempts": max_attempts,
+                    "runner": worker_id[:64],
+                    "now": now,
+                },
+            ).first()
+        if begun is not None:
+            task = task_of_mapping(begun._mapping)
+            # Stamped now, so the task had not run before (``started_at`` is set once).
+            return Attempt(number=task.attempts, task=task, fresh=task.started_at == now)
+        # Not begun as usual: the locked read below says why (and ends the task where it
+        # must), in a transaction of its own, as if the statement above had not run.
         with self._write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.dispatch != dispatch or row.status not in STARTABLE:

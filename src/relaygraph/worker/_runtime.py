@@ -109,11 +109,12 @@ class WorkerRuntime:
             return None
         task, attempt = begun.task, begun.number
         log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
+        result: RunResult | None = None
         try:
             # The runner fences the run's ledger writes and checkpoints by the attempt. A
             # task that never ran starts from its request: it has no checkpoint to go on
             # from, and asking the thread's checkpoints (CONTINUE) cost a read of them.
-            return self.runner.run(
+            result = self.runner.run(
                 task,
                 {"request": task.input} if begun.fresh else CONTINUE,
                 attempt=attempt,
@@ -121,6 +122,7 @@ class WorkerRuntime:
                 # projects, deprecated (as for serve's runs).
                 identity={"project": task.project_id, "team": task.project_id},
             )
+            return result
         except AttemptSuperseded as exc:
             log.warning("%s", exc)
             return None
@@ -132,7 +134,10 @@ class WorkerRuntime:
             self._fail(task, attempt, f"error: worker crashed: {type(exc).__name__}: {exc}")
             return None
         finally:
-            self._start_next(task_id, project_id=task.project_id)
+            # A run that ended the task says so: its thread's next task is looked up at
+            # once, without reading the task again.
+            ended = result is not None and result.status in FINISHED_STATUSES
+            self._start_next(task_id, project_id=task.project_id, ended=task if ended else None)
 
     def _fail(self, task: Task, attempt: int, reason: str) -> None:
         try:
@@ -144,18 +149,26 @@ class WorkerRuntime:
         except AttemptSuperseded:
             pass  # Another attempt has the task: its end is that attempt's to write.
 
-    def _start_next(self, task_id: str, *, project_id: str | None = None) -> None:
+    def _start_next(
+        self, task_id: str, *, project_id: str | None = None, ended: Task | None = None
+    ) -> None:
         """Hand the task waiting next on the thread to the workers, once this one ended
-        (``project_id``: the task's, when the caller has read it already)."""
+        (``project_id``: the task's, when the caller has read it already; ``ended``: the
+        task's record as its attempt began, when the caller's run ended it: it is not read
+        again)."""
         if self.publish is None:
             return
         try:
-            project_id = project_id or self.ledger.task_owner(task_id)
-            task = (
-                None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
-            )
-            if task is None or task.status not in FINISHED_STATUSES:
-                return
+            task = ended
+            if task is None:
+                project_id = project_id or self.ledger.task_owner(task_id)
+                task = (
+                    None
+                    if project_id is None
+                    else self.ledger.get_task(task_id, project_id=project_id)
+                )
+                if task is None or task.status not in FINISHED_STATUSES:
+                    return
             waiting = next_on_thread(self.ledger, task.thread_id, project_id=task.project_id)
             if waiting is not None:
                 self.publish(waiting, self.ledger.queue_for_workers(waiting))
