@@ -110,6 +110,8 @@ def test_after_a_handoff_only_the_target_runs(home: Path) -> None:
     # coder and the supervisor in parallel as in langgraph-supervisor.
     i = steps.index(["researcher"])
     assert steps[i + 1] == ["coder"]
+    # The FINISH is answered with the writer's reply in the supervisor's own step: no
+    # finalize step follows (below, one follows when finalize's model writes the answer).
     assert steps == [
         ["begin"],
         ["supervisor"],
@@ -118,8 +120,37 @@ def test_after_a_handoff_only_the_target_runs(home: Path) -> None:
         ["supervisor"],
         ["writer"],
         ["supervisor"],
-        ["finalize"],
     ]
+    state = graph.get_state(config)
+    assert (state.next, state.values["status"]) == ((), "succeeded")
+    assert state.values["answer"] == state.values["visits"][-1]["output"]
+
+
+@pytest.mark.parametrize("answer", ["last_reply", "model"])
+def test_finalize_takes_a_step_only_when_its_model_writes_the_answer(
+    home: Path, answer: str
+) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from relaygraph.agents import TaskContext
+    from relaygraph.models import load_model
+    from relaygraph.supervisor import FINALIZE, SUPERVISOR, build_team
+
+    spec = f"scripted:{EXAMPLE_RELAY}"
+    roles = (SUPERVISOR, "researcher", "coder", "writer", FINALIZE)
+    models = {r: load_model(spec, agent=r) for r in roles}
+    team = default_team()
+    policy = team.policy_from({"finalize": {"answer": answer}})
+    graph = build_team(models, team=team, policy=policy, checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "th1"}}
+    ctx = TaskContext.for_task(home, task_id="t1", thread_id="th1")
+    ran = [
+        event["payload"]["name"]
+        for event in graph.stream({"request": "go"}, config, context=ctx, stream_mode="debug")
+        if event["type"] == "task"
+    ]
+    assert ran[-1] == (FINALIZE if answer == "model" else SUPERVISOR)
+    assert graph.get_state(config).values["status"] == "succeeded"
 
 
 def _visits(home: Path, thread_id: str) -> list[dict[str, Any]]:

@@ -49,11 +49,20 @@ def _begin(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
 
 
 def _make_supervisor(
-    model: BaseChatModel, policy: TeamPolicy, members: Sequence[Agent], extra: str | None
+    model: BaseChatModel,
+    policy: TeamPolicy,
+    members: Sequence[Agent],
+    extra: str | None,
+    *,
+    finalize_model: BaseChatModel,
 ) -> Any:
     system = _prompts.supervisor_prompt(members, extra=extra)
     agents = tuple(a.name for a in members)
     replays = acc.replays_by_position(model)
+    # A FINISH whose answer is the last agent's reply (see _last_reply_answer) is answered
+    # here, in the supervisor's step, and the run ends: finalize's own step (a checkpoint,
+    # its writes, the step's own work) is only for an answer a model writes.
+    answers_here = not writes_final_answer(finalize_model)
 
     def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
         if hit := team_stop(state, policy, config, visits=False):
@@ -182,6 +191,8 @@ def _make_supervisor(
             finish: dict[str, Any] = dict(recorded)
             if decision.fallback:
                 finish |= {"status": "degraded", "stop_reason": f"invalid_route: {decision.error}"}
+            elif answers_here and (answer := _last_reply_answer(state, policy)) is not None:
+                return Command(goto=END, update=finish | _reply_answered(state, answer))
             return Command(goto=FINALIZE, update=finish)
         if no_visits_left is not None:
             report(False)
@@ -300,20 +311,9 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             return {"answer": None, "status": status}
         # A model that writes the answer itself (the embedded model cites its sources
         # there) is always asked; any other is asked only when the policy says so.
-        reply_answer = (
-            None
-            if getattr(model, "writes_final_answer", False)
-            else _last_reply_answer(state, policy)
-        )
+        reply_answer = None if writes_final_answer(model) else _last_reply_answer(state, policy)
         if reply_answer is not None:
-            # The last agent's reply is the answer (a writer's deliverable): no model call.
-            emit(final_event(status, reply_answer, stop_reason))
-            return {
-                "answer": reply_answer,
-                "status": status,
-                "stop_reason": stop_reason,
-                "messages": [AIMessage(content=reply_answer, name=ANSWER_NAME)],
-            }
+            return _reply_answered(state, reply_answer)
         messages: list[BaseMessage] = [
             SystemMessage(content=_prompts.FINALIZE_PROMPT),
             HumanMessage(content=_prompts.finalize_input(state)),
@@ -345,6 +345,26 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         return update
 
     return finalize
+
+
+def writes_final_answer(model: BaseChatModel) -> bool:
+    """Whether ``model``, as finalize's, writes every answer itself (the embedded model
+    cites its sources there), so that no answer is taken from an agent's reply."""
+    return bool(getattr(model, "writes_final_answer", False))
+
+
+def _reply_answered(state: TeamState, answer: str) -> dict[str, Any]:
+    """The run's end with the last agent's reply as its answer (a writer's deliverable),
+    without a model call: the ``final`` event, and the update that records it."""
+    status = state.get("status") or "succeeded"
+    stop_reason = state.get("stop_reason")
+    get_stream_writer()(final_event(status, answer, stop_reason))
+    return {
+        "answer": answer,
+        "status": status,
+        "stop_reason": stop_reason,
+        "messages": [AIMessage(content=answer, name=ANSWER_NAME)],
+    }
 
 
 def _last_reply_answer(state: TeamState, policy: TeamPolicy) -> str | None:
@@ -447,10 +467,16 @@ def build_team(
     builder.add_node(
         SUPERVISOR,
         _make_supervisor(
-            models[SUPERVISOR], policy, [members[a] for a in agents], team.supervisor_prompt
+            models[SUPERVISOR],
+            policy,
+            [members[a] for a in agents],
+            team.supervisor_prompt,
+            finalize_model=models[FINALIZE],
         ),
         # It may also go to itself (a re-route after a refused ping-pong); that edge is not
-        # declared because LangChain's ASCII renderer cannot draw a self-loop.
+        # declared because LangChain's ASCII renderer cannot draw a self-loop. Nor is its
+        # end (a FINISH answered with the last reply): the drawing keeps one way out,
+        # through finalize, which every other end takes.
         destinations=(*agents, FINALIZE),
     )
     for name, node in agent_nodes(models, team, policy, None).items():
