@@ -439,6 +439,57 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
     assert tried == []
 
 
+def test_a_queued_start_refused_at_its_take_leaves_the_task_to_a_later_sweep(
+    home: Path, script: Any, takes: list[Any]
+) -> None:
+    """Another server took the queued task first: this server's start, refused, forgets
+    it, so that its sweep picks the task up if that server dies."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    spec = script(WRITER_TURNS)
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    assert ledger.take_lease(task.id, "other", seconds=30) is not None  # the server that won
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project.id)
+        wait_until(lambda: len(takes) == 2, DEADLINE, "the start tried its take")
+        lapse(ledger, task.id, "other")  # ... and the server that won dies.
+        assert wait_until(lambda: workers.recover() == 1, DEADLINE, "the sweep picks it up")
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "succeeded", ended.stop_reason
+
+
+def test_two_starts_of_a_queued_task_waiting_for_one_worker_run_it_once(
+    home: Path, script: Any, takes: list[Any]
+) -> None:
+    """The second start waits for the worker the first runs the task on; it then finds the
+    task taken and runs nothing, and the first run's end stands."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    spec = script(WRITER_TURNS)
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project.id)
+        workers.start(task, project=project.id)
+        wait_until(lambda: len(takes) == 2, DEADLINE, "the second start tried its take")
+    finally:
+        workers.shutdown(wait=True)
+    ended = ledger.get_task(task.id, project_id=project.id)
+    assert ended is not None and ended.status == "succeeded", ended
+    assert [e.type for e in ledger.events_after(task.id)].count("run_finished") == 1
+
+
 def test_a_continue_refused_at_its_take_leaves_the_task_to_a_later_sweep(
     home: Path, script: Any, takes: list[Any]
 ) -> None:

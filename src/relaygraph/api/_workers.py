@@ -79,6 +79,10 @@ class TaskWorkers:
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}
+        self._starts: dict[str, int] = {}
+        """Each task's starts handed to the pool and not yet over: its cancel entry lives as
+        long as one of them (a refused start included), and no longer, so that a task none
+        of them runs is this server's to pick up again (:meth:`recover`)."""
         self._lock = threading.Lock()
         self._futures: set[Future[Any]] = set()
         self._stopping = threading.Event()
@@ -114,6 +118,7 @@ class TaskWorkers:
         ``taken``: this server took its lease already (:meth:`pull`, :meth:`resume`)."""
         with self._lock:
             self._cancel.setdefault(task.id, threading.Event())
+            self._starts[task.id] = self._starts.get(task.id, 0) + 1
             future = self._pool.submit(self._run, task, graph_input, project, taken)
             self._futures.add(future)
             future.add_done_callback(self._finished)
@@ -257,7 +262,6 @@ class TaskWorkers:
         return started
 
     def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
-        ran = False
         only_from: tuple[str, ...] | None = None
         try:
             if graph_input is None:
@@ -269,7 +273,6 @@ class TaskWorkers:
                 # starts next): one write, where a read, a take here and the run's own take
                 # were three statements.
                 only_from = ("queued",)
-            ran = True
             self.runner.run(
                 task,
                 graph_input,
@@ -289,9 +292,6 @@ class TaskWorkers:
                 self.ledger.request_cancel(task.id)
                 log.info("task %s cancelled before its run began", task.id)
             else:  # Cancelled while queued, or another worker or server took it first.
-                # A queued task's start refused at its take ran nothing: a run of it in
-                # this process (a duplicate start) keeps its cancel.
-                ran = only_from is None
                 log.info("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task.id, exc)
@@ -299,8 +299,15 @@ class TaskWorkers:
             log.exception("task %s crashed its worker", task.id)
             self.ledger.set_status(task.id, "failed", stop_reason="error: worker crashed")
         finally:
-            if ran:  # A duplicate start that found the task taken leaves its cancel alone.
-                with self._lock:
+            # The last of the task's starts here forgets it: a duplicate start (refused at
+            # its take) leaves the cancel of a run of it that goes on, and a refused start
+            # that was the only one leaves the task to a later sweep.
+            with self._lock:
+                left = self._starts[task.id] - 1
+                if left:
+                    self._starts[task.id] = left
+                else:
+                    del self._starts[task.id]
                     self._cancel.pop(task.id, None)
             self.start_next(task.thread_id, project_id=task.project_id)
 
