@@ -257,12 +257,10 @@ def test_tasks_behind_a_paused_thread_do_not_starve_other_threads(
 def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script: Any) -> None:
     """A task taken for a free worker and cancelled before its run takes the lease again
     is cancelled at once, not left ``running`` under the lease until it lapses."""
-    from relaygraph.runner import ledger_for
 
-    ledger = ledger_for(home)
-    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(
+        home, script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
+    )
     workers = TaskWorkers(ledger, home=home, workers=1, pull=True)
     try:
         taken = workers.take(task.id, only_from=("queued",))
@@ -278,6 +276,16 @@ def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script:
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "cancelled" and ended.stop_reason == "cancelled by request"
+
+
+def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
+    """The data directory's ledger, a project of its own and one queued task on ``spec``."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    project, _ = ledger.create_project("t")
+    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    return ledger, project, task
 
 
 WRITER_TURNS: dict[str, Any] = {
@@ -310,12 +318,8 @@ def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
     """A server's worker starts a queued task with one take of its lease, the run's own
     (not a take and the run's take again: one ledger write less per task); a second start
     of it finds the task no longer queued and runs nothing."""
-    from relaygraph.runner import ledger_for
 
-    ledger = ledger_for(home)
-    spec = script(WRITER_TURNS)
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
@@ -340,12 +344,8 @@ def test_a_queued_task_whose_team_cannot_be_built_fails_on_the_record(
     """The server's worker takes the task before it builds its team: a model that cannot be
     built (its script went missing) fails the task with the reason, rather than leaving it
     queued (or running under a lease nobody renews) to be started again and again."""
-    from relaygraph.runner import ledger_for
 
-    ledger = ledger_for(home)
-    project, _ = ledger.create_project("t")
-    missing = f"scripted:{tmp_path / 'gone.json'}"
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(missing))
+    ledger, project, task = one_task(home, f"scripted:{tmp_path / 'gone.json'}")
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
@@ -370,16 +370,15 @@ def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
     task with the reason, whether the run took the task, was handed it taken, or picked it
     up from a runner that died: it is not left queued, nor running under a lease nobody
     renews, to be started again and again."""
-    from relaygraph.runner import _task_runner, ledger_for
+    from relaygraph.runner import _task_runner
 
     def broken(*args: Any) -> Any:
         raise ConfigError("knowledge base folder 'docs' is gone")
 
     monkeypatch.setattr(_task_runner, "_prepared_knowledge_base", broken)
-    ledger = ledger_for(home)
-    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(
+        home, script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
+    )
     if how == "orphaned":
         assert ledger.take_lease(task.id, "dead", seconds=30)
         lapse(ledger, task.id, "dead")
@@ -412,7 +411,7 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
     """A start of a task cancelled while it waited for a worker, whose set-up would fail
     too, is refused at its take: nothing is written of the task (no failed end after its
     cancel), and the set-up is not even tried."""
-    from relaygraph.runner import _task_runner, ledger_for
+    from relaygraph.runner import _task_runner
 
     tried: list[Any] = []
 
@@ -421,10 +420,9 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
         raise ConfigError("knowledge base folder 'docs' is gone")
 
     monkeypatch.setattr(_task_runner, "_prepared_knowledge_base", broken)
-    ledger = ledger_for(home)
-    spec = script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(
+        home, script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
+    )
     assert ledger.request_cancel(task.id).status == "cancelled"
     events = [e.type for e in ledger.events_after(task.id)]
     workers = TaskWorkers(ledger, home=home, workers=1)
@@ -444,12 +442,8 @@ def test_a_queued_start_refused_at_its_take_leaves_the_task_to_a_later_sweep(
 ) -> None:
     """Another server took the queued task first: this server's start, refused, forgets
     it, so that its sweep picks the task up if that server dies."""
-    from relaygraph.runner import ledger_for
 
-    ledger = ledger_for(home)
-    spec = script(WRITER_TURNS)
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
     assert ledger.take_lease(task.id, "other", seconds=30) is not None  # the server that won
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
@@ -472,12 +466,8 @@ def test_two_starts_of_a_queued_task_waiting_for_one_worker_run_it_once(
 ) -> None:
     """The second start waits for the worker the first runs the task on; it then finds the
     task taken and runs nothing, and the first run's end stands."""
-    from relaygraph.runner import ledger_for
 
-    ledger = ledger_for(home)
-    spec = script(WRITER_TURNS)
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
@@ -495,12 +485,9 @@ def test_a_continue_refused_at_its_take_leaves_the_task_to_a_later_sweep(
 ) -> None:
     """Two servers both pick up a dead runner's task; the one refused at the take forgets
     it, so that its sweep picks the task up if the other server dies too."""
-    from relaygraph.runner import CONTINUE, ledger_for
+    from relaygraph.runner import CONTINUE
 
-    ledger = ledger_for(home)
-    spec = script(WRITER_TURNS)
-    project, _ = ledger.create_project("t")
-    task, _ = ledger.create_task(project_id=project.id, input="x", **runnable(spec))
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
     running = ledger.take_lease(task.id, "other", seconds=30)  # the server that won
     assert running is not None
     workers = TaskWorkers(ledger, home=home, workers=1)

@@ -14,7 +14,9 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Select,
+    and_,
     bindparam,
+    exists,
     func,
     insert,
     or_,
@@ -22,7 +24,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from relaygraph.errors import ConfigError
 from relaygraph.events import run_finished_event
@@ -36,6 +38,7 @@ from relaygraph.store._models import (
 )
 from relaygraph.store._notices import EventNotice
 from relaygraph.store._records import (
+    ACTIVE_STATUSES,
     FINISHED_STATUSES,
     TASK_STATUSES,
     Task,
@@ -254,6 +257,19 @@ def apply_status(row: TaskRow | SimpleNamespace, values: Mapping[str, Any]) -> N
 def task_of_row(row: TaskRow) -> Task:
     return snapshot(Task, row, metadata=row.meta)
 
+
+_EARLIER = aliased(TaskRow)
+EARLIER_ACTIVE_ON_THREAD = exists().where(
+    _EARLIER.project_id == TaskRow.project_id,
+    _EARLIER.thread_id == TaskRow.thread_id,
+    _EARLIER.status.in_(ACTIVE_STATUSES),
+    or_(
+        _EARLIER.created_at < TaskRow.created_at,
+        and_(_EARLIER.created_at == TaskRow.created_at, _EARLIER.id < TaskRow.id),
+    ),
+)
+"""The task row has an earlier active task on its thread (created before it; the id breaks
+a tie), in the order ``active_task_on_thread`` reads: it may not start yet."""
 
 TASK_COLUMNS = tuple(TaskRow.__table__.c[f.name] for f in fields(Task))
 """The task table's columns a :class:`Task` holds (its ``metadata`` is the column's name),

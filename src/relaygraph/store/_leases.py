@@ -6,11 +6,12 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, exists, func, or_, select, update
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store._base import (
+    EARLIER_ACTIVE_ON_THREAD,
     TASK_COLUMNS,
     LedgerBase,
     add_finish_event,
@@ -59,20 +60,11 @@ _TAKE_LEASE = (
     )
     .returning(*TASK_COLUMNS)
 )
-_EARLIER = aliased(TaskRow)
 _TAKE_QUEUED = _TAKE_LEASE.where(
     # A queued task starts only as its thread's oldest active task: one enqueued behind
     # another waits for it (and two submitted at once on a new thread do not both start).
     # In the take itself, not a read before it: one statement for every served run's start.
-    ~exists().where(
-        _EARLIER.project_id == TaskRow.project_id,
-        _EARLIER.thread_id == TaskRow.thread_id,
-        _EARLIER.status.in_(ACTIVE_STATUSES),
-        or_(
-            _EARLIER.created_at < TaskRow.created_at,
-            and_(_EARLIER.created_at == TaskRow.created_at, _EARLIER.id < TaskRow.id),
-        ),
-    )
+    ~EARLIER_ACTIVE_ON_THREAD
 )
 
 

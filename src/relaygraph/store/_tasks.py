@@ -11,12 +11,12 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Table, and_, bindparam, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import aliased
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
 from relaygraph.store._base import (
+    EARLIER_ACTIVE_ON_THREAD,
     MAX_PAGE,
     TASK_COLUMNS,
     LedgerBase,
@@ -343,7 +343,6 @@ _TASK = select(*TASK_COLUMNS).where(
     TaskRow.id == bindparam("task_id"), TaskRow.project_id == bindparam("project_id")
 )
 _TASK_OWNER = select(TaskRow.project_id).where(TaskRow.id == bindparam("task_id"))
-_EARLIER = aliased(TaskRow)
 _QUEUED = (
     select(TaskRow.id)
     .where(
@@ -351,17 +350,7 @@ _QUEUED = (
         # Only a thread's oldest active task may start (the ones behind it wait for it), so
         # the rest are not read at all: a thread paused on an approval with many tasks
         # queued behind it must not fill every page and starve every other thread.
-        ~select(_EARLIER.id)
-        .where(
-            _EARLIER.project_id == TaskRow.project_id,
-            _EARLIER.thread_id == TaskRow.thread_id,
-            _EARLIER.status.in_(ACTIVE_STATUSES),
-            or_(
-                _EARLIER.created_at < TaskRow.created_at,
-                and_(_EARLIER.created_at == TaskRow.created_at, _EARLIER.id < TaskRow.id),
-            ),
-        )
-        .exists(),
+        ~EARLIER_ACTIVE_ON_THREAD,
     )
     .order_by(TaskRow.created_at, TaskRow.id)
     .limit(bindparam("limit"))
