@@ -46,6 +46,20 @@ class Verdict:
     measured: str
     met: bool | None
     note: str = ""
+    issue: int = 19
+    """The issue that set the target: issue 19 (cost against bare) set, or kept, every target
+    here but the worker mode's, which issue 18 (scale-out on Celery) set."""
+
+
+def verdict_summary(verdicts: list[Verdict]) -> list[str]:
+    """One line per issue that set targets: how many of its targets were met."""
+    lines = []
+    for issue in sorted({v.issue for v in verdicts}, reverse=True):
+        judged = [v for v in verdicts if v.issue == issue and v.met is not None]
+        if judged:
+            met = sum(1 for v in judged if v.met)
+            lines.append(f"issue {issue}'s targets: {met} of {len(judged)} met")
+    return lines
 
 
 @dataclass

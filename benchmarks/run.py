@@ -30,6 +30,7 @@ from _common import (  # noqa: E402
     log,
     machine,
     table,
+    verdict_summary,
     verdict_word,
     versions,
 )
@@ -93,15 +94,19 @@ def _render(
     ]
     verdicts = [v for s in sections for v in s.verdicts]
     lines += table(
-        ["benchmark", "target", "measured", "result"],
-        [[v.benchmark, v.target, v.measured, verdict_word(v.met)] for v in verdicts],
+        ["benchmark", "target", "set by", "measured", "result"],
+        [
+            [v.benchmark, v.target, f"issue {v.issue}", v.measured, verdict_word(v.met)]
+            for v in verdicts
+        ],
     )
     missed = [v for v in verdicts if v.met is False]
     lines += [
         "",
         (
-            f"**{len(missed)} of {sum(v.met is not None for v in verdicts)} targets NOT met**; "
-            "each section below says what costs the time, tokens or bytes."
+            f"**{len(missed)} of {sum(v.met is not None for v in verdicts)} targets NOT met** "
+            f"({'; '.join(verdict_summary(verdicts))}); each section below says what costs "
+            "the time, tokens or bytes."
             if missed
             else "**Every target measured here is met.**"
         ),
@@ -183,12 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {args.out}")
     verdicts = [v for section in sections for v in section.verdicts]
     for v in verdicts:
-        log(f"  {v.benchmark}: {v.target}: {v.measured} — {verdict_word(v.met).strip('*')}")
+        log(
+            f"  {v.benchmark}: {v.target} (issue {v.issue}): {v.measured} — "
+            f"{verdict_word(v.met).strip('*')}"
+        )
     judged = [v for v in verdicts if v.met is not None]
     missed = sum(1 for v in judged if not v.met)
     log(
         f"{len(judged) - missed} of {len(judged)} targets met"
         + (f", {missed} NOT met" if missed else "")
+        + f" ({'; '.join(verdict_summary(verdicts))})"
     )
     return 0
 
