@@ -455,8 +455,13 @@ def test_a_setsid_child_dies_with_the_server(data_dir: DataDir) -> None:
         server.kill()
         server.wait()
 
-    (workspace / "go").touch()
+    # The server's death takes the namespace down without anyone's help (bwrap dies with
+    # its parent, and the namespace with its init), but not in the same instant: wait for
+    # that first. Told to go before it, the child could still write its file in the few
+    # milliseconds the kernel takes (this test failed so, now and then, on a busy machine).
+    # A child that outlived the server would still be there after the 30 s.
     assert _wait_until(lambda: not _pids_with(token))
+    (workspace / "go").touch()
     assert not (workspace / "survived").exists()
 
 
