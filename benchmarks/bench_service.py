@@ -562,7 +562,7 @@ def _row(mode: Mode, cores: int) -> list[str]:
         f"{mode.median_per_second():.2f} ({', '.join(per_second)})",
         f"{mode.model_seconds_per_task():.2f}",
         f"{mode.bound():.2f}",
-        f"{mode.median_per_second() / mode.bound():.0%}",
+        f"{mode.median_per_second() / mode.bound():.1%}",
         f"{mode.cpu_seconds_per_task():.3f}",
         f"{cores / mode.all_cpu_seconds_per_task():.1f}",
         "—" if interpreter is None else f"{1 / interpreter:.1f}",
@@ -637,8 +637,8 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         section.add(
             "**relaygraph in process ÷ bare** (reported, no target): "
             f"{relay.median_per_second() / bare.median_per_second():.2f}× bare's tasks per "
-            f"second ({relay.median_per_second() / relay.bound():.0%} of the bound against "
-            f"bare's {bare.median_per_second() / bare.bound():.0%}), at "
+            f"second ({relay.median_per_second() / relay.bound():.1%} of the bound against "
+            f"bare's {bare.median_per_second() / bare.bound():.1%}), at "
             f"{relay.cpu_seconds_per_task() / bare.cpu_seconds_per_task():.2f}× its CPU per "
             "task. Bare is what the LangGraph team alone costs on this machine, with nothing "
             "of a service around it, when its tasks run on threads of one process as the "
@@ -652,7 +652,7 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
             "**The floor** (reported, no target): the model client alone, each task's three "
             f"calls through one kept `ChatOpenAI` on {IN_PROCESS_WORKERS} threads against the "
             f"same double, with no graph, ledger or service, reaches "
-            f"{floor.median_per_second() / floor.bound():.0%} of the bound: each call takes "
+            f"{floor.median_per_second() / floor.bound():.1%} of the bound: each call takes "
             "the delay plus the client's and the double's own time (HTTP on loopback, JSON, "
             "the threads' turns at the interpreter). No deployment measured here can go above "
             "it; the goal leaves relaygraph what lies between the floor and 90%.",
@@ -662,8 +662,8 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
         spread, one = measured["processes"], measured["in-process"]
         section.add(
             f"**`--processes {PROCESSES}`** (diagnostic, no target): "
-            f"{spread.median_per_second() / spread.bound():.0%} of the bound against "
-            f"{one.median_per_second() / one.bound():.0%} with every graph in the server "
+            f"{spread.median_per_second() / spread.bound():.1%} of the bound against "
+            f"{one.median_per_second() / one.bound():.1%} with every graph in the server "
             "process (rounds in the table). The server's one interpreter runs below its limit "
             "here (the table's *interpreter limit*), so two interpreters change the pace no "
             "more than the rounds vary: what is left between relaygraph and bare is time on "
@@ -762,7 +762,7 @@ def _verdicts(section: Section, modes: list[Mode]) -> None:
             Verdict(
                 "6. service throughput",
                 f"{target} ({mode.bound():.2f} tasks/s)",
-                f"{mode.median_per_second():.2f} tasks/s, {ratio:.0%}",
+                f"{mode.median_per_second():.2f} tasks/s, {ratio:.1%}",
                 ratio >= TARGET_OF_BOUND,
                 issue=issue,
             )
@@ -774,7 +774,7 @@ def _verdicts(section: Section, modes: list[Mode]) -> None:
             Verdict(
                 "6. service throughput",
                 f"worker mode ≥ {TARGET_OF_IN_PROCESS:.0%} of the in-process tasks/s",
-                f"{ratio:.2f}×",
+                f"{ratio:.3f}×",
                 ratio >= TARGET_OF_IN_PROCESS,
                 issue=18,
             )
