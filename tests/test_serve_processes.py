@@ -437,17 +437,25 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
     assert tried == []
 
 
-def test_a_queued_start_refused_at_its_take_leaves_the_task_to_a_later_sweep(
-    home: Path, script: Any, takes: list[Any]
+@pytest.mark.parametrize("start", ["queued", "continue"])
+def test_a_start_refused_at_its_take_leaves_the_task_to_a_later_sweep(
+    home: Path, script: Any, takes: list[Any], start: str
 ) -> None:
-    """Another server took the queued task first: this server's start, refused, forgets
-    it, so that its sweep picks the task up if that server dies."""
+    """Another server took the task first (a queued task, or a dead runner's task that
+    both servers pick up): this server's start, refused at its take, forgets it, so that
+    its sweep picks the task up if the winner dies too."""
+    from relaygraph.runner import CONTINUE
 
     ledger, project, task = one_task(home, script(WRITER_TURNS))
-    assert ledger.take_lease(task.id, "other", seconds=30) is not None  # the server that won
+    running = ledger.take_lease(task.id, "other", seconds=30)  # the server that won
+    assert running is not None
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
-        workers.start(task, project=project.id)
+        if start == "queued":
+            workers.start(task, project=project.id)
+        else:
+            workers.start(running, CONTINUE, project=project.id)
+        # The winner's take, then this server's.
         wait_until(lambda: len(takes) == 2, DEADLINE, "the start tried its take")
         lapse(ledger, task.id, "other")  # ... and the server that won dies.
         assert wait_until(lambda: workers.recover() == 1, DEADLINE, "the sweep picks it up")
@@ -478,30 +486,3 @@ def test_two_starts_of_a_queued_task_waiting_for_one_worker_run_it_once(
     ended = ledger.get_task(task.id, project_id=project.id)
     assert ended is not None and ended.status == "succeeded", ended
     assert [e.type for e in ledger.events_after(task.id)].count("run_finished") == 1
-
-
-def test_a_continue_refused_at_its_take_leaves_the_task_to_a_later_sweep(
-    home: Path, script: Any, takes: list[Any]
-) -> None:
-    """Two servers both pick up a dead runner's task; the one refused at the take forgets
-    it, so that its sweep picks the task up if the other server dies too."""
-    from relaygraph.runner import CONTINUE
-
-    ledger, project, task = one_task(home, script(WRITER_TURNS))
-    running = ledger.take_lease(task.id, "other", seconds=30)  # the server that won
-    assert running is not None
-    workers = TaskWorkers(ledger, home=home, workers=1)
-    try:
-        workers.start(running, CONTINUE, project=project.id)
-        # The winner's take, then this server's.
-        wait_until(lambda: len(takes) == 2, DEADLINE, "the start tried its take")
-        lapse(ledger, task.id, "other")  # ... and the server that won dies too.
-        assert workers.recover() == 1
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
-    finally:
-        workers.shutdown(wait=True)
-    assert ended.status == "succeeded", ended.stop_reason
