@@ -16,7 +16,9 @@ the ledger and the tracers included, may import it.
 
 # No ``from __future__ import annotations`` here: on Python 3.11 a TypedDict sees
 # ``NotRequired`` only in an evaluated annotation.
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal, NotRequired, TypedDict, get_args, get_type_hints
 
 from relaygraph._names import FINISH, SUPERVISOR
@@ -59,6 +61,8 @@ __all__ = [
     "agent_started_event",
     "approval_event",
     "approval_request",
+    "event_sink",
+    "events_to",
     "final_event",
     "handoff_attributes",
     "handoff_event",
@@ -673,3 +677,34 @@ def run_suspended_event(reason: str | None) -> RunSuspendedEvent:
 
 def run_finished_event(status: str, stop_reason: str | None) -> RunFinishedEvent:
     return RunFinishedEvent(type="run_finished", status=status, stop_reason=stop_reason)
+
+
+_SINK: ContextVar[Callable[[Any], None] | None] = ContextVar("relaygraph_event_sink", default=None)
+
+
+def event_sink() -> Callable[[Any], None] | None:
+    """Where the run in progress on this thread takes its events, when its runner said
+    (:func:`events_to`); None: they go on LangGraph's custom stream, as anywhere else.
+
+    Every producer sends through ``event_sink() or <LangGraph's stream writer>``. The
+    runner's own runs give a sink because a graph streamed with ``custom`` (or
+    ``subgraphs``) runs every node on a thread of LangGraph's pool, with a second one
+    waiting for the stream, and hands each event across threads to the loop that yields
+    it: three hand-overs of the interpreter per event and per step, each a wait behind
+    the other runs of a busy server. With a sink, the graph runs each step on the run's
+    own thread (LangGraph's single-task path) and an event is a queue put
+    (benchmarks/RESULTS.md, the task service).
+    """
+    return _SINK.get()
+
+
+@contextmanager
+def events_to(sink: Callable[[Any], None]) -> Iterator[None]:
+    """While in the block, the events of the graph run on this thread (and of the threads
+    it starts: LangGraph copies the context to them) go to ``sink``, in the order they
+    are produced."""
+    token = _SINK.set(sink)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)

@@ -12,7 +12,7 @@ from langgraph.types import Command
 
 from relaygraph.backends.sandbox import SandboxUnavailableError
 from relaygraph.errors import ToolInputError
-from relaygraph.events import tool_call_event, tool_result_event
+from relaygraph.events import event_sink, tool_call_event, tool_result_event
 from relaygraph.handoffs import handoff_target
 from relaygraph.policies.middleware import refuse_call, was_run
 
@@ -41,7 +41,7 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         call = request.tool_call
-        emit = request.runtime.stream_writer
+        emit = event_sink() or request.runtime.stream_writer
         is_handoff = handoff_target(call["name"]) is not None
         if not is_handoff:
             emit(

@@ -40,7 +40,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, PrivateAttr
 
 from relaygraph.errors import ConfigError, ModelSpecError
-from relaygraph.events import ModelRetryEvent, StructuredMethodEvent
+from relaygraph.events import ModelRetryEvent, StructuredMethodEvent, event_sink
 from relaygraph.models._errors import ModelCallError, server_message
 from relaygraph.models._options import (
     STRUCTURED_ENV,
@@ -114,7 +114,7 @@ def emit_event(event: Mapping[str, Any]) -> None:
     from langgraph.config import get_stream_writer
 
     try:
-        writer = get_stream_writer()
+        writer = event_sink() or get_stream_writer()
     except (RuntimeError, KeyError):
         return  # Not inside a graph run (a bare model call, `relaygraph doctor`).
     writer(event)

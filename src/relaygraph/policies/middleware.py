@@ -28,7 +28,13 @@ from langgraph.types import Command, StreamWriter, interrupt
 from pydantic import BaseModel
 
 from relaygraph._names import HANDOFF_PREFIX
-from relaygraph.events import ViolationKind, approval_event, approval_request, violation_event
+from relaygraph.events import (
+    ViolationKind,
+    approval_event,
+    approval_request,
+    event_sink,
+    violation_event,
+)
 from relaygraph.handoffs import (
     arguments_problem,
     handoff_args_problem,
@@ -342,7 +348,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             spent = self._check_tool(call, messages, calls, tools, budget)
             if spent is not None:
                 refused = spent.additional_kwargs[VIOLATION_KEY]
-                request.runtime.stream_writer(
+                (event_sink() or request.runtime.stream_writer)(
                     violation_event(
                         self.agent, refused["kind"], refused["detail"], budget=refused.get("budget")
                     )
@@ -360,7 +366,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             kind=refused.kind,
             detail=refused.detail,
             content=refused.content,
-            emit=request.runtime.stream_writer,
+            emit=(event_sink() or request.runtime.stream_writer),
         )
 
     def _refusal(
@@ -526,7 +532,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         )
         verdict = decision.get("decision") if isinstance(decision, Mapping) else decision
         reason = decision.get("reason") if isinstance(decision, Mapping) else None
-        request.runtime.stream_writer(
+        (event_sink() or request.runtime.stream_writer)(
             approval_event(self.agent, tool=call["name"], decision=verdict, reason=reason)
         )
         if verdict == "approve":

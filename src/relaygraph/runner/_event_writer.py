@@ -71,6 +71,7 @@ class EventWriter:
         """Set by :meth:`flush` and :meth:`close`: the writer stops lingering."""
         self._error: BaseException | None = None
         self._queued = 0
+        self._counting = threading.Lock()
         """Events queued so far (``put``)."""
         self._handed = 0
         """Events written and handed on so far (the writer's thread alone counts them)."""
@@ -82,8 +83,17 @@ class EventWriter:
     def put(self, event: Event) -> None:
         """Queue ``event`` to be written."""
         self._raise_error()
-        self._queue.put(event)
-        self._queued += 1
+        self.queue(event)
+
+    def queue(self, event: Event) -> None:
+        """Queue ``event`` to be written, never raising: the sink a graph's nodes send to
+        (``events.events_to``), where an error of the writer would look like the node's
+        own (a model call's, to its fallback). A failed write is raised from the run's
+        next :meth:`put`, :meth:`flush`, :meth:`finish` or :meth:`close`, and ``on_error``
+        hears of it at once."""
+        with self._counting:  # Nodes that run at once (parallel tools) queue at once.
+            self._queue.put(event)
+            self._queued += 1
 
     def flush(self) -> None:
         """Wait until every event queued so far is written and handed on.

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,6 +18,7 @@ from relaygraph.errors import RelaygraphError
 from relaygraph.events import (
     RunStartedEvent,
     TraceLinks,
+    events_to,
     interrupted_event,
     run_finished_event,
     run_started_event,
@@ -132,14 +133,19 @@ class TaskRun:
         # boundary (in whichever graph or agent subgraph is running) after that step's
         # writes are checkpointed, so a continued run neither loses nor repeats work.
         control = RunControl()
+        # Without tokens the events go straight to the writer (events_to): the graph then
+        # runs each step on this thread instead of LangGraph's pool (see event_sink), and
+        # its stream yields only the steps' updates, which nothing reads. Tokens come on
+        # LangGraph's stream, and the events with them, so that both keep their order.
+        sink = nullcontext() if stream_tokens else events_to(self.writer.queue)
         try:
-            modes: Any = ["custom", "messages"] if stream_tokens else ["custom"]
+            modes: Any = ["custom", "messages"] if stream_tokens else ["updates"]
             stream: Any = graph.stream(
                 graph_input,
                 self.config,
                 context=self.context,
                 stream_mode=modes,
-                subgraphs=True,
+                subgraphs=stream_tokens,
                 control=control,
                 # Each step's checkpoint is written before the next step starts: a model's
                 # tool calls are durable before any of the tools runs, so a run continued
@@ -159,8 +165,11 @@ class TaskRun:
             self.lease.when_lost(lambda: control.request_drain("shutdown"))
             self.lease.when_cancelled(lambda: control.request_drain("cancel"))
             watched = self.cancel if self.watch_cancel else None
-            with _drain_when(control, cancel=watched, stop=self.stop):
-                for _ns, mode, data in stream:
+            with sink, _drain_when(control, cancel=watched, stop=self.stop):
+                for item in stream:
+                    if not stream_tokens:
+                        continue
+                    _ns, mode, data = item
                     if mode == "custom":
                         emit(data)
                     elif text := _token_text(data[0]):

@@ -11,7 +11,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_stream_writer
 
 from relaygraph._names import PRIOR_CALLS_KEY, REPLAYS_BY_POSITION, SUPERVISOR
-from relaygraph.events import Usage, ViolationKind, usage_event, violation_event
+from relaygraph.events import Usage, ViolationKind, event_sink, usage_event, violation_event
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals
 from relaygraph.policies.middleware import (
@@ -111,7 +111,7 @@ def usage_record(
 def announce_usage(record: Usage) -> Usage:
     """Send the usage record of a role that is no agent (an agent's goes in its
     ``agent_finished``) to the task's stream, where the ledger stores it; returns it."""
-    get_stream_writer()(usage_event(record))
+    (event_sink() or get_stream_writer())(usage_event(record))
     return record
 
 
@@ -149,7 +149,9 @@ def violation(
 
 def announce_violation(record: Violation) -> None:
     """Send a violation's live event."""
-    get_stream_writer()(violation_event(record["agent"], record["kind"], record["detail"]))
+    (event_sink() or get_stream_writer())(
+        violation_event(record["agent"], record["kind"], record["detail"])
+    )
 
 
 def transcript_violations(transcript: list[BaseMessage], agent: str, turn: int) -> list[Violation]:

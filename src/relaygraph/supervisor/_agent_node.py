@@ -23,6 +23,7 @@ from relaygraph.events import (
     VisitEnded,
     agent_finished_event,
     agent_started_event,
+    event_sink,
     handoff_event,
 )
 from relaygraph.handoffs import Assignment, answer_unanswered_calls, handoff_target
@@ -149,7 +150,7 @@ def _agent_node(
                 ),
                 hit=spent,
             )
-        emit = get_stream_writer()
+        emit = event_sink() or get_stream_writer()
         emit(agent_started_event(name, task=assignment["task"], source=assignment["source"]))
         scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
         started = time.monotonic()

@@ -10,7 +10,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
 from relaygraph._names import ANSWER_NAME, FINALIZE, SUPERVISOR
-from relaygraph.events import final_event, ping_pong_request
+from relaygraph.events import event_sink, final_event, ping_pong_request
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_team_budget
 from relaygraph.policies.pingpong import PingPong
@@ -163,7 +163,7 @@ def make_closing() -> Any:
 
         status = state.get("status") or "succeeded"
         answer = None if status == "failed" else state.get("answer") or closing_answer(state)
-        get_stream_writer()(final_event(status, answer, state.get("stop_reason")))
+        (event_sink() or get_stream_writer())(final_event(status, answer, state.get("stop_reason")))
         update: dict[str, Any] = {"answer": answer, "status": status}
         messages = state.get("messages", [])
         if answer is not None and not (messages and messages[-1].text == answer):

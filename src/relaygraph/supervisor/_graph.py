@@ -17,7 +17,7 @@ from langgraph.types import Checkpointer, Command
 from relaygraph._names import ANSWER_NAME, BEGIN, FINALIZE, FINISH, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
 from relaygraph.errors import ConfigError
-from relaygraph.events import Handoff, final_event, route_event
+from relaygraph.events import Handoff, event_sink, final_event, route_event
 from relaygraph.handoffs import Assignment
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget
@@ -171,7 +171,7 @@ def _make_supervisor(
         def report(carried_out: bool) -> None:
             # Sent once the route is carried out or stopped (a limit, a ping-pong): a route
             # waiting for a person's decision is reported after it, not twice.
-            get_stream_writer()(
+            (event_sink() or get_stream_writer())(
                 route_event(
                     next=route.next,
                     task=route.task,
@@ -305,7 +305,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
     def finalize(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
         status = state.get("status") or "succeeded"
         stop_reason = state.get("stop_reason")
-        emit = get_stream_writer()
+        emit = event_sink() or get_stream_writer()
         if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
             emit(final_event(status, None, stop_reason))
             return {"answer": None, "status": status}
@@ -358,7 +358,7 @@ def _reply_answered(state: TeamState, answer: str) -> dict[str, Any]:
     without a model call: the ``final`` event, and the update that records it."""
     status = state.get("status") or "succeeded"
     stop_reason = state.get("stop_reason")
-    get_stream_writer()(final_event(status, answer, stop_reason))
+    (event_sink() or get_stream_writer())(final_event(status, answer, stop_reason))
     return {
         "answer": answer,
         "status": status,

@@ -41,7 +41,7 @@ from langgraph.types import Checkpointer, Command
 
 from relaygraph._names import BEGIN, FINALIZE, FINISH, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
-from relaygraph.events import Handoff, ViolationKind, route_event
+from relaygraph.events import Handoff, ViolationKind, event_sink, route_event
 from relaygraph.handoffs import (
     Assignment,
     HandoffArgs,
@@ -330,7 +330,7 @@ def _emit_route(
 ) -> None:
     """Report a route once it is carried out or stopped (by a ping-pong), as the structured
     supervisor does."""
-    get_stream_writer()(
+    (event_sink() or get_stream_writer())(
         route_event(
             next=target,
             task=task,
