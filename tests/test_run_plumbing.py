@@ -348,3 +348,38 @@ print(json.dumps({"before": before, "frozen": frozen, "threshold": [threshold, g
     assert found["walked"] < found["frozen"] / 20, found
     (young, *older), (settled_young, *settled_older) = found["threshold"]
     assert (young, settled_young, settled_older) == (700, 10_000, older), found
+
+
+@pytest.mark.parametrize("stream_tokens", [False, True])
+def test_a_runs_steps_run_on_its_own_thread_unless_tokens_stream(
+    home: Path, stream_tokens: bool
+) -> None:
+    """Without tokens the events go straight to the run's writer, so LangGraph runs every
+    step on the run's thread: no hand-over to its pool per step and per event (on a busy
+    server each is a wait behind the other runs). With tokens, the steps run on LangGraph's
+    pool as its stream needs; the events are the same either way."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Threads(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.seen: set[int] = set()
+
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            self.seen.add(threading.get_ident())
+
+    threads = Threads()
+    events: list[dict[str, Any]] = []
+    result = run_task(
+        "When are checkpoints written?",
+        model=f"scripted:{EXAMPLE_RELAY}",
+        home=home,
+        on_event=events.append,
+        stream_tokens=stream_tokens,
+        callbacks=[threads],
+    )
+    assert result.status == "succeeded"
+    on_this_thread = threads.seen == {threading.get_ident()}
+    assert on_this_thread is not stream_tokens
+    kinds = [e["type"] for e in events if e["type"] != "token"]
+    assert kinds.count("agent_started") == kinds.count("agent_finished") >= 2
+    assert kinds[0] == "run_started" and kinds[-2:] == ["final", "run_finished"]
