@@ -1,7 +1,8 @@
 """Every event a task's run produces, and the records they carry: one definition per fact.
 
 The team graph (``relaygraph.supervisor``), the agents' middleware and the runner emit
-events on LangGraph's custom stream; the runner stores each in the ledger exactly as it was
+events to the run's sink (:func:`event_sink`: the runner's writer) or, where no runner set
+one (LangGraph's dev server), on LangGraph's custom stream; the runner stores each in the ledger exactly as it was
 emitted (``Event.data``), the API serves it, the CLI prints it, and the ledger derives its
 handoff, tool-call, approval and usage rows from it. Each event is a JSON object tagged by
 ``type``; each shape is defined here once, as a ``TypedDict`` with a ``Literal`` tag, and
