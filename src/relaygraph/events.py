@@ -2,11 +2,12 @@
 
 The team graph (``relaygraph.supervisor``), the agents' middleware and the runner emit
 events to the run's sink (:func:`event_sink`: the runner's writer) or, where no runner set
-one (LangGraph's dev server), on LangGraph's custom stream; the runner stores each in the ledger exactly as it was
-emitted (``Event.data``), the API serves it, the CLI prints it, and the ledger derives its
-handoff, tool-call, approval and usage rows from it. Each event is a JSON object tagged by
-``type``; each shape is defined here once, as a ``TypedDict`` with a ``Literal`` tag, and
-the producers build them with the constructors below (so key order is one too).
+one (LangGraph's dev server), on LangGraph's custom stream; the runner stores each in the
+ledger exactly as it was emitted (``Event.data``), the API serves it, the CLI prints it,
+and the ledger derives its handoff, tool-call, approval and usage rows from it. Each event
+is a JSON object tagged by ``type``; each shape is defined here once, as a ``TypedDict``
+with a ``Literal`` tag, and the producers build them with the constructors below (so key
+order is one too).
 
 The wire shape is the contract: stored events are read back years later, so a field is
 added (``NotRequired``), never renamed.
