@@ -383,3 +383,48 @@ def test_a_runs_steps_run_on_its_own_thread_unless_tokens_stream(
     kinds = [e["type"] for e in events if e["type"] != "token"]
     assert kinds.count("agent_started") == kinds.count("agent_finished") >= 2
     assert kinds[0] == "run_started" and kinds[-2:] == ["final", "run_finished"]
+
+
+@pytest.mark.parametrize("stream_tokens", [False, True])
+def test_a_failed_ledger_write_stops_the_run(
+    home: Path, monkeypatch: pytest.MonkeyPatch, stream_tokens: bool
+) -> None:
+    """A ledger write that fails mid-run stops the run at its next step, instead of letting
+    it go on calling models and running tools whose events can no longer be stored."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    failed: list[bool] = []
+    append = Ledger.append_events
+
+    def append_events(self: Ledger, task_id: str, events: list[Any], **kw: Any) -> Any:
+        if not failed and any(e["type"] == "tool_call" for e in events):
+            failed.append(True)
+            raise RuntimeError("ledger down")
+        return append(self, task_id, events, **kw)
+
+    monkeypatch.setattr(Ledger, "append_events", append_events)
+
+    class CallsAfterTheFailure(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def on_chat_model_start(self, serialized: Any, *args: Any, **kwargs: Any) -> None:
+            if failed:
+                self.names.append("model")
+
+        def on_tool_start(self, serialized: Any, *args: Any, **kwargs: Any) -> None:
+            if failed:
+                self.names.append(str((serialized or {}).get("name")))
+
+    after = CallsAfterTheFailure()
+    with pytest.raises(RuntimeError, match="ledger down"):
+        run_task(
+            "When are checkpoints written?",
+            model=f"scripted:{EXAMPLE_RELAY}",
+            home=home,
+            stream_tokens=stream_tokens,
+            callbacks=[after],
+        )
+    # The run stops at its next step: at most the call already under way finishes.
+    assert len(after.names) <= 1, after.names
+    assert not list(home.glob("tasks/*/artifacts/report.md"))  # the writer never ran

@@ -701,10 +701,10 @@ def event_sink() -> Callable[[Any], None] | None:
 
 
 @contextmanager
-def events_to(sink: Callable[[Any], None]) -> Iterator[None]:
+def events_to(sink: Callable[[Any], None] | None) -> Iterator[None]:
     """While in the block, the events of the graph run on this thread (and of the threads
     it starts: LangGraph copies the context to them) go to ``sink``, in the order they
-    are produced."""
+    are produced; None: on LangGraph's stream (a run inside another run's tool)."""
     token = _SINK.set(sink)
     try:
         yield

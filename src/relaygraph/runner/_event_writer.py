@@ -72,6 +72,7 @@ class EventWriter:
         self._error: BaseException | None = None
         self._queued = 0
         self._counting = threading.Lock()
+        self._failed: list[Callable[[BaseException], None]] = []
         """Events queued so far (``put``)."""
         self._handed = 0
         """Events written and handed on so far (the writer's thread alone counts them)."""
@@ -94,6 +95,14 @@ class EventWriter:
         with self._counting:  # Nodes that run at once (parallel tools) queue at once.
             self._queue.put(event)
             self._queued += 1
+
+    def when_failed(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback`` with the error when a write fails (at once if one has): a run
+        whose nodes only :meth:`queue` stops then, instead of going on to call models and
+        tools whose events can no longer be stored."""
+        self._failed.append(callback)
+        if self._error is not None:
+            callback(self._error)
 
     def flush(self) -> None:
         """Wait until every event queued so far is written and handed on.
@@ -173,8 +182,9 @@ class EventWriter:
                 except BaseException as exc:  # Raised on the run's thread, not lost here.
                     self._error = exc
                     failed = True
-                    if self._on_error is not None:
-                        self._on_error(exc)
+                    for heard in (self._on_error, *self._failed):
+                        if heard is not None:
+                            heard(exc)
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -137,7 +137,11 @@ class TaskRun:
         # runs each step on this thread instead of LangGraph's pool (see event_sink), and
         # its stream yields only the steps' updates, which nothing reads. Tokens come on
         # LangGraph's stream, and the events with them, so that both keep their order.
-        sink = nullcontext() if stream_tokens else events_to(self.writer.queue)
+        # A run inside a tool of another run's (a nested run_task) sets its own, or none.
+        sink = events_to(None if stream_tokens else self.writer.queue)
+        # A write that fails stops the run at the next step boundary (the error is raised
+        # when the run records its end), as a failed put on this thread did.
+        self.writer.when_failed(lambda exc: control.request_drain("shutdown"))
         try:
             modes: Any = ["custom", "messages"] if stream_tokens else ["updates"]
             stream: Any = graph.stream(
