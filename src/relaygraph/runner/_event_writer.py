@@ -62,7 +62,8 @@ class EventWriter:
         self._ledger = ledger
         self._task_id = task_id
         self._fence: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
-        self._on_error = on_error
+        self._failed: list[Callable[[BaseException], None]] = [on_error] if on_error else []
+        """Who hears of a failed write at once: ``on_error`` and :meth:`when_failed`'s."""
         self._on_written = on_written
         self._unstored = unstored
         self._linger = linger_seconds
@@ -71,9 +72,8 @@ class EventWriter:
         """Set by :meth:`flush` and :meth:`close`: the writer stops lingering."""
         self._error: BaseException | None = None
         self._queued = 0
-        self._counting = threading.Lock()
-        self._failed: list[Callable[[BaseException], None]] = []
         """Events queued so far (``put``)."""
+        self._counting = threading.Lock()
         self._handed = 0
         """Events written and handed on so far (the writer's thread alone counts them)."""
         self._thread = threading.Thread(
@@ -182,9 +182,8 @@ class EventWriter:
                 except BaseException as exc:  # Raised on the run's thread, not lost here.
                     self._error = exc
                     failed = True
-                    for heard in (self._on_error, *self._failed):
-                        if heard is not None:
-                            heard(exc)
+                    for heard in self._failed:
+                        heard(exc)
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
