@@ -164,6 +164,75 @@ def test_budgets_hold_for_a_custom_tool(home: Path, script: Any) -> None:
     assert ("reviewer", "budget") in {(v["agent"], v["kind"]) for v in result.violations}
 
 
+INNER: dict[str, Any] = {}
+
+
+def ask_subteam(question: str) -> str:
+    """Ask a team of its own, run as a plain LangGraph graph, and say what it reported.
+
+    Args:
+        question: What to ask.
+    """
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from relaygraph.agents import TaskContext
+
+    graph = Team(agents=[builtin.researcher(), builtin.writer()]).compile(
+        model=INNER["model"], checkpointer=InMemorySaver()
+    )
+    context = TaskContext.for_task(INNER["home"], task_id="inner", thread_id="inner")
+    seen = [
+        event["type"]
+        for event in graph.stream(
+            {"request": question},
+            {"configurable": {"thread_id": "inner"}},
+            context=context,
+            stream_mode="custom",
+        )
+    ]
+    INNER["seen"] = seen
+    return f"the subteam reported {len(seen)} events"
+
+
+@pytest.mark.parametrize("stream_tokens", [False, True])
+def test_a_team_run_inside_a_tool_keeps_its_events_out_of_the_tasks_ledger(
+    home: Path, script: Any, stream_tokens: bool
+) -> None:
+    """A tool may run a graph of its own and stream it (a team as a plain LangGraph graph):
+    that graph's events are its stream's, never the task's. In the ledger they would be
+    routes, handoffs and usage that the task never made, counted against its budgets."""
+    INNER.clear()
+    INNER["home"] = home
+    INNER["model"] = script(
+        {
+            "supervisor": [route("researcher"), route("FINISH")],
+            "researcher": [say("inner finding")],
+            "finalize": [say("inner answer")],
+        }
+    )
+    team = Team(agents=[builtin.writer(), reviewer(tools=[ask_subteam])])
+    turns = {
+        "supervisor": [route("reviewer"), route("FINISH")],
+        "reviewer": [call("ask_subteam", question="what is known?"), say("asked")],
+        "finalize": [say("done")],
+    }
+    result = run_task("Review", team=team, model=script(turns), stream_tokens=stream_tokens)
+    assert result.status == "succeeded", result.stop_reason
+    # The tool's own stream had the subteam's events ...
+    assert "route" in INNER["seen"] and "final" in INNER["seen"]
+    # ... and the task's ledger has none of them.
+    ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
+    try:
+        events = ledger.events_after(result.task_id)
+        routes = [e.data.get("next") for e in events if e.type == "route"]
+        assert routes == ["reviewer", "FINISH"]
+        assert [e.type for e in events].count("final") == 1
+        used = {u.agent for u in ledger.usage(result.task_id)}
+        assert "researcher" not in used and used >= {"supervisor", "reviewer"}
+    finally:
+        ledger.close()
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

@@ -12,6 +12,10 @@ It is the innermost middleware of an agent, right around the tool itself, so it 
 calls that ran: a call the policy refuses, or one a person rejects, never reaches it, and an
 approval pauses before it. A call in progress when the worker died has no record and runs
 again (nothing can say how far it got); a call that completed is never repeated.
+
+Being innermost, it is also where the tool's body leaves the run's event sink
+(:func:`relaygraph.events.events_to`): a graph the tool streams itself (a team compiled as a
+plain LangGraph graph) has its events on its own stream, not in the task's ledger.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from relaygraph.agents.context import TaskContext, ToolJournal
+from relaygraph.events import events_to
 from relaygraph.handoffs import handoff_target
 from relaygraph.policies.pingpong import normalize_call
 
@@ -110,7 +115,10 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
             context.tool_journal if isinstance(context, TaskContext) else None
         )
         call_id = call["id"]
-        if journal is None or not call_id or handoff_target(call["name"]) is not None:
+        if handoff_target(call["name"]) is not None:
+            return handler(request)
+        handler = _own_events(handler)
+        if journal is None or not call_id:
             return handler(request)
         assert isinstance(context, TaskContext)
         key = call_key(call)
@@ -136,3 +144,17 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
             # first: answer as it did, so the task holds one result of the call.
             return replay(kept)
         return result
+
+
+def _own_events(
+    handler: Callable[[ToolCallRequest], Result],
+) -> Callable[[ToolCallRequest], Result]:
+    """``handler`` run outside the run's event sink: the events of the run itself come from
+    its nodes and middleware, never from a tool's body, so whatever graph the tool runs
+    reports on that graph's own stream (LangGraph's writer) instead of into the task."""
+
+    def run(request: ToolCallRequest) -> Result:
+        with events_to(None):
+            return handler(request)
+
+    return run
