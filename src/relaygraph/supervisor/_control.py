@@ -16,7 +16,7 @@ from relaygraph.policies.budget import BudgetHit, check_team_budget
 from relaygraph.policies.pingpong import PingPong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._state import TeamState
+from relaygraph.supervisor._state import TeamState, ending_status
 
 _STEP_MARGIN = 3
 """Steps kept in reserve below the recursion limit: enough to reach finalize and end."""
@@ -161,7 +161,7 @@ def make_closing() -> Any:
         from langchain_core.messages import AIMessage
         from langgraph.config import get_stream_writer
 
-        status = state.get("status") or "succeeded"
+        status = ending_status(state)
         answer = None if status == "failed" else state.get("answer") or closing_answer(state)
         (event_sink() or get_stream_writer())(final_event(status, answer, state.get("stop_reason")))
         update: dict[str, Any] = {"answer": answer, "status": status}

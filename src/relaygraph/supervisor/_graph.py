@@ -28,7 +28,7 @@ from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import agent_nodes
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
 from relaygraph.supervisor._route import Route, RouteDecision, route_next_agent
-from relaygraph.supervisor._state import TeamState, Violation, Visit
+from relaygraph.supervisor._state import TeamState, Violation, Visit, ending_status
 from relaygraph.topology import Topology
 
 
@@ -303,7 +303,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
     replays = acc.replays_by_position(model)
 
     def finalize(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
-        status = state.get("status") or "succeeded"
+        status = ending_status(state)
         stop_reason = state.get("stop_reason")
         emit = event_sink() or get_stream_writer()
         if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
@@ -356,7 +356,7 @@ def writes_final_answer(model: BaseChatModel) -> bool:
 def _reply_answered(state: TeamState, answer: str) -> dict[str, Any]:
     """The run's end with the last agent's reply as its answer (a writer's deliverable),
     without a model call: the ``final`` event, and the update that records it."""
-    status = state.get("status") or "succeeded"
+    status = ending_status(state)
     stop_reason = state.get("stop_reason")
     (event_sink() or get_stream_writer())(final_event(status, answer, stop_reason))
     return {

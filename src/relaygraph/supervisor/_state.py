@@ -22,6 +22,7 @@ __all__ = [
     "Violation",
     "ViolationKind",
     "Visit",
+    "ending_status",
 ]
 
 Status = Literal["succeeded", "degraded", "failed", "interrupted"]
@@ -88,7 +89,15 @@ class TeamState(TypedDict, total=False):
     """Routes the supervisor may not take in this turn, with the reason, told to it."""
     answer: str | None
     status: Status | None
+    """Set only by what degrades or ends a run early (a stop, a budget, a failure); a run
+    that reaches its end without one succeeded (:func:`ending_status`)."""
     stop_reason: str | None
+
+
+def ending_status(state: TeamState) -> Status:
+    """The status a run ends with: what degraded or stopped it set one; else it succeeded
+    (whether it did real work is the runner's check, ``honest_status``)."""
+    return state.get("status") or "succeeded"
 
 
 class SwarmTeamState(TeamState, total=False):
