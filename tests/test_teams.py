@@ -194,13 +194,31 @@ def ask_subteam(question: str) -> str:
     return f"the subteam reported {len(seen)} events"
 
 
+def ask_subtask(question: str) -> str:
+    """Ask a team of its own, run as a task of its own, and say what it answered.
+
+    Args:
+        question: What to ask.
+    """
+    inner = run_task(
+        question,
+        team=Team(agents=[builtin.researcher(), builtin.writer()]),
+        model=INNER["model"],
+        home=INNER["home"],
+    )
+    INNER["task_id"] = inner.task_id
+    return inner.answer or inner.status
+
+
 @pytest.mark.parametrize("stream_tokens", [False, True])
+@pytest.mark.parametrize("tool", [ask_subteam, ask_subtask])
 def test_a_team_run_inside_a_tool_keeps_its_events_out_of_the_tasks_ledger(
-    home: Path, script: Any, stream_tokens: bool
+    home: Path, script: Any, stream_tokens: bool, tool: Any
 ) -> None:
-    """A tool may run a graph of its own and stream it (a team as a plain LangGraph graph):
-    that graph's events are its stream's, never the task's. In the ledger they would be
-    routes, handoffs and usage that the task never made, counted against its budgets."""
+    """A tool may run a team of its own: streamed as a plain LangGraph graph, its events
+    are that stream's; run as a task (``run_task``), they are that task's. Never the outer
+    task's: in its ledger they would be routes, handoffs and usage the task never made,
+    counted against its budgets."""
     INNER.clear()
     INNER["home"] = home
     INNER["model"] = script(
@@ -210,19 +228,26 @@ def test_a_team_run_inside_a_tool_keeps_its_events_out_of_the_tasks_ledger(
             "finalize": [say("inner answer")],
         }
     )
-    team = Team(agents=[builtin.writer(), reviewer(tools=[ask_subteam])])
+    team = Team(agents=[builtin.writer(), reviewer(tools=[tool])])
     turns = {
         "supervisor": [route("reviewer"), route("FINISH")],
-        "reviewer": [call("ask_subteam", question="what is known?"), say("asked")],
+        "reviewer": [call(tool.__name__, question="what is known?"), say("asked")],
         "finalize": [say("done")],
     }
     result = run_task("Review", team=team, model=script(turns), stream_tokens=stream_tokens)
     assert result.status == "succeeded", result.stop_reason
-    # The tool's own stream had the subteam's events ...
-    assert "route" in INNER["seen"] and "final" in INNER["seen"]
-    # ... and the task's ledger has none of them.
     ledger = Ledger(f"sqlite:///{home / 'ledger.sqlite'}")
     try:
+        # The inner team's events are where it ran them: its stream, or its own task ...
+        if tool is ask_subteam:
+            assert "route" in INNER["seen"] and "final" in INNER["seen"]
+        else:
+            inner = ledger.events_after(INNER["task_id"])
+            assert [e.data.get("next") for e in inner if e.type == "route"] == [
+                "researcher",
+                "FINISH",
+            ]
+        # ... and the outer task's ledger has none of them.
         events = ledger.events_after(result.task_id)
         routes = [e.data.get("next") for e in events if e.type == "route"]
         assert routes == ["reviewer", "FINISH"]
