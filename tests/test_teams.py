@@ -258,6 +258,46 @@ def test_a_team_run_inside_a_tool_keeps_its_events_out_of_the_tasks_ledger(
         ledger.close()
 
 
+def report_progress(text: str) -> str:
+    """Report progress on LangGraph's stream, as a tool may.
+
+    Args:
+        text: What to report.
+    """
+    from langgraph.config import get_stream_writer
+
+    get_stream_writer()({"progress": text})
+    return "reported"
+
+
+@pytest.mark.parametrize("stream_tokens", [False, True])
+def test_what_a_tool_writes_on_langgraphs_stream_is_not_the_tasks_event(
+    home: Path, script: Any, stream_tokens: bool
+) -> None:
+    """A tool's own writes on LangGraph's stream (progress) are not events of the team: the
+    task runs on with or without tokens streamed (the ledger refused them, and with tokens
+    the task failed), and its ledger holds only the team's events."""
+    team = Team(agents=[builtin.writer(), reviewer(tools=[report_progress])])
+    turns = {
+        "supervisor": [route("reviewer"), route("FINISH")],
+        "reviewer": [call("report_progress", text="half way"), say("done")],
+        "finalize": [say("done")],
+    }
+    events: list[dict[str, Any]] = []
+    result = run_task(
+        "Review",
+        team=team,
+        model=script(turns),
+        stream_tokens=stream_tokens,
+        on_event=events.append,
+    )
+    assert result.status == "succeeded", result.stop_reason
+    assert all("progress" not in event for event in events)
+    assert ("report_progress", "success") in {
+        (e.get("tool"), e.get("status")) for e in events if e["type"] == "tool_result"
+    }
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

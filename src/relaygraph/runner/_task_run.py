@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from relaygraph.errors import RelaygraphError
 from relaygraph.events import (
+    EVENT_SHAPES,
+    Event,
     RunStartedEvent,
     TraceLinks,
     events_to,
@@ -175,7 +177,11 @@ class TaskRun:
                         continue
                     _ns, mode, data = item
                     if mode == "custom":
-                        emit(data)
+                        # The team's events; what else a tool writes on LangGraph's stream
+                        # (its own progress) is not the task's, as without tokens, where
+                        # that stream is not read (and the ledger would refuse it).
+                        if isinstance(data, dict) and data.get("type") in EVENT_SHAPES:
+                            emit(cast("Event", data))
                     elif text := _token_text(data[0]):
                         role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
                         emit(token_event(role, text))
