@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from relaygraph.runner._lease import LeaseKeeper
+from relaygraph.runner._lease import RENEWAL_THREADS, LeaseKeeper
 
 
 class _Ledger:
@@ -69,13 +70,17 @@ def _renewed(ledger: _Counting, task_id: str, at_least: int) -> bool:
         return ledger.lock.wait_for(lambda: ledger.renewed.get(task_id, 0) >= at_least, 30)
 
 
-def test_every_keeper_is_renewed_by_one_thread_until_closed() -> None:
+def test_every_keeper_is_renewed_from_one_thread_until_closed() -> None:
+    """One thread schedules every keeper's renewals and a pool of a few runs them: no
+    thread is started per run."""
     ledger = _Counting()
     keepers = [LeaseKeeper(ledger, f"task-{n}", "runner-1", seconds=0.03) for n in range(3)]
     try:
         assert all(_renewed(ledger, f"task-{n}", 3) for n in range(3))
         threads = [t for t in threading.enumerate() if t.name.startswith("relaygraph-lease")]
         assert len(threads) == 1, threads
+        pool = [t for t in threading.enumerate() if t.name.startswith("relaygraph-renewal")]
+        assert 1 <= len(pool) <= RENEWAL_THREADS, pool
         keepers[0].close()
         with ledger.lock:
             closed_at = ledger.renewed["task-0"]
@@ -173,3 +178,104 @@ sys.exit(os.waitstatus_to_exitcode(status))
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+class _Hanging(_Counting):
+    """Renewals of the tasks in ``stuck`` hang until ``release`` is set (a row lock held
+    elsewhere, a connection that stopped answering)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck: set[str] = set()
+        self.release = threading.Event()
+
+    def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
+        if task_id in self.stuck:
+            self.release.wait(120)
+        return super().renew_lease(task_id, runner_id, seconds=seconds)
+
+
+def test_a_renewal_that_hangs_holds_up_no_other_lease_and_its_run_is_told() -> None:
+    """One keeper's renewal hangs: the others are still renewed (renewals do not queue
+    behind it), and the hung keeper says its lease is lost while the renewal still hangs,
+    so its run stops before the lease can lapse and another runner take the task."""
+    ledger = _Hanging()
+    ledger.stuck.add("task-1")
+    lost = threading.Event()
+    stuck = LeaseKeeper(ledger, "task-1", "runner-1", seconds=0.3)
+    other = LeaseKeeper(ledger, "task-2", "runner-1", seconds=1.5)
+    try:
+        stuck.when_lost(lost.set)
+        assert lost.wait(30), "the keeper of the hung renewal never said its lease was lost"
+        assert _renewed(ledger, "task-2", 3), "another lease waited behind the hung renewal"
+        with ledger.lock:
+            assert "task-1" not in ledger.renewed  # still hanging when both were seen
+    finally:
+        ledger.release.set()
+        stuck.close()
+        other.close()
+
+
+def test_a_lease_renewed_in_time_is_never_said_lost() -> None:
+    """The lease of a keeper whose renewals work stays confirmed: none is said lost while
+    they go on (each counted from when its renewal began, not when it came back)."""
+    ledger = _Counting()
+    keepers = [LeaseKeeper(ledger, f"task-{n}", "runner-1", seconds=1.5) for n in range(3)]
+    try:
+        assert all(_renewed(ledger, f"task-{n}", 4) for n in range(3))
+        assert not any(keeper.lost.is_set() for keeper in keepers)
+    finally:
+        for keeper in keepers:
+            keeper.close()
+
+
+def test_a_locked_task_row_stops_its_run_before_its_lease_can_lapse(url: str) -> None:
+    """On the real ledger: another connection holds a lock that a renewal must wait for.
+    On PostgreSQL a row lock on one task: its keeper says the lease is lost, while another
+    task's lease is still renewed. On SQLite the database's write lock, which every
+    renewal waits for: every keeper says its lease is lost. Either way, before any of the
+    leases could lapse (the keeper counts from its last renewal that worked)."""
+    from sqlalchemy import create_engine, text
+
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        locked, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="locked")
+        free, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="free")
+        for task in (locked, free):
+            assert ledger.take_lease(task.id, "runner-1", seconds=30) is not None
+        _, free_until = ledger.lease_of(free.id)
+        holder = create_engine(url)
+        connection = holder.connect()
+        try:
+            if ledger.dialect == "postgresql":
+                connection.execute(
+                    text("SELECT id FROM tasks WHERE id = :id FOR UPDATE"), {"id": locked.id}
+                )
+            else:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            lost = {task.id: threading.Event() for task in (locked, free)}
+            keepers = {
+                locked.id: LeaseKeeper(ledger, locked.id, "runner-1", seconds=1.2),
+                free.id: LeaseKeeper(ledger, free.id, "runner-1", seconds=6.0),
+            }
+            try:
+                for task_id, keeper in keepers.items():
+                    keeper.when_lost(lost[task_id].set)
+                assert lost[locked.id].wait(60), "the locked task's run was never told"
+                if ledger.dialect == "postgresql":
+                    deadline = time.monotonic() + 60
+                    while ledger.lease_of(free.id)[1] == free_until:
+                        assert time.monotonic() < deadline, "the free lease was not renewed"
+                        time.sleep(0.05)
+                    assert not lost[free.id].is_set()
+                else:
+                    assert lost[free.id].wait(60), "a run went on without a renewed lease"
+            finally:
+                connection.rollback()
+                for keeper in keepers.values():
+                    keeper.close()
+        finally:
+            connection.close()
+            holder.dispose()

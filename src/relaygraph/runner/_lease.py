@@ -10,12 +10,20 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper"]
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a lease lasts unrenewed: how long a crashed runner's task waits for another."""
+CONFIRMED_SHARE = 5 / 6
+"""A keeper gives its lease up (sets ``lost``) once this share of the lease's length has
+passed since its last renewal that worked began: with renewals every third of the length,
+one failed renewal is forgiven, a second is not, and the run has the last sixth (5 s of
+the default 30) to reach a step boundary before the lease can lapse."""
+RENEWAL_THREADS = 4
+"""Threads that renew leases at once: one renewal that hangs leaves the others theirs."""
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +37,16 @@ class LeaseKeeper:
     a cancel wait on the task (asked for on another server, ``Ledger.request_cancel``),
     ``cancel`` is set: the run stops at its next step boundary, ``cancelled``.
 
-    Every keeper of the process is renewed from one thread (:class:`_Renewals`), not one
+    Every keeper of the process is scheduled from one thread (:class:`_Renewals`), not one
     thread each: a thread per run cost each run a thread's start and end on its own path.
+    The renewals themselves run on a few threads of a pool, so one that hangs (a row
+    lock, a connection that stopped answering) holds up no other lease.
+
+    A keeper whose lease has not been renewed for :data:`CONFIRMED_SHARE` of its length
+    (counted from the start of the last renewal that worked, or from the keeper's start)
+    sets ``lost`` itself: its lease may lapse before any renewal comes back, and another
+    runner could then take the task while this one still runs it. The run stops at its
+    next step boundary, ahead of the lapse, and the task continues on the next runner.
     """
 
     def __init__(
@@ -52,23 +68,32 @@ class LeaseKeeper:
         self._on_lost: list[Callable[[], None]] = []
         self._on_cancel: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self.confirmed_until = time.monotonic() + seconds * CONFIRMED_SHARE
+        """When, on this process's monotonic clock, the lease stops being sure (see the
+        class): moved on by each renewal that works. The lease was taken just before the
+        keeper was made, so the first is counted from now."""
         _RENEWALS.add(self, seconds / 3)
 
     def _renew(self) -> bool:
         """Renew the lease once, and look for a cancel; False: renew no more."""
         if self._done.is_set():
             return False
+        began = time.monotonic()
         try:
             held = self._ledger.renew_lease(self._task_id, self._runner_id, seconds=self._seconds)
         except Exception:  # A database hiccup: the next renewal may work.
             log.warning("could not renew the lease on task %s", self._task_id, exc_info=True)
             return True
+        if held:
+            # Counted from when the renewal began: the ledger's new end is at least that
+            # late (its clock is read in the renewal).
+            with self._lock:
+                self.confirmed_until = max(
+                    self.confirmed_until, began + self._seconds * CONFIRMED_SHARE
+                )
         if not held:
             log.warning("task %s: another runner took it over; stopping", self._task_id)
-            with self._lock:
-                self.lost.set()
-                callbacks = list(self._on_lost)
-            _call_each(callbacks, "lease lost")
+            self._lose()
             return False
         if self._cancel is not None and not self._cancel.is_set():
             try:
@@ -77,6 +102,31 @@ class LeaseKeeper:
             except Exception:  # As for the renewal: the next round may work.
                 log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
         return not self._done.is_set()
+
+    def _lose(self) -> None:
+        """Set ``lost`` and call the ``when_lost`` callbacks, once."""
+        with self._lock:
+            if self.lost.is_set():
+                return
+            self.lost.set()
+            callbacks = list(self._on_lost)
+        _call_each(callbacks, "lease lost")
+
+    def _lapsing(self, now: float) -> bool:
+        """Whether the lease went unconfirmed for too long (see the class); the run is then
+        told its lease is lost. Called by the scheduling thread."""
+        with self._lock:
+            late = not self._done.is_set() and not self.lost.is_set()
+            late = late and now >= self.confirmed_until
+        if late:
+            log.warning(
+                "task %s: its lease was not renewed in time (%.0f s); stopping its run before "
+                "the lease can lapse",
+                self._task_id,
+                self._seconds * CONFIRMED_SHARE,
+            )
+            self._lose()
+        return late
 
     def _cancelled(self) -> None:
         with self._lock:
@@ -111,26 +161,42 @@ class LeaseKeeper:
 
 
 class _Renewals:
-    """The process's lease keepers, each renewed every ``every`` seconds by one thread,
-    which ends while there is none (and is started again with the next)."""
+    """The process's lease keepers, each renewed every ``every`` seconds.
+
+    One thread schedules them and ends while there is none (it is started again with the
+    next); the renewals run on a pool of :data:`RENEWAL_THREADS`, so one that hangs holds up
+    no other keeper. The scheduling thread never waits on the ledger: it also tells each
+    keeper whose lease went unconfirmed too long (:meth:`LeaseKeeper._lapsing`), even while
+    that keeper's renewal hangs. A keeper whose renewal is still under way when it is due
+    again is not renewed twice at once; it is due again one period later.
+    """
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._due: list[tuple[float, int, LeaseKeeper, float]] = []
         """A heap: (when, order, keeper, every)."""
         self._order = itertools.count()
-        self._renewing: LeaseKeeper | None = None
+        self._keepers: set[LeaseKeeper] = set()
+        """Every keeper not closed: the ones whose lease the scheduler watches."""
+        self._renewing: set[LeaseKeeper] = set()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def forget(self) -> None:
-        """In a forked child: none of the parent's leases or its thread are here, and its
+        """In a forked child: none of the parent's leases or threads are here, and its
         lock may have been copied held."""
         self._changed = threading.Condition()
-        self._due, self._renewing, self._thread = [], None, None
+        self._due, self._keepers, self._renewing = [], set(), set()
+        self._thread, self._pool = None, None
 
     def add(self, keeper: LeaseKeeper, every: float) -> None:
         with self._changed:
+            self._keepers.add(keeper)
             self._push(keeper, every)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=RENEWAL_THREADS, thread_name_prefix="relaygraph-renewal"
+                )
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="relaygraph-leases", daemon=True
@@ -140,11 +206,12 @@ class _Renewals:
 
     def remove(self, keeper: LeaseKeeper) -> None:
         with self._changed:
+            self._keepers.discard(keeper)
             self._due = [entry for entry in self._due if entry[2] is not keeper]
             heapq.heapify(self._due)
             # A renewal of this keeper under way finishes before close returns (unless
             # close is called from that renewal: a callback on the renewing thread).
-            while self._renewing is keeper and threading.current_thread() is not self._thread:
+            while keeper in self._renewing and not _on_renewal_thread():
                 self._changed.wait()
             self._changed.notify()
 
@@ -155,28 +222,50 @@ class _Renewals:
         while True:
             with self._changed:
                 while True:
-                    if not self._due:
+                    if not self._due and not self._renewing:
                         self._thread = None
                         return
-                    when, _, keeper, every = self._due[0]
-                    wait = when - time.monotonic()
-                    if wait <= 0:
-                        heapq.heappop(self._due)
-                        self._renewing = keeper
+                    now = time.monotonic()
+                    watched = [k for k in self._keepers if not k.lost.is_set()]
+                    lapsing = [k for k in watched if now >= k.confirmed_until]
+                    if lapsing or (self._due and self._due[0][0] <= now):
                         break
-                    self._changed.wait(wait)
-            again = False
-            try:
-                again = keeper._renew()
-            except Exception:  # One keeper's failure must not stop every lease's renewals.
-                log.exception("renewing the lease on task %s failed", keeper._task_id)
-                again = not keeper._done.is_set()
-            finally:
-                with self._changed:
-                    self._renewing = None
-                    if again and not keeper._done.is_set():
+                    wake = [k.confirmed_until for k in watched]
+                    if self._due:
+                        wake.append(self._due[0][0])
+                    self._changed.wait(max(0.0, min(wake) - now) if wake else None)
+                due: list[tuple[LeaseKeeper, float]] = []
+                while self._due and self._due[0][0] <= now:
+                    _, _, keeper, every = heapq.heappop(self._due)
+                    if keeper in self._renewing:  # Its last renewal has not come back.
                         self._push(keeper, every)
-                    self._changed.notify_all()
+                        continue
+                    self._renewing.add(keeper)
+                    due.append((keeper, every))
+                pool = self._pool
+            for keeper in lapsing:
+                keeper._lapsing(now)
+            assert pool is not None
+            for keeper, every in due:
+                pool.submit(self._renew, keeper, every)
+
+    def _renew(self, keeper: LeaseKeeper, every: float) -> None:
+        again = False
+        try:
+            again = keeper._renew()
+        except Exception:  # One keeper's failure must not stop every lease's renewals.
+            log.exception("renewing the lease on task %s failed", keeper._task_id)
+            again = not keeper._done.is_set()
+        finally:
+            with self._changed:
+                self._renewing.discard(keeper)
+                if again and not keeper._done.is_set() and keeper in self._keepers:
+                    self._push(keeper, every)
+                self._changed.notify_all()
+
+
+def _on_renewal_thread() -> bool:
+    return threading.current_thread().name.startswith("relaygraph-renewal")
 
 
 _RENEWALS = _Renewals()

@@ -53,7 +53,10 @@ EventHandler = Callable[[dict[str, Any]], None]
 CONTINUE: Any = object()
 """Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
 SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
-LEASE_LOST = "suspended: another runner took the task over (this one could not renew its lease)"
+LEASE_LOST = (
+    "suspended: this runner could not keep its lease (another runner took the task over, or "
+    "the ledger did not answer its renewals in time); the task continues on the next runner"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
