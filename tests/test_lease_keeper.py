@@ -279,3 +279,48 @@ def test_a_locked_task_row_stops_its_run_before_its_lease_can_lapse(url: str) ->
         finally:
             connection.close()
             holder.dispose()
+
+
+def test_a_keeper_closed_by_its_own_lost_callback_holds_up_no_other_lease() -> None:
+    """A run that closes its keeper when told the lease is lost (the callback runs on the
+    thread that schedules every renewal) while that keeper's renewal hangs: close returns,
+    and the other keepers are still renewed."""
+    ledger = _Hanging()
+    ledger.stuck.add("task-1")
+    closed = threading.Event()
+    stuck = LeaseKeeper(ledger, "task-1", "runner-1", seconds=0.3)
+    stuck.when_lost(lambda: (stuck.close(), closed.set()))
+    other = LeaseKeeper(ledger, "task-2", "runner-1", seconds=1.5)
+    try:
+        assert closed.wait(30), "close() from the lost callback did not return"
+        with ledger.lock:
+            before = ledger.renewed.get("task-2", 0)
+        assert _renewed(ledger, "task-2", before + 3), "the other lease stopped being renewed"
+    finally:
+        ledger.release.set()
+        other.close()
+
+
+def test_a_renewal_that_hangs_does_not_keep_the_process_from_exiting() -> None:
+    """The renewals' threads are daemons: a process whose work is done exits even while a
+    renewal hangs on a connection that stopped answering. In a process of its own."""
+    import subprocess
+    import sys
+
+    probe = """
+import os, sys, threading
+sys.path.insert(0, os.getcwd())
+from tests.test_lease_keeper import _Hanging, _renewed
+from relaygraph.runner._lease import LeaseKeeper
+ledger = _Hanging()
+ledger.stuck.add("task-1")
+LeaseKeeper(ledger, "task-1", "r", seconds=0.3)
+other = LeaseKeeper(ledger, "task-2", "r", seconds=0.3)
+assert _renewed(ledger, "task-2", 2)  # the stuck one is hanging by now
+print("done", flush=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done"

@@ -7,10 +7,10 @@ import heapq
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper"]
@@ -120,7 +120,7 @@ class LeaseKeeper:
             late = late and now >= self.confirmed_until
         if late:
             log.warning(
-                "task %s: its lease was not renewed in time (%.0f s); stopping its run before "
+                "task %s: its lease was not renewed in time (%.3g s); stopping its run before "
                 "the lease can lapse",
                 self._task_id,
                 self._seconds * CONFIRMED_SHARE,
@@ -180,7 +180,7 @@ class _Renewals:
         """Every keeper not closed: the ones whose lease the scheduler watches."""
         self._renewing: set[LeaseKeeper] = set()
         self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _DaemonPool | None = None
 
     def forget(self) -> None:
         """In a forked child: none of the parent's leases or threads are here, and its
@@ -194,9 +194,7 @@ class _Renewals:
             self._keepers.add(keeper)
             self._push(keeper, every)
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=RENEWAL_THREADS, thread_name_prefix="relaygraph-renewal"
-                )
+                self._pool = _DaemonPool(RENEWAL_THREADS, "relaygraph-renewal")
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="relaygraph-leases", daemon=True
@@ -209,9 +207,10 @@ class _Renewals:
             self._keepers.discard(keeper)
             self._due = [entry for entry in self._due if entry[2] is not keeper]
             heapq.heapify(self._due)
-            # A renewal of this keeper under way finishes before close returns (unless
-            # close is called from that renewal: a callback on the renewing thread).
-            while keeper in self._renewing and not _on_renewal_thread():
+            # A renewal of this keeper under way finishes before close returns, unless close
+            # is called on a thread of the renewals (a callback: a lost lease's, a
+            # cancel's): waiting there could wait for itself, or hold up every other lease.
+            while keeper in self._renewing and not _on_lease_thread():
                 self._changed.wait()
             self._changed.notify()
 
@@ -243,11 +242,13 @@ class _Renewals:
                     self._renewing.add(keeper)
                     due.append((keeper, every))
                 pool = self._pool
-            for keeper in lapsing:
-                keeper._lapsing(now)
             assert pool is not None
             for keeper, every in due:
                 pool.submit(self._renew, keeper, every)
+            # On this thread, not the pool's: every renewal thread may be hung, which is
+            # when a lapse must still be told. The callbacks only ask a run to stop.
+            for keeper in lapsing:
+                keeper._lapsing(now)
 
     def _renew(self, keeper: LeaseKeeper, every: float) -> None:
         again = False
@@ -264,8 +265,44 @@ class _Renewals:
                 self._changed.notify_all()
 
 
-def _on_renewal_thread() -> bool:
-    return threading.current_thread().name.startswith("relaygraph-renewal")
+def _on_lease_thread() -> bool:
+    """Whether this thread is the scheduler's or a renewal's."""
+    return threading.current_thread().name.startswith(("relaygraph-leases", "relaygraph-renewal"))
+
+
+class _DaemonPool:
+    """Up to ``size`` daemon threads that run the calls submitted, started as they are needed.
+
+    Not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined when the
+    interpreter exits, so one renewal that hangs (a dead connection) would keep a finished
+    ``relaygraph run`` or a stopped server from exiting. A call must handle its own errors.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size, self._name = size, name
+        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]]
+        self._work = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._idle = self._pending = 0
+
+    def submit(self, call: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._pending += 1
+            self._work.put((call, args))
+            if self._pending > self._idle and self._threads < self._size:
+                self._threads += 1
+                name = f"{self._name}_{self._threads}"
+                threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            call, args = self._work.get()
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
+            call(*args)
 
 
 _RENEWALS = _Renewals()
