@@ -225,7 +225,9 @@ class _Renewals:
                         self._thread = None
                         return
                     now = time.monotonic()
-                    watched = [k for k in self._keepers if not k.lost.is_set()]
+                    watched = [
+                        k for k in self._keepers if not (k.lost.is_set() or k._done.is_set())
+                    ]
                     lapsing = [k for k in watched if now >= k.confirmed_until]
                     if lapsing or (self._due and self._due[0][0] <= now):
                         break
