@@ -24,6 +24,8 @@ one failed renewal is forgiven, a second is not, and the run has the last sixth 
 the default 30) to reach a step boundary before the lease can lapse."""
 RENEWAL_THREADS = 4
 """Threads that renew leases at once: one renewal that hangs leaves the others theirs."""
+POOL_IDLE_SECONDS = 60.0
+"""A renewal thread with nothing to do for this long ends (the next lease starts one)."""
 
 log = logging.getLogger(__name__)
 
@@ -209,13 +211,19 @@ class _Renewals:
             heapq.heapify(self._due)
             # A renewal of this keeper under way finishes before close returns, unless close
             # is called on a thread of the renewals (a callback: a lost lease's, a
-            # cancel's): waiting there could wait for itself, or hold up every other lease.
-            while keeper in self._renewing and not _on_lease_thread():
+            # cancel's): waiting there could wait for itself, or hold up every other lease;
+            # or unless the lease is lost (its renewal may be the one that hangs): a
+            # renewal that ends later changes nothing once the run's end has given the
+            # lease up, as it matches only this runner's hold.
+            while keeper in self._renewing and not keeper.lost.is_set() and not _on_lease_thread():
                 self._changed.wait()
             self._changed.notify()
 
-    def _push(self, keeper: LeaseKeeper, every: float) -> None:
-        heapq.heappush(self._due, (time.monotonic() + every, next(self._order), keeper, every))
+    def _push(self, keeper: LeaseKeeper, every: float, *, after: float | None = None) -> None:
+        """Make ``keeper`` due ``every`` seconds after ``after`` (now by default), or now if
+        that has passed."""
+        when = max(time.monotonic(), (time.monotonic() if after is None else after) + every)
+        heapq.heappush(self._due, (when, next(self._order), keeper, every))
 
     def _loop(self) -> None:
         while True:
@@ -237,10 +245,8 @@ class _Renewals:
                     self._changed.wait(max(0.0, min(wake) - now) if wake else None)
                 due: list[tuple[LeaseKeeper, float]] = []
                 while self._due and self._due[0][0] <= now:
+                    # A keeper is either due (once) or being renewed, never both.
                     _, _, keeper, every = heapq.heappop(self._due)
-                    if keeper in self._renewing:  # Its last renewal has not come back.
-                        self._push(keeper, every)
-                        continue
                     self._renewing.add(keeper)
                     due.append((keeper, every))
                 pool = self._pool
@@ -253,6 +259,7 @@ class _Renewals:
                 keeper._lapsing(now)
 
     def _renew(self, keeper: LeaseKeeper, every: float) -> None:
+        began = time.monotonic()
         again = False
         try:
             again = keeper._renew()
@@ -263,7 +270,9 @@ class _Renewals:
             with self._changed:
                 self._renewing.discard(keeper)
                 if again and not keeper._done.is_set() and keeper in self._keepers:
-                    self._push(keeper, every)
+                    # Counted from when this renewal began, not when it came back: a slow
+                    # failed renewal (a connect timeout) must not use up the next one's time.
+                    self._push(keeper, every, after=began)
                 self._changed.notify_all()
 
 
@@ -300,7 +309,15 @@ class _DaemonPool:
         while True:
             with self._lock:
                 self._idle += 1
-            call, args = self._work.get()
+            try:
+                call, args = self._work.get(timeout=POOL_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._pending <= self._idle:  # No call waits without a thread.
+                        self._threads -= 1
+                        return
+                continue
             with self._lock:
                 self._idle -= 1
                 self._pending -= 1
