@@ -277,6 +277,53 @@ def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
     assert [e.type for e in ledger.events_after(task.id)].count("tool_call") == 1
 
 
+def test_a_run_whose_renewals_hang_stops_before_its_lease_can_lapse(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run whose lease renewals hang (a database that stopped answering) stops at
+    the next step boundary on its own, before another runner could take the task over: it
+    stays ``running`` with the reason, its lease given up for the next runner, and the step
+    after the boundary never ran."""
+    from relaygraph.runner import LEASE_LOST, ledger_for
+
+    ledger = ledger_for(home)
+    slow = "import time\ntime.sleep(3)\nprint('slept')"
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "coder", "task": "compute", "reason": "code"}},
+                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+            ],
+            "coder": [
+                {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
+                {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
+                {"content": "done"},
+            ],
+            "finalize": [{"content": "done"}],
+        }
+    )
+    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", **runnable(spec))
+    answering = threading.Event()
+    renew = ledger.renew_lease
+
+    def hanging_renewal(*args: Any, **kwargs: Any) -> bool:
+        answering.wait(120)
+        return renew(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "renew_lease", hanging_renewal)
+    runner = TaskRunner(ledger=ledger, home=home, lease_seconds=1.0)
+    try:
+        result = runner.run(task, {"request": "x"})
+    finally:
+        answering.set()
+    assert result.status == "running" and result.stop_reason == LEASE_LOST, result
+    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+    assert stored is not None and stored.status == "running"
+    assert ledger.lease_of(task.id)[0] is None  # given up: the next runner may take it
+    # It stopped at the boundary after the first program: the second never ran.
+    assert [e.type for e in ledger.events_after(task.id)].count("tool_call") == 1
+
+
 def test_workers_settle_a_dead_servers_task_instead_of_running_it(
     ledger: Ledger, tmp_path: Path
 ) -> None:
