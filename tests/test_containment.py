@@ -227,6 +227,28 @@ def test_cancel_of_a_task_held_by_a_live_runner_waits_for_it(ledger: Ledger) -> 
     assert settled is not None and settled.status == "cancelled"
 
 
+def _two_slow_programs(script: Any) -> str:
+    """A scripted team whose coder runs two programs of 3 s each, one step apart: a run
+    asked to stop during the first stops at the boundary after it, before the second."""
+    slow = "import time\ntime.sleep(3)\nprint('slept')"
+    return str(
+        script(
+            {
+                "supervisor": [
+                    {"route": {"next": "coder", "task": "compute", "reason": "code"}},
+                    {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+                ],
+                "coder": [
+                    {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
+                    {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
+                    {"content": "done"},
+                ],
+                "finalize": [{"content": "done"}],
+            }
+        )
+    )
+
+
 def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
     home: Path, script: Any
 ) -> None:
@@ -235,21 +257,7 @@ def test_a_cancel_asked_elsewhere_reaches_the_runner_through_its_lease(
     from relaygraph.runner import ledger_for
 
     ledger = ledger_for(home)
-    slow = "import time\ntime.sleep(3)\nprint('slept')"
-    spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "code"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
-                {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
-                {"content": "done"},
-            ],
-            "finalize": [{"content": "done"}],
-        }
-    )
+    spec = _two_slow_programs(script)
     task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", **runnable(spec))
     runner = TaskRunner(ledger=ledger, home=home, lease_seconds=1.0)
     calling = threading.Event()
@@ -287,33 +295,26 @@ def test_a_run_whose_renewals_hang_stops_before_its_lease_can_lapse(
     from relaygraph.runner import LEASE_LOST, ledger_for
 
     ledger = ledger_for(home)
-    slow = "import time\ntime.sleep(3)\nprint('slept')"
-    spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "code"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
-                {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
-                {"content": "done"},
-            ],
-            "finalize": [{"content": "done"}],
-        }
-    )
+    spec = _two_slow_programs(script)
     task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", **runnable(spec))
-    answering = threading.Event()
+    calling, answering = threading.Event(), threading.Event()
     renew = ledger.renew_lease
 
     def hanging_renewal(*args: Any, **kwargs: Any) -> bool:
-        answering.wait(120)
+        # The ledger stops answering once the first program runs (not before: a slow
+        # start on a loaded machine must not stop the run ahead of that step).
+        if calling.is_set():
+            answering.wait(120)
         return renew(*args, **kwargs)
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("type") == "tool_call":
+            calling.set()
 
     monkeypatch.setattr(ledger, "renew_lease", hanging_renewal)
     runner = TaskRunner(ledger=ledger, home=home, lease_seconds=1.0)
     try:
-        result = runner.run(task, {"request": "x"})
+        result = runner.run(task, {"request": "x"}, on_event=on_event)
     finally:
         answering.set()
     assert result.status == "running" and result.stop_reason == LEASE_LOST, result

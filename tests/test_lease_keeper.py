@@ -238,20 +238,30 @@ class _InFlight:
     def __init__(self, ledger: Any) -> None:
         self.ledger = ledger
         self.busy = 0
+        self.held: dict[str, int] = {}
+        """Renewals that came back holding the lease, by task."""
         self.changed = threading.Condition()
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         with self.changed:
             self.busy += 1
+        held = False
         try:
-            return bool(self.ledger.renew_lease(task_id, runner_id, seconds=seconds))
+            held = bool(self.ledger.renew_lease(task_id, runner_id, seconds=seconds))
+            return held
         finally:
             with self.changed:
                 self.busy -= 1
+                self.held[task_id] = self.held.get(task_id, 0) + held
                 self.changed.notify_all()
 
     def cancel_requested(self, task_id: str) -> bool:
         return bool(self.ledger.cancel_requested(task_id))
+
+    def renewed(self, task_id: str) -> bool:
+        """Wait (60 s at most) until a renewal of ``task_id`` has come back holding it."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.held.get(task_id, 0) > 0, 60)
 
     def settled(self) -> bool:
         """Wait (60 s at most) until no renewal is under way."""
@@ -275,7 +285,6 @@ def test_a_locked_task_row_stops_its_run_before_its_lease_can_lapse(url: str) ->
         free, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="free")
         for task in (locked, free):
             assert ledger.take_lease(task.id, "runner-1", seconds=30) is not None
-        _, free_until = ledger.lease_of(free.id)
         renewals = _InFlight(ledger)
         holder = create_engine(url)
         connection = holder.connect()
@@ -296,10 +305,7 @@ def test_a_locked_task_row_stops_its_run_before_its_lease_can_lapse(url: str) ->
                     keeper.when_lost(lost[task_id].set)
                 assert lost[locked.id].wait(60), "the locked task's run was never told"
                 if ledger.dialect == "postgresql":
-                    deadline = time.monotonic() + 60
-                    while ledger.lease_of(free.id)[1] == free_until:
-                        assert time.monotonic() < deadline, "the free lease was not renewed"
-                        time.sleep(0.05)
+                    assert renewals.renewed(free.id), "the free lease was not renewed"
                     assert not lost[free.id].is_set()
                 else:
                     assert lost[free.id].wait(60), "a run went on without a renewed lease"
@@ -378,8 +384,11 @@ def test_one_slow_failed_renewal_is_forgiven() -> None:
     """A renewal that fails slowly does not push the next one back: it is due a period
     after the failed one began, so the lease is still confirmed in time (counted from its
     end, the next renewal would come after 5/6 of the lease and the run be told to stop)."""
-    ledger = _SlowFirstFailure(seconds=1.8)  # of a period of 2 s
-    keeper = LeaseKeeper(ledger, "task-1", "runner-1", seconds=6.0)
+    # A period of 3 s; told lost 7.5 s after the last renewal that worked began. Counted
+    # from its end, the failed one's successor would begin at 8.7 s; counted from its
+    # start, at 6 s: 1.2 s and 1.5 s of margin either way for a late thread.
+    ledger = _SlowFirstFailure(seconds=2.7)
+    keeper = LeaseKeeper(ledger, "task-1", "runner-1", seconds=9.0)
     try:
         assert _renewed(ledger, "task-1", 2)  # past when the next would have come too late
         assert not keeper.lost.is_set()
