@@ -28,6 +28,7 @@ from relaygraph.events import (
     token_event,
     violation_event,
 )
+from relaygraph.runner._inline_saves import saves_inline
 from relaygraph.runner._lease import AttemptWatch
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._summary import (
@@ -174,7 +175,9 @@ class TaskRun:
             self.lease.when_lost(lambda: control.request_drain("shutdown"))
             self.lease.when_cancelled(lambda: control.request_drain("cancel"))
             watched = self.cancel if self.watch_cancel else None
-            with sink, _drain_when(control, cancel=watched, stop=self.stop):
+            # The saves on this thread (see _inline_saves): sync durability waits for
+            # each anyway.
+            with sink, _drain_when(control, cancel=watched, stop=self.stop), saves_inline():
                 for item in stream:
                     if not stream_tokens:
                         continue

@@ -1,0 +1,101 @@
+"""A run's checkpoint saves on the run's own thread, not on a thread of a pool made per loop.
+
+Every LangGraph loop (the team graph's, and each agent visit's subgraph) opens a
+``BackgroundExecutor``: a thread pool of its own, made for the loop and joined at its end.
+It hands each step's writes (``put_writes``) and checkpoint (``put``) to that pool, and
+under ``durability="sync"``, which every relaygraph run uses (see ``TaskRun.stream``), the
+loop then waits for the checkpoint before its next step. The save is on the run's path
+either way; the pool only adds to it: a relay task started about 8 threads for its saves,
+and each save was a hand-over to another thread and back, each a wait for the interpreter's
+lock while the process's other runs hold it (profiled on one task at a time: 6.5 ms of a
+task's wall time waiting on save futures and 2.5 ms on thread starts; on a busy in-process
+server each hand-over waits behind the other runs' threads as well).
+
+LangGraph offers no setting for it (its executor is made from the run's config, a
+``ThreadPoolExecutor`` always), so this wraps ``BackgroundExecutor.submit``: inside
+:func:`saves_inline`, a checkpointer's ``put_writes`` and the loop's checkpoint save run at
+once on the calling thread, in a future already done, which the executor tracks as it
+tracks its own (an error is raised where the loop waits for it, and again when the loop
+closes, as before). Anything else a loop submits (a step's parallel tasks, the stream's
+waiter) still goes to the pool, and outside :func:`saves_inline` (a caller's own LangGraph
+graphs in the same process) nothing changes. The order of saves is kept: the loop submits a
+checkpoint after the writes it follows, and each now ends before the next is submitted.
+
+If LangGraph changes the names this relies on, :func:`install` leaves it alone and runs go on
+as before (the saves on the pool); tests/test_inline_saves.py fails then, to say so.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["install", "saves_inline"]
+
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "relaygraph_saves_inline", default=False
+)
+_installed = False
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def saves_inline() -> Iterator[None]:
+    """Within this block (on this thread, and in what LangGraph runs from it, as it copies
+    the context), LangGraph loops save checkpoints and writes on the thread that submits
+    them."""
+    install()
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+def install() -> bool:
+    """Wrap LangGraph's ``BackgroundExecutor.submit`` once per process; False when this
+    LangGraph lacks what the wrapper relies on (then nothing is changed)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        try:
+            from langgraph.checkpoint.base import BaseCheckpointSaver
+            from langgraph.pregel._executor import BackgroundExecutor
+            from langgraph.pregel._loop import SyncPregelLoop
+        except ImportError:
+            return False
+        save = getattr(SyncPregelLoop, "_checkpointer_put_after_previous", None)
+        original = getattr(BackgroundExecutor, "submit", None)
+        if save is None or original is None or not hasattr(BackgroundExecutor, "done"):
+            return False
+
+        def is_save(fn: Any) -> bool:
+            if getattr(fn, "__func__", None) is save:
+                return True
+            owner = getattr(fn, "__self__", None)
+            return isinstance(owner, BaseCheckpointSaver) and fn.__name__ == "put_writes"
+
+        def submit(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _INLINE.get() or kwargs.get("__next_tick__") or not is_save(fn):
+                return original(self, fn, *args, **kwargs)
+            reraise = kwargs.pop("__reraise_on_exit__", True)
+            cancel = kwargs.pop("__cancel_on_exit__", False)
+            kwargs.pop("__name__", None)
+            kwargs.pop("__next_tick__", None)
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self.tasks[future] = (cancel, reraise)
+            future.add_done_callback(self.done)
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # raised where the loop waits for it, as before
+                future.set_exception(exc)
+            return future
+
+        BackgroundExecutor.submit = submit  # type: ignore[method-assign]
+        _installed = True
+        return True
