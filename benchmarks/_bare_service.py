@@ -37,6 +37,8 @@ class BareRound:
 
     seconds: float
     """Wall time from handing the round's tasks to the pool until the last one returned."""
+    finished: list[float]
+    """When each task returned, in seconds from handing the round's tasks to the pool."""
     cpu_seconds: float
     """CPU time of the whole process (all its threads) in the round."""
     failures: list[str]
@@ -75,7 +77,8 @@ class BareService:
         self.close()
 
     def play(self, tasks: list[tuple[str, str]], *, timeout: float) -> BareRound:
-        """Run ``tasks`` (each its request and the answer it must end with) at once."""
+        """Hand ``tasks`` (each its request and the answer it must end with) to the pool at
+        once: as many run at a time as it has threads, the others wait their turn."""
         assert self._process is not None and self._process.stdin is not None
         self._process.stdin.write(json.dumps({"tasks": tasks}) + "\n")
         self._process.stdin.flush()
@@ -159,12 +162,18 @@ def _serve(base_url: str, model: str, home: Path, threads: int, channel: IO[str]
         for line in sys.stdin:
             tasks = json.loads(line)["tasks"]
             cpu, started = time.process_time(), time.perf_counter()
-            outcomes = list(pool.map(lambda task: _task(graph, home, *task), tasks))
+
+            def timed(task: list[str], started: float = started) -> tuple[str | None, float]:
+                why = _task(graph, home, *task)
+                return why, time.perf_counter() - started
+
+            outcomes = list(pool.map(timed, tasks))
             say(
                 {
                     "seconds": time.perf_counter() - started,
+                    "finished": [at for _, at in outcomes],
                     "cpu_seconds": time.process_time() - cpu,
-                    "failures": [why for why in outcomes if why is not None],
+                    "failures": [why for why, _ in outcomes if why is not None],
                 }
             )
 
