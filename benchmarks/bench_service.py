@@ -15,15 +15,17 @@ after the other, side by side with bare langgraph-supervisor as every benchmark 
   relaygraph's in-process service uses), in a process of its own (``_bare_service.py``).
   It has no HTTP API, no ledger and no policies: its overhead is the floor of any
   LangGraph service of this team on this machine;
-- **in process**: ``relaygraph serve --workers 8`` on SQLite, the single-machine mode;
+- **in process**: ``relaygraph serve --workers 8`` on SQLite, the single-machine mode, as it
+  starts by default: its 8 workers spread 2 to a process over 4 processes (the server's and
+  3 task processes, ``relaygraph.api._settings.default_processes``) sharing the ledger;
 - **worker mode**: one ``relaygraph serve`` in broker mode and 2 ``relaygraph worker``
   processes × ``--concurrency 4``, on PostgreSQL (a fresh database) and RabbitMQ (a queue of
   its own).
 
 Two more rows, with no target: **floor**, the model client alone (each task's three calls
 through one kept ``ChatOpenAI`` on 8 threads, no graph, no service), the most any deployment
-here can reach; and **in 2 processes**, ``serve --workers 8 --processes 2``, the in-process
-service's workers spread over the server process and one task process.
+here can reach; and **in one process**, ``serve --workers 8 --processes 1``, every graph on
+threads of the server process (the default until revision 8d0a976).
 
 All run 8 tasks at once, so all have the same bound: 8 ÷ the model time of one task (its
 model calls, counted at the server, × 200 ms), the pace of a service with no overhead.
@@ -83,11 +85,10 @@ if str(HERE.parent) not in sys.path:
 
 from _common import Section, Verdict, log, table, verdict_word  # noqa: E402
 
+from relaygraph.api._settings import default_processes  # noqa: E402
+
 DELAY_SECONDS = 0.2
 IN_PROCESS_WORKERS = 8
-PROCESSES = 2
-"""``serve --processes`` of the diagnostic row: the in-process service's 8 workers spread
-over this many processes (the server's and one task process)."""
 WORKERS, CONCURRENCY = 2, 4
 CONCURRENT_TASKS = 50
 """Tasks kept in the service, submitted and not finished, through a timed round (issue 19's
@@ -112,13 +113,13 @@ TARGET_OF_BOUND = 0.9
 """Tasks per second at least this share of the bound (issue 19, and issue 18 for workers)."""
 TARGET_OF_IN_PROCESS = 0.9
 """The worker mode within 10% of the in-process mode's tasks per second (issue 18)."""
-MODES = ("floor", "bare", "in-process", "processes", "workers")
+MODES = ("floor", "bare", "in-process", "one-process", "workers")
 """The deployments, in the order they run and are shown: the references first."""
 REFERENCES = ("floor", "bare")
 """Rows with no target: what the model client alone, and bare LangGraph, reach here."""
-DIAGNOSTICS = ("processes",)
+DIAGNOSTICS = ("one-process",)
 """relaygraph rows reported without a target of their own."""
-ONE_INTERPRETER = {"bare": "bare process", "in-process": "API servers"}
+ONE_INTERPRETER = {"bare": "bare process", "one-process": "API servers"}
 """The deployments whose graphs all run on threads of one process, and that process."""
 SERVICE_PROCESSES = {
     "postgres": "PostgreSQL",
@@ -526,12 +527,12 @@ def _in_process(root: Path, env: dict[str, str]) -> tuple[Any, str]:
     return cluster, server.url
 
 
-def _processes(root: Path, env: dict[str, str]) -> tuple[Any, str]:
+def _one_process(root: Path, env: dict[str, str]) -> tuple[Any, str]:
     from tests.worker_cluster import Cluster
 
-    cluster = Cluster(root / "processes", database_url=None, broker=None, env=env)
+    cluster = Cluster(root / "one-process", database_url=None, broker=None, env=env)
     try:
-        server = cluster.serve("api", model=MODEL, workers=IN_PROCESS_WORKERS, processes=PROCESSES)
+        server = cluster.serve("api", model=MODEL, workers=IN_PROCESS_WORKERS, processes=1)
     except BaseException:
         cluster.close()
         raise
@@ -562,7 +563,7 @@ def _script(rounds: int) -> dict[str, list[dict[str, Any]]]:
         ("floor", _floor_turns),
         ("bare", _bare_turns),
         ("in-process", _turns),
-        ("processes", _turns),
+        ("one-process", _turns),
         ("workers", _turns),
     ):
         for number in range(rounds + 1):
@@ -622,9 +623,11 @@ def run(quick: bool, *, only: Collection[str] = MODES) -> Section:
             modes.append(
                 _measure("in-process", IN_PROCESS_WORKERS, _in_process, fake, rounds, root)
             )
-        if "processes" in only:
-            log(f"  in process: serve --workers {IN_PROCESS_WORKERS} --processes {PROCESSES}")
-            modes.append(_measure("processes", IN_PROCESS_WORKERS, _processes, fake, rounds, root))
+        if "one-process" in only:
+            log(f"  in process: serve --workers {IN_PROCESS_WORKERS} --processes 1")
+            modes.append(
+                _measure("one-process", IN_PROCESS_WORKERS, _one_process, fake, rounds, root)
+            )
         if "workers" in only:
             modes.append(_measure_workers(fake, rounds, root))
     _report(section, modes, rounds)
@@ -636,9 +639,11 @@ LABELS = {
     "no graph (reference)",
     "bare": f"bare: `create_supervisor`, {IN_PROCESS_WORKERS} threads calling `invoke`, "
     "SQLite (reference)",
-    "in-process": f"in process: `serve --workers {IN_PROCESS_WORKERS}`, SQLite",
-    "processes": f"in {PROCESSES} processes: `serve --workers {IN_PROCESS_WORKERS} "
-    f"--processes {PROCESSES}`, SQLite (diagnostic)",
+    "in-process": f"in process: `serve --workers {IN_PROCESS_WORKERS}` (by default "
+    f"{default_processes(IN_PROCESS_WORKERS)} processes of "
+    f"{IN_PROCESS_WORKERS // default_processes(IN_PROCESS_WORKERS)} workers), SQLite",
+    "one-process": f"in one process: `serve --workers {IN_PROCESS_WORKERS} --processes 1`, "
+    "SQLite (diagnostic)",
     "workers": f"worker mode: {WORKERS} workers × concurrency {CONCURRENCY}, PostgreSQL + RabbitMQ",
 }
 """Each mode's row in the table; the part before the colon names it in the text."""
@@ -750,9 +755,8 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
             f"bare's {bare.median_per_second() / bare.bound():.1%}), at "
             f"{relay.cpu_seconds_per_task() / bare.cpu_seconds_per_task():.2f}× its CPU per "
             "task. Bare is what the LangGraph team alone costs on this machine, with nothing "
-            "of a service around it, when its tasks run on threads of one process as the "
-            "in-process service's do: what it falls short of the bound, no such service of "
-            "this team can be expected to reach here.",
+            "of a service around it, its tasks on threads of one process (as a LangGraph "
+            "user's own server would run them, and as `serve --processes 1` does).",
             "",
         )
     if "floor" in measured:
@@ -767,17 +771,18 @@ def _report(section: Section, modes: list[Mode], rounds: int) -> None:
             "it; the goal leaves relaygraph what lies between the floor and 90%.",
             "",
         )
-    if "processes" in measured and "in-process" in measured:
-        spread, one = measured["processes"], measured["in-process"]
+    if "one-process" in measured and "in-process" in measured:
+        one, spread = measured["one-process"], measured["in-process"]
         section.add(
-            f"**`--processes {PROCESSES}`** (diagnostic, no target): "
-            f"{spread.median_per_second() / spread.bound():.1%} of the bound against "
-            f"{one.median_per_second() / one.bound():.1%} with every graph in the server "
-            "process (rounds in the table). The server's one interpreter runs below its limit "
-            "here (the table's *interpreter limit*), so two interpreters change the pace no "
-            "more than the rounds vary: what is left between relaygraph and bare is time on "
-            "each task's own path (the run's set-up, its ledger and checkpoint writes, the "
-            "API's submission), not CPU the cores or the interpreter lack.",
+            "**`--processes 1`** (diagnostic, no target): with every graph on threads of the "
+            f"server process, {one.median_per_second() / one.bound():.1%} of the bound "
+            f"against {spread.median_per_second() / spread.bound():.1%} spread "
+            f"{IN_PROCESS_WORKERS // default_processes(IN_PROCESS_WORKERS)} workers to a "
+            "process, `serve`'s default (rounds in the table). The one interpreter runs below "
+            "its limit (the table's *interpreter limit*), yet a run's steps between its model "
+            "calls wait for it while the process's other runs hold it: Python runs one thread "
+            "of a process at a time, and 8 runs' steps meet often. Bare LangGraph on 8 "
+            "threads of one process pays the same.",
             "",
         )
     if "workers" in measured:

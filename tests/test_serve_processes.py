@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from relaygraph.api._processes import shares
-from relaygraph.api._settings import load_settings
+from relaygraph.api._settings import ServiceSettings, load_settings
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.client import Client
 from relaygraph.errors import ConfigError
@@ -186,6 +186,49 @@ def test_workers_are_shared_out_and_processes_are_checked() -> None:
     assert shares(3, 1) == [3]
     with pytest.raises(ConfigError, match=r"--processes 3 is more than the workers \(2\)"):
         load_settings(workers=2, processes=3)
+
+
+def test_serve_spreads_its_workers_two_to_a_process_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RELAYGRAPH_PROCESSES", raising=False)
+    monkeypatch.delenv("RELAYGRAPH_BROKER_URL", raising=False)
+    # serve's default 2 workers stay in the server process; 8 go 2 to a process.
+    assert [load_settings(workers=n).processes for n in (1, 2, 3, 8, 64)] == [1, 1, 2, 4, 16]
+    assert load_settings().processes == 1
+    # Told, by the flag or the environment, serve does as told.
+    assert load_settings(workers=8, processes=1).processes == 1
+    monkeypatch.setenv("RELAYGRAPH_PROCESSES", "2")
+    assert load_settings(workers=8).processes == 2
+    # In the worker mode the server runs no tasks, so it starts no task process.
+    monkeypatch.delenv("RELAYGRAPH_PROCESSES")
+    monkeypatch.setenv("RELAYGRAPH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+    assert load_settings(workers=8).processes == 1
+    # An app made in a caller's own process runs its tasks there, whatever the workers.
+    assert ServiceSettings(workers=8).processes == 1
+
+
+def test_serve_with_more_workers_starts_task_processes_by_default(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    cluster_, _ = cluster
+    server = cluster_.serve("api", model="openai:script-job-a", workers=4)
+    [child] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
+    key = cluster_.create_project("acme")
+    with Client(server.url, key) as client:
+        ids = [
+            client.submit("Write one line.", model=f"openai:script-job-{job}")["id"]
+            for job in "abcd"
+        ]
+        # Four at once: two in each process, each under its own process's lease.
+        holders = wait_until(
+            lambda: len(found := _holders(cluster_.home)) == 4 and found,
+            DEADLINE,
+            "four tasks running",
+        )
+        assert set(holders) == set(ids) and len(set(holders.values())) == 2, holders
+    server.signal_group(signal.SIGTERM)
+    wait_until(lambda: process_gone(child), DEADLINE, "the task process stopped")
 
 
 def _recording(workers: TaskWorkers) -> list[str]:

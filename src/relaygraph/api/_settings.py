@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,27 @@ _FLAGS = {
 }
 
 
+WORKERS_PER_PROCESS = 2
+"""``serve``'s default spread: one process for every this many workers (see
+:func:`default_processes`)."""
+DEFAULT_PROCESSES_MAX = 16
+"""The most processes ``serve`` starts unless told (``--processes`` sets any number)."""
+
+
+def default_processes(workers: int) -> int:
+    """The processes ``relaygraph serve`` spreads ``workers`` over when neither
+    ``--processes`` nor ``RELAYGRAPH_PROCESSES`` says: one per :data:`WORKERS_PER_PROCESS`
+    workers, at most :data:`DEFAULT_PROCESSES_MAX` (the default 2 workers: the server's own
+    process alone).
+
+    Every graph of one process runs in one Python interpreter, which runs one thread at a
+    time: a run's steps between its model calls wait for it while the process's other runs
+    hold it. With 8 workers on threads of one process the service kept about 90% of the
+    pace its model allows, level with bare LangGraph on 8 threads; spread 2 to a process,
+    about 94% (benchmarks/RESULTS.md, section 6). A process costs about 150 MB."""
+    return max(1, min(math.ceil(workers / WORKERS_PER_PROCESS), DEFAULT_PROCESSES_MAX))
+
+
 class ServiceSettings(RunnerSettings):
     """How ``relaygraph serve`` runs. Every field is also ``RELAYGRAPH_<FIELD>`` in the env.
 
@@ -42,7 +65,9 @@ class ServiceSettings(RunnerSettings):
     """The processes the workers are spread over (``serve --processes``): the server's own
     and ``processes - 1`` task processes on the same ledger. Every graph of one process
     runs in one Python interpreter, one thread at a time; more processes let a server use
-    more cores. At most ``workers``."""
+    more cores. At most ``workers``. 1 for an app made from these settings in a caller's
+    process (``create_app``); ``relaygraph serve`` (:func:`load_settings`) spreads its
+    workers by :func:`default_processes` unless told."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     """How long a running task's lease lasts unrenewed: when a server dies, another server
     on the same ledger continues its tasks after this long (a server that stops cleanly
@@ -119,6 +144,12 @@ def load_settings(**overrides: Any) -> ServiceSettings:
             the value.
     """
     settings = read_settings(ServiceSettings, overrides, role="server", flags=_FLAGS)
+    from relaygraph.api.app import BROKER_URL_ENV
+
+    told = "processes" in overrides or os.environ.get("RELAYGRAPH_PROCESSES")
+    # In the worker mode the server runs no tasks: its workers setting is not used.
+    if not told and not os.environ.get(BROKER_URL_ENV):
+        settings = settings.model_copy(update={"processes": default_processes(settings.workers)})
     default = parse_model_spec(settings.default_model)
     if default.provider == "scripted":
         # The operator's own script, named by any path: kept absolute, so the tasks' record

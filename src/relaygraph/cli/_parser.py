@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--processes",
         type=positive,
         metavar="N",
-        help="spread the workers over N processes sharing the ledger, to use more cores "
-        "(default 1: every task on threads of the server process)",
+        help="spread the workers over N processes sharing the ledger (default: one per 2 "
+        "workers, so 1 for the default 2; 1 runs every task on threads of the server "
+        "process)",
     )
     serve.add_argument(
         "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"
