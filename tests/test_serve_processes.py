@@ -321,6 +321,79 @@ def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script:
     assert ended.status == "cancelled" and ended.stop_reason == "cancelled by request"
 
 
+def test_a_taken_start_that_another_runner_continued_cancels_nothing(
+    home: Path, script: Any
+) -> None:
+    """A task taken here (a decision's resume) whose lease lapsed while it waited for a
+    worker, and which another server continued meanwhile, is left to that server when its
+    start here comes: not cancelled (the start's refused take is no cancel), not run twice."""
+
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        taken = workers.take(task.id, only_from=("queued",))
+        assert taken is not None
+        lapse(ledger, task.id, workers.runner.runner_id)
+        assert ledger.take_lease(task.id, "other-server", seconds=600)
+        started = threading.Event()
+        run = workers.runner.run
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return run(*args, **kwargs)
+            finally:
+                started.set()
+
+        workers.runner.run = recorded  # type: ignore[method-assign]
+        workers.start(taken, {"request": "x"}, project=project.id, taken=True)
+        assert started.wait(DEADLINE), "the start ran"
+    finally:
+        workers.shutdown(wait=True)
+    now = ledger.get_task(task.id, project_id=project.id)
+    assert now is not None and now.status == "running" and now.cancel_requested_at is None
+    assert ledger.lease_of(task.id)[0] == "other-server"
+    assert ledger.events_after(task.id) == []
+
+
+def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
+    home: Path, script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task taken here that waits for a busy worker (a decision's resume on a server
+    whose workers all run) has its lease renewed by the sweeper while it waits, so that
+    it does not lapse for another server to take."""
+
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
+    workers = TaskWorkers(ledger, home=home, workers=1, lease_seconds=2.0)
+    busy, renewed = threading.Event(), threading.Event()
+    renew = ledger.renew_lease
+
+    def watched(task_id: str, runner_id: str, **kwargs: Any) -> bool:
+        ok = renew(task_id, runner_id, **kwargs)
+        if task_id == task.id and ok:
+            renewed.set()
+        return ok
+
+    monkeypatch.setattr(ledger, "renew_lease", watched)
+    try:
+        blocker: Future[None] = workers._pool.submit(busy.wait, DEADLINE)  # the busy worker
+        taken = workers.take(task.id, only_from=("queued",))
+        assert taken is not None
+        workers.start(taken, {"request": "x"}, project=project.id, taken=True)
+        workers.sweep()
+        assert renewed.wait(DEADLINE), "the waiting task's lease was renewed"
+        busy.set()
+        blocker.result(DEADLINE)
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+    finally:
+        busy.set()
+        workers.shutdown(wait=True)
+    assert ended.status == "succeeded", ended.stop_reason
+
+
 def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
     """The data directory's ledger, a project of its own and one queued task on ``spec``."""
     from relaygraph.runner import ledger_for

@@ -85,6 +85,10 @@ class TaskWorkers:
         of them runs is this server's to pick up again (:meth:`recover`)."""
         self._lock = threading.Lock()
         self._futures: set[Future[Any]] = set()
+        self._held: set[str] = set()
+        """Tasks this server took (:meth:`pull`, :meth:`resume`) whose run has not begun:
+        a decided task may wait here for a worker longer than a lease, so the sweeper
+        renews their leases (:meth:`renew_held`) until their runs' keepers take over."""
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Event()
@@ -104,6 +108,7 @@ class TaskWorkers:
         def loop() -> None:
             while not self._stopping.wait(self.runner.lease_seconds / 2):
                 try:
+                    self.renew_held()
                     self.recover()
                 except Exception:  # The database may be away for a moment; try again later.
                     log.warning("picking up unfinished tasks failed", exc_info=True)
@@ -119,9 +124,20 @@ class TaskWorkers:
         with self._lock:
             self._cancel.setdefault(task.id, threading.Event())
             self._starts[task.id] = self._starts.get(task.id, 0) + 1
+            if taken:
+                self._held.add(task.id)
             future = self._pool.submit(self._run, task, graph_input, project, taken)
             self._futures.add(future)
             future.add_done_callback(self._finished)
+
+    def renew_held(self) -> None:
+        """Renew the leases of the tasks taken here that wait for a worker (``_held``)."""
+        with self._lock:
+            held = list(self._held)
+        for task_id in held:
+            self.ledger.renew_lease(
+                task_id, self.runner.runner_id, seconds=self.runner.lease_seconds
+            )
 
     def _finished(self, future: Future[Any]) -> None:
         with self._lock:
@@ -263,6 +279,13 @@ class TaskWorkers:
 
     def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
         only_from: tuple[str, ...] | None = None
+        if taken:
+            with self._lock:
+                self._held.discard(task.id)
+            # Taken here, so running: a start that finds it otherwise (another server
+            # continued it after this lease lapsed, and it paused or ended there) runs
+            # nothing, rather than answer a pause it was not meant for.
+            only_from = ("running",)
         try:
             if graph_input is None:
                 if self._stopping.is_set():
@@ -284,14 +307,16 @@ class TaskWorkers:
                 only_from=only_from,
             )
         except TaskBusy as exc:
-            if taken:
-                # This server holds the lease, so what refused the run is a cancel asked
-                # for after the take: give the lease up, and the cancel ends the task at
-                # once (else it would stay `running` until the lease lapsed).
+            if taken and self.ledger.cancel_requested(task.id):
+                # What refused the run is a cancel asked for after the take: give the
+                # lease up, and the cancel ends the task at once (else it would stay
+                # `running` until the lease lapsed). Should another runner hold the task
+                # now, the cancel is asked of it.
                 self.ledger.release_lease(task.id, self.runner.runner_id)
                 self.ledger.request_cancel(task.id)
                 log.info("task %s cancelled before its run began", task.id)
-            else:  # Cancelled while queued, or another worker or server took it first.
+            else:  # Cancelled while queued, or another worker or server took it first
+                # (or, taken here, continued it once its lease lapsed).
                 log.info("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task.id, exc)
