@@ -627,6 +627,67 @@ def test_files_written_in_the_workspace_stay(data_dir: DataDir) -> None:
     assert sorted(p.name for p in workspace.iterdir()) == ["at-home.txt", "out"]
 
 
+@pytest.mark.parametrize("isolated", [True, False], ids=["bubblewrap", "fallback"])
+def test_a_setuid_program_left_in_the_workspace_is_disarmed(
+    data_dir: DataDir, isolated: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The program runs as the server's user as far as the host sees: a copy of a program
+    it marks setuid (or setgid), and a workspace it opens to every user, would let any
+    user of the host run as the server's. After the run, no set-id bit is left anywhere in
+    the workspace (however deep, behind a symlink or not), and the workspace is 0700."""
+    if isolated and filesystem_isolation() is None:
+        pytest.skip("bubblewrap (bwrap) cannot create namespaces here")
+    if not isolated:
+        monkeypatch.setenv(_bubblewrap.BWRAP_ENV, "")
+    workspace = data_dir.workspace_b
+    result = run(
+        """
+        import os, shutil, stat
+        shutil.copy('/usr/bin/id', 'rootid')
+        os.makedirs('a/b/c', exist_ok=True)
+        shutil.copy('/usr/bin/id', 'a/b/c/deep')
+        os.symlink('a/b/c/deep', 'link')
+        os.mkdir('shared')
+        for name, mode in (('rootid', 0o6755), ('a/b/c/deep', 0o4711), ('shared', 0o2777)):
+            attempt('chmod-' + name.replace('/', '-'), lambda: os.chmod(name, mode))
+        attempt('open-workspace', lambda: os.chmod('.', 0o777))
+        print('modes', oct(os.stat('rootid').st_mode), oct(os.stat('.').st_mode), flush=True)
+        """,
+        workspace,
+        isolated=isolated,
+    )
+    assert result.exit_code == 0, result.to_text()
+    assert "modes 0o106755 0o40777" in result.stdout, result.to_text()  # it did set them
+    set_id = stat.S_ISUID | stat.S_ISGID
+    left = [
+        str(path.relative_to(workspace))
+        for path in [workspace, *workspace.rglob("*")]
+        if path.lstat().st_mode & set_id
+    ]
+    assert left == []
+    assert stat.S_IMODE((workspace / "rootid").stat().st_mode) == 0o755
+    assert stat.S_IMODE((workspace / "a/b/c/deep").stat().st_mode) == 0o711
+    assert stat.S_IMODE(workspace.stat().st_mode) == 0o700
+
+
+def test_a_data_directory_and_its_tasks_folder_are_the_owners_alone(tmp_path: Path) -> None:
+    """A data directory relaygraph makes is 0700, and its tasks folder (every tenant's
+    workspaces) is 0700 even in a data directory the operator made open to all."""
+    from relaygraph._home import data_home
+
+    made = data_home(tmp_path / "new" / "home")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    assert stat.S_IMODE((made / "tasks").stat().st_mode) == 0o700
+
+    opened = tmp_path / "opened"
+    (opened / "tasks").mkdir(parents=True)
+    opened.chmod(0o755)
+    (opened / "tasks").chmod(0o777)
+    assert data_home(opened) == opened.resolve()
+    assert stat.S_IMODE(opened.stat().st_mode) == 0o755  # the operator's own choice
+    assert stat.S_IMODE((opened / "tasks").stat().st_mode) == 0o700
+
+
 @requires_bwrap
 def test_a_signal_death_is_reported_as_a_signal(data_dir: DataDir) -> None:
     # bwrap turns death by signal N into exit status 128 + N; the result undoes that.

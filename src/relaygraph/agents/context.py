@@ -10,6 +10,7 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 from pydantic import InstanceOf
 from pydantic.json_schema import SkipJsonSchema
 
+from relaygraph._home import TASKS_FOLDER
 from relaygraph.backends.sandbox import SandboxLimits
 
 __all__ = ["TaskContext", "ToolJournal"]
@@ -68,7 +69,7 @@ class TaskContext:
     @classmethod
     def for_task(cls, home: Path, *, task_id: str, thread_id: str) -> TaskContext:
         """The standard layout under the data directory: ``tasks/<task_id>/...``."""
-        task_dir = home / "tasks" / task_id
+        task_dir = home / TASKS_FOLDER / task_id
         return cls(
             task_id=task_id,
             thread_id=thread_id,

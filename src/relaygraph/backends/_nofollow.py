@@ -188,3 +188,59 @@ def _empty_folder(fd: int, top: int) -> list[str]:
                 continue  # a mount point, or gone
             folders.append(flat)
     return folders
+
+
+SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
+MAX_SCAN_DEPTH = 256
+"""Folders deeper than this below the top are not looked into by :func:`clear_set_id_bits`
+(one descriptor is open per level); the data directory's private tasks folder still keeps
+everyone else from them."""
+
+
+def clear_set_id_bits(path: os.PathLike[str] | str) -> int:
+    """Clear the setuid and setgid bits of everything below ``path``; returns how many.
+
+    Code in the sandbox runs as the server's user as far as the host sees, so a program it
+    copies into the workspace and marks setuid would run as that user for anyone who can
+    reach it. Call it once nothing of the sandbox runs any more. Walks depth first without
+    following a symlink and without recursing, a descriptor open per level of the folder
+    it is in (up to :data:`MAX_SCAN_DEPTH`).
+    """
+    try:
+        top = os.open(path, FOLDER_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    cleared = 0
+    # The folders being walked, each with the names in it still to look at.
+    levels: list[tuple[int, list[str]]] = [(top, os.listdir(top))]
+    try:
+        while levels:
+            fd, names = levels[-1]
+            if not names:
+                os.close(fd)
+                levels.pop()
+                continue
+            name = names.pop()
+            info = entry_at(fd, name)
+            if info is None or stat.S_ISLNK(info.st_mode):
+                continue
+            if info.st_mode & SET_ID_BITS:
+                mode = stat.S_IMODE(info.st_mode) & ~SET_ID_BITS
+                with contextlib.suppress(OSError, NotImplementedError):
+                    os.chmod(name, mode, dir_fd=fd, follow_symlinks=False)
+                    cleared += 1
+            if stat.S_ISDIR(info.st_mode) and len(levels) <= MAX_SCAN_DEPTH:
+                try:
+                    sub = os.open(name, FOLDER_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    entries = os.listdir(sub)
+                except OSError:
+                    os.close(sub)
+                    continue
+                levels.append((sub, entries))
+    finally:
+        for fd, _ in levels:
+            os.close(fd)
+    return cleared

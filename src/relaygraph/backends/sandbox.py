@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -58,6 +59,8 @@ _BWRAP_PROCESSES = 2
 """bwrap itself and the PID namespace's init, which run in the run's cgroup beside the program."""
 
 _MIB = 1024 * 1024
+_WORKSPACE_MODE = 0o700
+"""The workspace's mode after each run: the server's user's alone."""
 
 _DEFAULT_LIMITS = SandboxLimits()
 """``run_python_sandboxed``'s default: one frozen value, made once, shared by every call."""
@@ -177,6 +180,9 @@ def run_python_sandboxed(
         if cgroup is not None and run.joined_cgroup:
             version = cgroup.version
             memory_hit, processes_hit = cgroup.limits_hit()
+    # Nothing of the run is left running (its PID namespace or its cgroup ended with it):
+    # take back what it may have given away of the server's user on the host.
+    _disarm(workspace)
     stdout, out_cut = run.out.text()
     stderr, err_cut = run.err.text()
     return SandboxResult(
@@ -193,6 +199,15 @@ def run_python_sandboxed(
         memory_limit_hit=memory_hit,
         process_limit_hit=processes_hit,
     )
+
+
+def _disarm(workspace: Path) -> None:
+    """Clear every setuid and setgid bit the program set in ``workspace``, and make the
+    workspace its owner's alone again (the program may have opened it to every user)."""
+    _nofollow.clear_set_id_bits(workspace)
+    with contextlib.suppress(OSError, NotImplementedError):
+        if stat.S_ISDIR(workspace.lstat().st_mode):
+            os.chmod(workspace, _WORKSPACE_MODE, follow_symlinks=False)
 
 
 def _environment(*, home: Path, tmp: Path) -> dict[str, str]:

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
+from relaygraph._home import TASKS_FOLDER
 from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.store import EvalRunRecord, Event, Ledger, RecordNotFound, Task
@@ -311,7 +312,7 @@ def _matching(value: Any, pattern: re.Pattern[str]) -> str | None:
 
 
 def artifacts_folder(home: Path, task_id: str) -> Path:
-    return home / "tasks" / task_id / "artifacts"
+    return home / TASKS_FOLDER / task_id / "artifacts"
 
 
 def task_artifacts(home: Path, task_id: str) -> list[ArtifactOut]:
