@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -311,8 +312,14 @@ async def test_another_projects_team_is_not_found(api: Api) -> None:
             {"tools": ["mcp:lint/*"], "mcp": {"lint": {"url": "http://10.0.0.5:9000/mcp"}}},
             "invalid_team",
             "definition.mcp.lint.url",
-            "host '10.0.0.5' is not allowed on this server (RELAYGRAPH_MCP_ALLOWED_HOSTS: "
-            "127.0.0.1)",
+            "host '10.0.0.5' port 9000 is not allowed on this server "
+            "(RELAYGRAPH_MCP_ALLOWED_HOSTS: 127.0.0.1;",
+        ),
+        (  # An allowed host's other ports: on loopback, the ledger's, Redis's, RabbitMQ's.
+            {"tools": ["mcp:lint/*"], "mcp": {"lint": {"url": "http://127.0.0.1:5432/mcp"}}},
+            "invalid_team",
+            "definition.mcp.lint.url",
+            "host '127.0.0.1' port 5432 is not allowed on this server",
         ),
         (
             {"agents": {"researcher": {"use": "builtin:researcher", "kb": ["/etc"]}}},
@@ -371,7 +378,8 @@ async def test_an_mcp_server_over_http_on_an_allowed_host_is_used(
 
     running = HttpServer()
     try:
-        async with serving(home, scripts, mcp_allowed_hosts=["127.0.0.1"]) as api:
+        endpoint = urlsplit(running.url).netloc  # 127.0.0.1:<its port>
+        async with serving(home, scripts, mcp_allowed_hosts=[endpoint]) as api:
             key = api.key("acme")
             data = definition(tools=["mcp:docs/search"], mcp={"docs": {"url": running.url}})
             pushed = await api.push(key, "with-mcp", definition=data)

@@ -12,8 +12,9 @@ import pytest
 from relaygraph.errors import ConfigError
 from relaygraph.team import TeamFileError, TeamTrust, load_team, parse_team
 
-# What a tenant's registered team may reference: no local files, one module, one MCP host.
-TENANT = TeamTrust(local_files=False, modules=("json",), mcp_hosts=("127.0.0.1",))
+# What a tenant's registered team may reference: no local files, one module, MCP servers on
+# one host at its default port and port 1.
+TENANT = TeamTrust(local_files=False, modules=("json",), mcp_hosts=("127.0.0.1", "127.0.0.1:1"))
 
 
 def definition(**reviewer: Any) -> dict[str, Any]:
@@ -145,3 +146,65 @@ def test_the_place_survives_pickling() -> None:
         "mcp.lint",
         "url",
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1/mcp", True),  # a bare host: its scheme's default port
+        ("http://127.0.0.1:80/mcp", True),
+        ("http://127.0.0.1:1/mcp", True),  # host:port
+        ("http://127.0.0.1:5432/mcp", False),  # the ledger's port on an allowed host
+        ("http://127.0.0.1:6379/mcp", False),
+        ("https://127.0.0.1/mcp", True),  # https's default port
+        ("https://127.0.0.1:80/mcp", False),  # a bare host allows https on 443 only
+        ("http://127.0.0.1:0/mcp", False),
+        ("http://localhost/mcp", False),  # another name of the host is another host
+        ("http://10.0.0.5:1/mcp", False),
+    ],
+)
+def test_an_mcp_server_is_allowed_by_host_and_port(url: str, allowed: bool) -> None:
+    """A tenant's MCP server must be where the operator allows: a host alone allows its
+    default port, never every port (on loopback those are PostgreSQL's, Redis's, ...)."""
+    from urllib.parse import urlsplit
+
+    from relaygraph.team._file import _endpoint_allowed
+
+    parts = urlsplit(url)
+    port = parts.port if parts.port is not None else 443 if parts.scheme == "https" else 80
+    assert parts.hostname is not None
+    assert _endpoint_allowed(parts.hostname, port, parts.scheme, TENANT.mcp_hosts or ()) is allowed
+
+
+def test_an_mcp_url_on_a_port_the_server_does_not_allow_is_refused(tmp_path: Path) -> None:
+    data = top(mcp={"lint": {"url": "http://127.0.0.1:5432/mcp"}})
+    with pytest.raises(TeamFileError) as raised:
+        parse_team(data, base=tmp_path, trust=TENANT)
+    assert (raised.value.table, raised.value.key) == ("mcp.lint", "url")
+    assert "host '127.0.0.1' port 5432 is not allowed on this server" in str(raised.value)
+    assert "127.0.0.1, 127.0.0.1:1" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "good"),
+    [
+        ("mcp.internal", True),
+        ("127.0.0.1:8000", True),
+        ("[::1]:8000", True),
+        ("[::1]", True),
+        ("127.0.0.1:0", False),
+        ("127.0.0.1:70000", False),
+        ("http://mcp.internal", False),
+        ("mcp.internal/mcp", False),
+    ],
+)
+def test_the_mcp_allowlist_takes_hosts_and_host_ports(entry: str, good: bool) -> None:
+    from pydantic import ValidationError
+
+    from relaygraph.runner import RunnerSettings
+
+    if good:
+        assert RunnerSettings(mcp_allowed_hosts=[entry]).mcp_allowed_hosts == [entry]
+    else:
+        with pytest.raises(ValidationError, match="is not a host or host:port"):
+            RunnerSettings(mcp_allowed_hosts=[entry])

@@ -53,7 +53,7 @@ class ServiceTeams:
         self.trust: TeamTrust = TeamTrust(
             local_files=False,
             modules=tuple(settings.tool_modules),
-            mcp_hosts=tuple(host.lower().strip("[]") for host in settings.mcp_allowed_hosts),
+            mcp_hosts=tuple(settings.mcp_allowed_hosts),
         )
         # A registered definition names no files, so nothing is read from here; relative
         # paths it might hold are refused before they are resolved.

@@ -21,7 +21,7 @@ __all__ = ["RunnerSettings", "load_runner_settings", "read_settings"]
 S = TypeVar("S", bound=BaseSettings)
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
+_ENDPOINT = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
 _LIST_EXAMPLE = """'["openai:*", "local:smollm2"]'"""
 
 
@@ -54,8 +54,9 @@ class RunnerSettings(BaseSettings):
     """Python modules (each with its submodules) that a project's registered team may take
     tools from (``package.module:function``); none by default."""
     mcp_allowed_hosts: list[str] = Field(default_factory=list)
-    """Hosts of the MCP servers over HTTP that a project's registered team may use; none by
-    default."""
+    """Where the MCP servers over HTTP that a project's registered team may use are: each
+    ``host:port``, or a bare ``host`` for its URL scheme's default port (80, 443) only;
+    none by default."""
     database_url: str | None = None
     """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
     home: Path | None = None
@@ -72,9 +73,14 @@ class RunnerSettings(BaseSettings):
     @field_validator("mcp_allowed_hosts")
     @classmethod
     def _hosts(cls, value: list[str]) -> list[str]:
-        for host in value:
-            if not _HOST.fullmatch(host):
-                raise ValueError(f"{host!r} is not a host name (no scheme, port or path)")
+        for entry in value:
+            found = _ENDPOINT.fullmatch(entry)
+            port = found and found["port"]
+            if not found or (port is not None and not 0 < int(port) < 65536):
+                raise ValueError(
+                    f"{entry!r} is not a host or host:port (no scheme or path; "
+                    "an IPv6 address in brackets)"
+                )
         return value
 
 

@@ -103,7 +103,9 @@ class TeamTrust:
     modules: tuple[str, ...] | None = None
     """Python modules tools may come from (a module and its submodules); None: any."""
     mcp_hosts: tuple[str, ...] | None = None
-    """Hosts of HTTP MCP servers; None: any."""
+    """Where HTTP MCP servers may be: each ``host:port``, or a bare ``host`` on its URL
+    scheme's default port (80 or 443) only; None: anywhere. A host alone never allows every
+    port: on a loopback host those are the ledger's, Redis's and RabbitMQ's too."""
 
 
 OPERATOR = TeamTrust()
@@ -424,10 +426,17 @@ def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where
         raise TeamFileError(
             f"{at} url = {url!r}: an http:// or https:// URL", table=table_name, key="url"
         )
-    if trust.mcp_hosts is not None and parts.hostname not in trust.mcp_hosts:
+    try:
+        port = _DEFAULT_PORTS[parts.scheme] if parts.port is None else parts.port
+    except ValueError as exc:  # Out of range, or no number.
+        raise TeamFileError(f"{at} url = {url!r}: {exc}", table=table_name, key="url") from None
+    if trust.mcp_hosts is not None and not _endpoint_allowed(
+        parts.hostname, port, parts.scheme, trust.mcp_hosts
+    ):
         raise TeamFileError(
-            f"{at} url = {url!r}: host {parts.hostname!r} is not allowed on this server "
-            f"(RELAYGRAPH_MCP_ALLOWED_HOSTS: {', '.join(trust.mcp_hosts) or 'none'})",
+            f"{at} url = {url!r}: host {parts.hostname!r} port {port} is not allowed on this "
+            f"server (RELAYGRAPH_MCP_ALLOWED_HOSTS: {', '.join(trust.mcp_hosts) or 'none'}; "
+            "a host without a port allows its default port only)",
             table=table_name,
             key="url",
         )
@@ -435,6 +444,22 @@ def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where
         return McpServer(
             name=name, url=url, headers=table.headers, timeout_seconds=table.timeout_seconds
         )
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _endpoint_allowed(host: str, port: int, scheme: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``allowed`` (``host:port`` or bare ``host`` entries) holds ``host:port``."""
+    for entry in allowed:
+        named = urlsplit(f"//{entry}")
+        try:
+            entry_port = _DEFAULT_PORTS[scheme] if named.port is None else named.port
+        except ValueError:
+            continue  # Not an endpoint (the settings check them before they get here).
+        if named.hostname == host and entry_port == port:
+            return True
+    return False
 
 
 def _explain(exc: ValidationError) -> list[str]:
