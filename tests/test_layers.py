@@ -31,7 +31,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "policies": BASE,
     "handoffs": BASE,
     "policies.middleware": (*BASE, "policies", "handoffs"),
-    "agents": (*BASE, "backends", "handoffs", "policies", "policies.middleware"),
+    "agents": (*BASE, "_home", "backends", "handoffs", "policies", "policies.middleware"),
     "supervisor": (*MODEL_FREE, "agents", "handoffs", "models", "policies", "policies.middleware"),
     "team": (*MODEL_FREE, "agents", "models", "policies", "supervisor"),
     "store": (*BASE, "_home"),
