@@ -208,6 +208,34 @@ def test_edit_runs_the_tool_with_the_new_arguments(
     [answer] = [m for m in transcript if isinstance(m, ToolMessage)]
     assert "edited ran" in str(answer.content)
     assert done["usage"]["coder"]["tool_calls"] == 1
+    # The record says what ran, and that a person changed it from what the model asked.
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+    from relaygraph.tracing import build_timeline
+
+    task_id = paused["task_id"]
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        [ran] = ledger.tool_calls(task_id)
+        [approval] = ledger.approvals(task_id)
+        [decided] = [e.data for e in ledger.events_after(task_id) if e.type == "approval"]
+        timeline = build_timeline(ledger, task_id, project_id=LOCAL_PROJECT_ID)
+    assert ran.args == {"code": edited}
+    assert (approval.args, approval.edited_args) == ({"code": FIRST}, {"code": edited})
+    assert decided["decision"] == "edit" and decided["args"] == {"code": edited}
+    assert decided["tool_call_id"] == ran.tool_call_id
+    tools = [
+        node
+        for visit in timeline["children"]
+        if visit["kind"] == "agent"
+        for node in visit["children"]
+        if node["kind"] == "tool"
+    ]
+    assert [(t["args"], t.get("model_args"), t["status"]) for t in tools][-1] == (
+        {"code": edited},
+        {"code": FIRST},
+        "success",
+    )
+    shown = relaygraph("trace", task_id, home=home)
+    assert "arguments edited by a person" in shown.stdout, shown.stdout
 
 
 def test_resume_refuses_what_it_cannot_continue(

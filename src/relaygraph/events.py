@@ -297,6 +297,11 @@ class ApprovalEvent(TypedDict):
     decision: str | None
     """``approve``, ``reject`` or ``edit``."""
     reason: str | None
+    tool_call_id: NotRequired[str | None]
+    """The call decided on (events recorded before it was carried have none)."""
+    args: NotRequired[dict[str, Any]]
+    """For an ``edit``: the arguments the call ran with, a person's rather than the model's
+    (the call's ``tool_call`` event and the approval request hold the model's)."""
 
 
 class InterruptedEvent(TypedDict):
@@ -654,9 +659,26 @@ def ping_pong_request(*, detail: str, agents: list[str], next: str, source: str)
 
 
 def approval_event(
-    agent: str, *, tool: str, decision: str | None, reason: str | None
+    agent: str,
+    *,
+    tool: str,
+    decision: str | None,
+    reason: str | None,
+    tool_call_id: str | None = None,
+    args: dict[str, Any] | None = None,
 ) -> ApprovalEvent:
-    return ApprovalEvent(type="approval", agent=agent, tool=tool, decision=decision, reason=reason)
+    """The ``approval`` event; ``args`` only for an edit (the arguments the call ran with)."""
+    event = ApprovalEvent(
+        type="approval",
+        agent=agent,
+        tool=tool,
+        decision=decision,
+        reason=reason,
+        tool_call_id=tool_call_id,
+    )
+    if args is not None:
+        event["args"] = args
+    return event
 
 
 def interrupted_event(pending: Mapping[str, Any]) -> InterruptedEvent:

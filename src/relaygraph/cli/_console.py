@@ -80,8 +80,10 @@ class ProgressPrinter:
         elif kind == "violation":
             say(f"    [bold red]{event['kind']}[/] ({event['agent']}): {escape(event['detail'])}")
         elif kind == "approval":
+            edited = event.get("args")
             say(
                 f"    approval for {event['agent']}'s {event['tool']}: [bold]{event['decision']}[/]"
+                + (f", run as {event['tool']}({escape(_args(edited))})" if edited else "")
                 + (f" ({escape(event['reason'])})" if event.get("reason") else "")
             )
         elif kind == "interrupted":

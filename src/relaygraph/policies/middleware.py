@@ -532,13 +532,25 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         )
         verdict = decision.get("decision") if isinstance(decision, Mapping) else decision
         reason = decision.get("reason") if isinstance(decision, Mapping) else None
+        edited_args = (
+            dict(decision.get("args") or {})
+            if verdict == "edit" and isinstance(decision, Mapping)
+            else None
+        )
         (event_sink() or request.runtime.stream_writer)(
-            approval_event(self.agent, tool=call["name"], decision=verdict, reason=reason)
+            approval_event(
+                self.agent,
+                tool=call["name"],
+                decision=verdict,
+                reason=reason,
+                tool_call_id=call["id"],
+                args=edited_args,
+            )
         )
         if verdict == "approve":
             return handler(request)
-        if verdict == "edit" and isinstance(decision, Mapping):
-            edited = {**call, "args": dict(decision.get("args") or {})}
+        if edited_args is not None:
+            edited = {**call, "args": edited_args}
             return handler(request.override(tool_call=edited))  # type: ignore[arg-type]
         return ToolMessage(
             content=f"A person rejected this call of {call['name']}: "

@@ -153,6 +153,9 @@ _FINISH_CALL = (
         finished_at=bindparam("finished_at"),
     )
 )
+_EDIT_CALL = (
+    update(ToolCallRow).where(ToolCallRow.id == bindparam("row_id")).values(args=bindparam("args"))
+)
 _APPROVAL_BY_INTERRUPT = select(ApprovalRow.id).where(
     ApprovalRow.task_id == bindparam("task_id"),
     ApprovalRow.interrupt_id == bindparam("interrupt_id"),
@@ -367,6 +370,13 @@ def _approval(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
     else:
         row_id = found.id
     decision, reason = event.get("decision"), event.get("reason")
+    edited = event.get("args")
+    if isinstance(edited, Mapping) and _call_id(event) is not None:
+        # The call ran with a person's arguments: its row says what ran (the approval's
+        # row keeps the model's, in its request, beside the edited ones).
+        call_row, _ = _calls(rows, event)
+        if call_row is not None:
+            connection.execute(_EDIT_CALL, {"row_id": call_row, "args": _object(edited)})
     connection.execute(
         _APPLY_APPROVAL,
         {

@@ -70,6 +70,7 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
             "tool": data.get("tool"),
             "decision": data.get("decision"),
             "reason": data.get("reason"),
+            "args": data.get("args"),
         }
     if kind == "model_retry":
         return base | {
@@ -222,6 +223,12 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
                 "preview_cut": isinstance(preview, str) and len(preview) >= PREVIEW_CHARS,
             }
             continue
+        if kind == "approval" and isinstance(data.get("args"), dict):
+            # An edit: the call about to run takes the person's arguments; the model's
+            # stay beside them.
+            edited = calls.get(str(data.get("tool_call_id") or data.get("tool")))
+            if edited is not None:
+                edited |= {"model_args": edited["args"], "args": data["args"]}
         entry = _entry(kind, data, at, event.seq)
         if entry is None:
             continue
@@ -332,7 +339,8 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
             node.get("status") or "", f"[red]{node.get('status')}[/]"
         )
         args = json.dumps(node.get("args"), ensure_ascii=False) if node.get("args") else ""
-        return f"{when} [magenta]{node['tool']}[/]({_short(args, 60)}) {ok}"
+        edited = " [yellow](arguments edited by a person)[/]" if "model_args" in node else ""
+        return f"{when} [magenta]{node['tool']}[/]({_short(args, 60)}) {ok}{edited}"
     if kind in ("violation", "budget_hit"):
         what = "budget hit" if kind == "budget_hit" else node["violation"]
         return f"{when} [bold red]{what}[/] ({node['agent']}): {_short(node['detail'])}"
@@ -341,7 +349,15 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
         return f"{when} [yellow]waiting for {node['waits_for']}[/]: {_short(detail)}"
     if kind == "approval":
         reason = f" ({_short(node['reason'])})" if node.get("reason") else ""
-        return f"{when} approval of {node['agent']}'s {node['tool']}: {node['decision']}{reason}"
+        person_args = node.get("args")
+        ran = (
+            f", run with {_short(json.dumps(person_args, ensure_ascii=False), 60)}"
+            if person_args
+            else ""
+        )
+        return (
+            f"{when} approval of {node['agent']}'s {node['tool']}: {node['decision']}{ran}{reason}"
+        )
     if kind == "model_retry":
         wait = node.get("wait_seconds") or 0
         return (
