@@ -125,7 +125,10 @@ def test_same_thread_id_in_two_projects_keeps_two_conversations(home: Path) -> N
         ({"policy": {"agents": {"coder": {"tools": []}}}}, "policy"),
         ({"models": {"coder": "openai:gpt-4.1"}}, "models"),
         ({"topology": {"kind": "swarm"}}, "topology"),
-        ({"metadata": {"ticket": 2}}, "metadata"),
+        ({"metadata": {"ticket": 2}}, "metadata.ticket"),
+        ({"metadata": {"ticket": 1.0}}, "metadata.ticket"),  # another number in JSON
+        ({"metadata": {"ticket": 1, "policy_source": "p.toml"}}, "metadata.policy_source"),
+        ({"metadata": None}, "metadata.ticket"),  # none is {}
         ({"thread_id": "another-thread"}, "thread_id"),
     ],
 )

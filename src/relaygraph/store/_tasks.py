@@ -423,6 +423,34 @@ def _request_digest(row: Mapping[str, Any], thread_id: str | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _canonical(value: Any) -> str:
+    """``value`` as the digest writes it: ``1`` and ``1.0`` are two requests there."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _differences(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """The request fields that differ, as the digest sees them; in ``metadata``, the keys
+    (``metadata.policy_source``, which the server adds for a request's policy, is told
+    apart from the caller's own keys)."""
+    differs = []
+    for name in _REQUEST_FIELDS:
+        one, other = mine.get(name), theirs.get(name)
+        if _canonical(one) == _canonical(other):
+            continue
+        if name == "metadata" and isinstance(one, Mapping) and isinstance(other, Mapping):
+            keys = sorted(
+                key
+                for key in {*one, *other}
+                if key not in one
+                or key not in other
+                or _canonical(one[key]) != _canonical(other[key])
+            )
+            differs += [f"metadata.{key}" for key in keys]
+        else:
+            differs.append(name)
+    return differs
+
+
 def _same_request(stored: Mapping[str, Any], new: Mapping[str, Any]) -> Task:
     """The task ``stored`` when ``new`` asks the same; else the conflict, naming what
     differs (the IETF idempotency-key draft and Stripe answer a reused key with another
@@ -436,7 +464,7 @@ def _same_request(stored: Mapping[str, Any], new: Mapping[str, Any]) -> Task:
         mine, theirs = _request_fields(new, None), _request_fields(stored, None)
         # The thread is left out here: a request that named none got a new one. When
         # nothing else differs, the requests named different threads (or one named none).
-        differs = [n for n in _REQUEST_FIELDS if mine.get(n) != theirs.get(n)] or ["thread_id"]
+        differs = _differences(mine, theirs) or ["thread_id"]
     if differs:
         raise RecordConflict(
             "task",
