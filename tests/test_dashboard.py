@@ -279,6 +279,12 @@ async def test_task_summaries_count_and_filter(dash: Dash) -> None:
         assert ids(await page(limit="1", cursor=first["next_cursor"])) == [relay["id"]]
         bad = await client.get("/v1/task-summaries", params={"cursor": "nope"}, headers=bearer(key))
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "cursor"
+        bogus = await client.get(
+            "/v1/task-summaries", params={"violation": "bogus"}, headers=bearer(key)
+        )
+        assert bogus.status_code == 422, bogus.text
+        assert bogus.json()["error"]["field"] == "violation"
+        assert "'bogus'" in bogus.json()["error"]["message"]
         assert (await client.get("/v1/task-summaries")).status_code == 401
     async with dash.browser(key) as browser:
         listed = await browser.get("/ui", params={"violation": "tool_not_allowed"}, headers=HTML)

@@ -32,6 +32,7 @@ __all__ = [
     "PREVIEW_CHARS",
     "USAGE_AMOUNTS",
     "USAGE_COUNTS",
+    "VIOLATION_KINDS",
     "AgentFinishedEvent",
     "AgentStartedEvent",
     "ApprovalEvent",
@@ -156,6 +157,8 @@ ViolationKind = Literal[
     "budget",
 ]
 """What a violation was: the one list of kinds (golden sets and the dashboard use it too)."""
+VIOLATION_KINDS: tuple[ViolationKind, ...] = get_args(ViolationKind)
+"""The kinds of :data:`ViolationKind`, in order."""
 
 VisitEnded = Literal["finished", "handed_off", "budget", "refused", "model_error"]
 """How an agent visit ended."""

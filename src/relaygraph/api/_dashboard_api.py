@@ -43,6 +43,7 @@ from relaygraph.api.ui._queries import (
     utc_time,
 )
 from relaygraph.errors import ConfigError
+from relaygraph.events import VIOLATION_KINDS
 from relaygraph.store import Ledger, Project
 
 _TIME_KW: dict[str, Any] = {"json_schema_extra": {"format": "date-time"}}
@@ -106,6 +107,14 @@ def dashboard_api_router(
         ] = None,
     ) -> TaskSummaryPage:
         """The project's tasks as the dashboard lists them, newest first, filtered."""
+        if violation and violation not in VIOLATION_KINDS:
+            raise ErrorAnswer(
+                422,
+                "invalid_request",
+                f"violation {violation!r} is not a violation kind "
+                f"(one of {', '.join(VIOLATION_KINDS)})",
+                "violation",
+            )
         filters = TaskFilters(
             status=status,
             agent=agent or None,

@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relaygraph.errors import ConfigError
+from relaygraph.events import VIOLATION_KINDS as VIOLATION_KINDS  # the one list, re-exported
 from relaygraph.events import ViolationKind
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ AGENTS_MATCH_MODES: tuple[AgentsMatch, ...] = ("strict", "unordered", "subset", 
 """How ``agents`` is compared with the agents that ran: agentevals' trajectory match modes."""
 
 RunStatus = Literal["succeeded", "degraded", "failed", "interrupted", "cancelled"]
-VIOLATION_KINDS: tuple[ViolationKind, ...] = get_args(ViolationKind)
-"""The kinds of violation the team records (``relaygraph.supervisor`` state's ``kind``)."""
 
 EXPECT_KEYS = (
     "first_agent",
