@@ -548,3 +548,25 @@ def test_a_superseded_attempts_tool_call_never_runs(ledger: Ledger, tmp_path: Pa
     assert ran == [] and not (base.workspace / "out.txt").exists()
     assert tool_call(2).content == "written"
     assert ran == [2] and (base.workspace / "out.txt").read_text() == "attempt 2"
+
+
+def test_an_attempt_at_a_decided_task_clears_why_it_waited(ledger: Ledger) -> None:
+    """A task that waited for a person runs again: its status is ``running`` and the
+    reason it stopped for (``awaiting approval: ...``) is not shown beside it any more."""
+    task_id = queued(ledger)
+    assert begin(ledger, task_id, ledger.queue_for_workers(task_id)) == 1
+    ledger.set_status(task_id, "interrupted", stop_reason="awaiting approval: coder wants to run")
+    assert begin(ledger, task_id, ledger.queue_for_workers(task_id)) == 2
+    task = task_of(ledger, task_id)
+    assert (task.status, task.stop_reason) == ("running", None)
+
+
+def test_a_taken_lease_clears_why_the_task_stopped(ledger: Ledger) -> None:
+    """In process the same: a decided task taken to run again shows no stale reason."""
+    task_id = queued(ledger)
+    assert ledger.take_lease(task_id, "server-a", seconds=30)
+    ledger.set_status(task_id, "interrupted", stop_reason="awaiting approval: coder wants to run")
+    ledger.release_lease(task_id, "server-a")
+    taken = ledger.take_lease(task_id, "server-a", seconds=30, only_from=("interrupted",))
+    assert taken is not None and (taken.status, taken.stop_reason) == ("running", None)
+    assert task_of(ledger, task_id).stop_reason is None

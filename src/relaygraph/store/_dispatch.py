@@ -49,6 +49,7 @@ _START_ATTEMPT = (
         status="running",
         started_at=func.coalesce(TaskRow.started_at, bindparam("now")),
         updated_at=bindparam("now"),
+        stop_reason=None,  # Why it stopped last (awaiting approval) is over: it runs.
     )
     .returning(*TASK_COLUMNS)
 )
@@ -157,7 +158,7 @@ class WorkerDispatchLedger(LedgerBase):
                 row.attempts += 1
                 row.dispatch_attempts += 1
                 row.runner_id, row.lease_until = worker_id[:64], None
-                apply_status(row, status_values("running", {}))
+                apply_status(row, status_values("running", {"stop_reason": None}))
                 return Attempt(number=row.attempts, task=task_of_row(row), fresh=fresh)
             apply_status(row, values)
             row.runner_id = row.lease_until = row.cancel_requested_at = None

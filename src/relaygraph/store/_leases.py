@@ -57,6 +57,8 @@ _TAKE_LEASE = (
         lease_until=bindparam("until"),
         started_at=func.coalesce(TaskRow.started_at, bindparam("now")),
         updated_at=bindparam("now"),
+        # Why it stopped last (awaiting approval, its server stopping) is over: it runs.
+        stop_reason=None,
     )
     .returning(*TASK_COLUMNS)
 )
