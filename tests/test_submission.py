@@ -77,6 +77,11 @@ def test_a_refusal_names_its_field_code_and_kind(ledger: Ledger, script: Script)
     for asked, field, code in cases:
         refused = refusal(asked, ledger)
         assert (refused.field, refused.code, refused.kind) == (field, code, "invalid"), asked
+    # The request's policy is named as such, once ("policy policy: ..." read badly).
+    loose = refusal(request(policy_override={"team": {"max_tokens": 10**9}}), ledger)
+    assert str(loose).startswith("policy in the request loosens the team's policy: ")
+    bad = refusal(request(policy_override={"team": {"max_tokens": -1}}), ledger)
+    assert str(bad).startswith("policy in the request: team.max_tokens = -1")
     unknown = refusal(request(thread_id="nope"), ledger)
     assert (unknown.field, unknown.kind) == ("thread_id", "not_found")
     assert "thread 'nope' has no earlier run" in str(unknown)

@@ -34,7 +34,9 @@ def _looser(new: float | None, old: float | None) -> bool:
     return new is None or new > old
 
 
-def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "policy") -> TeamPolicy:
+def tighten(
+    base: TeamPolicy, override: Mapping[str, Any], *, source: str = "override"
+) -> TeamPolicy:
     """``base`` with ``override`` (same shape as a policy file) applied on top.
 
     Raises:
@@ -80,5 +82,5 @@ def tighten(base: TeamPolicy, override: Mapping[str, Any], *, source: str = "pol
     if dict(merged.prices) != dict(base.prices):
         problems.append("prices are the team's own and cannot be changed per task")
     if problems:
-        raise ConfigError(f"{source} loosens the team's policy: " + "; ".join(problems))
+        raise ConfigError(f"policy {source} loosens the team's policy: " + "; ".join(problems))
     return merged

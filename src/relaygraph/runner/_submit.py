@@ -285,7 +285,7 @@ def _tightened(base: TeamPolicy, override: Mapping[str, Any] | None) -> TeamPoli
     if override is None:
         return base
     try:
-        return tighten(base, override, source="policy")
+        return tighten(base, override, source="in the request")
     except ConfigError as exc:
         # tighten() raises one error type both for an override it cannot read and for
         # one that loosens the team's policy; its message is the only difference.
