@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,14 +215,16 @@ def test_unreadable_file_is_skipped(
     kb: KnowledgeBase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     doc = write(tmp_path / "f" / "locked.md", "secret")
-    real_read_bytes = Path.read_bytes
+    real_open = os.open
 
-    def read_bytes(self: Path) -> bytes:
-        if self == doc:
+    # Files are opened by name relative to their folder's descriptor (see _kb_files); as
+    # root a chmod would not refuse, so the refusal is made here.
+    def refusing_open(path: str, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "locked.md":
             raise PermissionError(13, "Permission denied")
-        return real_read_bytes(self)
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(os, "open", refusing_open)
 
     report = kb.add_folder(tmp_path / "f")
 

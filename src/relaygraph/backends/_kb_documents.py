@@ -23,7 +23,8 @@ class IndexReport:
         updated: Documents whose file content changed and was indexed again.
         unchanged: Documents whose content hash was the same, left as they were.
         removed: Documents of this folder whose file is gone, or is now skipped.
-        skipped: Files not indexed, with the reason.
+        skipped: Files and folders not indexed, with the reason: symlinks (never followed),
+            FIFOs, sockets and devices, files too large or not UTF-8, what cannot be read.
     """
 
     added: tuple[str, ...] = ()

@@ -24,6 +24,10 @@ folder indexed into a new knowledge base gets the same ids.
 
 An id never changes while its file stays in place, even when the file's content does.
 
+Only regular files that lie inside a folder are indexed: no symlink below it is followed,
+wherever it leads, and no FIFO, socket or device is read or waited on; each is skipped with a
+reason in the :class:`IndexReport` (docs/knowledge-base.md).
+
 This module holds the index and its search; ``_kb_files`` finds and reads the files of a
 folder, ``_kb_ids`` applies the id rule, and ``_kb_documents`` defines what the knowledge base
 returns.
@@ -50,8 +54,7 @@ from relaygraph.backends._kb_documents import (
 from relaygraph.backends._kb_files import (
     MAX_FILE_BYTES,
     LoadedFile,
-    candidate_files,
-    load_file,
+    read_folder,
     title_of,
 )
 from relaygraph.backends._kb_ids import drop_suffix, new_doc_id, slug
@@ -193,16 +196,20 @@ class KnowledgeBase:
     def add_folder(self, folder: Path) -> IndexReport:
         """Index the ``.md``, ``.markdown`` and ``.txt`` files under ``folder``, recursively.
 
-        Hidden files and directories (names starting with ``.``) are not read. Files over
-        :data:`MAX_FILE_BYTES`, and files that are not UTF-8, are skipped with a reason. Adding
-        a folder again re-indexes changed files, keeps unchanged ones, and removes documents
-        whose file is gone.
+        Only regular files that lie inside ``folder`` are read. Hidden files and directories
+        (names starting with ``.``) are not looked at. Symlinks below ``folder``, to files or
+        folders, inside it or out, are never followed, and FIFOs, sockets and devices are
+        never read (nor waited on); each is skipped with a reason, as are files over
+        :data:`MAX_FILE_BYTES` and files that are not UTF-8. ``folder`` itself may be a
+        symlink: it is resolved once, as the person named it. Adding a folder again
+        re-indexes changed files, keeps unchanged ones, and removes documents whose file is
+        gone or now skipped.
 
         Args:
             folder: A directory given by a person.
 
         Raises:
-            ConfigError: ``folder`` does not exist or is not a directory.
+            ConfigError: ``folder`` does not exist, is not a directory or cannot be opened.
         """
         root = Path(folder).expanduser()
         if not root.is_dir():
@@ -212,20 +219,22 @@ class KnowledgeBase:
                 "give a directory that holds .md, .markdown or .txt files."
             )
         root = root.resolve()
-        found: list[LoadedFile] = []
-        skipped: list[tuple[Path, str]] = []
-        for path in candidate_files(root):
-            loaded = load_file(path, root)
-            if isinstance(loaded, str):
-                skipped.append((path, loaded))
-            else:
-                found.append(loaded)
+        try:
+            files = read_folder(root)
+        except OSError as exc:
+            raise ConfigError(
+                f"knowledge base folder {str(folder)!r} cannot be opened: "
+                f"{exc.strerror or exc}; give a directory you can read."
+            ) from exc
         # Files are read before the transaction starts so the write lock is held only briefly.
         with self._lock, self._conn:
-            return self._apply(root, found, tuple(skipped))
+            return self._apply(root, files.found, files.skipped)
 
     def _apply(
-        self, root: Path, found: list[LoadedFile], skipped: tuple[tuple[Path, str], ...]
+        self,
+        root: Path,
+        found: tuple[LoadedFile, ...],
+        skipped: tuple[tuple[Path, str], ...],
     ) -> IndexReport:
         conn = self._conn
         known = {
