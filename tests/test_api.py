@@ -439,6 +439,20 @@ async def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_read(api
             "is after until",
         ),
         ("POST", "/v1/tasks", b"{not json", "body", "the body is not valid JSON"),
+        (  # FastAPI would keep the last value silently.
+            "GET",
+            "/v1/tasks?status=succeeded&status=failed",
+            None,
+            "status",
+            "query parameter 'status' is given 2 times",
+        ),
+        (
+            "GET",
+            "/v1/task-summaries?limit=1&q=a&limit=2",
+            None,
+            "limit",
+            "query parameter 'limit' is given 2 times",
+        ),
     ],
 )
 async def test_bad_query_and_body_name_their_field(
@@ -451,3 +465,14 @@ async def test_bad_query_and_body_name_their_field(
     error = got.json()["error"]
     assert (error["code"], error["field"]) == ("invalid_request", field)
     assert message in error["message"]
+
+
+async def test_a_body_that_is_not_sent_as_json_says_so(api: Api) -> None:
+    key = api.key("acme")
+    headers = {**auth(key), "Content-Type": "text/plain"}
+    got = await api.client.post("/v1/tasks", content=b'{"input": "x"}', headers=headers)
+    assert got.status_code == 422, got.text
+    error = got.json()["error"]
+    assert error["field"] == "body"
+    assert "Content-Type: application/json" in error["message"]
+    assert "'text/plain'" in error["message"]

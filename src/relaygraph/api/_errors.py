@@ -112,6 +112,28 @@ def _body_unreadable(cause: BaseException | None) -> str | None:
     return None
 
 
+def one_value_per_query_parameter(request: Request) -> None:
+    """Refuse an API request that gives a query parameter twice (``?status=a&status=b``):
+    every parameter of the API takes one value, and FastAPI would silently keep the last.
+
+    Raises:
+        ErrorAnswer: 422 ``invalid_request`` naming the parameter.
+    """
+    if not request.url.path.startswith("/v1/"):
+        return  # The dashboard's pages read their own forms.
+    seen: dict[str, int] = {}
+    for name, _ in request.query_params.multi_items():
+        seen[name] = seen.get(name, 0) + 1
+    for name, count in seen.items():
+        if count > 1:
+            raise ErrorAnswer(
+                422,
+                "invalid_request",
+                f"query parameter {name!r} is given {count} times; give it once",
+                name,
+            )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ErrorAnswer)
     async def _error_answer(request: Request, exc: ErrorAnswer) -> JSONResponse:
@@ -139,6 +161,15 @@ def install_error_handlers(app: FastAPI) -> None:
                 first = first or context["field"]
                 continue
             where, *path = err["loc"] or ("body",)  # body, query, path or header
+            if where == "body" and not path and isinstance(err.get("input"), bytes | str):
+                # The body was read as text, not JSON: its Content-Type said otherwise.
+                kind = request.headers.get("content-type") or "none"
+                problems.append(
+                    "the body must be a JSON object sent with Content-Type: application/json "
+                    f"(the request's Content-Type is {_quoted(kind)})"
+                )
+                first = first or "body"
+                continue
             field = _header_name(str(path[-1])) if where == "header" else _path(path)
             first = first or field
             got = "" if err["type"] == "missing" else f" (got {_quoted(err.get('input'))})"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from relaygraph._home import data_home
 from relaygraph.api._errors import (
     BodyLimit,
     document_errors_only_as_answered,
     install_error_handlers,
+    one_value_per_query_parameter,
 )
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._state import ServiceState
@@ -75,6 +76,7 @@ def create_app(
         openapi_url="/openapi.json",
         # Operation ids are the routes' names (`create_task`, `cancel`): the links use them.
         generate_unique_id_function=lambda route: route.name,
+        dependencies=[Depends(one_value_per_query_parameter)],
     )
     app.state.service = state
     app.state.teams = state.teams
