@@ -394,6 +394,39 @@ def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
     assert ended.status == "succeeded", ended.stop_reason
 
 
+@pytest.mark.parametrize(
+    "record",
+    [{"policy": {}}, {"topology": {"kind": "mesh"}}],
+    ids=["no stored policy", "an unknown topology"],
+)
+def test_a_queued_task_whose_record_cannot_be_read_fails_once(
+    home: Path, script: Any, takes: list[Any], record: dict[str, Any]
+) -> None:
+    """A task whose stored policy or topology the runner cannot read (a record of another
+    version, one written by hand) fails with the reason, once: it was left queued, and the
+    server took it again at once, and again (a tight loop of 'could not start')."""
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(home)
+    project, _ = ledger.create_project("t")
+    fields = {**runnable(script(WRITER_TURNS)), **record}
+    task, _ = ledger.create_task(project_id=project.id, input="x", **fields)
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project.id)
+        ended = wait_until(
+            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
+            DEADLINE,
+            "the task ended",
+        )
+    finally:
+        workers.shutdown(wait=True)
+    assert ended.status == "failed", ended
+    assert ended.stop_reason
+    assert takes == [("queued",)]
+    assert ledger.lease_of(task.id) == (None, None)
+
+
 def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
     """The data directory's ledger, a project of its own and one queued task on ``spec``."""
     from relaygraph.runner import ledger_for

@@ -138,9 +138,6 @@ class TaskRunner:
         """
         from relaygraph.policies import stored_policy
 
-        source = task.metadata.get("policy_source") or "<task>"
-        policy = stored_policy(task.policy or {}, source=source)
-        topology = Topology.from_mapping(task.topology)
         # The task is this runner's before anything is written of it (a failure to start
         # included), and its lease is renewed from here on, through the set-up (a team's
         # first compile, its knowledge base made ready) as through the run.
@@ -153,6 +150,12 @@ class TaskRunner:
             cancel.set()
         hold = self._hold(task, attempt, cancel)
         try:
+            # A record the runner cannot read (a policy or topology from another version)
+            # fails the task like a team that cannot be built: left queued, it would be
+            # taken again at once, and again.
+            source = task.metadata.get("policy_source") or "<task>"
+            policy = stored_policy(task.policy or {}, source=source)
+            topology = Topology.from_mapping(task.topology)
             team, graph_team = self._team_graph(task, team, models, policy, topology)
             context = self._context(task, team, attempt)
             config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
