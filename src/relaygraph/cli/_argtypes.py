@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from pathlib import Path
 from typing import Any
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""What a byte that is not UTF-8 becomes in ``sys.argv`` (Python decodes it with
+``surrogateescape``): no database, JSON or file name written as UTF-8 can hold it."""
 
 
 def agent_model(value: str) -> tuple[str, str]:
@@ -29,6 +35,47 @@ def port(value: str) -> int:
     if not value.isdigit() or not 0 < int(value) < 65536:
         raise argparse.ArgumentTypeError(f"expected a port between 1 and 65535, got {value!r}")
     return int(value)
+
+
+def utf8_text(value: str) -> str:
+    """Text that UTF-8 can hold: an id, a name or a reason, as the ledger stores it.
+
+    A byte that is not UTF-8 in an argument reaches Python as a lone surrogate, which the
+    ledger would refuse deep inside a query; it is refused here, naming the bytes.
+    """
+    if _LONE_SURROGATE.search(value):
+        try:
+            shown = repr(value.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:  # A surrogate that came from no byte (main(argv) in-process).
+            shown = repr(value)
+        raise argparse.ArgumentTypeError(f"expected UTF-8 text, got {shown}")
+    return value
+
+
+TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What the task service accepts as a registered team's name (``PUT /v1/teams/{name}``):
+the server's own rule, which a test holds this copy to."""
+
+
+def team_name(value: str) -> str:
+    """A registered team's name: ``teams push --name``, checked before it goes in a URL
+    (``../x`` would change the request's path, and be answered 404 Not Found)."""
+    if not TEAM_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"team name {value!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def data_folder(value: str) -> Path:
+    """``--home``: a folder's path; an empty one would silently be the working directory."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected the data directory's path, got {value!r} "
+            "(leave --home out for $RELAYGRAPH_HOME or ~/.relaygraph)"
+        )
+    return Path(utf8_text(value))
 
 
 def json_object(value: str) -> dict[str, Any]:

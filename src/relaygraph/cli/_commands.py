@@ -11,11 +11,11 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from relaygraph.cli._argtypes import topology_of
 from relaygraph.cli._parser import SERVICE_KEY_ENV, SERVICE_URL_ENV
+from relaygraph.cli._preflight import check_bind, check_ledger, data_directory, ledger_url
 from relaygraph.errors import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
@@ -62,6 +62,7 @@ def resume(args: argparse.Namespace) -> int:
     from relaygraph.cli._console import ProgressPrinter
     from relaygraph.runner import Decision, resume_task
 
+    _refuse_api_task(args.task_id, ledger_url(args.home))
     if args.edit is not None:
         decision = Decision(decision="edit", args=args.edit, reason=args.reason)
     else:
@@ -70,6 +71,31 @@ def resume(args: argparse.Namespace) -> int:
         args.task_id, decision, home=args.home, on_event=ProgressPrinter(), team=args.team
     )
     return _report(result, as_json=args.json)
+
+
+def _refuse_api_task(task_id: str, url: str | None) -> None:
+    """Refuse to resume a task of an API project: its project decides it, with its key.
+
+    ``resume`` decides the tasks of ``relaygraph run`` only (the CLI's own project); the
+    runner would answer that there is no such task, which ``trace`` contradicts.
+    """
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+
+    with Ledger(url) as ledger:
+        if not ledger.is_current():
+            return  # The runner brings the schema up to date, and finds no task.
+        owner = ledger.task_owner(task_id)
+        if owner is None or owner == LOCAL_PROJECT_ID:
+            return
+        pending = [a.interrupt_id for a in ledger.approvals(task_id) if a.decision is None]
+        project = ledger.project_by_id(owner)
+    name = project.name if project is not None else None
+    where = f"/v1/tasks/{task_id}/approvals/{pending[0] if len(pending) == 1 else 'APPROVAL_ID'}"
+    raise ConfigError(
+        f"task {task_id!r} belongs to project {name or owner!r} and is decided over the API "
+        f"with that project's key: POST {where} (relaygraph resume decides the tasks of "
+        "relaygraph run)"
+    )
 
 
 def _report(result: Any, *, as_json: bool) -> int:
@@ -84,17 +110,6 @@ def _report(result: Any, *, as_json: bool) -> int:
     if result.status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_FAILED
-
-
-def _ledger_url(home: Path | None) -> str | None:
-    import os
-
-    from relaygraph._home import data_home
-    from relaygraph.store import DATABASE_URL_ENV
-
-    if os.environ.get(DATABASE_URL_ENV):
-        return None
-    return f"sqlite:///{data_home(home) / 'ledger.sqlite'}"
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -120,6 +135,11 @@ def serve(args: argparse.Namespace) -> int:
     if args.team_files:
         overrides["team_files"] = args.team_files
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    # The server's own ledger and address are checked before it starts: uvicorn would
+    # report either failure as a traceback and "Application startup failed", after the
+    # line below had said it serves.
+    check_ledger(settings.database_url or ledger_url(settings.home))
+    check_bind(args.host, args.port)
     app = create_app(settings)
     # A process that lives to serve: what it holds now (the modules its runs use) is kept
     # out of the cyclic GC's full collections, which would otherwise stall every running
@@ -157,7 +177,7 @@ def create_project(args: argparse.Namespace, *, key: str) -> int:
     """``relaygraph projects create`` (and the deprecated ``teams create``)."""
     from relaygraph.store import Ledger
 
-    with Ledger(_ledger_url(args.home)) as ledger:
+    with Ledger(ledger_url(args.home)) as ledger:
         ledger.upgrade()
         project, secret = ledger.create_project(args.name)
     if args.json:
@@ -171,10 +191,16 @@ def push_team(args: argparse.Namespace) -> int:
     """``relaygraph teams push``: register a team file with a task service."""
     import tomllib
 
+    import httpx
+
+    from relaygraph.cli._argtypes import team_name
     from relaygraph.client import ApiError, Client
 
     if not args.key:
         raise ConfigError(f"teams push needs your project's API key: --key or ${SERVICE_KEY_ENV}")
+    if not args.key.isascii() or not args.key.isprintable():
+        raise ConfigError(f"--key / ${SERVICE_KEY_ENV}: an API key is printable ASCII")
+    service = _service_url(args.url)
     try:
         text = args.file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -184,12 +210,26 @@ def push_team(args: argparse.Namespace) -> int:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"team file {str(args.file)!r} is not valid TOML: {exc}") from None
     name = args.name or (named if isinstance(named, str) else None) or args.file.stem
-    with Client(args.url, args.key) as client:
+    if not args.name:  # --name was checked as it was read.
+        try:
+            team_name(name)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(
+                f"{exc} (from {str(args.file)!r}; give another with --name)"
+            ) from None
+    with Client(service, args.key) as client:
         try:
             version = client.push_team(name, toml=text)
         except ApiError as exc:
             print(f"relaygraph: error: {args.file}: {exc}", file=sys.stderr)
             return EXIT_USAGE if exc.status == 422 else EXIT_FAILED
+        except httpx.TransportError as exc:
+            raise ConfigError(f"cannot reach the task service at {service}: {exc}") from None
+        except ValueError:  # A body that is not JSON: whatever answered is no task service.
+            raise ConfigError(
+                f"the answer from {service} is not the task service's (not JSON): is "
+                f"--url / ${SERVICE_URL_ENV} its address?"
+            ) from None
     if args.json:
         sys.stdout.write(json.dumps(version, ensure_ascii=False) + "\n")
     else:
@@ -199,6 +239,26 @@ def push_team(args: argparse.Namespace) -> int:
             f"agents {', '.join(version['agents'])}"
         )
     return EXIT_OK
+
+
+def _service_url(url: str) -> str:
+    """``--url`` (or ``$RELAYGRAPH_URL``) when it is an http(s) address with a host.
+
+    Raises:
+        ConfigError: Anything else, naming it.
+    """
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"--url / ${SERVICE_URL_ENV} {url!r} is not the task service's address: expected "
+            "http://HOST:PORT or https://HOST"
+        )
+    return url
 
 
 def check_team(args: argparse.Namespace) -> int:
@@ -227,7 +287,7 @@ def upgrade_db(args: argparse.Namespace) -> int:
     """``relaygraph db upgrade``: apply the ledger's migrations."""
     from relaygraph.store import upgrade
 
-    print(f"ledger at {upgrade(_ledger_url(args.home))} is up to date")
+    print(f"ledger at {upgrade(ledger_url(args.home))} is up to date")
     return EXIT_OK
 
 
@@ -238,7 +298,7 @@ def trace(args: argparse.Namespace) -> int:
     from relaygraph.store import LOCAL_PROJECT_ID, Ledger
     from relaygraph.tracing import build_timeline, render_timeline
 
-    with Ledger(_ledger_url(args.home)) as ledger:
+    with Ledger(ledger_url(args.home)) as ledger:
         if not ledger.is_current():
             ledger.upgrade()
         # The operator reads every project's tasks: the API's as well as the CLI's own.
@@ -269,10 +329,9 @@ def graph(args: argparse.Namespace) -> int:
 
 def manage_kb(args: argparse.Namespace) -> int:
     """``relaygraph kb``: add to, search or list the knowledge base."""
-    from relaygraph._home import data_home
     from relaygraph.backends.kb import KnowledgeBase, ensure_sample_corpus
 
-    with KnowledgeBase(data_home(args.home) / "kb.sqlite") as kb:
+    with KnowledgeBase(data_directory(args.home) / "kb.sqlite") as kb:
         ensure_sample_corpus(kb)
         return _kb_command(args, kb)
 

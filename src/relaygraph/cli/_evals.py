@@ -134,9 +134,14 @@ def _run(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
+    from relaygraph.cli._preflight import check_folder
     from relaygraph.evals import TrialResult, run_eval
     from relaygraph.team import load_team
 
+    if args.out is not None:
+        # The report is written after the last case: a folder it cannot go to would lose
+        # every run's result.
+        check_folder(args.out, "--out", holds="the report")
     team = load_team(args.team) if args.team is not None else None
     # No topology flag: each case's team runs in its own topology.
     named = args.topology or args.start_agent or args.output_mode

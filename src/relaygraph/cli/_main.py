@@ -7,6 +7,7 @@ imported inside the commands, so ``relaygraph --help`` and argument errors answe
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -15,46 +16,22 @@ from relaygraph.cli import _commands
 from relaygraph.cli._commands import EXIT_FAILED, EXIT_USAGE
 from relaygraph.cli._evals import run_eval_command
 from relaygraph.cli._parser import build_parser
+from relaygraph.cli._preflight import check_ledger, data_directory, ledger_url
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import run_doctor
+
+# The commands that write in the data directory, and those of them that use the ledger.
+# ``serve`` checks its own (its settings may name another), after reading them.
+_HOME_COMMANDS = frozenset({"run", "resume", "trace", "eval", "projects", "db", "kb", "worker"})
+_LEDGER_COMMANDS = frozenset({"run", "resume", "trace", "eval", "projects", "db"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``relaygraph`` script; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return _commands.run(args)
-        if args.command == "resume":
-            return _commands.resume(args)
-        if args.command == "graph":
-            return _commands.graph(args)
-        if args.command == "trace":
-            return _commands.trace(args)
-        if args.command == "eval":
-            return run_eval_command(args)
-        if args.command == "doctor":
-            return run_doctor(args)
-        if args.command == "serve":
-            return _commands.serve(args)
-        if args.command == "worker":
-            return _commands.worker(args)
-        if args.command == "projects":
-            return _commands.create_project(args, key="project")
-        if args.command == "teams":
-            if args.teams_command == "create":
-                print(
-                    "relaygraph: 'teams create' is deprecated and goes in the next release: "
-                    "tenants are now projects, use 'relaygraph projects create'",
-                    file=sys.stderr,
-                )
-                return _commands.create_project(args, key="team")
-            if args.teams_command == "push":
-                return _commands.push_team(args)
-            return _commands.check_team(args)
-        if args.command == "db":
-            return _commands.upgrade_db(args)
-        return _commands.manage_kb(args)
+        _check_surroundings(args)
+        return _dispatch(args)
     except ConfigError as exc:
         print(f"relaygraph: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,3 +46,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         # when Python flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _check_surroundings(args: argparse.Namespace) -> None:
+    """Refuse a data directory or a ledger the command cannot use, in one line, before it
+    starts (the command would otherwise fail deep inside, with a traceback).
+
+    Raises:
+        ConfigError: Naming the directory or the ledger's URL, and why.
+    """
+    teams_create = args.command == "teams" and args.teams_command == "create"
+    if args.command in _HOME_COMMANDS or teams_create:
+        data_directory(args.home)
+    if args.command in _LEDGER_COMMANDS or teams_create:
+        check_ledger(ledger_url(args.home))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Carry out the command ``args`` name; returns the exit code."""
+    if args.command == "run":
+        return _commands.run(args)
+    if args.command == "resume":
+        return _commands.resume(args)
+    if args.command == "graph":
+        return _commands.graph(args)
+    if args.command == "trace":
+        return _commands.trace(args)
+    if args.command == "eval":
+        return run_eval_command(args)
+    if args.command == "doctor":
+        return run_doctor(args)
+    if args.command == "serve":
+        return _commands.serve(args)
+    if args.command == "worker":
+        return _commands.worker(args)
+    if args.command == "projects":
+        return _commands.create_project(args, key="project")
+    if args.command == "teams":
+        if args.teams_command == "create":
+            print(
+                "relaygraph: 'teams create' is deprecated and goes in the next release: "
+                "tenants are now projects, use 'relaygraph projects create'",
+                file=sys.stderr,
+            )
+            return _commands.create_project(args, key="team")
+        if args.teams_command == "push":
+            return _commands.push_team(args)
+        return _commands.check_team(args)
+    if args.command == "db":
+        return _commands.upgrade_db(args)
+    return _commands.manage_kb(args)

@@ -14,9 +14,12 @@ from relaygraph import __version__
 from relaygraph.cli._argtypes import (
     add_topology_arguments,
     agent_model,
+    data_folder,
     json_object,
     port,
     positive,
+    team_name,
+    utf8_text,
 )
 from relaygraph.cli._evals import add_eval_parser
 from relaygraph.models import add_doctor_parser
@@ -36,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"relaygraph {__version__}")
     parser.add_argument(
         "--home",
-        type=Path,
+        type=data_folder,
         help="data directory (default: $RELAYGRAPH_HOME or ~/.relaygraph)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a task: the supervisor routes it to the agents, who may hand work "
         "to each other; progress goes to stderr, the answer to stdout.",
     )
-    run.add_argument("task", help="what the team should do")
+    run.add_argument("task", type=utf8_text, help="what the team should do")
     run.add_argument(
         "--model",
         metavar="SPEC",
@@ -64,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "topology has them); repeatable",
     )
     _add_team_argument(run)
-    run.add_argument("--thread", metavar="ID", help="continue the conversation of this thread")
+    run.add_argument(
+        "--thread", metavar="ID", type=utf8_text, help="continue the conversation of this thread"
+    )
     run.add_argument(
         "--policy",
         metavar="FILE",
@@ -82,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Continue an interrupted task from its checkpoint, in this process, with "
         "a decision on what it waits for (a tool needing approval, or a ping-pong).",
     )
-    resume.add_argument("task_id", metavar="TASK_ID")
+    resume.add_argument("task_id", metavar="TASK_ID", type=utf8_text)
     decision = resume.add_mutually_exclusive_group(required=True)
     decision.add_argument("--approve", action="store_true", help="run the tool as requested")
     decision.add_argument("--reject", action="store_true", help="refuse it; the model is told")
@@ -92,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=json_object,
         help="run the tool with these arguments instead (a JSON object)",
     )
-    resume.add_argument("--reason", metavar="TEXT", help="why; shown to the model on --reject")
+    resume.add_argument(
+        "--reason", metavar="TEXT", type=utf8_text, help="why; shown to the model on --reject"
+    )
     resume.add_argument(
         "--team",
         metavar="FILE",
@@ -219,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     push.add_argument("file", type=Path, metavar="FILE")
     push.add_argument(
-        "--name", help="the name tasks use (default: the file's name key, else its file name)"
+        "--name",
+        type=team_name,
+        help="the name tasks use (default: the file's name key, else its file name)",
     )
     push.add_argument(
         "--url",
@@ -252,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for a task of a project of that service; the tasks of 'relaygraph run' belong to "
         "no project a key opens, and get no link.",
     )
-    trace.add_argument("task_id", metavar="TASK_ID")
+    trace.add_argument("task_id", metavar="TASK_ID", type=utf8_text)
     trace.add_argument("--json", action="store_true", help="print the timeline as one JSON object")
 
     graph = commands.add_parser("graph", help="print the team graph's topology")
@@ -271,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     kb_add = kb_commands.add_parser("add", help="index a folder of Markdown and text files")
     kb_add.add_argument("path", type=Path, help="folder to index")
     kb_search = kb_commands.add_parser("search", help="search the knowledge base")
-    kb_search.add_argument("query")
+    kb_search.add_argument("query", type=utf8_text)
     kb_search.add_argument("-k", type=int, default=5, help="how many results (default 5)")
     kb_commands.add_parser("list", help="list the indexed documents")
     return parser

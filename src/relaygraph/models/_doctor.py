@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -143,12 +144,23 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=float,
+        type=_positive_seconds,
         default=120.0,
         help="seconds each probe may take, unless the spec sets timeout (default 120)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _positive_seconds(value: str) -> float:
+    """``--timeout``: a number of seconds above 0 (a probe with none fails for nothing)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
+    return seconds
 
 
 def run_doctor(args: argparse.Namespace) -> int:

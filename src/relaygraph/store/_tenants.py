@@ -111,3 +111,9 @@ class TenantsLedger(LedgerBase):
         with self._read() as session:
             row = session.scalars(select(ProjectRow).where(ProjectRow.name == name)).first()
             return snapshot(Project, row) if row is not None else None
+
+    def project_by_id(self, project_id: str) -> Project | None:
+        """The project ``project_id``; None when there is none."""
+        with self._read() as session:
+            row = session.get(ProjectRow, project_id)
+            return snapshot(Project, row) if row is not None else None
