@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import os
 import secrets
+import shutil
 import socket
 import sqlite3
 import stat
@@ -633,8 +634,8 @@ def test_a_setuid_program_left_in_the_workspace_is_disarmed(
 ) -> None:
     """The program runs as the server's user as far as the host sees: a copy of a program
     it marks setuid (or setgid), and a workspace it opens to every user, would let any
-    user of the host run as the server's. After the run, no set-id bit is left anywhere in
-    the workspace (however deep, behind a symlink or not), and the workspace is 0700."""
+    user of the host run as the server's. After the run, no set-id bit is left in the
+    workspace (in folders below it too; no symlink followed), and the workspace is 0700."""
     if isolated and filesystem_isolation() is None:
         pytest.skip("bubblewrap (bwrap) cannot create namespaces here")
     if not isolated:
@@ -668,6 +669,47 @@ def test_a_setuid_program_left_in_the_workspace_is_disarmed(
     assert stat.S_IMODE((workspace / "rootid").stat().st_mode) == 0o755
     assert stat.S_IMODE((workspace / "a/b/c/deep").stat().st_mode) == 0o711
     assert stat.S_IMODE(workspace.stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv, to drop the capabilities that let root read any folder",
+)
+def test_a_folder_closed_to_its_owner_does_not_hide_a_setuid_file(tmp_path: Path) -> None:
+    """A server that is not root obeys its folders' permissions: a program that made its
+    workspace and a folder in it execute-only (0311, 0111) would keep the walk out of
+    them. The disarm gives its user's folders their permissions back first, so nothing is
+    skipped and no error ends the run's result. Run with root's DAC override dropped."""
+    workspace = tmp_path / "workspace"
+    hidden = workspace / "hide"
+    hidden.mkdir(parents=True)
+    shutil.copy("/usr/bin/id", hidden / "suid")
+    (hidden / "suid").chmod(0o4755)
+    hidden.chmod(0o111)
+    workspace.chmod(0o311)
+    disarm = (
+        "import sys; from pathlib import Path; "
+        "from relaygraph.backends.sandbox import _disarm; _disarm(Path(sys.argv[1]))"
+    )
+    capabilities = "-dac_override,-dac_read_search"
+    done = subprocess.run(
+        [
+            "setpriv",
+            f"--inh-caps={capabilities}",
+            f"--bounding-set={capabilities}",
+            sys.executable,
+            "-c",
+            disarm,
+            str(workspace),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not disarm" not in done.stderr, done.stderr
+    assert stat.S_IMODE(workspace.stat().st_mode) == 0o700
+    assert stat.S_IMODE((hidden / "suid").stat().st_mode) == 0o755
 
 
 def test_a_data_directory_and_its_tasks_folder_are_the_owners_alone(tmp_path: Path) -> None:

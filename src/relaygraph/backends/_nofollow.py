@@ -16,6 +16,7 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 # O_DIRECTORY makes the kernel refuse anything but a folder before opening it, so a FIFO or a
 # device in a folder's place is never opened; O_NOFOLLOW refuses a symlink.
@@ -193,54 +194,71 @@ def _empty_folder(fd: int, top: int) -> list[str]:
 SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
 MAX_SCAN_DEPTH = 256
 """Folders deeper than this below the top are not looked into by :func:`clear_set_id_bits`
-(one descriptor is open per level); the data directory's private tasks folder still keeps
-everyone else from them."""
+(one descriptor is open per level)."""
+MAX_SCAN_ENTRIES = 100_000
+"""Entries :func:`clear_set_id_bits` looks at, at most: the walk runs after every sandboxed
+run, and a workspace of millions of files must not make each run take minutes."""
 
 
 def clear_set_id_bits(path: os.PathLike[str] | str) -> int:
-    """Clear the setuid and setgid bits of everything below ``path``; returns how many.
+    """Clear the setuid and setgid bits of what lies below ``path``; returns how many.
 
     Code in the sandbox runs as the server's user as far as the host sees, so a program it
     copies into the workspace and marks setuid would run as that user for anyone who can
     reach it. Call it once nothing of the sandbox runs any more. Walks depth first without
-    following a symlink and without recursing, a descriptor open per level of the folder
-    it is in (up to :data:`MAX_SCAN_DEPTH`).
+    following a symlink and without recursing, a descriptor and a directory iterator open
+    per level (up to :data:`MAX_SCAN_DEPTH` levels and :data:`MAX_SCAN_ENTRIES` entries:
+    a bound, not a guarantee; the data directory's private tasks folder is what keeps
+    every other user away). A folder of the server's user that it may not read (the
+    program took its own permissions away) is given them back first.
     """
     try:
         top = os.open(path, FOLDER_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return 0
-    cleared = 0
-    # The folders being walked, each with the names in it still to look at.
-    levels: list[tuple[int, list[str]]] = [(top, os.listdir(top))]
-    try:
-        while levels:
-            fd, names = levels[-1]
-            if not names:
-                os.close(fd)
-                levels.pop()
-                continue
-            name = names.pop()
-            info = entry_at(fd, name)
-            if info is None or stat.S_ISLNK(info.st_mode):
-                continue
-            if info.st_mode & SET_ID_BITS:
-                mode = stat.S_IMODE(info.st_mode) & ~SET_ID_BITS
-                with contextlib.suppress(OSError, NotImplementedError):
-                    os.chmod(name, mode, dir_fd=fd, follow_symlinks=False)
-                    cleared += 1
-            if stat.S_ISDIR(info.st_mode) and len(levels) <= MAX_SCAN_DEPTH:
-                try:
-                    sub = os.open(name, FOLDER_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue
-                try:
-                    entries = os.listdir(sub)
-                except OSError:
-                    os.close(sub)
-                    continue
-                levels.append((sub, entries))
-    finally:
-        for fd, _ in levels:
+    cleared = seen = 0
+    # The folders being walked, each with its iterator; closed as each is left.
+    levels: list[tuple[int, Any]] = []
+
+    def enter(fd: int) -> None:
+        try:
+            levels.append((fd, os.scandir(fd)))
+        except OSError:
             os.close(fd)
+
+    def leave() -> None:
+        fd, entries = levels.pop()
+        entries.close()
+        os.close(fd)
+
+    enter(top)
+    try:
+        while levels and seen < MAX_SCAN_ENTRIES:
+            fd, entries = levels[-1]
+            entry = next(entries, None)
+            if entry is None:
+                leave()
+                continue
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            is_dir = stat.S_ISDIR(info.st_mode)
+            mode = stat.S_IMODE(info.st_mode)
+            wanted = mode & ~SET_ID_BITS
+            if is_dir and info.st_uid == os.geteuid():
+                wanted |= stat.S_IRWXU  # Its owner may walk it (and remove it) again.
+            if wanted != mode:
+                with contextlib.suppress(OSError, NotImplementedError):
+                    os.chmod(entry.name, wanted, dir_fd=fd, follow_symlinks=False)
+                    cleared += bool(mode & SET_ID_BITS)
+            if is_dir and len(levels) <= MAX_SCAN_DEPTH:
+                with contextlib.suppress(OSError):
+                    enter(os.open(entry.name, FOLDER_FLAGS, dir_fd=fd))
+    finally:
+        while levels:
+            leave()
     return cleared

@@ -202,12 +202,16 @@ def run_python_sandboxed(
 
 
 def _disarm(workspace: Path) -> None:
-    """Clear every setuid and setgid bit the program set in ``workspace``, and make the
-    workspace its owner's alone again (the program may have opened it to every user)."""
-    _nofollow.clear_set_id_bits(workspace)
-    with contextlib.suppress(OSError, NotImplementedError):
+    """Make the workspace its owner's alone again (the program may have opened it to every
+    user, or closed it to its owner), then clear the setuid and setgid bits the program
+    set below it (:func:`~relaygraph.backends._nofollow.clear_set_id_bits`, bounded). Never
+    raises: the run's result stands, and what could not be done is logged."""
+    try:
         if stat.S_ISDIR(workspace.lstat().st_mode):
             os.chmod(workspace, _WORKSPACE_MODE, follow_symlinks=False)
+        _nofollow.clear_set_id_bits(workspace)
+    except (OSError, NotImplementedError) as exc:
+        log.warning("could not disarm the workspace %s after a run: %s", workspace, exc)
 
 
 def _environment(*, home: Path, tmp: Path) -> dict[str, str]:
