@@ -394,6 +394,32 @@ def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
     assert ended.status == "succeeded", ended.stop_reason
 
 
+def test_a_taken_task_waiting_for_a_worker_is_cancelled_at_once(home: Path, script: Any) -> None:
+    """A task taken here that waits for a busy worker is cancelled at once when asked: no
+    run of it has begun, so its lease is let go (it was renewed, and the cancel waited for
+    a worker to free up), and its start, when a worker frees, runs nothing."""
+
+    ledger, project, task = one_task(home, script(WRITER_TURNS))
+    workers = TaskWorkers(ledger, home=home, workers=1)
+    busy = threading.Event()
+    try:
+        blocker: Future[None] = workers._pool.submit(busy.wait, DEADLINE)  # the busy worker
+        taken = workers.take(task.id, only_from=("queued",))
+        assert taken is not None
+        workers.start(taken, {"request": "x"}, project=project.id, taken=True)
+        cancelled = workers.cancel(task.id)
+        assert cancelled.status == "cancelled", cancelled
+        assert ledger.lease_of(task.id) == (None, None)
+        busy.set()
+        blocker.result(DEADLINE)
+    finally:
+        busy.set()
+        workers.shutdown(wait=True)
+    now = ledger.get_task(task.id, project_id=project.id)
+    assert now is not None and now.status == "cancelled"
+    assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
+
+
 @pytest.mark.parametrize(
     "record",
     [{"policy": {}}, {"topology": {"kind": "mesh"}}],

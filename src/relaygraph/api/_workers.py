@@ -238,6 +238,14 @@ class TaskWorkers:
             The task as it is now.
         """
         task = self.ledger.request_cancel(task_id)
+        with self._lock:
+            held = task_id in self._held
+        if held and task.status != "cancelled":
+            # Taken here and waiting for a worker: no run of it has begun, so let its lease
+            # go and the cancel ends it now (else it would wait for a worker to free up).
+            # A run that begins meanwhile finds the cancel at its take and runs nothing.
+            self.ledger.release_lease(task_id, self.runner.runner_id)
+            task = self.ledger.request_cancel(task_id)
         if task.status == "cancelled":
             self.start_next(task.thread_id, project_id=task.project_id)
             return task
