@@ -305,3 +305,31 @@ def test_kb_add_reports_fifos_and_symlinks_and_finishes(
     assert "x.md: a named pipe (FIFO), not a regular file" in added.stderr
     assert found.returncode == 0
     assert found.stdout == ""
+
+
+def test_a_teams_folder_tells_what_it_skips_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A team's ``kb`` folders are brought up to date at every run: a file its knowledge
+    base skips (here a symlink) is logged for whoever runs the team, once per process."""
+    import logging
+    from dataclasses import replace
+
+    from relaygraph.runner._teams import prepare_knowledge_base
+    from relaygraph.team import default_team
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "note.md").write_text("# Note\n\nkept", encoding="utf-8")
+    (docs / "link.md").symlink_to(tmp_path / "elsewhere.md")
+    team = default_team()
+    researcher = replace(team.agent("researcher"), kb=(docs,))
+    team = replace(
+        team, agents=tuple(researcher if a.name == "researcher" else a for a in team.agents)
+    )
+    with caplog.at_level(logging.WARNING, logger="relaygraph.runner"):
+        prepare_knowledge_base(team, tmp_path / "home")
+        prepare_knowledge_base(team, tmp_path / "home")
+    told = [r.getMessage() for r in caplog.records if "knowledge base: skipped" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "link.md" in told[0] and "symlink" in told[0]

@@ -4,6 +4,8 @@ knowledge base that team reads."""
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,10 @@ if TYPE_CHECKING:
     from relaygraph.team import Team
 
 __all__ = ["prepare_knowledge_base", "team_of", "team_of_record"]
+
+log = logging.getLogger("relaygraph.runner")
+_SKIPS_TOLD: set[tuple[str, str]] = set()
+_SKIPS_LOCK = threading.Lock()
 
 
 def team_of(team: Team | str | Path | None) -> Team:
@@ -77,7 +83,20 @@ def prepare_knowledge_base(team: Team, home: Path) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with KnowledgeBase(path) as kb:
         for folder in folders:
-            kb.add_folder(Path(folder))
+            _tell_skips(kb.add_folder(Path(folder)).skipped)
         if not folders:
             ensure_sample_corpus(kb)
     return own
+
+
+def _tell_skips(skipped: tuple[tuple[Path, str], ...]) -> None:
+    """Log each file of a team's folders that its knowledge base skips (a symlink, a pipe,
+    a file too large), once per process: the folders are brought up to date at every run,
+    and whoever wrote the team should learn why a document is missing."""
+    for path, reason in skipped:
+        key = (str(path), reason)
+        with _SKIPS_LOCK:
+            if key in _SKIPS_TOLD:
+                continue
+            _SKIPS_TOLD.add(key)
+        log.warning("knowledge base: skipped %s: %s", path, reason)
