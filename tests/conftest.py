@@ -142,3 +142,12 @@ def over_http(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, list[
             return result, list(server.requests)
 
     return run
+
+
+@pytest.fixture
+def kb(tmp_path: Path) -> Iterator[Any]:
+    """An empty knowledge base of its own (``tests/test_kb*.py``)."""
+    from relaygraph.backends.kb import KnowledgeBase
+
+    with KnowledgeBase(tmp_path / "db" / "kb.sqlite") as knowledge_base:
+        yield knowledge_base

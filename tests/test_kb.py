@@ -6,7 +6,6 @@ import hashlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,6 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def kb(tmp_path: Path) -> Iterator[KnowledgeBase]:
-    with KnowledgeBase(tmp_path / "db" / "kb.sqlite") as knowledge_base:
-        yield knowledge_base
 
 
 @pytest.fixture

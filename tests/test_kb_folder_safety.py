@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,23 +18,13 @@ from relaygraph.backends._kb_files import SYMLINK_REASON
 from relaygraph.backends.kb import IndexReport, KnowledgeBase
 from relaygraph.errors import ConfigError
 
+from .test_kb import write
+
 SECRET = "quetzalsecret7731"
 """A word found only in files outside the indexed folder."""
 
 _JOIN_SECONDS = 30.0
 """How long a test waits for indexing that must not block; it takes milliseconds."""
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-@pytest.fixture
-def kb(tmp_path: Path) -> Iterator[KnowledgeBase]:
-    with KnowledgeBase(tmp_path / "db" / "kb.sqlite") as knowledge_base:
-        yield knowledge_base
 
 
 @pytest.fixture

@@ -311,11 +311,7 @@ def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script:
         asked = ledger.request_cancel(task.id)  # held: asked, not ended
         assert asked.status == "running" and asked.cancel_requested_at is not None
         workers.start(taken, {"request": "x"}, project=project.id, taken=True)
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id)
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "cancelled" and ended.stop_reason == "cancelled by request"
@@ -383,11 +379,7 @@ def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
         assert renewed.wait(DEADLINE), "the waiting task's lease was renewed"
         busy.set()
         blocker.result(DEADLINE)
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id)
     finally:
         busy.set()
         workers.shutdown(wait=True)
@@ -440,17 +432,22 @@ def test_a_queued_task_whose_record_cannot_be_read_fails_once(
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id)
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "failed", ended
     assert ended.stop_reason
     assert takes == [("queued",)]
     assert ledger.lease_of(task.id) == (None, None)
+
+
+def task_end(ledger: Any, task_id: str, project_id: str, deadline: float = DEADLINE) -> Any:
+    """The task once it has finished (waiting for it up to ``deadline`` seconds)."""
+    return wait_until(
+        lambda: (t := ledger.get_task(task_id, project_id=project_id)) and t.finished and t,
+        deadline,
+        "the task ended",
+    )
 
 
 def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
@@ -498,11 +495,7 @@ def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id)
         workers.start(task, project=project.id)  # a duplicate start of the queued task
         wait_until(lambda: len(takes) == 2, DEADLINE, "the second start tried its take")
     finally:
@@ -524,11 +517,7 @@ def test_a_queued_task_whose_team_cannot_be_built_fails_on_the_record(
     workers = TaskWorkers(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id)
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "failed"
@@ -567,11 +556,7 @@ def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
             assert workers.recover() == 1
         else:
             workers.start(task, project=project.id)
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            30.0,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id, 30.0)
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "failed"
@@ -634,11 +619,7 @@ def test_a_start_refused_at_its_take_leaves_the_task_to_a_later_sweep(
         wait_until(lambda: len(takes) == 2, DEADLINE, "the start tried its take")
         lapse(ledger, task.id, "other")  # ... and the server that won dies.
         assert wait_until(lambda: workers.recover() == 1, DEADLINE, "the sweep picks it up")
-        ended = wait_until(
-            lambda: (t := ledger.get_task(task.id, project_id=project.id)) and t.finished and t,
-            DEADLINE,
-            "the task ended",
-        )
+        ended = task_end(ledger, task.id, project.id)
     finally:
         workers.shutdown(wait=True)
     assert ended.status == "succeeded", ended.stop_reason

@@ -30,6 +30,7 @@ from relaygraph.backends._nofollow import (
     entry_at,
     open_folder,
     opened_folder,
+    special_kind,
 )
 
 __all__ = [
@@ -209,17 +210,7 @@ def _not_a_regular_file(info: os.stat_result) -> str | None:
         return None
     if stat.S_ISLNK(mode):
         return SYMLINK_REASON
-    if stat.S_ISFIFO(mode):
-        kind = "a named pipe (FIFO)"
-    elif stat.S_ISSOCK(mode):
-        kind = "a socket"
-    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        kind = "a device"
-    elif stat.S_ISDIR(mode):
-        kind = "a folder"
-    else:
-        kind = "a special file"
-    return f"{kind}, not a regular file"
+    return f"{special_kind(mode)}, not a regular file"
 
 
 def _too_large(size: int) -> str:

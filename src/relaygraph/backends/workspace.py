@@ -103,14 +103,7 @@ def _not_a_plain_file(info: os.stat_result) -> str | None:
                 "(for example with shutil.copyfile) and read the copy"
             )
         return None
-    if stat.S_ISFIFO(mode):
-        kind = "a named pipe (FIFO)"
-    elif stat.S_ISSOCK(mode):
-        kind = "a socket"
-    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        kind = "a device"
-    else:
-        kind = "a special file"
+    kind = _nofollow.special_kind(mode)
     return f"is {kind}, not a regular file; only regular files can be read"
 
 
