@@ -44,6 +44,35 @@ def home(_offline: Path) -> Path:
     return _offline
 
 
+# Tenant code on a host without bubblewrap (a fresh machine).
+
+UNSAFE_SANDBOX_ENV = "RELAYGRAPH_UNSAFE_SANDBOX"
+
+
+def isolation_missing() -> bool:
+    """Whether this host offers sandboxed code no filesystem isolation (no usable
+    bubblewrap, or ``RELAYGRAPH_BWRAP=""``): ``serve`` and ``worker`` then refuse
+    ``run_python`` unless told ``--unsafe-sandbox``."""
+    from relaygraph.backends.sandbox import filesystem_isolation
+
+    return filesystem_isolation() is None
+
+
+def unsafe_sandbox_env() -> dict[str, str]:
+    """The environment of a ``serve`` or ``worker`` process that a test starts to run
+    ``run_python`` for what the service does around it (approvals, cancel, restarts,
+    queueing), not for its isolation.
+
+    Where bubblewrap works it is empty: the program runs isolated, as in production. Where it
+    does not (a fresh machine, ``./scripts/test`` word for word), the documented
+    ``--unsafe-sandbox`` lets the program run. The isolation itself is attacked by
+    tests/test_sandbox_isolation.py, which needs bubblewrap and skips without it, and CI
+    (``.ci/run``) installs bubblewrap and runs the affected tests once more without it
+    (tests/test_fresh_machine.py).
+    """
+    return {UNSAFE_SANDBOX_ENV: "true"} if isolation_missing() else {}
+
+
 @pytest.fixture
 def script(tmp_path: Path) -> Callable[[dict[str, Any]], str]:
     """Write a scripted-model file and return its model spec."""

@@ -27,7 +27,7 @@ from relaygraph.api.ui._report_pages import DEFAULT_DAYS
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, Handoff, Ledger
 
-from .conftest import EXAMPLE_RELAY, REPO
+from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
 
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
@@ -126,6 +126,8 @@ async def running(home: Path, scripts: Path, **more: Any) -> AsyncIterator[Dash]
         scripts_dir=scripts,
         home=home,
         workers=2,
+        # The dashboard shows what the coder's program did, not how it was isolated.
+        unsafe_sandbox=isolation_missing(),
         **more,
     )
     app = create_app(settings)

@@ -21,7 +21,7 @@ from relaygraph.client import ApiError, Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
-from .conftest import EXAMPLE_RELAY
+from .conftest import EXAMPLE_RELAY, unsafe_sandbox_env
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -78,6 +78,9 @@ def _env(home: Path) -> dict[str, str]:
     env.pop("RELAYGRAPH_DATABASE_URL", None)  # The SQLite ledger in this test's home.
     # Short leases: a killed server's task is continued by another within seconds.
     env["RELAYGRAPH_LEASE_SECONDS"] = str(LEASE_SECONDS)
+    # These tests follow what the service does around the coder's program (cancel,
+    # approvals, restarts), not its isolation: where bubblewrap is missing it runs unisolated.
+    env.update(unsafe_sandbox_env())
     return env
 
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from relaygraph.worker import (
     RUN_TASK,
     WorkerSettings,
     create_celery_app,
+    default_node_name,
     load_worker_settings,
     publish_run,
     run_ledger_task,
@@ -222,6 +224,11 @@ def test_worker_argv() -> None:
     argv = worker_argv(settings, hostname="w1@box")
     assert argv[0] == "worker"
     assert {"--pool=prefork", "--concurrency=3", "--queues=a,b", "--hostname=w1@box"} <= set(argv)
+    # Without --hostname, each process has a node name of its own on its host (Celery's
+    # default, celery@<host>, is one name for every worker of the host).
+    default = worker_argv(settings)
+    assert f"--hostname=relaygraph-{os.getpid()}@{socket.gethostname()}" in default
+    assert default_node_name(123) != default_node_name(124)
 
 
 # Real workers on RabbitMQ.

@@ -21,6 +21,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -44,6 +47,7 @@ from .worker_cluster import (
     Run,
     broker_problem,
     broker_url,
+    free_port,
     fresh_database,
     gated_coder,
     process_gone,
@@ -679,3 +683,115 @@ def test_readyz_of_an_api_server_says_when_its_ledger_is_behind(
     finally:
         engine.dispose()
     assert httpx.get(f"{server.url}/readyz", timeout=30).json() == {"status": "ready"}
+
+
+# 8. Starting workers as docs/deploy.md shows them, and workers that cannot start
+
+
+def run_worker(cluster: Cluster, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``relaygraph worker ARGS`` to its end (it must not start); its completed process."""
+    return subprocess.run(
+        [sys.executable, "-m", "relaygraph.cli", "worker", "--queues", cluster.queue, *args],
+        env={**cluster.env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+
+
+def one_error_line(done: Any) -> str:
+    """The one ``relaygraph: error:`` line a worker that could not start printed, checked to
+    be the whole story: no traceback."""
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "relaygraph: error:" in line]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_two_workers_started_alike_on_one_host_run_tasks_side_by_side(
+    cluster: Cluster, script: Script
+) -> None:
+    """`relaygraph worker --concurrency N` twice, no --hostname: both start (each takes its
+    own node name) and both run tasks; with Celery's default name the second one crashed."""
+    server = cluster.serve("api", model=DEFAULT_MODEL)
+    workers = [cluster.worker("w1"), cluster.worker("w2")]
+    assert all(worker.running() for worker in workers)
+    ready = {record["pid"]: record["hostname"] for record in cluster.trace.find(kind="ready")}
+    host = socket.gethostname()
+    assert ready == {worker.pid: f"relaygraph-{worker.pid}@{host}" for worker in workers}
+    key = cluster.create_project("acme")
+    with Client(server.url, key) as client:
+        first = client.submit("Compute slowly", model=script(gated_coder()))
+        # The first task's program holds its worker; the second task runs on the other.
+        tokens = started(cluster, first["id"], 1)
+        second = client.submit("Write a line", model=script(PLAIN_TEAM))
+        assert client.wait(second["id"], timeout=DEADLINE)["status"] == "succeeded"
+        release(cluster, first["id"], tokens[0])
+        assert client.wait(first["id"], timeout=DEADLINE)["status"] == "succeeded"
+    took = {run.task_id: run.ppid for run in cluster.trace.runs()}
+    assert {took[first["id"]], took[second["id"]]} == {worker.pid for worker in workers}
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_start_says_why_and_exits_non_zero(cluster: Cluster) -> None:
+    running = cluster.worker("w1", traced=False, hostname="taken@%h")
+    # A node name in use: refused before Celery starts (its traceback and exit 0 before).
+    done = run_worker(cluster, "--hostname", "taken@%h")
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert f"another worker runs as 'taken@{socket.gethostname()}'" in line and "--hostname" in line
+    assert running.running()
+    # A broker that is not there: a few tries, then one line (Celery retried forever).
+    port = free_port()
+    done = run_worker(
+        cluster, env={"RELAYGRAPH_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{port}//"}
+    )
+    assert done.returncode == 2
+    assert f"cannot reach the broker at amqp://guest:**@127.0.0.1:{port}//" in one_error_line(done)
+    # A broker that refuses the login: the password is not shown.
+    wrong = cluster.broker.replace("guest:guest@", "guest:not-the-password@")  # type: ignore[union-attr]
+    done = run_worker(cluster, env={"RELAYGRAPH_BROKER_URL": wrong})
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert "refused the worker" in line and "ACCESS_REFUSED" in line
+    assert "not-the-password" not in done.stderr + done.stdout
+    # A ledger that is not there.
+    ledger = f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"
+    done = run_worker(cluster, env={"RELAYGRAPH_DATABASE_URL": ledger})
+    assert done.returncode == 2
+    assert "cannot reach the ledger at" in one_error_line(done)
+
+
+RACING_WORKER = """
+import sys
+
+import relaygraph.worker
+from relaygraph.cli import main
+
+# Two workers that start at the same moment under one name both pass the check; the one
+# that loses the race fails inside Celery. Skipping the check stands in for that race.
+relaygraph.worker.check_broker = lambda app, name: None
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+RACED = ("--hostname", "raced@%h")
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_inside_celery_exits_non_zero_in_one_line(cluster: Cluster) -> None:
+    cluster.worker("w1", traced=False, hostname=RACED[1])
+    done = subprocess.run(
+        [sys.executable, "-c", RACING_WORKER, "worker", "--queues", cluster.queue, *RACED],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    output = done.stderr + done.stdout
+    assert "Traceback" not in output, output[-3000:]
+    assert "relaygraph: error: the worker stopped: ResourceLocked" in output, output[-3000:]

@@ -36,6 +36,8 @@ from kombu import Connection
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from .conftest import unsafe_sandbox_env
+
 REPO = Path(__file__).resolve().parents[1]
 BROKER_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -416,6 +418,9 @@ class Cluster:
                 self.env.pop(name, None)
             else:
                 self.env[name] = value
+        # The cluster's tests follow tasks through servers and workers, not the sandbox's
+        # isolation: where bubblewrap is missing, the programs run unisolated.
+        self.env.update(unsafe_sandbox_env())
         self.env.update(env or {})
         self._engine = create_engine(database_url) if database_url else None
 
@@ -461,12 +466,18 @@ class Cluster:
         env: Mapping[str, str] | None = None,
         wait: bool = True,
         timeout: float = 90,
+        hostname: str | None = None,
     ) -> Worker:
-        """Start ``relaygraph worker`` on the cluster's queue and (``wait``) until it consumes."""
+        """Start ``relaygraph worker`` on the cluster's queue and (``wait``) until it consumes.
+
+        Without ``hostname`` it runs as docs/deploy.md starts workers, with no ``--hostname``:
+        every worker of the host takes its default node name, ``relaygraph-<pid>@<host>``.
+        """
         module = "tests.worker_trace" if traced else "relaygraph.cli"
         argv = [sys.executable, "-m", module, "worker"]
         argv += ["--concurrency", str(concurrency), "--queues", self.queue]
-        argv += ["--hostname", f"{name}@{self.queue}"]
+        if hostname is not None:
+            argv += ["--hostname", hostname]
         worker = Worker(
             name,
             argv,

@@ -156,7 +156,17 @@ def serve(args: argparse.Namespace) -> int:
 
 def worker(args: argparse.Namespace) -> int:
     """``relaygraph worker``: run a Celery worker of the worker mode."""
-    from relaygraph.worker import create_celery_app, prepare_worker, worker_argv
+    from celery.utils.nodenames import default_nodename, host_format
+
+    from relaygraph.store import DATABASE_URL_ENV
+    from relaygraph.worker import (
+        check_broker,
+        create_celery_app,
+        default_node_name,
+        prepare_worker,
+        start_worker,
+        worker_argv,
+    )
 
     if args.home is not None:
         # The worker's processes read their settings from the environment.
@@ -166,10 +176,15 @@ def worker(args: argparse.Namespace) -> int:
         overrides["concurrency"] = args.concurrency
     if args.queues is not None:
         overrides["queues"] = [name.strip() for name in args.queues.split(",") if name.strip()]
+    if os.environ.get(DATABASE_URL_ENV):  # Unset: prepare_worker says the worker needs it.
+        check_ledger(None)
     settings = prepare_worker(**overrides)
     app = create_celery_app(settings)
-    argv = worker_argv(settings, hostname=args.hostname)
-    app.worker_main([*argv, "--task-events"] if args.events else argv)
+    # Celery's own spelling of a node name: `name` alone is `name@<host>`, `%h` the host.
+    node_name = host_format(default_nodename(args.hostname or default_node_name()))
+    check_broker(app, node_name)
+    argv = worker_argv(settings, hostname=node_name)
+    start_worker(app, [*argv, "--task-events"] if args.events else argv)
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ from relaygraph.worker._app import (
     RunHook,
     celery_config,
     create_celery_app,
+    default_node_name,
     publish_run,
     run_ledger_task,
     worker_argv,
@@ -33,8 +34,15 @@ from relaygraph.worker._runtime import (
     worker_runtime,
 )
 from relaygraph.worker._settings import DEFAULT_QUEUE, WorkerSettings, load_worker_settings
+from relaygraph.worker._start import (
+    BROKER_START_TRIES,
+    WorkerStartError,
+    check_broker,
+    start_worker,
+)
 
 __all__ = [
+    "BROKER_START_TRIES",
     "DEFAULT_CHANNEL",
     "DEFAULT_QUEUE",
     "RUN_TASK",
@@ -45,15 +53,19 @@ __all__ = [
     "WorkerDispatch",
     "WorkerRuntime",
     "WorkerSettings",
+    "WorkerStartError",
     "celery_config",
+    "check_broker",
     "close_worker_runtime",
     "create_celery_app",
+    "default_node_name",
     "libpq_url",
     "load_worker_settings",
     "notify",
     "prepare_worker",
     "publish_run",
     "run_ledger_task",
+    "start_worker",
     "worker_argv",
     "worker_runtime",
 ]

@@ -10,6 +10,8 @@ numbers behind them were measured on RabbitMQ 3.10 (docs/deploy.md).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +26,7 @@ __all__ = [
     "RunHook",
     "celery_config",
     "create_celery_app",
+    "default_node_name",
     "publish_run",
     "run_ledger_task",
     "worker_argv",
@@ -179,13 +182,24 @@ def publish_run(app: Celery, task_id: str, dispatch: int) -> None:
     app.send_task(RUN_TASK, args=(task_id, dispatch))
 
 
+def default_node_name(pid: int | None = None) -> str:
+    """The node name of a ``relaygraph worker`` not given ``--hostname``:
+    ``relaygraph-<pid>@<host>``, unique per process on a host.
+
+    Celery's own default, ``celery@<host>``, is the same for every worker of a host, and
+    RabbitMQ lets only one connection hold a node's exclusive control queue
+    (``<name>.<exchange>.pidbox``): a second worker started the same way failed to start.
+    """
+    return f"relaygraph-{os.getpid() if pid is None else pid}@{socket.gethostname()}"
+
+
 def worker_argv(settings: WorkerSettings, *, hostname: str | None = None) -> list[str]:
-    """The arguments of ``app.worker_main`` for a ``relaygraph worker`` process.
+    """The arguments of ``app.start`` for a ``relaygraph worker`` process.
 
     Args:
         settings: Its queues and concurrency.
         hostname: The worker's node name (``name@host``); two workers on one host need
-            different names. Celery's default (``celery@<host>``) when None.
+            different names. :func:`default_node_name` when None.
     """
     argv = [
         "worker",
@@ -199,6 +213,5 @@ def worker_argv(settings: WorkerSettings, *, hostname: str | None = None) -> lis
         "--without-gossip",
         "--loglevel=INFO",
     ]
-    if hostname is not None:
-        argv.append(f"--hostname={hostname}")
+    argv.append(f"--hostname={hostname if hostname is not None else default_node_name()}")
     return argv
