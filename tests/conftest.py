@@ -101,7 +101,8 @@ def postgres_server() -> str:
                 connection.execute(text("SELECT 1"))
             return url
         except SQLAlchemyError as exc:
-            problems.append(f"{url}: {str(exc.orig or exc).strip().splitlines()[0]}")
+            reason = getattr(exc, "orig", None) or exc  # DBAPIError carries the driver's own
+            problems.append(f"{url}: {str(reason).strip().splitlines()[0]}")
         finally:
             engine.dispose()
     message = "PostgreSQL is not reachable: " + "; ".join(problems)
