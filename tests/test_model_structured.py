@@ -311,3 +311,36 @@ def test_an_answer_cut_at_max_tokens_is_repaired_like_invalid_output(
     assert decision.error == (
         "the answer reached the token limit before its JSON was complete (30 tokens)"
     )
+
+
+@pytest.mark.parametrize("method", ["json_schema", "json_mode"])
+def test_an_answer_cut_at_max_tokens_counts_its_tokens(
+    monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """The cut reply's tokens were generated (and billed): the decision's raw replies carry
+    the server's usage, which the supervisor's accounting records, not 0 "estimated"."""
+    long_reason = {**ROUTE, "reason": "because " * 40}
+    script = {"supervisor": [{"route": long_reason}, {"route": ROUTE}]}
+    with serve_script(script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        model = load_model(
+            f"openai:script-supervisor?structured={method}&max_tokens=30", agent="supervisor"
+        )
+        decision = route_next_agent(model, PROMPT, agents=["writer"], config={})
+    cut, repaired = decision.raw
+    assert cut.usage_metadata is not None
+    assert cut.usage_metadata["output_tokens"] == 30
+    assert cut.usage_metadata["input_tokens"] > 0
+    assert repaired.usage_metadata is not None
+
+
+def test_a_reply_that_is_json_but_no_route_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = {"supervisor": [{"content": '{"answer": 42}'}, {"route": ROUTE}]}
+    with serve_script(script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        model = load_model("openai:script-supervisor?structured=json_mode", agent="supervisor")
+        decision = route_next_agent(model, PROMPT, agents=["writer"], config={})
+    assert decision.route.next == "writer"
+    assert decision.error is not None
+    assert decision.error.startswith("the reply is JSON but not a route")
+    assert "Field required" not in decision.error

@@ -98,8 +98,11 @@ def test_openai_route_that_breaks_the_schema_is_repaired(
     assert result.status == "succeeded", result.stop_reason
     assert result.agents_run == ["writer"]
     assert next(e for e in events if e["type"] == "route")["repaired"] is True
-    # The repair prompt quotes the error to the model.
-    assert "not a valid route" in json.dumps(repair["messages"])
+    # The repair prompt quotes the error to the model: the reply is not JSON, not a route
+    # that lacks a field.
+    said = repair["messages"][-1]["content"]
+    assert "not a valid route" in said and "Field required" not in said
+    assert "I think the writer should go" in said
 
 
 def test_tool_supervisor_over_http_asks_for_one_transfer_at_a_time(

@@ -137,8 +137,16 @@ def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
         "next": {"enum": ["researcher", "coder", "writer", FINISH]},
         "task": {"type": "string"},
         "reason": {"type": "string"},
-        # The plan (optional): later steps as 'agent: task' strings, the shortest form.
-        "then": {"items": {"type": "string"}, "type": "array"},
+        # The plan (optional): later steps as 'agent: task' strings, the shortest form, with
+        # the pattern the check applies (a grammar-constrained server writes no step the
+        # check refuses: issue 42).
+        "then": {
+            "items": {
+                "type": "string",
+                "pattern": "^ *(researcher|coder|writer) *: *[^ \\t-\\r].*$",
+            },
+            "type": "array",
+        },
     }
 
 

@@ -4,8 +4,12 @@ while every step finishes with a result; anything else asks the supervisor again
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relaygraph.models.local._team import without_plan
 from relaygraph.supervisor import FINISH
@@ -71,7 +75,9 @@ def test_a_planned_step_runs_without_a_supervisor_call(over_http: Any) -> None:
     assert "- researcher: A checkpoint is written after every super-step" in scoped
     # The route schema offers the plan, a list of strings.
     schema = _of(requests, "supervisor")[0]["response_format"]["json_schema"]["schema"]
-    assert schema["properties"]["then"] == {"items": {"type": "string"}, "type": "array"}
+    then = schema["properties"]["then"]
+    assert then["type"] == "array" and then["items"]["type"] == "string"
+    assert then["items"]["pattern"].startswith("^ *(researcher|coder|writer) *:")
     assert "then" not in schema["required"]
 
 
@@ -228,3 +234,30 @@ def test_other_topologies_play_a_plan_one_route_per_step(tmp_path: Path) -> None
     ):
         result = run_task("When?", model=f"scripted:{path}", topology=topology)
         assert result.agents_run == ["researcher", "writer"], topology
+
+
+@given(st.data())
+def test_every_step_the_schema_allows_is_a_step_the_check_accepts(data: st.DataObject) -> None:
+    """A server that decodes under the schema cannot write a plan the check refuses: every
+    string the ``then`` pattern matches passes validation."""
+    agents = ["researcher", "co-der", "writer_2"]
+    schema = route_json_schema(route_model(agents))
+    pattern = schema["properties"]["then"]["items"]["pattern"]
+    step = data.draw(st.from_regex(pattern, fullmatch=True))
+    route = route_model(agents)(next="researcher", task="look", reason="r", then=[step])
+    assert route.planned_steps()[0][0] in agents
+
+
+def test_the_plan_pattern_refuses_what_the_check_refuses() -> None:
+    pattern = re.compile(
+        route_json_schema(route_model(["researcher"]))["properties"]["then"]["items"]["pattern"]
+    )
+    assert pattern.fullmatch("researcher: look it up")
+    for step in (
+        "researcher:",
+        "researcher: \t",
+        "designer: draw",
+        "FINISH: stop",
+        "look it up",
+    ):
+        assert not pattern.fullmatch(step), step

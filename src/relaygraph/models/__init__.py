@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from relaygraph.errors import ModelSpecError
 from relaygraph.models._doctor import add_doctor_parser, run_doctor
-from relaygraph.models._errors import ModelCallError
+from relaygraph.models._errors import AnswerCut, ModelCallError
 from relaygraph.models._options import (
     STRUCTURED_ENV,
     STRUCTURED_METHODS,
@@ -29,6 +29,7 @@ __all__ = [
     "PROVIDERS",
     "STRUCTURED_ENV",
     "STRUCTURED_METHODS",
+    "AnswerCut",
     "ModelCallError",
     "ModelSpec",
     "OpenAIOptions",

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.exceptions import OutputParserException
 
 from relaygraph.errors import RunError
 from relaygraph.events import ModelErrorEvent
 
-__all__ = ["ModelCallError", "server_message"]
+if TYPE_CHECKING:
+    from langchain_core.messages import AIMessage
+
+__all__ = ["AnswerCut", "ModelCallError", "server_message"]
 
 _MAX_MESSAGE = 300
 # A FastAPI/pydantic validation error as llama-cpp-python's server words it:
@@ -104,3 +109,18 @@ class ModelCallError(RunError):
             error=self.detail,
             attempts=self.attempts,
         )
+
+
+class AnswerCut(OutputParserException):
+    """A structured answer that stopped before its JSON was complete (the token limit, or the
+    server's content filter).
+
+    Attributes:
+        reply: What the server answered, with the usage it reported: the tokens were spent
+            (and must be counted against budgets) although the answer cannot be used. None
+            when the server's answer held no message at all.
+    """
+
+    def __init__(self, message: str, reply: AIMessage | None) -> None:
+        super().__init__(message)
+        self.reply = reply

@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 import httpx2
 import openai
-from langchain_core.exceptions import OutputParserException
-from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableSequence
 from langchain_core.runnables.config import ensure_config
 from langchain_openai import ChatOpenAI
@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from relaygraph.errors import ConfigError, ModelSpecError
 from relaygraph.events import ModelRetryEvent, StructuredMethodEvent, event_sink
-from relaygraph.models._errors import ModelCallError, server_message
+from relaygraph.models._errors import AnswerCut, ModelCallError, server_message
 from relaygraph.models._options import (
     STRUCTURED_ENV,
     STRUCTURED_METHODS,
@@ -149,21 +149,32 @@ def _with_instruction(messages: list[BaseMessage], instruction: str) -> list[Bas
     return [SystemMessage(content=instruction), *messages]
 
 
-def _unparsed(exc: Exception) -> OutputParserException:
+def _unparsed(exc: Exception) -> AnswerCut:
     if isinstance(exc, openai.LengthFinishReasonError):
         usage = exc.completion.usage
-        return _cut_answer("length", usage.completion_tokens if usage else None)
-    return _cut_answer("content_filter", None)
+        reply = AIMessage(content="")
+        if usage is not None:
+            reply.usage_metadata = UsageMetadata(
+                input_tokens=usage.prompt_tokens,
+                output_tokens=usage.completion_tokens,
+                total_tokens=usage.total_tokens,
+            )
+        choice = exc.completion.choices[0] if exc.completion.choices else None
+        if choice is not None and choice.message.content:
+            reply.content = choice.message.content
+        return _cut_answer("length", usage.completion_tokens if usage else None, reply)
+    return _cut_answer("content_filter", None, None)
 
 
-def _cut_answer(finish_reason: str, tokens: int | None) -> OutputParserException:
+def _cut_answer(finish_reason: str, tokens: int | None, reply: AIMessage | None) -> AnswerCut:
     """A structured answer that stopped before its JSON was complete, as what it is."""
     if finish_reason == "length":
-        return OutputParserException(
+        return AnswerCut(
             "the answer reached the token limit before its JSON was complete"
-            + (f" ({tokens} tokens)" if tokens else "")
+            + (f" ({tokens} tokens)" if tokens else ""),
+            reply,
         )
-    return OutputParserException("the server's content filter stopped the answer")
+    return AnswerCut("the server's content filter stopped the answer", reply)
 
 
 def _check_json_answer(result: ChatResult, kwargs: Mapping[str, Any]) -> ChatResult:
@@ -171,10 +182,16 @@ def _check_json_answer(result: ChatResult, kwargs: Mapping[str, Any]) -> ChatRes
     ``_get_request_payload``), as the SDK's ``parse()`` does for the others."""
     if not isinstance(kwargs.get("response_format"), dict) or not result.generations:
         return result
-    finish = (result.generations[0].generation_info or {}).get("finish_reason")
+    generation = result.generations[0]
+    finish = (generation.generation_info or {}).get("finish_reason")
     if finish in ("length", "content_filter"):
         usage = (result.llm_output or {}).get("token_usage") or {}
-        raise _cut_answer(finish, usage.get("completion_tokens"))
+        reply = getattr(generation, "message", None)
+        raise _cut_answer(
+            finish,
+            usage.get("completion_tokens"),
+            reply if isinstance(reply, AIMessage) else None,
+        )
     return result
 
 

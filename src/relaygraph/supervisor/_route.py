@@ -22,7 +22,7 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from relaygraph._names import FINISH
-from relaygraph.models import ModelCallError
+from relaygraph.models import AnswerCut, ModelCallError
 
 __all__ = ["FINISH", "Route", "RouteDecision", "route_model", "route_next_agent"]
 
@@ -63,7 +63,7 @@ class Route(BaseModel):
 
 def _planned_step(step: str, agents: tuple[str, ...]) -> tuple[str, str]:
     agent, colon, task = step.partition(":")
-    agent, task = agent.strip(), task.strip()
+    agent, task = agent.strip(), task.strip(_BLANK)
     if not colon or not task:
         raise ValueError(f"each step of 'then' must be 'agent: task'; got {step!r}")
     if agent == FINISH or (agents and agent not in agents):
@@ -121,6 +121,26 @@ def route_json_schema(schema: type[Route]) -> dict[str, Any]:
     return json.loads(_route_json_text(schema))
 
 
+def plan_step_pattern(agents: Sequence[str]) -> str:
+    """The regular expression every step of ``then`` must match: ``'agent: task'`` with an
+    agent of ``agents`` and a task that is not blank.
+
+    It goes into the JSON schema sent to the server, so that a server that decodes under the
+    schema (llama.cpp's grammars, vLLM's guided decoding) can only write steps that
+    :func:`_planned_step` accepts: stricter than the check (spaces only around the colon, a
+    task on one line), never looser. It keeps to the regex subset those grammars translate
+    (literals, capturing groups, alternation, classes, ``*``): no ``\\s``, no ``(?:``.
+    """
+    # An agent's name is letters, digits, '_' and '-' (Agent checks it): literal in a regex.
+    names = "|".join(agents)
+    return f"^ *({names}) *: *[^ \\t-\\r].*$"
+
+
+_BLANK = " \t\n\r\x0b\x0c"
+"""What a planned task may not consist of alone: the ASCII white space, the class the
+pattern above excludes from a task's first character (``[^ \\t-\\r]``)."""
+
+
 @functools.lru_cache(maxsize=256)
 def _route_json_text(schema: type[Route]) -> str:
     full = schema.model_json_schema()
@@ -136,6 +156,9 @@ def _route_json_text(schema: type[Route]) -> str:
             for name, field in full["properties"].items()
         },
     }
+    if schema.agents_allowed:
+        steps = trimmed["properties"]["then"]["items"]
+        steps["pattern"] = plan_step_pattern(schema.agents_allowed)
     return json.dumps(trimmed)
 
 
@@ -201,17 +224,38 @@ def _attempt(
         return _Attempt(None, None, f"the model call failed: {exc.reason}")
     except (OutputParserException, ValueError) as exc:
         # Some providers raise instead of reporting a parsing error; treat it the same way.
-        return _Attempt(None, AIMessage(content=f"(unparseable output: {exc})"), _describe(exc))
+        # A cut answer carries what the server answered: its tokens were spent all the same.
+        reply = exc.reply if isinstance(exc, AnswerCut) else None
+        unparsed = AIMessage(content=f"(unparseable output: {exc})")
+        if reply is not None:
+            unparsed.usage_metadata = reply.usage_metadata
+            unparsed.response_metadata = reply.response_metadata
+        return _Attempt(None, unparsed, _describe(exc))
     raw = out.get("raw")
     raw_msg = raw if isinstance(raw, AIMessage) else AIMessage(content=str(raw))
     if out.get("parsing_error") is not None:
         return _Attempt(None, raw_msg, _describe(out["parsing_error"]))
     parsed = out.get("parsed")
+    unreadable = _not_a_route(parsed, raw_msg)
+    if unreadable is not None:
+        return _Attempt(None, raw_msg, unreadable)
     try:
         return _Attempt(schema.model_validate(parsed), raw_msg, None)
     except ValidationError as exc:
         asked = parsed.get("next") if isinstance(parsed, dict) else None
         return _Attempt(None, raw_msg, _describe(exc), asked if isinstance(asked, str) else None)
+
+
+def _not_a_route(parsed: Any, raw: AIMessage) -> str | None:
+    """Why a reply holds no route at all (no JSON object, or one with none of the route's
+    keys), said as such: validating it would only report "next: Field required"."""
+    if isinstance(parsed, dict) and parsed.keys() & Route.model_fields.keys():
+        return None
+    said = raw.text.strip() or (json.dumps(raw.tool_calls[0]["args"]) if raw.tool_calls else "")
+    excerpt = f"{said[:120]!r}{'...' if len(said) > 120 else ''}" if said else "nothing"
+    if isinstance(parsed, dict):
+        return f"the reply is JSON but not a route (no 'next', 'task' or 'reason'): {excerpt}"
+    return f"the reply is not a JSON object: it said {excerpt}"
 
 
 def _as_text(reply: AIMessage) -> AIMessage:
