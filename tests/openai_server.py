@@ -135,7 +135,20 @@ PROFILES = {
     p.name: p for p in (OPENAI, LLAMA_CPP_PYTHON, VLLM_NO_TOOL_PARSER, OLLAMA, STRICT_FIELDS)
 }
 
-FAULT_KINDS = ("429", "500", "503", "timeout", "truncated")
+FAULT_KINDS = (
+    "429",
+    "500",
+    "503",
+    "timeout",
+    "truncated",
+    "empty_choices",
+    "null_message",
+    "not_json",
+    "html",
+)
+"""How a faulted request is answered. The last four are 200s whose body is no answer, as
+gateways and half-compatible servers send them: ``choices: []``, ``message: null``, a body that
+is not JSON, an HTML error page."""
 
 KeyFrom = Callable[[dict[str, Any]], str | None]
 """Picks the script key of a request from its JSON body; None: the model's key."""
@@ -874,6 +887,34 @@ class _Handler(BaseHTTPRequestHandler):
         elif fault == "timeout":
             time.sleep(faults.stall_seconds)
             self._hang_up()
+        elif fault in ("empty_choices", "null_message"):
+            choices = (
+                []
+                if fault == "empty_choices"
+                else [{"index": 0, "message": None, "finish_reason": "stop", "logprobs": None}]
+            )
+            answer = {
+                "id": "chatcmpl-malformed",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": choices,
+                "usage": {"prompt_tokens": 11, "completion_tokens": 0, "total_tokens": 11},
+            }
+            self._send_json(200, answer)
+        elif fault in ("not_json", "html"):
+            page = (
+                b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+                if fault == "html"
+                else b"upstream said: ok"
+            )
+            kind = "text/html" if fault == "html" else "application/json"
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            with suppress(OSError):
+                self.wfile.write(page)
         elif body.get("stream"):  # truncated: half a stream, no end
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")

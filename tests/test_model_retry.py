@@ -227,3 +227,49 @@ def test_retry_after_as_an_http_date() -> None:
     when = email.utils.formatdate(time.time() + 30, usegmt=True)
     wait = retry_after({"retry-after": when})
     assert wait is not None and 28 <= wait <= 30
+
+
+MALFORMED = ["empty_choices", "null_message", "not_json", "html"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+@pytest.mark.parametrize("kind", MALFORMED)
+def test_a_malformed_200_is_a_model_error_naming_the_server(
+    serve: Any, kind: str, stream: bool
+) -> None:
+    """A 200 with no chat completion in it (no choices, a null message, a body that is not
+    JSON, an HTML page) is a failed call, as a 500 is: not a bare IndexError or
+    JSONDecodeError that names no role, spec or server."""
+    server = serve(Faults(sequence=[kind]))
+    model = load_model("openai:script-researcher", agent="researcher")
+    error, events = in_graph(
+        (lambda: list(model.stream("hello"))) if stream else (lambda: model.invoke("hello"))
+    )
+    assert isinstance(error, ModelCallError), error
+    assert error.status == 200 and error.role == "researcher"
+    assert error.model == "openai:script-researcher"
+    assert f"the server at {server.base_url} answered with " in error.detail
+    assert events[-1]["type"] == "model_error" and events[-1]["role"] == "researcher"
+    # The faulted request played no turn: the next call gets the script's answer.
+    assert model.invoke("hello").content == "first answer"
+
+
+@pytest.mark.parametrize("kind", ["500", "html"])
+def test_a_malformed_200_ends_a_swarm_as_a_500_does(
+    serve: Any, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relaygraph.runner import run_task
+    from relaygraph.topology import Topology
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    serve(Faults(sequence=[kind] * 8, models=frozenset({"script-researcher"})))
+    result = run_task(
+        "When are checkpoints written?",
+        model="openai:script-researcher?max_retries=0",
+        topology=Topology.parse("swarm"),
+    )
+    # The same ending for both (it failed the whole task on a malformed 200): the failed
+    # call is named, with its role and the server's answer.
+    assert result.status == "degraded"
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("model_error: researcher: HTTP ")

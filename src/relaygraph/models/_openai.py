@@ -91,6 +91,16 @@ _UNPARSED_ANSWERS: tuple[type[Exception], ...] = (
 )
 """The SDK's structured-output parse gave up on an answer that came: an output problem
 (like invalid JSON), not a failed call."""
+_MALFORMED_ANSWERS: tuple[type[Exception], ...] = (
+    IndexError,
+    AttributeError,
+    TypeError,
+    KeyError,
+    ValueError,
+)
+"""What the SDK and ChatOpenAI raise, bare, on a 200 whose body is no chat completion (no
+``choices``, a null message, a body that is not JSON or is an HTML page, a stream without an
+answer): the server failed the call as surely as with a 500, and is treated as such."""
 
 _probing: ContextVar[StructuredMethod | None] = ContextVar("relaygraph_probing", default=None)
 """The structured method ``auto`` is trying: its rejection is expected, not reported."""
@@ -344,6 +354,31 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             self._report(error)
         return error
 
+    def _malformed(self, exc: Exception) -> ModelCallError:
+        """A 200 that held no answer, as a failed call naming the server and what was wrong."""
+        said = " ".join(str(exc).split())[:160]
+        if isinstance(exc, json.JSONDecodeError):
+            what = f"a body that is not JSON ({said})"
+        elif isinstance(exc, IndexError):
+            what = "no choices"
+        elif isinstance(exc, (AttributeError, TypeError)) and "NoneType" in said:
+            what = "a null message or field"
+        elif "No generations found in stream" in said:
+            what = "a stream without an answer"
+        elif "Unexpected response type" in said:
+            what = "a body that is not a chat completion (" + said.split("got ", 1)[-1] + ")"
+        else:
+            what = f"an answer that could not be read ({type(exc).__name__}: {said})"
+        error = ModelCallError(
+            role=self.relaygraph_role or "model",
+            model=self.relaygraph_spec or f"openai:{self.model_name}",
+            status=200,
+            detail=f"the server at {self.openai_api_base or OPENAI_API} answered with {what}",
+            attempts=attempts_made.get(),
+        )
+        self._report(error)
+        return error
+
     def _no_answer(self, exc: Exception) -> str:
         """What went wrong when no answer came, from the transport's own error (the SDK and
         LangChain wrap it, once each)."""
@@ -386,6 +421,10 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
+        except _MALFORMED_ANSWERS as exc:
+            raise self._malformed(exc) from exc
+        if not result.generations:  # `choices: []`: ChatOpenAI returns an empty result.
+            raise self._malformed(IndexError("no choices"))
         return _check_json_answer(result, kwargs)
 
     async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
@@ -396,6 +435,10 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
+        except _MALFORMED_ANSWERS as exc:
+            raise self._malformed(exc) from exc
+        if not result.generations:  # `choices: []`: ChatOpenAI returns an empty result.
+            raise self._malformed(IndexError("no choices"))
         return _check_json_answer(result, kwargs)
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
@@ -405,14 +448,16 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             with closing(chunks):  # a stream left early ends its response at once
                 with reporting_retries(self._retried):
                     first = next(chunks, None)
-                if first is None:
-                    return
+                if first is None:  # A 200 whose stream held no chunk: no answer came.
+                    raise ValueError("No generations found in stream.")
                 yield first
                 yield from chunks
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
+        except _MALFORMED_ANSWERS as exc:
+            raise self._malformed(exc) from exc
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         try:
@@ -420,8 +465,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             async with aclosing(chunks):
                 with reporting_retries(self._retried):
                     first = await anext(chunks, None)
-                if first is None:
-                    return
+                if first is None:  # A 200 whose stream held no chunk: no answer came.
+                    raise ValueError("No generations found in stream.")
                 yield first
                 async for chunk in chunks:
                     yield chunk
@@ -429,6 +474,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
+        except _MALFORMED_ANSWERS as exc:
+            raise self._malformed(exc) from exc
 
     # -- structured output -------------------------------------------------------------
 
