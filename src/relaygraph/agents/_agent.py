@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,7 @@ class Agent:
         kb = _as_tuple(self.kb, f"{where}: kb")
         object.__setattr__(self, "kb", tuple(Path(folder) for folder in kb))
         names = [tool_name(t) for t in self.tools]
-        doubled = sorted({n for n in names if names.count(n) > 1})
+        doubled = sorted(name for name, count in Counter(names).items() if count > 1)
         if doubled:
             raise ConfigError(f"{where}: tool(s) {', '.join(map(repr, doubled))} given twice")
 

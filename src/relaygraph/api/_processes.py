@@ -250,6 +250,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         max_attempts=settings.max_attempts,
         sandbox_isolation_required=not settings.unsafe_sandbox,
         teams=teams.resolve,
+        policies=teams.policy_for,
         pull=True,
     )
     settle_long_lived()  # as the server does before its first task

@@ -144,6 +144,7 @@ class ServiceState:
             max_attempts=self.settings.max_attempts,
             sandbox_isolation_required=not self.settings.unsafe_sandbox,
             teams=self.teams.resolve,
+            policies=self.teams.policy_for,
             pull=spread,
         )
         dispatch: TaskWorkers | TaskProcesses = workers

@@ -41,7 +41,8 @@ class ChosenTeam:
     """The registered version; None for the built-in team and the server's own."""
     origin: TeamOrigin
     policy: TeamPolicy
-    """The team's policy (for the built-in team, the server's ``--policy``)."""
+    """The policy a request may tighten: the built-in team's is the server's ``--policy``;
+    a registered team's, its own under that ceiling; a server team's, its own."""
 
     @property
     def record(self) -> dict[str, Any]:
@@ -63,11 +64,6 @@ class TeamRegistry(ServiceTeams):
     ) -> None:
         super().__init__(ledger=ledger, settings=settings, home=home)
         self.settings = settings
-        self.builtin_policy = (
-            self.builtin.policy_from(settings.policy_file)
-            if settings.policy_file
-            else self.builtin.resolved_policy
-        )
 
     def reserved(self, name: str) -> bool:
         """Whether ``name`` is the built-in team's or a server team's (no project's)."""
@@ -90,7 +86,7 @@ class TeamRegistry(ServiceTeams):
                     "version",
                 )
             return ChosenTeam(
-                team=self.builtin, version=None, origin="builtin", policy=self.builtin_policy
+                team=self.builtin, version=None, origin="builtin", policy=self.ceiling.policy
             )
         server = self.server_teams.get(name)
         if server is not None:
@@ -121,7 +117,10 @@ class TeamRegistry(ServiceTeams):
                 422, "invalid_team", f"team {name!r} version {found.version}: {exc}", "team"
             ) from None
         return ChosenTeam(
-            team=team, version=found.version, origin="project", policy=team.resolved_policy
+            team=team,
+            version=found.version,
+            origin="project",
+            policy=self.capped(team.resolved_policy),
         )
 
     def models_in(self, definition: Mapping[str, Any]) -> None:

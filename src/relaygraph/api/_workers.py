@@ -47,6 +47,7 @@ class TaskWorkers:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         sandbox_isolation_required: bool = True,
         teams: Callable[[Task], Any] | None = None,
+        policies: Callable[[Task, Any], Any] | None = None,
         pull: bool = False,
     ) -> None:
         """
@@ -61,6 +62,8 @@ class TaskWorkers:
                 offers no filesystem isolation (``serve --unsafe-sandbox`` turns it off).
             teams: Finds the team a task records (the server's registered teams); see
                 :class:`~relaygraph.runner.TaskRunner`.
+            policies: The policy a task runs under (the operator's ceiling over the one
+                it recorded); see :class:`~relaygraph.runner.TaskRunner`.
             pull: Take queued tasks from the ledger only when a worker is free
                 (:meth:`pull`), as one of several processes that share the ledger's queue
                 (``serve --processes``), instead of queueing every task handed over here.
@@ -76,6 +79,7 @@ class TaskWorkers:
             lease_seconds=lease_seconds,
             sandbox_isolation_required=sandbox_isolation_required,
             teams=teams,
+            policies=policies,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}

@@ -44,8 +44,9 @@ class RunnerSettings(BaseSettings):
     """Run tenants' ``run_python`` code even where the host offers no filesystem isolation
     (no bubblewrap): the code can then read and write the server's files."""
     policy_file: Path | None = None
-    """The built-in team's base policy (``serve --policy``); a request's policy may only
-    tighten it."""
+    """The built-in team's base policy (``serve --policy``), and the ceiling of every
+    task's: a project's registered team runs under the tighter of its own and this, key by
+    key, and a request's policy may only tighten. None: the default policy is both."""
     team_files: list[Path] = Field(default_factory=list)
     """Team files the operator loads at start (``serve --team FILE``, repeatable): every
     project may run them by name. Only these may use stdio MCP servers, ``./file.py`` tools
@@ -57,6 +58,14 @@ class RunnerSettings(BaseSettings):
     """Where the MCP servers over HTTP that a project's registered team may use are: each
     ``host:port``, or a bare ``host`` for its URL scheme's default port (80, 443) only;
     none by default."""
+    team_max_agents: int = Field(default=32, ge=1, le=1000)
+    """Agents a project's registered team may have (``PUT /v1/teams``: 422 past it)."""
+    team_max_tools_per_agent: int = Field(default=64, ge=1, le=10_000)
+    """Tools one agent of a registered team may have, an MCP server's ``*`` expanded."""
+    team_max_depth: int = Field(default=8, ge=4, le=30)
+    """Levels of tables and arrays a registered team's definition may nest, itself the
+    first (a team file's deepest keys, ``[policy.agents.NAME] tools``, are 5). At most 30:
+    a request body nests 32 levels at most."""
     database_url: str | None = None
     """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
     home: Path | None = None

@@ -56,6 +56,7 @@ class TaskRunner:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         sandbox_isolation_required: bool = False,
         teams: Callable[[Task], Team] | None = None,
+        policies: Callable[[Task, TeamPolicy], TeamPolicy] | None = None,
     ) -> None:
         """
         Args:
@@ -70,6 +71,8 @@ class TaskRunner:
                 (a user's own runs), such code runs with a warning.
             teams: Finds the team a task records when the caller passes none (the task
                 service's registered teams); :func:`team_of_record` when None.
+            policies: The policy a task runs under, from the one it recorded (the task
+                service's ceiling: ``ServiceTeams.policy_for``); the recorded one when None.
         """
         self.ledger = ledger
         self.home = home
@@ -77,6 +80,7 @@ class TaskRunner:
         self.lease_seconds = lease_seconds
         self.sandbox_isolation_required = sandbox_isolation_required
         self.teams = teams or team_of_record
+        self.policies = policies
 
     def run(
         self,
@@ -155,6 +159,11 @@ class TaskRunner:
             # taken again at once, and again.
             source = task.metadata.get("policy_source") or "<task>"
             policy = stored_policy(task.policy or {}, source=source)
+            if self.policies is not None:
+                # Capped at each run, not only at submission: a ceiling tightened since
+                # (a server restarted with a tighter --policy) holds for a task queued or
+                # paused before it, and for a worker as for the server.
+                policy = self.policies(task, policy)
             topology = Topology.from_mapping(task.topology)
             team, graph_team = self._team_graph(task, team, models, policy, topology)
             context = self._context(task, team, attempt)

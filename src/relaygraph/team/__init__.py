@@ -9,6 +9,7 @@
 built-in researcher, coder and writer, made through the same public path.
 """
 
+from relaygraph.team._bounds import TeamBounds, check_bounds, check_tool_counts, read_toml
 from relaygraph.team._errors import TeamFileError
 from relaygraph.team._file import OPERATOR, TeamTrust, load_team, parse_team
 from relaygraph.team._team import DEFAULT_TEAM_NAME, Team, default_team
@@ -17,9 +18,13 @@ __all__ = [
     "DEFAULT_TEAM_NAME",
     "OPERATOR",
     "Team",
+    "TeamBounds",
     "TeamFileError",
     "TeamTrust",
+    "check_bounds",
+    "check_tool_counts",
     "default_team",
     "load_team",
     "parse_team",
+    "read_toml",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -81,16 +82,19 @@ class Team:
                 raise ConfigError(f"team {self.name!r}: {agent!r} is not an Agent")
         object.__setattr__(self, "agents", agents)
         names = [a.name for a in agents]
-        doubled = sorted({n for n in names if names.count(n) > 1})
+        doubled = sorted(name for name, count in Counter(names).items() if count > 1)
         if doubled:
             raise ConfigError(f"team {self.name!r}: two agents are named {doubled[0]!r}")
+        # A set: every agent's handoffs are checked against every name, and a team's cost to
+        # build must stay linear in its size (a registered team is built on a request).
+        known = set(names)
         for agent in agents:
             for peer in agent.handoffs or ():
                 if peer == agent.name:
                     raise ConfigError(
                         f"team {self.name!r}: agent {agent.name!r} hands off to itself"
                     )
-                if peer not in names:
+                if peer not in known:
                     raise ConfigError(
                         f"team {self.name!r}: agent {agent.name!r} hands off to {peer!r}, "
                         f"which is no agent of the team ({', '.join(names)})"
@@ -126,9 +130,10 @@ class Team:
                 return agent
         raise ConfigError(f"team {self.name!r} has no agent {name!r}")
 
-    @property
+    @cached_property
     def roster(self) -> Roster:
-        """Each agent's tools and peers before a policy narrows them."""
+        """Each agent's tools and peers before a policy narrows them (made once: the
+        digest and the policy read it for every agent)."""
         names = self.agent_names
         return MappingProxyType(
             {

@@ -2,7 +2,6 @@
 run (the built-in team, the server's own, its own)."""
 
 import re
-import tomllib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
@@ -20,21 +19,21 @@ from relaygraph.api._state import ServiceState
 from relaygraph.api._teams import is_team_name
 from relaygraph.errors import ConfigError
 from relaygraph.store import Project
-from relaygraph.team import DEFAULT_TEAM_NAME, TeamFileError
+from relaygraph.team import DEFAULT_TEAM_NAME, TeamBounds, TeamFileError, read_toml
 
 __all__ = ["teams_router"]
 
 VERSION = re.compile(r"[0-9]{1,10}")
 
 
-def _definition(body: TeamIn) -> tuple[dict[str, Any], str]:
+def _definition(body: TeamIn, bounds: TeamBounds) -> tuple[dict[str, Any], str]:
     """The team file's content, and the body field it came in."""
     if body.definition is not None:
         return body.definition, "definition"
     try:
-        data = tomllib.loads(body.toml or "")
-    except tomllib.TOMLDecodeError as exc:
-        raise ErrorAnswer(422, "invalid_team", f"toml is not valid TOML: {exc}", "toml") from None
+        data = read_toml(body.toml or "", bounds=bounds)
+    except ConfigError as exc:
+        raise ErrorAnswer(422, "invalid_team", str(exc), "toml") from None
     try:
         check_json_text(data, "toml")
     except PydanticCustomError as exc:
@@ -68,7 +67,11 @@ def teams_router(state: ServiceState) -> APIRouter:
         },
     )
     def push_team(name: str, body: TeamIn, project: ProjectDep, response: Response) -> Any:
-        """Register a version of a team for this project (201), or find it unchanged (200)."""
+        """Register a version of a team for this project (201), or find it unchanged (200).
+
+        A definition past the operator's bounds (agents, tools per agent, nesting) is 422
+        ``invalid_team``; one whose policy allows more than the operator's policy, 422
+        ``policy_loosens`` naming each key with both values."""
         if not is_team_name(name):
             raise ErrorAnswer(
                 422,
@@ -86,12 +89,21 @@ def teams_router(state: ServiceState) -> APIRouter:
                 + "; register yours under another name",
                 "name",
             )
-        definition, source = _definition(body)
+        definition, source = _definition(body, registry.bounds)
         registry.models_in(definition)
         try:
-            team = registry.build(name, definition)
+            team = registry.build(name, definition, field=source)
         except ConfigError as exc:
             raise ErrorAnswer(422, "invalid_team", str(exc), _field(exc, source)) from None
+        loosens = registry.loosenings(team)
+        if loosens:
+            raise ErrorAnswer(
+                422,
+                "policy_loosens",
+                f"team {name!r}: its policy loosens the operator's ({registry.ceiling.source}): "
+                + "; ".join(map(str, loosens)),
+                f"{source}.policy",
+            )
         try:
             version, created = ledger().register_team(
                 project.id, name, definition={**definition, "name": name}, digest=team.digest
