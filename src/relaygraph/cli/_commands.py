@@ -8,9 +8,13 @@ Each command takes the parsed arguments and returns the exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from relaygraph.cli._argtypes import topology_of
@@ -36,25 +40,101 @@ def _team_arg(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``relaygraph run``: run a task through the team, in this process."""
+    """``relaygraph run``: run a task through the team, in this process.
+
+    Ctrl-C or SIGTERM stops the task at its next step, ``cancelled``, and prints its result;
+    a second one stops it at once, ``cancelled`` on the record all the same.
+    """
     from relaygraph.cli._console import ProgressPrinter
     from relaygraph.runner import run_task
 
     agent_models = dict(args.agent_model)
     printer = ProgressPrinter()
     team = _team_arg(args)
-    result = run_task(
-        args.task,
-        team=team,
-        model=args.model,
-        agent_models=agent_models,
-        thread_id=args.thread,
-        policy=args.policy,
-        home=args.home,
-        on_event=printer,
-        topology=topology_of(args, team.arrangement),
-    )
-    return _report(result, as_json=args.json)
+    started: list[str] = []
+
+    def on_event(event: Any) -> None:
+        if event.get("type") == "run_started":
+            started.append(event["task_id"])
+        printer(event)
+
+    cancel = threading.Event()
+    try:
+        with _stopping_on_signals(cancel):
+            result = run_task(
+                args.task,
+                team=team,
+                model=args.model,
+                agent_models=agent_models,
+                thread_id=args.thread,
+                policy=args.policy,
+                home=args.home,
+                on_event=on_event,
+                topology=topology_of(args, team.arrangement),
+                cancel=cancel,
+            )
+    except KeyboardInterrupt:
+        if not started:
+            raise
+        return _report_stopped(started[0], args)
+    code = _report(result, as_json=args.json)
+    return EXIT_STOPPED if result.status == "cancelled" else code
+
+
+EXIT_STOPPED = 130
+"""The exit code of a ``relaygraph run`` stopped by Ctrl-C or SIGTERM (128 + SIGINT)."""
+
+
+@contextlib.contextmanager
+def _stopping_on_signals(cancel: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``cancel`` (the run stops at its next step); the second one
+    raises ``KeyboardInterrupt`` (the run stops now). The handlers before are put back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Signal handlers belong to the main thread (relaygraph.cli.main in a thread).
+        return
+
+    def handle(signum: int, _frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+        print(
+            f"relaygraph: {signal.Signals(signum).name}: stopping at the next step "
+            "(again to stop now)",
+            file=sys.stderr,
+        )
+
+    before = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _report_stopped(task_id: str, args: argparse.Namespace) -> int:
+    """The record of a task whose run was stopped at once: what the ledger says of it."""
+    from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+
+    with Ledger(ledger_url(args.home)) as ledger:
+        task = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
+    if task is None:  # Not recorded yet: nothing ran.
+        raise KeyboardInterrupt
+    if args.json:
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "task_id": task.id,
+                    "thread_id": task.thread_id,
+                    "status": task.status,
+                    "stop_reason": task.stop_reason,
+                },
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
+    else:
+        print(f"status {task.status} · {task.stop_reason} · task {task.id}", file=sys.stderr)
+    return EXIT_STOPPED
 
 
 def resume(args: argparse.Namespace) -> int:

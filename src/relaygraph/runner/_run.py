@@ -4,6 +4,7 @@ decision paths (:mod:`relaygraph.runner._submit`, :mod:`relaygraph.runner._decid
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ def run_task(
     stream_tokens: bool = False,
     callbacks: list[Any] | None = None,
     topology: Topology | None = None,
+    cancel: threading.Event | None = None,
 ) -> RunResult:
     """Run ``request`` through the team and return the result.
 
@@ -61,6 +63,9 @@ def run_task(
         callbacks: LangChain callback handlers added to the graph call (tracing).
         topology: How the agents are arranged; the team's own when None. A thread keeps
             the topology it started with.
+        cancel: When set (from another thread, or a signal handler), the run stops at the
+            next step boundary, status ``cancelled``. A ``KeyboardInterrupt`` that stops the
+            run itself also ends the task ``cancelled`` on the record.
 
     Raises:
         ConfigError: Bad input (bad team file, bad policy) before anything runs; a
@@ -104,6 +109,8 @@ def run_task(
         team=the_team,
         models=submitted.submission.models.chosen,
         leased=submitted.leased,
+        cancel=cancel,
+        interrupt_cancels=True,
     )
 
 

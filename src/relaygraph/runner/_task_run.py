@@ -54,6 +54,8 @@ EventHandler = Callable[[dict[str, Any]], None]
 CONTINUE: Any = object()
 """Graph input for :meth:`TaskRunner.run`: continue an interrupted process's task."""
 SUSPENDED = "suspended: the server stopped; the task continues when it starts again"
+INTERRUPTED = "cancelled: the process running it was stopped (Ctrl-C or SIGTERM)"
+"""The stop reason of a task whose ``relaygraph run`` (or ``run_task``) was stopped."""
 LEASE_LOST = (
     "suspended: this runner could not keep its lease (another runner took the task over, or "
     "the ledger did not answer its renewals in time); the task continues on the next runner"

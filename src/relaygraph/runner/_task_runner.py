@@ -19,7 +19,7 @@ from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
 from relaygraph.runner._result import RunResult
-from relaygraph.runner._task_run import EventHandler, TaskRun
+from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
 from relaygraph.store import AttemptSuperseded, LedgerToolJournal
@@ -98,6 +98,7 @@ class TaskRunner:
         attempt: int | None = None,
         leased: bool = False,
         only_from: tuple[str, ...] | None = None,
+        interrupt_cancels: bool = False,
     ) -> RunResult:
         """Run (or continue) ``task`` with ``graph_input``.
 
@@ -133,6 +134,10 @@ class TaskRunner:
                 process): ``("queued",)`` for a task that must not have started yet (a
                 server's worker starting a queued task: one take, not a check and a take),
                 and that is its thread's oldest active task (see ``Ledger.take_lease``).
+            interrupt_cancels: A ``KeyboardInterrupt`` or ``SystemExit`` that stops the run
+                (the process it runs in is being stopped: ``relaygraph run`` stopped twice)
+                ends the task ``cancelled``, saying so, instead of leaving it ``running``
+                with no runner to continue it. In process only.
 
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it (in
@@ -204,7 +209,7 @@ class TaskRunner:
             ),
             attempt=attempt,
         )
-        ended = False
+        ended = interrupted = False
         try:
             # A worker's run has a checkpointer of its own, fenced by its attempt (on
             # PostgreSQL each write checks it in its own transaction) and checked at each
@@ -238,6 +243,9 @@ class TaskRunner:
             run.record_end(end, result)
             ended = True
             return result
+        except (KeyboardInterrupt, SystemExit):
+            interrupted = interrupt_cancels and attempt is None
+            raise
         finally:
             run.lease.close()
             try:
@@ -249,6 +257,8 @@ class TaskRunner:
             finally:
                 if not ended and attempt is None:  # Failed on the way: let another take it.
                     self.ledger.release_lease(task.id, self.runner_id)
+                if interrupted:  # After the run's last events, so that its end comes last.
+                    self.ledger.request_cancel(task.id, reason=INTERRUPTED)
 
     def team_of(self, task: Task) -> Team:
         """The team ``task`` records (see ``teams`` in the constructor).

@@ -172,12 +172,16 @@ class LeasesLedger(LedgerBase):
             at = session.scalar(select(TaskRow.cancel_requested_at).where(TaskRow.id == task_id))
             return at is not None
 
-    def request_cancel(self, task_id: str) -> Task:
+    def request_cancel(self, task_id: str, *, reason: str = "cancelled by request") -> Task:
         """Cancel the task: at once if no live runner holds it (queued, waiting for a
         person, or running under a lease that lapsed: its runner died); otherwise ask its
         runner, which sees the request at its next lease renewal and stops at the next step
         boundary. A task whose runner dies before then is cancelled by
         :meth:`settle_abandoned` once its lease lapses, never run again.
+
+        Args:
+            task_id: The task.
+            reason: Its stop reason when it is cancelled at once.
 
         Returns:
             The task as it is now: ``cancelled``, or still running with
@@ -186,7 +190,7 @@ class LeasesLedger(LedgerBase):
         Raises:
             RecordNotFound: No such task.
         """
-        values = status_values("cancelled", {"stop_reason": "cancelled by request"})
+        values = status_values("cancelled", {"stop_reason": reason})
         now = values["updated_at"]
         with self._write() as session:
             cancelled = session.scalar(
