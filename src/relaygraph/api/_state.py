@@ -21,6 +21,7 @@ from relaygraph.api._auth import project_auth
 from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._streams import StreamGate
 from relaygraph.api._teams import TeamRegistry
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
@@ -89,6 +90,8 @@ class ServiceState:
         """What a request may name as a model: the server's allowlist and scripts folder."""
         self.project_of: Callable[..., Project] = project_auth(self.ledger)
         """The dependency that answers a request's project from its bearer key."""
+        self.streams = StreamGate(max_per_project=settings.project_max_streams)
+        """The open event streams of each project, and the file descriptors kept free."""
         self.listener: EventListener | None = None
         """The worker mode's event notices (PostgreSQL LISTEN), while the app runs."""
         self._ledger: Ledger | None = None

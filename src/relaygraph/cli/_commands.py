@@ -117,6 +117,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relaygraph.api import create_app, load_settings
+    from relaygraph.api._streams import raise_open_file_limit
     from relaygraph.runner import settle_long_lived
 
     overrides: dict[str, Any] = {"home": args.home}
@@ -145,6 +146,9 @@ def serve(args: argparse.Namespace) -> int:
     # out of the cyclic GC's full collections, which would otherwise stall every running
     # task for a fifth of a second every few seconds (see relaygraph.runner._long_lived).
     settle_long_lived()
+    # Every event stream holds a connection: the soft limit of a shell (often 1,024 open
+    # files) would let a few hundred streams starve the tasks of descriptors.
+    raise_open_file_limit()
     print(
         f"relaygraph serving on http://{args.host}:{args.port} (dashboard at /ui, "
         "OpenAPI at /openapi.json)",
