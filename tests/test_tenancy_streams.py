@@ -6,11 +6,9 @@ does not."""
 from __future__ import annotations
 
 import contextlib
-import json
 import resource
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,7 @@ import pytest
 
 from relaygraph.client import ApiError, Client
 
-from .conftest import EXAMPLE_RELAY
-from .test_server import SLEEPY_CODE, Server, _env, _free_port, create_project
+from .test_server import SLEEPY_CODE, create_project
 
 PAUSED_TEAM = {
     "supervisor": [
@@ -32,36 +29,9 @@ PAUSED_TEAM = {
         {"content": "Done."},
     ],
 }
-"""B's task: it pauses for an approval that never comes, so its streams stay open."""
+"""B's task (``scripted:paused.json``): it pauses for an approval that never comes, so its
+streams stay open."""
 APPROVE_CODE = {"agents": {"coder": {"approval": ["run_python"]}}}
-
-
-@pytest.fixture
-def start_server(home: Path, tmp_path: Path) -> Iterator[Any]:
-    """Start ``relaygraph serve`` with extra environment; killed at the end of the test."""
-    started: list[Server] = []
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    (scripts / "paused.json").write_text(json.dumps(PAUSED_TEAM))
-
-    def start(**env: str) -> Server:
-        server = Server(
-            home,
-            f"scripted:{EXAMPLE_RELAY}",
-            _free_port(),
-            tmp_path / "serve.log",
-            scripts,
-            env={**_env(home), **env},
-        )
-        started.append(server)
-        server.wait_ready()
-        return server
-
-    yield start
-    for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
 
 
 def _paused_task(client: Client) -> str:
@@ -93,7 +63,7 @@ def _open_stream(url: str, key: str, task_id: str) -> tuple[socket.socket, int, 
 def test_streams_past_the_project_quota_get_429_while_another_project_works(
     start_server: Any, home: Path
 ) -> None:
-    server = start_server(RELAYGRAPH_PROJECT_MAX_STREAMS="3")
+    server = start_server({"paused.json": PAUSED_TEAM}, RELAYGRAPH_PROJECT_MAX_STREAMS="3")
     key_a, key_b = create_project(home, "alpha"), create_project(home, "bravo")
     with contextlib.ExitStack() as held, Client(server.url, key_b) as b:
         paused = _paused_task(b)
@@ -136,7 +106,7 @@ FILE_LIMIT = 200
 def test_many_streams_near_the_file_limit_get_503_and_never_fail_another_projects_task(
     start_server: Any, home: Path
 ) -> None:
-    server = start_server(RELAYGRAPH_PROJECT_MAX_STREAMS="10000")
+    server = start_server({"paused.json": PAUSED_TEAM}, RELAYGRAPH_PROJECT_MAX_STREAMS="10000")
     # Soft and hard: the server cannot raise it back (it raised its soft limit at start).
     resource.prlimit(server.process.pid, resource.RLIMIT_NOFILE, (FILE_LIMIT, FILE_LIMIT))
     key_a, key_b = create_project(home, "alpha"), create_project(home, "bravo")

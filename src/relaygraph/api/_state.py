@@ -148,6 +148,7 @@ class ServiceState:
             sandbox_isolation_required=not self.settings.unsafe_sandbox,
             teams=self.teams.resolve,
             pull=spread,
+            workspace_quota=self.settings.workspace_quota(),
         )
         dispatch: TaskWorkers | TaskProcesses = workers
         if spread:

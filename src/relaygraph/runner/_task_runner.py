@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
 from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
@@ -56,6 +57,7 @@ class TaskRunner:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         sandbox_isolation_required: bool = False,
         teams: Callable[[Task], Team] | None = None,
+        workspace_quota: WorkspaceQuota | None = None,
     ) -> None:
         """
         Args:
@@ -70,6 +72,8 @@ class TaskRunner:
                 (a user's own runs), such code runs with a warning.
             teams: Finds the team a task records when the caller passes none (the task
                 service's registered teams); :func:`team_of_record` when None.
+            workspace_quota: What each task's workspace and artifacts may hold (the
+                default :class:`WorkspaceQuota` when None).
         """
         self.ledger = ledger
         self.home = home
@@ -77,6 +81,7 @@ class TaskRunner:
         self.lease_seconds = lease_seconds
         self.sandbox_isolation_required = sandbox_isolation_required
         self.teams = teams or team_of_record
+        self.workspace_quota = workspace_quota or WorkspaceQuota()
 
     def run(
         self,
@@ -304,6 +309,7 @@ class TaskRunner:
         context = replace(
             TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
             sandbox_isolation_required=self.sandbox_isolation_required,
+            workspace_quota=self.workspace_quota,
             tool_journal=(
                 self.ledger.tool_journal
                 if attempt is None
