@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,6 +17,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relaygraph.api._schemas import ErrorBody, shown
 from relaygraph.errors import ConfigError
 from relaygraph.runner import RequestRefused
+from relaygraph.store import is_disk_full
+
+log = logging.getLogger("relaygraph.api")
+
+DISK_FULL_RETRY_SECONDS = 60
+"""The ``Retry-After`` of a 507: room comes back when an operator (or the retention sweep)
+frees some."""
 
 ERROR_CODES: dict[int, str] = {
     401: "`unauthorized`: no key, a malformed header, an unknown or revoked key.",
@@ -214,6 +223,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers
         )
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(SQLAlchemyError)
+    async def _storage(request: Request, exc: Exception) -> JSONResponse:
+        # Registered by class, so answered here rather than by Starlette's last-resort
+        # handler, which logs a traceback per request: a full disk is a state of the
+        # server, logged once per request as a line, not a bug.
+        if is_disk_full(exc):
+            log.error("%s %s: no room on disk: %s", request.method, request.url.path, exc)
+            return JSONResponse(
+                error_body(
+                    "insufficient_storage",
+                    "the server's disk is full: nothing of this request was recorded; try "
+                    "again later",
+                ),
+                status_code=507,
+                headers={"Retry-After": str(DISK_FULL_RETRY_SECONDS)},
+            )
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return await _bug(request, exc)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
