@@ -295,6 +295,36 @@ def upgrade_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def collect_garbage(args: argparse.Namespace) -> int:
+    """``relaygraph gc``: delete the files of tasks that ended long ago; print what was freed."""
+    from relaygraph.runner import collect_garbage, load_runner_settings
+    from relaygraph.store import Ledger
+
+    settings = load_runner_settings()
+    older_than = args.older_than or settings.retention_days
+    if older_than is None:
+        raise ConfigError(
+            "relaygraph gc needs --older-than DAYS (or RELAYGRAPH_RETENTION_DAYS): how long "
+            "after its end a task's files are kept"
+        )
+    artifacts = args.artifacts or settings.retention_artifacts
+    with Ledger(ledger_url(args.home)) as ledger:
+        if not ledger.is_current():
+            ledger.upgrade()
+        freed = collect_garbage(
+            ledger, data_directory(args.home), older_than_days=older_than, artifacts=artifacts
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(freed.to_json()) + "\n")
+    else:
+        what = "workspaces and artifacts" if artifacts else "workspaces"
+        print(
+            f"freed {freed.bytes:,} bytes in {freed.files:,} files: the {what} of "
+            f"{freed.tasks} task(s) that ended over {older_than:g} days ago"
+        )
+    return EXIT_OK
+
+
 def trace(args: argparse.Namespace) -> int:
     """``relaygraph trace``: print a task's timeline from the ledger."""
     from rich.console import Console

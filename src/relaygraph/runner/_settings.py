@@ -68,6 +68,12 @@ class RunnerSettings(BaseSettings):
     workspace_max_files: int = Field(default=10_000, ge=1, le=10_000_000)
     """Files and folders a task's workspace and artifacts may hold together."""
 
+    retention_days: float | None = Field(default=None, gt=0)
+    """Delete the workspaces of tasks that ended more than this many days ago (the server,
+    hourly; ``relaygraph gc`` on demand). None (the default): kept for ever."""
+    retention_artifacts: bool = False
+    """With ``retention_days``: delete those tasks' artifacts too."""
+
     def workspace_quota(self) -> WorkspaceQuota:
         """The quota of every task's files, as the tools enforce it."""
         return WorkspaceQuota(max_mb=self.workspace_max_mb, max_files=self.workspace_max_files)
