@@ -36,16 +36,23 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from relaygraph.backends import _nofollow
-from relaygraph.backends._quota import WorkspaceQuota, WorkspaceQuotaExceeded
+from relaygraph.backends._quota import (
+    TaskFilesUsage,
+    WorkspaceQuota,
+    WorkspaceQuotaExceeded,
+    task_files_usage,
+)
 from relaygraph.errors import ToolInputError
 
 __all__ = [
     "Artifact",
     "ArtifactStore",
+    "TaskFilesUsage",
     "Workspace",
     "WorkspaceEscapeError",
     "WorkspaceQuota",
     "WorkspaceQuotaExceeded",
+    "delete_folder",
 ]
 
 MAX_WRITE_BYTES = 1_000_000
@@ -530,3 +537,19 @@ class ArtifactStore:
                         Artifact(name=name, path=self.root / name, size_bytes=entry.st_size)
                     )
         return artifacts
+
+
+def delete_folder(path: Path) -> TaskFilesUsage:
+    """Delete a task's folder (its workspace, its artifacts) and return what it held.
+
+    Sandboxed code may have planted symlinks in it: none is followed, in the measure or in
+    the deletion (``_nofollow.remove_tree``: from descriptors, without recursion), so a
+    link to the ledger or a host folder is removed, never what it points to.
+    """
+    usage = task_files_usage([path], stop_after_files=_EVERY_FILE)
+    _nofollow.remove_tree(path)
+    return usage
+
+
+_EVERY_FILE = 1 << 62
+"""No bound on the measure of a folder that is deleted: every file of it is visited anyway."""

@@ -116,8 +116,7 @@ def serve(args: argparse.Namespace) -> int:
     """``relaygraph serve``: run the task service."""
     import uvicorn
 
-    from relaygraph.api import create_app, load_settings
-    from relaygraph.api._streams import raise_open_file_limit
+    from relaygraph.api import create_app, load_settings, raise_open_file_limit
     from relaygraph.runner import settle_long_lived
 
     overrides: dict[str, Any] = {"home": args.home}

@@ -4,8 +4,7 @@
 than that many days ago, every :data:`RETENTION_SWEEP_SECONDS` (with
 ``RELAYGRAPH_RETENTION_ARTIFACTS=true``, their artifacts too); ``relaygraph gc`` does the
 same on demand. Only ended tasks' folders are touched, and they are deleted without
-following a symlink the sandbox may have planted (``_nofollow.remove_tree``: from
-descriptors, never recursing).
+following a symlink the sandbox may have planted (``backends.workspace.delete_folder``).
 """
 
 from __future__ import annotations
@@ -16,16 +15,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from relaygraph._home import TASKS_FOLDER
-from relaygraph.backends._nofollow import remove_tree
-from relaygraph.backends._quota import task_files_usage
+from relaygraph.backends.workspace import delete_folder
 from relaygraph.store import Ledger
 
 __all__ = ["RETENTION_SWEEP_SECONDS", "Freed", "collect_garbage"]
 
 RETENTION_SWEEP_SECONDS = 3600.0
 """How often a server with ``RELAYGRAPH_RETENTION_DAYS`` looks for files to delete."""
-_EVERY_FILE = 1 << 62
-"""No bound on the measure of what is freed: every file is deleted anyway."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,14 +69,13 @@ def collect_garbage(
     for task_id in ledger.tasks_ended_before(cutoff):
         task_dir = home / TASKS_FOLDER / task_id
         folders = [task_dir / "workspace", *([task_dir / "artifacts"] if artifacts else [])]
-        usage = task_files_usage(folders, stop_after_files=_EVERY_FILE)
         present = [f for f in folders if f.is_dir() and not f.is_symlink()]
         if not present:
             continue
         for folder in present:
-            remove_tree(folder)
+            usage = delete_folder(folder)
+            files += usage.files + 1
+            size += usage.bytes
         tasks += 1
-        files += usage.files + len(present)
-        size += usage.bytes
         cleared.append(task_id)
     return Freed(tasks=tasks, files=files, bytes=size, task_ids=tuple(cleared))
