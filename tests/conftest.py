@@ -181,3 +181,36 @@ def kb(tmp_path: Path) -> Iterator[Any]:
 
     with KnowledgeBase(tmp_path / "db" / "kb.sqlite") as knowledge_base:
         yield knowledge_base
+
+
+@pytest.fixture
+def start_server(home: Path, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Start ``relaygraph serve`` on this test's home: ``start(scripts, **env)`` writes the
+    scripts (file name to turns) into its scripts folder and adds ``env`` to its
+    environment. Every server still running is killed at the end of the test."""
+    from .test_server import Server, _env, _free_port
+
+    started: list[Server] = []
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+
+    def start(scripts: dict[str, Any] | None = None, **env: str) -> Server:
+        for name, turns in (scripts or {}).items():
+            (folder / name).write_text(json.dumps(turns), encoding="utf-8")
+        server = Server(
+            home,
+            f"scripted:{EXAMPLE_RELAY}",
+            _free_port(),
+            tmp_path / "serve.log",
+            folder,
+            env={**_env(home), **env},
+        )
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()

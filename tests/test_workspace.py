@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from relaygraph.agents import tools
+from relaygraph.agents.context import TaskContext
 from relaygraph.backends.sandbox import filesystem_isolation, run_python_sandboxed
 from relaygraph.backends.workspace import (
     MAX_WRITE_BYTES,
@@ -807,7 +808,14 @@ def _run_tool(name: str, workspace: Path, **args: str) -> str:
     """Call the coder's LangChain tool as the agent would, with a ToolRuntime-like context."""
     func = getattr(tools, name).func
     assert func is not None
-    runtime = SimpleNamespace(context=SimpleNamespace(workspace=workspace))
+    context = TaskContext(
+        task_id="t1",
+        thread_id="t1",
+        workspace=workspace,
+        artifacts=workspace.parent / "artifacts",
+        knowledge_base=workspace.parent / "kb.sqlite",
+    )
+    runtime = SimpleNamespace(context=context)
     result: str = func(runtime=runtime, **args)
     return result
 

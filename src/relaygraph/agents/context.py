@@ -11,7 +11,7 @@ from pydantic import InstanceOf
 from pydantic.json_schema import SkipJsonSchema
 
 from relaygraph._home import TASKS_FOLDER
-from relaygraph.backends.sandbox import SandboxLimits
+from relaygraph.backends.sandbox import SandboxLimits, WorkspaceQuota
 
 __all__ = ["TaskContext", "ToolJournal"]
 
@@ -65,6 +65,9 @@ class TaskContext:
     tool_journal: Annotated[InstanceOf[ToolJournal] | None, SkipJsonSchema()] = None
     """Where completed tool calls are recorded, so a re-run step does not repeat them
     (the runner passes the ledger's). None: no journal, a re-run step runs its calls again."""
+    workspace_quota: WorkspaceQuota = field(default_factory=WorkspaceQuota)
+    """What the task's workspace and artifacts may hold together; ``run_python``,
+    ``write_file`` and ``save_artifact`` enforce it (``RELAYGRAPH_WORKSPACE_MAX_MB``)."""
 
     @classmethod
     def for_task(cls, home: Path, *, task_id: str, thread_id: str) -> TaskContext:

@@ -72,7 +72,12 @@ def run_python(code: str, runtime: ToolRuntime[TaskContext]) -> str:
     ctx.workspace.mkdir(parents=True, exist_ok=True)
     hidden = [p for p in (ctx.data_dir, ctx.artifacts, ctx.knowledge_base) if p is not None]
     return run_python_sandboxed(
-        code, workspace=ctx.workspace, limits=ctx.sandbox, hidden=hidden
+        code,
+        workspace=ctx.workspace,
+        limits=ctx.sandbox,
+        hidden=hidden,
+        quota=ctx.workspace_quota,
+        counted=(ctx.artifacts,),
     ).to_text()
 
 
@@ -95,7 +100,9 @@ def write_file(path: str, content: str, runtime: ToolRuntime[TaskContext]) -> st
         path: A path relative to the workspace, such as "src/main.py".
         content: The file's full text.
     """
-    written = Workspace(runtime.context.workspace).write_text(path, content)
+    ctx = runtime.context
+    workspace = Workspace(ctx.workspace, quota=ctx.workspace_quota, counted=(ctx.artifacts,))
+    written = workspace.write_text(path, content)
     return f"Wrote {len(content)} characters to {path} ({written.name})."
 
 
@@ -117,7 +124,9 @@ def save_artifact(name: str, content: str, runtime: ToolRuntime[TaskContext]) ->
         name: A plain file name such as "report.md".
         content: The deliverable's full text.
     """
-    artifact = ArtifactStore(runtime.context.artifacts).save(name, content)
+    ctx = runtime.context
+    store = ArtifactStore(ctx.artifacts, quota=ctx.workspace_quota, counted=(ctx.workspace,))
+    artifact = store.save(name, content)
     return f"Saved artifact {artifact.name} ({artifact.size_bytes} bytes)."
 
 

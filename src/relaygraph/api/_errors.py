@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -14,6 +17,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relaygraph.api._schemas import ErrorBody, shown
 from relaygraph.errors import ConfigError
 from relaygraph.runner import RequestRefused
+from relaygraph.store import is_disk_full
+
+log = logging.getLogger("relaygraph.api")
+
+DISK_FULL_RETRY_SECONDS = 60
+"""The ``Retry-After`` of a 507: room comes back when an operator (or the retention sweep)
+frees some."""
 
 ERROR_CODES: dict[int, str] = {
     401: "`unauthorized`: no key, a malformed header, an unknown or revoked key.",
@@ -26,10 +36,17 @@ ERROR_CODES: dict[int, str] = {
     "or nests too deeply, a bad query parameter or header), `invalid_model`, "
     "`model_not_allowed`, `invalid_policy`, `policy_loosens`, `invalid_topology`, "
     "`invalid_team` (a team file's mistake, or a reference the server does not allow).",
-    503: "`not_ready`: the database is unreachable or not migrated (with a broker: or the "
-    "broker, or the event listener, is unreachable); `broker_unavailable` (with a broker): "
+    429: "`quota_exceeded`: the project is at one of its quotas, which the message names "
+    "(`RELAYGRAPH_PROJECT_MAX_STREAMS`: open event streams); `Retry-After` says when to try "
+    "again.",
+    503: "`server_busy`: the server is near its limit of open files and keeps the rest for "
+    "running tasks, so it opens no new event stream now (`Retry-After`); `not_ready`: "
+    "the database is unreachable or not migrated (with a broker: or the broker, or the "
+    "event listener, is unreachable); `broker_unavailable` (with a broker): "
     "the task is recorded `queued` but the broker did not take its message; it is published "
     "again later.",
+    507: "`insufficient_storage`: the server's disk is full (the ledger's database or the "
+    "data directory): nothing of the request was recorded; try again later (`Retry-After`).",
 }
 """What each error status means; the OpenAPI document lists it per endpoint."""
 
@@ -54,9 +71,19 @@ class ErrorAnswer(Exception):
     (the same four fields, from the body this answer becomes).
     """
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.headers = dict(headers or {})
+        """Headers of the answer, such as ``Retry-After``."""
 
     @classmethod
     def refused(cls, refusal: RequestRefused) -> ErrorAnswer:
@@ -137,7 +164,11 @@ def one_value_per_query_parameter(request: Request) -> None:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ErrorAnswer)
     async def _error_answer(request: Request, exc: ErrorAnswer) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+        return JSONResponse(
+            error_body(exc.code, exc.message, exc.field),
+            status_code=exc.status,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(RequestRefused)
     async def _refused(request: Request, exc: RequestRefused) -> JSONResponse:
@@ -192,6 +223,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers
         )
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(SQLAlchemyError)
+    async def _storage(request: Request, exc: Exception) -> JSONResponse:
+        # Registered by class, so answered here rather than by Starlette's last-resort
+        # handler, which logs a traceback per request: a full disk is a state of the
+        # server, logged once per request as a line, not a bug.
+        if is_disk_full(exc):
+            log.error("%s %s: no room on disk: %s", request.method, request.url.path, exc)
+            return JSONResponse(
+                error_body(
+                    "insufficient_storage",
+                    "the server's disk is full: nothing of this request was recorded; try "
+                    "again later",
+                ),
+                status_code=507,
+                headers={"Retry-After": str(DISK_FULL_RETRY_SECONDS)},
+            )
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return await _bug(request, exc)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

@@ -252,6 +252,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         teams=teams.resolve,
         policies=teams.policy_for,
         pull=True,
+        workspace_quota=settings.workspace_quota(),
     )
     settle_long_lived()  # as the server does before its first task
     workers.start_pulling()

@@ -74,6 +74,9 @@ class ServiceSettings(RunnerSettings):
     lets go at once)."""
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413."""
+    project_max_streams: int = Field(default=100, ge=1, le=100_000)
+    """Event streams a project may hold open on this server at once; one more gets 429
+    ``quota_exceeded`` (``relaygraph.api._streams``)."""
 
     def request_model(self, spec: str) -> str:
         """The model spec to record for a task whose request names ``spec``.

@@ -21,10 +21,11 @@ from relaygraph.api._auth import project_auth
 from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._streams import StreamGate
 from relaygraph.api._teams import TeamRegistry
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.errors import ConfigError
-from relaygraph.runner import ModelRules
+from relaygraph.runner import RETENTION_SWEEP_SECONDS, ModelRules, collect_garbage
 from relaygraph.store import DATABASE_URL_ENV, Ledger, Project, database_url
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class ServiceState:
         """What a request may name as a model: the server's allowlist and scripts folder."""
         self.project_of: Callable[..., Project] = project_auth(self.ledger)
         """The dependency that answers a request's project from its bearer key."""
+        self.streams = StreamGate(max_per_project=settings.project_max_streams)
+        """The open event streams of each project, and the file descriptors kept free."""
         self.listener: EventListener | None = None
         """The worker mode's event notices (PostgreSQL LISTEN), while the app runs."""
         self._ledger: Ledger | None = None
@@ -146,6 +149,7 @@ class ServiceState:
             teams=self.teams.resolve,
             policies=self.teams.policy_for,
             pull=spread,
+            workspace_quota=self.settings.workspace_quota(),
         )
         dispatch: TaskWorkers | TaskProcesses = workers
         if spread:
@@ -153,6 +157,7 @@ class ServiceState:
                 workers, settings=self.settings, url=url or database_url(None), home=self.home
             )
         self._ledger, self._dispatch = ledger, dispatch
+        retention = _start_retention(ledger, self.home, self.settings)
         if self.start_workers:
             if isinstance(dispatch, TaskProcesses):
                 dispatch.start()
@@ -164,6 +169,7 @@ class ServiceState:
         finally:
             # Running tasks stop at their next step boundary and stay `running`, for the
             # next start to continue; the ledger closes after their last writes.
+            await _stop(retention)
             await to_thread.run_sync(lambda: dispatch.shutdown(wait=True))
             ledger.close()
 
@@ -189,16 +195,15 @@ class ServiceState:
         self._ledger, self._dispatch, self._broker = ledger, broker, broker
         self.listener = listener
         sweeping: asyncio.Task[None] | None = None
+        retention = _start_retention(ledger, self.home, self.settings)
         try:
             if self.start_workers:
                 await to_thread.run_sync(broker.republish_stale)
                 sweeping = asyncio.create_task(_sweep_lost(broker, self.sweep_seconds))
             yield
         finally:
-            if sweeping is not None:
-                sweeping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sweeping
+            await _stop(sweeping)
+            await _stop(retention)
             await to_thread.run_sync(listener.close)
             self.listener = None
             broker.close()
@@ -217,6 +222,47 @@ async def _sweep_lost(broker: Any, every: float) -> None:
             continue
         if swept:
             log.info("published %d task(s) again whose message was lost", swept)
+
+
+def _start_retention(
+    ledger: Ledger, home: Path, settings: ServiceSettings
+) -> asyncio.Task[None] | None:
+    """With ``RELAYGRAPH_RETENTION_DAYS``, delete old tasks' files now and every
+    :data:`~relaygraph.runner.RETENTION_SWEEP_SECONDS` (``collect_garbage``)."""
+    days = settings.retention_days
+    if days is None:
+        return None
+
+    async def loop() -> None:
+        while True:
+            try:
+                freed = await to_thread.run_sync(
+                    lambda: collect_garbage(
+                        ledger, home, older_than_days=days, artifacts=settings.retention_artifacts
+                    )
+                )
+            except Exception:  # The ledger away for a moment must not end the loop.
+                log.warning("deleting the files of old tasks failed", exc_info=True)
+            else:
+                if freed.tasks:
+                    log.info(
+                        "retention: deleted %d files (%d bytes) of %d tasks ended over %g days ago",
+                        freed.files,
+                        freed.bytes,
+                        freed.tasks,
+                        days,
+                    )
+            await asyncio.sleep(RETENTION_SWEEP_SECONDS)
+
+    return asyncio.create_task(loop())
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _shared_ledger_url(settings: ServiceSettings) -> str:

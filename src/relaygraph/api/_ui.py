@@ -26,6 +26,7 @@ from relaygraph.store import Ledger, Task
 from relaygraph.team import Team
 
 if TYPE_CHECKING:
+    from relaygraph.api._streams import StreamGate
     from relaygraph.worker import EventListener
 
 
@@ -37,6 +38,7 @@ def ui_router(
     team_of: Callable[[Task], Team],
     home: Path,
     settings: DashboardSettings | None = None,
+    streams: StreamGate | None = None,
 ) -> APIRouter:
     """The dashboard's pages, under ``/ui`` (left out of the OpenAPI document).
 
@@ -48,6 +50,8 @@ def ui_router(
         team_of: The team a task records (its tools check an edit's arguments).
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
+        streams: Admits a task page's live event stream, counted with the project's API
+            streams (``RELAYGRAPH_PROJECT_MAX_STREAMS``); None: not counted.
     """
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
@@ -58,6 +62,7 @@ def ui_router(
         home=home,
         settings=settings,
         sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),
+        streams=streams,
     )
     router = APIRouter(include_in_schema=False)
     router.include_router(auth_router(dashboard))

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import RelaygraphError, TaskBusy
 from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
@@ -49,6 +50,7 @@ class TaskWorkers:
         teams: Callable[[Task], Any] | None = None,
         policies: Callable[[Task, Any], Any] | None = None,
         pull: bool = False,
+        workspace_quota: WorkspaceQuota | None = None,
     ) -> None:
         """
         Args:
@@ -67,6 +69,8 @@ class TaskWorkers:
             pull: Take queued tasks from the ledger only when a worker is free
                 (:meth:`pull`), as one of several processes that share the ledger's queue
                 (``serve --processes``), instead of queueing every task handed over here.
+            workspace_quota: What each task's files may hold (see
+                :class:`~relaygraph.runner.TaskRunner`).
         """
         self.ledger = ledger
         self.workers = workers
@@ -80,6 +84,7 @@ class TaskWorkers:
             sandbox_isolation_required=sandbox_isolation_required,
             teams=teams,
             policies=policies,
+            workspace_quota=workspace_quota,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}

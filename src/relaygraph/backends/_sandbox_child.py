@@ -86,10 +86,13 @@ def child_setup(
     *,
     cgroup: _cgroup.RunCgroup | None,
     unshare_net: bool,
+    file_size_bytes: int | None = None,
 ) -> None:
     """Run in the child between fork and exec: join the cgroup, apply limits, then leave the
     network (with ``unshare_net``; bubblewrap makes its namespaces itself, and the limits
     set here are inherited by the program it starts). What it did goes to ``flags``.
+    ``file_size_bytes``: ``RLIMIT_FSIZE`` when it is below ``limits.file_size_mb`` (the
+    room left in the task's workspace quota).
     """
     # First, while the child is still the server's user in the host's namespaces: inside a
     # user namespace it could no longer write to the host's cgroup files.
@@ -120,7 +123,10 @@ def child_setup(
         cpu_hard = cpu_soft + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, cpu_hard))
     _set_limit(resource.RLIMIT_AS, limits.memory_mb * mib)
-    _set_limit(resource.RLIMIT_FSIZE, limits.file_size_mb * mib)
+    file_size = limits.file_size_mb * mib
+    if file_size_bytes is not None:
+        file_size = min(file_size, file_size_bytes)
+    _set_limit(resource.RLIMIT_FSIZE, file_size)
     _set_limit(resource.RLIMIT_NPROC, limits.max_processes)
     _set_limit(resource.RLIMIT_CORE, 0)
     if not unshare_net:

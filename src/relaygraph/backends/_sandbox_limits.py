@@ -90,6 +90,9 @@ class SandboxResult:
     """The run's cgroup reached ``memory_mb`` and the kernel killed a process of the run."""
     process_limit_hit: bool = False
     """The run's cgroup refused a new process or thread at ``max_processes``."""
+    workspace_quota: str | None = None
+    """Which quota of the task's files the run reached, as a sentence (a write past it
+    failed, or the run was stopped); None when it reached none."""
 
     def notes(self) -> list[str]:
         """Explain, one line each, the limits that were hit and anything else unusual."""
@@ -111,7 +114,13 @@ class SandboxResult:
                 f"process limit of {limits.max_processes} reached: starting another process "
                 "or thread failed"
             )
-        if code == -signal.SIGXCPU:
+        if self.workspace_quota is not None:
+            notes.append(
+                f"{self.workspace_quota}; delete files in the workspace to make room, or write less"
+            )
+        if self.workspace_quota is not None and code is not None and code < 0:
+            pass  # Stopped for its files: the note above says so.
+        elif code == -signal.SIGXCPU:
             notes.append(f"killed: CPU time limit of {limits.cpu_seconds} s exceeded")
         elif code == -signal.SIGKILL and self.memory_limit_hit:
             pass
@@ -135,7 +144,7 @@ class SandboxResult:
                     f"memory limit of {limits.memory_mb} MB reached (MemoryError); "
                     "use less memory, for example by streaming instead of loading everything"
                 )
-            if "File too large" in self.stderr:
+            if "File too large" in self.stderr and self.workspace_quota is None:
                 notes.append(f"file size limit of {limits.file_size_mb} MB reached")
         if self.truncated:
             notes.append(

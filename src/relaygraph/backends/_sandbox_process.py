@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaygraph.backends import _bubblewrap, _cgroup
+from relaygraph.backends._quota import QuotaWatch
 from relaygraph.backends._sandbox_child import FLAG_CGROUP, FLAG_NET, NET_NONE, child_setup
 from relaygraph.backends._sandbox_limits import SandboxLimits
 
@@ -106,8 +107,10 @@ def _collect(
     limits: SandboxLimits,
     start: float,
     namespace: _bubblewrap.NamespaceInit | None,
+    watch: QuotaWatch | None,
 ) -> tuple[CappedStream, CappedStream, bool]:
-    """Drain stdout and stderr until the program ends; kill it at the wall limit."""
+    """Drain stdout and stderr until the program ends; kill it at the wall limit, or when
+    ``watch`` finds the task's files past their quota."""
     assert proc.stdout is not None and proc.stderr is not None
     out = CappedStream(limits.max_output_chars)
     err = CappedStream(limits.max_output_chars)
@@ -131,6 +134,10 @@ def _collect(
             if exited_at is None and not timed_out and now >= deadline:
                 _kill_run(proc, namespace)
                 timed_out = True
+            if exited_at is None and watch is not None and watch.over(now=now):
+                # Many files, each below the room left (RLIMIT_FSIZE): no write of them
+                # failed, so the run is stopped here.
+                _kill_run(proc, namespace)
             if exited_at is not None and (
                 not selector.get_map() or now >= exited_at + _PIPE_GRACE_SECONDS
             ):
@@ -172,8 +179,12 @@ def run_unisolated(
     workspace: Path,
     limits: SandboxLimits,
     cgroup: _cgroup.RunCgroup | None,
+    watch: QuotaWatch | None = None,
+    file_size_bytes: int | None = None,
 ) -> Run:
-    """Run with resource limits and (when permitted) a network namespace, nothing more."""
+    """Run with resource limits and (when permitted) a network namespace, nothing more.
+    ``watch`` stops the run when the task's files pass their quota; ``file_size_bytes``
+    lowers ``RLIMIT_FSIZE`` to the room left in it."""
     # The child records in this shared page what it did. The page is shared across fork,
     # and Popen returns only after exec, so the values are final.
     with mmap.mmap(-1, 2) as flags:
@@ -186,11 +197,13 @@ def run_unisolated(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=lambda: child_setup(limits, flags, cgroup=cgroup, unshare_net=True),
+            preexec_fn=lambda: child_setup(
+                limits, flags, cgroup=cgroup, unshare_net=True, file_size_bytes=file_size_bytes
+            ),
         ) as proc:
             network, joined = flags[FLAG_NET], flags[FLAG_CGROUP]
             try:
-                out, err, timed_out = _collect(proc, limits, start, None)
+                out, err, timed_out = _collect(proc, limits, start, None, watch)
             finally:
                 # Reached on any exception too, e.g. KeyboardInterrupt in the parent:
                 # never leave the program running.
@@ -212,8 +225,11 @@ def run_in_bubblewrap(
     program: bytes,
     limits: SandboxLimits,
     cgroup: _cgroup.RunCgroup | None,
+    watch: QuotaWatch | None = None,
+    file_size_bytes: int | None = None,
 ) -> Run:
-    """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited."""
+    """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited (see
+    :func:`run_unisolated` for ``watch`` and ``file_size_bytes``)."""
     info_read, info_write = os.pipe()
     namespace: _bubblewrap.NamespaceInit | None = None
     try:
@@ -230,7 +246,13 @@ def run_in_bubblewrap(
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=(*launch.pass_fds, info_write),
-                preexec_fn=lambda: child_setup(limits, flags, cgroup=cgroup, unshare_net=False),
+                preexec_fn=lambda: child_setup(
+                    limits,
+                    flags,
+                    cgroup=cgroup,
+                    unshare_net=False,
+                    file_size_bytes=file_size_bytes,
+                ),
             ) as proc:
                 joined = flags[FLAG_CGROUP]
                 os.close(info_write)
@@ -238,7 +260,7 @@ def run_in_bubblewrap(
                 namespace = _bubblewrap.NamespaceInit(info_read, proc.pid)
                 info_read = -1
                 try:
-                    out, err, timed_out = _collect(proc, limits, start, namespace)
+                    out, err, timed_out = _collect(proc, limits, start, namespace, watch)
                 finally:
                     _kill_run(proc, namespace)
                 returncode = proc.wait()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import stat
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from typing import Literal
 
 from relaygraph.backends import _bubblewrap, _cgroup, _nofollow
 from relaygraph.backends._cgroup import CgroupVersion
+from relaygraph.backends._quota import QuotaWatch, WorkspaceQuota
 from relaygraph.backends._sandbox_limits import Isolation, SandboxLimits, SandboxResult
 from relaygraph.backends._sandbox_process import run_in_bubblewrap, run_unisolated
 from relaygraph.errors import ToolInputError
@@ -51,6 +53,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "SandboxUnavailableError",
+    "WorkspaceQuota",
     "filesystem_isolation",
     "run_python_sandboxed",
 ]
@@ -59,6 +62,9 @@ _BWRAP_PROCESSES = 2
 """bwrap itself and the PID namespace's init, which run in the run's cgroup beside the program."""
 
 _MIB = 1024 * 1024
+_MIN_FILE_ROOM = 64 * 1024
+"""The smallest ``RLIMIT_FSIZE`` of a run (besides the program's own size), even when the
+task's files are at their quota: bwrap writes a few small files of its own under it."""
 _WORKSPACE_MODE = 0o700
 """The workspace's mode after each run: the server's user's alone."""
 
@@ -106,6 +112,8 @@ def run_python_sandboxed(
     workspace: Path,
     limits: SandboxLimits = _DEFAULT_LIMITS,
     hidden: Iterable[Path] = (),
+    quota: WorkspaceQuota | None = None,
+    counted: Iterable[Path] = (),
 ) -> SandboxResult:
     """Run ``code`` as a Python program in an isolated child process inside ``workspace``.
 
@@ -131,6 +139,10 @@ def run_python_sandboxed(
         limits: Resource limits for this run.
         hidden: Host paths that must stay out of sight (the data directory) even if they
             lie under a folder the sandbox mounts, such as the Python installation.
+        quota: What the task's files may hold, enforced while the program runs (see
+            :mod:`relaygraph.backends._quota`); None: no quota.
+        counted: The task's other folders that count against ``quota`` with the
+            workspace (its artifacts).
 
     Returns:
         The exit status, capped output and notes on which limits were hit.
@@ -142,6 +154,12 @@ def run_python_sandboxed(
     # -u: unbuffered, so what a program printed before it was killed (a timeout, a CPU or
     # memory limit) reaches the model; -I ignores PYTHONUNBUFFERED with the environment.
     interpreter = [sys.executable, "-I", "-B", "-u"]
+    watch = None if quota is None else QuotaWatch(quota, (workspace, *counted))
+    # The room left in the quota is the program's largest file: a write past it fails
+    # inside the program (EFBIG, `OSError: File too large`), which no measure from outside
+    # could do. The same limit holds under bubblewrap (set on bwrap, inherited), and bwrap
+    # writes the program's source into its own tmpfs under it: it always has that room.
+    file_size = None if watch is None else max(watch.room_bytes, len(program) + _MIN_FILE_ROOM)
     with contextlib.ExitStack() as stack:
         if bwrap is None:
             # The private folder is entered before the cgroup, so it is removed after
@@ -155,6 +173,8 @@ def run_python_sandboxed(
                 workspace=workspace,
                 limits=limits,
                 cgroup=cgroup,
+                watch=watch,
+                file_size_bytes=file_size,
             )
         else:
             env = _environment(home=Path(_bubblewrap.WORKSPACE), tmp=Path("/tmp"))
@@ -174,6 +194,8 @@ def run_python_sandboxed(
                 program=program,
                 limits=limits,
                 cgroup=cgroup,
+                watch=watch,
+                file_size_bytes=file_size,
             )
         version: CgroupVersion | None = None
         memory_hit = processes_hit = False
@@ -185,6 +207,9 @@ def run_python_sandboxed(
     _disarm(workspace)
     stdout, out_cut = run.out.text()
     stderr, err_cut = run.err.text()
+    quota_note = None
+    if watch is not None and file_size is not None:
+        quota_note = _quota_reached(watch, file_size, limits, run.returncode, stdout + stderr)
     return SandboxResult(
         exit_code=None if run.timed_out else run.returncode,
         stdout=stdout,
@@ -198,7 +223,27 @@ def run_python_sandboxed(
         cgroup=version,
         memory_limit_hit=memory_hit,
         process_limit_hit=processes_hit,
+        workspace_quota=quota_note,
     )
+
+
+def _quota_reached(
+    watch: QuotaWatch, file_size: int, limits: SandboxLimits, returncode: int, output: str
+) -> str | None:
+    """Which quota of the task's files the run reached, as the result says it, or None:
+    passed (the run was stopped, or its files were past it at the end), or reached (a
+    write failed at the room left, or the files fill the quota: the next write fails)."""
+    stopped = watch.exceeded is not None
+    if watch.over(force=True):
+        return f"{watch.exceeded}; the run was stopped" if stopped else watch.exceeded
+    failed_write = returncode == -signal.SIGXFSZ or "File too large" in output
+    full = watch.last.bytes >= watch.quota.max_bytes
+    if full or (failed_write and file_size < limits.file_size_mb * _MIB):
+        return (
+            f"{watch.quota.describe_bytes()} reached: {watch.room_bytes / _MIB:,.1f} MB were "
+            "left, so a write past them failed with 'File too large'"
+        )
+    return None
 
 
 def _disarm(workspace: Path) -> None:

@@ -36,9 +36,24 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from relaygraph.backends import _nofollow
+from relaygraph.backends._quota import (
+    TaskFilesUsage,
+    WorkspaceQuota,
+    WorkspaceQuotaExceeded,
+    task_files_usage,
+)
 from relaygraph.errors import ToolInputError
 
-__all__ = ["Artifact", "ArtifactStore", "Workspace", "WorkspaceEscapeError"]
+__all__ = [
+    "Artifact",
+    "ArtifactStore",
+    "TaskFilesUsage",
+    "Workspace",
+    "WorkspaceEscapeError",
+    "WorkspaceQuota",
+    "WorkspaceQuotaExceeded",
+    "delete_folder",
+]
 
 MAX_WRITE_BYTES = 1_000_000
 """Largest text a tool may write in one call (1 MB), in UTF-8 bytes."""
@@ -117,18 +132,29 @@ class Workspace:
     Args:
         root: The folder; created if missing.
         max_write_bytes: Largest content ``write_text`` accepts, in UTF-8 bytes.
+        quota: What the task's files may hold: a write past it is refused. None: no quota.
+        counted: The task's other folders that count against ``quota`` (its artifacts).
 
     Attributes:
         root: The folder, fully resolved (symlinks followed).
     """
 
-    def __init__(self, root: Path, *, max_write_bytes: int = MAX_WRITE_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_write_bytes: int = MAX_WRITE_BYTES,
+        quota: WorkspaceQuota | None = None,
+        counted: Sequence[Path] = (),
+    ) -> None:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         # The root's own path is the server's to choose, and the sandbox cannot replace it:
         # there it is the mount point /workspace, and nothing above it is visible.
         self.root: Path = root.resolve()
         self.max_write_bytes = max_write_bytes
+        self.quota = quota
+        self.counted = tuple(counted)
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"
@@ -168,6 +194,7 @@ class Workspace:
             WorkspaceEscapeError: ``path`` leaves the workspace or goes through a symlink.
             ToolInputError: The content is too large, or ``path`` is a folder or lies
                 under a file.
+            WorkspaceQuotaExceeded: The write would take the task's files past their quota.
         """
         names = self._names(path)
         size = _utf8_size(content)
@@ -185,6 +212,13 @@ class Workspace:
                     raise self._folder_error(path)
                 if existing and stat.S_ISLNK(existing.st_mode):
                     raise self._symlink_error(path)
+                if self.quota is not None:
+                    self.quota.check_write(
+                        (self.root, *self.counted),
+                        what=f"write_file {path!r} ({size:,} bytes)",
+                        adding_bytes=size - (existing.st_size if existing else 0),
+                        adding_files=0 if existing else 1,
+                    )
                 # Keep a replaced file's permission bits (an executable script stays one).
                 mode = stat.S_IMODE(existing.st_mode) & 0o777 if existing else None
                 _nofollow.replace_file(folder, names[-1], content.encode("utf-8"), mode=mode)
@@ -438,13 +472,24 @@ class ArtifactStore:
     Args:
         root: The folder; created if missing.
         max_bytes: Largest content ``save`` accepts, in UTF-8 bytes.
+        quota: What the task's files may hold: a save past it is refused. None: no quota.
+        counted: The task's other folders that count against ``quota`` (its workspace).
     """
 
-    def __init__(self, root: Path, *, max_bytes: int = MAX_WRITE_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int = MAX_WRITE_BYTES,
+        quota: WorkspaceQuota | None = None,
+        counted: Sequence[Path] = (),
+    ) -> None:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         self.root: Path = root.resolve()
         self.max_bytes = max_bytes
+        self.quota = quota
+        self.counted = tuple(counted)
 
     def __repr__(self) -> str:
         return f"ArtifactStore({str(self.root)!r})"
@@ -454,6 +499,7 @@ class ArtifactStore:
 
         Raises:
             ToolInputError: ``name`` is not a plain file name, or the content is too large.
+            WorkspaceQuotaExceeded: The save would take the task's files past their quota.
         """
         if not _ARTIFACT_NAME.fullmatch(name):
             raise ToolInputError(
@@ -469,6 +515,14 @@ class ArtifactStore:
         # The temporary file's hidden name never matches _ARTIFACT_NAME, so list() skips a
         # leftover one.
         with _nofollow.opened_folder(self.root) as folder:
+            if self.quota is not None:
+                existing = _nofollow.entry_at(folder, name)
+                self.quota.check_write(
+                    (self.root, *self.counted),
+                    what=f"save_artifact {name!r} ({size:,} bytes)",
+                    adding_bytes=size - (existing.st_size if existing else 0),
+                    adding_files=0 if existing else 1,
+                )
             _nofollow.replace_file(folder, name, content.encode("utf-8"))
         return Artifact(name=name, path=self.root / name, size_bytes=size)
 
@@ -483,3 +537,19 @@ class ArtifactStore:
                         Artifact(name=name, path=self.root / name, size_bytes=entry.st_size)
                     )
         return artifacts
+
+
+def delete_folder(path: Path) -> TaskFilesUsage:
+    """Delete a task's folder (its workspace, its artifacts) and return what it held.
+
+    Sandboxed code may have planted symlinks in it: none is followed, in the measure or in
+    the deletion (``_nofollow.remove_tree``: from descriptors, without recursion), so a
+    link to the ledger or a host folder is removed, never what it points to.
+    """
+    usage = task_files_usage([path], stop_after_files=_EVERY_FILE)
+    _nofollow.remove_tree(path)
+    return usage
+
+
+_EVERY_FILE = 1 << 62
+"""No bound on the measure of a folder that is deleted: every file of it is visited anyway."""

@@ -30,6 +30,17 @@ def positive(value: str) -> int:
     return int(value)
 
 
+def days(value: str) -> float:
+    """A number of days, above 0 (``0.5`` is twelve hours)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of days above 0, got {value!r}")
+    return number
+
+
 def port(value: str) -> int:
     """A TCP port, 1 to 65535."""
     if not value.isdigit() or not 0 < int(value) < 65536:

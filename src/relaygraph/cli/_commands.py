@@ -196,7 +196,7 @@ def serve(args: argparse.Namespace) -> int:
     """``relaygraph serve``: run the task service."""
     import uvicorn
 
-    from relaygraph.api import create_app, load_settings
+    from relaygraph.api import create_app, load_settings, raise_open_file_limit
     from relaygraph.runner import settle_long_lived
 
     overrides: dict[str, Any] = {"home": args.home}
@@ -225,6 +225,9 @@ def serve(args: argparse.Namespace) -> int:
     # out of the cyclic GC's full collections, which would otherwise stall every running
     # task for a fifth of a second every few seconds (see relaygraph.runner._long_lived).
     settle_long_lived()
+    # Every event stream holds a connection: the soft limit of a shell (often 1,024 open
+    # files) would let a few hundred streams starve the tasks of descriptors.
+    raise_open_file_limit()
     print(
         f"relaygraph serving on http://{args.host}:{args.port} (dashboard at /ui, "
         "OpenAPI at /openapi.json)",
@@ -383,6 +386,36 @@ def upgrade_db(args: argparse.Namespace) -> int:
     from relaygraph.store import upgrade
 
     print(f"ledger at {upgrade(ledger_url(args.home))} is up to date")
+    return EXIT_OK
+
+
+def collect_garbage(args: argparse.Namespace) -> int:
+    """``relaygraph gc``: delete the files of tasks that ended long ago; print what was freed."""
+    from relaygraph.runner import collect_garbage, load_runner_settings
+    from relaygraph.store import Ledger
+
+    settings = load_runner_settings()
+    older_than = args.older_than or settings.retention_days
+    if older_than is None:
+        raise ConfigError(
+            "relaygraph gc needs --older-than DAYS (or RELAYGRAPH_RETENTION_DAYS): how long "
+            "after its end a task's files are kept"
+        )
+    artifacts = args.artifacts or settings.retention_artifacts
+    with Ledger(ledger_url(args.home)) as ledger:
+        if not ledger.is_current():
+            ledger.upgrade()
+        freed = collect_garbage(
+            ledger, data_directory(args.home), older_than_days=older_than, artifacts=artifacts
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(freed.to_json()) + "\n")
+    else:
+        what = "workspaces and artifacts" if artifacts else "workspaces"
+        print(
+            f"freed {freed.bytes:,} bytes in {freed.files:,} files: the {what} of "
+            f"{freed.tasks} task(s) that ended over {older_than:g} days ago"
+        )
     return EXIT_OK
 
 

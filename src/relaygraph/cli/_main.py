@@ -22,8 +22,10 @@ from relaygraph.models import run_doctor
 
 # The commands that write in the data directory, and those of them that use the ledger.
 # ``serve`` checks its own (its settings may name another), after reading them.
-_HOME_COMMANDS = frozenset({"run", "resume", "trace", "eval", "projects", "db", "kb", "worker"})
-_LEDGER_COMMANDS = frozenset({"run", "resume", "trace", "eval", "projects", "db"})
+_HOME_COMMANDS = frozenset(
+    {"run", "resume", "trace", "eval", "projects", "db", "kb", "worker", "gc"}
+)
+_LEDGER_COMMANDS = frozenset({"run", "resume", "trace", "eval", "projects", "db", "gc"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,4 +97,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _commands.check_team(args)
     if args.command == "db":
         return _commands.upgrade_db(args)
+    if args.command == "gc":
+        return _commands.collect_garbage(args)
     return _commands.manage_kb(args)

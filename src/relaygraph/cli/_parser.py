@@ -15,6 +15,7 @@ from relaygraph.cli._argtypes import (
     add_topology_arguments,
     agent_model,
     data_folder,
+    days,
     json_object,
     port,
     positive,
@@ -246,6 +247,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     old_create.add_argument("name")
     old_create.add_argument("--json", action="store_true", help='print {"team": ..., "key": ...}')
+
+    gc = commands.add_parser(
+        "gc",
+        help="delete the workspaces (and artifacts) of tasks that ended long ago",
+        description="Delete the workspaces of the tasks that ended more than --older-than "
+        "days ago (default: RELAYGRAPH_RETENTION_DAYS), and with --artifacts their artifacts "
+        "too; the ledger's records stay. Prints what it freed.",
+    )
+    gc.add_argument(
+        "--older-than",
+        type=days,
+        metavar="DAYS",
+        help="days since a task ended (default: RELAYGRAPH_RETENTION_DAYS)",
+    )
+    gc.add_argument("--artifacts", action="store_true", help="delete their artifacts too")
+    gc.add_argument("--json", action="store_true", help="print what was freed as JSON")
 
     db = commands.add_parser("db", help="manage the ledger database")
     db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)

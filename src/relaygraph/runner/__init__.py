@@ -39,6 +39,7 @@ from relaygraph.runner._models import (
     resolve_model_specs,
 )
 from relaygraph.runner._result import Decision, RunResult
+from relaygraph.runner._retention import RETENTION_SWEEP_SECONDS, Freed, collect_garbage
 from relaygraph.runner._run import resume_task, run_task
 from relaygraph.runner._service_teams import ServiceTeams
 from relaygraph.runner._settings import RunnerSettings, load_runner_settings, read_settings
@@ -61,12 +62,14 @@ __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "LEASE_LOST",
     "POLICY_SOURCE_KEY",
+    "RETENTION_SWEEP_SECONDS",
     "SUSPENDED",
     "Answers",
     "CheckpointFence",
     "Decision",
     "Enqueue",
     "EventHandler",
+    "Freed",
     "ModelGate",
     "ModelRules",
     "RefusalKind",
@@ -82,6 +85,7 @@ __all__ = [
     "TaskRunner",
     "check_model_spec",
     "check_request",
+    "collect_garbage",
     "decide_task",
     "ledger_for",
     "load_runner_settings",

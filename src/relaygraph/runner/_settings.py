@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError
 
 __all__ = ["RunnerSettings", "load_runner_settings", "read_settings"]
@@ -70,6 +71,21 @@ class RunnerSettings(BaseSettings):
     """The ledger (else ``$RELAYGRAPH_DATABASE_URL``, else SQLite in the data directory)."""
     home: Path | None = None
     """The data directory (else ``$RELAYGRAPH_HOME`` or ``~/.relaygraph``)."""
+    workspace_max_mb: int = Field(default=1024, ge=1, le=1024 * 1024)
+    """What a task's workspace and artifacts may hold together, in MiB, enforced while its
+    programs run (docs/sandbox.md, *The workspace quota*)."""
+    workspace_max_files: int = Field(default=10_000, ge=1, le=10_000_000)
+    """Files and folders a task's workspace and artifacts may hold together."""
+
+    retention_days: float | None = Field(default=None, gt=0)
+    """Delete the workspaces of tasks that ended more than this many days ago (the server,
+    hourly; ``relaygraph gc`` on demand). None (the default): kept for ever."""
+    retention_artifacts: bool = False
+    """With ``retention_days``: delete those tasks' artifacts too."""
+
+    def workspace_quota(self) -> WorkspaceQuota:
+        """The quota of every task's files, as the tools enforce it."""
+        return WorkspaceQuota(max_mb=self.workspace_max_mb, max_files=self.workspace_max_files)
 
     @field_validator("tool_modules")
     @classmethod

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
 from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
@@ -57,6 +58,7 @@ class TaskRunner:
         sandbox_isolation_required: bool = False,
         teams: Callable[[Task], Team] | None = None,
         policies: Callable[[Task, TeamPolicy], TeamPolicy] | None = None,
+        workspace_quota: WorkspaceQuota | None = None,
     ) -> None:
         """
         Args:
@@ -73,6 +75,8 @@ class TaskRunner:
                 service's registered teams); :func:`team_of_record` when None.
             policies: The policy a task runs under, from the one it recorded (the task
                 service's ceiling: ``ServiceTeams.policy_for``); the recorded one when None.
+            workspace_quota: What each task's workspace and artifacts may hold (the
+                default :class:`WorkspaceQuota` when None).
         """
         self.ledger = ledger
         self.home = home
@@ -81,6 +85,7 @@ class TaskRunner:
         self.sandbox_isolation_required = sandbox_isolation_required
         self.teams = teams or team_of_record
         self.policies = policies
+        self.workspace_quota = workspace_quota or WorkspaceQuota()
 
     def run(
         self,
@@ -323,6 +328,7 @@ class TaskRunner:
         context = replace(
             TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
             sandbox_isolation_required=self.sandbox_isolation_required,
+            workspace_quota=self.workspace_quota,
             tool_journal=(
                 self.ledger.tool_journal
                 if attempt is None

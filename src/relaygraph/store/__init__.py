@@ -12,7 +12,12 @@ package: run ``relaygraph db upgrade`` (:func:`upgrade`) or :meth:`Ledger.upgrad
 """
 
 from relaygraph.store._engine import DATABASE_URL_ENV, database_url
-from relaygraph.store._errors import AttemptSuperseded, RecordConflict, RecordNotFound
+from relaygraph.store._errors import (
+    AttemptSuperseded,
+    RecordConflict,
+    RecordNotFound,
+    is_disk_full,
+)
 from relaygraph.store._journal import LedgerToolJournal
 from relaygraph.store._ledger import Ledger, hash_key
 from relaygraph.store._models import LOCAL_PROJECT_ID
@@ -64,6 +69,7 @@ __all__ = [
     "ToolCall",
     "database_url",
     "hash_key",
+    "is_disk_full",
     "upgrade",
 ]
 

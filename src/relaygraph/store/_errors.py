@@ -3,6 +3,8 @@ superseded attempt's write (``AttemptSuperseded``)."""
 
 from __future__ import annotations
 
+import errno
+
 from relaygraph.errors import ConfigError, RunError
 
 
@@ -57,3 +59,33 @@ class AttemptSuperseded(RunError):
         super().__init__(
             f"task {task_id}: attempt {attempt} may no longer write ({now}); its write was refused"
         )
+
+
+_SQLITE_FULL = 13
+"""SQLite's result code for a write that found no room (``database or disk is full``)."""
+_POSTGRES_DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE ``disk_full``."""
+_NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, says the disk had no room: SQLite's
+    ``SQLITE_FULL``, PostgreSQL's ``disk_full``, or an ``OSError`` with ``ENOSPC`` (a full
+    disk), ``EDQUOT`` (a user's disk quota) or ``EFBIG`` (a file-size limit)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_ROOM_ERRNOS:
+            return True
+        if getattr(error, "sqlite_errorcode", None) == _SQLITE_FULL:
+            return True
+        if getattr(error, "sqlstate", None) == _POSTGRES_DISK_FULL:
+            return True
+        if "database or disk is full" in str(error):
+            return True  # SQLite's message, from a driver that does not give its code.
+        pending += [getattr(error, "orig", None), error.__cause__, error.__context__]
+    return False

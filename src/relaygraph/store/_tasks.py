@@ -17,6 +17,7 @@ from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
 from relaygraph.store._base import (
     EARLIER_ACTIVE_ON_THREAD,
+    FINISHED_STATUSES,
     MAX_PAGE,
     TASK_COLUMNS,
     LedgerBase,
@@ -208,6 +209,19 @@ class TasksLedger(LedgerBase):
             return tasks, None
         tasks = tasks[:limit]
         return tasks, _cursor.encode(tasks[-1].created_at, tasks[-1].id)
+
+    def tasks_ended_before(self, cutoff: datetime) -> list[str]:
+        """The ids of the tasks, of every project, that ended (succeeded, degraded, failed,
+        cancelled) before ``cutoff``, oldest first: what retention may clear the files of.
+        A task that ended without its end time recorded counts from its last update."""
+        ended = func.coalesce(TaskRow.finished_at, TaskRow.updated_at)
+        query = (
+            select(TaskRow.id)
+            .where(TaskRow.status.in_(FINISHED_STATUSES), ended < cutoff)
+            .order_by(ended, TaskRow.id)
+        )
+        with self._read() as session:
+            return list(session.scalars(query))
 
     def unfinished_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
         """``queued`` tasks, and ``running`` ones whose runner's lease has lapsed (or that

@@ -81,6 +81,7 @@ class WorkerRuntime:
             sandbox_isolation_required=not settings.unsafe_sandbox,
             teams=self.teams.resolve,
             policies=self.teams.policy_for,
+            workspace_quota=settings.workspace_quota(),
         )
 
     def close(self) -> None:

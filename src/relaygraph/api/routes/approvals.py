@@ -29,7 +29,7 @@ def approvals_router(state: ServiceState) -> APIRouter:
         "/{approval_id}",
         status_code=202,
         response_model=TaskOut,
-        responses=error_responses(401, 404, 409, 413, 422, 503),
+        responses=error_responses(401, 404, 409, 413, 422, 503, 507),
     )
     def decide(task_id: str, approval_id: str, body: DecisionIn, project: ProjectDep) -> TaskOut:
         """Decide a pending approval; the task resumes from its checkpoint."""

@@ -11,6 +11,7 @@ from relaygraph.api._auth import own_task
 from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import SSE_EVENT_SCHEMA
 from relaygraph.api._state import ServiceState
+from relaygraph.api._streams import CountedEventSource
 from relaygraph.api._tasks_service import follow_events
 from relaygraph.store import Project
 
@@ -50,7 +51,7 @@ def events_router(state: ServiceState) -> APIRouter:
                 "its last event.",
                 "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
             },
-            **error_responses(401, 404, 422),
+            **error_responses(401, 404, 422, 429, 503),
         },
     )
     async def events(
@@ -73,13 +74,15 @@ def events_router(state: ServiceState) -> APIRouter:
         task = await to_thread.run_sync(lambda: own_task(state.ledger(), task_id, project))
         resumed = _event_id(last_event_id)  # Checked even when `after` is given.
         start = after if after is not None else resumed
+        slot = state.streams.admit(project.id, project.name)
         if state.listener is None:
-            return EventSourceResponse(
+            return CountedEventSource(
                 follow_events(
                     state.ledger, task, after=start, request=request, poll_seconds=SSE_POLL_SECONDS
-                )
+                ),
+                slot=slot,
             )
-        return EventSourceResponse(
+        return CountedEventSource(
             follow_events(
                 state.ledger,
                 task,
@@ -88,7 +91,8 @@ def events_router(state: ServiceState) -> APIRouter:
                 poll_seconds=SSE_FALLBACK_POLL_SECONDS,
                 notices=state.listener,
                 notice_timeout_seconds=SSE_NOTICE_TIMEOUT_SECONDS,
-            )
+            ),
+            slot=slot,
         )
 
     return router

@@ -41,7 +41,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         response_model=TaskOut,
         responses={
             202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
-            **error_responses(401, 404, 409, 413, 422, 503),
+            **error_responses(401, 404, 409, 413, 422, 503, 507),
         },
     )
     def create_task(
@@ -159,7 +159,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         "/{task_id}/cancel",
         status_code=202,
         response_model=TaskOut,
-        responses=error_responses(401, 404, 409),
+        responses=error_responses(401, 404, 409, 507),
     )
     def cancel(task_id: str, project: ProjectDep) -> TaskOut:
         """Cancel the task: at once when it waits, at its next step boundary when it runs."""

@@ -18,6 +18,7 @@ from relaygraph.store import Ledger, Task
 
 if TYPE_CHECKING:
     from relaygraph.api._dispatch import TaskDispatch
+    from relaygraph.api._streams import StreamGate
     from relaygraph.team import Team
     from relaygraph.worker import EventListener
 
@@ -60,6 +61,8 @@ class Dashboard:
     settings: DashboardSettings
     sessions: SessionStore
     notices: Callable[[], EventListener | None] = lambda: None
+    streams: StreamGate | None = None
+    """Admits a task page's live event stream (counted with the project's API streams)."""
 
     def session(self, request: Request) -> tuple[DashboardSession | None, bool]:
         """The request's live session, and whether one ran out of time.

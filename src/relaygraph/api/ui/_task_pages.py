@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 
-from relaygraph.api._errors import ErrorAnswer
+from relaygraph.api._errors import ErrorAnswer, error_body
 from relaygraph.api._schemas import DecisionIn
+from relaygraph.api._streams import CountedEventSource
 from relaygraph.api._tasks_service import decide, follow_events
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
 from relaygraph.api.ui._queries import (
@@ -119,18 +120,29 @@ def task_router(dashboard: Dashboard) -> APIRouter:
         after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
         if not after.isdigit() or len(after) > 10:
             return JSONResponse({"error": {"code": "invalid_request"}}, status_code=422)
-        return EventSourceResponse(
-            follow_events(
-                dashboard.ledger,
-                found,
-                after=int(after),
-                request=request,
-                poll_seconds=EVENT_POLL_SECONDS,
-                still_wanted=_session_alive(dashboard, request),
-                notices=dashboard.notices(),
-            ),
-            headers={k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Control"},
+        slot = None
+        if dashboard.streams is not None:
+            try:
+                slot = dashboard.streams.admit(session.project_id, session.project_name)
+            except ErrorAnswer as refused:
+                return JSONResponse(
+                    error_body(refused.code, refused.message),
+                    status_code=refused.status,
+                    headers=refused.headers,
+                )
+        events = follow_events(
+            dashboard.ledger,
+            found,
+            after=int(after),
+            request=request,
+            poll_seconds=EVENT_POLL_SECONDS,
+            still_wanted=_session_alive(dashboard, request),
+            notices=dashboard.notices(),
         )
+        headers = {k: v for k, v in SECURITY_HEADERS.items() if k != "Cache-Control"}
+        if slot is None:
+            return EventSourceResponse(events, headers=headers)
+        return CountedEventSource(events, slot=slot, headers=headers)
 
     @router.post("/tasks/{task_id}/approvals/{approval_id}")
     async def decide(task_id: str, approval_id: str, request: Request) -> Response:
