@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--hostname",
         metavar="H",
-        help="the worker's node name (name@host); two workers on one host need different ones",
+        help="the worker's node name (name@host, %%h for this host; default "
+        "relaygraph-<pid>@<host>, unique per process)",
     )
     worker.add_argument(
         "--events",
