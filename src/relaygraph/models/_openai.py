@@ -39,6 +39,7 @@ from langchain_core.runnables.config import ensure_config
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, PrivateAttr
 
+from relaygraph._deadline import seconds_left
 from relaygraph.errors import ConfigError, ModelSpecError
 from relaygraph.events import ModelRetryEvent, StructuredMethodEvent, event_sink
 from relaygraph.models._errors import AnswerCut, ModelCallError, server_message
@@ -52,6 +53,7 @@ from relaygraph.models._retry import (
     RetryingAsyncClient,
     RetryNote,
     RetryPolicy,
+    TimeLimitReached,
     attempts_made,
     is_request_error,
     reporting_retries,
@@ -386,6 +388,8 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         while isinstance(root, openai.APIError) and root.__cause__ is not None:
             root = root.__cause__
         said = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
+        if isinstance(root, TimeLimitReached) or seconds_left() == 0:
+            return f"the task's time limit (max_seconds) ran out during the call ({said})"
         if isinstance(root, httpx2.TimeoutException) or isinstance(exc, openai.APITimeoutError):
             return f"the request timed out ({said})"
         if isinstance(root, httpx2.ConnectError):

@@ -45,6 +45,7 @@ from typing import Any
 import httpx2
 import openai
 
+from relaygraph._deadline import seconds_left
 from relaygraph.models._errors import server_message
 
 __all__ = [
@@ -160,6 +161,36 @@ def _no_answer(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+class TimeLimitReached(httpx2.TimeoutException):
+    """The task's time limit (``max_seconds``) left no time for this request, or ran out
+    while it was made (see :mod:`relaygraph._deadline`)."""
+
+
+def _within_deadline(request: Any) -> None:
+    """Give ``request`` no more time than the task's limit leaves: each of its timeouts (the
+    connection, each read and write) at most the time left.
+
+    Raises:
+        TimeLimitReached: No time is left.
+    """
+    left = seconds_left()
+    if left is None:
+        return
+    if left <= 0:
+        raise TimeLimitReached("the task's time limit (max_seconds) left no time for the call")
+    timeouts = dict(request.extensions.get("timeout") or {})
+    request.extensions["timeout"] = {
+        name: left if value is None else min(value, left)
+        for name, value in (timeouts or dict.fromkeys(("connect", "read", "write", "pool"))).items()
+    }
+
+
+def _retry_fits(wait: float) -> bool:
+    """Whether a retry after ``wait`` seconds can still end before the task's deadline."""
+    left = seconds_left()
+    return left is None or wait < left
+
+
 OnRetry = Callable[[RetryNote], None]
 
 _reporter: ContextVar[OnRetry | None] = ContextVar("relaygraph_retry_reporter", default=None)
@@ -202,10 +233,11 @@ class RetryingClient(openai.DefaultHttpxClient):
         while True:
             attempts_made.set(attempt + 1)
             last = attempt >= self._policy.max_retries
+            _within_deadline(request)
             try:
                 response = super().send(request, stream=stream, **kwargs)
             except TRANSIENT_ERRORS as exc:
-                if last:
+                if last or not _retry_fits(self._policy.backoff(attempt)):
                     raise
                 note = RetryNote(
                     attempt=attempt + 1,
@@ -219,7 +251,7 @@ class RetryingClient(openai.DefaultHttpxClient):
                 if stream:
                     response.read()
                 wait, asked = _decide(response, attempt, self._policy)
-                if wait is None:
+                if wait is None or not _retry_fits(wait):
                     return response
                 note = RetryNote(
                     attempt=attempt + 1,
@@ -251,10 +283,11 @@ class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
         while True:
             attempts_made.set(attempt + 1)
             last = attempt >= self._policy.max_retries
+            _within_deadline(request)
             try:
                 response = await super().send(request, stream=stream, **kwargs)
             except TRANSIENT_ERRORS as exc:
-                if last:
+                if last or not _retry_fits(self._policy.backoff(attempt)):
                     raise
                 note = RetryNote(
                     attempt=attempt + 1,
@@ -268,7 +301,7 @@ class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
                 if stream:
                     await response.aread()
                 wait, asked = _decide(response, attempt, self._policy)
-                if wait is None:
+                if wait is None or not _retry_fits(wait):
                     return response
                 note = RetryNote(
                     attempt=attempt + 1,

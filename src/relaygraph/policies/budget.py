@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from relaygraph.policies._policy import AgentLimits, Price, TeamLimits, TeamPolicy
 
-__all__ = ["BudgetHit", "UsageTotals", "check_agent_budget", "check_team_budget", "cost_usd"]
+__all__ = [
+    "BudgetHit",
+    "UsageTotals",
+    "check_agent_budget",
+    "check_team_budget",
+    "cost_usd",
+    "seconds_left",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,6 +142,17 @@ def check_team_budget(limits: TeamLimits, used: UsageTotals) -> BudgetHit | None
         "team",
         None,
     )
+
+
+def seconds_left(*limits: tuple[float | None, UsageTotals]) -> float | None:
+    """The wall time a next call may take: the least that each ``(max_seconds, used)`` pair
+    leaves (an agent's and the team's), never below 0; None when none sets a limit.
+
+    A model call gets it as its deadline (:func:`relaygraph._deadline.due_within`): a check
+    before each call alone would let one call of a hung server run the task far past its
+    limit."""
+    left = [allowed - used.seconds for allowed, used in limits if allowed is not None]
+    return max(min(left), 0.0) if left else None
 
 
 def cost_usd(policy: TeamPolicy, model_name: str, input_tokens: int, output_tokens: int) -> float:

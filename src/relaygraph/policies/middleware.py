@@ -27,6 +27,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, StreamWriter, interrupt
 from pydantic import BaseModel
 
+from relaygraph._deadline import due_within
 from relaygraph._names import HANDOFF_PREFIX
 from relaygraph.events import (
     ViolationKind,
@@ -48,6 +49,7 @@ from relaygraph.policies.budget import (
     check_agent_budget,
     check_team_budget,
     cost_usd,
+    seconds_left,
 )
 from relaygraph.policies.pingpong import normalize_call
 
@@ -282,6 +284,16 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             self.agent, self.rules.limits, agent_used, before=before
         ) or check_team_budget(self.policy.team, team_used)
 
+    def _seconds_left(self, messages: list[BaseMessage]) -> float | None:
+        """What the agent's and the team's ``max_seconds`` leave for the next model call."""
+        budget = _visit_budget()
+        if budget is None:
+            return None
+        agent_used, team_used = self._spent(messages, budget)
+        return seconds_left(
+            (self.rules.limits.max_seconds, agent_used), (self.policy.team.max_seconds, team_used)
+        )
+
     def _budget_note(self, messages: list[BaseMessage]) -> AIMessage | None:
         """The note that ends the visit, if a budget forbids the next model call."""
         budget = _visit_budget()
@@ -316,10 +328,12 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         # checkpoint and writes (sync durability), before every model call. A spent budget
         # answers with the note instead of the model: a reply without tool calls, which
         # ends the visit as `jump_to: end` did.
-        note = self._budget_note(list(request.state["messages"]))
+        messages: list[BaseMessage] = list(request.state["messages"])
+        note = self._budget_note(messages)
         if note is not None:
             return ModelResponse(result=[note])
-        response = handler(request)
+        with due_within(self._seconds_left(messages)):
+            response = handler(request)
         # Marking the model's own messages lets usage be counted from the checkpointed
         # transcript alone (re-runs cannot double count), apart from notes middleware adds.
         for message in response.result:

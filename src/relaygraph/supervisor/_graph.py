@@ -14,13 +14,15 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer, Command
 
+from relaygraph._deadline import due_within
 from relaygraph._names import ANSWER_NAME, BEGIN, FINALIZE, FINISH, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
 from relaygraph.errors import ConfigError
 from relaygraph.events import Handoff, event_sink, final_event, route_event
 from relaygraph.handoffs import Assignment
+from relaygraph.models import ModelCallError
 from relaygraph.policies import TeamPolicy
-from relaygraph.policies.budget import BudgetHit, check_agent_budget
+from relaygraph.policies.budget import BudgetHit, check_agent_budget, seconds_left
 from relaygraph.policies.middleware import replies_usage
 from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
@@ -123,15 +125,17 @@ def _make_supervisor(
                 ),
             ]
             started = time.monotonic()
-            decision = route_next_agent(
-                model,
-                messages,
-                agents=available,
-                config=acc.call_config(config, state, SUPERVISOR, replays=replays),
-                may_finish=bool(visits),
-                unavailable=unavailable,
-                team=agents,
-            )
+            # The route (with its repair) gets what the team's time limit leaves.
+            with due_within(seconds_left((policy.team.max_seconds, acc.turn_usage(state)))):
+                decision = route_next_agent(
+                    model,
+                    messages,
+                    agents=available,
+                    config=acc.call_config(config, state, SUPERVISOR, replays=replays),
+                    may_finish=bool(visits),
+                    unavailable=unavailable,
+                    team=agents,
+                )
             replies = list(decision.raw)
             usage = acc.announce_usage(
                 acc.usage_record(
@@ -319,14 +323,26 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             HumanMessage(content=_prompts.finalize_input(state)),
         ]
         started = time.monotonic()
-        reply = model.invoke(messages, acc.call_config(config, state, FINALIZE, replays=replays))
+        failed: ModelCallError | None = None
+        try:
+            with due_within(seconds_left((policy.team.max_seconds, acc.turn_usage(state)))):
+                reply = model.invoke(
+                    messages, acc.call_config(config, state, FINALIZE, replays=replays)
+                )
+        except ModelCallError as exc:
+            # As a route's failed call: the task ends without an answer, saying why (the
+            # time limit the stop already spent, a server that failed), not as an error.
+            reply, failed = AIMessage(content=""), exc
         violations = _finalize_calls_refused(reply, state, config)
         # An empty answer is no answer: the run did not deliver what it was asked for.
         answer = reply.text if reply.text.strip() else None
         if answer is None and status == "succeeded":
             status = "degraded"
-            stop_reason = "no answer: finalize wrote no text" + (
-                " (it called a tool, which it may not)" if violations else ""
+            stop_reason = (
+                f"model_error: {FINALIZE}: {failed.reason}"
+                if failed is not None
+                else "no answer: finalize wrote no text"
+                + (" (it called a tool, which it may not)" if violations else "")
             )
         totals = replies_usage([reply], policy, seconds=time.monotonic() - started)
         usage = acc.announce_usage(
