@@ -370,13 +370,17 @@ def _parallel(model: Any) -> Probe:
 
 
 def _streaming(model: Any) -> Probe:
+    from relaygraph._names import USAGE_ESTIMATED_KEY
+
     chunks = list(model.stream("Count from one to five."))
     if not chunks:
         return _weak("the stream was empty")
     total = chunks[0]
     for chunk in chunks[1:]:
         total += chunk
-    usage = "with usage" if total.usage_metadata else "no usage in the stream (tokens estimated)"
+    # The model estimates the tokens of a stream that reported none, and marks them so.
+    estimated = not total.usage_metadata or total.response_metadata.get(USAGE_ESTIMATED_KEY)
+    usage = "no usage in the stream (tokens estimated)" if estimated else "with usage"
     return _ok(f"{len(chunks)} chunks, {usage}")
 
 
