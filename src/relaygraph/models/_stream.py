@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.outputs import ChatGenerationChunk
 
@@ -101,11 +102,11 @@ class StreamAssembly:
             return None
         input_tokens = estimate_tokens("\n".join(m.text for m in messages))
         output_tokens = estimate_tokens("".join(self._text))
-        usage = {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens,
-        }
+        usage = UsageMetadata(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            total_tokens=input_tokens + output_tokens,
+        )
         message = AIMessageChunk(
             content="", usage_metadata=usage, response_metadata={USAGE_ESTIMATED_KEY: True}
         )
