@@ -37,14 +37,19 @@ function for a ``tool_choice`` that names one (structured output by function cal
 
 **Profiles** (:class:`ServerProfile`) make the server behave as another server does, from that
 server's own code, docs and issue trackers: :data:`LLAMA_CPP_PYTHON` (500 on ``json_schema``
-and on ``content: null``, no usage in streams), :data:`VLLM_NO_TOOL_PARSER` (400 on
+and on ``content: null``, no usage in streams, a streamed tool call's name and id repeated in
+every chunk), :data:`LITELLM_LLAMA_CPP_PYTHON` (the LiteLLM proxy in front of it, which drops
+``content: null`` beside tool calls, so the backend fails with a 500 naming no field),
+:data:`VLLM_NO_TOOL_PARSER` (400 on
 ``tool_choice: "auto"``, which vLLM implies whenever tools are sent), :data:`OLLAMA` (ignores
 ``tool_choice``) and :data:`STRICT_FIELDS` (400 on ``parallel_tool_calls``).
 
 **Faults** (:class:`Faults`) are injected before a request is answered, at a chosen rate or
 in a given sequence: 429 with ``Retry-After``, 500, 503, a timeout (the server stalls and
-hangs up) and a truncated answer (half a body, or half a stream). A faulted request does not
-advance the script, and every request is logged with its arrival time and body digest
+hangs up), a truncated answer (half a body, or half a stream, the connection dropped), a
+stream that ends cleanly halfway without a ``finish_reason``, and tool calls whose arguments
+are cut. A faulted request does not advance the script (``broken_arguments`` plays its
+turn), and every request is logged with its arrival time and body digest
 (:attr:`FakeOpenAI.log`), so a test can check when a retried request came back.
 
 A **delay** (``delay_seconds``) makes every answered request take that long, as a model that
@@ -78,6 +83,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.models.scripted import ScriptTurn, estimate_tokens, load_script, parse_turns
 
 __all__ = [
+    "LITELLM_LLAMA_CPP_PYTHON",
     "LLAMA_CPP_PYTHON",
     "MODEL_PREFIX",
     "OLLAMA",
@@ -122,17 +128,46 @@ class ServerProfile:
     tools: bool = True
     """False: a request with ``tools`` is answered 400, as Ollama does for a model without
     tool support."""
+    litellm: bool = False
+    """True: the server is the LiteLLM proxy in front of this profile's backend: answers carry
+    its ``x-litellm-version`` header, and it drops ``content: null`` from an assistant
+    message with tool calls before the backend sees it; a backend that refuses the message
+    then is answered as LiteLLM wraps a backend's failure, a 500 that names no field."""
+    repeats_tool_call_fields: bool = False
+    """True: every chunk of a streamed tool call repeats its ``id``, ``type`` and ``name``
+    (and the legacy ``function_call`` with the name) beside its argument fragment, as
+    llama-cpp-python's ``_convert_completion_to_chat_function`` streams them."""
 
 
 OPENAI = ServerProfile(name="openai")
 LLAMA_CPP_PYTHON = ServerProfile(
-    name="llama-cpp-python", json_schema=False, null_tool_call_content=False, stream_usage=False
+    name="llama-cpp-python",
+    json_schema=False,
+    null_tool_call_content=False,
+    stream_usage=False,
+    repeats_tool_call_fields=True,
+)
+LITELLM_LLAMA_CPP_PYTHON = ServerProfile(
+    name="litellm-llama-cpp-python",
+    json_schema=False,
+    null_tool_call_content=False,
+    stream_usage=False,
+    repeats_tool_call_fields=True,
+    litellm=True,
 )
 VLLM_NO_TOOL_PARSER = ServerProfile(name="vllm-no-tool-parser", auto_tool_choice=False)
 OLLAMA = ServerProfile(name="ollama", honours_tool_choice=False)
 STRICT_FIELDS = ServerProfile(name="strict-fields", parallel_tool_calls_field=False)
 PROFILES = {
-    p.name: p for p in (OPENAI, LLAMA_CPP_PYTHON, VLLM_NO_TOOL_PARSER, OLLAMA, STRICT_FIELDS)
+    p.name: p
+    for p in (
+        OPENAI,
+        LLAMA_CPP_PYTHON,
+        LITELLM_LLAMA_CPP_PYTHON,
+        VLLM_NO_TOOL_PARSER,
+        OLLAMA,
+        STRICT_FIELDS,
+    )
 }
 
 FAULT_KINDS = (
@@ -149,6 +184,13 @@ FAULT_KINDS = (
 """How a faulted request is answered. The last four are 200s whose body is no answer, as
 gateways and half-compatible servers send them: ``choices: []``, ``message: null``, a body that
 is not JSON, an HTML error page."""
+ANSWER_FAULT_KINDS = ("unfinished_stream", "broken_arguments")
+"""Faults that send the script's answer altered, drawn at random only when named in
+``Faults.kinds``. ``unfinished_stream`` streams the first half of the answer and ends
+cleanly (``[DONE]``) with no chunk carrying a ``finish_reason``, as a proxy that loses its
+upstream mid-answer may (the turn stays unplayed; a request that does not stream is answered
+as usual). ``broken_arguments`` plays a tool-call turn with each call's arguments cut in
+half, not JSON, as a model stopped mid-call writes them (the turn is played)."""
 
 KeyFrom = Callable[[dict[str, Any]], str | None]
 """Picks the script key of a request from its JSON body; None: the model's key."""
@@ -175,9 +217,10 @@ class Faults:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = sorted({*self.kinds, *(k for k in self.sequence if k)} - set(FAULT_KINDS))
+        known = (*FAULT_KINDS, *ANSWER_FAULT_KINDS)
+        unknown = sorted({*self.kinds, *(k for k in self.sequence if k)} - set(known))
         if unknown:
-            raise ValueError(f"unknown fault kinds {unknown}; known: {FAULT_KINDS}")
+            raise ValueError(f"unknown fault kinds {unknown}; known: {known}")
         self._random = random.Random(self.seed)
 
     def draw(self, model: Any) -> str | None:
@@ -380,6 +423,13 @@ def _check_profile(profile: ServerProfile, body: dict[str, Any]) -> None:
     if not profile.null_tool_call_content:
         for i, message in enumerate(body["messages"]):
             if message.get("role") == "assistant" and message.get("content", None) is None:
+                if profile.litellm:
+                    raise _APIError(
+                        500,
+                        "litellm.InternalServerError: InternalServerError: OpenAIException - "
+                        "Internal Server Error",
+                        type_="None",
+                    )
                 raise _llama_cpp_validation(
                     f"('body', 'messages', {i}, 'ChatCompletionRequestAssistantMessage', "
                     "'content')",
@@ -553,8 +603,11 @@ class FakeOpenAI:
             )
         return key
 
-    def _answer(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-        """Answer one chat-completions body: ``(completion, stream chunks or None)``."""
+    def _answer(
+        self, body: dict[str, Any], *, advance: bool = True
+    ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """Answer one chat-completions body: ``(completion, stream chunks or None)``; with
+        ``advance`` False, the key's cursor stays on the turn (a faulted answer)."""
         messages = _check_messages(body.get("messages"))
         tools = _tool_names(body.get("tools"))
         structured = _structured(body.get("response_format"))
@@ -571,7 +624,8 @@ class FakeOpenAI:
                 )
             turn = turns[index]
             _check_turn(key, index + 1, turn, body, tools, structured, self.profile)
-            self._cursors[key] = index + 1
+            if advance:
+                self._cursors[key] = index + 1
             calls = []
             forced = _forced_function(body)
             if turn.route is not None and forced is not None and not structured:
@@ -645,7 +699,10 @@ class FakeOpenAI:
             and isinstance(options, dict)
             and bool(options.get("include_usage"))
         )
-        return completion_body, _chunks(head, message, finish, usage, include_usage)
+        chunks = (_llama_cpp_chunks if self.profile.repeats_tool_call_fields else _chunks)(
+            head, message, finish, usage, include_usage
+        )
+        return completion_body, chunks
 
 
 def _check_turn(
@@ -759,6 +816,46 @@ def _chunks(
     return chunks
 
 
+def _llama_cpp_chunks(
+    head: dict[str, Any],
+    message: dict[str, Any],
+    finish: str,
+    usage: dict[str, int],
+    include_usage: bool,
+) -> list[dict[str, Any]]:
+    """A streamed answer as llama-cpp-python sends it: a tool call's every chunk repeats
+    its id, type and name, and a legacy ``function_call`` beside it; other answers as
+    OpenAI's (:func:`_chunks`)."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return _chunks(head, message, finish, usage, include_usage)
+    base = {**head, "object": "chat.completion.chunk"}
+    empty = {"role": None, "content": None, "function_call": None, "tool_calls": None}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None, "delta": delta}
+        return {**base, "choices": [choice]}
+
+    chunks = [chunk({**empty, "role": "assistant"})]
+    for i, call in enumerate(calls):
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        for start in range(0, len(arguments), _FRAGMENT):
+            fragment = arguments[start : start + _FRAGMENT]
+            function = {"name": name, "arguments": fragment}
+            tool_call = {"index": i, "id": call["id"], "type": "function", "function": function}
+            chunks.append(chunk({**empty, "function_call": function, "tool_calls": [tool_call]}))
+    chunks.append(chunk(empty, finish))
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": usage})
+    return chunks
+
+
+def _unfinished(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first half of a stream's chunks, none carrying a finish_reason or usage."""
+    answer = [c for c in chunks if c["choices"] and not c["choices"][0]["finish_reason"]]
+    return answer[: max(1, len(answer) // 2)]
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -827,12 +924,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
+    def _proxy_headers(self) -> None:
+        if self.server.app.profile.litellm:
+            self.send_header("x-litellm-version", "1.74.0")
+
     def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("x-request-id", f"req_{id(payload):x}")
+        self._proxy_headers()
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
@@ -843,6 +945,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
+        self._proxy_headers()
         self.end_headers()
         events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
         events.append(b"data: [DONE]\n\n")
@@ -1009,7 +1112,19 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise _bad_request("The request body must be a JSON object.")
             entry = app._record(body)
-            if entry["fault"] is not None:
+            if entry["fault"] == "unfinished_stream" and body.get("stream"):
+                completion, chunks = app._answer(body, advance=False)
+                assert chunks is not None
+                self._send_stream(_unfinished(chunks))
+                return
+            if entry["fault"] == "broken_arguments" and not body.get("stream"):
+                completion, _ = app._answer(body)
+                for call in completion["choices"][0]["message"].get("tool_calls") or []:
+                    arguments = call["function"]["arguments"]
+                    call["function"]["arguments"] = arguments[: len(arguments) // 2]
+                self._send_json(200, completion)
+                return
+            if entry["fault"] not in (None, *ANSWER_FAULT_KINDS):
                 self._inject(entry["fault"], body)
                 return
             if app.delay_seconds:

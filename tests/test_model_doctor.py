@@ -18,11 +18,13 @@ from relaygraph.errors import ModelSpecError
 from relaygraph.models._doctor import add_doctor_parser, diagnose, run_doctor
 
 from .openai_server import (
+    LITELLM_LLAMA_CPP_PYTHON,
     LLAMA_CPP_PYTHON,
     OLLAMA,
     OPENAI,
     STRICT_FIELDS,
     VLLM_NO_TOOL_PARSER,
+    Faults,
     ServerProfile,
     serve_script,
 )
@@ -30,12 +32,14 @@ from .openai_server import (
 VERDICT = {"route": {"answer": "yes", "reason": "Rayleigh scattering."}}
 
 
-def probes_script(named: str = "get_time", routes: int = 3) -> dict[str, Any]:
+def probes_script(
+    named: str = "get_time", routes: int = 3, verdict: dict[str, Any] = VERDICT
+) -> dict[str, Any]:
     """The probes' answers; ``routes``: how many structured methods the server accepts."""
     return {
         "doctor": [
             {"content": "ready"},
-            *[VERDICT] * routes,
+            *[verdict] * routes,
             {"tool_calls": [{"name": named, "args": {"city": "Paris"}}]},
             {"tool_calls": [{"name": "get_weather", "args": {"city": "Paris"}}]},
             {"content": "It is sunny in Paris."},
@@ -55,8 +59,13 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 def doctor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     contexts: list[Any] = []
 
-    def run(profile: ServerProfile, spec: str = "openai:script-doctor", **script: Any) -> Any:
-        context = serve_script(probes_script(**script), profile=profile)
+    def run(
+        profile: ServerProfile,
+        spec: str = "openai:script-doctor",
+        faults: Faults | None = None,
+        **script: Any,
+    ) -> Any:
+        context = serve_script(probes_script(**script), profile=profile, faults=faults)
         server = context.__enter__()
         contexts.append(context)
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
@@ -176,3 +185,86 @@ def test_cli_json_and_exit_codes(
 def test_doctor_probes_only_chat_completions() -> None:
     with pytest.raises(ModelSpecError, match="doctor probes Chat Completions servers"):
         diagnose("scripted:relay.json")
+
+
+def _assistant_contents(server: Any) -> list[Any]:
+    return [
+        m.get("content", "(dropped)")
+        for r in server.requests
+        for m in r["messages"]
+        if m["role"] == "assistant" and m.get("tool_calls")
+    ]
+
+
+def test_the_round_trip_is_probed_with_the_specs_tool_call_content(doctor: Any) -> None:
+    spec = "openai:script-doctor?tool_call_content=empty"
+    report, server = doctor(LLAMA_CPP_PYTHON, spec=spec, routes=2)
+    by_name = {p.name: p for p in report.probes}
+    assert by_name["tool round trip"].status == "ok"
+    assert by_name["tool round trip"].detail == (
+        'tool result answered (assistant content "", as the spec says)'
+    )
+    assert _assistant_contents(server) == [""]  # no null sent first
+    assert report.spec == (
+        "openai:script-doctor?structured=function_calling&tool_call_content=empty"
+    )
+    assert report.usable
+
+
+def test_behind_litellm_the_round_trip_sends_empty_content(doctor: Any) -> None:
+    """LiteLLM drops ``content: null`` beside tool calls, and the backend's failure comes
+    back as a 500 naming nothing: the doctor knows the proxy and sends "" instead."""
+    report, server = doctor(LITELLM_LLAMA_CPP_PYTHON, routes=2)
+    by_name = {p.name: p for p in report.probes}
+    assert by_name["tool round trip"].status == "weak"
+    assert "behind LiteLLM" in by_name["tool round trip"].detail
+    assert _assistant_contents(server) == [""]
+    assert report.options == {"structured": "function_calling", "tool_call_content": "empty"}
+    assert report.usable
+
+
+def test_a_tool_call_with_broken_arguments_is_not_text(doctor: Any) -> None:
+    # The fifth request is the named tool_choice probe.
+    faults = Faults(sequence=[None, None, None, None, "broken_arguments"])
+    report, _ = doctor(OPENAI, faults=faults)
+    named = {p.name: p for p in report.probes}["tool_choice: named"]
+    assert named.status == "weak"
+    assert named.detail.startswith("called get_time with arguments that are not JSON: ")
+    assert "text" not in named.detail
+
+
+def test_no_reliable_structured_method_is_not_usable(doctor: Any) -> None:
+    report, _ = doctor(OPENAI, routes=2, verdict={"content": "maybe"})
+    found = statuses(report)
+    assert "ok" not in [found[f"structured: {m}"] for m in ("json_schema", "json_mode")]
+    assert found["structured: function_calling"] == "rejected"
+    assert not report.usable
+    assert any("no method gives the route reliably" in n for n in report.notes)
+
+
+def test_broken_streaming_is_not_usable(doctor: Any) -> None:
+    # The ninth request is the stream; it ends with no finish_reason.
+    report, _ = doctor(OPENAI, faults=Faults(sequence=[None] * 8 + ["unfinished_stream"]))
+    streaming = {p.name: p for p in report.probes}["streaming"]
+    assert streaming.status == "error"
+    assert "ended without a finish_reason" in streaming.detail
+    assert not report.usable
+    assert any(n.startswith("streaming is broken") for n in report.notes)
+
+
+def test_the_printed_spec_is_quoted_for_the_shell(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="relaygraph")
+    add_doctor_parser(parser.add_subparsers(dest="command"))
+    with serve_script(probes_script(routes=2), profile=LLAMA_CPP_PYTHON) as server:
+        args = parser.parse_args(
+            ["doctor", "--model", "openai:script-doctor", "--base-url", server.base_url]
+        )
+        monkeypatch.setenv("COLUMNS", "200")
+        assert run_doctor(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "use: --model 'openai:script-doctor?structured=function_calling&tool_call_content=empty'"
+        in out
+    )

@@ -174,3 +174,36 @@ def test_doctor_on_llama_cpp_server(on_llama: str, capsys: pytest.CaptureFixture
         f"openai:{MODEL_ALIAS}?structured=function_calling&tool_call_content=empty"
     )
     assert report["usable"] is True
+
+
+def test_streamed_tool_call_is_joined_once_on_llama_cpp_server(on_llama: str) -> None:
+    """The server repeats the call's id and name in every chunk of a named tool call
+    (``_convert_completion_to_chat_function``, the path of its GGUF template and of
+    ``chatml-function-calling`` alike), and sends no usage in a stream."""
+    from relaygraph._names import USAGE_ESTIMATED_KEY
+    from relaygraph.models import load_model
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    model = load_model(SPEC, agent="researcher")
+    bound = model.bind_tools([weather], tool_choice="get_weather")
+    chunks = list(bound.stream("What is the weather in Paris?"))
+    named = [t for c in chunks for t in c.tool_call_chunks if t["name"]]
+    assert len(named) == 1, "the repeated name is dropped from every chunk after the first"
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total += chunk
+    assert [c["name"] for c in total.tool_calls] == ["get_weather"], total
+    assert isinstance(total.tool_calls[0]["args"].get("city"), str)
+    assert total.usage_metadata is not None and total.usage_metadata["output_tokens"] > 0
+    assert total.response_metadata[USAGE_ESTIMATED_KEY] is True

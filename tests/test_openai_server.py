@@ -294,6 +294,29 @@ def test_streaming_tool_call_aggregates() -> None:
         ]
 
 
+def test_llama_cpp_python_repeats_a_streamed_tool_calls_fields() -> None:
+    """The profile streams a tool call as llama-cpp-python does (its
+    ``_convert_completion_to_chat_function``): id, type and name in every chunk, so that
+    LangChain's own join repeats the name; relaygraph's model joins it once
+    (tests/test_model_streams.py)."""
+    from .openai_server import LLAMA_CPP_PYTHON
+
+    args = {"query": "a longer query so the arguments arrive in several fragments"}
+    script = {"researcher": [{"tool_calls": [{"name": "search", "args": args, "id": "c_7"}]}]}
+    with serve_script(script, profile=LLAMA_CPP_PYTHON) as fake:
+        chunks = list(_model(fake, stream_usage=True).bind_tools([search]).stream("research"))
+    fragments = [t for c in chunks for t in c.tool_call_chunks]
+    assert len(fragments) > 3
+    assert all(t["name"] == "search" and t["id"] == "c_7" for t in fragments)
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total += chunk
+    assert isinstance(total, AIMessageChunk)
+    assert total.tool_call_chunks[0]["name"] == "search" * len(fragments)
+    assert total.usage_metadata is None  # no usage in its streams
+    assert total.response_metadata["finish_reason"] == "tool_calls"
+
+
 def test_dangling_tool_call_is_rejected(server: FakeOpenAI) -> None:
     dangling = AIMessage("", tool_calls=[{"name": "search", "args": {}, "id": "call_x"}])
     with pytest.raises(openai.BadRequestError) as info:

@@ -132,6 +132,34 @@ def test_tool_supervisor_over_http_asks_for_one_transfer_at_a_time(
         assert {"transfer_to_researcher", "transfer_to_coder", "transfer_to_writer"} <= offered
 
 
+def test_tool_supervisor_tokens_are_labelled_supervisor(
+    home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its model runs in langgraph-supervisor's node ``agent``; its tokens are the
+    supervisor's."""
+    from relaygraph.topology import Topology
+
+    script = json.loads((EXAMPLE_RELAY.parent / "tools-relay.json").read_text())
+    events: list[dict[str, Any]] = []
+    with serve_script(script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(
+            "When are checkpoints written? Write a report.",
+            agent_models={r: f"openai:script-{r}" for r in ("supervisor", "researcher", "writer")},
+            model="openai:script-coder",
+            topology=Topology.parse("supervisor-tools"),
+            on_event=events.append,
+            stream_tokens=True,
+        )
+    assert result.status == "succeeded", result.stop_reason
+    tokens = [e for e in events if e["type"] == "token"]
+    roles = {e["role"] for e in tokens}
+    assert "agent" not in roles, roles
+    said = "".join(e["text"] for e in tokens if e["role"] == "supervisor")
+    assert "LangGraph writes a checkpoint after every super-step" in said
+    assert roles <= {"supervisor", "researcher", "writer", "finalize"}, roles
+
+
 # -- the team on other servers' behaviour (tests/openai_server.py profiles) ------------------
 
 

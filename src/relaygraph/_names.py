@@ -19,6 +19,7 @@ __all__ = [
     "REPLAYS_BY_POSITION",
     "RESERVED_NAMES",
     "SUPERVISOR",
+    "USAGE_ESTIMATED_KEY",
 ]
 
 SUPERVISOR: Final = "supervisor"
@@ -47,3 +48,6 @@ model calls the calling role (an agent, ``supervisor``, ``finalize``) made earli
 thread, as its usage records say. With the role's own AI messages in the conversation a call
 is given, it is the call's index in the role's history, the same in a re-run step or a new
 process."""
+USAGE_ESTIMATED_KEY: Final = "relaygraph_usage_estimated"
+"""The ``response_metadata`` key, True on a model reply whose ``usage_metadata`` relaygraph
+estimated because the server reported none (the scripted model's, a stream without usage)."""

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -102,15 +103,18 @@ class DoctorReport:
 
     @property
     def usable(self) -> bool:
-        """A team can run here (with :attr:`options`): plain chat works, the route can be
-        asked for by some method, and agents can be offered tools and given their results."""
+        """A team can run here (with :attr:`options`): plain chat works, some method gives
+        the route reliably (an accepted method whose answers miss the schema is not enough:
+        every route would need repair), agents can be offered tools and given their
+        results, and a streamed answer arrives (token streaming streams every call)."""
         by_name = {p.name: p.status for p in self.probes}
         structured = [by_name.get(f"structured: {m}") for m in _METHODS]
         return (
             by_name.get("chat") == "ok"
-            and any(s in ("ok", "weak") for s in structured)
+            and "ok" in structured
             and by_name.get("tool_choice: auto") in ("ok", "weak")
             and by_name.get("tool round trip") in ("ok", "weak")
+            and by_name.get("streaming") == "ok"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -212,19 +216,23 @@ def diagnose(spec: str, *, timeout: float = 120.0, base_url: str | None = None) 
         parsed = replace(parsed, options=replace(options, timeout=timeout))
     base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     model = build_openai_model(parsed, role="doctor", base_url=base_url)
-    updates: dict[str, Any] = {"empty_tool_call_content": False, "omit_parallel_tool_calls": False}
+    # The spec's own options go into the probes (its tool_call_content too), except
+    # parallel_tool_calls=omit: its probe asks whether the field is taken.
+    updates: dict[str, Any] = {"omit_parallel_tool_calls": False}
     if getattr(model, "max_tokens", None) is None:
         updates["max_tokens"] = _PROBE_MAX_TOKENS
     probe_model = model.model_copy(update=updates)
     probes: list[Probe] = []
+    headers: dict[str, str] = {}
     with _quiet():
-        chat = _timed("chat", lambda: _chat(probe_model))
+        chat = _timed("chat", lambda: _chat(probe_model, headers))
         probes.append(chat)
+        litellm = any(name.lower().startswith("x-litellm") for name in headers)
         steps: list[tuple[str, Callable[[], Probe]]] = [
             *((f"structured: {m}", _structured_step(probe_model, m)) for m in _METHODS),
             ("tool_choice: named", lambda: _named_tool(probe_model)),
             ("tool_choice: auto", lambda: _auto_tool(probe_model)),
-            ("tool round trip", lambda: _round_trip(probe_model)),
+            ("tool round trip", lambda: _round_trip(probe_model, litellm=litellm)),
             ("parallel_tool_calls", lambda: _parallel(probe_model)),
             ("streaming", lambda: _streaming(probe_model)),
         ]
@@ -274,8 +282,12 @@ def _short(text: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _chat(model: Any) -> Probe:
-    reply = model.invoke("Reply with one word: ready")
+def _chat(model: Any, headers: dict[str, str]) -> Probe:
+    """Plain chat; ``headers`` gets the answer's HTTP headers (a proxy names itself there)."""
+    reply = model.model_copy(update={"include_response_headers": True}).invoke(
+        "Reply with one word: ready"
+    )
+    headers.update(reply.response_metadata.get("headers") or {})
     usage = reply.usage_metadata
     if not reply.text.strip():
         return _weak("the server answered with no text")
@@ -322,7 +334,21 @@ def _named_tool(model: Any) -> Probe:
         return _ok(f"called get_time({_short(json.dumps(reply.tool_calls[0]['args']), 40)})")
     if names:
         return _weak(f"called {', '.join(names)}, not the named get_time: tool_choice is ignored")
-    return _weak(f"answered in text instead of calling get_time: {_short(reply.text, 50)!r}")
+    return _broken_arguments(reply) or _weak(
+        f"answered in text instead of calling get_time: {_short(reply.text, 50)!r}"
+    )
+
+
+def _broken_arguments(reply: Any) -> Probe | None:
+    """A tool call whose arguments are not JSON (cut at the token limit, or a grammar-less
+    server): a call the model made, not an answer in text."""
+    if not reply.invalid_tool_calls:
+        return None
+    call = reply.invalid_tool_calls[0]
+    return _weak(
+        f"called {call.get('name') or 'a tool'} with arguments that are not JSON: "
+        f"{_short(call.get('args') or '', 50)!r}"
+    )
 
 
 def _auto_tool(model: Any) -> Probe:
@@ -330,12 +356,18 @@ def _auto_tool(model: Any) -> Probe:
     reply = bound.invoke("What is the weather in Paris right now? Use the tool.")
     if reply.tool_calls:
         return _ok(f"called {reply.tool_calls[0]['name']}")
-    return _weak(
+    return _broken_arguments(reply) or _weak(
         "accepted, but the model answered in text: agents on this server may never call their tools"
     )
 
 
-def _round_trip(model: Any) -> Probe:
+def _round_trip(model: Any, *, litellm: bool) -> Probe:
+    """A tool call and its result, with the assistant's ``content`` as the spec sends it.
+
+    Behind LiteLLM, ``""`` is sent from the start: LiteLLM drops ``content: null`` from an
+    assistant message with tool calls, and a backend that needs the field then fails with a
+    500 that names nothing a probe could recognise.
+    """
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
     from relaygraph.models import ModelCallError
@@ -345,6 +377,16 @@ def _round_trip(model: Any) -> Probe:
         AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "c1"}]),
         ToolMessage("Sunny, 21 °C.", tool_call_id="c1"),
     ]
+    if model.empty_tool_call_content:
+        model.bind_tools(_TOOLS[:1]).invoke(history)
+        return _ok('tool result answered (assistant content "", as the spec says)')
+    if litellm:
+        empty = model.model_copy(update={"empty_tool_call_content": True})
+        empty.bind_tools(_TOOLS[:1]).invoke(history)
+        return _weak(
+            'behind LiteLLM, which drops content null beside tool calls; "" accepted: '
+            "use tool_call_content=empty"
+        )
     try:
         model.bind_tools(_TOOLS[:1]).invoke(history)
     except ModelCallError as null_refused:
@@ -370,13 +412,17 @@ def _parallel(model: Any) -> Probe:
 
 
 def _streaming(model: Any) -> Probe:
+    from relaygraph._names import USAGE_ESTIMATED_KEY
+
     chunks = list(model.stream("Count from one to five."))
     if not chunks:
         return _weak("the stream was empty")
     total = chunks[0]
     for chunk in chunks[1:]:
         total += chunk
-    usage = "with usage" if total.usage_metadata else "no usage in the stream (tokens estimated)"
+    # The model estimates the tokens of a stream that reported none, and marks them so.
+    estimated = not total.usage_metadata or total.response_metadata.get(USAGE_ESTIMATED_KEY)
+    usage = "no usage in the stream (tokens estimated)" if estimated else "with usage"
     return _ok(f"{len(chunks)} chunks, {usage}")
 
 
@@ -399,7 +445,7 @@ def _advice(probes: list[Probe]) -> tuple[dict[str, str], list[str]]:
     if working and structured[working[0]] == "weak":
         notes.append(
             f"structured output by {working[0]} is accepted but the model's answers miss the "
-            "schema: expect repaired or fallback routes"
+            "schema: no method gives the route reliably, every route needs repair"
         )
     trip = by_name["tool round trip"]
     if trip.status == "weak" and "tool_call_content=empty" in trip.detail:
@@ -424,7 +470,12 @@ def _advice(probes: list[Probe]) -> tuple[dict[str, str], list[str]]:
     named = by_name["tool_choice: named"]
     if named.status == "weak" and "structured" not in options and working == ["function_calling"]:
         notes.append("the named tool_choice is not obeyed: function calling may miss the route")
-    if "no usage" in by_name["streaming"].detail:
+    streaming = by_name["streaming"]
+    if streaming.status != "ok":
+        notes.append(
+            f"streaming is broken ({streaming.detail}): a run with token streaming fails here"
+        )
+    elif "no usage" in streaming.detail:
         notes.append("streamed answers carry no usage: where a run streams, tokens are estimated")
     return options, notes
 
@@ -456,7 +507,8 @@ def _print(report: DoctorReport) -> None:
         console.print(f"options this server needs: [bold]{escape(added)}[/]")
     else:
         console.print("options this server needs: none")
-    console.print(f"use: [bold]--model {escape(report.spec)}[/]")
+    # Quoted for the shell: a spec's `&` between options would end the command there.
+    console.print(f"use: [bold]--model {escape(shlex.quote(report.spec))}[/]")
     for note in report.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if not report.usable:

@@ -60,6 +60,7 @@ from relaygraph.models._retry import (
     shared_client,
     tls_context,
 )
+from relaygraph.models._stream import StreamAssembly, stream_messages
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -449,13 +450,16 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         try:
             # ChatOpenAI's stream methods are generators (typed as iterators).
             chunks = cast("Generator[ChatGenerationChunk]", super()._stream(*args, **kwargs))
+            assembly = StreamAssembly()
             with closing(chunks):  # a stream left early ends its response at once
                 with reporting_retries(self._retried):
                     first = next(chunks, None)
                 if first is None:  # A 200 whose stream held no chunk: no answer came.
                     raise ValueError("No generations found in stream.")
-                yield first
-                yield from chunks
+                yield assembly.take(first)
+                for chunk in chunks:
+                    yield assembly.take(chunk)
+            yield from self._stream_end(assembly, stream_messages(args, kwargs), kwargs)
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
@@ -466,20 +470,50 @@ class RelaygraphChatOpenAI(ChatOpenAI):
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         try:
             chunks = cast("AsyncGenerator[ChatGenerationChunk]", super()._astream(*args, **kwargs))
+            assembly = StreamAssembly()
             async with aclosing(chunks):
                 with reporting_retries(self._retried):
                     first = await anext(chunks, None)
                 if first is None:  # A 200 whose stream held no chunk: no answer came.
                     raise ValueError("No generations found in stream.")
-                yield first
+                yield assembly.take(first)
                 async for chunk in chunks:
-                    yield chunk
+                    yield assembly.take(chunk)
+            for last in self._stream_end(assembly, stream_messages(args, kwargs), kwargs):
+                yield last
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
         except _MALFORMED_ANSWERS as exc:
             raise self._malformed(exc) from exc
+
+    def _stream_end(
+        self, assembly: StreamAssembly, messages: list[BaseMessage], kwargs: Mapping[str, Any]
+    ) -> Iterator[ChatGenerationChunk]:
+        """After a stream's last chunk: a stream that never said why it stopped is a failed
+        call, and one that reported no usage gets its tokens estimated."""
+        if assembly.finish_reason is None and not self._use_responses_api(
+            {**kwargs, **self.model_kwargs}
+        ):
+            # The connection ended the answer, not the model: whatever came is a part of
+            # it, which a run must not take for the whole (a report cut mid-sentence, a
+            # tool call's arguments cut mid-JSON).
+            error = ModelCallError(
+                role=self.relaygraph_role or "model",
+                model=self.relaygraph_spec or f"openai:{self.model_name}",
+                status=200,
+                detail=(
+                    "the connection broke before the answer was complete: the stream from "
+                    f"{self.openai_api_base or OPENAI_API} ended without a finish_reason"
+                ),
+                attempts=attempts_made.get(),
+            )
+            self._report(error)
+            raise error
+        estimate = assembly.estimated_usage(messages)
+        if estimate is not None:
+            yield estimate
 
     # -- structured output -------------------------------------------------------------
 

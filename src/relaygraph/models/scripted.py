@@ -33,7 +33,7 @@ from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from relaygraph._names import PRIOR_CALLS_KEY
+from relaygraph._names import PRIOR_CALLS_KEY, USAGE_ESTIMATED_KEY
 from relaygraph.errors import ConfigError, ModelNotAllowed, ScriptError
 
 __all__ = [
@@ -302,7 +302,7 @@ class ScriptedChatModel(BaseChatModel):
             },
             response_metadata={
                 "model_name": self.model_name,
-                "relaygraph_usage_estimated": estimated,
+                USAGE_ESTIMATED_KEY: estimated,
                 "relaygraph_script_turn": index + 1,
             },
         )

@@ -28,7 +28,7 @@ from langgraph.types import Command, StreamWriter, interrupt
 from pydantic import BaseModel
 
 from relaygraph._deadline import due_within
-from relaygraph._names import HANDOFF_PREFIX
+from relaygraph._names import HANDOFF_PREFIX, USAGE_ESTIMATED_KEY
 from relaygraph.events import (
     ViolationKind,
     approval_event,
@@ -144,7 +144,7 @@ def usage_estimated(replies: Sequence[BaseMessage]) -> bool:
     return any(
         not isinstance(m, AIMessage)
         or m.usage_metadata is None
-        or m.response_metadata.get("relaygraph_usage_estimated", False)
+        or m.response_metadata.get(USAGE_ESTIMATED_KEY, False)
         for m in replies
     )
 

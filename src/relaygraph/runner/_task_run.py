@@ -183,7 +183,7 @@ class TaskRun:
                 for item in stream:
                     if not stream_tokens:
                         continue
-                    _ns, mode, data = item
+                    namespace, mode, data = item
                     if mode == "custom":
                         # The team's events; what else a tool writes on LangGraph's stream
                         # (its own progress) is not the task's, as without tokens, where
@@ -191,8 +191,7 @@ class TaskRun:
                         if isinstance(data, dict) and data.get("type") in EVENT_SHAPES:
                             emit(cast("Event", data))
                     elif text := _token_text(data[0]):
-                        role = data[1].get("lc_agent_name") or data[1].get("langgraph_node")
-                        emit(token_event(role, text))
+                        emit(token_event(_token_role(namespace, data[1]), text))
         except GraphDrained:
             drained = True
         except GraphRecursionError:
@@ -347,6 +346,18 @@ def _answer(approval: Any) -> dict[str, Any]:
         ("reason", approval.reason),
     )
     return {key: value for key, value in given if value is not None}
+
+
+def _token_role(namespace: tuple[str, ...], metadata: dict[str, Any]) -> str:
+    """The role whose model streamed a token: the agent's name where its agent says it,
+    else the team graph's node the token came from (the outermost of ``namespace``, as
+    ``node:task_id``). The node inside that subgraph is not the role: the tool-calling
+    supervisor's model runs in langgraph-supervisor's node ``agent``."""
+    if name := metadata.get("lc_agent_name"):
+        return str(name)
+    if namespace:
+        return namespace[0].split(":", 1)[0]
+    return str(metadata.get("langgraph_node"))
 
 
 def _token_text(chunk: Any) -> str:
