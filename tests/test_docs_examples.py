@@ -26,6 +26,23 @@ def python_block(doc: Path, heading: str, index: int = 0) -> str:
     return str(blocks[index])
 
 
+def python_blocks() -> list[tuple[str, str]]:
+    """Every fenced Python block of the README and docs/, named ``file#index``."""
+    found = []
+    for doc in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        for index, code in enumerate(re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)):
+            found.append((f"{doc.relative_to(REPO)}#{index}", code))
+    return found
+
+
+@pytest.mark.parametrize(("where", "code"), python_blocks(), ids=[w for w, _ in python_blocks()])
+def test_every_python_example_is_a_program(where: str, code: str) -> None:
+    """A reader pastes an example into a file and runs it: it must compile as a module (an
+    ``async with`` or ``await`` at top level, or ``...`` in a dict, does not)."""
+    compile(code, where, "exec")
+
+
 def run_block(code: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.chdir(REPO)
     namespace: dict[str, Any] = {"__name__": "docs_example"}
