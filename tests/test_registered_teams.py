@@ -26,7 +26,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
-from .conftest import EXAMPLE_RELAY
+from .conftest import EXAMPLE_RELAY, REPO
 
 TOOLS_MODULE = "rg_review_tools"
 TEAM_TOML = """\
@@ -217,6 +217,28 @@ async def test_a_pushed_team_runs_a_task_with_its_own_agent(api: Api) -> None:
         teams.choose(project.id, "docs-review", None).team
         is teams.choose(project.id, "docs-review", 1).team
     )
+
+
+async def test_the_shipped_registrable_team_pushes_and_runs(home: Path, scripts: Path) -> None:
+    """examples/teams/docs-review-service.toml, which docs/teams.md and docs/api.md push: a
+    project may register it (built-in tools, an inline policy; no program, no file of the
+    server), and a task runs it on the script made for it, as the docs say."""
+    toml = (REPO / "examples" / "teams" / "docs-review-service.toml").read_text(encoding="utf-8")
+    async with serving(home, REPO / "examples" / "scripts", tool_modules=[]) as api:
+        key = api.key("acme")
+        pushed = await api.push(key, "docs-review", toml=toml)
+        assert pushed.status_code == 201, pushed.text
+        assert pushed.json()["agents"] == ["researcher", "writer", "reviewer"]
+        made = await api.submit(
+            key,
+            input="Review the handoff docs",
+            team="docs-review",
+            model="scripted:docs-review-service.json",
+        )
+        assert made.status_code == 202, made.text
+        task = await api.finished(made.json()["id"], key)
+        assert task["status"] == "succeeded", task
+        assert "Reviewed: no problems found." in task["answer"]
 
 
 async def test_a_changed_team_is_the_next_version_and_tasks_pick_one(api: Api) -> None:
