@@ -241,6 +241,32 @@ async def test_the_shipped_registrable_team_pushes_and_runs(home: Path, scripts:
         assert "Reviewed: no problems found." in task["answer"]
 
 
+async def test_a_script_for_other_roles_is_refused_at_submission(api: Api) -> None:
+    """relay.json has turns for the coder and the writer, which this team lacks: the task
+    would fail at the run's first call; the submission answers 422 naming the roles (it was
+    accepted, 202, and the task failed)."""
+    key = api.key("acme")
+    assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
+    for body, field in [
+        ({"model": "scripted:relay.json"}, "model"),
+        (
+            {"model": "scripted:review.json", "agent_models": {"reviewer": "scripted:relay.json"}},
+            "agent_models.reviewer",
+        ),
+        ({}, "model"),  # The server's default model, relay.json too.
+    ]:
+        made = await api.submit(key, input="x", team="docs-review", **body)
+        assert made.status_code == 422, (body, made.text)
+        error = made.json()["error"]
+        assert (error["code"], error["field"]) == ("invalid_model", field), body
+        assert "'coder', 'writer', which is no role of team 'docs-review'" in error["message"]
+        assert "supervisor, researcher, reviewer, finalize" in error["message"]
+        assert str(api.home) not in error["message"]
+    # The script made for the team's roles is accepted.
+    made = await api.submit(key, input="x", team="docs-review", model="scripted:review.json")
+    assert made.status_code == 202, made.text
+
+
 async def test_a_changed_team_is_the_next_version_and_tasks_pick_one(api: Api) -> None:
     key = api.key("acme")
     first = (await api.push(key, "docs-review", toml=TEAM_TOML)).json()
