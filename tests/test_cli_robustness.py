@@ -332,3 +332,24 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+# An unknown flag of a command.
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (("run", "x", "--bogus"), "usage: relaygraph run "),
+        (("projects", "create", "x", "--bogus"), "usage: relaygraph projects create "),
+        (("eval", str(GOLDEN), "--bogus"), "usage: relaygraph eval "),
+    ],
+)
+def test_an_unknown_flag_shows_its_commands_usage_and_names_the_flag(
+    cli: Cli, argv: tuple[str, ...], usage: str
+) -> None:
+    code, out, err = cli(*argv)
+    assert code == 2 and out == ""
+    assert err.startswith(usage), err
+    command = usage.removeprefix("usage: ").strip()
+    assert error_line(err) == f"{command}: error: unrecognized arguments: --bogus"

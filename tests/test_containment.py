@@ -465,6 +465,54 @@ def test_the_server_records_a_requested_script_by_its_path_in_the_folder(
     assert relative.request_model(relative.default_model) == relative.default_model
 
 
+async def test_a_request_names_the_servers_relative_default_script_as_the_operator_wrote_it(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --model scripted:examples/scripts/relay.json`` (a relative path): a request
+    naming that model, as written, is the server's default, which a request may always
+    name (it was refused, 422 model_not_allowed, the server taking no scripted models).
+    Another file beside it is still refused, and the request's path is never looked up."""
+    import httpx
+
+    from relaygraph.api import create_app
+
+    monkeypatch.chdir(SCRIPTS.parents[1])
+    written = "scripted:examples/scripts/relay.json"
+    app = create_app(load_settings(home=home, default_model=written))
+    looked_up: list[str] = []
+    real_resolve = Path.resolve
+
+    def resolve(path: Path, strict: bool = False) -> Path:
+        looked_up.append(str(path))
+        return real_resolve(path, strict=strict)
+
+    async with app.router.lifespan_context(app):
+        with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+            key = ledger.create_project("acme")[1]
+        headers = {"Authorization": f"Bearer {key}"}
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            monkeypatch.setattr(Path, "resolve", resolve)
+            for spec in (
+                written,
+                "scripted:./examples/scripts/relay.json",
+                f"scripted:{EXAMPLE_RELAY}",
+            ):
+                made = await client.post(
+                    "/v1/tasks", json={"input": "x", "model": spec}, headers=headers
+                )
+                assert made.status_code == 202, (spec, made.text)
+                assert made.json()["models"]["supervisor"] == f"scripted:{EXAMPLE_RELAY}"
+            other = await client.post(
+                "/v1/tasks",
+                json={"input": "x", "model": "scripted:examples/scripts/docs-review.json"},
+                headers=headers,
+            )
+            assert other.status_code == 422, other.text
+            assert other.json()["error"]["code"] == "model_not_allowed"
+            assert not [p for p in looked_up if "docs-review" in p]
+
+
 def test_serve_refuses_a_scripts_setting_that_is_no_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--scripts"):
         load_settings(home=tmp_path, scripts_dir=tmp_path / "nope")

@@ -26,7 +26,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
-from .conftest import EXAMPLE_RELAY
+from .conftest import EXAMPLE_RELAY, REPO
 
 TOOLS_MODULE = "rg_review_tools"
 TEAM_TOML = """\
@@ -217,6 +217,54 @@ async def test_a_pushed_team_runs_a_task_with_its_own_agent(api: Api) -> None:
         teams.choose(project.id, "docs-review", None).team
         is teams.choose(project.id, "docs-review", 1).team
     )
+
+
+async def test_the_shipped_registrable_team_pushes_and_runs(home: Path, scripts: Path) -> None:
+    """examples/teams/docs-review-service.toml, which docs/teams.md and docs/api.md push: a
+    project may register it (built-in tools, an inline policy; no program, no file of the
+    server), and a task runs it on the script made for it, as the docs say."""
+    toml = (REPO / "examples" / "teams" / "docs-review-service.toml").read_text(encoding="utf-8")
+    async with serving(home, REPO / "examples" / "scripts", tool_modules=[]) as api:
+        key = api.key("acme")
+        pushed = await api.push(key, "docs-review", toml=toml)
+        assert pushed.status_code == 201, pushed.text
+        assert pushed.json()["agents"] == ["researcher", "writer", "reviewer"]
+        made = await api.submit(
+            key,
+            input="Review the handoff docs",
+            team="docs-review",
+            model="scripted:docs-review-service.json",
+        )
+        assert made.status_code == 202, made.text
+        task = await api.finished(made.json()["id"], key)
+        assert task["status"] == "succeeded", task
+        assert "Reviewed: no problems found." in task["answer"]
+
+
+async def test_a_script_for_other_roles_is_refused_at_submission(api: Api) -> None:
+    """relay.json has turns for the coder and the writer, which this team lacks: the task
+    would fail at the run's first call; the submission answers 422 naming the roles (it was
+    accepted, 202, and the task failed)."""
+    key = api.key("acme")
+    assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
+    for body, field in [
+        ({"model": "scripted:relay.json"}, "model"),
+        (
+            {"model": "scripted:review.json", "agent_models": {"reviewer": "scripted:relay.json"}},
+            "agent_models.reviewer",
+        ),
+        ({}, "model"),  # The server's default model, relay.json too.
+    ]:
+        made = await api.submit(key, input="x", team="docs-review", **body)
+        assert made.status_code == 422, (body, made.text)
+        error = made.json()["error"]
+        assert (error["code"], error["field"]) == ("invalid_model", field), body
+        assert "'coder', 'writer', which is no role of team 'docs-review'" in error["message"]
+        assert "supervisor, researcher, reviewer, finalize" in error["message"]
+        assert str(api.home) not in error["message"]
+    # The script made for the team's roles is accepted.
+    made = await api.submit(key, input="x", team="docs-review", model="scripted:review.json")
+    assert made.status_code == 202, made.text
 
 
 async def test_a_changed_team_is_the_next_version_and_tasks_pick_one(api: Api) -> None:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 from pydantic_settings import SettingsConfigDict
 
 from relaygraph.errors import ConfigError, ModelNotAllowed
@@ -77,11 +77,17 @@ class ServiceSettings(RunnerSettings):
     project_max_streams: int = Field(default=100, ge=1, le=100_000)
     """Event streams a project may hold open on this server at once; one more gets 429
     ``quota_exceeded`` (``relaygraph.api._streams``)."""
+    _default_script_as_given: str | None = PrivateAttr(default=None)
+    """The operator's scripted default model as ``--model`` spelled it (made absolute
+    without touching the disk, see :func:`_script_spelling`), before :func:`load_settings`
+    resolved it: a request may name the default by that spelling too."""
 
     def request_model(self, spec: str) -> str:
         """The model spec to record for a task whose request names ``spec``.
 
-        The server's default model is always allowed. A ``scripted:NAME`` spec names a
+        The server's default model is always allowed, by the spec as the operator wrote it
+        or as the server records it (for a script: the same path, relative to the server's
+        working directory or absolute). A ``scripted:NAME`` spec names a
         file of :attr:`scripts_dir` by its name alone and is recorded with that file's
         path; any other spec must match :attr:`allowed_models`. Nothing here opens a file
         that the request chose outside the scripts folder.
@@ -91,7 +97,9 @@ class ServiceSettings(RunnerSettings):
             ConfigError: The spec is invalid, or its script is malformed.
         """
         parsed = parse_model_spec(spec)
-        if spec.strip() == self.default_model:
+        if spec.strip() == self.default_model or self._names_default_script(
+            parsed.provider, parsed.name
+        ):
             return self.default_model
         if parsed.provider == "scripted":
             if self.scripts_dir is None:
@@ -107,6 +115,24 @@ class ServiceSettings(RunnerSettings):
             # later. (The embedded model is not loaded here: that takes seconds.)
             load_model(parsed, agent="check")
         return str(parsed)
+
+    def _names_default_script(self, provider: str, name: str) -> bool:
+        """Whether a ``scripted`` spec's path is the default model's script. Compared as
+        spellings made absolute (:func:`_script_spelling`): the request's path is never
+        looked up on the disk, so naming it opens and probes nothing."""
+        if provider != "scripted":
+            return False
+        default = parse_model_spec(self.default_model)
+        if default.provider != "scripted":
+            return False
+        known = {_script_spelling(default.name), self._default_script_as_given}
+        return _script_spelling(name) in known
+
+
+def _script_spelling(name: str) -> str:
+    """A script's path made absolute against the working directory, lexically (no
+    symlink is followed, nothing on the disk is read)."""
+    return os.path.abspath(os.path.expanduser(name))
 
 
 MAX_REQUEST_TIMEOUT_SECONDS = 300.0
@@ -159,6 +185,7 @@ def load_settings(**overrides: Any) -> ServiceSettings:
         # does not depend on the server's working directory.
         path = Path(default.name).expanduser().resolve()
         settings = settings.model_copy(update={"default_model": f"scripted:{path}"})
+        settings._default_script_as_given = _script_spelling(default.name)
     if settings.processes > settings.workers:
         raise ConfigError(
             f"bad server setting: RELAYGRAPH_PROCESSES / --processes {settings.processes} is "

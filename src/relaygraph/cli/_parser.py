@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from relaygraph import __version__
@@ -31,6 +32,24 @@ SERVICE_URL_ENV = "RELAYGRAPH_URL"
 SERVICE_KEY_ENV = "RELAYGRAPH_API_KEY"
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser that refuses an argument it does not know itself.
+
+    argparse hands a subcommand's unknown arguments back to the top-level parser, which
+    then prints its own usage (``relaygraph [-h] ... COMMAND ...``) instead of the
+    command's. Refused here, the error shows the usage of the command that was mistyped
+    (``relaygraph run [-h] ...``) and names the argument.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``relaygraph`` and all its commands."""
     parser = argparse.ArgumentParser(
@@ -43,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=data_folder,
         help="data directory (default: $RELAYGRAPH_HOME or ~/.relaygraph)",
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=CommandParser
+    )
 
     run = commands.add_parser(
         "run",

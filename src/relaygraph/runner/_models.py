@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models import DEFAULT_MODEL, parse_model_spec
 from relaygraph.runner._errors import RequestRefused
@@ -25,6 +27,7 @@ __all__ = [
     "RoleModels",
     "check_model_spec",
     "check_roles",
+    "check_script_roles",
     "choose_models",
     "model_record",
     "resolve_model_specs",
@@ -100,7 +103,9 @@ def choose_models(
     Raises:
         RequestRefused: An unknown role (``invalid_model``); a spec that is invalid
             (``invalid_model``) or not allowed (``model_not_allowed``), naming its field:
-            ``agent_models.ROLE``, ``model``, or ``team`` for the team's own.
+            ``agent_models.ROLE``, ``model``, or ``team`` for the team's own; a script with
+            turns for a role the team lacks (``invalid_model``, see
+            :func:`check_script_roles`).
     """
     rules = rules or ModelRules()
     per_role = dict(agent_models or {})
@@ -117,6 +122,7 @@ def choose_models(
 
     recorded: dict[str, str] = {}
     chosen: dict[str, Any] = {}
+    fields: dict[str, str] = {}  # Each spec to record, and the first field that named it.
     for role in roles:
         if role in per_role:
             value, field, gated = per_role[role], f"agent_models.{role}", True
@@ -128,12 +134,48 @@ def choose_models(
             value, field, gated = team.model, "team", not trust_team
         else:
             recorded[role] = chosen[role] = rules.default
+            fields.setdefault(rules.default, "model")
             continue
         if isinstance(value, str):
             recorded[role] = chosen[role] = check(value, field, gated)
+            fields.setdefault(recorded[role], field)
         else:
             recorded[role], chosen[role] = model_record(value), value
+    for spec, field in fields.items():
+        check_script_roles(spec, field, team)
     return RoleModels(recorded=recorded, chosen=chosen)
+
+
+def check_script_roles(spec: str, field: str, team: Team) -> None:
+    """Refuse a scripted model whose script has turns for a role ``team`` lacks (a script
+    written for another team): the run would fail at its first model call otherwise, after
+    the task was accepted. ``spec`` is one to record, already checked: a request's script
+    is a file of the server's scripts folder (or the server's default), never a path the
+    request chose. A script that cannot be read is left to the run to report.
+
+    Raises:
+        RequestRefused: ``invalid_model``, naming ``field``, the script's unknown roles
+            and the team's roles.
+    """
+    from relaygraph.models.scripted import load_script
+
+    parsed = parse_model_spec(spec)
+    if parsed.provider != "scripted":
+        return
+    try:
+        script = load_script(parsed.name)
+    except ConfigError:
+        return
+    roles = (SUPERVISOR, *team.agent_names, FINALIZE)
+    unknown = sorted(set(script.turns) - set(roles))
+    if unknown:
+        raise RequestRefused(
+            f"script {Path(parsed.name).name!r} has turns for "
+            f"{', '.join(map(repr, unknown))}, which is no role of team {team.name!r}; "
+            f"its roles: {', '.join(roles)}",
+            field=field,
+            code="invalid_model",
+        )
 
 
 def check_model_spec(spec: str, field: str, allow: ModelGate | None = None) -> str:
