@@ -144,7 +144,10 @@ class ServiceState:
             max_attempts=self.settings.max_attempts,
             sandbox_isolation_required=not self.settings.unsafe_sandbox,
             teams=self.teams.resolve,
-            pull=spread,
+            # Always from the ledger, fairly: a pool's own queue would serve the projects
+            # first in, first out, and one project's flood would hold every worker.
+            pull=True,
+            max_running=self.settings.project_max_running,
         )
         dispatch: TaskWorkers | TaskProcesses = workers
         if spread:
@@ -155,7 +158,7 @@ class ServiceState:
         if self.start_workers:
             if isinstance(dispatch, TaskProcesses):
                 dispatch.start()
-                workers.start_pulling()
+            workers.start_pulling()
             await to_thread.run_sync(workers.recover)
             workers.sweep()
         try:

@@ -48,6 +48,7 @@ class TaskWorkers:
         sandbox_isolation_required: bool = True,
         teams: Callable[[Task], Any] | None = None,
         pull: bool = False,
+        max_running: int | None = None,
     ) -> None:
         """
         Args:
@@ -63,11 +64,16 @@ class TaskWorkers:
                 :class:`~relaygraph.runner.TaskRunner`.
             pull: Take queued tasks from the ledger only when a worker is free
                 (:meth:`pull`), as one of several processes that share the ledger's queue
-                (``serve --processes``), instead of queueing every task handed over here.
+                (``serve --processes``), and in the order of fair shares between
+                projects (``Ledger.queued_tasks``), instead of queueing every task handed
+                over here first in, first out.
+            max_running: A project's tasks running at once in the service unless the
+                operator set its own (``RELAYGRAPH_PROJECT_MAX_RUNNING``); None: no limit.
         """
         self.ledger = ledger
         self.workers = workers
         self.pulling = pull
+        self.max_running = max_running
         self.max_attempts = max_attempts
         self.runner = TaskRunner(
             ledger=ledger,
@@ -160,7 +166,9 @@ class TaskWorkers:
         self._wake.set()
 
     def pull(self) -> int:
-        """Take queued tasks, oldest first, for the workers that are free; returns how many.
+        """Take queued tasks for the workers that are free, in the order of fair shares
+        between projects (the project with the fewest running first, round the projects
+        with queued work, none past its running quota); returns how many.
 
         Each is taken under this process's lease before it is handed to a worker, and only
         when a worker is free, so it starts at once (its lease cannot lapse while it waits)
@@ -177,7 +185,9 @@ class TaskWorkers:
             return 0
         started = 0
         for task_id in self.ledger.queued_tasks(
-            limit=free + self.workers, exclude_project=LOCAL_PROJECT_ID
+            limit=free + self.workers,
+            exclude_project=LOCAL_PROJECT_ID,
+            max_running=self.max_running,
         ):
             if started == free:
                 break
