@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,17 @@ def positive(value: str) -> int:
     if not value.strip().isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
     return int(value)
+
+
+def usd(value: str) -> float:
+    """An amount of US dollars, 0 or more (``0.5``, ``12``)."""
+    try:
+        amount = float(value)
+    except ValueError:
+        amount = math.nan
+    if not math.isfinite(amount) or amount < 0:
+        raise argparse.ArgumentTypeError(f"expected an amount of USD, 0 or more, got {value!r}")
+    return amount
 
 
 def port(value: str) -> int:

@@ -17,6 +17,7 @@ from relaygraph.store._journal import LedgerToolJournal
 from relaygraph.store._ledger import Ledger, hash_key
 from relaygraph.store._models import LOCAL_PROJECT_ID
 from relaygraph.store._notices import DEFAULT_CHANNEL, EventNotice
+from relaygraph.store._quotas import day_start
 from relaygraph.store._records import (
     FINISHED_STATUSES,
     TASK_STATUSES,
@@ -69,6 +70,7 @@ __all__ = [
     "TeamVersion",
     "ToolCall",
     "database_url",
+    "day_start",
     "hash_key",
     "upgrade",
 ]

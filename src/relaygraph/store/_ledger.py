@@ -1,9 +1,9 @@
 """The ledger: every project, task and thing that happened, in SQL.
 
-A facade over one class per job, each in its own module: projects and keys (``_tenants``), their quotas and the fair order of queued tasks
-(``_quotas``),
-registered teams (``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events
-and what they imply (``_events``), usage and the end of a run (``_usage_records``), approvals
+A facade over one class per job, each in its own module: projects and keys (``_tenants``),
+their quotas and the fair order of queued tasks (``_quotas``), registered teams
+(``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events and what they
+imply (``_events``), usage and the end of a run (``_usage_records``), approvals
 (``_approvals``), eval runs (``_eval_runs``), the tool journal (``_journal``) and the worker
 mode's dispatches and attempts (``_dispatch``); the engine and sessions are ``_base``.
 """

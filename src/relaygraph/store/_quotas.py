@@ -176,7 +176,9 @@ def _checked_overrides(overrides: QuotaOverrides) -> QuotaOverrides:
             raise ConfigError(f"{name} {value!r} must be a whole number from 1 to {NO_LIMIT}")
     cost = overrides.daily_cost_usd
     if cost is not None and (
-        isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost)
+        isinstance(cost, bool)
+        or not isinstance(cost, int | float)
+        or not math.isfinite(cost)
         or cost < 0
     ):
         raise ConfigError(f"daily_cost_usd {cost!r} must be a number of USD, 0 or more")

@@ -28,11 +28,11 @@ from relaygraph.store._base import (
     utc_now,
 )
 from relaygraph.store._errors import RecordConflict, RecordNotFound
-from relaygraph.store._quotas import refuse_over_quota
 from relaygraph.store._models import (
     ProjectRow,
     TaskRow,
 )
+from relaygraph.store._quotas import refuse_over_quota
 from relaygraph.store._records import (
     ACTIVE_STATUSES,
     TASK_STATUSES,

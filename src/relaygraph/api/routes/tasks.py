@@ -41,7 +41,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         response_model=TaskOut,
         responses={
             202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
-            **error_responses(401, 404, 409, 413, 422, 503),
+            **error_responses(401, 404, 409, 413, 422, 429, 503),
         },
     )
     def create_task(
@@ -57,6 +57,8 @@ def tasks_router(state: ServiceState) -> APIRouter:
         ] = None,
     ) -> TaskOut:
         """Submit a task (202): it runs when a worker is free.
+
+        A project at its queued quota, or past its daily budget, gets 429 (``Retry-After``).
 
         With a broker, 202 means the broker has the task's id (503 ``broker_unavailable``:
         it is recorded but not queued; a retry with the same ``Idempotency-Key`` queues it).
@@ -100,6 +102,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
             ledger=state.ledger(),
             model_rules=state.model_rules,
             enqueue=state.dispatch().enqueue,
+            quotas=state.settings.quotas,
         )
         if not submitted.created and state.worker_mode and submitted.task.status == "queued":
             # A retry of a submission whose publish may have failed (503): publishing again
