@@ -251,7 +251,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         sandbox_isolation_required=not settings.unsafe_sandbox,
         teams=teams.resolve,
         pull=True,
-        max_running=settings.project_max_running,
+        quotas=settings.quotas,
     )
     settle_long_lived()  # as the server does before its first task
     workers.start_pulling()

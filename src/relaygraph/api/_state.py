@@ -147,7 +147,7 @@ class ServiceState:
             # Always from the ledger, fairly: a pool's own queue would serve the projects
             # first in, first out, and one project's flood would hold every worker.
             pull=True,
-            max_running=self.settings.project_max_running,
+            quotas=self.settings.quotas,
         )
         dispatch: TaskWorkers | TaskProcesses = workers
         if spread:

@@ -19,7 +19,7 @@ from typing import Any
 
 from relaygraph.errors import RelaygraphError, TaskBusy
 from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
-from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task
 
 DEFAULT_MAX_ATTEMPTS = 3
 """How many times a task may be started without a run ending before it is failed."""
@@ -48,7 +48,7 @@ class TaskWorkers:
         sandbox_isolation_required: bool = True,
         teams: Callable[[Task], Any] | None = None,
         pull: bool = False,
-        max_running: int | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         """
         Args:
@@ -67,13 +67,14 @@ class TaskWorkers:
                 (``serve --processes``), and in the order of fair shares between
                 projects (``Ledger.queued_tasks``), instead of queueing every task handed
                 over here first in, first out.
-            max_running: A project's tasks running at once in the service unless the
-                operator set its own (``RELAYGRAPH_PROJECT_MAX_RUNNING``); None: no limit.
+            quotas: The server's quotas of every project (``RunnerSettings.quotas``; a
+                project's own, set by the operator, over them): the running quota is
+                obeyed by :meth:`pull`, the daily budget by each run. None: none.
         """
         self.ledger = ledger
         self.workers = workers
         self.pulling = pull
-        self.max_running = max_running
+        self.max_running = None if quotas is None else quotas.max_running
         self.max_attempts = max_attempts
         self.runner = TaskRunner(
             ledger=ledger,
@@ -82,6 +83,7 @@ class TaskWorkers:
             lease_seconds=lease_seconds,
             sandbox_isolation_required=sandbox_isolation_required,
             teams=teams,
+            quotas=quotas,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
+from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
 from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
@@ -22,7 +23,7 @@ from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
-from relaygraph.store import AttemptSuperseded, LedgerToolJournal
+from relaygraph.store import AttemptSuperseded, LedgerToolJournal, Quotas
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class TaskRunner:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         sandbox_isolation_required: bool = False,
         teams: Callable[[Task], Team] | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         """
         Args:
@@ -70,6 +72,9 @@ class TaskRunner:
                 (a user's own runs), such code runs with a warning.
             teams: Finds the team a task records when the caller passes none (the task
                 service's registered teams); :func:`team_of_record` when None.
+            quotas: The service's quotas of every project (a project's own over them):
+                a run of a project with a daily budget stops when its spend reaches what
+                the project had left of it when the run began. None: no quota.
         """
         self.ledger = ledger
         self.home = home
@@ -77,6 +82,7 @@ class TaskRunner:
         self.lease_seconds = lease_seconds
         self.sandbox_isolation_required = sandbox_isolation_required
         self.teams = teams or team_of_record
+        self.quotas = quotas
 
     def run(
         self,
@@ -159,6 +165,9 @@ class TaskRunner:
             team, graph_team = self._team_graph(task, team, models, policy, topology)
             context = self._context(task, team, attempt)
             config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+            day = self._day_budget(task)
+            if day is not None:
+                config["configurable"][DAY_BUDGET_KEY] = day
         except RelaygraphError as exc:
             # A team or a model that cannot be built, a knowledge base that cannot be made
             # ready: the task fails on the record, not the process; left as it was, it would
@@ -240,6 +249,21 @@ class TaskRunner:
             finally:
                 if not ended and attempt is None:  # Failed on the way: let another take it.
                     self.ledger.release_lease(task.id, self.runner_id)
+
+    def _day_budget(self, task: Task) -> ProjectDayBudget | None:
+        """What the task's project may still spend today, as the run's cost cap; None when
+        it has no daily budget. Read once here, so that no model call waits on the ledger."""
+        if self.quotas is None:
+            return None
+        daily = self.quotas.overridden(self.ledger.project_quotas(task.project_id)).daily_cost_usd
+        if daily is None:
+            return None
+        project = self.ledger.project_by_id(task.project_id)
+        return ProjectDayBudget(
+            project=project.name if project is not None else task.project_id,
+            daily_usd=daily,
+            spent_elsewhere_usd=self.ledger.spent_today(task.project_id, excluding=task.id),
+        )
 
     def team_of(self, task: Task) -> Team:
         """The team ``task`` records (see ``teams`` in the constructor).

@@ -111,6 +111,7 @@ class TaskRow(Base):
         Index(None, "project_id", "status", "created_at", "id"),
         Index(None, "status", "created_at"),
         Index(None, "project_id", "thread_id"),
+        Index(None, "project_id", "started_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
+from sqlalchemy.orm import aliased
 
 from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.store._base import EARLIER_ACTIVE_ON_THREAD, LedgerBase, utc_now
@@ -62,10 +63,10 @@ def _fair_queue(*, excluding: bool, worker_mode: bool) -> Any:
     A task's *share* is its project's tasks holding a worker, plus its place among its
     project's tasks that may start (1 for the oldest): taking tasks in the order of their
     shares hands the next worker to the project with the fewest running, and, as each
-    take raises its project's count, goes round the projects with queued work (the oldest
-    task first among equal shares). A project at its running quota is left out: its tasks
-    stay queued and the worker serves another project. Only a thread's oldest active task
-    is a candidate (``EARLIER_ACTIVE_ON_THREAD``), as before.
+    take raises its project's count, goes round the projects with queued work (among
+    equal shares, the project whose last task started longest ago first). A project at its
+    running quota is left out: its tasks stay queued and the worker serves another project.
+    Only a thread's oldest active task is a candidate (``EARLIER_ACTIVE_ON_THREAD``).
 
     ``worker_mode``: a task published to the workers and not yet started (``queued``,
     ``dispatch`` above 0) holds a worker already; the candidates are those not published.
@@ -97,6 +98,16 @@ def _fair_queue(*, excluding: bool, worker_mode: bool) -> Any:
     )
     share = func.coalesce(holding.c.holding, 0) + candidates.c.place
     cap = func.coalesce(ProjectRow.max_running, bindparam("default_max_running"))
+    # Among equal shares, the project served longest ago goes first (then the oldest
+    # task): with one worker, a project that just had a task is not served again before
+    # the others have had theirs, however much older its backlog is. The index on
+    # (project_id, started_at) makes this a lookup per project.
+    started = aliased(TaskRow, name="started")
+    last_start = (
+        select(func.max(started.started_at))
+        .where(started.project_id == candidates.c.project_id)
+        .scalar_subquery()
+    )
     return (
         select(candidates.c.id)
         .select_from(
@@ -105,7 +116,7 @@ def _fair_queue(*, excluding: bool, worker_mode: bool) -> Any:
             )
         )
         .where(share <= cap)
-        .order_by(share, candidates.c.created_at, candidates.c.id)
+        .order_by(share, last_start.asc().nulls_first(), candidates.c.created_at, candidates.c.id)
         .limit(bindparam("limit"))
     )
 

@@ -80,6 +80,7 @@ class WorkerRuntime:
             runner_id=self.worker_id,
             sandbox_isolation_required=not settings.unsafe_sandbox,
             teams=self.teams.resolve,
+            quotas=settings.quotas,
         )
 
     def close(self) -> None:

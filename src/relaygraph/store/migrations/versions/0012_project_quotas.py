@@ -2,7 +2,8 @@
 
 ``max_running``, ``max_queued`` and ``daily_cost_usd`` override the server's settings of the
 same names (``RELAYGRAPH_PROJECT_MAX_RUNNING`` and the like) for one project; NULL: the
-setting applies. A queued task's index by project and status already serves the counts.
+setting applies. Tasks get an index by project and start time: the fair queue goes first
+to the project whose last task started longest ago among those with as many running.
 
 Revision ID: 0012
 Revises: 0011
@@ -27,9 +28,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("max_running", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("max_queued", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("daily_cost_usd", sa.Float(), nullable=True))
+    op.create_index(
+        "ix_tasks_project_id_started_at", "tasks", ["project_id", "started_at"], unique=False
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_tasks_project_id_started_at", table_name="tasks")
     with op.batch_alter_table("projects") as batch:
         batch.drop_column("daily_cost_usd")
         batch.drop_column("max_queued")
