@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from relaygraph.api._auth import project_auth
 from relaygraph.api._dispatch import TaskDispatch
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._teams import TeamRegistry
@@ -182,7 +183,12 @@ class ServiceState:
         # The API's own ledger writes (a cancel's last event) notify the streams as well.
         ledger = Ledger(url, notify_channel=settings.events_channel)
         await to_thread.run_sync(ledger.upgrade)
-        broker = BrokerDispatch(ledger, create_celery_app(settings))
+        broker = BrokerDispatch(
+            ledger,
+            create_celery_app(settings),
+            publish_ahead=settings.publish_ahead,
+            max_running=self.settings.project_max_running,
+        )
         listener = EventListener(libpq_url(url), channel=settings.events_channel)
         try:
             await to_thread.run_sync(lambda: listener.start(timeout=LISTEN_START_SECONDS))
@@ -194,6 +200,10 @@ class ServiceState:
         try:
             if self.start_workers:
                 await to_thread.run_sync(broker.republish_stale)
+                try:
+                    await to_thread.run_sync(broker.publish_held)
+                except ErrorAnswer as exc:  # The broker is away: the sweep tries again.
+                    log.warning("queued tasks not published at start: %s", exc.message)
                 sweeping = asyncio.create_task(_sweep_lost(broker, self.sweep_seconds))
             yield
         finally:
@@ -219,6 +229,13 @@ async def _sweep_lost(broker: Any, every: float) -> None:
             continue
         if swept:
             log.info("published %d task(s) again whose message was lost", swept)
+        try:
+            held = await to_thread.run_sync(broker.publish_held)
+        except Exception:  # As above: the next sweep tries again.
+            log.exception("publishing the queued tasks that wait in the ledger failed")
+            continue
+        if held:
+            log.info("published %d queued task(s) that waited in the ledger", held)
 
 
 def _shared_ledger_url(settings: ServiceSettings) -> str:
