@@ -22,7 +22,7 @@ from relaygraph.api.ui._report_pages import report_router
 from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.api.ui._settings import DashboardSettings
 from relaygraph.api.ui._task_pages import task_router
-from relaygraph.store import Ledger, Task
+from relaygraph.store import Ledger, Quotas, Task
 from relaygraph.team import Team
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def ui_router(
     team_of: Callable[[Task], Team],
     home: Path,
     settings: DashboardSettings | None = None,
+    quotas: Quotas | None = None,
 ) -> APIRouter:
     """The dashboard's pages, under ``/ui`` (left out of the OpenAPI document).
 
@@ -48,6 +49,8 @@ def ui_router(
         team_of: The team a task records (its tools check an edit's arguments).
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
+        quotas: The server's quotas of every project, which the usage page shows (each
+            project's own over them); none when None.
     """
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
@@ -58,6 +61,7 @@ def ui_router(
         home=home,
         settings=settings,
         sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),
+        quotas=quotas or Quotas(max_queued=None),
     )
     router = APIRouter(include_in_schema=False)
     router.include_router(auth_router(dashboard))

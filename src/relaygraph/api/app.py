@@ -134,5 +134,6 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
             team_of=state.teams.resolve,
             home=state.home,
             settings=dashboard,
+            quotas=state.settings.quotas,
         )
     )

@@ -7,11 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from relaygraph.api._errors import ErrorAnswer, error_responses
-from relaygraph.api._schemas import ProjectMe, ProjectUsageOut, QuotasOut
+from relaygraph.api._schemas import ProjectMe
 from relaygraph.api._state import ServiceState
-from relaygraph.store import Project, day_start
+from relaygraph.api.ui._queries import project_me
+from relaygraph.store import Project
 
-__all__ = ["in_utc", "project_me", "projects_router"]
+__all__ = ["in_utc", "projects_router"]
 
 _TIME: dict[str, Any] = {"format": "date-time"}
 
@@ -25,7 +26,9 @@ def projects_router(state: ServiceState) -> APIRouter:
     @router.get("/v1/projects/me", response_model=ProjectMe, responses=error_responses(401))
     def me(project: ProjectDep) -> ProjectMe:
         """The calling project: its quotas as they apply to it, and what it uses now."""
-        return project_me(state, project)
+        return project_me(
+            state.ledger(), state.settings.quotas, project_id=project.id, name=project.name
+        )
 
     @router.get("/v1/usage", responses=error_responses(401, 422))
     def usage(
@@ -53,28 +56,6 @@ def projects_router(state: ServiceState) -> APIRouter:
         return {**usage, "team_id": usage["project_id"]}
 
     return router
-
-
-def project_me(state: ServiceState, project: Project) -> ProjectMe:
-    """The project's quotas (the operator's for it over the server's) and its use of them:
-    what ``GET /v1/projects/me`` and the dashboard's usage section show."""
-    ledger = state.ledger()
-    now = datetime.now(UTC)
-    quotas = state.settings.quotas.overridden(ledger.project_quotas(project.id))
-    load = ledger.project_load(project.id, now=now)
-    return ProjectMe(
-        id=project.id,
-        name=project.name,
-        quotas=QuotasOut(
-            max_running=quotas.max_running,
-            max_queued=quotas.max_queued,
-            daily_cost_usd=quotas.daily_cost_usd,
-        ),
-        usage=ProjectUsageOut(
-            running=load.running, queued=load.queued, cost_today_usd=load.cost_today_usd
-        ),
-        day_started_at=day_start(now),
-    )
 
 
 def in_utc(text: str | None, field: str) -> datetime | None:
