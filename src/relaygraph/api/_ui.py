@@ -50,7 +50,7 @@ def ui_router(
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
         quotas: The server's quotas of every project, which the usage page shows (each
-            project's own over them); none when None.
+            project's own over them); the settings' defaults when None.
     """
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
@@ -61,7 +61,7 @@ def ui_router(
         home=home,
         settings=settings,
         sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),
-        quotas=quotas or Quotas(max_queued=None),
+        quotas=quotas or Quotas(),
     )
     router = APIRouter(include_in_schema=False)
     router.include_router(auth_router(dashboard))

@@ -60,8 +60,10 @@ def tasks_router(state: ServiceState) -> APIRouter:
 
         A project at its queued quota, or past its daily budget, gets 429 (``Retry-After``).
 
-        With a broker, 202 means the broker has the task's id (503 ``broker_unavailable``:
-        it is recorded but not queued; a retry with the same ``Idempotency-Key`` queues it).
+        With a broker, 202 means the ledger has the task and the broker every id published
+        for it now (the next in the fair order, while few wait for a worker; the others are
+        published in turn). 503 ``broker_unavailable``: it is recorded but not published; a
+        retry with the same ``Idempotency-Key`` publishes it in its turn.
         """
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
