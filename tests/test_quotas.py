@@ -23,12 +23,14 @@ import httpx
 import pytest
 
 from relaygraph.api import ServiceSettings, create_app
+from relaygraph.api._workers import TaskWorkers
 from relaygraph.client import Client
 from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.store import Ledger, QuotaOverrides, Quotas, RecordNotFound
 
 from .conftest import EXAMPLE_RELAY
 from .openai_server import serve_script
+from .test_serve_processes import _recording
 from .worker_cluster import Cluster, broker_problem, broker_url, fresh_database, wait_until
 
 DEADLINE = 120.0
@@ -98,6 +100,27 @@ def test_a_project_at_its_running_quota_leaves_the_worker_to_another(ledger: Led
     # Unlimited by default: B's queue is there behind A's.
     ledger.set_project_quotas("b", QuotaOverrides())
     assert ledger.queued_tasks(limit=10)[:2] == [mine, flood[1]]
+
+
+def test_a_server_with_free_workers_leaves_a_project_at_its_running_quota_queued(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The running quota where a server takes tasks: two workers free, B at its quota of
+    2 running (the server's setting): the workers take A's task and none of B's."""
+    b, _ = ledger.create_project("b")
+    a, _ = ledger.create_project("a")
+    flood = _queue(ledger, b.id, 5, "b")
+    _run(ledger, flood[0])
+    _run(ledger, flood[1])
+    [mine] = _queue(ledger, a.id, 1, "a")
+    workers = TaskWorkers(ledger, home=tmp_path, workers=2, pull=True, quotas=Quotas(max_running=2))
+    started = _recording(workers)
+    try:
+        assert workers.pull() == 1 and started == [mine]
+    finally:
+        workers.shutdown(wait=False)
+    left = [ledger.get_task(t, project_id=b.id) for t in flood[2:]]
+    assert {t.status for t in left if t} == {"queued"}
 
 
 def test_the_worker_mode_publishes_within_its_budget_fairly(ledger: Ledger) -> None:
