@@ -131,7 +131,9 @@ def test_the_worker_mode_publishes_within_its_budget_fairly(ledger: Ledger) -> N
     first = ledger.tasks_to_publish(budget=2)
     assert first == flood[:2]
     for task_id in first:
-        ledger.queue_for_workers(task_id)
+        assert ledger.claim_for_workers(task_id) == 1
+        # Another server or worker that picked it at once publishes it not again.
+        assert ledger.claim_for_workers(task_id) is None
     assert ledger.tasks_to_publish(budget=2) == []  # two wait for a worker already
     [mine] = _queue(ledger, a.id, 1, "a")
     assert ledger.start_attempt(flood[0], dispatch=1, worker_id="w", max_attempts=3)

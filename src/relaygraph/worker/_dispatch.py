@@ -65,15 +65,18 @@ class WorkerDispatch:
     def publish_fair(self) -> int:
         """Publish queued tasks not yet handed to the workers, in the fair order between
         projects, until :attr:`publish_ahead` published tasks wait for a worker; returns how
-        many. Two servers doing it at once may publish a task twice: only its latest
-        dispatch runs (the other message is stale), and the budget is over by as many."""
+        many. Of the servers and workers that pick the same task at once, one publishes it
+        (``Ledger.claim_for_workers``); the budget may be over by a task or two then."""
         published = 0
         for task_id in self.ledger.tasks_to_publish(
             budget=self.publish_ahead,
             exclude_project=LOCAL_PROJECT_ID,
             max_running=self.max_running,
         ):
-            self.dispatch(task_id)
+            dispatch = self.ledger.claim_for_workers(task_id)
+            if dispatch is None:
+                continue  # Another server or worker published it just now.
+            publish_run(self.app, task_id, dispatch)
             published += 1
         return published
 

@@ -164,7 +164,9 @@ class WorkerRuntime:
                 exclude_project=LOCAL_PROJECT_ID,
                 max_running=self.max_running,
             ):
-                self.publish(waiting, self.ledger.queue_for_workers(waiting))
+                dispatch = self.ledger.claim_for_workers(waiting)
+                if dispatch is not None:  # Else another process published it just now.
+                    self.publish(waiting, dispatch)
         except Exception:
             log.warning("task %s: could not publish the next tasks", task_id, exc_info=True)
 
