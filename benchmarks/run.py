@@ -35,7 +35,7 @@ from _common import (  # noqa: E402
     versions,
 )
 
-BENCHMARKS = ("overhead", "tokens", "checkpoints", "coldstart", "local", "service")
+BENCHMARKS = ("overhead", "tokens", "checkpoints", "coldstart", "local", "service", "fairness")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -177,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             import bench_service
 
             sections.append(bench_service.run(args.quick))
+        if "fairness" in chosen:
+            log("7. fair shares under another project's flood")
+            import bench_fairness
+
+            sections.append(bench_fairness.run(args.quick))
     text = _render(
         sections,
         command=command,

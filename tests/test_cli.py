@@ -218,3 +218,36 @@ def test_serve_refuses_bad_settings_by_name(
     assert proc.stderr.startswith("relaygraph: error: bad server setting: "), proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_projects_quota_sets_shows_and_refuses_bad_values_by_name(home: Path) -> None:
+    assert relaygraph("projects", "create", "acme", home=home).returncode == 0
+    made = relaygraph(
+        "projects", "quota", "acme", "--max-running", "4", "--daily-cost-usd", "2.5", home=home
+    )
+    assert made.returncode == 0, made.stderr
+    shown = relaygraph("projects", "quota", "acme", "--json", home=home)
+    assert json.loads(shown.stdout) == {
+        "project": "acme",
+        "quotas": {"max_running": 4, "max_queued": None, "daily_cost_usd": 2.5},
+    }
+    for flag, bad, named in (
+        ("--max-running", "0", "'0'"),
+        ("--max-queued", "many", "'many'"),
+        ("--daily-cost-usd", "-1", "'-1'"),
+        ("--daily-cost-usd", "nan", "'nan'"),
+    ):
+        refused = relaygraph("projects", "quota", "acme", flag, bad, home=home)
+        assert refused.returncode == 2, refused
+        assert flag in refused.stderr and named in refused.stderr, refused.stderr
+    unknown = relaygraph("projects", "quota", "nobody", "--max-running", "2", home=home)
+    assert unknown.returncode == 2 and "no project named 'nobody'" in unknown.stderr
+    # Nothing of the refused values was kept; --reset gives the server's settings back.
+    again = relaygraph("projects", "quota", "acme", "--json", home=home)
+    assert json.loads(again.stdout)["quotas"]["max_running"] == 4
+    reset = relaygraph("projects", "quota", "acme", "--reset", "--json", home=home)
+    assert json.loads(reset.stdout)["quotas"] == {
+        "max_running": None,
+        "max_queued": None,
+        "daily_cost_usd": None,
+    }

@@ -414,12 +414,15 @@ def test_a_worker_that_ends_a_task_hands_its_threads_next_task_to_the_workers(
 
     ledger = worker_env
     spec = f"scripted:{EXAMPLE_RELAY}"
+    # A project's: the CLI's own tasks (the local project) are never the workers' to run.
+    project, _ = ledger.create_project("acme")
 
     def submit(text: str) -> Any:
         request = TaskRequest(
             input=text,
             team=default_team(),
             model=spec,
+            project_id=project.id,
             thread_id="t-next",
             thread_must_exist=False,
             multitask="enqueue",
@@ -435,7 +438,8 @@ def test_a_worker_that_ends_a_task_hands_its_threads_next_task_to_the_workers(
     result = runtime.run(first.task.id, ledger.queue_for_workers(first.task.id))
     assert result is not None and result.status == "succeeded", result
     assert published == [(second.task.id, 1)]
-    assert task_of(ledger, second.task.id).dispatch == 1
+    after = ledger.get_task(second.task.id, project_id=project.id)
+    assert after is not None and after.dispatch == 1
 
 
 def test_a_paused_task_returns_and_its_decision_continues_it(

@@ -466,6 +466,17 @@ class Client:
         usage: dict[str, Any] = self._call("GET", "/v1/usage", params=params)
         return usage
 
+    def project(self) -> dict[str, Any]:
+        """The key's project, its quotas and what it uses now (``GET /v1/projects/me``).
+
+        Returns:
+            ``{"id", "name", "quotas": {"max_running", "max_queued", "daily_cost_usd",
+            "max_streams"}, "usage": {"running", "queued", "cost_today_usd", "streams"},
+            "day_started_at"}``; a quota of None has no limit.
+        """
+        me: dict[str, Any] = self._call("GET", "/v1/projects/me")
+        return me
+
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     """Server-Sent Events from a stream of lines: one dict per event that has an id."""

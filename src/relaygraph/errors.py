@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "ModelNotAllowed",
     "ModelSpecError",
+    "QuotaExceeded",
     "RelaygraphError",
     "RunError",
     "ScriptError",
@@ -86,3 +87,34 @@ class ToolInputError(RelaygraphError):
 
     The message is shown to the model as the tool's result, so it says what to do instead.
     """
+
+
+class QuotaExceeded(RelaygraphError):
+    """A project's submission refused by one of its quotas: it may submit again later.
+
+    Attributes:
+        project: The project's name.
+        quota: The quota's name (``max_queued``, ``daily_cost_usd``).
+        limit: The quota's value for the project.
+        used: What the project uses of it now.
+        retry_after_seconds: When a retry may succeed, at the soonest.
+    """
+
+    def __init__(
+        self, *, project: str, quota: str, limit: float, used: float, retry_after_seconds: int
+    ) -> None:
+        self.project = project
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+        self.retry_after_seconds = retry_after_seconds
+        what = {"max_queued": "tasks queued", "daily_cost_usd": "USD spent today (UTC)"}
+        super().__init__(
+            f"project {project!r} has {used:g} {what.get(quota, quota)}, its quota {quota} "
+            f"is {limit:g}: retry after {retry_after_seconds} s"
+        )
+
+    @property
+    def code(self) -> str:
+        """The API's error code: ``budget_exhausted`` for money, else ``quota_exceeded``."""
+        return "budget_exhausted" if self.quota == "daily_cost_usd" else "quota_exceeded"

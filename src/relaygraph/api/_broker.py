@@ -52,6 +52,9 @@ class BrokerDispatch:
         celery: The worker mode's Celery app (:func:`relaygraph.worker.create_celery_app`),
             used only to publish.
         republish_after: See :meth:`republish_stale`.
+        publish_ahead: Published tasks that may wait for a worker; the others wait in the
+            ledger and are published fairly between projects (``WorkerSettings``).
+        max_running: A project's running quota unless the operator set its own.
     """
 
     def __init__(
@@ -60,14 +63,21 @@ class BrokerDispatch:
         celery: Celery,
         *,
         republish_after: timedelta = DEFAULT_REPUBLISH_AFTER,
+        publish_ahead: int = 4,
+        max_running: int | None = None,
     ) -> None:
         self.ledger = ledger
         self.celery = celery
         self.republish_after = republish_after
-        self._workers = WorkerDispatch(celery, ledger)
+        self._workers = WorkerDispatch(
+            celery, ledger, publish_ahead=publish_ahead, max_running=max_running
+        )
 
     def enqueue(self, task: Task) -> None:
-        """Queue the task for the workers: a new dispatch in the ledger, then its message.
+        """Publish what may be published now, fairly between projects: the new task, or
+        another project's that waited, while the workers have enough waiting for them
+        (``publish_ahead``); the rest wait in the ledger, ``queued``, for a task to start
+        or end (:meth:`WorkerDispatch.publish_fair`).
 
         Raises:
             ErrorAnswer: 503 ``broker_unavailable``: RabbitMQ did not take the message. The
@@ -75,6 +85,12 @@ class BrokerDispatch:
                 retry with the same ``Idempotency-Key``).
         """
         self._published(f"task {task.id}", lambda: self._workers.enqueue(task))
+
+    def publish_held(self) -> int:
+        """Publish, fairly, the queued tasks that wait in the ledger while the workers have
+        room (``WorkerDispatch.publish_fair``): a sweep's backstop for a task whose trigger
+        (a start, an end, a submission) was lost with its process. Returns how many."""
+        return self._published("queued tasks", self._workers.publish_fair)
 
     def resume(self, task_id: str, answers: Answers) -> bool:
         """Queue the decided task for the workers, to continue from its checkpoint.
@@ -127,6 +143,9 @@ class BrokerDispatch:
         first = self.ledger.active_task_on_thread(task.thread_id, project_id=task.project_id)
         if first is None or first.id != task.id or first.status != "queued":
             return False
+        if first.dispatch == 0:
+            # Never published: it waits its fair turn in the ledger, not a place ahead.
+            return self._published(f"task {task.id}", self._workers.publish_fair) > 0
         self._published(f"task {task.id}", lambda: self._workers.dispatch(task.id))
         return True
 
@@ -147,6 +166,8 @@ class BrokerDispatch:
         for task in self.ledger.unfinished_tasks(exclude_project=LOCAL_PROJECT_ID):
             if task.status != "queued" or now - task.updated_at < self.republish_after:
                 continue
+            if task.dispatch == 0:
+                continue  # Never published: waits its fair turn (publish_held).
             try:
                 if self.republish(task):
                     published += 1

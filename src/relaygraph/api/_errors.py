@@ -15,7 +15,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaygraph.api._schemas import ErrorBody, shown
-from relaygraph.errors import ConfigError
+from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.runner import RequestRefused
 from relaygraph.store import is_disk_full
 
@@ -37,8 +37,11 @@ ERROR_CODES: dict[int, str] = {
     "`model_not_allowed`, `invalid_policy`, `policy_loosens`, `invalid_topology`, "
     "`invalid_team` (a team file's mistake, or a reference the server does not allow).",
     429: "`quota_exceeded`: the project is at one of its quotas, which the message names "
-    "(`RELAYGRAPH_PROJECT_MAX_STREAMS`: open event streams); `Retry-After` says when to try "
-    "again.",
+    "(`RELAYGRAPH_PROJECT_MAX_QUEUED` or the operator's for the project: tasks queued; "
+    "`RELAYGRAPH_PROJECT_MAX_STREAMS`: open event streams); `budget_exhausted`: the project "
+    "spent its daily budget (`RELAYGRAPH_PROJECT_DAILY_COST_USD`) today, UTC. The message "
+    "names the quota and its value; `Retry-After` says when to try again (for the budget: "
+    "at 00:00 UTC). Nothing is recorded.",
     503: "`server_busy`: the server is near its limit of open files and keeps the rest for "
     "running tasks, so it opens no new event stream now (`Retry-After`); `not_ready`: "
     "the database is unreachable or not migrated (with a broker: or the broker, or the "
@@ -173,6 +176,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestRefused)
     async def _refused(request: Request, exc: RequestRefused) -> JSONResponse:
         return await _error_answer(request, ErrorAnswer.refused(exc))
+
+    @app.exception_handler(QuotaExceeded)
+    async def _quota(request: Request, exc: QuotaExceeded) -> JSONResponse:
+        return JSONResponse(
+            error_body(exc.code, str(exc), exc.quota),
+            status_code=429,
+            headers={"Retry-After": str(exc.retry_after_seconds)},
+        )
 
     @app.exception_handler(ConfigError)
     async def _config_error(request: Request, exc: ConfigError) -> JSONResponse:

@@ -253,6 +253,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         policies=teams.policy_for,
         pull=True,
         workspace_quota=settings.workspace_quota(),
+        quotas=settings.quotas,
     )
     settle_long_lived()  # as the server does before its first task
     workers.start_pulling()

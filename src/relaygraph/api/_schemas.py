@@ -404,3 +404,36 @@ class Status(BaseModel):
     """``/healthz`` and ``/readyz``."""
 
     status: str
+
+
+class QuotasOut(BaseModel):
+    """A project's quotas as they apply to it now (the operator's for it, else the
+    server's); null: no limit."""
+
+    max_running: int | None = Field(description="Its tasks running at once.")
+    max_queued: int | None = Field(description="Its tasks queued; one more gets 429.")
+    daily_cost_usd: float | None = Field(description="Its spend per UTC day, in USD.")
+    max_streams: int | None = Field(
+        default=None, description="Its open event streams; null: none (or not known here)."
+    )
+
+
+class ProjectUsageOut(BaseModel):
+    """What the project uses now."""
+
+    running: int = Field(description="Its tasks running.")
+    queued: int = Field(description="Its tasks queued.")
+    cost_today_usd: float = Field(description="What its tasks spent since 00:00 UTC today.")
+    streams: int | None = Field(
+        default=None, description="Its open event streams; null when this server cannot say."
+    )
+
+
+class ProjectMe(BaseModel):
+    """``GET /v1/projects/me``: the calling project, its quotas and what it uses."""
+
+    id: str
+    name: str
+    quotas: QuotasOut
+    usage: ProjectUsageOut
+    day_started_at: datetime = Field(description="00:00 UTC today: when the day's spend began.")

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from relaygraph.api._auth import project_auth
 from relaygraph.api._dispatch import TaskDispatch
+from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._streams import StreamGate
@@ -148,8 +149,11 @@ class ServiceState:
             sandbox_isolation_required=not self.settings.unsafe_sandbox,
             teams=self.teams.resolve,
             policies=self.teams.policy_for,
-            pull=spread,
+            # Always from the ledger, fairly: a pool's own queue would serve the projects
+            # first in, first out, and one project's flood would hold every worker.
+            pull=True,
             workspace_quota=self.settings.workspace_quota(),
+            quotas=self.settings.quotas,
         )
         dispatch: TaskWorkers | TaskProcesses = workers
         if spread:
@@ -161,7 +165,7 @@ class ServiceState:
         if self.start_workers:
             if isinstance(dispatch, TaskProcesses):
                 dispatch.start()
-                workers.start_pulling()
+            workers.start_pulling()
             await to_thread.run_sync(workers.recover)
             workers.sweep()
         try:
@@ -186,7 +190,12 @@ class ServiceState:
         # The API's own ledger writes (a cancel's last event) notify the streams as well.
         ledger = Ledger(url, notify_channel=settings.events_channel)
         await to_thread.run_sync(ledger.upgrade)
-        broker = BrokerDispatch(ledger, create_celery_app(settings))
+        broker = BrokerDispatch(
+            ledger,
+            create_celery_app(settings),
+            publish_ahead=settings.publish_ahead,
+            max_running=self.settings.project_max_running,
+        )
         listener = EventListener(libpq_url(url), channel=settings.events_channel)
         try:
             await to_thread.run_sync(lambda: listener.start(timeout=LISTEN_START_SECONDS))
@@ -199,6 +208,10 @@ class ServiceState:
         try:
             if self.start_workers:
                 await to_thread.run_sync(broker.republish_stale)
+                try:
+                    await to_thread.run_sync(broker.publish_held)
+                except ErrorAnswer as exc:  # The broker is away: the sweep tries again.
+                    log.warning("queued tasks not published at start: %s", exc.message)
                 sweeping = asyncio.create_task(_sweep_lost(broker, self.sweep_seconds))
             yield
         finally:
@@ -222,6 +235,13 @@ async def _sweep_lost(broker: Any, every: float) -> None:
             continue
         if swept:
             log.info("published %d task(s) again whose message was lost", swept)
+        try:
+            held = await to_thread.run_sync(broker.publish_held)
+        except Exception:  # As above: the next sweep tries again.
+            log.exception("publishing the queued tasks that wait in the ledger failed")
+            continue
+        if held:
+            log.info("published %d queued task(s) that waited in the ledger", held)
 
 
 def _start_retention(

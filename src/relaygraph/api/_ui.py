@@ -22,7 +22,7 @@ from relaygraph.api.ui._report_pages import report_router
 from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.api.ui._settings import DashboardSettings
 from relaygraph.api.ui._task_pages import task_router
-from relaygraph.store import Ledger, Task
+from relaygraph.store import Ledger, Quotas, Task
 from relaygraph.team import Team
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ def ui_router(
     home: Path,
     settings: DashboardSettings | None = None,
     streams: StreamGate | None = None,
+    quotas: Quotas | None = None,
 ) -> APIRouter:
     """The dashboard's pages, under ``/ui`` (left out of the OpenAPI document).
 
@@ -52,6 +53,8 @@ def ui_router(
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
         streams: Admits a task page's live event stream, counted with the project's API
             streams (``RELAYGRAPH_PROJECT_MAX_STREAMS``); None: not counted.
+        quotas: The server's quotas of every project, which the usage page shows (each
+            project's own over them); the settings' defaults when None.
     """
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
@@ -63,6 +66,7 @@ def ui_router(
         settings=settings,
         sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),
         streams=streams,
+        quotas=quotas or Quotas(),
     )
     router = APIRouter(include_in_schema=False)
     router.include_router(auth_router(dashboard))

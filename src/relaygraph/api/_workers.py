@@ -20,7 +20,7 @@ from typing import Any
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import RelaygraphError, TaskBusy
 from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
-from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task
 
 DEFAULT_MAX_ATTEMPTS = 3
 """How many times a task may be started without a run ending before it is failed."""
@@ -51,6 +51,7 @@ class TaskWorkers:
         policies: Callable[[Task, Any], Any] | None = None,
         pull: bool = False,
         workspace_quota: WorkspaceQuota | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         """
         Args:
@@ -68,13 +69,19 @@ class TaskWorkers:
                 it recorded); see :class:`~relaygraph.runner.TaskRunner`.
             pull: Take queued tasks from the ledger only when a worker is free
                 (:meth:`pull`), as one of several processes that share the ledger's queue
-                (``serve --processes``), instead of queueing every task handed over here.
+                (``serve --processes``), and in the order of fair shares between
+                projects (``Ledger.queued_tasks``), instead of queueing every task handed
+                over here first in, first out.
             workspace_quota: What each task's files may hold (see
                 :class:`~relaygraph.runner.TaskRunner`).
+            quotas: The server's quotas of every project (``RunnerSettings.quotas``; a
+                project's own, set by the operator, over them): the running quota is
+                obeyed by :meth:`pull`, the daily budget by each run. None: none.
         """
         self.ledger = ledger
         self.workers = workers
         self.pulling = pull
+        self.max_running = None if quotas is None else quotas.max_running
         self.max_attempts = max_attempts
         self.runner = TaskRunner(
             ledger=ledger,
@@ -85,6 +92,7 @@ class TaskWorkers:
             teams=teams,
             policies=policies,
             workspace_quota=workspace_quota,
+            quotas=quotas,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
         self._cancel: dict[str, threading.Event] = {}
@@ -169,7 +177,9 @@ class TaskWorkers:
         self._wake.set()
 
     def pull(self) -> int:
-        """Take queued tasks, oldest first, for the workers that are free; returns how many.
+        """Take queued tasks for the workers that are free, in the order of fair shares
+        between projects (the project with the fewest running first, round the projects
+        with queued work, none past its running quota); returns how many.
 
         Each is taken under this process's lease before it is handed to a worker, and only
         when a worker is free, so it starts at once (its lease cannot lapse while it waits)
@@ -186,7 +196,9 @@ class TaskWorkers:
             return 0
         started = 0
         for task_id in self.ledger.queued_tasks(
-            limit=free + self.workers, exclude_project=LOCAL_PROJECT_ID
+            limit=free + self.workers,
+            exclude_project=LOCAL_PROJECT_ID,
+            max_running=self.max_running,
         ):
             if started == free:
                 break

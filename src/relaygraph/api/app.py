@@ -135,5 +135,6 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
             home=state.home,
             settings=dashboard,
             streams=state.streams,
+            quotas=state.settings.quotas,
         )
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,17 @@ def days(value: str) -> float:
     if not number > 0 or number == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of days above 0, got {value!r}")
     return number
+
+
+def usd(value: str) -> float:
+    """An amount of US dollars, 0 or more (``0.5``, ``12``)."""
+    try:
+        amount = float(value)
+    except ValueError:
+        amount = math.nan
+    if not math.isfinite(amount) or amount < 0:
+        raise argparse.ArgumentTypeError(f"expected an amount of USD, 0 or more, got {value!r}")
+    return amount
 
 
 def port(value: str) -> int:

@@ -285,6 +285,38 @@ def create_project(args: argparse.Namespace, *, key: str) -> int:
     return EXIT_OK
 
 
+def project_quota(args: argparse.Namespace) -> int:
+    """``relaygraph projects quota NAME [--max-running N] [--max-queued N]
+    [--daily-cost-usd X] [--reset]``: set a project's own quotas in the ledger; print them."""
+    from dataclasses import asdict, replace
+
+    from relaygraph.store import Ledger, QuotaOverrides
+
+    given = {
+        name: value
+        for name in ("max_running", "max_queued", "daily_cost_usd")
+        if (value := getattr(args, name)) is not None
+    }
+    with Ledger(ledger_url(args.home)) as ledger:
+        ledger.upgrade()
+        project = ledger.get_project(args.name)
+        if project is None:
+            raise ConfigError(f"no project named {args.name!r} (relaygraph projects create)")
+        quotas = QuotaOverrides() if args.reset else ledger.project_quotas(project.id)
+        if given or args.reset:
+            quotas = ledger.set_project_quotas(project.name, replace(quotas, **given))
+    shown = asdict(quotas)
+    if args.json:
+        print(json.dumps({"project": project.name, "quotas": shown}))
+    else:
+        told = ", ".join(
+            f"{name} {'(the server setting)' if value is None else value}"
+            for name, value in shown.items()
+        )
+        print(f"project {project.name}: {told}")
+    return EXIT_OK
+
+
 def push_team(args: argparse.Namespace) -> int:
     """``relaygraph teams push``: register a team file with a task service."""
     import tomllib

@@ -83,6 +83,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "worker":
         return _commands.worker(args)
     if args.command == "projects":
+        if args.projects_command == "quota":
+            return _commands.project_quota(args)
         return _commands.create_project(args, key="project")
     if args.command == "teams":
         if args.teams_command == "create":

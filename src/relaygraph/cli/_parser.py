@@ -21,6 +21,7 @@ from relaygraph.cli._argtypes import (
     port,
     positive,
     team_name,
+    usd,
     utf8_text,
 )
 from relaygraph.cli._evals import add_eval_parser
@@ -225,6 +226,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("name")
     create.add_argument("--json", action="store_true", help='print {"project": ..., "key": ...}')
+    quota = project_commands.add_parser(
+        "quota",
+        help="set a project's quotas over the server's (RELAYGRAPH_PROJECT_*), or show them",
+        description="Set the quotas of one project, kept in the ledger: every API server and "
+        "worker applies them at once. A quota not named keeps its value; --reset first "
+        "clears them all (the server's settings apply again). With no quota named, print them.",
+    )
+    quota.add_argument("name", type=utf8_text)
+    quota.add_argument(
+        "--max-running", type=positive, help="its tasks running at once (a whole number, 1 or more)"
+    )
+    quota.add_argument(
+        "--max-queued", type=positive, help="its tasks queued; one more submission gets 429"
+    )
+    quota.add_argument(
+        "--daily-cost-usd", type=usd, help="its spend per UTC day in USD (0 or more)"
+    )
+    quota.add_argument(
+        "--reset", action="store_true", help="clear the project's quotas before setting any"
+    )
+    quota.add_argument("--json", action="store_true", help="print the quotas as one JSON object")
 
     teams = commands.add_parser(
         "teams", help="check team files (your own agents and tools) and register them"

@@ -14,13 +14,20 @@ from typing import Any, Literal
 from relaygraph.policies._policy import AgentLimits, Price, TeamLimits, TeamPolicy
 
 __all__ = [
+    "DAY_BUDGET_KEY",
     "BudgetHit",
+    "ProjectDayBudget",
     "UsageTotals",
     "check_agent_budget",
     "check_team_budget",
     "cost_usd",
+    "day_budget_of",
     "seconds_left",
 ]
+
+DAY_BUDGET_KEY = "relaygraph_day_budget"
+"""``config["configurable"]`` key of the run's :class:`ProjectDayBudget`, if its project
+has a daily budget: set by the runner once per run, never in state a model could write."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,8 +64,9 @@ class UsageTotals:
 class BudgetHit:
     """A limit that is reached: the next call would go over it."""
 
-    scope: Literal["agent", "team"]
+    scope: Literal["agent", "team", "project"]
     agent: str | None
+    """The agent (scope ``agent``) or the project (scope ``project``) whose limit it is."""
     limit: str
     """The limit's key in the policy file, e.g. ``max_model_calls``."""
     used: float
@@ -66,13 +74,19 @@ class BudgetHit:
 
     @property
     def stop_reason(self) -> str:
-        """``budget:agent:coder:max_model_calls`` or ``budget:team:max_tokens``."""
-        who = f"agent:{self.agent}" if self.scope == "agent" else "team"
+        """``budget:agent:coder:max_model_calls``, ``budget:team:max_tokens`` or
+        ``budget:project:daily_cost_usd``."""
+        who = f"agent:{self.agent}" if self.scope == "agent" else self.scope
         return f"budget:{who}:{self.limit}"
 
     @property
     def message(self) -> str:
         """E.g. ``agent 'coder' used 6 of 6 model calls``."""
+        if self.scope == "project":
+            return (
+                f"project {self.agent!r} spent {_num(self.used)} of its daily budget of "
+                f"{_num(self.allowed)} USD today (UTC)"
+            )
         what = {
             "max_model_calls": "model calls",
             "max_tool_calls": "tool calls",
@@ -81,6 +95,7 @@ class BudgetHit:
             "max_seconds": "seconds",
             "max_agent_runs": "agent visits",
             "recursion_limit": "graph steps",
+            "daily_cost_usd": "USD",
         }[self.limit]
         who = f"agent {self.agent!r}" if self.scope == "agent" else "the team"
         return f"{who} used {_num(self.used)} of {_num(self.allowed)} {what}"
@@ -131,8 +146,38 @@ def check_agent_budget(
     )
 
 
-def check_team_budget(limits: TeamLimits, used: UsageTotals) -> BudgetHit | None:
-    """The team limit (tokens, cost, time) that stops the next call, if any."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProjectDayBudget:
+    """What a project may still spend today, as one run's cost cap: the run stops when
+    its own spend reaches what was left when it started (so it stops at the tighter of
+    this and the team's ``max_cost_usd``). Read once when the run starts, never per call."""
+
+    project: str
+    """The project's name."""
+    daily_usd: float
+    """Its budget per UTC day, in USD."""
+    spent_elsewhere_usd: float
+    """What its other tasks had spent today when this run started."""
+
+    def check(self, used: UsageTotals) -> BudgetHit | None:
+        """The hit, if the run's spend ``used`` takes the project to its daily budget."""
+        spent = self.spent_elsewhere_usd + used.cost_usd
+        if spent < self.daily_usd:
+            return None
+        return BudgetHit(
+            scope="project",
+            agent=self.project,
+            limit="daily_cost_usd",
+            used=round(spent, 9),
+            allowed=self.daily_usd,
+        )
+
+
+def check_team_budget(
+    limits: TeamLimits, used: UsageTotals, day: ProjectDayBudget | None = None
+) -> BudgetHit | None:
+    """The team limit (tokens, cost, time), or the project's day budget (``day``), that
+    stops the next call, if any."""
     return _first_hit(
         [
             ("max_tokens", used.tokens, limits.max_tokens),
@@ -141,7 +186,13 @@ def check_team_budget(limits: TeamLimits, used: UsageTotals) -> BudgetHit | None
         ],
         "team",
         None,
-    )
+    ) or (day.check(used) if day is not None else None)
+
+
+def day_budget_of(configurable: Mapping[str, Any]) -> ProjectDayBudget | None:
+    """The run's day budget in its ``config["configurable"]``, if its project has one."""
+    found = configurable.get(DAY_BUDGET_KEY)
+    return found if isinstance(found, ProjectDayBudget) else None
 
 
 def seconds_left(*limits: tuple[float | None, UsageTotals]) -> float | None:

@@ -45,10 +45,12 @@ from relaygraph.handoffs import (
 from relaygraph.policies._policy import AgentPolicy, TeamPolicy
 from relaygraph.policies.budget import (
     BudgetHit,
+    ProjectDayBudget,
     UsageTotals,
     check_agent_budget,
     check_team_budget,
     cost_usd,
+    day_budget_of,
     seconds_left,
 )
 from relaygraph.policies.pingpong import normalize_call
@@ -193,6 +195,13 @@ def _visit_budget() -> VisitBudget | None:
     return value if isinstance(value, VisitBudget) else None
 
 
+def _day_budget() -> ProjectDayBudget | None:
+    try:
+        return day_budget_of(get_config().get("configurable", {}))
+    except RuntimeError:  # Outside a graph: no project, no day budget.
+        return None
+
+
 def _refusal(
     call: Mapping[str, Any], kind: ViolationKind, detail: str, content: str
 ) -> ToolMessage:
@@ -282,7 +291,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         agent_used, team_used = self._spent(messages, budget)
         return check_agent_budget(
             self.agent, self.rules.limits, agent_used, before=before
-        ) or check_team_budget(self.policy.team, team_used)
+        ) or check_team_budget(self.policy.team, team_used, _day_budget())
 
     def _seconds_left(self, messages: list[BaseMessage]) -> float | None:
         """What the agent's and the team's ``max_seconds`` leave for the next model call."""
@@ -519,7 +528,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         agent_used = agent_used + UsageTotals(tool_calls=len(siblings))
         hit = check_agent_budget(
             self.agent, self.rules.limits, agent_used, before="tool"
-        ) or check_team_budget(self.policy.team, team_used)
+        ) or check_team_budget(self.policy.team, team_used, _day_budget())
         if hit is not None:
             message = _refusal(
                 call, "budget", hit.message, f"Not run: {hit.message} ({hit.stop_reason})."

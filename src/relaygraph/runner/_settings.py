@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError
+from relaygraph.store import Quotas
 
 __all__ = ["RunnerSettings", "load_runner_settings", "read_settings"]
 
@@ -86,6 +87,28 @@ class RunnerSettings(BaseSettings):
     def workspace_quota(self) -> WorkspaceQuota:
         """The quota of every task's files, as the tools enforce it."""
         return WorkspaceQuota(max_mb=self.workspace_max_mb, max_files=self.workspace_max_files)
+
+    project_max_running: int | None = Field(default=None, ge=1)
+    """A project's tasks running at once, in the whole service; None (the default): no
+    limit but the workers, shared fairly (a free worker takes the next task of the project
+    with the fewest running). Past it, a project's tasks stay queued and the free worker
+    serves another project. ``relaygraph projects quota`` sets one project's own."""
+    project_max_queued: int | None = Field(default=1000, ge=1)
+    """A project's tasks waiting (``queued``); a submission past it gets 429
+    ``quota_exceeded`` with ``Retry-After``. None: no limit."""
+    project_daily_cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """A project's spend per UTC day in USD (from the policy's price table); None (the
+    default): none. Past it a submission gets 429 ``budget_exhausted``, and a running
+    task stops ``degraded`` before its next model call."""
+
+    @property
+    def quotas(self) -> Quotas:
+        """The server's quotas of every project (each project's own override them)."""
+        return Quotas(
+            max_running=self.project_max_running,
+            max_queued=self.project_max_queued,
+            daily_cost_usd=self.project_daily_cost_usd,
+        )
 
     @field_validator("tool_modules")
     @classmethod

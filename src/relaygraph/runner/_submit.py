@@ -19,7 +19,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.policies import TeamPolicy, policy_to_mapping, tighten
 from relaygraph.runner._errors import RequestRefused
 from relaygraph.runner._models import ModelRules, RoleModels, choose_models
-from relaygraph.store import LOCAL_PROJECT_ID, RecordConflict, Task
+from relaygraph.store import LOCAL_PROJECT_ID, Quotas, RecordConflict, Task
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -168,10 +168,12 @@ def record_submission(
     ledger: Ledger,
     runner_id: str | None = None,
     lease_seconds: float | None = None,
+    quotas: Quotas | None = None,
 ) -> tuple[Task, bool]:
     """Record ``submission`` as a ``queued`` task, or find the one an earlier try with its
     idempotency key created. With ``runner_id`` and ``lease_seconds``, a new task is
-    recorded ``running`` under that runner's lease (``Ledger.create_task``).
+    recorded ``running`` under that runner's lease (``Ledger.create_task``). With
+    ``quotas`` (the server's), a new task past its project's quotas is refused.
 
     Returns:
         The task, and True when this call created it.
@@ -194,6 +196,7 @@ def record_submission(
             team=submission.team_record,
             runner_id=runner_id,
             lease_seconds=lease_seconds,
+            quotas=quotas,
         )
     except RecordConflict as exc:
         raise RequestRefused(
@@ -209,6 +212,7 @@ def submit_task(
     enqueue: Enqueue | None = None,
     runner_id: str | None = None,
     lease_seconds: float | None = None,
+    quotas: Quotas | None = None,
 ) -> SubmittedTask:
     """Check ``request``, record it, and hand it to ``enqueue`` when it may start now.
 
@@ -225,9 +229,12 @@ def submit_task(
             records it (``SubmittedTask.leased``), instead of ``queued`` for a
             ``take_lease`` after (which cost a run about 3 ms of CPU in the ORM; in Core
             about 0.5 ms, still a transaction of its own).
+        quotas: The server's quotas of every project (``RunnerSettings.quotas``); None:
+            none (``run_task`` in a user's own process).
 
     Raises:
         RequestRefused: See :func:`check_request` and :func:`record_submission`.
+        QuotaExceeded: The project is at its queued quota or spent its day's budget.
     """
     if runner_id is not None and enqueue is not None:
         raise ValueError("submit_task: a task runs in this process (runner_id) or is enqueued")
@@ -238,6 +245,7 @@ def submit_task(
         ledger=ledger,
         runner_id=runner_id if lease else None,
         lease_seconds=lease_seconds if lease else None,
+        quotas=quotas,
     )
     starts = created and not submission.waits_for_thread
     if starts and enqueue is not None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
+from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
 from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
@@ -23,7 +24,7 @@ from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
-from relaygraph.store import AttemptSuperseded, LedgerToolJournal
+from relaygraph.store import AttemptSuperseded, LedgerToolJournal, Quotas
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class TaskRunner:
         teams: Callable[[Task], Team] | None = None,
         policies: Callable[[Task, TeamPolicy], TeamPolicy] | None = None,
         workspace_quota: WorkspaceQuota | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         """
         Args:
@@ -77,6 +79,9 @@ class TaskRunner:
                 service's ceiling: ``ServiceTeams.policy_for``); the recorded one when None.
             workspace_quota: What each task's workspace and artifacts may hold (the
                 default :class:`WorkspaceQuota` when None).
+            quotas: The service's quotas of every project (a project's own over them):
+                a run of a project with a daily budget stops when its spend reaches what
+                the project had left of it when the run began. None: no quota.
         """
         self.ledger = ledger
         self.home = home
@@ -86,6 +91,7 @@ class TaskRunner:
         self.teams = teams or team_of_record
         self.policies = policies
         self.workspace_quota = workspace_quota or WorkspaceQuota()
+        self.quotas = quotas
 
     def run(
         self,
@@ -178,6 +184,9 @@ class TaskRunner:
             team, graph_team = self._team_graph(task, team, models, policy, topology)
             context = self._context(task, team, attempt)
             config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+            day = self._day_budget(task)
+            if day is not None:
+                config["configurable"][DAY_BUDGET_KEY] = day
         except RelaygraphError as exc:
             # A team or a model that cannot be built, a knowledge base that cannot be made
             # ready: the task fails on the record, not the process; left as it was, it would
@@ -264,6 +273,21 @@ class TaskRunner:
                     self.ledger.release_lease(task.id, self.runner_id)
                 if interrupted:  # After the run's last events, so that its end comes last.
                     self.ledger.request_cancel(task.id, reason=INTERRUPTED)
+
+    def _day_budget(self, task: Task) -> ProjectDayBudget | None:
+        """What the task's project may still spend today, as the run's cost cap; None when
+        it has no daily budget. Read once here, so that no model call waits on the ledger."""
+        if self.quotas is None:
+            return None
+        daily = self.quotas.overridden(self.ledger.project_quotas(task.project_id)).daily_cost_usd
+        if daily is None:
+            return None
+        project = self.ledger.project_by_id(task.project_id)
+        return ProjectDayBudget(
+            project=project.name if project is not None else task.project_id,
+            daily_usd=daily,
+            spent_elsewhere_usd=self.ledger.spent_today(task.project_id, excluding=task.id),
+        )
 
     def team_of(self, task: Task) -> Team:
         """The team ``task`` records (see ``teams`` in the constructor).

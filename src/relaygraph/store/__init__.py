@@ -22,6 +22,7 @@ from relaygraph.store._journal import LedgerToolJournal
 from relaygraph.store._ledger import Ledger, hash_key
 from relaygraph.store._models import LOCAL_PROJECT_ID
 from relaygraph.store._notices import DEFAULT_CHANNEL, EventNotice
+from relaygraph.store._quotas import day_start
 from relaygraph.store._records import (
     FINISHED_STATUSES,
     TASK_STATUSES,
@@ -34,6 +35,9 @@ from relaygraph.store._records import (
     Event,
     Handoff,
     Project,
+    ProjectLoad,
+    QuotaOverrides,
+    Quotas,
     Task,
     TaskStatus,
     TeamVersion,
@@ -60,6 +64,9 @@ __all__ = [
     "Ledger",
     "LedgerToolJournal",
     "Project",
+    "ProjectLoad",
+    "QuotaOverrides",
+    "Quotas",
     "RecordConflict",
     "RecordNotFound",
     "RunEnd",
@@ -68,6 +75,7 @@ __all__ = [
     "TeamVersion",
     "ToolCall",
     "database_url",
+    "day_start",
     "hash_key",
     "is_disk_full",
     "upgrade",

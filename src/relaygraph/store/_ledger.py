@@ -1,8 +1,9 @@
 """The ledger: every project, task and thing that happened, in SQL.
 
 A facade over one class per job, each in its own module: projects and keys (``_tenants``),
-registered teams (``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events
-and what they imply (``_events``), usage and the end of a run (``_usage_records``), approvals
+their quotas and the fair order of queued tasks (``_quotas``), registered teams
+(``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events and what they
+imply (``_events``), usage and the end of a run (``_usage_records``), approvals
 (``_approvals``), eval runs (``_eval_runs``), the tool journal (``_journal``) and the worker
 mode's dispatches and attempts (``_dispatch``); the engine and sessions are ``_base``.
 """
@@ -16,6 +17,7 @@ from relaygraph.store._eval_runs import EvalRunsLedger
 from relaygraph.store._events import EventsLedger
 from relaygraph.store._journal import ToolJournalLedger
 from relaygraph.store._leases import LeasesLedger
+from relaygraph.store._quotas import QuotasLedger
 from relaygraph.store._tasks import TasksLedger
 from relaygraph.store._teams import TeamsLedger
 from relaygraph.store._tenants import TenantsLedger
@@ -28,6 +30,7 @@ class Ledger(
     TenantsLedger,
     TeamsLedger,
     TasksLedger,
+    QuotasLedger,
     LeasesLedger,
     EventsLedger,
     UsageLedger,

@@ -83,6 +83,11 @@ class ProjectRow(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]
+    # The operator's quotas for this project (``relaygraph projects quota``); NULL: the
+    # server's setting (``RELAYGRAPH_PROJECT_MAX_RUNNING`` and the like) applies.
+    max_running: Mapped[int | None] = mapped_column(Integer)
+    max_queued: Mapped[int | None] = mapped_column(Integer)
+    daily_cost_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class ApiKeyRow(Base):
@@ -106,6 +111,7 @@ class TaskRow(Base):
         Index(None, "project_id", "status", "created_at", "id"),
         Index(None, "status", "created_at"),
         Index(None, "project_id", "thread_id"),
+        Index(None, "project_id", "started_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

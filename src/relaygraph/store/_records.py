@@ -28,6 +28,56 @@ ACTIVE_STATUSES: tuple[TaskStatus, ...] = ("queued", "running", "interrupted")
 """Statuses a task does not leave: it has an answer or a reason it has none."""
 
 
+UNLIMITED = None
+"""A quota of no limit (``Quotas``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Quotas:
+    """What one project may use of the service at once and per day; None: no limit."""
+
+    max_running: int | None = None
+    """Its tasks running at once; more stay queued while other projects' tasks run."""
+    max_queued: int | None = 1000
+    """Its tasks waiting (``queued``); a submission past it is refused."""
+    daily_cost_usd: float | None = None
+    """Its spend per UTC day in USD: past it submissions are refused and runs stop."""
+
+    def overridden(self, overrides: QuotaOverrides) -> Quotas:
+        """These quotas (the server's), with the operator's values for one project over them."""
+        return Quotas(
+            max_running=_first(overrides.max_running, self.max_running),
+            max_queued=_first(overrides.max_queued, self.max_queued),
+            daily_cost_usd=_first(overrides.daily_cost_usd, self.daily_cost_usd),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuotaOverrides:
+    """The operator's quotas for one project (``relaygraph projects quota``); None: the
+    server's setting applies (a different meaning from None in :class:`Quotas`)."""
+
+    max_running: int | None = None
+    max_queued: int | None = None
+    daily_cost_usd: float | None = None
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProjectLoad:
+    """What one project uses of the service now."""
+
+    running: int
+    """Its tasks ``running`` (a worker runs them, or is about to)."""
+    queued: int
+    """Its tasks ``queued``."""
+    cost_today_usd: float
+    """What its tasks' runs spent since 00:00 UTC today."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Project:
     """A tenant of the task service: every task and API key belongs to one."""

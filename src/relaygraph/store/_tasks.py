@@ -16,7 +16,6 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
 from relaygraph.store._base import (
-    EARLIER_ACTIVE_ON_THREAD,
     FINISHED_STATUSES,
     MAX_PAGE,
     TASK_COLUMNS,
@@ -34,9 +33,11 @@ from relaygraph.store._models import (
     ProjectRow,
     TaskRow,
 )
+from relaygraph.store._quotas import refuse_over_quota
 from relaygraph.store._records import (
     ACTIVE_STATUSES,
     TASK_STATUSES,
+    Quotas,
     Task,
 )
 
@@ -58,6 +59,7 @@ class TasksLedger(LedgerBase):
         team: Mapping[str, Any] | None = None,
         runner_id: str | None = None,
         lease_seconds: float | None = None,
+        quotas: Quotas | None = None,
     ) -> tuple[Task, bool]:
         """Record a new ``queued`` task, or find the one an earlier try created.
 
@@ -81,6 +83,9 @@ class TasksLedger(LedgerBase):
                 digest, source).
             runner_id: The runner that holds the new task's lease (with ``lease_seconds``).
             lease_seconds: How long that lease lasts unrenewed.
+            quotas: The server's quotas (the project's own, set by the operator, over
+                them): a new task past its project's queued quota or daily spend is
+                refused; a retry of one recorded before is not. None: no quota.
 
         Returns:
             The task, and True when this call created it (False: an earlier call with the
@@ -90,6 +95,7 @@ class TasksLedger(LedgerBase):
             ConfigError: A bad field, named in the message, or only one of ``runner_id``
                 and ``lease_seconds``.
             RecordNotFound: No such project.
+            QuotaExceeded: The project is at its queued quota or spent its day's budget.
             RecordConflict: The idempotency key was used for a different request (any of
                 input, thread, policy, models, topology or metadata differs); the message
                 names what differs.
@@ -138,11 +144,16 @@ class TasksLedger(LedgerBase):
         # 2 ms of CPU per task; in Core about 0.5 ms).
         try:
             with self._write_connection() as connection:
-                if connection.execute(_PROJECT, {"project_id": project_id}).first() is None:
+                project = connection.execute(
+                    _PROJECT if quotas is None else _PROJECT_LOCKED, {"project_id": project_id}
+                ).first()
+                if project is None:
                     raise RecordNotFound("project", project_id)
                 earlier = _by_idempotency_key(connection, project_id, key)
                 if earlier is not None:
                     return _same_request(earlier, row), False
+                if quotas is not None:
+                    refuse_over_quota(connection, project, quotas, now=now)
                 row["checkpoint_thread"] = _checkpoint_thread(
                     connection, project_id, row["thread_id"], new=given_thread is None
                 )
@@ -240,18 +251,6 @@ class TasksLedger(LedgerBase):
             rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
             return [task_of_row(row) for row in rows]
 
-    def queued_tasks(self, *, limit: int, exclude_project: str | None = None) -> list[str]:
-        """The ids of the oldest ``queued`` tasks that may start now, up to ``limit``, of
-        every project but ``exclude_project``: what a server
-        process that has a worker free takes from (``TaskWorkers.pull``). A task is left
-        out while an older task of its thread is active (queued, running or waiting for a
-        person): it starts after that one, as :meth:`active_task_on_thread` orders them."""
-        # Core, built once: read whenever a worker of a pulling server frees up.
-        statement = _QUEUED if exclude_project is None else _QUEUED_EXCLUDING
-        with self._read_connection() as connection:
-            rows = connection.execute(statement, {"limit": limit, "exclude": exclude_project}).all()
-        return [row.id for row in rows]
-
     def task_owner(self, task_id: str) -> str | None:
         """The project of task ``task_id``, or None when there is no such task.
 
@@ -348,7 +347,14 @@ class TasksLedger(LedgerBase):
             )
 
 
-_PROJECT = select(ProjectRow.id).where(ProjectRow.id == bindparam("project_id"))
+_PROJECT = select(
+    ProjectRow.id, ProjectRow.name, ProjectRow.max_queued, ProjectRow.daily_cost_usd
+).where(ProjectRow.id == bindparam("project_id"))
+_PROJECT_LOCKED = _PROJECT.with_for_update(key_share=True)
+"""The project's row, locked against another submission of the project (not against its
+tasks' own writes) on PostgreSQL until the new task is recorded: its queued count and
+spend are read and the task added as one step, so two submissions cannot both take the
+last place under the quota. SQLite's writers take turns anyway."""
 _ADD_TASK = insert(cast("Table", TaskRow.__table__))
 _BY_IDEMPOTENCY_KEY = select(*TASK_COLUMNS, TaskRow.request_digest).where(
     TaskRow.project_id == bindparam("project_id"), TaskRow.idempotency_key == bindparam("key")
@@ -357,19 +363,6 @@ _TASK = select(*TASK_COLUMNS).where(
     TaskRow.id == bindparam("task_id"), TaskRow.project_id == bindparam("project_id")
 )
 _TASK_OWNER = select(TaskRow.project_id).where(TaskRow.id == bindparam("task_id"))
-_QUEUED = (
-    select(TaskRow.id)
-    .where(
-        TaskRow.status == "queued",
-        # Only a thread's oldest active task may start (the ones behind it wait for it), so
-        # the rest are not read at all: a thread paused on an approval with many tasks
-        # queued behind it must not fill every page and starve every other thread.
-        ~EARLIER_ACTIVE_ON_THREAD,
-    )
-    .order_by(TaskRow.created_at, TaskRow.id)
-    .limit(bindparam("limit"))
-)
-_QUEUED_EXCLUDING = _QUEUED.where(TaskRow.project_id != bindparam("exclude"))
 _ACTIVE_ON_THREAD = (
     select(*TASK_COLUMNS)
     .where(

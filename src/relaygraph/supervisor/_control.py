@@ -12,7 +12,7 @@ from langgraph.types import Command, interrupt
 from relaygraph._names import ANSWER_NAME, FINALIZE, SUPERVISOR
 from relaygraph.events import event_sink, final_event, ping_pong_request
 from relaygraph.policies import TeamPolicy
-from relaygraph.policies.budget import BudgetHit, check_team_budget
+from relaygraph.policies.budget import BudgetHit, check_team_budget, day_budget_of
 from relaygraph.policies.pingpong import PingPong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
@@ -85,7 +85,8 @@ def team_stop(
         return BudgetHit(
             scope="team", agent=None, limit="recursion_limit", used=step, allowed=limit
         )
-    return check_team_budget(policy.team, acc.turn_usage(state))
+    day = day_budget_of(config.get("configurable", {}))
+    return check_team_budget(policy.team, acc.turn_usage(state), day)
 
 
 def on_ping_pong(

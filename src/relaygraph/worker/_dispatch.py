@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from relaygraph.store import LOCAL_PROJECT_ID
 from relaygraph.worker._app import publish_run
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from relaygraph.store import Ledger, Task
 
-__all__ = ["WorkerDispatch", "next_on_thread"]
+__all__ = ["WorkerDispatch"]
 
 
 class WorkerDispatch:
@@ -29,11 +30,22 @@ class WorkerDispatch:
     Args:
         app: The worker mode's Celery app (:func:`~relaygraph.worker.create_celery_app`).
         ledger: The ledger the tasks are in.
+        publish_ahead: Published tasks that may wait for a worker (``WorkerSettings``).
+        max_running: A project's running quota unless the operator set its own.
     """
 
-    def __init__(self, app: Celery, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        ledger: Ledger,
+        *,
+        publish_ahead: int = 4,
+        max_running: int | None = None,
+    ) -> None:
         self.app = app
         self.ledger = ledger
+        self.publish_ahead = publish_ahead
+        self.max_running = max_running
 
     def dispatch(self, task_id: str) -> int:
         """Queue the task for the workers and publish it; returns its dispatch number.
@@ -46,8 +58,27 @@ class WorkerDispatch:
         return dispatch
 
     def enqueue(self, task: Task) -> None:
-        """A submission's hand-off (``submit_task(enqueue=...)``): the new task to the workers."""
-        self.dispatch(task.id)
+        """A submission's hand-off (``submit_task(enqueue=...)``): the new task is in the
+        ledger; publish what may be published now, fairly (:meth:`publish_fair`)."""
+        self.publish_fair()
+
+    def publish_fair(self) -> int:
+        """Publish queued tasks not yet handed to the workers, in the fair order between
+        projects, until :attr:`publish_ahead` published tasks wait for a worker; returns how
+        many. Of the servers and workers that pick the same task at once, one publishes it
+        (``Ledger.claim_for_workers``); the budget may be over by a task or two then."""
+        published = 0
+        for task_id in self.ledger.tasks_to_publish(
+            budget=self.publish_ahead,
+            exclude_project=LOCAL_PROJECT_ID,
+            max_running=self.max_running,
+        ):
+            dispatch = self.ledger.claim_for_workers(task_id)
+            if dispatch is None:
+                continue  # Another server or worker published it just now.
+            publish_run(self.app, task_id, dispatch)
+            published += 1
+        return published
 
     def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
         """A decision's hand-off (``decide_task(resume=...)``): the decided task to the
@@ -66,18 +97,6 @@ class WorkerDispatch:
         return True
 
     def start_next(self, thread_id: str, *, project_id: str) -> None:
-        """Hand the project's task queued next on the thread to the workers, if its turn has
-        come (the thread's task before it ended: finished, or cancelled while it waited)."""
-        waiting = next_on_thread(self.ledger, thread_id, project_id=project_id)
-        if waiting is not None:
-            self.dispatch(waiting)
-
-
-def next_on_thread(ledger: Ledger, thread_id: str, *, project_id: str) -> str | None:
-    """The task queued on the project's thread whose turn has come and that no one handed
-    to the workers yet (a task queued behind a busy thread is recorded, not dispatched);
-    None when there is none, or the thread is still busy."""
-    waiting = ledger.active_task_on_thread(thread_id, project_id=project_id)
-    if waiting is not None and waiting.status == "queued" and waiting.dispatch == 0:
-        return waiting.id
-    return None
+        """A task ended (finished, or cancelled while it waited): the task queued next on
+        its thread may start, and a worker may be free: publish fairly."""
+        self.publish_fair()

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from relaygraph.errors import RelaygraphError
 from relaygraph.events import run_finished_event
-from relaygraph.store import FINISHED_STATUSES, AttemptSuperseded, Ledger
-from relaygraph.worker._dispatch import next_on_thread
+from relaygraph.store import LOCAL_PROJECT_ID, AttemptSuperseded, Ledger
 
 if TYPE_CHECKING:
     from relaygraph.runner import RunnerSettings, RunResult, TaskRunner
@@ -46,8 +45,9 @@ class WorkerRuntime:
     Args:
         settings: The runner settings (teams, data directory, ledger, attempt limit).
         worker: The worker settings (the events' notice channel).
-        publish: Publishes the task that waits next on a thread once its predecessor
-            ends; None: nobody does here (the API servers' dispatch does it, or no one).
+        publish: Publishes the queued tasks to publish next, fairly between projects
+            (``Ledger.tasks_to_publish``), when a task starts or ends here; None: nobody
+            does here (the API servers' dispatch does it, or no one).
         worker_id: Who this process is as the runner of its tasks; made from the host and
             the process id when None.
     """
@@ -70,6 +70,8 @@ class WorkerRuntime:
         )
         self.max_attempts = settings.max_attempts
         self.publish = publish
+        self.publish_ahead = worker.publish_ahead
+        self.max_running = settings.project_max_running
         self.ledger = Ledger(settings.database_url, notify_channel=worker.events_channel)
         if not self.ledger.is_current():  # As serve does: a first start needs no set-up step.
             self.ledger.upgrade()
@@ -82,6 +84,7 @@ class WorkerRuntime:
             teams=self.teams.resolve,
             policies=self.teams.policy_for,
             workspace_quota=settings.workspace_quota(),
+            quotas=settings.quotas,
         )
 
     def close(self) -> None:
@@ -107,10 +110,12 @@ class WorkerRuntime:
         )
         if begun is None:
             log.info("task %s: message of dispatch %s dropped: nothing to run", task_id, dispatch)
-            self._start_next(task_id)
+            self._publish_fair(task_id)
             return None
         task, attempt = begun.task, begun.number
         log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
+        # It no longer waits for a worker: the next may be published in its place.
+        self._publish_fair(task_id)
         result: RunResult | None = None
         try:
             # The runner fences the run's ledger writes and checkpoints by the attempt. A
@@ -136,10 +141,9 @@ class WorkerRuntime:
             self._fail(task, attempt, f"error: worker crashed: {type(exc).__name__}: {exc}")
             return None
         finally:
-            # A run that ended the task says so: its thread's next task is looked up at
-            # once, without reading the task again.
-            ended = result is not None and result.status in FINISHED_STATUSES
-            self._start_next(task_id, project_id=task.project_id, ended=task if ended else None)
+            # The task queued next on its thread may start now, and its project has one
+            # running less.
+            self._publish_fair(task_id)
 
     def _fail(self, task: Task, attempt: int, reason: str) -> None:
         try:
@@ -151,33 +155,22 @@ class WorkerRuntime:
         except AttemptSuperseded:
             pass  # Another attempt has the task: its end is that attempt's to write.
 
-    def _start_next(
-        self, task_id: str, *, project_id: str | None = None, ended: Task | None = None
-    ) -> None:
-        """Hand the task waiting next on the thread to the workers, once this one ended
-        (``project_id``: the task's, when the caller has read it already; ``ended``: the
-        task's record as its attempt began, when the caller's run ended it: it is not read
-        again)."""
+    def _publish_fair(self, task_id: str) -> None:
+        """Publish the queued tasks to publish now, fairly between projects, up to
+        :attr:`publish_ahead` waiting for a worker (``Ledger.tasks_to_publish``)."""
         if self.publish is None:
             return
         try:
-            task = ended
-            if task is None:
-                project_id = project_id or self.ledger.task_owner(task_id)
-                task = (
-                    None
-                    if project_id is None
-                    else self.ledger.get_task(task_id, project_id=project_id)
-                )
-                if task is None or task.status not in FINISHED_STATUSES:
-                    return
-            waiting = next_on_thread(self.ledger, task.thread_id, project_id=task.project_id)
-            if waiting is not None:
-                self.publish(waiting, self.ledger.queue_for_workers(waiting))
+            for waiting in self.ledger.tasks_to_publish(
+                budget=self.publish_ahead,
+                exclude_project=LOCAL_PROJECT_ID,
+                max_running=self.max_running,
+            ):
+                dispatch = self.ledger.claim_for_workers(waiting)
+                if dispatch is not None:  # Else another process published it just now.
+                    self.publish(waiting, dispatch)
         except Exception:
-            log.warning(
-                "task %s: could not start the next task of its thread", task_id, exc_info=True
-            )
+            log.warning("task %s: could not publish the next tasks", task_id, exc_info=True)
 
 
 _RUNTIME: WorkerRuntime | None = None

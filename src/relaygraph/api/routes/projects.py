@@ -1,4 +1,5 @@
-"""``/v1/usage``: what the calling project's tasks used."""
+"""``/v1/usage``: what the calling project's tasks used; ``/v1/projects/me``: its quotas
+and what it uses now."""
 
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -6,7 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from relaygraph.api._errors import ErrorAnswer, error_responses
+from relaygraph.api._schemas import ProjectMe
 from relaygraph.api._state import ServiceState
+from relaygraph.api.ui._queries import project_me
 from relaygraph.store import Project
 
 __all__ = ["in_utc", "projects_router"]
@@ -15,9 +18,17 @@ _TIME: dict[str, Any] = {"format": "date-time"}
 
 
 def projects_router(state: ServiceState) -> APIRouter:
-    """``GET /v1/usage``: the project's own figures (a key speaks for one project)."""
+    """``GET /v1/usage`` and ``GET /v1/projects/me``: the project's own figures (a key
+    speaks for one project)."""
     router = APIRouter()
     ProjectDep = Annotated[Project, Depends(state.project_of)]
+
+    @router.get("/v1/projects/me", response_model=ProjectMe, responses=error_responses(401))
+    def me(project: ProjectDep) -> ProjectMe:
+        """The calling project: its quotas as they apply to it, and what it uses now."""
+        return project_me(
+            state.ledger(), state.settings.quotas, project_id=project.id, name=project.name
+        )
 
     @router.get("/v1/usage", responses=error_responses(401, 422))
     def usage(

@@ -41,7 +41,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         response_model=TaskOut,
         responses={
             202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
-            **error_responses(401, 404, 409, 413, 422, 503, 507),
+            **error_responses(401, 404, 409, 413, 422, 429, 503, 507),
         },
     )
     def create_task(
@@ -58,8 +58,12 @@ def tasks_router(state: ServiceState) -> APIRouter:
     ) -> TaskOut:
         """Submit a task (202): it runs when a worker is free.
 
-        With a broker, 202 means the broker has the task's id (503 ``broker_unavailable``:
-        it is recorded but not queued; a retry with the same ``Idempotency-Key`` queues it).
+        A project at its queued quota, or past its daily budget, gets 429 (``Retry-After``).
+
+        With a broker, 202 means the ledger has the task and the broker every id published
+        for it now (the next in the fair order, while few wait for a worker; the others are
+        published in turn). 503 ``broker_unavailable``: it is recorded but not published; a
+        retry with the same ``Idempotency-Key`` publishes it in its turn.
         """
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
@@ -100,6 +104,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
             ledger=state.ledger(),
             model_rules=state.model_rules,
             enqueue=state.dispatch().enqueue,
+            quotas=state.settings.quotas,
         )
         if not submitted.created and state.worker_mode and submitted.task.status == "queued":
             # A retry of a submission whose publish may have failed (503): publishing again

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from relaygraph.api.ui._sessions import COOKIE, DashboardSession, SessionStore
 from relaygraph.api.ui._settings import DashboardSettings
 from relaygraph.api.ui._templates import render
-from relaygraph.store import Ledger, Task
+from relaygraph.store import Ledger, Quotas, Task
 
 if TYPE_CHECKING:
     from relaygraph.api._dispatch import TaskDispatch
@@ -52,6 +52,7 @@ class Dashboard:
         sessions: Who is signed in.
         notices: Returns the worker mode's event listener (None in process): a task's
             live page wakes on its notices instead of polling the ledger.
+        quotas: The server's quotas of every project (the usage page shows a project's).
     """
 
     ledger: Callable[[], Ledger]
@@ -63,6 +64,7 @@ class Dashboard:
     notices: Callable[[], EventListener | None] = lambda: None
     streams: StreamGate | None = None
     """Admits a task page's live event stream (counted with the project's API streams)."""
+    quotas: Quotas = field(default_factory=Quotas)
 
     def session(self, request: Request) -> tuple[DashboardSession | None, bool]:
         """The request's live session, and whether one ran out of time.

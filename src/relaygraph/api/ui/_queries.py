@@ -20,7 +20,16 @@ from pydantic import BaseModel, Field
 from relaygraph._home import TASKS_FOLDER
 from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
-from relaygraph.store import EvalRunRecord, Event, Ledger, RecordNotFound, Task
+from relaygraph.api._schemas import ProjectMe, ProjectUsageOut, QuotasOut
+from relaygraph.store import (
+    EvalRunRecord,
+    Event,
+    Ledger,
+    Quotas,
+    RecordNotFound,
+    Task,
+    day_start,
+)
 
 MAX_SCAN = 1000
 """Most tasks one filtered page looks at before it answers (with the cursor to go on)."""
@@ -407,3 +416,24 @@ def artifact_response(data: bytes, name: str, *, download: bool) -> Response:
         headers["Content-Disposition"] = f'attachment; filename="{name}"'
         return Response(data, media_type="application/octet-stream", headers=headers)
     return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
+
+
+def project_me(ledger: Ledger, server: Quotas, *, project_id: str, name: str) -> ProjectMe:
+    """The project's quotas (the operator's for it over the server's, ``server``) and what
+    it uses of them now: what ``GET /v1/projects/me`` answers and the usage page shows."""
+    now = datetime.now(UTC)
+    quotas = server.overridden(ledger.project_quotas(project_id))
+    load = ledger.project_load(project_id, now=now)
+    return ProjectMe(
+        id=project_id,
+        name=name,
+        quotas=QuotasOut(
+            max_running=quotas.max_running,
+            max_queued=quotas.max_queued,
+            daily_cost_usd=quotas.daily_cost_usd,
+        ),
+        usage=ProjectUsageOut(
+            running=load.running, queued=load.queued, cost_today_usd=load.cost_today_usd
+        ),
+        day_started_at=day_start(now),
+    )

@@ -13,7 +13,7 @@ from fastapi.responses import RedirectResponse, Response
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api.ui._charts import Metric, usage_chart
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
-from relaygraph.api.ui._queries import EvalRunOut, daily_usage, eval_run
+from relaygraph.api.ui._queries import EvalRunOut, daily_usage, eval_run, project_me
 from relaygraph.api.ui._sessions import DashboardSession
 from relaygraph.store import EvalCaseRecord, EvalRunRecord
 
@@ -155,12 +155,19 @@ def report_router(dashboard: Dashboard) -> APIRouter:
         daily = daily_usage(dashboard.ledger(), session.project_id, since, until)
         metric: Metric = "cost_usd" if query.get("metric") == "cost" else "tokens"
         totals = dashboard.ledger().usage_for_project(session.project_id, since, until)
+        standing = project_me(
+            dashboard.ledger(),
+            dashboard.quotas,
+            project_id=session.project_id,
+            name=session.project_name,
+        )
         return dashboard.page(
             request,
             "usage.html",
             session,
             chart=usage_chart(daily, metric),
             totals=totals,
+            standing=standing,
             first=first,
             last=last,
             metric=metric,

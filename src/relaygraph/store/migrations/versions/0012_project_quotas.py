@@ -1,0 +1,41 @@
+"""A project's quotas, as the operator set them (``relaygraph projects quota``).
+
+``max_running``, ``max_queued`` and ``daily_cost_usd`` override the server's settings of the
+same names (``RELAYGRAPH_PROJECT_MAX_RUNNING`` and the like) for one project; NULL: the
+setting applies. Tasks get an index by project and start time: the fair queue goes first
+to the project whose last task started longest ago among those with as many running.
+
+Revision ID: 0012
+Revises: 0011
+Create Date: 2026-12-14
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0012"
+down_revision: str | Sequence[str] | None = "0011"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("projects") as batch:
+        batch.add_column(sa.Column("max_running", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("max_queued", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("daily_cost_usd", sa.Float(), nullable=True))
+    op.create_index(
+        "ix_tasks_project_id_started_at", "tasks", ["project_id", "started_at"], unique=False
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_tasks_project_id_started_at", table_name="tasks")
+    with op.batch_alter_table("projects") as batch:
+        batch.drop_column("daily_cost_usd")
+        batch.drop_column("max_queued")
+        batch.drop_column("max_running")
