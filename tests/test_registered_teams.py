@@ -120,9 +120,11 @@ def scripts(tmp_path: Path) -> Path:
 
 
 class Api:
-    def __init__(self, client: httpx.AsyncClient, app: Any, home: Path) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, app: Any, home: Path, ledger_url: str | None = None
+    ) -> None:
         self.client, self.app, self.home = client, app, home
-        self.ledger_url = f"sqlite:///{home / 'ledger.sqlite'}"
+        self.ledger_url = ledger_url or f"sqlite:///{home / 'ledger.sqlite'}"
 
     def key(self, name: str) -> str:
         with Ledger(self.ledger_url) as ledger:
@@ -158,7 +160,7 @@ async def serving(home: Path, scripts: Path, **settings: Any) -> AsyncIterator[A
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Api(client, app, home)
+            yield Api(client, app, home, settings.get("database_url"))
 
 
 @pytest.fixture
@@ -217,6 +219,72 @@ async def test_a_pushed_team_runs_a_task_with_its_own_agent(api: Api) -> None:
         teams.choose(project.id, "docs-review", None).team
         is teams.choose(project.id, "docs-review", 1).team
     )
+
+
+async def test_a_worker_builds_the_pushed_team_from_the_ledger_and_runs_it(
+    url: str, home: Path, scripts: Path, tools_module: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker (or another server process) builds a registered team from its definition in
+    the ledger: the agents come back in the order pushed, so it is the team the server built
+    and the task recorded, same digest. Agents named researcher, writer, reviewer are the
+    case: PostgreSQL's jsonb orders keys by length (writer, reviewer, researcher), which made
+    another digest, and the worker failed every such task as changed since it started."""
+    from relaygraph.runner import RunnerSettings, ServiceTeams, TaskRequest, submit_task
+    from relaygraph.worker import close_worker_runtime, run_ledger_task
+
+    pushed_order = ["researcher", "writer", "reviewer"]
+    body = definition()
+    body["agents"] = {
+        "researcher": body["agents"]["researcher"],
+        "writer": {"use": "builtin:writer"},
+        "reviewer": body["agents"]["reviewer"],
+    }
+    async with serving(home, scripts, database_url=url) as api:
+        key = api.key("acme")
+        pushed = await api.push(key, "docs-review", definition=body)
+        assert pushed.status_code == 201, pushed.text
+        version = pushed.json()
+        assert version["agents"] == pushed_order
+        shown = await api.client.get("/v1/teams/docs-review/versions/1", headers=auth(key))
+        assert list(shown.json()["definition"]["agents"]) == pushed_order
+        with Ledger(url) as ledger:
+            project = ledger.authenticate(key)
+            assert project is not None
+            # What the server records of a task on the team: the team it built from the push.
+            chosen = api.app.state.teams.choose(project.id, "docs-review", None)
+            assert chosen.team.digest == version["digest"]
+            task = submit_task(
+                TaskRequest(
+                    input="Review the checkpoint docs",
+                    team=chosen.team,
+                    team_version=chosen.version,
+                    trust_team=False,
+                    policy=chosen.policy,
+                    project_id=project.id,
+                    model=f"scripted:{scripts / 'review.json'}",
+                ),
+                ledger=ledger,
+            ).task
+
+    with Ledger(url) as ledger:
+        rebuilt = ServiceTeams(
+            ledger=ledger, settings=RunnerSettings(tool_modules=[TOOLS_MODULE]), home=home
+        ).resolve(task)
+        assert list(rebuilt.agent_names) == pushed_order
+        assert rebuilt.digest == version["digest"]
+
+        monkeypatch.setenv("RELAYGRAPH_DATABASE_URL", url)
+        monkeypatch.setenv("RELAYGRAPH_TOOL_MODULES", json.dumps([TOOLS_MODULE]))
+        monkeypatch.setenv("RELAYGRAPH_UNSAFE_SANDBOX", "true")
+        dispatch = ledger.queue_for_workers(task.id)
+        try:
+            run_ledger_task(task.id, dispatch)
+        finally:
+            close_worker_runtime()
+        ran = ledger.get_task(task.id, project_id=project.id)
+        assert ran is not None and ran.status == "succeeded", ran and ran.stop_reason
+        assert ran.team == {**chosen.record, "source": None}
+        assert "6 words" in (ran.answer or "")
 
 
 async def test_the_shipped_registrable_team_pushes_and_runs(home: Path, scripts: Path) -> None:

@@ -300,6 +300,33 @@ def test_registered_teams_are_versioned_per_project(ledger: Ledger) -> None:
         ledger.register_team("ghost", "x", definition={}, digest="sha256:x")
 
 
+# Agent names of three lengths, in an order that PostgreSQL's jsonb (keys by length, then
+# bytes) would make writer, reviewer, researcher.
+ORDERED_AGENTS = {
+    "agents": {
+        "researcher": {"use": "builtin:researcher"},
+        "writer": {"use": "builtin:writer"},
+        "reviewer": {"description": "reviews", "prompt": "Review it.", "handoffs": ["writer"]},
+    },
+    "topology": "swarm",
+}
+
+
+def test_a_registered_definition_reads_back_in_its_own_key_order(ledger: Ledger) -> None:
+    """The agents' order is the team's (its digest, a swarm's first agent): the ledger keeps
+    the definition as pushed, keys in their order, on every backend."""
+    project, _ = ledger.create_project("research")
+    ledger.register_team(
+        project.id, "docs-review", definition=ORDERED_AGENTS, digest="sha256:ordered"
+    )
+    found = ledger.team_version(project.id, "docs-review")
+    assert found is not None
+    assert list(found.definition["agents"]) == ["researcher", "writer", "reviewer"]
+    assert json.dumps(found.definition) == json.dumps(ORDERED_AGENTS)
+    (listed,) = ledger.teams(project.id)
+    assert list(listed.definition) == ["agents", "topology"]
+
+
 def test_concurrent_pushes_number_versions_without_gaps(ledger: Ledger) -> None:
     project, _ = ledger.create_project("research")
     start = threading.Barrier(6)
@@ -1089,6 +1116,63 @@ def test_usage_records_migration_keeps_each_roles_totals(url: str) -> None:
         if isinstance(visits, str):
             visits = json.loads(visits)
         assert visits == ["coder:b", "coder:before-0011"]
+    finally:
+        engine.dispose()
+
+
+def test_team_definition_migration_keeps_registered_versions(url: str) -> None:
+    """0013 stores a registered team's definition as JSON text (``json`` on PostgreSQL, in
+    place of ``jsonb``): a version stored before it keeps its row, in the order the ledger
+    held it, and the same file pushed again is a new version when that order lost the
+    agents' own (PostgreSQL), no change when it did not (SQLite)."""
+    from relaygraph.store._migrate import downgrade_engine, upgrade_engine
+
+    with Ledger(url) as ledger:
+        ledger.upgrade()
+        project, _ = ledger.create_project("research")
+    engine = create_engine(url)
+    try:
+        downgrade_engine(engine, "0012")
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO team_versions (project_id, name, version, definition, digest, "
+                    "created_at) VALUES (:project, 'docs-review', 1, :definition, "
+                    "'sha256:pushed', :now)"
+                ),
+                {
+                    "project": project.id,
+                    "definition": json.dumps(ORDERED_AGENTS),
+                    "now": datetime.now(UTC),
+                },
+            )
+        upgrade_engine(engine)
+        (column,) = [
+            c for c in inspect(engine).get_columns("team_versions") if c["name"] == "definition"
+        ]
+        assert type(column["type"]).__name__ == "JSON"
+    finally:
+        engine.dispose()
+    postgres = url.startswith("postgresql")
+    stored_order = (
+        ["writer", "reviewer", "researcher"] if postgres else list(ORDERED_AGENTS["agents"])
+    )
+    with Ledger(url) as ledger:
+        old = ledger.team_version(project.id, "docs-review")
+        assert old is not None and (old.version, old.digest) == (1, "sha256:pushed")
+        assert list(old.definition["agents"]) == stored_order
+        assert old.definition["agents"]["reviewer"]["handoffs"] == ["writer"]
+        again, created = ledger.register_team(
+            project.id, "docs-review", definition=ORDERED_AGENTS, digest="sha256:pushed"
+        )
+        assert created is postgres and again.version == (2 if postgres else 1)
+        assert list(again.definition["agents"]) == ["researcher", "writer", "reviewer"]
+    engine = create_engine(url)
+    try:
+        downgrade_engine(engine, "0012")
+        with engine.connect() as connection:
+            kept = connection.execute(text("SELECT count(*) FROM team_versions")).scalar_one()
+        assert kept == (2 if postgres else 1)
     finally:
         engine.dispose()
 

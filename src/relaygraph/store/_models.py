@@ -42,6 +42,10 @@ NAMING = {
 # JSONB on PostgreSQL (indexable, validated), JSON text on SQLite. A Python None is stored
 # as SQL NULL rather than JSON null, so "no policy" reads the same on both.
 JSONValue = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# JSON text on every backend (``json`` on PostgreSQL keeps the text as written), for a
+# document whose key order means something: jsonb orders an object's keys by length, then
+# bytes, so a team's agents would read back in another order (and make another team).
+OrderedJSON = JSON(none_as_null=True)
 # Row ids that PostgreSQL may count past 2**31; SQLite only auto-increments INTEGER keys.
 RowId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -169,8 +173,9 @@ class TeamVersionRow(Base):
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(64))
     version: Mapped[int] = mapped_column(Integer)
-    # The team file's content as pushed (JSON), which builds the team again for any task.
-    definition: Mapped[dict[str, Any]]
+    # The team file's content as pushed (JSON), which builds the team again for any task:
+    # in its own key order, which is the agents' order.
+    definition: Mapped[dict[str, Any]] = mapped_column(OrderedJSON)
     # Team.digest: equal digests, equal teams; a push with the latest's digest is no change.
     digest: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime]

@@ -34,7 +34,8 @@ class TeamsLedger(LedgerBase):
             name: The team's name, as tasks name it.
             definition: The team file's content, as a JSON object.
             digest: The built team's digest (``Team.digest``): when it is the latest
-                version's, nothing is written.
+                version's, and the latest lists the agents in the same order, nothing is
+                written.
 
         Returns:
             The version, and True when this call made it (False: the latest version is
@@ -53,7 +54,11 @@ class TeamsLedger(LedgerBase):
                     if session.get(ProjectRow, project_id) is None:
                         raise RecordNotFound("project", project_id)
                     latest = _team_versions.latest(session, project_id, name)
-                    if latest is not None and latest.digest == digest:
+                    if (
+                        latest is not None
+                        and latest.digest == digest
+                        and _agent_order(latest.definition) == _agent_order(stored)
+                    ):
                         return snapshot(TeamVersion, latest), False
                     row = TeamVersionRow(
                         project_id=project_id,
@@ -93,3 +98,14 @@ class TeamsLedger(LedgerBase):
         with self._read() as session:
             rows = _team_versions.latest_of_each(session, project_id)
             return [snapshot(TeamVersion, row) for row in rows]
+
+
+def _agent_order(definition: Mapping[str, Any]) -> list[str]:
+    """The agents a definition names, in its order.
+
+    The digest covers their order already, but a version stored in PostgreSQL's jsonb
+    before revision 0013 lost it and kept the digest of the team as pushed: its agents'
+    order tells such a version from the same file pushed again.
+    """
+    agents = definition.get("agents")
+    return list(agents) if isinstance(agents, Mapping) else []
