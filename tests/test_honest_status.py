@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -253,3 +257,56 @@ def test_a_policy_may_require_citations_but_not_drop_them() -> None:
     assert required.finalize.citations == "required"
     with pytest.raises(ConfigError, match=r"finalize\.citations = 'auto' is less strict"):
         tighten(required, {"finalize": {"citations": "auto"}})
+
+
+def _relaygraph_run(home: Path, topology: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RELAYGRAPH_HOME": str(home), "COLUMNS": "400"}
+    specs = [
+        a for role, spec in _models(topology).items() for a in ("--agent-model", f"{role}={spec}")
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "relaygraph.cli", "run", "When are checkpoints written?",
+         "--topology", topology, *specs, *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("topology", "script"),
+    [
+        pytest.param("structured", {"supervisor": [ROUTED, FINISHED]}, id="structured"),
+        pytest.param(
+            "swarm",
+            {"researcher": [{"tool_calls": [{"name": "transfer_to_writer", "args": {
+                "task": "write it", "reason": "a report"}}]}]},
+            id="swarm",
+        ),
+        pytest.param("supervisor-tools", {"supervisor": [TRANSFER]}, id="supervisor-tools"),
+    ],
+)  # fmt: skip
+def test_a_failed_agent_call_that_leaves_no_answer_fails_the_run_said_once(
+    home: Path, serve: Any, topology: str, script: dict[str, Any]
+) -> None:
+    """An agent's model call fails (the server answers 500 to every try) and no agent's
+    work is left to answer from: ``relaygraph run`` ends ``failed`` with exit code 1, not
+    ``degraded`` with exit 0 and the failure's text as the answer, and prints the failure
+    once on stderr (its event), not a second time through the log."""
+    failing = "writer" if topology == "swarm" else "researcher"
+    script = {**script, failing: [{"content": "never played"}]}
+    faults = Faults(sequence=["500"] * 9, kinds=(), models=frozenset({f"script-{failing}"}))
+    with serve(script, faults):
+        proc = _relaygraph_run(home, topology, "--json")
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["status"] == "failed"
+    assert result["answer"] is None
+    assert result["stop_reason"].startswith(f"model_error: {failing}: HTTP 500: ")
+    # The event's line ("model call failed (researcher, spec): ..."), and no log line
+    # ("model call of 'researcher' (spec) failed: ...") beside it.
+    said = [
+        line
+        for line in proc.stderr.splitlines()
+        if "model call failed (" in line or "model call of " in line
+    ]
+    assert len(said) == 1, proc.stderr
+    assert f"model call failed ({failing}, " in said[0]

@@ -142,9 +142,12 @@ def on_ping_pong(
 
 def closing_answer(state: TeamState) -> tuple[str, Visit | None]:
     """The answer when no model writes one, and the visit it came from: the last result an
-    agent finished with, else the last visit's output; never a failed model call's text,
-    which is no result. With none, the placeholder :data:`NO_RESULT` (a non-answer)."""
-    visits = [v for v in _prompts.turn_visits(state) if v["ended"] != "model_error"]
+    agent finished with, else the last text of a visit cut short (a budget); never a failed
+    model call's text or a handoff's note, which are no results. With none, the
+    placeholder :data:`NO_RESULT` (a non-answer)."""
+    visits = [
+        v for v in _prompts.turn_visits(state) if v["ended"] not in ("model_error", "handed_off")
+    ]
     finished = [v for v in visits if v["ended"] == "finished" and v["output"].strip()]
     if finished:
         return finished[-1]["output"], finished[-1]
