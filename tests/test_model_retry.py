@@ -269,7 +269,9 @@ def test_a_malformed_200_ends_a_swarm_as_a_500_does(
         topology=Topology.parse("swarm"),
     )
     # The same ending for both (it failed the whole task on a malformed 200): the failed
-    # call is named, with its role and the server's answer.
-    assert result.status == "degraded"
+    # call is named, with its role and the server's answer. No agent's work is left to
+    # answer from, so the task failed.
+    assert result.status == "failed"
+    assert result.answer is None
     assert result.stop_reason is not None
     assert result.stop_reason.startswith("model_error: researcher: HTTP ")

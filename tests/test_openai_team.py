@@ -277,21 +277,37 @@ def test_the_team_goes_on_after_an_agents_failed_call(
     home: Path, openai_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The researcher's call fails (llama-cpp-python refuses content null): it is barred,
-    the supervisor routes on to the writer, and the task ends degraded, saying why."""
+    the supervisor routes on to the writer (whose spec sends content ""), which is not
+    given the failure as the researcher's result; the writer's work stands, and the task
+    ends degraded, saying why. When every agent's call fails, the task failed."""
     script = json.loads(EXAMPLE_RELAY.read_text())
     events: list[dict[str, Any]] = []
     with serve_script(script, profile=LLAMA_CPP_PYTHON) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        specs = _specs(ROLES) | {"writer": "openai:script-writer?tool_call_content=empty"}
         result = run_task(
-            "When are checkpoints written?", agent_models=_specs(ROLES), on_event=events.append
+            "When are checkpoints written?", agent_models=specs, on_event=events.append
         )
-    assert result.status == "degraded"
-    assert (result.stop_reason or "").startswith("model_error: ")
+        writer = [r for r in server.requests if r["model"] == "script-writer"]
+        supervisor = [r for r in server.requests if r["model"] == "script-supervisor"]
+    assert result.status == "degraded", result.stop_reason
+    assert (result.stop_reason or "").startswith("model_error: researcher: HTTP 500: ")
     assert result.agents_run[:2] == ["researcher", "writer"]
     finished = [e for e in events if e["type"] == "agent_finished"]
     assert finished[0]["ended"] == "model_error"
     assert finished[0]["output"].startswith("Its model call failed: HTTP 500: ")
     assert result.answer
+    # The writer is given no result of the researcher's (its failure is none); the
+    # supervisor sees that the researcher's call failed.
+    assert "model call failed" not in json.dumps(writer[0]["messages"]).lower()
+    assert any("(no result: Its model call failed: HTTP 500" in json.dumps(r) for r in supervisor)
+
+    with serve_script(script, profile=LLAMA_CPP_PYTHON) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        failed = run_task("When are checkpoints written?", agent_models=_specs(ROLES))
+    assert failed.status == "failed"
+    assert failed.answer is None
+    assert (failed.stop_reason or "").startswith("model_error: ")
 
 
 def test_tool_supervisor_on_a_server_that_rejects_parallel_tool_calls(

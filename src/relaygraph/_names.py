@@ -15,6 +15,7 @@ __all__ = [
     "FINALIZE",
     "FINISH",
     "HANDOFF_PREFIX",
+    "NO_RESULT",
     "PRIOR_CALLS_KEY",
     "REPLAYS_BY_POSITION",
     "RESERVED_NAMES",
@@ -34,6 +35,9 @@ HANDOFF_PREFIX: Final = "transfer_to_"
 """Every transfer tool is named ``transfer_to_<agent>``."""
 ANSWER_NAME: Final = "relaygraph"
 """The ``name`` of the team's answer message in the thread's conversation."""
+NO_RESULT: Final = "The team produced no result"
+"""How the placeholder answer of a request no agent gave a result for begins: an answer
+that begins so is no answer (``relaygraph.supervisor._verdict.non_answer``)."""
 RESERVED_NAMES = frozenset({SUPERVISOR, FINALIZE, FINISH, BEGIN, "__start__", "__end__"})
 """Names an agent may not take: the team graph's own nodes and routes, LangGraph's ends."""
 

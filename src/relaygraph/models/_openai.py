@@ -122,15 +122,20 @@ def learned_structured_method(base_url: str | None, model: str) -> StructuredMet
         return _learned.get((base_url or OPENAI_API, model))
 
 
-def emit_event(event: Mapping[str, Any]) -> None:
-    """Send ``event`` to the running task's event stream; nothing outside a task."""
+def emit_event(event: Mapping[str, Any]) -> bool:
+    """Send ``event`` to the running task's event stream; nothing outside a task.
+
+    Returns:
+        Whether a task's stream took it.
+    """
     from langgraph.config import get_stream_writer
 
     try:
         writer = event_sink() or get_stream_writer()
     except (RuntimeError, KeyError):
-        return  # Not inside a graph run (a bare model call, `relaygraph doctor`).
+        return False  # Not inside a graph run (a bare model call, `relaygraph doctor`).
     writer(event)
+    return True
 
 
 def rejects(method: StructuredMethod, error: ModelCallError) -> bool:
@@ -400,8 +405,11 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         return said
 
     def _report(self, error: ModelCallError) -> None:
-        log.warning("%s", error)
-        emit_event(error.to_event())
+        # Said once: a task's stream carries the failure to whoever watches it (the CLI
+        # prints its event), so the log repeats it only at INFO; outside a task, the log
+        # is the only report beside the raised error.
+        delivered = emit_event(error.to_event())
+        log.log(logging.INFO if delivered else logging.WARNING, "%s", error)
 
     def _retried(self, note: RetryNote) -> None:
         """A retry of this model's call, reported by the HTTP client (which other models

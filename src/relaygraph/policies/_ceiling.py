@@ -37,6 +37,8 @@ TEAM_LIMIT_NAMES = ("max_agent_runs", "max_tokens", "max_cost_usd", "max_seconds
 # is told about lets the work go on; finalize stops it; human stops it until a person says.
 _ON_EXHAUSTED = ("finalize", "fail")
 _ON_DETECT = ("supervisor", "finalize", "human")
+# Citations required of every model hold a task to more than on the embedded model only.
+_CITATIONS = ("auto", "required")
 
 N = TypeVar("N", int, float)
 S = TypeVar("S", bound=str)
@@ -120,6 +122,7 @@ def loosenings(policy: TeamPolicy, ceiling: PolicyCeiling, *, whose: str) -> lis
     for key, order, new_mode, old_mode in (
         ("team.on_exhausted", _ON_EXHAUSTED, policy.team.on_exhausted, top.team.on_exhausted),
         ("ping_pong.on_detect", _ON_DETECT, policy.ping_pong.on_detect, top.ping_pong.on_detect),
+        ("finalize.citations", _CITATIONS, policy.finalize.citations, top.finalize.citations),
     ):
         if order.index(new_mode) < order.index(old_mode):
             add(key, f"= {new_mode!r} is less strict than {whose} {old_mode!r}")
@@ -168,8 +171,8 @@ def loosenings(policy: TeamPolicy, ceiling: PolicyCeiling, *, whose: str) -> lis
 def meet(policy: TeamPolicy, ceiling: PolicyCeiling) -> TeamPolicy:
     """The policy that allows, key by key, only what both ``policy`` and ``ceiling`` allow:
     the lower budget, the stricter reaction at a limit, the tools and peers both give, every
-    approval either requires, and every price at least the ceiling's. ``finalize.answer`` is
-    no limit: ``policy``'s own stands.
+    approval either requires, every price at least the ceiling's, and citations required
+    where either requires them. ``finalize.answer`` is no limit: ``policy``'s own stands.
 
     Returns:
         ``policy`` itself when the ceiling takes nothing from it; else the met policy, whose
@@ -199,11 +202,16 @@ def meet(policy: TeamPolicy, ceiling: PolicyCeiling) -> TeamPolicy:
             if floor is None
             else Price(input=max(own.input, floor.input), output=max(own.output, floor.output))
         )
+    finalize = dataclasses.replace(
+        policy.finalize,
+        citations=_stricter(_CITATIONS, policy.finalize.citations, top.finalize.citations),
+    )
     met = dataclasses.replace(
         policy,
         agents=MappingProxyType(agents),
         team=team,
         ping_pong=ping_pong,
+        finalize=finalize,
         prices=MappingProxyType(prices),
     )
     if met == policy:

@@ -58,6 +58,7 @@ class _PingPong(BaseModel):
 class _Finalize(BaseModel):
     model_config = _STRICT
     answer: Literal["last_reply", "model"] = _default(FinalizePolicy, "answer")
+    citations: Literal["auto", "required"] = _default(FinalizePolicy, "citations")
 
 
 class _Agent(BaseModel):
@@ -260,7 +261,7 @@ def parse_policy(
         ping_pong=PingPongPolicy(
             max_bounces=parsed.ping_pong.max_bounces, on_detect=parsed.ping_pong.on_detect
         ),
-        finalize=FinalizePolicy(answer=parsed.finalize.answer),
+        finalize=FinalizePolicy(answer=parsed.finalize.answer, citations=parsed.finalize.citations),
         prices=MappingProxyType(
             {model: Price(input=p.input, output=p.output) for model, p in parsed.prices.items()}
         ),

@@ -12,6 +12,7 @@ from relaygraph.errors import ConfigError
 OnExhausted = Literal["finalize", "fail"]
 OnDetect = Literal["finalize", "supervisor", "human"]
 FinalAnswer = Literal["last_reply", "model"]
+Citations = Literal["auto", "required"]
 LIMIT_NAMES = ("max_model_calls", "max_tool_calls", "max_tokens", "max_cost_usd", "max_seconds")
 
 
@@ -80,6 +81,11 @@ class FinalizePolicy:
     answer only when the task stopped early or the last visit gave no reply. ``model``:
     finalize's model writes every answer from the results (one more model call per request).
     """
+    citations: Citations = "auto"
+    """Whether the answer to a request about the docs must cite a document the run's tools
+    showed (``[doc_id]``), else the task is ``degraded`` with an ``ungrounded:`` reason.
+    ``required``: on any model; ``auto``: when some role runs on the embedded model
+    (``local:``), whose answers are built to cite."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -64,6 +64,15 @@ def summarize(
     }
 
 
+def citations_checked(policy: TeamPolicy, models: Mapping[str, str]) -> bool:
+    """Whether the run's answer to a docs question must cite what its tools showed: the
+    policy's ``finalize.citations`` is ``required``, or ``auto`` with some role on the
+    embedded model (``local:``), whose answers are built to cite."""
+    if policy.finalize.citations == "required":
+        return True
+    return any(spec.startswith("local:") for spec in models.values())
+
+
 def honest_status(
     status: str,
     stop_reason: str | None,
@@ -74,21 +83,25 @@ def honest_status(
     transcripts: Sequence[Any] = (),
     grounding: bool = False,
 ) -> tuple[str, str | None]:
-    """``succeeded`` only for a run that did real work and said something: some agent ran,
-    and the team's answer is not empty. A supervisor that says FINISH at once, or a prebuilt
-    supervisor that answers itself, did no work the team exists for; a blank answer answers
-    nothing. Either is ``degraded``, with the reason.
+    """``succeeded`` only for a run that did real work and answered: some agent ran, and
+    the team's answer is an answer (``relaygraph.supervisor.non_answer``: not empty, not
+    the placeholder of no result). A supervisor that says FINISH at once, or a prebuilt
+    supervisor that answers itself, did no work the team exists for. Either is
+    ``degraded``, with the reason. (A cut or broken final reply was judged where the reply
+    was in hand, by the topology's closing step, with the same function.)
 
-    With ``grounding``, a request about the docs must also be answered with a citation of a
-    document the run's tools showed (``models.local.ungrounded_reason``), else ``degraded``
-    with ``ungrounded: ...``.
+    With ``grounding`` (:func:`citations_checked`), a request about the docs must also be
+    answered with a citation of a document the run's tools showed
+    (``models.local.ungrounded_reason``), else ``degraded`` with ``ungrounded: ...``.
     """
+    from relaygraph.supervisor import non_answer
+
     if status != "succeeded":
         return status, stop_reason
     if not summary.get("agents_run"):
         return "degraded", "no agent ran: the team answered without doing any work"
-    if not (answer or "").strip():
-        return "degraded", "no answer: the team's final answer is empty"
+    if (why := non_answer(answer)) is not None:
+        return "degraded", why
     if grounding:
         from relaygraph.models.local import ungrounded_reason
 

@@ -32,6 +32,7 @@ from relaygraph.runner._inline_saves import saves_inline
 from relaygraph.runner._lease import AttemptWatch
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._summary import (
+    citations_checked,
     honest_status,
     summarize,
     waiting_violations,
@@ -249,10 +250,7 @@ class TaskRun:
             transcripts=[
                 m for v in state.get("visits", []) if v["turn"] == turn for m in v["messages"]
             ],
-            # Checked on the embedded model, whose answers the grounding mechanism
-            # builds: a docs question answered there without a citation of a document
-            # the run read is not a success. (Other models: see the closing note.)
-            grounding=any(spec.startswith("local:") for spec in self.recorded.values()),
+            grounding=citations_checked(self.policy, self.recorded),
         )
         try:
             artifacts = sorted(p.name for p in self.context.artifacts.iterdir() if p.is_file())

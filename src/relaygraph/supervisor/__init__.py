@@ -10,6 +10,7 @@ from relaygraph.supervisor._accounting import in_flight_records
 from relaygraph.supervisor._graph import build_team, draw_team
 from relaygraph.supervisor._route import Route, RouteDecision, route_model, route_next_agent
 from relaygraph.supervisor._state import TeamState, Usage, Visit
+from relaygraph.supervisor._verdict import non_answer
 
 __all__ = [
     "FINALIZE",
@@ -23,6 +24,7 @@ __all__ = [
     "build_team",
     "draw_team",
     "in_flight_records",
+    "non_answer",
     "route_model",
     "route_next_agent",
 ]

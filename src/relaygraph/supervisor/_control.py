@@ -9,14 +9,15 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
-from relaygraph._names import ANSWER_NAME, FINALIZE, SUPERVISOR
+from relaygraph._names import ANSWER_NAME, FINALIZE, NO_RESULT, SUPERVISOR
 from relaygraph.events import event_sink, final_event, ping_pong_request
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_team_budget, day_budget_of
 from relaygraph.policies.pingpong import PingPong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._state import TeamState, ending_status
+from relaygraph.supervisor._state import TeamState, Visit
+from relaygraph.supervisor._verdict import closing_verdict, source_message
 
 _STEP_MARGIN = 3
 """Steps kept in reserve below the recursion limit: enough to reach finalize and end."""
@@ -139,33 +140,45 @@ def on_ping_pong(
     )
 
 
-def closing_answer(state: TeamState) -> str:
-    """The answer when no model writes one: the last result an agent finished with."""
-    visits = _prompts.turn_visits(state)
+def closing_answer(state: TeamState) -> tuple[str, Visit | None]:
+    """The answer when no model writes one, and the visit it came from: the last result an
+    agent finished with, else the last text of a visit cut short (a budget); never a failed
+    model call's text or a handoff's note, which are no results. With none, the
+    placeholder :data:`NO_RESULT` (a non-answer)."""
+    visits = [
+        v for v in _prompts.turn_visits(state) if v["ended"] not in ("model_error", "handed_off")
+    ]
     finished = [v for v in visits if v["ended"] == "finished" and v["output"].strip()]
     if finished:
-        return finished[-1]["output"]
+        return finished[-1]["output"], finished[-1]
     if visits and visits[-1]["output"].strip():
-        return visits[-1]["output"]
-    return "The team produced no result."
+        return visits[-1]["output"], visits[-1]
+    return f"{NO_RESULT}.", visits[-1] if visits else None
 
 
 def make_closing() -> Any:
     """``finalize`` for the topologies without a finalize model (swarm, supervisor-tools).
 
     The answer is the one the graph already has (the tool supervisor's last message), else
-    the last result an agent finished with; a stop reason is reported as in the structured
-    team, and ``on_exhausted = "fail"`` gives no answer.
+    the last result an agent finished with; a non-answer (``closing_verdict``) is not a
+    success, a stop reason is reported as in the structured team, and a failed run
+    (``on_exhausted = "fail"``, a failed model call with no answer) gives no answer.
     """
 
     def finalize(state: TeamState) -> dict[str, Any]:
         from langchain_core.messages import AIMessage
         from langgraph.config import get_stream_writer
 
-        status = ending_status(state)
-        answer = None if status == "failed" else state.get("answer") or closing_answer(state)
-        (event_sink() or get_stream_writer())(final_event(status, answer, state.get("stop_reason")))
-        update: dict[str, Any] = {"answer": answer, "status": status}
+        answer: str | None = state.get("answer")
+        source = None
+        if not answer:
+            answer, visit = closing_answer(state)
+            source = source_message(visit)
+        status, stop_reason = closing_verdict(state, answer, source)
+        if status == "failed":
+            answer = None
+        (event_sink() or get_stream_writer())(final_event(status, answer, stop_reason))
+        update: dict[str, Any] = {"answer": answer, "status": status, "stop_reason": stop_reason}
         messages = state.get("messages", [])
         if answer is not None and not (messages and messages[-1].text == answer):
             update["messages"] = [AIMessage(content=answer, name=ANSWER_NAME)]

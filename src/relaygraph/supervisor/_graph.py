@@ -31,6 +31,7 @@ from relaygraph.supervisor._agent_node import agent_nodes
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
 from relaygraph.supervisor._route import Route, RouteDecision, route_next_agent
 from relaygraph.supervisor._state import TeamState, Violation, Visit, ending_status
+from relaygraph.supervisor._verdict import closing_verdict, failed_calls_only, source_message
 from relaygraph.topology import Topology
 
 
@@ -310,9 +311,13 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         status = ending_status(state)
         stop_reason = state.get("stop_reason")
         emit = event_sink() or get_stream_writer()
-        if status == "failed":  # on_exhausted = "fail": no answer from a partial result.
+        if status != "failed" and failed_calls_only(_prompts.turn_visits(state)):
+            # Every agent that was given work failed its model call: there is nothing to
+            # answer from, and an answer written anyway would only say so.
+            status = "failed"
+        if status == "failed":  # Nothing to answer from (on_exhausted = "fail", above).
             emit(final_event(status, None, stop_reason))
-            return {"answer": None, "status": status}
+            return {"answer": None, "status": status, "stop_reason": stop_reason}
         # A model that writes the answer itself (the embedded model cites its sources
         # there) is always asked; any other is asked only when the policy says so.
         reply_answer = None if writes_final_answer(model) else _last_reply_answer(state, policy)
@@ -344,6 +349,11 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
                 else "no answer: finalize wrote no text"
                 + (" (it called a tool, which it may not)" if violations else "")
             )
+        status, stop_reason = closing_verdict(
+            {**state, "status": status, "stop_reason": stop_reason}, answer, reply
+        )
+        if status == "failed":
+            answer = None
         totals = replies_usage([reply], policy, seconds=time.monotonic() - started)
         usage = acc.announce_usage(
             acc.usage_record(acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, [reply])
@@ -372,8 +382,9 @@ def writes_final_answer(model: BaseChatModel) -> bool:
 def _reply_answered(state: TeamState, answer: str) -> dict[str, Any]:
     """The run's end with the last agent's reply as its answer (a writer's deliverable),
     without a model call: the ``final`` event, and the update that records it."""
-    status = ending_status(state)
-    stop_reason = state.get("stop_reason")
+    visits = _prompts.turn_visits(state)
+    source = source_message(visits[-1] if visits else None)
+    status, stop_reason = closing_verdict(state, answer, source)
     (event_sink() or get_stream_writer())(final_event(status, answer, stop_reason))
     return {
         "answer": answer,

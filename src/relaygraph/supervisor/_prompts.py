@@ -49,6 +49,10 @@ def results_text(
     be repeated on each. ``assignment`` is the task of the agent that reads them, whose
     own task a peer's handoff note need not repeat (see :func:`_handoff_note`).
     """
+    if not with_tasks:
+        # A failed model call is no result: an agent is not given its error as work
+        # (the supervisor and finalize see that it failed, and why).
+        visits = [v for v in visits if v["ended"] != "model_error"]
     if not visits:
         return "Results so far: none yet."
     shown = visits[-MAX_RESULTS_SHOWN:]
@@ -76,6 +80,8 @@ def _handoff_note(
     is the agent reading it (its own task heads its message): there the note says
     ``Handed off to <peer>.`` and the task is sent once.
     """
+    if visit["ended"] == "model_error":
+        return f"(no result: {visit['output']})"
     if visit["ended"] != "handed_off":
         return visit["output"]
     if following is not None and with_tasks and following["source"] == visit["agent"]:
@@ -185,7 +191,7 @@ def agent_input(state: TeamState, assignment: Assignment) -> str:
     heading = "Task" if source == SUPERVISOR else f"Task (from {source})"
     text = f"{heading}: {assignment['task']}\n\n"
     text += f"{history_text(state)}Request: {state.get('request', '')}"
-    visits = turn_visits(state)
+    visits = [v for v in turn_visits(state) if v["ended"] != "model_error"]
     results = results_text(visits, with_tasks=False, assignment=assignment)
     return f"{text}\n\n{results}" if visits else text
 

@@ -63,6 +63,7 @@ from relaygraph.supervisor._control import (
     visits_spent,
 )
 from relaygraph.supervisor._state import TeamState, ToolsTeamState, Violation
+from relaygraph.supervisor._verdict import non_answer
 from relaygraph.topology import Topology
 
 # langgraph_supervisor's marker for a handoff tool (langgraph_supervisor.handoff
@@ -398,7 +399,12 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
             refusals, violations = _refuse_calls(reply, tools, config, state.get("turn", 0))
             return {"usage": [usage], "messages": refusals, "violations": violations}
         _emit_route(config, state, FINISH, "", "the supervisor answered", policy)
-        return _to_parent(state, config, FINALIZE, {"usage": [usage], "answer": reply.text})
+        update: dict[str, Any] = {"usage": [usage], "answer": reply.text}
+        # Whether the reply answers (not cut, not a broken call) only the reply tells:
+        # finalize gets its text alone.
+        if (why := non_answer(reply.text, reply)) is not None and not state.get("status"):
+            update |= {"status": "degraded", "stop_reason": why}
+        return _to_parent(state, config, FINALIZE, update)
 
     return before_model, after_model
 

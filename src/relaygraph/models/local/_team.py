@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relaygraph._names import FINISH
+from relaygraph._names import FINISH, NO_RESULT
 from relaygraph.models.local._grounding import Passage, cited_passages, keywords, rank_passages
 from relaygraph.models.local._schema import grammar_safe
 
@@ -365,7 +365,7 @@ class FinalAnswer:
             )
             text = f"No agent cited a document for this. What the agents reported:\n{shown}"
         else:
-            text = "The team produced no result for this request."
+            text = f"{NO_RESULT} for this request."
         if team.stopped:
             text += f"\n\nThe team stopped early: {team.stopped}"
         return text
