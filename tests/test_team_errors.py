@@ -208,3 +208,96 @@ def test_the_mcp_allowlist_takes_hosts_and_host_ports(entry: str, good: bool) ->
     else:
         with pytest.raises(ValidationError, match="is not a host or host:port"):
             RunnerSettings(mcp_allowed_hosts=[entry])
+
+
+# Tool contracts (issue 43): each tool's JSON schema is built with the team, and a tool whose
+# arguments the model could not be told of is refused there, naming agent, tool, parameter
+# and fix, not at the first model call.
+
+
+class Plain:
+    """A class with no JSON schema."""
+
+
+def takes_a_plain_class(draft: Plain) -> str:
+    """Check a draft."""
+    return ""
+
+
+def untyped(draft, k: int = 3):  # type: ignore[no-untyped-def]
+    """Check a draft."""
+    return ""
+
+
+def star_args(*drafts: str) -> str:
+    """Check drafts."""
+    return ""
+
+
+def star_kwargs(draft: str, **options: str) -> str:
+    """Check a draft."""
+    return ""
+
+
+async def async_untyped(draft):  # type: ignore[no-untyped-def]
+    """Check a draft."""
+    return ""
+
+
+CONTRACTS = [
+    (takes_a_plain_class, "parameter 'draft' has type Plain, which has no JSON schema",
+     "give it a type the model can write"),
+    (untyped, "parameter 'draft' has no type", "annotate it (for example draft: str)"),
+    (star_args, "takes *drafts", "give the tool an explicit args_schema"),
+    (star_kwargs, "takes **options", "list the arguments as typed parameters"),
+    (async_untyped, "parameter 'draft' has no type", "annotate it"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("function", "what", "fix"), CONTRACTS, ids=[c[0].__name__ for c in CONTRACTS]
+)
+def test_a_tool_contract_is_checked_when_the_team_is_built(
+    function: Any, what: str, fix: str
+) -> None:
+    from relaygraph.agents import Agent
+    from relaygraph.team import Team
+
+    agent = Agent(name="reviewer", description="d", prompt="p", tools=[function])
+    with pytest.raises(ConfigError) as raised:
+        Team(agents=[agent])
+    message = str(raised.value)
+    assert message.startswith(f"agent 'reviewer': tool '{function.__name__}': "), message
+    assert what in message and fix in message
+
+
+def test_a_schema_given_explicitly_is_taken_as_it_is() -> None:
+    from langchain_core.tools import StructuredTool
+    from pydantic import BaseModel
+
+    from relaygraph.agents import Agent
+    from relaygraph.team import Team
+
+    class Drafts(BaseModel):
+        drafts: list[str]
+
+    given = StructuredTool.from_function(
+        star_args, name="check", description="Check drafts.", args_schema=Drafts
+    )
+    team = Team(agents=[Agent(name="reviewer", description="d", prompt="p", tools=[given])])
+    assert "drafts" in team.describe()["agents"][0]["tools"][0]["args"]["properties"]
+
+
+def test_a_team_file_names_the_tools_key_of_a_bad_contract(tmp_path: Path) -> None:
+    (tmp_path / "tools.py").write_text(
+        'class Plain: ...\ndef check(draft: Plain) -> str:\n    """Check."""\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "team.toml").write_text(
+        '[agents.reviewer]\ndescription = "d"\nprompt = "p"\ntools = ["./tools.py:check"]\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(TeamFileError) as raised:
+        load_team(tmp_path / "team.toml")
+    assert (raised.value.table, raised.value.key) == ("agents.reviewer", "tools")
+    assert "tool 'check': parameter 'draft' has type Plain" in str(raised.value)

@@ -400,9 +400,14 @@ tools = ["./tools.py:shout"]
         ledger.close()
     described = team.describe()
     shouter = next(a for a in described["agents"] if a["name"] == "shouter")
-    assert shouter["tools"] == [
-        {"name": "shout", "origin": "./tools.py:shout", "description": "Shout a text."}
-    ]
+    [shout] = shouter["tools"]
+    assert {k: shout[k] for k in ("name", "origin", "description", "removed_by_policy")} == {
+        "name": "shout",
+        "origin": "./tools.py:shout",
+        "description": "Shout a text.",
+        "removed_by_policy": False,
+    }
+    assert shout["args"]["properties"] == {"text": {"title": "Text", "type": "string"}}
 
 
 @pytest.mark.parametrize(
@@ -504,6 +509,26 @@ def test_teams_check_prints_the_team(tmp_path: Path, home: Path) -> None:
     described = json.loads(done.stdout)
     tools = {t["name"]: t["origin"] for t in described["agents"][0]["tools"]}
     assert tools == {"shout": "./tools.py:shout", "search_docs": "builtin"}
+    # In text: each tool's arguments, and the tools the policy removes, marked.
+    narrowed = write_team(
+        tmp_path,
+        "name = 'shouters'\n[agents.shouter]\ndescription='shouts'\nprompt='You shout.'\n"
+        "tools=['./tools.py:shout', 'search_docs']\n"
+        "[policy.agents.shouter]\ntools=['shout']\n",
+        **{"tools.py": TOOLS_PY},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "relaygraph.cli", "teams", "check", str(narrowed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tool shout(text: string)  (./tools.py:shout)\n" in done.stdout
+    assert (
+        "tool search_docs(query: string, k?: integer)  (builtin)  [removed by the policy]"
+        in done.stdout
+    )
     bad = write_team(tmp_path, "[agents.a]\nprompt='p'\n")
     done = subprocess.run(
         [sys.executable, "-m", "relaygraph.cli", "teams", "check", str(bad)],

@@ -20,7 +20,7 @@ from relaygraph.errors import (
 
 if TYPE_CHECKING:
     from relaygraph.agents import Agent, builtin
-    from relaygraph.runner import run_task
+    from relaygraph.runner import arun_task, run_task
     from relaygraph.team import Team
 
 __version__ = "0.1.0"
@@ -36,6 +36,7 @@ __all__ = [
     "Team",
     "ToolInputError",
     "__version__",
+    "arun_task",
     "builtin",
     "run_task",
 ]
@@ -45,6 +46,7 @@ __all__ = [
 _LAZY = {
     "Agent": "relaygraph.agents",
     "Team": "relaygraph.team",
+    "arun_task": "relaygraph.runner",
     "builtin": "relaygraph.agents",
     "run_task": "relaygraph.runner",
 }

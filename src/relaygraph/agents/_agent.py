@@ -139,11 +139,24 @@ def tool_name(value: Any) -> str:
 
 
 def to_tool(value: Any, builtins: Mapping[str, BaseTool], *, where: str) -> BaseTool:
-    """A LangChain tool for a tool-like value (see :class:`Agent`'s ``tools``).
+    """A LangChain tool for a tool-like value (see :class:`Agent`'s ``tools``), callable
+    from the team graph's threads whether it is sync or has only a coroutine, with its
+    contract checked (:func:`~relaygraph.agents._contracts.check_tool_contract`).
 
     Raises:
-        ConfigError: An unknown built-in name, or a function LangChain cannot make a tool of.
+        ConfigError: An unknown built-in name, a function LangChain cannot make a tool of,
+            or a tool whose arguments give the model no complete JSON schema.
     """
+    from relaygraph.agents._async_tools import sync_capable
+    from relaygraph.agents._contracts import check_tool_contract
+
+    made = _as_tool(value, builtins, where=where)
+    if not any(made is builtin for builtin in builtins.values()):
+        check_tool_contract(made, where=where)
+    return sync_capable(made)
+
+
+def _as_tool(value: Any, builtins: Mapping[str, BaseTool], *, where: str) -> BaseTool:
     from langchain_core.tools import BaseTool, tool
 
     if isinstance(value, BaseTool):

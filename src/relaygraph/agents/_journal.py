@@ -29,10 +29,12 @@ from typing import Any
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from relaygraph.agents.context import TaskContext, ToolJournal
+from relaygraph.errors import RelaygraphError
 from relaygraph.events import events_to
 from relaygraph.handoffs import handoff_target
 from relaygraph.policies.pingpong import normalize_call
@@ -151,10 +153,33 @@ def _own_events(
 ) -> Callable[[ToolCallRequest], Result]:
     """``handler`` run outside the run's event sink: the events of the run itself come from
     its nodes and middleware, never from a tool's body, so whatever graph the tool runs
-    reports on that graph's own stream (LangGraph's writer) instead of into the task."""
+    reports on that graph's own stream (LangGraph's writer) instead of into the task.
+
+    What the tool's body raises is answered as a tool error naming the tool, a sync tool's
+    and a coroutine's alike (as LangChain's ``ToolException`` is), and recorded like any
+    completed call: the model reads it and may try otherwise. relaygraph's own errors (bad
+    input the outer middleware answers, a quota, a superseded attempt) and LangGraph's
+    control flow (an interrupt, a handoff's command) go on up.
+    """
 
     def run(request: ToolCallRequest) -> Result:
         with events_to(None):
-            return handler(request)
+            try:
+                return handler(request)
+            except (RelaygraphError, GraphBubbleUp):
+                raise
+            except Exception as exc:
+                return _tool_error(request, exc)
 
     return run
+
+
+def _tool_error(request: ToolCallRequest, exc: Exception) -> ToolMessage:
+    call = request.tool_call
+    log.warning("tool %s failed", call["name"], exc_info=True)
+    return ToolMessage(
+        content=f"Error: tool {call['name']!r} failed: {type(exc).__name__}: {exc}",
+        name=call["name"],
+        tool_call_id=call["id"] or "",
+        status="error",
+    )

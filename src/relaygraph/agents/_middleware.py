@@ -23,8 +23,9 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
     A :class:`ToolInputError` (a path outside the workspace, an unknown doc id) is a normal
     outcome the model can correct, so it becomes an error ToolMessage instead of failing the
     task. A :class:`SandboxUnavailableError` is a refusal before anything ran (this server
-    allows no unisolated code): its answer records a ``tool_not_allowed`` violation. Any
-    other exception still propagates: it is a real failure.
+    allows no unisolated code): its answer records a ``tool_not_allowed`` violation. What
+    else a tool's body raises is answered as a tool error by the tool journal middleware
+    (``_journal._own_events``); any other exception still propagates: it is a real failure.
     """
 
     def __init__(self, agent: str) -> None:

@@ -408,9 +408,37 @@ def check_team(args: argparse.Namespace) -> int:
         print(f"- {agent['name']}: {agent['description']}")
         print(f"    model: {agent['model']}")
         for tool in agent["tools"]:
-            print(f"    tool {tool['name']}  ({tool['origin']})")
+            removed = "  [removed by the policy]" if tool["removed_by_policy"] else ""
+            print(
+                f"    tool {tool['name']}({_arguments(tool['args'])})  ({tool['origin']}){removed}"
+            )
         print(f"    hands off to: {', '.join(agent['handoffs']) or 'nobody'}")
     return EXIT_OK
+
+
+def _arguments(schema: dict[str, Any]) -> str:
+    """``text: string, k?: integer``: a tool's arguments from their JSON schema, the
+    optional ones marked ``?``."""
+    required = set(schema.get("required", ()))
+    return ", ".join(
+        f"{name}{'' if name in required else '?'}: {_json_type(prop)}"
+        for name, prop in schema.get("properties", {}).items()
+    )
+
+
+def _json_type(prop: dict[str, Any]) -> str:
+    if "type" in prop:
+        kind = prop["type"]
+        if kind == "array" and isinstance(prop.get("items"), dict) and prop["items"]:
+            return f"array of {_json_type(prop['items'])}"
+        return kind if isinstance(kind, str) else " | ".join(kind)
+    if "anyOf" in prop:
+        return " | ".join(_json_type(p) for p in prop["anyOf"])
+    if "$ref" in prop:
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
+    if "enum" in prop:
+        return " | ".join(map(repr, prop["enum"]))
+    return "any"
 
 
 def upgrade_db(args: argparse.Namespace) -> int:

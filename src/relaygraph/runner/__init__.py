@@ -40,7 +40,7 @@ from relaygraph.runner._models import (
 )
 from relaygraph.runner._result import Decision, RunResult
 from relaygraph.runner._retention import RETENTION_SWEEP_SECONDS, Freed, collect_garbage
-from relaygraph.runner._run import resume_task, run_task
+from relaygraph.runner._run import arun_task, resume_task, run_task
 from relaygraph.runner._service_teams import ServiceTeams
 from relaygraph.runner._settings import RunnerSettings, load_runner_settings, read_settings
 from relaygraph.runner._submit import (
@@ -83,6 +83,7 @@ __all__ = [
     "SubmittedTask",
     "TaskRequest",
     "TaskRunner",
+    "arun_task",
     "check_model_spec",
     "check_request",
     "collect_garbage",

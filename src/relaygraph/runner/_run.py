@@ -4,6 +4,8 @@ decision paths (:mod:`relaygraph.runner._submit`, :mod:`relaygraph.runner._decid
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from relaygraph.team import Team
     from relaygraph.topology import Topology
 
-__all__ = ["resume_task", "run_task"]
+__all__ = ["arun_task", "resume_task", "run_task"]
 
 
 def run_task(
@@ -112,6 +114,64 @@ def run_task(
         cancel=cancel,
         interrupt_cancels=True,
     )
+
+
+async def arun_task(
+    request: str,
+    *,
+    team: Team | str | Path | None = None,
+    model: Any = None,
+    agent_models: Mapping[str, Any] | None = None,
+    thread_id: str | None = None,
+    policy: TeamPolicy | str | Path | None = None,
+    home: Path | None = None,
+    on_event: EventHandler | None = None,
+    stream_tokens: bool = False,
+    callbacks: list[Any] | None = None,
+    topology: Topology | None = None,
+) -> RunResult:
+    """:func:`run_task` for an asyncio application: awaits the task without blocking the
+    event loop. The arguments are :func:`run_task`'s.
+
+    Cancelling the awaiting coroutine cancels the task: it stops at its next step boundary
+    (a coroutine-only tool in progress is cancelled), ends ``cancelled`` on the record, and
+    then :class:`asyncio.CancelledError` is raised here.
+
+    ``on_event`` is called on the run's thread, not in the loop: hand its events to the
+    loop with ``loop.call_soon_threadsafe`` (or an ``asyncio.Queue`` fed that way).
+    """
+    # The run on a worker thread, not a native async path: a run holds a lease it renews,
+    # writes its events on a writer thread, and waits on synchronous checkpointers and
+    # ledgers; one sync runner is what the CLI, the service and the workers all run, so
+    # an async caller gets the same guarantees, and its coroutine-only tools run on the
+    # process's tool loop all the same (relaygraph.agents._async_tools).
+    cancel = threading.Event()
+    run = asyncio.ensure_future(
+        asyncio.to_thread(
+            functools.partial(
+                run_task,
+                request,
+                team=team,
+                model=model,
+                agent_models=agent_models,
+                thread_id=thread_id,
+                policy=policy,
+                home=home,
+                on_event=on_event,
+                stream_tokens=stream_tokens,
+                callbacks=callbacks,
+                topology=topology,
+                cancel=cancel,
+            )
+        )
+    )
+    try:
+        return await asyncio.shield(run)
+    except asyncio.CancelledError:
+        cancel.set()
+        # The task is on the record as cancelled (or however it ended) before this returns.
+        await asyncio.wait({run})
+        raise
 
 
 def resume_task(

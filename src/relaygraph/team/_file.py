@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from relaygraph.agents import Agent
+from relaygraph.agents import Agent, to_tool, tool_name
 from relaygraph.agents import builtin as _builtin
 from relaygraph.errors import ConfigError
 from relaygraph.team._errors import TeamFileError, located, location_of
@@ -322,10 +322,13 @@ def _agent(
             # team file: they are this key's.
             with located(where, table=table_name, key="tools"):
                 resolved = _resolve(ref, base, trust, servers, files, f"{at} tools", table_name)
+                # A tool's contract too (its arguments' JSON schema), here where the key
+                # that named it is known; the team checks it again, naming no key.
+                for made, _ in resolved:
+                    if not isinstance(made, str):
+                        to_tool(made, {}, where=f"[{table_name}] tools")
             for made, origin in resolved:
                 tools.append(made)
-                from relaygraph.agents import tool_name
-
                 origins[tool_name(made)] = origin
         changes["tools"] = tuple(tools)
         changes["origins"] = origins

@@ -239,8 +239,9 @@ class Team:
         }
 
     def describe(self) -> dict[str, Any]:
-        """The team as ``relaygraph teams check`` prints it: each agent with its tools (and
-        where each comes from), handoffs and model, after the policy."""
+        """The team as ``relaygraph teams check`` prints it: each agent with its tools (where
+        each comes from, its arguments' JSON schema, and whether the policy removes it),
+        handoffs and model, after the policy."""
         policy = self.resolved_policy
         return {
             "name": self.name,
@@ -260,8 +261,10 @@ class Team:
                             "name": name,
                             "origin": _origin(self, name),
                             "description": self.tools[name].description,
+                            "args": _tool_description(self.tools[name])["args"],
+                            "removed_by_policy": name not in policy.agents[agent.name].tools,
                         }
-                        for name in policy.agents[agent.name].tools
+                        for name in _listed_tools(agent.tool_names, policy.agents[agent.name])
                     ],
                     "handoffs": list(policy.agents[agent.name].handoffs),
                     "approval": list(policy.agents[agent.name].approval),
@@ -317,6 +320,11 @@ class Team:
             for role, m in self.models_for(model, agent_models).items()
         }
         return build_team(models, team=self, checkpointer=checkpointer)
+
+
+def _listed_tools(own: tuple[str, ...], narrowed: AgentPolicy) -> list[str]:
+    """The agent's own tools, then those the policy gives it besides, each once."""
+    return list(dict.fromkeys([*own, *narrowed.tools]))
 
 
 def _origin(team: Team, tool: str) -> str:

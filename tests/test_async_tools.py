@@ -1,0 +1,309 @@
+"""Async tools (issue 43): ``async def`` functions and coroutine-only LangChain tools run
+wherever a team runs, and ``arun_task`` runs a team without blocking the caller's loop.
+
+Each test runs on the scripted model, whose turns call the tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langchain_core.tools import StructuredTool
+
+from relaygraph import arun_task
+from relaygraph.agents import Agent, builtin
+from relaygraph.api import ServiceSettings, create_app
+from relaygraph.runner import run_task
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+from relaygraph.team import Team
+from relaygraph.topology import Topology
+
+Script = Callable[[dict[str, Any]], str]
+
+SEEN: list[str] = []
+STARTED = threading.Event()
+STOPPED: list[str] = []
+
+
+async def shout(text: str) -> str:
+    """Shout a text.
+
+    Args:
+        text: What to shout.
+    """
+    await asyncio.sleep(0)
+    SEEN.append(text)
+    return text.upper() + "!"
+
+
+async def fail(text: str) -> str:
+    """A tool that always fails.
+
+    Args:
+        text: Anything.
+    """
+    await asyncio.sleep(0)
+    raise ValueError(f"cannot take {text!r}")
+
+
+def fail_sync(text: str) -> str:
+    """The same tool, sync.
+
+    Args:
+        text: Anything.
+    """
+    raise ValueError(f"cannot take {text!r}")
+
+
+async def wait_long(seconds: float) -> str:
+    """Wait a while.
+
+    Args:
+        seconds: How long.
+    """
+    STARTED.set()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        STOPPED.append("finally")
+    return "waited"
+
+
+async def _shout_coroutine(text: str) -> str:
+    SEEN.append(text)
+    return text.upper() + "!"
+
+
+# What langchain-mcp-adapters makes of each MCP tool: a StructuredTool with only a coroutine.
+coroutine_only = StructuredTool.from_function(
+    coroutine=_shout_coroutine, name="shout", description="Shout a text."
+)
+
+
+def call(name: str, **args: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "args": args}]}
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"content": text}
+
+
+def route(next: str) -> dict[str, Any]:
+    return {"route": {"next": next, "task": f"{next}: do it", "reason": "because"}}
+
+
+def turns(kind: str, tool_turn: dict[str, Any]) -> dict[str, Any]:
+    """A script in which the shouter calls a tool once, in topology ``kind``."""
+    shouter = [tool_turn, say("done")]
+    if kind == "structured":
+        return {
+            "supervisor": [route("shouter"), route("FINISH")],
+            "shouter": shouter,
+            "finalize": [say("done")],
+        }
+    if kind == "swarm":
+        return {"shouter": shouter}  # The swarm starts at the first agent.
+    return {
+        "supervisor": [call("transfer_to_shouter", task="shout it", reason="shouting"), say("ok")],
+        "shouter": shouter,
+    }
+
+
+def team_with(*tools: Any) -> Team:
+    shouter = Agent(name="shouter", description="shouts", prompt="You shout.", tools=tools)
+    return Team(agents=[shouter, builtin.writer()], name="shouters")
+
+
+def tool_results(home: Path, task_id: str) -> list[Any]:
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        return [c for c in ledger.tool_calls(task_id) if not c.tool.startswith("transfer_to_")]
+
+
+TOPOLOGIES = ["structured", "swarm", "supervisor-tools"]
+
+
+@pytest.mark.parametrize("kind", TOPOLOGIES)
+@pytest.mark.parametrize("tool", [shout, coroutine_only], ids=["async-def", "coroutine-only"])
+def test_an_async_tool_runs_in_each_topology(
+    home: Path, script: Script, kind: str, tool: Any
+) -> None:
+    SEEN.clear()
+    result = run_task(
+        "Shout",
+        team=team_with(tool),
+        model=script(turns(kind, call("shout", text="hi"))),
+        topology=Topology.parse(kind),
+    )
+    assert result.status == "succeeded", result.stop_reason
+    assert SEEN == ["hi"]  # It ran, once.
+    assert result.usage["shouter"]["tool_calls"] == 1
+    [recorded] = tool_results(home, result.task_id)
+    assert recorded.agent == "shouter" and "HI!" in (recorded.result_preview or "")
+
+
+@pytest.mark.parametrize("tool", [fail, fail_sync], ids=["async", "sync"])
+def test_a_tool_that_raises_answers_the_model_naming_the_tool(
+    home: Path, script: Script, tool: Any
+) -> None:
+    result = run_task(
+        "Fail",
+        team=team_with(tool),
+        model=script(turns("structured", call(tool.__name__, text="x"))),
+    )
+    assert result.status == "succeeded", result.stop_reason
+    [recorded] = tool_results(home, result.task_id)
+    assert recorded.status == "error"
+    assert f"tool '{tool.__name__}' failed: ValueError: cannot take 'x'" in (
+        recorded.result_preview or ""
+    )
+
+
+def test_a_policy_refuses_an_async_tool_before_it_runs(home: Path, script: Script) -> None:
+    SEEN.clear()
+    team = team_with(shout)
+    policy = {"agents": {"shouter": {"tools": []}}}
+    result = run_task(
+        "Shout",
+        team=Team(agents=team.agents, name=team.name, policy=policy),
+        model=script(turns("structured", call("shout", text="hi"))),
+    )
+    assert SEEN == []
+    assert any(v["kind"] == "tool_not_allowed" for v in result.violations), result.violations
+
+
+def test_cancel_stops_a_slow_async_tool(home: Path, script: Script) -> None:
+    STARTED.clear()
+    STOPPED.clear()
+    cancel = threading.Event()
+
+    def cancel_once_started() -> None:
+        STARTED.wait(30)
+        cancel.set()
+
+    threading.Thread(target=cancel_once_started, daemon=True).start()
+    began = time.monotonic()
+    result = run_task(
+        "Wait",
+        team=team_with(wait_long),
+        model=script(turns("structured", call("wait_long", seconds=60))),
+        cancel=cancel,
+    )
+    assert result.status == "cancelled", result.stop_reason
+    assert time.monotonic() - began < 20  # Not the tool's 60 s.
+    assert STOPPED == ["finally"]  # The coroutine was cancelled, not left running.
+
+
+async def test_arun_task_leaves_the_loop_free(home: Path, script: Script) -> None:
+    STARTED.clear()
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    run = asyncio.create_task(
+        arun_task(
+            "Wait",
+            team=team_with(wait_long),
+            model=script(turns("structured", call("wait_long", seconds=0.5))),
+        )
+    )
+    await asyncio.to_thread(STARTED.wait, 30)
+    before = ticks
+    result = await run
+    stop.set()
+    await ticker
+    assert result.status == "succeeded", result.stop_reason
+    assert ticks - before >= 10  # The loop kept running while the tool waited.
+
+
+async def test_a_cancelled_arun_task_cancels_its_task(home: Path, script: Script) -> None:
+    STARTED.clear()
+    STOPPED.clear()
+    run = asyncio.create_task(
+        arun_task(
+            "Wait",
+            team=team_with(wait_long),
+            model=script(turns("structured", call("wait_long", seconds=60))),
+        )
+    )
+    await asyncio.to_thread(STARTED.wait, 30)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert STOPPED == ["finally"]
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        tasks, _ = ledger.list_tasks(project_id=LOCAL_PROJECT_ID, limit=10)
+    assert [t.status for t in tasks] == ["cancelled"]
+
+
+TOOLS_PY = '''
+import asyncio
+
+
+async def shout(text: str) -> str:
+    """Shout a text.
+
+    Args:
+        text: What to shout.
+    """
+    await asyncio.sleep(0)
+    return text.upper() + "!"
+'''
+
+
+async def test_an_async_tool_of_a_team_file_runs_on_the_service(home: Path, tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "tools.py").write_text(TOOLS_PY, encoding="utf-8")
+    team_file = tmp_path / "team.toml"
+    team_file.write_text(
+        'name = "shouters"\n[agents.writer]\nuse = "builtin:writer"\n'
+        '[agents.shouter]\ndescription = "shouts"\nprompt = "You shout."\n'
+        'tools = ["./tools.py:shout"]\n',
+        encoding="utf-8",
+    )
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "s.json").write_text(
+        json.dumps(turns("structured", call("shout", text="hi"))), encoding="utf-8"
+    )
+    settings = ServiceSettings(
+        default_model=f"scripted:{scripts / 's.json'}",
+        scripts_dir=scripts,
+        home=home,
+        team_files=[team_file],
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+                key = ledger.create_project("acme")[1]
+            headers = {"Authorization": f"Bearer {key}"}
+            made = await client.post(
+                "/v1/tasks",
+                json={"input": "Shout", "team": "shouters", "model": "scripted:s.json"},
+                headers=headers,
+            )
+            assert made.status_code == 202, made.text
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                task = (await client.get(f"/v1/tasks/{made.json()['id']}", headers=headers)).json()
+                if task["status"] not in ("queued", "running"):
+                    break
+                await asyncio.sleep(0.05)
+    assert task["status"] == "succeeded", task
+    [recorded] = tool_results(home, task["id"])
+    assert "HI!" in (recorded.result_preview or "")
