@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from langgraph.prebuilt import ToolNode
 from mcp.server.fastmcp import Context, FastMCP
 
 from relaygraph.errors import ConfigError
+from relaygraph.team import TeamFileError, load_team
 from relaygraph.team._mcp import McpServer, close_mcp_servers, mcp_tools
 
 DEADLINE = 60.0
@@ -181,6 +183,68 @@ def test_an_unknown_tool_is_refused_with_the_tools_the_server_lists(lint: McpSer
     message = str(caught.value)
     assert "'lint'" in message and "'spellcheck'" in message
     assert "check, count, pid, fail, crash" in message
+
+
+GIT_LIKE_SERVER = """
+from mcp.server.fastmcp import FastMCP
+
+mcp = FastMCP("git")
+
+
+@mcp.tool()
+def git_log() -> str:
+    \"\"\"The log, named as mcp-server-git names its tools.\"\"\"
+    return "log"
+
+
+@mcp.tool()
+def status() -> str:
+    \"\"\"The status.\"\"\"
+    return "clean"
+
+
+@mcp.tool()
+def log() -> str:
+    \"\"\"Would be named git_log too.\"\"\"
+    return "other log"
+
+
+mcp.run()
+"""
+
+
+def test_a_tool_named_after_its_server_gets_no_second_prefix(tmp_path: Path) -> None:
+    (tmp_path / "git_server.py").write_text(GIT_LIKE_SERVER, encoding="utf-8")
+    git = McpServer(name="git", command=(sys.executable, "git_server.py"), cwd=tmp_path)
+    try:
+        log, status = mcp_tools(git, ["git_log", "status"])
+        assert (log.name, status.name) == ("git_log", "git_status")
+        assert log.invoke({}) == "log"
+        with pytest.raises(ConfigError, match="'git_log' and 'log' would both be named 'git_log'"):
+            mcp_tools(git)
+    finally:
+        close_mcp_servers()
+
+
+def test_a_tool_name_typo_names_the_file_the_agent_and_the_reference(tmp_path: Path) -> None:
+    (tmp_path / "lint_server.py").write_text(LINT_SERVER, encoding="utf-8")
+    (tmp_path / "team.toml").write_text(
+        '[agents.reviewer]\ndescription = "reviews"\nprompt = "You review."\n'
+        'tools = ["mcp:lint/check", "mcp:lint/spellcheck"]\n'
+        '[mcp.lint]\ncommand = ["python", "lint_server.py"]\n',
+        encoding="utf-8",
+    )
+    try:
+        with pytest.raises(TeamFileError) as raised:
+            load_team(tmp_path / "team.toml")
+    finally:
+        close_mcp_servers()
+    assert (raised.value.table, raised.value.key) == ("agents.reviewer", "tools")
+    assert str(raised.value) == (
+        f"team file {str(tmp_path / 'team.toml')!r}: [agents.reviewer] tools: "
+        "'mcp:lint/spellcheck': MCP server 'lint' lists no tool 'spellcheck'; "
+        "it lists: check, count, pid, fail, crash"
+    )
 
 
 def test_a_server_killed_between_calls_is_started_again(tools: dict[str, BaseTool]) -> None:

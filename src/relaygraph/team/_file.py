@@ -319,8 +319,8 @@ def _agent(
         for text in table.tools:
             ref = parse_tool_ref(text, where=f"{at} tools", table=table_name)
             # An MCP server's own errors (it did not start, it lists no such tool) name no
-            # team file: they are this key's.
-            with located(where, table=table_name, key="tools"):
+            # team file, agent or reference: they are this key's, and this reference's.
+            with located(f"{at} tools: {ref.text!r}", table=table_name, key="tools"):
                 resolved = _resolve(ref, base, trust, servers, files, f"{at} tools", table_name)
             for made, origin in resolved:
                 tools.append(made)

@@ -52,7 +52,7 @@ from mcp.types import CONNECTION_CLOSED, ErrorData
 
 from relaygraph.errors import ConfigError
 
-__all__ = ["McpServer", "close_mcp_servers", "mcp_tools"]
+__all__ = ["McpServer", "close_mcp_servers", "mcp_tools", "tool_name_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class McpServer:
 def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[BaseTool]:
     """LangChain tools for the server's tools named ``names`` (all when None).
 
-    Each tool is named ``f"{server.name}_{tool}"`` and can be called synchronously
+    Each tool is named as :func:`tool_name_of` says, and can be called synchronously
     (``tool.invoke``) from any thread, or with ``ainvoke`` from any event loop. The server is
     started (or its session opened) now, so that a bad reference fails before any model runs.
 
@@ -160,8 +160,15 @@ def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[Bas
             f"it lists: {', '.join(listed) or 'no tools'}"
         )
     tools = []
+    made: dict[str, str] = {}
     for mcp_name in wanted:
-        name = f"{server.name}_{mcp_name}"
+        name = tool_name_of(server.name, mcp_name)
+        if name in made:
+            raise ConfigError(
+                f"MCP server {server.name!r}: tools {made[name]!r} and {mcp_name!r} would both be "
+                f"named {name!r}; name the one you want instead of all"
+            )
+        made[name] = mcp_name
         if not _TOOL_NAME.fullmatch(name):
             raise ConfigError(
                 f"MCP server {server.name!r}: tool {mcp_name!r} makes the name {name!r}, which a "
@@ -170,6 +177,16 @@ def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[Bas
             )
         tools.append(_wrap(server, mcp_name, name, listed[mcp_name]))
     return tools
+
+
+def tool_name_of(server: str, tool: str) -> str:
+    """The name the model, policies, the ledger and traces know an MCP tool by: the
+    server's name, ``_`` and the tool's (``lint_check``), unless the tool's name already
+    starts with the server's (``git_log`` of the server ``git`` stays ``git_log``, not
+    ``git_git_log``)."""
+    if tool == server or tool.startswith((f"{server}_", f"{server}-")):
+        return tool
+    return f"{server}_{tool}"
 
 
 def close_mcp_servers() -> None:
