@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -390,7 +389,7 @@ def _resolve(
 
 
 def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where: str) -> Any:
-    from relaygraph.team._mcp import McpServer
+    from relaygraph.team._mcp import McpServer, interpreter_for
 
     table_name = f"mcp.{name}"
     at = f"{where}: [{table_name}]"
@@ -407,11 +406,7 @@ def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where
                 table=table_name,
                 key="command",
             )
-        command = list(table.command)
-        if command[0] in ("python", "python3"):
-            # The interpreter relaygraph runs on, whose packages (mcp among them) the
-            # server can import: "python" on PATH may be another one.
-            command[0] = sys.executable
+        command = [interpreter_for(table.command[0]), *table.command[1:]]
         with located(where, table=table_name):  # The server's own checks (its name).
             return McpServer(
                 name=name,

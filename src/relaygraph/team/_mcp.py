@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shlex
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -52,7 +53,14 @@ from mcp.types import CONNECTION_CLOSED, ErrorData
 
 from relaygraph.errors import ConfigError
 
-__all__ = ["McpServer", "close_mcp_servers", "mcp_tools", "tool_name_of"]
+__all__ = [
+    "McpServer",
+    "close_mcp_servers",
+    "interpreter_for",
+    "mcp_server",
+    "mcp_tools",
+    "tool_name_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +143,84 @@ class McpServer:
         """``'lint' (python lint_server.py)`` or ``'lint' (http://...)``, for messages."""
         where = shlex.join(self.command) if self.command is not None else self.url
         return f"{self.name!r} ({where})"
+
+    def tools(self, *names: str) -> list[BaseTool]:
+        """The server's tools named ``names`` (all when none), as :func:`mcp_tools` makes them.
+
+        Example:
+            git = mcp_server("git", command="mcp-server-git", args=["--repository", "."])
+            reviewer = Agent(..., tools=[*git.tools("git_log", "git_diff"), word_count])
+
+        Raises:
+            ConfigError: As :func:`mcp_tools`.
+        """
+        return mcp_tools(self, list(names) if names else None)
+
+
+def mcp_server(
+    name: str,
+    *,
+    command: str | None = None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    url: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_seconds: float = 30.0,
+) -> McpServer:
+    """An MCP server, as a team file's ``[mcp.NAME]`` table describes one: a program run
+    over stdio (``command`` and ``args``), or a streamable-HTTP ``url``.
+
+    Give the value to an agent, ``Agent(tools=[server])`` for all its tools, or pick some
+    with ``server.tools("check")``. As in a team file, a ``command`` of ``python`` or
+    ``python3`` is the interpreter relaygraph runs on, and a stdio server inherits only
+    ``HOME``, ``PATH``, ``LOGNAME``, ``SHELL``, ``TERM`` and ``USER`` besides ``env``.
+
+    Example:
+        lint = mcp_server("lint", command="python", args=["lint_server.py"], cwd="examples/mcp")
+        docs = mcp_server("docs", url="http://127.0.0.1:9000/mcp", headers={"X-Key": key})
+        reviewer = Agent(name="reviewer", description=..., prompt=..., tools=[lint])
+
+    Args:
+        name: Letters, digits and ``_``: the first part of its tools' names (``lint_check``).
+        command: stdio: the program to run.
+        args: stdio: its arguments.
+        env: stdio: variables added to those the server inherits.
+        cwd: stdio: the folder it runs in (default: this process's).
+        url: streamable HTTP: the server's ``http://`` or ``https://`` URL.
+        headers: streamable HTTP: headers sent with every request (a token).
+        timeout_seconds: Limit on starting the server, listing its tools and each call.
+
+    Raises:
+        ConfigError: A bad name, both or neither of ``command`` and ``url``, or a setting of
+            the other transport (``headers`` with ``command``; ``args``, ``env`` or ``cwd``
+            with ``url``).
+    """
+    if command is not None and not isinstance(command, str):
+        raise ConfigError(
+            f"MCP server {name!r}: command is the program alone (a string); put its "
+            "arguments in args"
+        )
+    if url is not None and args:
+        raise ConfigError(f"MCP server {name!r}: args apply to a stdio server (command), not url")
+    if isinstance(args, str):
+        raise ConfigError(f"MCP server {name!r}: args must be a list of strings, not one string")
+    return McpServer(
+        name=name,
+        command=(interpreter_for(command), *args) if command is not None else None,
+        url=url,
+        env=env or {},
+        headers=headers or {},
+        cwd=Path(cwd) if cwd is not None else None,
+        timeout_seconds=timeout_seconds,
+    )
+
+
+def interpreter_for(program: str) -> str:
+    """``program``, or for ``python`` and ``python3`` the interpreter relaygraph runs on,
+    whose packages (``mcp`` among them) the server can import: ``python`` on PATH may be
+    another one."""
+    return sys.executable if program in ("python", "python3") else program
 
 
 def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[BaseTool]:
