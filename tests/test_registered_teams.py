@@ -692,6 +692,99 @@ def test_a_worker_resolves_a_projects_team_of_a_server_teams_name(
         )
 
 
+COUNTER_SERVER = """
+import uuid
+
+from mcp.server.fastmcp import FastMCP
+
+mcp = FastMCP("counter")
+SESSION = uuid.uuid4().hex  # a stdio server is one process per session
+
+
+@mcp.tool()
+def session_id() -> str:
+    \"\"\"This session's id.\"\"\"
+    return SESSION
+
+
+mcp.run()
+"""
+COUNTER_TEAM = """\
+[agents.asker]
+description = "asks the MCP server which session it is in"
+prompt = "You ask."
+tools = ["mcp:counter/session_id"]
+"""
+
+
+async def test_the_operators_mcp_servers_serve_each_project_in_its_own_session(
+    home: Path, scripts: Path, tmp_path: Path
+) -> None:
+    from relaygraph.team import close_mcp_servers
+
+    folder = tmp_path / "operator"
+    folder.mkdir()
+    (folder / "counter_server.py").write_text(COUNTER_SERVER, encoding="utf-8")
+    mcp_file = folder / "mcp.toml"
+    mcp_file.write_text(
+        '[mcp.counter]\ncommand = ["python", "counter_server.py"]\n', encoding="utf-8"
+    )
+    script = {
+        "supervisor": [
+            {"route": {"next": "asker", "task": "ask", "reason": "its job"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "asked"}},
+        ],
+        "asker": [
+            {"tool_calls": [{"name": "counter_session_id", "args": {}}]},
+            {"content": "Asked."},
+        ],
+        "finalize": [{"content": "Done."}],
+    }
+    (scripts / "counter.json").write_text(json.dumps(script), encoding="utf-8")
+
+    async def session_of(api: Api, key: str) -> str:
+        made = await api.submit(key, input="x", team="asker", model="scripted:counter.json")
+        assert made.status_code == 202, made.text
+        task = await api.finished(made.json()["id"], key)
+        assert task["status"] == "succeeded", task
+        with Ledger(api.ledger_url) as ledger:
+            (call,) = ledger.tool_calls(task["id"])
+        assert call.tool == "counter_session_id" and call.result_preview
+        return call.result_preview
+
+    try:
+        async with serving(home, scripts, mcp_file=mcp_file) as api:
+            acme, beta = api.key("acme"), api.key("beta")
+            for key in (acme, beta):
+                pushed = await api.push(key, "asker", toml=COUNTER_TEAM)
+                assert pushed.status_code == 201, pushed.text
+            first = await session_of(api, acme)
+            assert await session_of(api, beta) != first  # a session of beta's own
+            assert await session_of(api, acme) == first  # acme's is kept for its tasks
+            # A project may still start no program of its own, even under an offered name.
+            declared = COUNTER_TEAM + '[mcp.counter]\ncommand = ["python", "x.py"]\n'
+            refused = await api.push(acme, "other", toml=declared)
+            assert refused.status_code == 422
+            assert refused.json()["error"]["field"] == "toml.mcp.counter"
+            assert "offers an MCP server of this name" in refused.json()["error"]["message"]
+        # Without the setting, the name means nothing to a project's team.
+        async with serving(home, scripts) as api:
+            refused = await api.push(api.key("gamma"), "asker", toml=COUNTER_TEAM)
+            assert refused.status_code == 422
+            assert "the server offers no MCP server of that name" in refused.text
+    finally:
+        close_mcp_servers()
+
+
+def test_a_bad_mcp_file_stops_the_server_at_start(home: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "mcp.toml"
+    bad.write_text('[mcp.counter]\ncommand = ["x"]\nurl = "http://h/mcp"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="give exactly one of command"):
+        create_app(ServiceSettings(home=home, mcp_file=bad))
+    with pytest.raises(ConfigError, match="does not exist"):
+        create_app(ServiceSettings(home=home, mcp_file=tmp_path / "missing.toml"))
+
+
 def test_a_bad_server_team_file_stops_the_server_at_start(
     home: Path, tmp_path: Path, tools_module: Path
 ) -> None:

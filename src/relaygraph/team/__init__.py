@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from relaygraph.team._bounds import TeamBounds, check_bounds, check_tool_counts, read_toml
 from relaygraph.team._errors import TeamFileError
-from relaygraph.team._file import OPERATOR, TeamTrust, load_team, parse_team
+from relaygraph.team._file import OPERATOR, TeamTrust, load_mcp_file, load_team, parse_team
 from relaygraph.team._team import DEFAULT_TEAM_NAME, Team, default_team
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ __all__ = [
     "check_tool_counts",
     "close_mcp_servers",
     "default_team",
+    "load_mcp_file",
     "load_team",
     "mcp_server",
     "parse_team",

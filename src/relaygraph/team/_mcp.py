@@ -97,6 +97,10 @@ class McpServer:
     """HTTP: headers sent with every request."""
     timeout_seconds: float = 30.0
     """Limit on starting the server, listing its tools and each tool call."""
+    session_scope: str = ""
+    """Whose session this is: values that differ only here get sessions (for stdio,
+    processes) of their own. The task service gives each project its own scope for the
+    servers the operator offers (``serve --mcp``)."""
 
     def __post_init__(self) -> None:
         at = f"MCP server {self.name!r}"
@@ -137,7 +141,8 @@ class McpServer:
     def __hash__(self) -> int:
         # The generated hash would hash the mappings, which are not hashable.
         mappings = (tuple(sorted(self.env.items())), tuple(sorted(self.headers.items())))
-        return hash((self.name, self.command, self.url, self.cwd, mappings, self.timeout_seconds))
+        where = (self.name, self.command, self.url, self.cwd)
+        return hash((*where, mappings, self.timeout_seconds, self.session_scope))
 
     def describe(self) -> str:
         """``'lint' (python lint_server.py)`` or ``'lint' (http://...)``, for messages."""

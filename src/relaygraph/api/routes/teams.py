@@ -92,7 +92,7 @@ def teams_router(state: ServiceState) -> APIRouter:
         definition, source = _definition(body, registry.bounds)
         registry.models_in(definition)
         try:
-            team = registry.build(name, definition, field=source)
+            team = registry.build(name, definition, project_id=project.id, field=source)
         except ConfigError as exc:
             raise ErrorAnswer(422, "invalid_team", str(exc), _field(exc, source)) from None
         loosens = registry.loosenings(team)
