@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from langgraph.prebuilt import ToolNode
 from mcp.server.fastmcp import Context, FastMCP
 
 from relaygraph.errors import ConfigError
+from relaygraph.team import TeamFileError, load_team
 from relaygraph.team._mcp import McpServer, close_mcp_servers, mcp_tools
 
 DEADLINE = 60.0
@@ -181,6 +183,68 @@ def test_an_unknown_tool_is_refused_with_the_tools_the_server_lists(lint: McpSer
     message = str(caught.value)
     assert "'lint'" in message and "'spellcheck'" in message
     assert "check, count, pid, fail, crash" in message
+
+
+GIT_LIKE_SERVER = """
+from mcp.server.fastmcp import FastMCP
+
+mcp = FastMCP("git")
+
+
+@mcp.tool()
+def git_log() -> str:
+    \"\"\"The log, named as mcp-server-git names its tools.\"\"\"
+    return "log"
+
+
+@mcp.tool()
+def status() -> str:
+    \"\"\"The status.\"\"\"
+    return "clean"
+
+
+@mcp.tool()
+def log() -> str:
+    \"\"\"Would be named git_log too.\"\"\"
+    return "other log"
+
+
+mcp.run()
+"""
+
+
+def test_a_tool_named_after_its_server_gets_no_second_prefix(tmp_path: Path) -> None:
+    (tmp_path / "git_server.py").write_text(GIT_LIKE_SERVER, encoding="utf-8")
+    git = McpServer(name="git", command=(sys.executable, "git_server.py"), cwd=tmp_path)
+    try:
+        log, status = mcp_tools(git, ["git_log", "status"])
+        assert (log.name, status.name) == ("git_log", "git_status")
+        assert log.invoke({}) == "log"
+        with pytest.raises(ConfigError, match="'git_log' and 'log' would both be named 'git_log'"):
+            mcp_tools(git)
+    finally:
+        close_mcp_servers()
+
+
+def test_a_tool_name_typo_names_the_file_the_agent_and_the_reference(tmp_path: Path) -> None:
+    (tmp_path / "lint_server.py").write_text(LINT_SERVER, encoding="utf-8")
+    (tmp_path / "team.toml").write_text(
+        '[agents.reviewer]\ndescription = "reviews"\nprompt = "You review."\n'
+        'tools = ["mcp:lint/check", "mcp:lint/spellcheck"]\n'
+        '[mcp.lint]\ncommand = ["python", "lint_server.py"]\n',
+        encoding="utf-8",
+    )
+    try:
+        with pytest.raises(TeamFileError) as raised:
+            load_team(tmp_path / "team.toml")
+    finally:
+        close_mcp_servers()
+    assert (raised.value.table, raised.value.key) == ("agents.reviewer", "tools")
+    assert str(raised.value) == (
+        f"team file {str(tmp_path / 'team.toml')!r}: [agents.reviewer] tools: "
+        "'mcp:lint/spellcheck': MCP server 'lint' lists no tool 'spellcheck'; "
+        "it lists: check, count, pid, fail, crash"
+    )
 
 
 def test_a_server_killed_between_calls_is_started_again(tools: dict[str, BaseTool]) -> None:
@@ -389,3 +453,66 @@ def test_an_http_server_restarted_between_calls_gets_a_new_session() -> None:
     finally:
         close_mcp_servers()
         running.stop()
+
+
+# The public API: relaygraph.team.mcp_server, the [mcp.NAME] table in Python.
+
+
+def test_mcp_server_is_the_team_files_table_in_python(tmp_path: Path) -> None:
+    from relaygraph.agents import Agent
+    from relaygraph.team import mcp_server
+
+    (tmp_path / "lint_server.py").write_text(LINT_SERVER, encoding="utf-8")
+    lint = mcp_server("lint", command="python", args=["lint_server.py"], cwd=tmp_path)
+    # The same value a team file's [mcp.lint] makes: one session for both.
+    (tmp_path / "team.toml").write_text(
+        '[agents.a]\ndescription = "d"\nprompt = "p"\ntools = ["mcp:lint/pid"]\n'
+        '[mcp.lint]\ncommand = ["python", "lint_server.py"]\n',
+        encoding="utf-8",
+    )
+    try:
+        from_file = load_team(tmp_path / "team.toml").tools["lint_pid"]
+        assert lint == McpServer(
+            name="lint", command=(sys.executable, "lint_server.py"), cwd=tmp_path
+        )
+        (pid,) = lint.tools("pid")
+        assert pid.invoke({}) == from_file.invoke({})  # one server process for both
+        whole = Agent(name="a", description="d", prompt="p", tools=[lint])
+        assert whole.tool_names == (
+            "lint_check",
+            "lint_count",
+            "lint_pid",
+            "lint_fail",
+            "lint_crash",
+        )
+        assert whole.origins["lint_count"] == "mcp:lint"
+        some = Agent(name="b", description="d", prompt="p", tools=[*lint.tools("count")])
+        assert some.tool_names == ("lint_count",) and some.origins == {"lint_count": "mcp:lint"}
+    finally:
+        close_mcp_servers()
+
+
+def test_mcp_server_over_http_sends_its_headers(docs: McpServer) -> None:
+    from relaygraph.team import mcp_server
+
+    server = mcp_server("docs", url=docs.url or "", headers={"X-Team": "from-python"})
+    (header,) = server.tools("header")
+    assert header.invoke({"name": "x-team"}) == "from-python"
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"command": ["python", "x.py"]}, "put its arguments in args"),
+        ({"url": "http://127.0.0.1/mcp", "args": ["x"]}, "args apply to a stdio server"),
+        ({"command": "python", "args": "x.py"}, "a list of strings"),
+        ({"url": "http://127.0.0.1/mcp", "env": {"A": "b"}}, "env and cwd apply to a stdio"),
+        ({"command": "python", "headers": {"A": "b"}}, "headers apply to an HTTP server"),
+        ({}, "exactly one of command"),
+    ],
+)
+def test_a_bad_mcp_server_call_is_refused(settings: dict[str, Any], said: str) -> None:
+    from relaygraph.team import mcp_server
+
+    with pytest.raises(ConfigError, match=said):
+        mcp_server("lint", **settings)

@@ -674,6 +674,185 @@ async def test_the_operators_team_files_serve_every_project(
         assert versioned.status_code == 422
 
 
+async def test_a_project_keeps_its_team_when_the_operator_loads_one_of_that_name(
+    home: Path, scripts: Path, tools_module: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serving(home, scripts) as api:
+        acme = api.key("acme")
+        pushed = await api.push(acme, "house-review", toml=TEAM_TOML)
+        assert pushed.status_code == 201, pushed.text
+        beta = api.key("beta")
+    # Later the operator loads a team file of that name.
+    file = tmp_path / "house-review.toml"
+    file.write_text(
+        TEAM_TOML.replace('name = "what-the-file-calls-it"', 'name = "house-review"').replace(
+            'description = "Research, then review"', 'description = "The house review"'
+        ),
+        encoding="utf-8",
+    )
+    with caplog.at_level("WARNING", logger="relaygraph.api._teams"):
+        async with serving(home, scripts, team_files=[file]) as api:
+            warned = [r.getMessage() for r in caplog.records]
+            assert any("'acme'" in m and "'house-review'" in m for m in warned), warned
+            assert not any("'beta'" in m for m in warned)
+
+            def listed(body: dict[str, Any]) -> list[tuple[str, str, str]]:
+                return [(t["name"], t["origin"], t["description"]) for t in body["teams"]]
+
+            # For acme the name is its own team in every answer ...
+            mine = (await api.client.get("/v1/teams", headers=auth(acme))).json()
+            assert listed(mine)[1:] == [("house-review", "project", "Research, then review")]
+            history = (await api.client.get("/v1/teams/house-review", headers=auth(acme))).json()
+            assert history["origin"] == "project" and len(history["versions"]) == 1
+            made = await api.submit(
+                acme, input="x", team="house-review", version=1, model="scripted:review.json"
+            )
+            assert made.status_code == 202, made.text
+            task = await api.finished(made.json()["id"], acme)
+            assert task["status"] == "succeeded", task
+            assert (
+                task["team"]["version"] == 1 and task["team"]["digest"] == pushed.json()["digest"]
+            )
+            again = await api.push(acme, "house-review", toml=TEAM_TOML + "\n# v2\n")
+            assert again.status_code in (200, 201), again.text
+            # ... and for every other project it is the operator's, which it may not take.
+            theirs = (await api.client.get("/v1/teams", headers=auth(beta))).json()
+            assert listed(theirs)[1:] == [("house-review", "server", "The house review")]
+            taken = await api.push(beta, "house-review", toml=TEAM_TOML)
+            assert taken.status_code == 409
+            assert taken.json()["error"]["code"] == "team_name_taken"
+            made = await api.submit(
+                beta, input="x", team="house-review", model="scripted:review.json"
+            )
+            assert made.status_code == 202, made.text
+            task = await api.finished(made.json()["id"], beta)
+            assert task["team"]["version"] is None
+
+
+def test_a_worker_resolves_a_projects_team_of_a_server_teams_name(
+    home: Path, tools_module: Path, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from relaygraph.runner import RunnerSettings, ServiceTeams
+    from relaygraph.team import parse_team
+
+    file = tmp_path / "house-review.toml"
+    file.write_text(TEAM_TOML.replace("what-the-file-calls-it", "house-review"), encoding="utf-8")
+    settings = RunnerSettings(home=home, team_files=[file], tool_modules=[TOOLS_MODULE])
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        ledger.upgrade()
+        project, _ = ledger.create_project("acme")
+        teams = ServiceTeams(ledger=ledger, settings=settings, home=home)
+        own = {**definition(), "name": "house-review"}
+        built = parse_team(own, base=home, trust=teams.trust)
+        ledger.register_team(project.id, "house-review", definition=own, digest=built.digest)
+
+        def task(version: int | None) -> Any:
+            record = {"name": "house-review", "version": version}
+            return SimpleNamespace(id="t-1", project_id=project.id, team=record)
+
+        assert teams.resolve(task(1)).digest == built.digest
+        assert teams.resolve(task(None)) is teams.server_teams["house-review"]
+        # The project's team runs under the operator's ceiling, the server's under its own.
+        assert teams.policy_for(task(1), built.resolved_policy) == teams.capped(
+            built.resolved_policy
+        )
+
+
+COUNTER_SERVER = """
+import uuid
+
+from mcp.server.fastmcp import FastMCP
+
+mcp = FastMCP("counter")
+SESSION = uuid.uuid4().hex  # a stdio server is one process per session
+
+
+@mcp.tool()
+def session_id() -> str:
+    \"\"\"This session's id.\"\"\"
+    return SESSION
+
+
+mcp.run()
+"""
+COUNTER_TEAM = """\
+[agents.asker]
+description = "asks the MCP server which session it is in"
+prompt = "You ask."
+tools = ["mcp:counter/session_id"]
+"""
+
+
+async def test_the_operators_mcp_servers_serve_each_project_in_its_own_session(
+    home: Path, scripts: Path, tmp_path: Path
+) -> None:
+    from relaygraph.team import close_mcp_servers
+
+    folder = tmp_path / "operator"
+    folder.mkdir()
+    (folder / "counter_server.py").write_text(COUNTER_SERVER, encoding="utf-8")
+    mcp_file = folder / "mcp.toml"
+    mcp_file.write_text(
+        '[mcp.counter]\ncommand = ["python", "counter_server.py"]\n', encoding="utf-8"
+    )
+    script = {
+        "supervisor": [
+            {"route": {"next": "asker", "task": "ask", "reason": "its job"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "asked"}},
+        ],
+        "asker": [
+            {"tool_calls": [{"name": "counter_session_id", "args": {}}]},
+            {"content": "Asked."},
+        ],
+        "finalize": [{"content": "Done."}],
+    }
+    (scripts / "counter.json").write_text(json.dumps(script), encoding="utf-8")
+
+    async def session_of(api: Api, key: str) -> str:
+        made = await api.submit(key, input="x", team="asker", model="scripted:counter.json")
+        assert made.status_code == 202, made.text
+        task = await api.finished(made.json()["id"], key)
+        assert task["status"] == "succeeded", task
+        with Ledger(api.ledger_url) as ledger:
+            (call,) = ledger.tool_calls(task["id"])
+        assert call.tool == "counter_session_id" and call.result_preview
+        return call.result_preview
+
+    try:
+        async with serving(home, scripts, mcp_file=mcp_file) as api:
+            acme, beta = api.key("acme"), api.key("beta")
+            for key in (acme, beta):
+                pushed = await api.push(key, "asker", toml=COUNTER_TEAM)
+                assert pushed.status_code == 201, pushed.text
+            first = await session_of(api, acme)
+            assert await session_of(api, beta) != first  # a session of beta's own
+            assert await session_of(api, acme) == first  # acme's is kept for its tasks
+            # A project may still start no program of its own, even under an offered name.
+            declared = COUNTER_TEAM + '[mcp.counter]\ncommand = ["python", "x.py"]\n'
+            refused = await api.push(acme, "other", toml=declared)
+            assert refused.status_code == 422
+            assert refused.json()["error"]["field"] == "toml.mcp.counter"
+            assert "offers an MCP server of this name" in refused.json()["error"]["message"]
+        # Without the setting, the name means nothing to a project's team.
+        async with serving(home, scripts) as api:
+            refused = await api.push(api.key("gamma"), "asker", toml=COUNTER_TEAM)
+            assert refused.status_code == 422
+            assert "the server offers no MCP server of that name" in refused.text
+    finally:
+        close_mcp_servers()
+
+
+def test_a_bad_mcp_file_stops_the_server_at_start(home: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "mcp.toml"
+    bad.write_text('[mcp.counter]\ncommand = ["x"]\nurl = "http://h/mcp"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="give exactly one of command"):
+        create_app(ServiceSettings(home=home, mcp_file=bad))
+    with pytest.raises(ConfigError, match="does not exist"):
+        create_app(ServiceSettings(home=home, mcp_file=tmp_path / "missing.toml"))
+
+
 def test_a_bad_server_team_file_stops_the_server_at_start(
     home: Path, tmp_path: Path, tools_module: Path
 ) -> None:

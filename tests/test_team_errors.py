@@ -111,7 +111,9 @@ def test_an_mcp_server_that_does_not_start_is_the_tools_key(tmp_path: Path) -> N
     with pytest.raises(TeamFileError) as raised:
         parse_team(data, base=tmp_path, trust=TENANT)
     assert (raised.value.table, raised.value.key) == ("agents.reviewer", "tools")
-    assert str(raised.value).startswith("team definition: MCP server 'lint' ")
+    assert str(raised.value).startswith(
+        "team definition: [agents.reviewer] tools: 'mcp:lint/check': MCP server 'lint' "
+    )
 
 
 def test_a_file_that_cannot_be_read_is_the_file_as_a_whole(tmp_path: Path) -> None:

@@ -669,3 +669,33 @@ def test_four_agents_with_a_python_tool_and_an_mcp_server_run_in_each_topology(
         assert "doubled word 'a'" in (calls["lint_check"].result_preview or "")
     finally:
         ledger.close()
+
+
+def test_the_mcp_example_builds_a_team_in_python_and_runs_it(home: Path) -> None:
+    import runpy
+
+    from relaygraph.team import close_mcp_servers
+
+    example = runpy.run_path(str(REPO / "examples" / "mcp" / "mcp_team.py"))
+    team: Team = example["team"]
+    try:
+        assert list(team.tools) == [
+            "save_artifact",
+            "list_artifacts",
+            "words_count",
+            "words_longest",
+        ]
+        (reviewer_shown,) = [a for a in team.describe()["agents"] if a["name"] == "reviewer"]
+        assert {t["name"]: t["origin"] for t in reviewer_shown["tools"]} == {
+            "words_count": "mcp:words",
+            "words_longest": "mcp:words",
+        }
+        script = REPO / "examples" / "scripts" / "mcp-team.json"
+        result = run_task("Review", team=team, model=f"scripted:{script}")
+        assert result.status == "succeeded", result.stop_reason
+        with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+            calls = {c.tool: c.result_preview for c in ledger.tool_calls(result.task_id)}
+        # The server answered: the scripted model cannot have made these up.
+        assert calls == {"words_count": "6", "words_longest": "checkpoints"}
+    finally:
+        close_mcp_servers()

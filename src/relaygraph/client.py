@@ -211,6 +211,7 @@ class Client:
             cursor: The ``next_cursor`` of the previous page.
 
         Returns:
+            A dict, one page (unlike :meth:`teams`, which returns a list):
             ``{"tasks": [...], "next_cursor": str | None}``; None on the last page.
         """
         params: dict[str, Any] = {"limit": limit}
@@ -360,7 +361,13 @@ class Client:
 
     def teams(self) -> builtins.list[dict[str, Any]]:
         """The teams the project may run (``GET /v1/teams``): the built-in team, the
-        server's own, and the latest version of each of the project's."""
+        server's own, and the latest version of each of the project's.
+
+        Returns:
+            A list, every team at once (teams are few, so they come in no pages, unlike
+            :meth:`list`'s tasks): the body's ``teams``, each a dict with ``name``,
+            ``origin`` (``builtin``, ``server``, ``project``), ``version`` and ``digest``.
+        """
         body = self._call("GET", "/v1/teams")
         teams: builtins.list[dict[str, Any]] = body["teams"]
         return teams

@@ -67,7 +67,8 @@ class Agent:
     """The agent's system prompt."""
     tools: tuple[Any, ...] = ()
     """LangChain tools, plain typed functions with a docstring (made tools with LangChain's
-    ``tool()``), or names of built-in tools. A tool may take LangGraph's ``ToolRuntime`` to
+    ``tool()``), names of built-in tools, or MCP servers (``relaygraph.team.mcp_server``:
+    all of a server's tools, its server started now). A tool may take LangGraph's ``ToolRuntime`` to
     reach the task's context (workspace, artifacts, knowledge base)."""
     handoffs: tuple[str, ...] | None = None
     """Peers it may transfer work to directly; None: every other agent of the team."""
@@ -87,7 +88,9 @@ class Agent:
             value = getattr(self, key)
             if not isinstance(value, str) or not value.strip():
                 raise ConfigError(f"{where}: {key} is missing (a non-empty text)")
-        object.__setattr__(self, "tools", _as_tuple(self.tools, f"{where}: tools"))
+        tools, origins = _with_mcp_tools(_as_tuple(self.tools, f"{where}: tools"))
+        object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "origins", {**origins, **self.origins})
         if self.handoffs is not None:
             handoffs = _as_tuple(self.handoffs, f"{where}: handoffs")
             for peer in handoffs:
@@ -122,6 +125,28 @@ def _as_tuple(value: Any, where: str) -> tuple[Any, ...]:
             return (value,)
         raise ConfigError(f"{where} must be a list, got {value!r}")
     return tuple(value)
+
+
+def _with_mcp_tools(tools: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """``tools`` with each MCP server replaced by all its tools, and the origin
+    (``mcp:SERVER``) of every MCP tool among them."""
+    import sys
+
+    from langchain_core.tools import BaseTool
+
+    # No server value exists before its module is imported, and importing it (mcp) for
+    # every agent would slow every start.
+    mcp = sys.modules.get("relaygraph.team._mcp")
+    expanded: list[Any] = []
+    for value in tools:
+        is_server = mcp is not None and isinstance(value, mcp.McpServer)
+        expanded.extend(value.tools() if is_server else [value])
+    origins = {
+        tool.name: f"mcp:{(tool.metadata or {})['mcp_server']}"
+        for tool in expanded
+        if isinstance(tool, BaseTool) and "mcp_server" in (tool.metadata or {})
+    }
+    return tuple(expanded), origins
 
 
 def tool_name(value: Any) -> str:

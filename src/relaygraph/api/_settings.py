@@ -24,6 +24,7 @@ _FLAGS = {
     "scripts_dir": "--scripts",
     "unsafe_sandbox": "--unsafe-sandbox",
     "team_files": "--team",
+    "mcp_file": "--mcp",
 }
 
 

@@ -139,6 +139,7 @@ class ServiceState:
             url = f"sqlite:///{self.home / 'ledger.sqlite'}"
         ledger = Ledger(url)
         await to_thread.run_sync(ledger.upgrade)
+        await to_thread.run_sync(self.teams.warn_of_shadowed, ledger)
         spread = self.settings.processes > 1
         workers = TaskWorkers(
             ledger,
@@ -190,6 +191,7 @@ class ServiceState:
         # The API's own ledger writes (a cancel's last event) notify the streams as well.
         ledger = Ledger(url, notify_channel=settings.events_channel)
         await to_thread.run_sync(ledger.upgrade)
+        await to_thread.run_sync(self.teams.warn_of_shadowed, ledger)
         broker = BrokerDispatch(
             ledger,
             create_celery_app(settings),

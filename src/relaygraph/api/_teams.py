@@ -6,8 +6,15 @@ may use built-in tools, Python tools from the modules the operator allows
 (``RELAYGRAPH_TOOL_MODULES``) and MCP servers over HTTP on the hosts the operator allows
 (``RELAYGRAPH_MCP_ALLOWED_HOSTS``), never a program, a file or a folder of the server. The
 operator's own team files may use anything; every project runs them by name.
+
+An operator's team and a project's never share a name silently. A project may not register
+a name the operator's team has (409 ``team_name_taken``). A project that registered a name
+before the operator loaded a team of that name keeps its own: for that project the name
+means its registered team in every answer (tasks, versions, the list), and the server logs
+a warning naming the project and the team at start.
 """
 
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +34,8 @@ from relaygraph.store import Ledger, TeamVersion
 from relaygraph.team import DEFAULT_TEAM_NAME, Team
 
 __all__ = ["NAME", "ChosenTeam", "TeamRegistry", "is_team_name", "model_allowed"]
+
+logger = logging.getLogger(__name__)
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a registered team's name may be (as a project's)."""
@@ -65,9 +74,36 @@ class TeamRegistry(ServiceTeams):
         super().__init__(ledger=ledger, settings=settings, home=home)
         self.settings = settings
 
-    def reserved(self, name: str) -> bool:
-        """Whether ``name`` is the built-in team's or a server team's (no project's)."""
-        return name == DEFAULT_TEAM_NAME or name in self.server_teams
+    def reserved(self, project_id: str, name: str) -> bool:
+        """Whether ``name`` is the built-in team's or a server team's for this project
+        (one it registered before the operator loaded a team of that name stays its own)."""
+        if name == DEFAULT_TEAM_NAME:
+            return True
+        return name in self.server_teams and not self.shadows(project_id, name)
+
+    def shadows(self, project_id: str, name: str) -> bool:
+        """Whether the project registered a team of a server team's name, which for it
+        is then its own (it registered the name before the operator's team had it)."""
+        if name not in self.server_teams:
+            return False
+        return self._ledger().team_version(project_id, name) is not None
+
+    def warn_of_shadowed(self, ledger: Ledger) -> list[tuple[str, str]]:
+        """Log a warning for each project that registered a server team's name (its tasks
+        keep running its own team of that name); the (project, team) names."""
+        found = ledger.projects_with_teams(self.server_teams)
+        for _, project, team in found:
+            logger.warning(
+                "project %r registered team %r before this server's own team of that name "
+                "(%s): for project %r, %r stays its registered team; rename the server's "
+                "team for that project to run it",
+                project,
+                team,
+                self.server_teams[team].source,
+                project,
+                team,
+            )
+        return [(project, team) for _, project, team in found]
 
     def choose(self, project_id: str, name: str | None, version: int | None) -> ChosenTeam:
         """The team a request names for the project: the built-in team when None.
@@ -89,7 +125,7 @@ class TeamRegistry(ServiceTeams):
                 team=self.builtin, version=None, origin="builtin", policy=self.ceiling.policy
             )
         server = self.server_teams.get(name)
-        if server is not None:
+        if server is not None and not self.shadows(project_id, name):
             if version is not None:
                 raise ErrorAnswer(
                     422,
@@ -155,11 +191,12 @@ class TeamRegistry(ServiceTeams):
             definition=version.definition if definition else None,
         )
 
-    def own_team_out(self, name: str) -> TeamVersionOut | None:
-        """The built-in team or a server team, as the API lists it; None for other names."""
+    def own_team_out(self, project_id: str, name: str) -> TeamVersionOut | None:
+        """The built-in team or a server team, as the API lists it to the project; None
+        for other names (and for a server team's name the project registered itself)."""
         if name == DEFAULT_TEAM_NAME:
             team, origin = self.builtin, "builtin"
-        elif name in self.server_teams:
+        elif name in self.server_teams and not self.shadows(project_id, name):
             team, origin = self.server_teams[name], "server"
         else:
             return None

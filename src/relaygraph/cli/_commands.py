@@ -214,6 +214,8 @@ def serve(args: argparse.Namespace) -> int:
         overrides["unsafe_sandbox"] = True
     if args.team_files:
         overrides["team_files"] = args.team_files
+    if args.mcp_file:
+        overrides["mcp_file"] = args.mcp_file
     settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     # The server's own ledger and address are checked before it starts: uvicorn would
     # report either failure as a traceback and "Application startup failed", after the

@@ -178,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
         "stdio MCP servers, ./file.py tools and kb folders (see docs/api.md)",
     )
     serve.add_argument(
+        "--mcp",
+        metavar="FILE",
+        type=Path,
+        dest="mcp_file",
+        help="a file of [mcp.NAME] tables (as in a team file): MCP servers projects' "
+        "registered teams may use as mcp:NAME/..., each project with its own session",
+    )
+    serve.add_argument(
         "--unsafe-sandbox",
         action="store_true",
         help="run tenants' run_python code even where this host has no filesystem "

@@ -1,7 +1,8 @@
 """The teams a service's tasks run, as any process that runs them finds them: the built-in
 team, the operator's team files (``RELAYGRAPH_TEAM_FILES``) by name, and each project's
-registered versions, built under the operator's trust and bounds and kept; and the policy
-each task runs under, capped by the operator's ceiling.
+registered versions, built under the operator's trust and bounds and kept, with the MCP
+servers the operator offers (``RELAYGRAPH_MCP_FILE``) in a session of the project's own;
+and the policy each task runs under, capped by the operator's ceiling.
 
 An API server's team registry and a worker resolve a task's team and its policy the same
 way, from the same settings (:class:`~relaygraph.runner.RunnerSettings`).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +59,7 @@ class ServiceTeams:
         self, *, ledger: Ledger | Callable[[], Ledger], settings: RunnerSettings, home: Path
     ) -> None:
         from relaygraph.policies import policy_ceiling
-        from relaygraph.team import TeamBounds, TeamTrust, default_team
+        from relaygraph.team import TeamBounds, TeamTrust, default_team, load_mcp_file
 
         self._ledger = ledger if callable(ledger) else (lambda: ledger)
         self.trust: TeamTrust = TeamTrust(
@@ -65,6 +67,8 @@ class ServiceTeams:
             modules=tuple(settings.tool_modules),
             mcp_hosts=tuple(settings.mcp_allowed_hosts),
         )
+        self.offered_mcp = load_mcp_file(settings.mcp_file) if settings.mcp_file else ()
+        """The MCP servers the operator offers to every project's registered teams."""
         # A registered definition names no files, so nothing is read from here; relative
         # paths it might hold are refused before they are resolved.
         self.base = home / "teams"
@@ -85,11 +89,23 @@ class ServiceTeams:
         self._lock = threading.Lock()
         self._building: dict[tuple[str, str, int], threading.Lock] = {}
 
-    def build(self, name: str, definition: Mapping[str, Any], *, field: str = "definition") -> Team:
+    def build(
+        self,
+        name: str,
+        definition: Mapping[str, Any],
+        *,
+        project_id: str,
+        field: str = "definition",
+    ) -> Team:
         """A project's team from its definition, under the operator's trust and bounds.
+
+        The MCP servers the operator offers are the project's to use by name, each in a
+        session of the project's own: one project's calls never share a session (or a
+        stdio server's process) with another's.
 
         Args:
             name: The team's name.
+            project_id: Whose team it is.
             definition: The team file's content.
             field: What the definition is called in messages (a request's body field).
 
@@ -101,7 +117,9 @@ class ServiceTeams:
         from relaygraph.team import check_bounds, check_tool_counts, parse_team
 
         check_bounds(definition, self.bounds, field=field)
-        team = parse_team({**definition, "name": name}, base=self.base, trust=self.trust)
+        offered = tuple(replace(s, session_scope=project_id) for s in self.offered_mcp)
+        trust = replace(self.trust, mcp_servers=offered)
+        team = parse_team({**definition, "name": name}, base=self.base, trust=trust)
         check_tool_counts({agent.name: len(agent.tools) for agent in team.agents}, self.bounds)
         return team
 
@@ -160,7 +178,7 @@ class ServiceTeams:
             with self._lock:
                 kept = self._kept.get(key)
             if kept is None:
-                kept = self.build(version.name, version.definition)
+                kept = self.build(version.name, version.definition, project_id=version.project_id)
                 self.keep(version, kept)
         with self._lock:
             self._building.pop(key, None)

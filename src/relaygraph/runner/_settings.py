@@ -53,6 +53,10 @@ class RunnerSettings(BaseSettings):
     """Team files the operator loads at start (``serve --team FILE``, repeatable): every
     project may run them by name. Only these may use stdio MCP servers, ``./file.py`` tools
     and knowledge-base folders; a project's registered teams may not."""
+    mcp_file: Path | None = None
+    """A file of ``[mcp.NAME]`` tables, as in a team file (``serve --mcp FILE``): MCP
+    servers the operator offers to projects, whose registered teams use them as
+    ``mcp:NAME/...`` without declaring them. Each project gets its own session with each."""
     tool_modules: list[str] = Field(default_factory=list)
     """Python modules (each with its submodules) that a project's registered team may take
     tools from (``package.module:function``); none by default."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _team_versions
@@ -98,6 +99,21 @@ class TeamsLedger(LedgerBase):
         with self._read() as session:
             rows = _team_versions.latest_of_each(session, project_id)
             return [snapshot(TeamVersion, row) for row in rows]
+
+    def projects_with_teams(self, names: Collection[str]) -> list[tuple[str, str, str]]:
+        """Which projects registered a team of one of ``names``: (project id, project
+        name, team name) each, by project name then team name."""
+        if not names:
+            return []
+        with self._read() as session:
+            rows = session.execute(
+                select(ProjectRow.id, ProjectRow.name, TeamVersionRow.name)
+                .join(ProjectRow, ProjectRow.id == TeamVersionRow.project_id)
+                .where(TeamVersionRow.name.in_(list(names)))
+                .distinct()
+                .order_by(ProjectRow.name, TeamVersionRow.name)
+            )
+            return [(project_id, project, team) for project_id, project, team in rows]
 
 
 def _agent_order(definition: Mapping[str, Any]) -> list[str]:

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,7 +46,10 @@ from relaygraph.team._errors import TeamFileError, located, location_of
 from relaygraph.team._refs import ToolRef, allowed_module, parse_tool_ref, resolve_python_ref
 from relaygraph.team._team import Team
 
-__all__ = ["OPERATOR", "TeamTrust", "load_team", "parse_team"]
+__all__ = ["OPERATOR", "TeamTrust", "load_mcp_file", "load_team", "parse_team"]
+
+if TYPE_CHECKING:
+    from relaygraph.team._mcp import McpServer
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -75,6 +77,11 @@ class _McpTable(BaseModel):
 class _SupervisorTable(BaseModel):
     model_config = _STRICT
     prompt: str | None = None
+
+
+class _McpFile(BaseModel):
+    model_config = _STRICT
+    mcp: dict[str, _McpTable] = Field(default_factory=dict)
 
 
 class _TeamFile(BaseModel):
@@ -106,6 +113,9 @@ class TeamTrust:
     """Where HTTP MCP servers may be: each ``host:port``, or a bare ``host`` on its URL
     scheme's default port (80 or 443) only; None: anywhere. A host alone never allows every
     port: on a loopback host those are the ledger's, Redis's and RabbitMQ's too."""
+    mcp_servers: tuple[McpServer, ...] = ()
+    """MCP servers the file may use as ``mcp:NAME/...`` without an ``[mcp.NAME]`` table of
+    its own: those the operator offers (``serve --mcp``), whatever ``local_files`` says."""
 
 
 OPERATOR = TeamTrust()
@@ -131,6 +141,34 @@ def load_team(path: str | Path, *, trust: TeamTrust = OPERATOR) -> Team:
     except tomllib.TOMLDecodeError as exc:
         raise TeamFileError(f"team file {str(file)!r} is not valid TOML: {exc}") from None
     return parse_team(data, base=file.resolve().parent, source=file.resolve(), trust=trust)
+
+
+def load_mcp_file(path: str | Path) -> tuple[McpServer, ...]:
+    """The MCP servers of a file of ``[mcp.NAME]`` tables, as in a team file (``serve
+    --mcp``): the operator's own, so they may run programs (relative to the file's folder).
+
+    Raises:
+        TeamFileError: The file is missing, is not TOML, has other keys, or a table is
+            wrong; the message names the file and the table.
+    """
+    file = Path(path).expanduser().resolve()
+    where = f"MCP file {str(file)!r}"
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TeamFileError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise TeamFileError(f"{where} cannot be read: {exc}") from None
+    try:
+        parsed = _McpFile.model_validate(data)
+    except ValidationError as exc:
+        table, key = location_of(exc.errors()[0]["loc"], data)
+        raise TeamFileError(f"{where}: " + "; ".join(_explain(exc)), table=table, key=key) from None
+    if not parsed.mcp:
+        raise TeamFileError(f"{where}: no [mcp.NAME] table")
+    return tuple(
+        _mcp_server(name, table, file.parent, OPERATOR, where) for name, table in parsed.mcp.items()
+    )
 
 
 def parse_team(
@@ -170,9 +208,15 @@ def _parse_team(
         table, key = location_of(exc.errors()[0]["loc"], data)
         message = f"{where}: " + "; ".join(_explain(exc))
         raise TeamFileError(message, table=table, key=key) from None
-    servers = {
-        name: _mcp_server(name, table, base, trust, where) for name, table in parsed.mcp.items()
-    }
+    servers = {server.name: server for server in trust.mcp_servers}
+    for name, mcp_table in parsed.mcp.items():
+        if name in servers:
+            raise TeamFileError(
+                f"{where}: [mcp.{name}]: the server offers an MCP server of this name; use it "
+                f"as mcp:{name}/... without a table, or name yours otherwise",
+                table=f"mcp.{name}",
+            )
+        servers[name] = _mcp_server(name, mcp_table, base, trust, where)
     tables = parsed.agents
     files: dict[str, str] = {}
     agents = [_agent(name, tables, base, trust, servers, files, where, chain=()) for name in tables]
@@ -319,8 +363,8 @@ def _agent(
         for text in table.tools:
             ref = parse_tool_ref(text, where=f"{at} tools", table=table_name)
             # An MCP server's own errors (it did not start, it lists no such tool) name no
-            # team file: they are this key's.
-            with located(where, table=table_name, key="tools"):
+            # team file, agent or reference: they are this key's, and this reference's.
+            with located(f"{at} tools: {ref.text!r}", table=table_name, key="tools"):
                 resolved = _resolve(ref, base, trust, servers, files, f"{at} tools", table_name)
                 # A tool's contract too (its arguments' JSON schema), here where the key
                 # that named it is known; the team checks it again, naming no key.
@@ -361,7 +405,8 @@ def _resolve(
         if server is None:
             known = ", ".join(servers) or "none"
             raise TeamFileError(
-                f"{where}: {ref.text!r}: no [mcp.{ref.target}] table (servers: {known})",
+                f"{where}: {ref.text!r}: no [mcp.{ref.target}] table, and the server offers "
+                f"no MCP server of that name (servers: {known})",
                 table=table,
                 key="tools",
             )
@@ -393,7 +438,7 @@ def _resolve(
 
 
 def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where: str) -> Any:
-    from relaygraph.team._mcp import McpServer
+    from relaygraph.team._mcp import McpServer, interpreter_for
 
     table_name = f"mcp.{name}"
     at = f"{where}: [{table_name}]"
@@ -410,11 +455,7 @@ def _mcp_server(name: str, table: _McpTable, base: Path, trust: TeamTrust, where
                 table=table_name,
                 key="command",
             )
-        command = list(table.command)
-        if command[0] in ("python", "python3"):
-            # The interpreter relaygraph runs on, whose packages (mcp among them) the
-            # server can import: "python" on PATH may be another one.
-            command[0] = sys.executable
+        command = [interpreter_for(table.command[0]), *table.command[1:]]
         with located(where, table=table_name):  # The server's own checks (its name).
             return McpServer(
                 name=name,

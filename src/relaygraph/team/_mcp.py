@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shlex
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -52,7 +53,14 @@ from mcp.types import CONNECTION_CLOSED, ErrorData
 
 from relaygraph.errors import ConfigError
 
-__all__ = ["McpServer", "close_mcp_servers", "mcp_tools"]
+__all__ = [
+    "McpServer",
+    "close_mcp_servers",
+    "interpreter_for",
+    "mcp_server",
+    "mcp_tools",
+    "tool_name_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +97,10 @@ class McpServer:
     """HTTP: headers sent with every request."""
     timeout_seconds: float = 30.0
     """Limit on starting the server, listing its tools and each tool call."""
+    session_scope: str = ""
+    """Whose session this is: values that differ only here get sessions (for stdio,
+    processes) of their own. The task service gives each project its own scope for the
+    servers the operator offers (``serve --mcp``)."""
 
     def __post_init__(self) -> None:
         at = f"MCP server {self.name!r}"
@@ -129,18 +141,97 @@ class McpServer:
     def __hash__(self) -> int:
         # The generated hash would hash the mappings, which are not hashable.
         mappings = (tuple(sorted(self.env.items())), tuple(sorted(self.headers.items())))
-        return hash((self.name, self.command, self.url, self.cwd, mappings, self.timeout_seconds))
+        where = (self.name, self.command, self.url, self.cwd)
+        return hash((*where, mappings, self.timeout_seconds, self.session_scope))
 
     def describe(self) -> str:
         """``'lint' (python lint_server.py)`` or ``'lint' (http://...)``, for messages."""
         where = shlex.join(self.command) if self.command is not None else self.url
         return f"{self.name!r} ({where})"
 
+    def tools(self, *names: str) -> list[BaseTool]:
+        """The server's tools named ``names`` (all when none), as :func:`mcp_tools` makes them.
+
+        Example:
+            git = mcp_server("git", command="mcp-server-git", args=["--repository", "."])
+            reviewer = Agent(..., tools=[*git.tools("git_log", "git_diff"), word_count])
+
+        Raises:
+            ConfigError: As :func:`mcp_tools`.
+        """
+        return mcp_tools(self, list(names) if names else None)
+
+
+def mcp_server(
+    name: str,
+    *,
+    command: str | None = None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    url: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_seconds: float = 30.0,
+) -> McpServer:
+    """An MCP server, as a team file's ``[mcp.NAME]`` table describes one: a program run
+    over stdio (``command`` and ``args``), or a streamable-HTTP ``url``.
+
+    Give the value to an agent, ``Agent(tools=[server])`` for all its tools, or pick some
+    with ``server.tools("check")``. As in a team file, a ``command`` of ``python`` or
+    ``python3`` is the interpreter relaygraph runs on, and a stdio server inherits only
+    ``HOME``, ``PATH``, ``LOGNAME``, ``SHELL``, ``TERM`` and ``USER`` besides ``env``.
+
+    Example:
+        lint = mcp_server("lint", command="python", args=["lint_server.py"], cwd="examples/mcp")
+        docs = mcp_server("docs", url="http://127.0.0.1:9000/mcp", headers={"X-Key": key})
+        reviewer = Agent(name="reviewer", description=..., prompt=..., tools=[lint])
+
+    Args:
+        name: Letters, digits and ``_``: the first part of its tools' names (``lint_check``).
+        command: stdio: the program to run.
+        args: stdio: its arguments.
+        env: stdio: variables added to those the server inherits.
+        cwd: stdio: the folder it runs in (default: this process's).
+        url: streamable HTTP: the server's ``http://`` or ``https://`` URL.
+        headers: streamable HTTP: headers sent with every request (a token).
+        timeout_seconds: Limit on starting the server, listing its tools and each call.
+
+    Raises:
+        ConfigError: A bad name, both or neither of ``command`` and ``url``, or a setting of
+            the other transport (``headers`` with ``command``; ``args``, ``env`` or ``cwd``
+            with ``url``).
+    """
+    if command is not None and not isinstance(command, str):
+        raise ConfigError(
+            f"MCP server {name!r}: command is the program alone (a string); put its "
+            "arguments in args"
+        )
+    if url is not None and args:
+        raise ConfigError(f"MCP server {name!r}: args apply to a stdio server (command), not url")
+    if isinstance(args, str):
+        raise ConfigError(f"MCP server {name!r}: args must be a list of strings, not one string")
+    return McpServer(
+        name=name,
+        command=(interpreter_for(command), *args) if command is not None else None,
+        url=url,
+        env=env or {},
+        headers=headers or {},
+        cwd=Path(cwd) if cwd is not None else None,
+        timeout_seconds=timeout_seconds,
+    )
+
+
+def interpreter_for(program: str) -> str:
+    """``program``, or for ``python`` and ``python3`` the interpreter relaygraph runs on,
+    whose packages (``mcp`` among them) the server can import: ``python`` on PATH may be
+    another one."""
+    return sys.executable if program in ("python", "python3") else program
+
 
 def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[BaseTool]:
     """LangChain tools for the server's tools named ``names`` (all when None).
 
-    Each tool is named ``f"{server.name}_{tool}"`` and can be called synchronously
+    Each tool is named as :func:`tool_name_of` says, and can be called synchronously
     (``tool.invoke``) from any thread, or with ``ainvoke`` from any event loop. The server is
     started (or its session opened) now, so that a bad reference fails before any model runs.
 
@@ -160,8 +251,15 @@ def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[Bas
             f"it lists: {', '.join(listed) or 'no tools'}"
         )
     tools = []
+    made: dict[str, str] = {}
     for mcp_name in wanted:
-        name = f"{server.name}_{mcp_name}"
+        name = tool_name_of(server.name, mcp_name)
+        if name in made:
+            raise ConfigError(
+                f"MCP server {server.name!r}: tools {made[name]!r} and {mcp_name!r} would both be "
+                f"named {name!r}; name the one you want instead of all"
+            )
+        made[name] = mcp_name
         if not _TOOL_NAME.fullmatch(name):
             raise ConfigError(
                 f"MCP server {server.name!r}: tool {mcp_name!r} makes the name {name!r}, which a "
@@ -170,6 +268,16 @@ def mcp_tools(server: McpServer, names: Sequence[str] | None = None) -> list[Bas
             )
         tools.append(_wrap(server, mcp_name, name, listed[mcp_name]))
     return tools
+
+
+def tool_name_of(server: str, tool: str) -> str:
+    """The name the model, policies, the ledger and traces know an MCP tool by: the
+    server's name, ``_`` and the tool's (``lint_check``), unless the tool's name already
+    starts with the server's (``git_log`` of the server ``git`` stays ``git_log``, not
+    ``git_git_log``)."""
+    if tool == server or tool.startswith((f"{server}_", f"{server}-")):
+        return tool
+    return f"{server}_{tool}"
 
 
 def close_mcp_servers() -> None:

@@ -80,7 +80,7 @@ def teams_router(state: ServiceState) -> APIRouter:
                 "starting with a letter or digit",
                 "name",
             )
-        if registry.reserved(name):
+        if registry.reserved(project.id, name):
             raise ErrorAnswer(
                 409,
                 "team_name_taken",
@@ -92,7 +92,7 @@ def teams_router(state: ServiceState) -> APIRouter:
         definition, source = _definition(body, registry.bounds)
         registry.models_in(definition)
         try:
-            team = registry.build(name, definition, field=source)
+            team = registry.build(name, definition, project_id=project.id, field=source)
         except ConfigError as exc:
             raise ErrorAnswer(422, "invalid_team", str(exc), _field(exc, source)) from None
         loosens = registry.loosenings(team)
@@ -119,8 +119,8 @@ def teams_router(state: ServiceState) -> APIRouter:
     @router.get("", response_model=TeamList, responses=error_responses(401))
     def list_teams(project: ProjectDep) -> TeamList:
         """The teams this project may run: the built-in team, the server's and its own."""
-        own = [registry.own_team_out(DEFAULT_TEAM_NAME)]
-        own += [registry.own_team_out(name) for name in sorted(registry.server_teams)]
+        own = [registry.own_team_out(project.id, DEFAULT_TEAM_NAME)]
+        own += [registry.own_team_out(project.id, name) for name in sorted(registry.server_teams)]
         mine = [registry.version_out(v) for v in ledger().teams(project.id)]
         return TeamList(teams=[t for t in own if t is not None] + mine)
 
@@ -131,7 +131,7 @@ def teams_router(state: ServiceState) -> APIRouter:
     )
     def get_team(name: str, project: ProjectDep) -> TeamHistory:
         """A team with every version, oldest first (another project's team is 404)."""
-        own = registry.own_team_out(name)
+        own = registry.own_team_out(project.id, name)
         if own is not None:
             return TeamHistory(name=name, origin=own.origin, latest=own, versions=[])
         versions = ledger().team_versions(project.id, name) if is_team_name(name) else []
