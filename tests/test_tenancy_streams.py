@@ -80,6 +80,11 @@ def test_streams_past_the_project_quota_get_429_while_another_project_works(
         assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
         assert "'bravo' has 3 of 3 event streams" in refused.value.message
         assert "RELAYGRAPH_PROJECT_MAX_STREAMS" in refused.value.message
+        # B sees its streams against its quota; A sees none of B's.
+        me = b.project()
+        assert (me["quotas"]["max_streams"], me["usage"]["streams"]) == (3, 3)
+        with Client(server.url, key_a) as a:
+            assert a.project()["usage"]["streams"] == 0
 
         # Project A streams its own task to the end, and its task succeeds.
         with Client(server.url, key_a) as a:

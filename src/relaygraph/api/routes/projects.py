@@ -27,7 +27,11 @@ def projects_router(state: ServiceState) -> APIRouter:
     def me(project: ProjectDep) -> ProjectMe:
         """The calling project: its quotas as they apply to it, and what it uses now."""
         return project_me(
-            state.ledger(), state.settings.quotas, project_id=project.id, name=project.name
+            state.ledger(),
+            state.settings.quotas,
+            project_id=project.id,
+            name=project.name,
+            streams=state.streams,
         )
 
     @router.get("/v1/usage", responses=error_responses(401, 422))

@@ -21,6 +21,7 @@ from relaygraph._home import TASKS_FOLDER
 from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import ProjectMe, ProjectUsageOut, QuotasOut
+from relaygraph.api._streams import StreamGate
 from relaygraph.store import (
     EvalRunRecord,
     Event,
@@ -418,9 +419,17 @@ def artifact_response(data: bytes, name: str, *, download: bool) -> Response:
     return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
 
-def project_me(ledger: Ledger, server: Quotas, *, project_id: str, name: str) -> ProjectMe:
+def project_me(
+    ledger: Ledger,
+    server: Quotas,
+    *,
+    project_id: str,
+    name: str,
+    streams: StreamGate | None = None,
+) -> ProjectMe:
     """The project's quotas (the operator's for it over the server's, ``server``) and what
-    it uses of them now: what ``GET /v1/projects/me`` answers and the usage page shows."""
+    it uses of them now: what ``GET /v1/projects/me`` answers and the usage page shows.
+    ``streams``: this server's event streams (their quota, and the project's open ones)."""
     now = datetime.now(UTC)
     quotas = server.overridden(ledger.project_quotas(project_id))
     load = ledger.project_load(project_id, now=now)
@@ -431,9 +440,13 @@ def project_me(ledger: Ledger, server: Quotas, *, project_id: str, name: str) ->
             max_running=quotas.max_running,
             max_queued=quotas.max_queued,
             daily_cost_usd=quotas.daily_cost_usd,
+            max_streams=None if streams is None else streams.max_per_project,
         ),
         usage=ProjectUsageOut(
-            running=load.running, queued=load.queued, cost_today_usd=load.cost_today_usd
+            running=load.running,
+            queued=load.queued,
+            cost_today_usd=load.cost_today_usd,
+            streams=None if streams is None else streams.open_streams(project_id),
         ),
         day_started_at=day_start(now),
     )

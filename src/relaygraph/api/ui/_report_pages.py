@@ -160,6 +160,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
             dashboard.quotas,
             project_id=session.project_id,
             name=session.project_name,
+            streams=dashboard.streams,
         )
         return dashboard.page(
             request,
