@@ -546,7 +546,7 @@ def test_run_python_refused_without_isolation_is_recorded(
         result,
         home,
         agent="coder",
-        kind="tool_not_allowed",
+        kind="tool_unavailable",
         call_id="agent-bad",
         messages=transcript_of(home, result),
     )
@@ -555,6 +555,30 @@ def test_run_python_refused_without_isolation_is_recorded(
     assert tool_results(result, home, "agent-bad") == [("error", False)]
     assert result.usage["coder"]["tool_calls"] == 0
     assert not (home / "tasks" / result.task_id / "workspace" / "ran.txt").exists()
+
+
+@pytest.mark.usefixtures("no_isolation")
+def test_run_python_that_needs_approval_is_refused_without_asking_where_it_cannot_run(
+    home: Path, script: Script, tmp_path: Path
+) -> None:
+    """A person is never asked to approve a call this host will refuse anyway: the task
+    does not pause (it asked, recorded the approval, then refused the call)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[agents.coder]\napproval = ["run_python"]\n', encoding="utf-8")
+    turns = {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "run it", "reason": "code"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [
+            calls(("run_python", "needs-ok", {"code": "print(1)"})),
+            say("could not run code"),
+        ],
+    }
+    result = run_task("go", model=script(turns), policy=policy)
+    assert result.status == "succeeded", result.stop_reason
+    assert [v["kind"] for v in result.violations] == ["tool_unavailable"]
+    assert "bubblewrap" in result.violations[0]["detail"]
 
 
 # -- finalize -----------------------------------------------------------------------------------

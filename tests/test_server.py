@@ -547,3 +547,27 @@ def test_two_servers_on_one_ledger_run_a_task_once(
     assert kinds(every).count("run_finished") == 1
     assert kinds(every).count("final") == 1
     assert [e["id"] for e in every] == list(range(1, len(every) + 1))
+
+
+@pytest.mark.parametrize("unsafe", [False, True], ids=["refused", "unsafe"])
+def test_serve_says_at_start_when_it_cannot_isolate_code(
+    home: Path, tmp_path: Path, scripts: Path, unsafe: bool
+) -> None:
+    """On a host without bubblewrap the operator learns it when the server starts, not from
+    a tenant's first refused call."""
+    env = {**_env(home), "RELAYGRAPH_BWRAP": ""}
+    env.pop("RELAYGRAPH_UNSAFE_SANDBOX", None)
+    if unsafe:
+        env["RELAYGRAPH_UNSAFE_SANDBOX"] = "true"
+    server = Server(
+        home, f"scripted:{EXAMPLE_RELAY}", _free_port(), tmp_path / "serve.log", scripts, env=env
+    )
+    try:
+        server.wait_ready()
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    if unsafe:
+        assert "--unsafe-sandbox: tenants' run_python code runs with this server's files" in log
+    else:
+        assert "no filesystem isolation (bubblewrap) on this host: tasks' run_python" in log

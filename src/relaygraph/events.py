@@ -155,6 +155,7 @@ ViolationKind = Literal[
     "ping_pong",
     "repeated_tool_call",
     "budget",
+    "tool_unavailable",
 ]
 """What a violation was: the one list of kinds (golden sets and the dashboard use it too)."""
 VIOLATION_KINDS: tuple[ViolationKind, ...] = get_args(ViolationKind)

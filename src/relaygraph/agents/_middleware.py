@@ -23,7 +23,9 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
     A :class:`ToolInputError` (a path outside the workspace, an unknown doc id) is a normal
     outcome the model can correct, so it becomes an error ToolMessage instead of failing the
     task. A :class:`SandboxUnavailableError` is a refusal before anything ran (this server
-    allows no unisolated code): its answer records a ``tool_not_allowed`` violation. What
+    allows no unisolated code): its answer records a ``tool_unavailable`` violation (the policy
+    middleware refuses such a call before it runs, and before any approval; this is the
+    backstop). What
     else a tool's body raises is answered as a tool error by the tool journal middleware
     (``_journal._own_events``); any other exception still propagates: it is a real failure.
     """
@@ -56,9 +58,9 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
             result = refuse_call(
                 call,
                 agent=self.agent,
-                kind="tool_not_allowed",
-                detail=f"{self.agent!r} called {call['name']!r}, which this server refuses: "
-                "it has no filesystem isolation (bubblewrap) for code",
+                kind="tool_unavailable",
+                detail=f"{self.agent!r} called {call['name']!r}, which this server cannot "
+                "run: it has no filesystem isolation (bubblewrap) for code",
                 content=f"Not run: {exc}",
                 emit=emit,
             )

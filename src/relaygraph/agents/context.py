@@ -11,7 +11,12 @@ from pydantic import InstanceOf
 from pydantic.json_schema import SkipJsonSchema
 
 from relaygraph._home import TASKS_FOLDER
-from relaygraph.backends.sandbox import SandboxLimits, WorkspaceQuota
+from relaygraph.backends.sandbox import (
+    SandboxLimits,
+    SandboxUnavailableError,
+    WorkspaceQuota,
+    filesystem_isolation,
+)
 
 __all__ = ["TaskContext", "ToolJournal"]
 
@@ -68,6 +73,13 @@ class TaskContext:
     workspace_quota: WorkspaceQuota = field(default_factory=WorkspaceQuota)
     """What the task's workspace and artifacts may hold together; ``run_python``,
     ``write_file`` and ``save_artifact`` enforce it (``RELAYGRAPH_WORKSPACE_MAX_MB``)."""
+
+    def unavailable_tool(self, name: str) -> str | None:
+        """Why tool ``name`` cannot run on this host now, or None: ``run_python`` where the
+        task requires isolation and the host has none (the policy refuses the call before
+        it asks anyone's approval, as ``tool_unavailable``)."""
+        isolated = not self.sandbox_isolation_required or filesystem_isolation() is not None
+        return None if name != "run_python" or isolated else str(SandboxUnavailableError(name))
 
     @classmethod
     def for_task(cls, home: Path, *, task_id: str, thread_id: str) -> TaskContext:

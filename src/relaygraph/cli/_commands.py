@@ -223,6 +223,7 @@ def serve(args: argparse.Namespace) -> int:
     check_ledger(settings.database_url or ledger_url(settings.home))
     check_bind(args.host, args.port)
     app = create_app(settings)
+    _warn_without_isolation(unsafe=settings.unsafe_sandbox)
     # A process that lives to serve: what it holds now (the modules its runs use) is kept
     # out of the cyclic GC's full collections, which would otherwise stall every running
     # task for a fifth of a second every few seconds (see relaygraph.runner._long_lived).
@@ -243,6 +244,7 @@ def worker(args: argparse.Namespace) -> int:
     """``relaygraph worker``: run a Celery worker of the worker mode."""
     from celery.utils.nodenames import default_nodename, host_format
 
+    from relaygraph.runner import load_runner_settings
     from relaygraph.store import DATABASE_URL_ENV
     from relaygraph.worker import (
         check_broker,
@@ -264,6 +266,7 @@ def worker(args: argparse.Namespace) -> int:
     if os.environ.get(DATABASE_URL_ENV):  # Unset: prepare_worker says the worker needs it.
         check_ledger(None)
     settings = prepare_worker(**overrides)
+    _warn_without_isolation(unsafe=load_runner_settings().unsafe_sandbox)
     app = create_celery_app(settings)
     # Celery's own spelling of a node name: `name` alone is `name@<host>`, `%h` the host.
     node_name = host_format(default_nodename(args.hostname or default_node_name()))
@@ -271,6 +274,29 @@ def worker(args: argparse.Namespace) -> int:
     argv = worker_argv(settings, hostname=node_name)
     start_worker(app, [*argv, "--task-events"] if args.events else argv)
     return EXIT_OK
+
+
+def _warn_without_isolation(*, unsafe: bool) -> None:
+    """Say at start, not at a tenant's first refused call, that this host cannot isolate
+    tenants' code: ``run_python`` will be refused (or, with ``--unsafe-sandbox``, run
+    unisolated)."""
+    from relaygraph.backends.sandbox import filesystem_isolation
+
+    if filesystem_isolation() is not None:
+        return
+    if unsafe:
+        print(
+            "relaygraph: warning: no filesystem isolation (bubblewrap) on this host, and "
+            "--unsafe-sandbox: tenants' run_python code runs with this server's files in reach",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            "relaygraph: warning: no filesystem isolation (bubblewrap) on this host: tasks' "
+            "run_python calls will be refused (install the 'bubblewrap' package; see "
+            "docs/sandbox.md)",
+            file=sys.stderr,
+        )
 
 
 def create_project(args: argparse.Namespace, *, key: str) -> int:

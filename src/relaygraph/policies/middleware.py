@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from langchain.agents.middleware import (
     AgentMiddleware,
@@ -263,6 +263,20 @@ def _schema(tool: BaseTool | None) -> type[BaseModel] | None:
     return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
 
 
+@runtime_checkable
+class ToolAvailability(Protocol):
+    """A run's context that knows which tools this host cannot run now
+    (``relaygraph.agents.TaskContext``)."""
+
+    def unavailable_tool(self, name: str) -> str | None:
+        """Why tool ``name`` cannot run here, or None when it can."""
+        ...
+
+
+def _unavailable(context: Any, tool: str) -> str | None:
+    return context.unavailable_tool(tool) if isinstance(context, ToolAvailability) else None
+
+
 class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     """Enforces one agent's policy: budgets, allowlists, repeated calls, approvals."""
 
@@ -377,6 +391,19 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                     )
                 )
                 return spent
+        unavailable = _unavailable(request.runtime.context, call["name"])
+        if unavailable is not None:
+            # Before an approval: a person is never asked to approve a call this host will
+            # refuse anyway (run_python where the server cannot isolate code).
+            return self._refused(
+                request,
+                _Refused(
+                    kind="tool_unavailable",
+                    detail=f"{self.agent!r} called {call['name']!r}, which this server cannot "
+                    "run: it has no filesystem isolation (bubblewrap) for code",
+                    content=f"Not run: {unavailable}",
+                ),
+            )
         if call["name"] in self.rules.approval:
             return self._with_approval(request, handler, budget)
         return handler(request)
