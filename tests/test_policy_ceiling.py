@@ -323,7 +323,7 @@ async def test_a_task_queued_under_a_looser_ceiling_runs_under_the_tighter(
         assert project is not None
         found = ledger.team_version(project.id, "greedy")
         assert found is not None
-        team = registry.build("greedy", found.definition)
+        team = registry.build("greedy", found.definition, project_id=project.id)
         # Recorded queued under the team's own policy, as a server that stopped before a
         # worker was free leaves it.
         queued = submit_task(

@@ -224,7 +224,7 @@ def test_the_finalize_switch_is_stored_and_a_caller_may_choose_either() -> None:
     base = default_policy()
     assert base.finalize.answer == "last_reply"
     mapping = policy_to_mapping(base)
-    assert mapping["finalize"] == {"answer": "last_reply"}
+    assert mapping["finalize"] == {"answer": "last_reply", "citations": "auto"}
     wants_model = tighten(base, {"finalize": {"answer": "model"}})
     assert wants_model.finalize.answer == "model"
     # Not a limit: a caller's policy may turn the extra call off again.
