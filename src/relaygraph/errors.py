@@ -76,14 +76,15 @@ class NoRoomOnDisk(RunError):
         task_id: The task.
         recorded: Whether the ledger took the failure already; when False, the runner
             keeps it and writes it once the ledger takes writes again.
+        reason: The task's stop reason (``error: no room on disk: ...``).
     """
 
-    def __init__(self, task_id: str, *, recorded: bool, cause: str) -> None:
+    def __init__(self, task_id: str, *, recorded: bool, reason: str) -> None:
         self.task_id = task_id
         self.recorded = recorded
-        self.cause = cause
+        self.reason = reason
         later = "" if recorded else " (recorded once the ledger takes writes again)"
-        super().__init__(f"task {task_id!r} failed: no room on disk: {cause}{later}")
+        super().__init__(f"task {task_id!r} failed: {reason}{later}")
 
 
 class ScriptError(RunError):

@@ -294,7 +294,7 @@ class TaskRunner:
             # filled the disk would fill it again): it fails, now or once there is room.
             reason = no_room_reason(exc)
             recorded = self.unrecorded_failures.fail(task.id, attempt=attempt, reason=reason)
-            raise NoRoomOnDisk(task.id, recorded=recorded, cause=reason) from exc
+            raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
 
     def _day_budget(self, task: Task) -> ProjectDayBudget | None:
         """What the task's project may still spend today, as the run's cost cap; None when
