@@ -9,6 +9,8 @@ import errno
 import os
 import sqlite3
 import subprocess
+import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,3 +85,83 @@ def test_what_counts_as_a_full_disk() -> None:
     assert is_disk_full(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     assert not is_disk_full(OperationalError("INSERT", {}, sqlite3.OperationalError("locked")))
     assert not is_disk_full(OSError(errno.EACCES, "denied"))
+
+
+DISK_FILLING_PROGRAM = """
+    import errno, os
+    with open("runs.txt", "a") as marker:  # One line per run of this program.
+        marker.write("ran\\n")
+    full, n = False, 0
+    while not full:
+        name, written = f"fill-{n}.bin", 0
+        n += 1
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for size in (65536, 4096, 1):
+                try:
+                    while written + size <= 8 << 20:  # Under the sandbox's file-size cap.
+                        written += os.write(fd, b"x" * size)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    full = True
+        finally:
+            os.close(fd)
+    print("the disk is full after", n, "files")
+"""
+
+
+def test_a_task_that_fills_the_disk_fails_once_with_the_reason(
+    small_disk: Path, start_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another project's program fills the data directory to its last byte: the run can
+    write nothing more to the ledger. Once there is room again, the task is ``failed``
+    with the full disk as its reason, and its program never ran a second time; another
+    project's task runs."""
+    home = small_disk / "home"
+    monkeypatch.setenv("RELAYGRAPH_HOME", str(home))
+    filler = {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "fill the disk", "reason": "attack"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [
+            {
+                "tool_calls": [
+                    {"name": "run_python", "args": {"code": textwrap.dedent(DISK_FILLING_PROGRAM)}}
+                ]
+            },
+            {"content": "The disk is full."},
+        ],
+    }
+    server = start_server(
+        {"filler.json": filler},
+        RELAYGRAPH_HOME=str(home),
+        RELAYGRAPH_UNSAFE_SANDBOX="true",
+        RELAYGRAPH_LEASE_SECONDS="4",
+    )
+    attacker, other = create_project(home, "bravo"), create_project(home, "alpha")
+    with Client(server.url, attacker) as client:
+        task = client.submit("fill it", model="scripted:filler.json")
+        workspace = home / "tasks" / task["id"] / "workspace"
+        deadline = time.monotonic() + 120
+        while not _is_full(small_disk) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _is_full(small_disk), "the program did not fill the disk"
+        time.sleep(3)  # The run tries to write its steps to the ledger meanwhile.
+        for filled in workspace.glob("fill-*.bin"):
+            filled.unlink()  # Room again.
+        done = client.wait(task["id"], timeout=60)
+        time.sleep(3)  # A run started again would write its marker by now.
+    assert done["status"] == "failed", done
+    assert "no room on disk" in (done["stop_reason"] or ""), done
+    assert "disk is full" in done["stop_reason"], done
+    assert (workspace / "runs.txt").read_text() == "ran\n"
+    with Client(server.url, other) as client:
+        again = client.submit("When are checkpoints written?")
+        assert client.wait(again["id"], timeout=120)["status"] == "succeeded"
+    assert "Traceback" not in server.log.read_text()
+
+
+def _is_full(disk: Path) -> bool:
+    return os.statvfs(disk).f_bavail == 0

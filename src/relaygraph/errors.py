@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "ModelNotAllowed",
     "ModelSpecError",
+    "NoRoomOnDisk",
     "QuotaExceeded",
     "RelaygraphError",
     "RunError",
@@ -65,6 +66,25 @@ class TaskBusy(RunError):
     def __init__(self, task_id: str, detail: str) -> None:
         self.task_id = task_id
         super().__init__(f"task {task_id!r} is being run elsewhere: {detail}")
+
+
+class NoRoomOnDisk(RunError):
+    """A task's run stopped because the disk had no room for what it had to write (its
+    events, its checkpoints, its end): the task fails, and is not run again.
+
+    Attributes:
+        task_id: The task.
+        recorded: Whether the ledger took the failure already; when False, the runner
+            keeps it and writes it once the ledger takes writes again.
+        reason: The task's stop reason (``error: no room on disk: ...``).
+    """
+
+    def __init__(self, task_id: str, *, recorded: bool, reason: str) -> None:
+        self.task_id = task_id
+        self.recorded = recorded
+        self.reason = reason
+        later = "" if recorded else " (recorded once the ledger takes writes again)"
+        super().__init__(f"task {task_id!r} failed: {reason}{later}")
 
 
 class ScriptError(RunError):

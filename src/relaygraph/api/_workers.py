@@ -18,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from relaygraph.backends.workspace import WorkspaceQuota
-from relaygraph.errors import RelaygraphError, TaskBusy
+from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
-from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
 
 DEFAULT_MAX_ATTEMPTS = 3
 """How many times a task may be started without a run ending before it is failed."""
 PULL_IDLE_SECONDS = 0.5
 """How often a pulling server process looks for queued tasks when nothing woke it: the
 fallback for a wake that did not come (a process that started late, a lost notice)."""
+NO_ROOM_RETRY_SECONDS = 1.0
+"""How often the sweep tries again to write the failure of a run that stopped for lack of
+room on disk, while one waits."""
 
 log = logging.getLogger("relaygraph.api")
 
@@ -123,15 +126,34 @@ class TaskWorkers:
         the tasks of a server that died, once their leases lapse."""
 
         def loop() -> None:
-            while not self._stopping.wait(self.runner.lease_seconds / 2):
+            while not self._stopping.wait(self._sweep_seconds()):
                 try:
                     self.renew_held()
+                    self.record_failures()
                     self.recover()
-                except Exception:  # The database may be away for a moment; try again later.
+                except Exception as exc:  # The database may be away for a moment.
+                    if is_disk_full(exc):  # Said once, by the run that stopped on it.
+                        continue
                     log.warning("picking up unfinished tasks failed", exc_info=True)
 
         self._sweeper = threading.Thread(target=loop, name="relaygraph-sweep", daemon=True)
         self._sweeper.start()
+
+    def _sweep_seconds(self) -> float:
+        """Half a lease; at most :data:`NO_ROOM_RETRY_SECONDS` while a failure waits for
+        room on disk to be written."""
+        half = self.runner.lease_seconds / 2
+        return min(half, NO_ROOM_RETRY_SECONDS) if self.runner.unrecorded_failures else half
+
+    def record_failures(self) -> int:
+        """Write the failures of runs that stopped for lack of room on disk, once the
+        ledger takes writes again, and meanwhile keep their tasks' leases; returns how
+        many were written. Their tasks are never started again (:meth:`recover`)."""
+        failures = self.runner.unrecorded_failures
+        if not failures:
+            return 0
+        failures.renew_leases(self.runner.lease_seconds)
+        return failures.record()
 
     def start(
         self, task: Task, graph_input: Any = None, *, project: str, taken: bool = False
@@ -285,6 +307,8 @@ class TaskWorkers:
             with self._lock:
                 if task.id in self._cancel:
                     continue  # Already started here.
+            if task.id in self.runner.unrecorded_failures:
+                continue  # It failed for lack of room on disk: its failure waits for room.
             if self.pulling and task.status == "queued":
                 continue  # Taken by whichever process has a worker free (pull).
             if task.status == "running":
@@ -347,9 +371,17 @@ class TaskWorkers:
             else:  # Cancelled while queued, or another worker or server took it first
                 # (or, taken here, continued it once its lease lapsed).
                 log.info("%s", exc)
+        except NoRoomOnDisk as exc:  # The run stopped on a full disk: it fails, once.
+            log.warning("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task.id, exc)
-        except Exception:  # The runner reports task failures itself; this is a bug guard.
+        except Exception as exc:
+            if is_disk_full(exc):
+                # Its run did not begin (its take found no room): it stays as it was, and
+                # starts when there is room again (recover).
+                log.warning("task %s could not start: no room on disk: %s", task.id, exc)
+                return
+            # The runner reports task failures itself; this is a bug guard.
             log.exception("task %s crashed its worker", task.id)
             self.ledger.set_status(task.id, "failed", stop_reason="error: worker crashed")
         finally:

@@ -14,17 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relaygraph.backends.workspace import WorkspaceQuota
-from relaygraph.errors import ConfigError, RelaygraphError, TaskBusy
+from relaygraph.errors import ConfigError, NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
 from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
 from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
+from relaygraph.runner._no_room import UnrecordedFailures, no_room_reason
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
-from relaygraph.store import AttemptSuperseded, LedgerToolJournal, Quotas
+from relaygraph.store import AttemptSuperseded, LedgerToolJournal, Quotas, is_disk_full
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -92,6 +93,10 @@ class TaskRunner:
         self.policies = policies
         self.workspace_quota = workspace_quota or WorkspaceQuota()
         self.quotas = quotas
+        self.unrecorded_failures = UnrecordedFailures(ledger, self.runner_id)
+        """The runs that stopped for lack of room on disk whose failure the ledger has
+        not taken yet: written by :meth:`UnrecordedFailures.record` once it does; their
+        tasks must not be started again meanwhile."""
 
     def run(
         self,
@@ -223,56 +228,73 @@ class TaskRunner:
             ),
             attempt=attempt,
         )
-        ended = interrupted = False
         try:
-            # A worker's run has a checkpointer of its own, fenced by its attempt (on
-            # PostgreSQL each write checks it in its own transaction) and checked at each
-            # step; an in-process run shares the process's open one.
-            fence = (
-                CheckpointFence(task_id=task.id, attempt=hold.attempt, on_cancel=hold.cancelled)
-                if isinstance(hold, AttemptWatch)
-                else None
-            )
-            with open_checkpointer(self.home, shared=attempt is None, fence=fence) as checkpointer:
-                if isinstance(hold, AttemptWatch):
-                    _check_at_each_step(checkpointer, hold, flush=run.writer.flush)
-                graph = graph_team.copy({"checkpointer": checkpointer})
-                graph_input = run.graph_input(graph, graph_input)
-                if isinstance(graph_input, Mapping) and "request" in graph_input:
-                    # The run starts the task from its request: the ledger has no record
-                    # of its tool calls (see LedgerToolJournal), so the journal reads none.
-                    journal = context.tool_journal
-                    if isinstance(journal, LedgerToolJournal):
-                        journal.starts_empty(task.id)
-                run.writer.put(run.started_event())
-                if attempt is not None:
-                    # A worker whose attempt was superseded already (it froze before it
-                    # began) learns it here, before its graph runs a step.
-                    run.writer.flush()
-                end = run.stream(graph, graph_input, stream_tokens=stream_tokens)
-            if isinstance(hold, AttemptWatch) and hold.lost.is_set():
-                # Another attempt has the task: nothing of this one's end is written.
-                raise AttemptSuperseded(task.id, hold.attempt, hold.current)
-            result = run.result(end)
-            run.record_end(end, result)
-            ended = True
-            return result
-        except (KeyboardInterrupt, SystemExit):
-            interrupted = interrupt_cancels and attempt is None
-            raise
-        finally:
-            run.lease.close()
+            ended = interrupted = no_room = False
             try:
-                run.writer.close()
-            except AttemptSuperseded:
-                if ended:
-                    raise
-                # The error the run is leaving with (or the superseded attempt) says it.
+                # A worker's run has a checkpointer of its own, fenced by its attempt (on
+                # PostgreSQL each write checks it in its own transaction) and checked at each
+                # step; an in-process run shares the process's open one.
+                fence = (
+                    CheckpointFence(task_id=task.id, attempt=hold.attempt, on_cancel=hold.cancelled)
+                    if isinstance(hold, AttemptWatch)
+                    else None
+                )
+                with open_checkpointer(
+                    self.home, shared=attempt is None, fence=fence
+                ) as checkpointer:
+                    if isinstance(hold, AttemptWatch):
+                        _check_at_each_step(checkpointer, hold, flush=run.writer.flush)
+                    graph = graph_team.copy({"checkpointer": checkpointer})
+                    graph_input = run.graph_input(graph, graph_input)
+                    if isinstance(graph_input, Mapping) and "request" in graph_input:
+                        # The run starts the task from its request: the ledger has no record
+                        # of its tool calls (see LedgerToolJournal), so the journal reads none.
+                        journal = context.tool_journal
+                        if isinstance(journal, LedgerToolJournal):
+                            journal.starts_empty(task.id)
+                    run.writer.put(run.started_event())
+                    if attempt is not None:
+                        # A worker whose attempt was superseded already (it froze before it
+                        # began) learns it here, before its graph runs a step.
+                        run.writer.flush()
+                    end = run.stream(graph, graph_input, stream_tokens=stream_tokens)
+                if isinstance(hold, AttemptWatch) and hold.lost.is_set():
+                    # Another attempt has the task: nothing of this one's end is written.
+                    raise AttemptSuperseded(task.id, hold.attempt, hold.current)
+                result = run.result(end)
+                run.record_end(end, result)
+                ended = True
+                return result
+            except (KeyboardInterrupt, SystemExit):
+                interrupted = interrupt_cancels and attempt is None
+                raise
+            except Exception as exc:
+                no_room = is_disk_full(exc)
+                raise
             finally:
-                if not ended and attempt is None:  # Failed on the way: let another take it.
-                    self.ledger.release_lease(task.id, self.runner_id)
-                if interrupted:  # After the run's last events, so that its end comes last.
-                    self.ledger.request_cancel(task.id, reason=INTERRUPTED)
+                run.lease.close()
+                try:
+                    run.writer.close()
+                except AttemptSuperseded:
+                    if ended:
+                        raise
+                    # The error the run is leaving with (or the superseded attempt) says it.
+                finally:
+                    if not ended and attempt is None and not no_room:
+                        # Failed on the way: let another take it. A run stopped by a full
+                        # disk keeps its lease until its failure is written (below).
+                        self.ledger.release_lease(task.id, self.runner_id)
+                    if interrupted:  # After the run's last events, so that its end comes last.
+                        self.ledger.request_cancel(task.id, reason=INTERRUPTED)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            # The disk the ledger writes to is full: the run stopped, its end not written.
+            # Continued once room came back, it would run its step again (the program that
+            # filled the disk would fill it again): it fails, now or once there is room.
+            reason = no_room_reason(exc)
+            recorded = self.unrecorded_failures.fail(task.id, attempt=attempt, reason=reason)
+            raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
 
     def _day_budget(self, task: Task) -> ProjectDayBudget | None:
         """What the task's project may still spend today, as the run's cost cap; None when
