@@ -516,3 +516,46 @@ def test_a_bad_mcp_server_call_is_refused(settings: dict[str, Any], said: str) -
 
     with pytest.raises(ConfigError, match=said):
         mcp_server("lint", **settings)
+
+
+def test_sessions_run_on_the_loop_that_async_tools_share(lint: McpServer) -> None:
+    from relaygraph.agents import background_loop
+    from relaygraph.team._mcp import _REGISTRY
+
+    async def loop_of(_connection: Any) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    assert _REGISTRY.run(lint, loop_of) is background_loop()
+    assert not [t for t in threading.enumerate() if t.name == "relaygraph-mcp"]
+
+
+def test_close_ends_only_mcp_calls_not_the_async_tools_on_the_shared_loop(
+    tools: dict[str, BaseTool],
+) -> None:
+    from relaygraph.agents._async_tools import run_coroutine
+
+    async def slow() -> str:
+        await asyncio.sleep(0.5)
+        return "done"
+
+    tools["lint_pid"].invoke({})
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_coroutine, slow())
+        time.sleep(0.1)
+        close_mcp_servers()
+        assert running.result(timeout=DEADLINE) == "done"
+    assert run_coroutine(slow()) == "done"  # The loop still runs.
+    assert tools["lint_check"].invoke({"text": "a"}) == "ok: a"  # And starts the server again.
+
+
+def test_a_sync_call_from_the_tools_loop_is_refused_not_left_to_hang(
+    tools: dict[str, BaseTool],
+) -> None:
+    from relaygraph.agents._async_tools import run_coroutine
+
+    async def sync_inside() -> ToolMessage:
+        return call(tools["lint_check"], text="a")
+
+    answer = run_coroutine(sync_inside())
+    assert answer.status == "error"
+    assert "await its ainvoke instead" in str(answer.content)
