@@ -559,3 +559,48 @@ def test_a_sync_call_from_the_tools_loop_is_refused_not_left_to_hang(
     answer = run_coroutine(sync_inside())
     assert answer.status == "error"
     assert "await its ainvoke instead" in str(answer.content)
+
+
+def test_the_reference_time_server_from_pypi_lists_and_runs_its_tools_in_a_team(
+    home: Path, script: Callable[[dict[str, Any]], str], tmp_path: Path
+) -> None:
+    """``mcp-server-time`` (the dev extra installs it) from a team file, as a user brings it."""
+    pytest.importorskip(
+        "mcp_server_time", reason="mcp-server-time is not installed (pip install -e '.[dev]')"
+    )
+    from relaygraph.runner import run_task
+    from relaygraph.store import Ledger
+
+    (tmp_path / "team.toml").write_text(
+        'name = "clocks"\n[agents.writer]\nuse = "builtin:writer"\n'
+        '[agents.clock]\ndescription = "tells the time"\nprompt = "You tell the time."\n'
+        'tools = ["mcp:time/*"]\n'
+        "[mcp.time]\n"
+        'command = ["python", "-m", "mcp_server_time", "--local-timezone", "UTC"]\n',
+        encoding="utf-8",
+    )
+    convert = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
+    turns = {
+        "supervisor": [
+            {"route": {"next": "clock", "task": "convert", "reason": "a time"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "clock": [
+            {"tool_calls": [{"name": "time_convert_time", "args": convert, "id": "c"}]},
+            {"content": "21:00 in Tokyo."},
+        ],
+        "finalize": [{"content": "21:00 in Tokyo."}],
+    }
+    try:
+        team = load_team(tmp_path / "team.toml")
+        assert {"time_get_current_time", "time_convert_time"} <= set(team.tools)
+        result = run_task("Convert", team=team, model=script(turns))
+    finally:
+        close_mcp_servers()
+    assert result.status == "succeeded", result.stop_reason
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        [called] = [c for c in ledger.tool_calls(result.task_id) if c.tool == "time_convert_time"]
+    assert called.status == "success", called.result_preview
+    # The server answered: Tokyo is UTC+9 all year.
+    assert '"datetime": "' in (called.result_preview or "")
+    assert "T21:00:00+09:00" in (called.result_preview or ""), called.result_preview
