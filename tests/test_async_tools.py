@@ -7,6 +7,7 @@ Each test runs on the scripted model, whose turns call the tool.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -246,6 +247,49 @@ async def test_a_cancelled_arun_task_cancels_its_task(home: Path, script: Script
     with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
         tasks, _ = ledger.list_tasks(project_id=LOCAL_PROJECT_ID, limit=10)
     assert [t.status for t in tasks] == ["cancelled"]
+
+
+SHOUT_SERVER = """
+from mcp.server.fastmcp import FastMCP
+
+mcp = FastMCP("shouter")
+
+
+@mcp.tool()
+def shout(text: str) -> str:
+    \"\"\"Shout a text.\"\"\"
+    return text.upper() + "!"
+
+
+mcp.run()
+"""
+
+
+def test_a_langchain_mcp_adapters_tool_runs_in_a_team(
+    home: Path, script: Script, tmp_path: Path
+) -> None:
+    from langchain_mcp_adapters.client import MultiServerMCPClient
+
+    (tmp_path / "shout_server.py").write_text(SHOUT_SERVER, encoding="utf-8")
+    client = MultiServerMCPClient(
+        {
+            "shouter": {
+                "transport": "stdio",
+                "command": sys.executable,
+                "args": [str(tmp_path / "shout_server.py")],
+            }
+        }
+    )
+    [tool] = asyncio.run(client.get_tools())
+    assert tool.func is None  # Coroutine-only, as the adapters make every tool.
+    result = run_task(
+        "Shout",
+        team=team_with(tool),
+        model=script(turns("structured", call("shout", text="hi"))),
+    )
+    assert result.status == "succeeded", result.stop_reason
+    [recorded] = tool_results(home, result.task_id)
+    assert recorded.status == "success" and "HI!" in (recorded.result_preview or "")
 
 
 TOOLS_PY = '''

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -139,6 +140,11 @@ def _langgraph_dev(tmp_path: Path, venv: Path, **settings: str) -> Iterator[_Ser
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert "Traceback" not in log.read_text(), log.read_text()
+    # No error logged: the first run's access to the graph logged a "Slow graph load" as
+    # one, the factory compiling the team then.
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
+    errors = [line for line in plain.splitlines() if re.search(r"\[(error|critical)\s*\]", line)]
+    assert not errors, "\n".join(errors)
 
 
 @pytest.fixture
@@ -271,3 +277,29 @@ async def test_the_team_graph_names_its_variable_when_unset(
     monkeypatch.delenv(TEAM_FILE_ENV, raising=False)
     with pytest.raises(ConfigError, match=TEAM_FILE_ENV):
         await team_file_graph()
+
+
+def test_the_graphs_compiled_at_the_servers_start_are_those_langgraph_json_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+    import types
+
+    from relaygraph.langgraph_app import _graphs_the_server_names
+
+    graphs = json.loads((REPO / "langgraph.json").read_text())["graphs"]
+    monkeypatch.setenv("LANGSERVE_GRAPHS", json.dumps(graphs))
+    monkeypatch.delitem(sys.modules, "langgraph_api", raising=False)
+    assert _graphs_the_server_names() == []  # Not in LangGraph's server: nothing at import.
+    monkeypatch.setitem(sys.modules, "langgraph_api", types.ModuleType("langgraph_api"))
+    assert _graphs_the_server_names() == ["default_team_graph", "team_file_graph"]
+    monkeypatch.setenv(
+        "LANGSERVE_GRAPHS",
+        json.dumps(
+            {
+                "mine": "./my_graphs.py:graph",
+                "t": "./src/relaygraph/langgraph_app.py:team_file_graph",
+            }
+        ),
+    )
+    assert _graphs_the_server_names() == ["team_file_graph"]

@@ -516,3 +516,91 @@ def test_a_bad_mcp_server_call_is_refused(settings: dict[str, Any], said: str) -
 
     with pytest.raises(ConfigError, match=said):
         mcp_server("lint", **settings)
+
+
+def test_sessions_run_on_the_loop_that_async_tools_share(lint: McpServer) -> None:
+    from relaygraph.agents import background_loop
+    from relaygraph.team._mcp import _REGISTRY
+
+    async def loop_of(_connection: Any) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    assert _REGISTRY.run(lint, loop_of) is background_loop()
+    assert not [t for t in threading.enumerate() if t.name == "relaygraph-mcp"]
+
+
+def test_close_ends_only_mcp_calls_not_the_async_tools_on_the_shared_loop(
+    tools: dict[str, BaseTool],
+) -> None:
+    from relaygraph.agents._async_tools import run_coroutine
+
+    async def slow() -> str:
+        await asyncio.sleep(0.5)
+        return "done"
+
+    tools["lint_pid"].invoke({})
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_coroutine, slow())
+        time.sleep(0.1)
+        close_mcp_servers()
+        assert running.result(timeout=DEADLINE) == "done"
+    assert run_coroutine(slow()) == "done"  # The loop still runs.
+    assert tools["lint_check"].invoke({"text": "a"}) == "ok: a"  # And starts the server again.
+
+
+def test_a_sync_call_from_the_tools_loop_is_refused_not_left_to_hang(
+    tools: dict[str, BaseTool],
+) -> None:
+    from relaygraph.agents._async_tools import run_coroutine
+
+    async def sync_inside() -> ToolMessage:
+        return call(tools["lint_check"], text="a")
+
+    answer = run_coroutine(sync_inside())
+    assert answer.status == "error"
+    assert "await its ainvoke instead" in str(answer.content)
+
+
+def test_the_reference_time_server_from_pypi_lists_and_runs_its_tools_in_a_team(
+    home: Path, script: Callable[[dict[str, Any]], str], tmp_path: Path
+) -> None:
+    """``mcp-server-time`` (the dev extra installs it) from a team file, as a user brings it."""
+    pytest.importorskip(
+        "mcp_server_time", reason="mcp-server-time is not installed (pip install -e '.[dev]')"
+    )
+    from relaygraph.runner import run_task
+    from relaygraph.store import Ledger
+
+    (tmp_path / "team.toml").write_text(
+        'name = "clocks"\n[agents.writer]\nuse = "builtin:writer"\n'
+        '[agents.clock]\ndescription = "tells the time"\nprompt = "You tell the time."\n'
+        'tools = ["mcp:time/*"]\n'
+        "[mcp.time]\n"
+        'command = ["python", "-m", "mcp_server_time", "--local-timezone", "UTC"]\n',
+        encoding="utf-8",
+    )
+    convert = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
+    turns = {
+        "supervisor": [
+            {"route": {"next": "clock", "task": "convert", "reason": "a time"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "clock": [
+            {"tool_calls": [{"name": "time_convert_time", "args": convert, "id": "c"}]},
+            {"content": "21:00 in Tokyo."},
+        ],
+        "finalize": [{"content": "21:00 in Tokyo."}],
+    }
+    try:
+        team = load_team(tmp_path / "team.toml")
+        assert {"time_get_current_time", "time_convert_time"} <= set(team.tools)
+        result = run_task("Convert", team=team, model=script(turns))
+    finally:
+        close_mcp_servers()
+    assert result.status == "succeeded", result.stop_reason
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        [called] = [c for c in ledger.tool_calls(result.task_id) if c.tool == "time_convert_time"]
+    assert called.status == "success", called.result_preview
+    # The server answered: Tokyo is UTC+9 all year.
+    assert '"datetime": "' in (called.result_preview or "")
+    assert "T21:00:00+09:00" in (called.result_preview or ""), called.result_preview

@@ -734,6 +734,64 @@ def test_two_workers_started_alike_on_one_host_run_tasks_side_by_side(
     assert {took[first["id"]], took[second["id"]]} == {worker.pid for worker in workers}
 
 
+ASYNC_TOOLS_PY = '''
+import asyncio
+import os
+import threading
+
+
+async def shout(text: str) -> str:
+    """Shout a text.
+
+    Args:
+        text: What to shout.
+    """
+    await asyncio.sleep(0)
+    return f"{text.upper()}! (pid {os.getpid()}, {threading.current_thread().name})"
+'''
+
+ASYNC_TEAM = {
+    "supervisor": [
+        {"route": {"next": "shouter", "task": "shout it", "reason": "shouting"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "shouted"}},
+    ],
+    "shouter": [
+        {"tool_calls": [{"name": "shout", "args": {"text": "hi"}, "id": "shout"}]},
+        {"content": "Shouted."},
+    ],
+    "finalize": [{"content": "Shouted."}],
+}
+
+
+@pytest.mark.slow
+def test_an_async_tool_of_an_operators_team_file_runs_on_a_worker(
+    cluster: Cluster, script: Script, tmp_path: Path
+) -> None:
+    """An operator's team file (RELAYGRAPH_TEAM_FILES, set alike for the server and the
+    worker) with an ``async def`` tool: the worker's pool process runs its coroutine on the
+    process's tool loop, and the ledger records the call."""
+    (tmp_path / "tools.py").write_text(ASYNC_TOOLS_PY, encoding="utf-8")
+    team_file = tmp_path / "team.toml"
+    team_file.write_text(
+        'name = "shouters"\n[agents.writer]\nuse = "builtin:writer"\n'
+        '[agents.shouter]\ndescription = "shouts"\nprompt = "You shout."\n'
+        'tools = ["./tools.py:shout"]\n',
+        encoding="utf-8",
+    )
+    env = {"RELAYGRAPH_TEAM_FILES": json.dumps([str(team_file)])}
+    server = cluster.serve("api", model=DEFAULT_MODEL, env=env)
+    cluster.worker("w1", env=env)
+    key = cluster.create_project("acme")
+    with Client(server.url, key) as client:
+        task = client.submit("Shout", model=script(ASYNC_TEAM), team="shouters")
+        done = client.wait(task["id"], timeout=DEADLINE)
+    assert done["status"] == "succeeded", (done["stop_reason"], cluster.outputs())
+    [run] = cluster.trace.runs(task["id"])
+    [row] = [r for r in tool_rows(cluster, task["id"]) if r["tool"] == "shout"]
+    assert row["status"] == "success", row
+    assert f"HI! (pid {run.pid}, relaygraph-async-tools)" in row["result_preview"], row
+
+
 @pytest.mark.slow
 def test_a_worker_that_cannot_start_says_why_and_exits_non_zero(cluster: Cluster) -> None:
     running = cluster.worker("w1", traced=False, hostname="taken@%h")

@@ -28,8 +28,11 @@ task folder with ``context={"task_id": ...}`` (:class:`ServedContext`). The team
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -63,6 +66,8 @@ TEAM_FILE_ENV = "RELAYGRAPH_TEAM_FILE"
 MODEL_ENV = "RELAYGRAPH_MODEL"
 """The model spec of every role of a served team (``scripted:PATH``, ``openai:MODEL``, ...);
 unset, the team's own model, else the embedded model."""
+
+logger = logging.getLogger(__name__)
 
 _TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -220,3 +225,49 @@ async def team_file_graph() -> ServedTeamGraph:
             f"(start the server as {TEAM_FILE_ENV}=team.toml langgraph dev)"
         )
     return await asyncio.to_thread(_served_from_env, team_file)
+
+
+_FACTORIES = {"default_team_graph": None, "team_file_graph": TEAM_FILE_ENV}
+"""This module's graph factories, with the variable (if any) without which one has no team."""
+
+
+def _graphs_the_server_names() -> list[str]:
+    """The factories of this module that LangGraph's server, now importing it, serves:
+    those that ``langgraph.json``'s ``graphs`` name (the CLI passes them to the server as
+    ``LANGSERVE_GRAPHS``). None outside that server."""
+    if "langgraph_api" not in sys.modules:
+        return []
+    try:
+        graphs = json.loads(os.environ.get("LANGSERVE_GRAPHS") or "{}")
+        paths = [g["path"] if isinstance(g, dict) else g for g in graphs.values()]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return []
+    named = [str(p).rsplit(":", 1) for p in paths]
+    return [
+        factory
+        for where, factory in (n for n in named if len(n) == 2)
+        if factory in _FACTORIES and where.replace("/", ".").removesuffix(".py").endswith(__name__)
+    ]
+
+
+def _compile_while_the_server_starts() -> None:
+    """Compile the served graphs now, while LangGraph's server imports this module.
+
+    The server calls a graph factory at each access and logs one that takes over 250 ms as
+    an error ("Slow graph load"); compiling a team (its imports, the knowledge base, its
+    MCP servers' tools) takes longer, so the first run's access did. Done here, at start,
+    every access finds the compiled graph. A graph that cannot be made is left to its
+    factory, which raises the error where the server reports it.
+    """
+    for factory in _graphs_the_server_names():
+        variable = _FACTORIES[factory]
+        team_file = os.environ.get(variable) if variable else None
+        if variable and not team_file:
+            continue
+        try:
+            _served_from_env(team_file)
+        except Exception as exc:
+            logger.warning("graph %s is not ready: %s", factory, exc)
+
+
+_compile_while_the_server_starts()

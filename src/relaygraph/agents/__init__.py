@@ -19,6 +19,8 @@ from relaygraph.agents._agent import RESERVED_NAMES, Agent, check_agent_name, to
 from relaygraph.agents.context import TaskContext, ToolJournal
 
 if TYPE_CHECKING:
+    import asyncio
+
     from langchain_core.language_models import BaseChatModel
     from langchain_core.tools import BaseTool
     from langgraph.graph.state import CompiledStateGraph
@@ -30,12 +32,22 @@ __all__ = [
     "Agent",
     "TaskContext",
     "ToolJournal",
+    "background_loop",
     "build_agent",
     "builtin",
     "check_agent_name",
     "to_tool",
     "tool_name",
 ]
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """The event loop this process runs coroutine-only tools and MCP sessions on, in a
+    daemon thread started on first use: a tool that keeps state bound to a loop (an HTTP
+    client's pool, an MCP session) finds it again at every call."""
+    from relaygraph.agents._async_tools import background_loop
+
+    return background_loop()
 
 
 def build_agent(

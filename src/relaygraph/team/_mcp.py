@@ -1,10 +1,11 @@
 """Tools from MCP servers, callable synchronously from any thread.
 
 The team graph runs synchronously in worker threads, while an MCP session is asynchronous
-and tied to the event loop that opened it. So this module keeps one event loop in a daemon
-thread, opens one session per server there (a stdio server is one child process for the
-whole process, not one per call, which is what langchain-mcp-adapters does without a
-session), and gives each tool a ``func`` that hands the call to that loop and waits.
+and tied to the event loop that opened it. So this module opens one session per server on
+the process's event loop for tools (:func:`relaygraph.agents.background_loop`, the one that
+async tools run on; a stdio server is one child process for the whole process, not one per
+call, which is what langchain-mcp-adapters does without a session), and gives each tool a
+``func`` that hands the call to that loop and waits.
 
 When a server goes away:
 
@@ -17,7 +18,8 @@ When a server goes away:
 - it does not start again: the call returns an error result saying why.
 
 ``close_mcp_servers()`` (also run at interpreter exit) closes every session and stops every
-stdio server; a tool used afterwards starts its server again.
+stdio server, and leaves the loop running for async tools; a tool used afterwards starts its
+server again.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from mcp import ClientSession, McpError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CONNECTION_CLOSED, ErrorData
 
+from relaygraph.agents import background_loop
 from relaygraph.errors import ConfigError
 
 __all__ = [
@@ -324,6 +327,18 @@ class _Connection:
         self._stop = asyncio.Event()
         self._lock = asyncio.Lock()
         self._stderr: deque[str] = deque(maxlen=_STDERR_LINES)
+        self.calls: set[asyncio.Task[Any]] = set()
+        """The calls running on this connection, which closing it ends."""
+
+    async def track(self, use: _Use[T]) -> T:
+        """``use(self)``, as one of :attr:`calls`."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.calls.add(task)
+        try:
+            return await use(self)
+        finally:
+            self.calls.discard(task)
 
     async def tools(self) -> dict[str, StructuredTool]:
         """langchain-mcp-adapters' tools on the open session, by MCP name. Starts the server
@@ -482,15 +497,22 @@ _Use = Callable[[_Connection], Coroutine[Any, Any, T]]
 
 
 class _Registry:
-    """The event loop thread and one connection per server value, both made on first use."""
+    """One connection per server value, made on first use, on the process's tool loop
+    (:func:`relaygraph.agents.background_loop`), which async tools share: a session opened
+    by one is found again by every call, whichever path it takes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._connections: dict[McpServer, _Connection] = {}
 
     def run(self, server: McpServer, use: _Use[T]) -> T:
         """``use(connection)``, run in the loop, waited for from this thread."""
+        if _running_loop() is background_loop():
+            # Waiting here would block the loop the call needs, until the timeout.
+            raise ToolException(
+                f"MCP server {server.name!r}: a tool called synchronously from a coroutine on "
+                "the tools' event loop; await its ainvoke instead"
+            )
         future = self._submit(server, use)
         try:
             return future.result(timeout=_limit(server))
@@ -501,7 +523,7 @@ class _Registry:
             raise ToolException(f"MCP server {server.name!r} was closed during the call") from None
 
     async def arun(self, server: McpServer, use: _Use[T]) -> T:
-        """``use(connection)``, run in the loop, awaited from another loop."""
+        """``use(connection)``, run in the loop, awaited from any loop (that one too)."""
         future = asyncio.wrap_future(self._submit(server, use))
         try:
             return await asyncio.wait_for(future, _limit(server))
@@ -515,50 +537,47 @@ class _Registry:
 
     def _submit(self, server: McpServer, use: _Use[T]) -> concurrent.futures.Future[T]:
         with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=_run_loop, args=(self._loop,), name="relaygraph-mcp", daemon=True
-                ).start()
             connection = self._connections.get(server)
             if connection is None:
                 connection = self._connections[server] = _Connection(server)
-            return asyncio.run_coroutine_threadsafe(use(connection), self._loop)
+        return asyncio.run_coroutine_threadsafe(connection.track(use), background_loop())
 
     def forget(self) -> None:
-        """In a forked child: the loop thread and the servers belong to the parent."""
+        """In a forked child: the servers belong to the parent (and so does the loop's
+        thread, which :func:`background_loop` makes again)."""
         self._lock = threading.Lock()
-        self._loop, self._connections = None, {}
+        self._connections = {}
 
     def close(self) -> None:
+        """Stop this registry's connections and end their calls; the loop, which async
+        tools share, keeps running."""
         with self._lock:
-            loop, self._loop = self._loop, None
             connections, self._connections = list(self._connections.values()), {}
-        if loop is None:
+        if not connections:
             return
 
         async def shutdown() -> None:
             await asyncio.gather(*(c.stop() for c in connections), return_exceptions=True)
             # Calls still waiting (on a server that would not stop) end as cancelled.
-            others = asyncio.all_tasks() - {asyncio.current_task()}
-            for task in others:
-                task.cancel()
-            if others:
-                await asyncio.wait(others, timeout=_STOP_SECONDS)
+            calls = {call for c in connections for call in c.calls}
+            for call in calls:
+                call.cancel()
+            if calls:
+                await asyncio.wait(calls, timeout=_STOP_SECONDS)
 
         try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(3 * _STOP_SECONDS)
+            asyncio.run_coroutine_threadsafe(shutdown(), background_loop()).result(
+                3 * _STOP_SECONDS
+            )
         except Exception:
             logger.warning("MCP servers did not all stop in time", exc_info=True)
-        loop.call_soon_threadsafe(loop.stop)
 
 
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        loop.run_forever()
-    finally:
-        loop.close()
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _limit(server: McpServer) -> float:
