@@ -170,12 +170,10 @@ PROFILES = {
     )
 }
 
+RETRIED_FAULT_KINDS = ("429", "500", "503", "timeout", "truncated")
+"""The faults a client's retries may get past: an error status, no answer, a cut body."""
 FAULT_KINDS = (
-    "429",
-    "500",
-    "503",
-    "timeout",
-    "truncated",
+    *RETRIED_FAULT_KINDS,
     "empty_choices",
     "null_message",
     "not_json",

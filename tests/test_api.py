@@ -17,7 +17,7 @@ import pytest
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import Ledger
 
-from .conftest import EXAMPLE_RELAY
+from .conftest import EXAMPLE_RELAY, isolation_missing
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -82,6 +82,9 @@ async def api(home: Path, scripts: Path) -> AsyncIterator[Api]:
         home=home,
         workers=2,
         max_body_bytes=4096,
+        # These tests follow approvals and cancels of the coder's program, not its
+        # isolation: where bubblewrap is missing it runs unisolated (a fresh machine).
+        unsafe_sandbox=isolation_missing(),
     )
     app = create_app(settings)
     async with app.router.lifespan_context(app):

@@ -354,9 +354,11 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         )
         if status == "failed":
             answer = None
-        totals = replies_usage([reply], policy, seconds=time.monotonic() - started)
+        # A failed call answered nothing: like a route's, it counts no model call.
+        replies: list[BaseMessage] = [] if failed is not None else [reply]
+        totals = replies_usage(replies, policy, seconds=time.monotonic() - started)
         usage = acc.announce_usage(
-            acc.usage_record(acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, [reply])
+            acc.usage_record(acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, replies)
         )
         emit(final_event(status, answer, stop_reason))
         update: dict[str, Any] = {
