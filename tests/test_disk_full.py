@@ -148,18 +148,23 @@ def test_a_task_that_fills_the_disk_fails_once_with_the_reason(
         while not _is_full(small_disk) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _is_full(small_disk), "the program did not fill the disk"
-        time.sleep(3)  # The run tries to write its steps to the ledger meanwhile.
+        # The run stops at its next write to the ledger, which the server logs; only then
+        # is room made again (made before, the run would simply go on).
+        stopped = f"task {task['id']!r} failed: error: no room on disk"
+        while stopped not in server.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stopped in server.log.read_text(), server.log.read_text()[-3000:]
         for filled in workspace.glob("fill-*.bin"):
             filled.unlink()  # Room again.
         done = client.wait(task["id"], timeout=60)
-        time.sleep(3)  # A run started again would write its marker by now.
     assert done["status"] == "failed", done
     assert "no room on disk" in (done["stop_reason"] or ""), done
     assert "disk is full" in done["stop_reason"], done
-    assert (workspace / "runs.txt").read_text() == "ran\n"
     with Client(server.url, other) as client:
         again = client.submit("When are checkpoints written?")
         assert client.wait(again["id"], timeout=120)["status"] == "succeeded"
+    # By now the server's sweeps ran past the failed task many times: its program ran once.
+    assert (workspace / "runs.txt").read_text() == "ran\n"
     assert "Traceback" not in server.log.read_text()
 
 
