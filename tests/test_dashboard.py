@@ -25,7 +25,7 @@ from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width,
 from relaygraph.api.ui._queries import DailyUsage, DayUsage
 from relaygraph.api.ui._report_pages import DEFAULT_DAYS
 from relaygraph.events import PREVIEW_CHARS
-from relaygraph.store import Event, Handoff, Ledger, QuotaOverrides
+from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
 from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
@@ -784,8 +784,8 @@ def _event(seq: int, type_: str, **data: Any) -> Event:
     )
 
 
-def _handoff(seq: int, event_seq: int, kind: str, source: str, target: str) -> Handoff:
-    return Handoff(
+def _handoff(seq: int, event_seq: int, kind: str, source: str, target: str) -> HandoffEntry:
+    return HandoffEntry(
         task_id="t",
         seq=seq,
         event_seq=event_seq,

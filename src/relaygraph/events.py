@@ -37,6 +37,7 @@ __all__ = [
     "AgentStartedEvent",
     "ApprovalEvent",
     "ApprovalRequest",
+    "Assignment",
     "Event",
     "FinalEvent",
     "Handoff",
@@ -74,6 +75,7 @@ __all__ = [
     "is_carried_out",
     "moved_work",
     "ping_pong_request",
+    "record_handoff",
     "route_event",
     "run_finished_event",
     "run_started_event",
@@ -90,6 +92,24 @@ __all__ = [
 
 HandoffKind = Literal["route", "direct"]
 """A supervisor's ``route``, or an agent's own (``direct``) handoff to a peer."""
+
+
+class Assignment(TypedDict):
+    """The work a transfer gives the next agent: who, what, why, and who asked.
+
+    The team graph's state holds the one waiting (``TeamState.assignment``) and the steps a
+    supervisor planned (``TeamState.plan``). When the work moves, the transfer is recorded as
+    the :class:`Handoff` that :func:`record_handoff` makes from the assignment, so that the
+    two never disagree.
+    """
+
+    agent: str
+    """The agent that is to do the work (the handoff's ``target``)."""
+    task: str
+    reason: str
+    source: str
+    """``supervisor`` for routes, else the agent that handed off."""
+    kind: HandoffKind
 
 
 class Handoff(TypedDict):
@@ -546,6 +566,23 @@ def route_event(
         error=error,
         tokens_so_far=tokens_so_far,
         carried_out=carried_out,
+    )
+
+
+def record_handoff(
+    assignment: Assignment, *, id: str, step: int | None = None, turn: int | None = None
+) -> Handoff:
+    """The record of the transfer that gives ``assignment``: where it happened (``id``, the
+    team graph's ``step`` and ``turn``) added to the assignment's fields."""
+    return Handoff(
+        id=id,
+        kind=assignment["kind"],
+        source=assignment["source"],
+        target=assignment["agent"],
+        task=assignment["task"],
+        reason=assignment["reason"],
+        step=step,
+        turn=turn,
     )
 
 

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from relaygraph.events import EVENT_TYPES
 from relaygraph.runner import POLICY_SOURCE_KEY
-from relaygraph.store import Approval, Handoff, Task
+from relaygraph.store import Approval, HandoffEntry, Task
 
 MAX_BODY_DEPTH = 32
 """How deeply a request body may nest (``metadata``, ``policy``, an edit's ``args``)."""
@@ -379,7 +379,7 @@ class HandoffList(BaseModel):
     handoffs: list[HandoffOut]
 
     @classmethod
-    def of(cls, handoffs: list[Handoff]) -> HandoffList:
+    def of(cls, handoffs: list[HandoffEntry]) -> HandoffList:
         return cls(
             handoffs=[
                 HandoffOut.model_validate(

@@ -16,6 +16,9 @@ from relaygraph.models import DEFAULT_MODEL, load_model, parse_model_spec
 from relaygraph.models.scripted import ScriptFolder, load_script
 from relaygraph.runner import RunnerSettings, read_settings
 
+BROKER_URL_ENV = "RELAYGRAPH_BROKER_URL"
+"""Set, ``serve`` runs the worker mode: it publishes tasks to this broker and runs none."""
+
 _FLAGS = {
     "default_model": "--model",
     "workers": "--workers",
@@ -174,7 +177,6 @@ def load_settings(**overrides: Any) -> ServiceSettings:
             the value.
     """
     settings = read_settings(ServiceSettings, overrides, role="server", flags=_FLAGS)
-    from relaygraph.api.app import BROKER_URL_ENV
 
     told = "processes" in overrides or os.environ.get("RELAYGRAPH_PROCESSES")
     # In the worker mode the server runs no tasks: its workers setting is not used.

@@ -14,7 +14,7 @@ from relaygraph.api._errors import (
     install_error_handlers,
     one_value_per_query_parameter,
 )
-from relaygraph.api._settings import ServiceSettings
+from relaygraph.api._settings import BROKER_URL_ENV, ServiceSettings
 from relaygraph.api._state import ServiceState
 from relaygraph.api.routes import (
     approvals_router,
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from relaygraph.worker import WorkerSettings
 
 __all__ = ["create_app"]
-
-BROKER_URL_ENV = "RELAYGRAPH_BROKER_URL"
 
 
 def create_app(

@@ -31,13 +31,14 @@ if TYPE_CHECKING:
     )
     from relaygraph.evals._metrics import EvalMetrics, compute_metrics, pass_at_k, pass_hat_k
     from relaygraph.evals._report import (
+        EvalReport,
         case_outcome,
         load_baseline,
         metric_rows,
         render_markdown,
         write_report,
     )
-    from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
+    from relaygraph.evals._results import CaseResult, TrialResult
     from relaygraph.evals._runner import run_case, run_eval
 
 __all__ = [
@@ -94,7 +95,7 @@ _LAZY = {
     "render_markdown": "_report",
     "write_report": "_report",
     "CaseResult": "_results",
-    "EvalReport": "_results",
+    "EvalReport": "_report",
     "TrialResult": "_results",
     "run_case": "_runner",
     "run_eval": "_runner",

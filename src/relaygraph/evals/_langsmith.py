@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
+from relaygraph.evals._report import EvalReport
+from relaygraph.evals._results import CaseResult, TrialResult
 
 
 def _example(case: CaseResult) -> dict[str, Any]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from relaygraph.evals._results import CaseResult, TrialResult
+from relaygraph.evals._results import CaseResult, TrialResult
 
 # Each aspect metric is the share of runs whose checks of these keys all passed, among the
 # runs of cases that name at least one of them (None when no case does).

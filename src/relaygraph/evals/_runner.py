@@ -16,8 +16,8 @@ from relaygraph.errors import ConfigError
 from relaygraph.evals._checks import Check, Observation, check_expectations
 from relaygraph.evals._golden import GoldenCase, load_golden
 from relaygraph.evals._metrics import compute_metrics
-from relaygraph.evals._report import compare, load_baseline, write_report
-from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
+from relaygraph.evals._report import EvalReport, compare, load_baseline, write_report
+from relaygraph.evals._results import CaseResult, TrialResult
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:

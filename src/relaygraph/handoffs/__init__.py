@@ -10,7 +10,7 @@ made from it, in :mod:`relaygraph.events`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolCall, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from relaygraph._names import HANDOFF_PREFIX
-from relaygraph.events import Handoff, HandoffKind
+from relaygraph.events import Assignment, Handoff, record_handoff
 
 __all__ = [
     "HANDOFF_PREFIX",
@@ -36,16 +36,6 @@ __all__ = [
     "handoff_target",
     "merge_by_id",
 ]
-
-
-class Assignment(TypedDict):
-    """The work waiting for the next agent: who, what, and who asked."""
-
-    agent: str
-    task: str
-    reason: str
-    source: str
-    kind: HandoffKind
 
 
 def merge_by_id(left: Sequence[Any] | None, right: Any) -> list[Any]:
@@ -243,26 +233,14 @@ def create_handoff_tool(target: str, *, source: str, description: str = "") -> B
             name=name,
             tool_call_id=runtime.tool_call_id or "",
         )
-        record = Handoff(
-            id=runtime.tool_call_id or f"{source}->{target}",
-            kind="direct",
-            source=source,
-            target=target,
-            task=task,
-            reason=reason,
-            step=None,
-            turn=None,
+        assignment = Assignment(
+            agent=target, task=task, reason=reason, source=source, kind="direct"
         )
+        record = record_handoff(assignment, id=runtime.tool_call_id or f"{source}->{target}")
         return Command(
             goto=target,
             graph=Command.PARENT,
-            update={
-                "messages": [tool_message],
-                "handoffs": [record],
-                "assignment": Assignment(
-                    agent=target, task=task, reason=reason, source=source, kind="direct"
-                ),
-            },
+            update={"messages": [tool_message], "handoffs": [record], "assignment": assignment},
         )
 
     tool = StructuredTool.from_function(

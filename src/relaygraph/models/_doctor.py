@@ -205,8 +205,9 @@ def diagnose(spec: str, *, timeout: float = 120.0, base_url: str | None = None) 
         ConfigError: The spec is invalid or names no OpenAI model.
     """
     from relaygraph.errors import ModelSpecError
-    from relaygraph.models import OpenAIOptions, parse_model_spec
     from relaygraph.models._openai import OPENAI_API, build_openai_model
+    from relaygraph.models._options import OpenAIOptions
+    from relaygraph.models._spec import parse_model_spec
 
     parsed = parse_model_spec(spec)
     if parsed.provider != "openai":
@@ -256,7 +257,7 @@ def diagnose(spec: str, *, timeout: float = 120.0, base_url: str | None = None) 
 
 
 def _timed(name: str, step: Callable[[], Probe]) -> Probe:
-    from relaygraph.models import ModelCallError
+    from relaygraph.models._errors import ModelCallError
 
     started = time.monotonic()
     try:
@@ -370,7 +371,7 @@ def _round_trip(model: Any, *, litellm: bool) -> Probe:
     """
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-    from relaygraph.models import ModelCallError
+    from relaygraph.models._errors import ModelCallError
 
     history = [
         HumanMessage("What is the weather in Paris?"),

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from langchain_core.callbacks import CallbackManagerForLLMRun
     from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-    from relaygraph.models import ModelSpec
+    from relaygraph.models._spec import ModelSpec
 
 __all__ = [
     "AUTO_ORDER",

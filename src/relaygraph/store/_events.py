@@ -19,7 +19,7 @@ from relaygraph.store._models import (
 from relaygraph.store._records import (
     Approval,
     Event,
-    Handoff,
+    HandoffEntry,
     ToolCall,
     snapshot,
 )
@@ -140,10 +140,10 @@ class EventsLedger(LedgerBase):
         with self._read() as session:
             return [snapshot(Event, row) for row in session.scalars(query)]
 
-    def handoffs(self, task_id: str) -> list[Handoff]:
+    def handoffs(self, task_id: str) -> list[HandoffEntry]:
         """Every transfer of work in the task, in order."""
         query = select(HandoffRow).where(HandoffRow.task_id == task_id).order_by(HandoffRow.seq)
-        return self._snapshots(Handoff, query)
+        return self._snapshots(HandoffEntry, query)
 
     def tool_calls(self, task_id: str) -> list[ToolCall]:
         """The task's tool calls, in the order they were made."""

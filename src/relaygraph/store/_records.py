@@ -188,11 +188,11 @@ class Event:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Handoff:
-    """A transfer of work as the ledger keeps it: the :class:`relaygraph.events.Handoff` a
-    ``route`` or ``handoff`` event reported (``kind``, ``source``, ``target``, ``task``,
-    ``reason``, ``step``; made into the row by ``store._derive``), where it was recorded, and
-    the tokens spent when the work moved."""
+class HandoffEntry:
+    """A handoff's ledger entry: the :class:`relaygraph.events.Handoff` (the one definition
+    of a transfer) that a ``route`` or ``handoff`` event reported (``kind``, ``source``,
+    ``target``, ``task``, ``reason``, ``step``; made into the row by ``store._derive``), where
+    it was recorded, and the tokens spent when the work moved."""
 
     task_id: str
     seq: int

@@ -18,8 +18,7 @@ from relaygraph._deadline import due_within
 from relaygraph._names import ANSWER_NAME, BEGIN, FINALIZE, FINISH, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
 from relaygraph.errors import ConfigError
-from relaygraph.events import Handoff, event_sink, final_event, route_event
-from relaygraph.handoffs import Assignment
+from relaygraph.events import Assignment, event_sink, final_event, record_handoff, route_event
 from relaygraph.models import ModelCallError
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget, seconds_left
@@ -202,29 +201,13 @@ def _make_supervisor(
         if no_visits_left is not None:
             report(False)
             return exhausted(policy, no_visits_left, state, config, recorded)
-        record = Handoff(
-            id=ns,
-            kind="route",
-            source=SUPERVISOR,
-            target=route.next,
-            task=route.task,
-            reason=route.reason,
-            step=acc.step_of(config),
-            turn=turn,
+        assignment = Assignment(
+            agent=route.next, task=route.task, reason=route.reason, source=SUPERVISOR, kind="route"
         )
+        record = record_handoff(assignment, id=ns, step=acc.step_of(config), turn=turn)
         proceed = Command(
             goto=route.next,
-            update={
-                "handoffs": [record],
-                "assignment": Assignment(
-                    agent=route.next,
-                    task=route.task,
-                    reason=route.reason,
-                    source=SUPERVISOR,
-                    kind="route",
-                ),
-                "plan": plan,
-            },
+            update={"handoffs": [record], "assignment": assignment, "plan": plan},
         )
         routes = [
             (h["target"], h["task"])

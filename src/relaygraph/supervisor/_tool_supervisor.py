@@ -41,7 +41,7 @@ from langgraph.types import Checkpointer, Command
 
 from relaygraph._names import BEGIN, FINALIZE, FINISH, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
-from relaygraph.events import Handoff, ViolationKind, event_sink, route_event
+from relaygraph.events import ViolationKind, event_sink, record_handoff, route_event
 from relaygraph.handoffs import (
     Assignment,
     HandoffArgs,
@@ -252,19 +252,10 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
             stop = exhausted(policy, hit, state, config)
             answers = _answer(name, call_id, f"Not carried out: {hit.message}")
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}), answers)
-        record = Handoff(
-            id=call_id,
-            kind="route",
-            source=SUPERVISOR,
-            target=target,
-            task=task,
-            reason=reason,
-            step=_team_step(state),
-            turn=turn,
-        )
         assignment = Assignment(
             agent=target, task=task, reason=reason, source=SUPERVISOR, kind="route"
         )
+        record = record_handoff(assignment, id=call_id, step=_team_step(state), turn=turn)
         answers = _answer(name, call_id, f"Transferred to {target}: {task}")
         proceed = _to_parent(
             state, config, target, {"handoffs": [record], "assignment": assignment}, answers

@@ -19,7 +19,7 @@ from typing import Literal
 
 from relaygraph._names import SUPERVISOR
 from relaygraph.events import is_carried_out, transfer_of
-from relaygraph.store import Event, Handoff
+from relaygraph.store import Event, HandoffEntry
 
 WIDTH = 760
 """The width of a team of up to five agents; a larger team's row is wider."""
@@ -100,7 +100,7 @@ class HandoffGraph:
         return self.width > WIDTH
 
 
-def transfers_of(handoffs: Sequence[Handoff], events: Sequence[Event]) -> list[Transfer]:
+def transfers_of(handoffs: Sequence[HandoffEntry], events: Sequence[Event]) -> list[Transfer]:
     """Every transfer of the task in order: those carried out (from the ledger's handoffs)
     and those stopped (from the events), each ping-pong marked on the transfer it stopped
     or let through."""

@@ -397,7 +397,7 @@ def eval_run(ledger: Ledger, run_id: str) -> EvalRunRecord:
 
 def utc_time(text: str | None, field: str) -> datetime | None:
     """A query's ISO 8601 time with a time zone, in UTC (as ``GET /v1/usage`` takes it)."""
-    from relaygraph.api.routes.projects import in_utc
+    from relaygraph.api._params import in_utc
 
     return in_utc(text, field)
 
