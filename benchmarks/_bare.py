@@ -102,14 +102,15 @@ def build_bare_team(
     from langchain.agents import create_agent
     from langgraph_supervisor import create_supervisor
 
-    from relaygraph.agents import TaskContext, builtin
+    from relaygraph.agents import TaskContext, builtin, to_tool
 
     agents = {agent.name: agent for agent in builtin.agents()}
     names = [a for a in AGENT_NAMES if a in models]
+    tools = builtin.tools()
     workers = [
         create_agent(
             models[name],
-            list(agents[name].resolved_tools(builtin.tools())),
+            [to_tool(t, tools, where=f"agent {name!r}") for t in agents[name].tools],
             system_prompt=agents[name].prompt,
             context_schema=TaskContext,
             name=name,

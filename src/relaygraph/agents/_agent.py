@@ -108,16 +108,6 @@ class Agent:
     def tool_names(self) -> tuple[str, ...]:
         return tuple(tool_name(t) for t in self.tools)
 
-    def resolved_tools(self, builtins: Mapping[str, BaseTool]) -> tuple[BaseTool, ...]:
-        """The agent's tools as LangChain tools; names of built-in tools looked up in
-        ``builtins``.
-
-        Raises:
-            ConfigError: A name that is no built-in tool, or a function that cannot be a
-                tool (no docstring, untyped).
-        """
-        return tuple(to_tool(t, builtins, where=f"agent {self.name!r}") for t in self.tools)
-
 
 def _as_tuple(value: Any, where: str) -> tuple[Any, ...]:
     if isinstance(value, str | bytes | Path) or not isinstance(value, Iterable):

@@ -21,7 +21,6 @@ from sqlalchemy import (
     insert,
     or_,
     select,
-    true,
     update,
 )
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -154,12 +153,6 @@ def no_live_lease(now: datetime) -> ColumnElement[bool]:
     a runner id and no end (``lease_until`` NULL): the broker, not a lease, says when that
     worker is gone, so such a hold never lapses here."""
     return or_(TaskRow.runner_id.is_(None), TaskRow.lease_until < now)
-
-
-def fenced_by(attempt: int | None) -> ColumnElement[bool]:
-    """The condition a fenced write adds to its UPDATE: the task is still on ``attempt``
-    (always true for an unfenced write, ``attempt`` None)."""
-    return true() if attempt is None else TaskRow.attempts == attempt
 
 
 def check_attempt(row: TaskRow, attempt: int | None) -> None:

@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -145,5 +145,3 @@ def _error(table: str, message: str) -> TeamFileError:
     """A mistake in the ``tools`` key of the agent table ``table``."""
     return TeamFileError(message, table=table, key="tools")
 
-
-Resolver = Callable[[ToolRef], list[Any]]
