@@ -122,9 +122,9 @@ def test_a_cases_team_key_names_its_team_file(home: Path, tmp_path: Path) -> Non
     golden = load_golden(golden_file(tmp_path, team_key=True))
     assert not golden.errors
     assert {case.team for case in golden.cases} == {DOCS_REVIEW}
-    assert [golden.team_of(c).name for c in golden.cases] == ["docs-review", "docs-review"]
+    assert [golden.team_for_case(c).name for c in golden.cases] == ["docs-review", "docs-review"]
     # One team file named by both cases is read once.
-    assert golden.team_of(golden.cases[0]) is golden.team_of(golden.cases[1])
+    assert golden.team_for_case(golden.cases[0]) is golden.team_for_case(golden.cases[1])
     report = run_eval(golden.path, home=home)  # no --team: each case brings its own
     assert report.metrics.pass_rate == 1.0, [c.first_failure for c in report.cases]
     assert [c.team for c in report.cases] == ["docs-review", "docs-review"]

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
         AgentsMatch,
         Expectation,
         GoldenCase,
-        GoldenLineError,
         GoldenSet,
+        InvalidGoldenLine,
         load_golden,
     )
     from relaygraph.evals._metrics import EvalMetrics, compute_metrics, pass_at_k, pass_hat_k
@@ -51,8 +51,8 @@ __all__ = [
     "EvalReport",
     "Expectation",
     "GoldenCase",
-    "GoldenLineError",
     "GoldenSet",
+    "InvalidGoldenLine",
     "Observation",
     "TrialResult",
     "agents_match",
@@ -78,7 +78,7 @@ _LAZY = {
     "AgentsMatch": "_golden",
     "Expectation": "_golden",
     "GoldenCase": "_golden",
-    "GoldenLineError": "_golden",
+    "InvalidGoldenLine": "_golden",
     "GoldenSet": "_golden",
     "load_golden": "_golden",
     "Check": "_checks",

@@ -1,7 +1,7 @@
 """Golden sets: JSON Lines of cases, each a request and what the team is expected to do.
 
 Pydantic parses each line (the file is a boundary); the result is frozen values. A line that
-does not parse is kept as a :class:`GoldenLineError` with its line number, so one typo does
+does not parse is kept as a :class:`InvalidGoldenLine` with its line number, so one typo does
 not stop the rest of the set from running.
 """
 
@@ -156,7 +156,7 @@ class GoldenCase:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GoldenLineError:
+class InvalidGoldenLine:
     """A line of the golden file that is not a valid case; the other lines still run."""
 
     line: int
@@ -172,13 +172,13 @@ class GoldenSet:
 
     path: Path
     cases: tuple[GoldenCase, ...] = ()
-    errors: tuple[GoldenLineError, ...] = field(default=())
+    errors: tuple[InvalidGoldenLine, ...] = field(default=())
     team: Team | None = None
     """The team of the cases that name none (the built-in team when None)."""
     teams: Mapping[Path, Team] = field(default_factory=lambda: MappingProxyType({}))
     """The team files the cases name, each read once."""
 
-    def team_of(self, case: GoldenCase) -> Team:
+    def team_for_case(self, case: GoldenCase) -> Team:
         """The team ``case`` runs with: its own team file's, else the set's."""
         if case.team is not None:
             return self.teams[case.team]
@@ -205,7 +205,7 @@ def load_golden(path: str | Path, *, team: Team | None = None) -> GoldenSet:
     ``script``, ``policy`` and ``team`` paths are relative to the golden file's folder. A
     line that is not a valid case (bad JSON, an unknown key, a missing or invalid file, a
     policy over other agents than its team's, a duplicate id) becomes a
-    :class:`GoldenLineError` naming its line number; the other cases are still returned.
+    :class:`InvalidGoldenLine` naming its line number; the other cases are still returned.
 
     Args:
         path: The golden file.
@@ -223,20 +223,20 @@ def load_golden(path: str | Path, *, team: Team | None = None) -> GoldenSet:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"golden file {str(file)!r} cannot be read: {exc}") from None
     cases: list[GoldenCase] = []
-    errors: list[GoldenLineError] = []
+    errors: list[InvalidGoldenLine] = []
     seen: dict[str, int] = {}
     teams = _TeamFiles(team)
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            case = _parse_line(raw, number, folder=file.parent, team_of=teams.team_of)
+            case = _parse_line(raw, number, folder=file.parent, team_from_file=teams.team_from_file)
         except ValueError as exc:
-            errors.append(GoldenLineError(line=number, message=str(exc)))
+            errors.append(InvalidGoldenLine(line=number, message=str(exc)))
             continue
         if case.id in seen:
             message = f"case id {case.id!r} is already used on line {seen[case.id]}"
-            errors.append(GoldenLineError(line=number, message=message))
+            errors.append(InvalidGoldenLine(line=number, message=message))
             continue
         seen[case.id] = number
         cases.append(case)
@@ -258,7 +258,7 @@ class _TeamFiles:
         self.read: dict[Path, Team] = {}
         self.failed: dict[Path, ConfigError] = {}
 
-    def team_of(self, path: Path | None) -> Team:
+    def team_from_file(self, path: Path | None) -> Team:
         """Raises: ConfigError: The team file cannot be read or built."""
         from relaygraph.team import default_team, load_team
 
@@ -276,7 +276,7 @@ class _TeamFiles:
 
 
 def _parse_line(
-    raw: str, number: int, *, folder: Path, team_of: Callable[[Path | None], Team]
+    raw: str, number: int, *, folder: Path, team_from_file: Callable[[Path | None], Team]
 ) -> GoldenCase:
     """One case from one line; ``ValueError`` with a message naming what is wrong."""
     try:
@@ -307,7 +307,7 @@ def _parse_line(
             from relaygraph.models.scripted import load_script
 
             load_script(script)
-        team = team_of(team_file)
+        team = team_from_file(team_file)
         if policy is not None:
             team.policy_from(policy)
     except ConfigError as exc:

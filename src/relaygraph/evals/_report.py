@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from relaygraph.errors import ConfigError
-from relaygraph.evals._golden import GoldenLineError
+from relaygraph.evals._golden import InvalidGoldenLine
 from relaygraph.evals._metrics import EvalMetrics
 from relaygraph.evals._results import CaseResult
 
@@ -28,7 +28,7 @@ class EvalReport:
     """The golden file's path."""
     cases: tuple[CaseResult, ...]
     metrics: EvalMetrics
-    invalid_lines: tuple[GoldenLineError, ...] = ()
+    invalid_lines: tuple[InvalidGoldenLine, ...] = ()
     """Lines of the golden file that could not be read; the other cases ran."""
     model: str | None = None
     agent_models: dict[str, str] = field(default_factory=dict)

@@ -278,7 +278,7 @@ def _run_jobs(
     trace: bool,
     on_progress: ProgressHandler | None,
     topology: Topology | None,
-    team_of: Callable[[GoldenCase], Team],
+    team_for_case: Callable[[GoldenCase], Team],
 ) -> None:
     """Run every (case, trial) job, ``concurrency`` at once, recording each as it ends."""
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="relaygraph-eval") as pool:
@@ -292,7 +292,7 @@ def _run_jobs(
                 home=home,
                 trace=trace,
                 topology=topology,
-                team=team_of(case),
+                team=team_for_case(case),
             )
             for case, n in jobs
         }
@@ -373,7 +373,7 @@ def run_eval(
             f"no case in {str(golden_set.path)!r} has the tag(s) {', '.join(map(repr, tags))}; "
             f"tags in the file: {', '.join(known) or 'none'}"
         )
-    teams = list({id(t): t for t in map(golden_set.team_of, selected.cases)}.values())
+    teams = list({id(t): t for t in map(golden_set.team_for_case, selected.cases)}.values())
     _check_models(model, agent_models, topology, teams)
     earlier = load_baseline(baseline) if baseline is not None else None
     if out is not None and Path(out).expanduser().exists() and not Path(out).expanduser().is_dir():
@@ -417,7 +417,7 @@ def run_eval(
             trace=trace,
             on_progress=on_progress,
             topology=topology,
-            team_of=golden_set.team_of,
+            team_for_case=golden_set.team_for_case,
         )
         cases = tuple(
             CaseResult(
@@ -426,7 +426,7 @@ def run_eval(
                 expect=case.expect,
                 tags=case.tags,
                 line=case.line,
-                team=golden_set.team_of(case).name,
+                team=golden_set.team_for_case(case).name,
                 trials=tuple(results[(case.id, n)] for n in range(1, repeat + 1)),
             )
             for case in selected.cases

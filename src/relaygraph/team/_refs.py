@@ -144,4 +144,3 @@ def allowed_module(module: str, patterns: Mapping[str, Any] | list[str] | tuple[
 def _error(table: str, message: str) -> TeamFileError:
     """A mistake in the ``tools`` key of the agent table ``table``."""
     return TeamFileError(message, table=table, key="tools")
-
