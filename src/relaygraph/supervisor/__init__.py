@@ -6,10 +6,10 @@ says ``FINISH`` a finalize node writes the answer.
 """
 
 from relaygraph._names import FINALIZE, FINISH, SUPERVISOR
-from relaygraph.supervisor._accounting import in_flight_records
 from relaygraph.supervisor._graph import build_team, draw_team
 from relaygraph.supervisor._route import Route, RouteDecision, route_model, route_next_agent
 from relaygraph.supervisor._state import TeamState, Usage, Visit
+from relaygraph.supervisor._usage import in_flight_records
 from relaygraph.supervisor._verdict import non_answer
 
 __all__ = [

@@ -14,9 +14,11 @@ from relaygraph.events import event_sink, final_event, ping_pong_request
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_team_budget, day_budget_of
 from relaygraph.policies.pingpong import PingPong
-from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
+from relaygraph.supervisor._node_config import step_of, task_ns
+from relaygraph.supervisor._refusals import add_bar, violation
 from relaygraph.supervisor._state import TeamState, Visit
+from relaygraph.supervisor._usage import turn_usage
 from relaygraph.supervisor._verdict import closing_verdict, source_message
 
 _STEP_MARGIN = 3
@@ -34,8 +36,8 @@ def exhausted(
 ) -> Command[Any]:
     """Stop the task at a budget: finalize answers from what exists (or the task fails)."""
     turn = state.get("turn", 0)
-    record = acc.violation(
-        f"{acc.task_ns(config)}:{hit.stop_reason}",
+    record = violation(
+        f"{task_ns(config)}:{hit.stop_reason}",
         turn,
         hit.agent or "team",
         "budget",
@@ -79,7 +81,7 @@ def team_stop(
     """
     if visits and (hit := visits_spent(state, policy)):
         return hit
-    step, limit = acc.step_of(config), config.get("recursion_limit")
+    step, limit = step_of(config), config.get("recursion_limit")
     if step is not None and not own_graph:
         step -= state.get("turn_step", 0)
     if step is not None and limit is not None and step + _STEP_MARGIN >= limit:
@@ -87,7 +89,7 @@ def team_stop(
             scope="team", agent=None, limit="recursion_limit", used=step, allowed=limit
         )
     day = day_budget_of(config.get("configurable", {}))
-    return check_team_budget(policy.team, acc.turn_usage(state), day)
+    return check_team_budget(policy.team, turn_usage(state), day)
 
 
 def on_ping_pong(
@@ -105,8 +107,8 @@ def on_ping_pong(
     action = policy.ping_pong.on_detect
     # Waiting for a person, the step runs again when the decision comes: the runner
     # reports this violation from the pause itself (relaygraph.runner._run), once.
-    record = acc.violation(
-        f"{acc.task_ns(config)}:ping_pong",
+    record = violation(
+        f"{task_ns(config)}:ping_pong",
         turn,
         candidate,
         "ping_pong",
@@ -129,10 +131,10 @@ def on_ping_pong(
             # Bar the pair both ways: neither may pass work to the other, directly or
             # through a route taken right after the other's visit.
             a, b = found.agents
-            bar = acc.add_bar(state, b, found.detail, after=a)
-            bar = acc.add_bar({"barred": bar}, a, found.detail, after=b)
+            bar = add_bar(state, b, found.detail, after=a)
+            bar = add_bar({"barred": bar}, a, found.detail, after=b)
         else:  # The same task sent again: that agent gets no more routes this turn.
-            bar = acc.add_bar(state, candidate, found.detail)
+            bar = add_bar(state, candidate, found.detail)
         return Command(goto=SUPERVISOR, update={**update, "barred": bar, "assignment": None})
     return Command(
         goto=FINALIZE,

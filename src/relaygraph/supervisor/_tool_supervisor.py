@@ -52,7 +52,6 @@ from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals, check_agent_budget
 from relaygraph.policies.middleware import replies_usage
 from relaygraph.policies.pingpong import detect_ping_pong
-from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import Exit, agent_members
 from relaygraph.supervisor._control import (
@@ -62,7 +61,10 @@ from relaygraph.supervisor._control import (
     team_stop,
     visits_spent,
 )
+from relaygraph.supervisor._node_config import task_ns
+from relaygraph.supervisor._refusals import bars_now, violation
 from relaygraph.supervisor._state import TeamState, ToolsTeamState, Violation
+from relaygraph.supervisor._usage import agent_tokens, announce_usage, turn_usage, usage_record
 from relaygraph.supervisor._verdict import non_answer
 from relaygraph.topology import Topology
 
@@ -122,7 +124,7 @@ def _team_step(state: TeamState) -> int:
 
 def _this_run(config: RunnableConfig) -> str:
     """The supervisor node run's namespace (``supervisor:<task id>``): its usage record's id."""
-    ns = acc.task_ns(config)
+    ns = task_ns(config)
     return ns.rsplit("|", 1)[0] if "|" in ns else ns
 
 
@@ -205,7 +207,7 @@ def _refuse_calls(
             ToolMessage(content=content, name=name, tool_call_id=call_id, status="error")
         )
         violations.append(
-            acc.violation(f"{_this_run(config)}:{call_id}:{kind}", turn, SUPERVISOR, kind, detail)
+            violation(f"{_this_run(config)}:{call_id}:{kind}", turn, SUPERVISOR, kind, detail)
         )
     return answers, violations
 
@@ -231,16 +233,14 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
         turn = state.get("turn", 0)
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
-        why = acc.bars_now(state, last).get(target)
+        why = bars_now(state, last).get(target)
         if why is None and (
-            spent := check_agent_budget(
-                target, limits, acc.turn_usage(state, target), before="model"
-            )
+            spent := check_agent_budget(target, limits, turn_usage(state, target), before="model")
         ):
             why = f"out of budget: {spent.message}"
         if why is not None:
             detail = f"supervisor called {name!r}, which is barred now: {why}"
-            refused = acc.violation(
+            refused = violation(
                 f"{_this_run(config)}:{call_id}:handoff_not_allowed",
                 turn,
                 SUPERVISOR,
@@ -329,7 +329,7 @@ def _emit_route(
             reason=reason,
             step=_team_step(state),
             checkpoint_ns=_this_run(config),
-            tokens_so_far=acc.agent_tokens(state, policy.agents),
+            tokens_so_far=agent_tokens(state, policy.agents),
             carried_out=carried_out,
         )
     )
@@ -355,13 +355,13 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
             stop = exhausted(policy, hit, state, config)
             return _to_parent(state, config, FINALIZE, dict(stop.update or {}))
         visits = _prompts.turn_visits(state)
-        unavailable = acc.bars_now(state, visits[-1]["agent"] if visits else None)
+        unavailable = bars_now(state, visits[-1]["agent"] if visits else None)
         spent = [
             hit
             for agent in agents
             if (
                 hit := check_agent_budget(
-                    agent, policy.agent(agent).limits, acc.turn_usage(state, agent), before="model"
+                    agent, policy.agent(agent).limits, turn_usage(state, agent), before="model"
                 )
             )
         ]
@@ -382,10 +382,10 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
         seconds = max(0.0, time.time() - state.get("call_started", time.time()))
         earlier = [u for u in state.get("usage", []) if u["id"] == record_id]
         totals = UsageTotals.of(earlier) + replies_usage([reply], policy, seconds=seconds)
-        usage = acc.usage_record(record_id, SUPERVISOR, state.get("turn", 0), totals, [reply])
+        usage = usage_record(record_id, SUPERVISOR, state.get("turn", 0), totals, [reply])
         usage["estimated"] = usage["estimated"] or any(u["estimated"] for u in earlier)
         # The record grows by each call of this run; each version replaces the last.
-        acc.announce_usage(usage)
+        announce_usage(usage)
         if reply.tool_calls:
             refusals, violations = _refuse_calls(reply, tools, config, state.get("turn", 0))
             return {"usage": [usage], "messages": refusals, "violations": violations}
