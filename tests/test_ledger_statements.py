@@ -138,8 +138,8 @@ def test_an_unfenced_journal_record_needs_no_read_of_the_task(ledger: Ledger) ->
 
 
 def test_the_ledgers_engines_dispatch_no_connection_events(tmp_path: Path) -> None:
-    """A connection event listener (SQLite's BEGIN used to be one) makes every statement
-    dispatch every event: about twice the Python per statement of the ledger's hot path."""
+    """A connection event listener (a "begin" listener for SQLite's BEGIN, say) makes every
+    statement dispatch every event, on the ledger's hot path."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     try:
         ledger.upgrade()

@@ -1,7 +1,7 @@
 """The HTTP clients of ``openai:`` models are the process's: built once, shared by every role.
 
 A service that builds its models per task (a team cache miss, a model picked per request)
-paid for a new TLS context (about 20 ms of CPU each) and new connections with every model.
+would otherwise pay for a new TLS context and new connections with every model.
 Each retry must still be reported as the role that made the call, whichever shares the client.
 """
 

@@ -120,8 +120,8 @@ def test_handoff_tools_and_the_route_schema_are_minimal(over_http: Any) -> None:
     _, requests = over_http(RELAY)
     tools = {t["function"]["name"]: t["function"] for t in _of(requests, "researcher")[0]["tools"]}
     # One transfer tool per peer the policy allows; no description (its name says what it
-    # does, and it goes with every call: the pin was "Hand the work to coder." until issue
-    # 19 measured ~6 tokens per definition per call), bare arguments: 'task' required,
+    # does, and a description would go with every definition of every call), bare
+    # arguments: 'task' required,
     # 'reason' optional (the ledger and the dashboard show it when given).
     assert tools["transfer_to_coder"]["description"] == ""
     params = tools["transfer_to_writer"]["parameters"]

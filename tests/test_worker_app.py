@@ -390,7 +390,8 @@ def test_kill_9_of_a_worker_mid_task_gives_the_task_to_another(workers: Workers)
     assert again, f"not redelivered within 15 s\n{workers.output(other)}"
     assert workers.name_of(again["ppid"]) == other
     assert (again["task_id"], again["dispatch"]) == ("task-kill", 7)
-    # RabbitMQ sees the socket close with the process: measured 6-13 ms on a quiet machine.
+    # RabbitMQ sees the socket close with the process, long before its heartbeat would
+    # tell: the bound is generous, the point is that no heartbeat timeout is waited for.
     assert again["t"] - killed_at < 10
 
     workers.let_finish("task-kill")
@@ -411,7 +412,7 @@ def test_kill_9_of_the_pool_child_requeues_the_task(workers: Workers) -> None:
     assert first
     killed_at = time.time()
     os.kill(first["pid"], signal.SIGKILL)
-    # The pool notices a dead child within a few seconds (measured 0.05-4.4 s).
+    # The pool notices a dead child by itself; the deadline only bounds a stuck test.
     again = workers.wait_for(lambda r: r["kind"] == "start" and r["t"] > killed_at, 30)
     assert again, workers.output("w1")
     assert again["pid"] != first["pid"] and again["ppid"] == first["ppid"]

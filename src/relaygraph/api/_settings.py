@@ -46,9 +46,9 @@ def default_processes(workers: int) -> int:
 
     Every graph of one process runs in one Python interpreter, which runs one thread at a
     time: a run's steps between its model calls wait for it while the process's other runs
-    hold it. With 8 workers on threads of one process the service kept about 90% of the
-    pace its model allows, level with bare LangGraph on 8 threads; spread 2 to a process,
-    about 94% (benchmarks/RESULTS.md, section 6). A process costs about 150 MB."""
+    hold it. Spreading the workers over processes lets those steps run side by side, at the
+    memory cost of one more interpreter per process (benchmarks/RESULTS.md, section 6,
+    measures both)."""
     return max(1, min(math.ceil(workers / WORKERS_PER_PROCESS), DEFAULT_PROCESSES_MAX))
 
 

@@ -223,7 +223,8 @@ def _with_raw(model: Runnable[Any, Any], parser: Runnable[Any, Any], *, name: st
     """``{"raw", "parsed", "parsing_error"}``: what ChatOpenAI's ``include_raw=True`` chain
     answers (a parser's error goes into ``parsing_error``; a failed call raises), in one
     step. Its chain runs the model in a thread of a pool made for each call and wraps the
-    parser in a fallback: about 3 ms of CPU per call, every supervisor turn."""
+    parser in a fallback: work repeated at every supervisor turn for nothing the caller
+    uses."""
 
     def run(value: Any, config: RunnableConfig) -> dict[str, Any]:
         raw = model.invoke(value, config)
@@ -247,8 +248,8 @@ class _Direct(Runnable[Any, Any]):
     """A pair of functions (sync, async) as a runnable, called directly.
 
     ``RunnableLambda`` inspects its function's signature (``inspect.signature``) and opens a
-    callback run of its own at every call: about 2.5% of an in-process task's CPU, every
-    supervisor turn, for a step whose model call is traced by itself. The config goes to
+    callback run of its own at every call, every supervisor turn, for a step whose model
+    call is traced by itself. The config goes to
     the functions unchanged, so the model's run keeps the caller's callbacks and parent.
     """
 
@@ -324,7 +325,7 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         if isinstance(response_format, dict) and not payload.get("stream"):
             # A schema given as JSON, not as a class (the route's, json_mode's): the SDK's
             # parse() has nothing to fill and only adds its own request and answer
-            # handling, 1-2 ms of CPU per call. Sent through create() instead, in the same
+            # handling to every call. Sent through create() instead, in the same
             # body; the parser checks the answer, and _check_json_answer a cut one.
             payload["extra_body"] = {
                 **(payload.get("extra_body") or {}),

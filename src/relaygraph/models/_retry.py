@@ -17,13 +17,12 @@ one answer. Each retry is reported (:class:`RetryNote`) to the model that made t
 (:func:`reporting_retries`), which sends it on as a ``model_retry`` event.
 
 The clients are the process's, not a model's: a service that builds its models per task (a
-team cache miss, a model picked per request) would otherwise pay for a new TLS context
-(about 20 ms of CPU: the CA bundle is loaded each time) and new connections with every
-model. :func:`shared_client` hands the models of one server, timeout and retry policy one
-sync client and its connection pool; async clients stay one per model, since their
-connections belong to the event loop that opened them (a pooled connection used from
-another loop fails with "Event loop is closed"), but share the process's TLS context
-(:func:`tls_context`).
+team cache miss, a model picked per request) would otherwise pay for a new TLS context (the
+CA bundle is loaded each time) and new connections with every model. :func:`shared_client`
+hands the models of one server, timeout and retry policy one sync client and its connection
+pool; async clients stay one per model, since their connections belong to the event loop
+that opened them (a pooled connection used from another loop fails with "Event loop is
+closed"), but share the process's TLS context (:func:`tls_context`).
 """
 
 from __future__ import annotations

@@ -9,10 +9,9 @@ Each function runs inside the transaction that appends the event, after the task
 locked, so the derived rows of one task are written one event at a time, in order. They
 write in SQLAlchemy Core, on that transaction's connection, with statements built once (ids
 and values, no ORM objects, no statement built per event): every batch of a run's events
-comes through here, on the thread that shares the interpreter with the graph. In the ORM, a
-relay-3 task's derived rows cost about 5 ms of CPU; in Core, with the batch's usage rows read
-once (:class:`BatchRows`), well under 1 ms (``tests/test_ledger_statements.py`` counts the
-statements).
+comes through here, on the thread that shares the interpreter with the graph, so each
+batch reads its usage rows once (:class:`BatchRows`) and builds no ORM object
+(``tests/test_ledger_statements.py`` counts the statements).
 
 A resumed or recovered run re-emits some events (the agent that paused starts again and
 repeats its ``tool_call``; a node re-run after a crash repeats its ``agent_finished``); the

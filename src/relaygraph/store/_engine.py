@@ -93,9 +93,9 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
     # SQLite has one writer at a time. The write engine hands its one connection to one
     # thread at a time: the next writer of this process wakes the moment the last commits,
     # where two connections would have it wait in SQLite's busy handler, which polls with
-    # sleeps of 1, 2, 5, 10, ... ms (a task's lease took 13 ms to take behind the API's
-    # and the other runs' writes; benchmarks/bench_service.py). Other processes still wait
-    # in the busy handler.
+    # growing sleeps, so a writer may sleep long after the lock is free
+    # (benchmarks/bench_service.py measures it). Other processes still wait in the busy
+    # handler.
     pool = {"pool_size": 1, "max_overflow": 0, "pool_timeout": SQLITE_BUSY_SECONDS}
     engine = create_engine(
         parsed,
@@ -105,9 +105,8 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
     )
     event.listen(engine, "connect", _configure_sqlite)
     # The transaction's BEGIN is the dialect's, not a "begin" event listener's: an engine
-    # with a connection event listener dispatches every event of every statement (a Core
-    # statement took 75 Python calls instead of 38, a transaction 160 instead of 75; about
-    # 40% of the ledger's CPU per statement).
+    # with a connection event listener dispatches every event of every statement, work the
+    # ledger would pay on every statement and transaction.
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
     engine.dialect.do_begin = types.MethodType(  # type: ignore[method-assign]
         functools.partial(_begin_sqlite, statement=begin), engine.dialect

@@ -89,9 +89,8 @@ class EventsLedger(LedgerBase):
         if not batch and end is None:
             return []
         now = utc_now()
-        # SQLAlchemy Core, statements built once (see store/_derive.py): in the ORM a batch
-        # cost about 4 ms of CPU on the writer's thread, which takes the interpreter's lock
-        # from the graph's.
+        # SQLAlchemy Core, statements built once (see store/_derive.py): the writer's thread
+        # takes the interpreter's lock from the graph's for as long as a batch takes.
         with self._write_connection() as connection:
             # The update locks the task's row until commit, so concurrent appends to one
             # task take their sequence numbers (and commit) strictly one after another; the

@@ -29,9 +29,8 @@ class ToolJournalLedger(LedgerBase):
 
     def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         """The record of the task's call ``call_id``; None if it never completed."""
-        # SQLAlchemy Core, not the ORM, statements built once: a read (and a write) on every
-        # tool call of a run, on the graph's thread (built per call, the statements cost
-        # about 0.3 ms of CPU per tool call more).
+        # SQLAlchemy Core, statements built once: a read (and a write) on every tool call
+        # of a run, on the graph's thread.
         with self._read_connection() as connection:
             record = connection.scalar(_RECORD_OF, {"task_id": task_id, "call_id": call_id})
         return dict(record) if record is not None else None
@@ -141,7 +140,7 @@ class LedgerToolJournal:
     made the call (the runner writes checkpoints before the next step, ``durability="sync"``),
     and such a run found none of the task's. Its reads are then answered from the records
     this journal made (a step LangGraph runs again within the run finds them), not from the
-    ledger: a relay-3 task reads the journal twice, about 0.7 ms each on the graph's thread.
+    ledger, so the graph's thread does not wait for the ledger on every read.
     A stale attempt that wakes cannot add records meanwhile: its writes are fenced.
 
     A worker's attempt's journal (``attempt``) also asks the ledger at each :meth:`get`,

@@ -118,8 +118,8 @@ class UsageLedger(LedgerBase):
                 written.
         """
         values = status_values(status, fields) if status is not None else None
-        # SQLAlchemy Core, statements built once: every run ends here (in the ORM, about
-        # 1.2 ms of CPU per run; in Core about 0.4 ms).
+        # SQLAlchemy Core, statements built once: every run ends here, on a thread that
+        # shares the interpreter with the graphs.
         with self._write_connection() as connection:
             end_run_in(
                 connection,

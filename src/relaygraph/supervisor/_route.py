@@ -90,9 +90,9 @@ def route_model(
 
 
 # The supervisor asks for its route at every step: the schema class of a roster and its
-# JSON schema are made once per roster (pydantic's create_model and model_json_schema, made
-# at every call, were about 3.6% of a worker's CPU per task); bounded, as a server may hold
-# many teams.
+# JSON schema are made once per roster, since pydantic's create_model and
+# model_json_schema are costly to repeat at every call (benchmarks/ measures it); bounded,
+# as a server may hold many teams.
 @functools.lru_cache(maxsize=256)
 def _route_model(
     agents: tuple[str, ...], may_finish: bool, team: tuple[str, ...] | None
