@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,6 +72,30 @@ def unsafe_sandbox_env() -> dict[str, str]:
     (tests/test_fresh_machine.py).
     """
     return {UNSAFE_SANDBOX_ENV: "true"} if isolation_missing() else {}
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    """The server's scripts folder (``serve --scripts``), holding the example relay script as
+    ``relay.json``."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
+    return folder
+
+
+@pytest.fixture
+def served_script(scripts: Path) -> Callable[[dict[str, Any]], str]:
+    """Write a script into the server's scripts folder; returns the spec a request names
+    (``scripted:`` and the file's name: a server opens only files of its folder)."""
+    counter = iter(range(1000))
+
+    def write(turns: dict[str, Any]) -> str:
+        name = f"script-{next(counter)}.json"
+        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
+        return f"scripted:{name}"
+
+    return write
 
 
 @pytest.fixture
@@ -184,15 +209,15 @@ def kb(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def start_server(home: Path, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def start_server(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Any]]:
     """Start ``relaygraph serve`` on this test's home: ``start(scripts, **env)`` writes the
     scripts (file name to turns) into its scripts folder and adds ``env`` to its
     environment. Every server still running is killed at the end of the test."""
-    from .test_server import Server, _env, _free_port
+    from ._service import free_port
+    from .test_server import Server, _env
 
     started: list[Server] = []
-    folder = tmp_path / "scripts"
-    folder.mkdir()
+    folder = scripts
 
     def start(scripts: dict[str, Any] | None = None, **env: str) -> Server:
         for name, turns in (scripts or {}).items():
@@ -200,7 +225,7 @@ def start_server(home: Path, tmp_path: Path) -> Iterator[Callable[..., Any]]:
         server = Server(
             home,
             f"scripted:{EXAMPLE_RELAY}",
-            _free_port(),
+            free_port(),
             tmp_path / "serve.log",
             folder,
             env={**_env(home), **env},

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,63 +14,14 @@ import pytest
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import Ledger
 
+from ._service import ENDED, ServiceClient, auth
 from .conftest import EXAMPLE_RELAY, isolation_missing
 
 Script = Callable[[dict[str, Any]], str]
 
 
-class Api:
-    def __init__(self, client: httpx.AsyncClient, ledger_url: str) -> None:
-        self.client = client
-        self.ledger_url = ledger_url
-
-    def key(self, name: str) -> str:
-        with Ledger(self.ledger_url) as ledger:
-            return ledger.create_project(name)[1]
-
-    async def wait(
-        self,
-        task_id: str,
-        key: str,
-        statuses: tuple[str, ...] = ("succeeded", "degraded", "failed", "cancelled", "interrupted"),
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            got = await self.client.get(f"/v1/tasks/{task_id}", headers=auth(key))
-            if got.json()["status"] in statuses:
-                return got.json()  # type: ignore[no-any-return]
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"task {task_id} did not reach {statuses}")
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
 @pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    """The server's scripts folder (``serve --scripts``)."""
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
-    return folder
-
-
-@pytest.fixture
-def script(scripts: Path) -> Script:
-    """Write a script into the server's scripts folder; returns the spec a request names."""
-    counter = iter(range(1000))
-
-    def write(turns: dict[str, Any]) -> str:
-        name = f"script-{next(counter)}.json"
-        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
-        return f"scripted:{name}"
-
-    return write
-
-
-@pytest.fixture
-async def api(home: Path, scripts: Path) -> AsyncIterator[Api]:
+async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
     settings = ServiceSettings(
         # The operator's own default may be a script anywhere; requests name only
         # scripts of the scripts folder, by file name.
@@ -90,10 +38,10 @@ async def api(home: Path, scripts: Path) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Api(client, f"sqlite:///{home / 'ledger.sqlite'}")
+            yield ServiceClient(client, f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
 
 
-async def test_submit_follow_and_replay(api: Api) -> None:
+async def test_submit_follow_and_replay(api: ServiceClient) -> None:
     key = api.key("acme")
     made = await api.client.post(
         "/v1/tasks", json={"input": "When are checkpoints written?"}, headers=auth(key)
@@ -125,7 +73,7 @@ async def test_submit_follow_and_replay(api: Api) -> None:
     assert handoffs["handoffs"][1]["step"] is not None
 
 
-async def test_auth_and_project_isolation(api: Api) -> None:
+async def test_auth_and_project_isolation(api: ServiceClient) -> None:
     assert (await api.client.get("/v1/tasks")).status_code == 401
     bad = await api.client.get("/v1/tasks", headers=auth("rg_nope"))
     assert bad.status_code == 401
@@ -140,7 +88,7 @@ async def test_auth_and_project_isolation(api: Api) -> None:
     await api.wait(made.json()["id"], a)
 
 
-async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
+async def test_idempotent_retry_returns_the_same_task(api: ServiceClient) -> None:
     key = api.key("acme")
     headers = {**auth(key), "Idempotency-Key": "retry-1"}
     first = await api.client.post("/v1/tasks", json={"input": "x"}, headers=headers)
@@ -194,7 +142,7 @@ async def test_idempotent_retry_returns_the_same_task(api: Api) -> None:
     ],
 )
 async def test_bad_bodies_are_refused_naming_the_field(
-    api: Api, body: dict[str, Any], status: int, code: str, field: str | None
+    api: ServiceClient, body: dict[str, Any], status: int, code: str, field: str | None
 ) -> None:
     key = api.key("acme")
     got = await api.client.post("/v1/tasks", json=body, headers=auth(key))
@@ -205,7 +153,7 @@ async def test_bad_bodies_are_refused_naming_the_field(
         assert error.get("field") == field or field in error["message"]
 
 
-async def test_policy_in_body_tightens(api: Api, script: Script) -> None:
+async def test_policy_in_body_tightens(api: ServiceClient, served_script: Script) -> None:
     key = api.key("acme")
     made = await api.client.post(
         "/v1/tasks",
@@ -222,10 +170,10 @@ async def test_policy_in_body_tightens(api: Api, script: Script) -> None:
 
 
 async def test_approval_resumes_and_busy_thread_is_409(
-    api: Api, script: Script, home: Path
+    api: ServiceClient, served_script: Script, home: Path
 ) -> None:
     key = api.key("acme")
-    spec = script(
+    spec = served_script(
         {
             "supervisor": [
                 {"route": {"next": "coder", "task": "compute", "reason": "math"}},
@@ -299,9 +247,11 @@ async def test_approval_resumes_and_busy_thread_is_409(
     assert again.status_code == 409
 
 
-async def test_cancel_an_interrupted_task_and_usage(api: Api, script: Script) -> None:
+async def test_cancel_an_interrupted_task_and_usage(
+    api: ServiceClient, served_script: Script
+) -> None:
     key = api.key("acme")
-    spec = script(
+    spec = served_script(
         {
             "supervisor": [{"route": {"next": "coder", "task": "compute", "reason": "math"}}],
             "coder": [{"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]}],
@@ -332,14 +282,14 @@ async def test_cancel_an_interrupted_task_and_usage(api: Api, script: Script) ->
     assert trace["project_id"] == trace["team_id"] == usage["project_id"]
 
 
-async def test_health_and_openapi(api: Api) -> None:
+async def test_health_and_openapi(api: ServiceClient) -> None:
     assert (await api.client.get("/healthz")).json() == {"status": "ok"}
     assert (await api.client.get("/readyz")).status_code == 200
     spec = (await api.client.get("/openapi.json")).json()
     assert "/v1/tasks" in spec["paths"]
 
 
-async def test_trace_endpoint_returns_the_timeline(api: Api) -> None:
+async def test_trace_endpoint_returns_the_timeline(api: ServiceClient) -> None:
     key = api.key("acme")
     made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
     task = await api.wait(made.json()["id"], key)
@@ -354,7 +304,7 @@ async def test_trace_endpoint_returns_the_timeline(api: Api) -> None:
 
 
 async def test_scripted_models_are_refused_unless_the_server_allows_them(
-    home: Path, script: Script
+    home: Path, served_script: Script
 ) -> None:
     settings = ServiceSettings(home=home, allowed_models=["openai:*"])
     app = create_app(settings)
@@ -363,7 +313,7 @@ async def test_scripted_models_are_refused_unless_the_server_allows_them(
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
                 key = ledger.create_project("acme")[1]
-            spec = script({"supervisor": []})
+            spec = served_script({"supervisor": []})
             got = await client.post(
                 "/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key)
             )
@@ -379,9 +329,9 @@ async def test_scripted_models_are_refused_unless_the_server_allows_them(
             assert other.json()["error"]["field"] == "agent_models.coder"
 
 
-async def test_topology_in_the_body(api: Api, script: Script) -> None:
+async def test_topology_in_the_body(api: ServiceClient, served_script: Script) -> None:
     key = api.key("acme")
-    spec = script({"researcher": [{"content": "swarm answer"}]})
+    spec = served_script({"researcher": [{"content": "swarm answer"}]})
     made = await api.client.post(
         "/v1/tasks",
         json={"input": "go", "model": spec, "topology": "swarm", "start_agent": "researcher"},
@@ -407,7 +357,9 @@ async def test_topology_in_the_body(api: Api, script: Script) -> None:
         assert field in error["field"] and message in error["message"], error
 
 
-async def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_read(api: Api) -> None:
+async def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_read(
+    api: ServiceClient,
+) -> None:
     key = api.key("acme")
 
     def chunks(body: bytes) -> Any:
@@ -459,7 +411,7 @@ async def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_read(api
     ],
 )
 async def test_bad_query_and_body_name_their_field(
-    api: Api, method: str, path: str, content: bytes | None, field: str, message: str
+    api: ServiceClient, method: str, path: str, content: bytes | None, field: str, message: str
 ) -> None:
     key = api.key("acme")
     headers = {**auth(key), "Content-Type": "application/json"}
@@ -470,7 +422,7 @@ async def test_bad_query_and_body_name_their_field(
     assert message in error["message"]
 
 
-async def test_a_body_that_is_not_sent_as_json_says_so(api: Api) -> None:
+async def test_a_body_that_is_not_sent_as_json_says_so(api: ServiceClient) -> None:
     key = api.key("acme")
     headers = {**auth(key), "Content-Type": "text/plain"}
     got = await api.client.post("/v1/tasks", content=b'{"input": "x"}', headers=headers)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,38 +16,8 @@ import pytest
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import DATABASE_URL_ENV, Ledger
 
+from ._service import ENDED, ServiceClient, auth
 from .conftest import EXAMPLE_RELAY
-
-FINISHED = ("succeeded", "degraded", "failed", "cancelled", "interrupted")
-
-
-class Api:
-    def __init__(self, client: httpx.AsyncClient, ledger_url: str) -> None:
-        self.client = client
-        self.ledger_url = ledger_url
-
-    def key(self, name: str) -> str:
-        with Ledger(self.ledger_url) as ledger:
-            return ledger.create_project(name)[1]
-
-    async def post_raw(self, path: str, body: bytes, key: str, **headers: str) -> httpx.Response:
-        sent = {**auth(key), "Content-Type": "application/json", **headers}
-        return await self.client.post(path, content=body, headers=sent)
-
-    async def wait(self, task_id: str, key: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            got: dict[str, Any] = (
-                await self.client.get(f"/v1/tasks/{task_id}", headers=auth(key))
-            ).json()
-            if got["status"] in FINISHED:
-                return got
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"task {task_id} did not finish")
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def latin1(headers: dict[str, str]) -> dict[bytes, bytes]:
@@ -76,15 +45,7 @@ def ledger_url(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.M
 
 
 @pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    """The server's scripts folder (``serve --scripts``)."""
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-async def api(home: Path, ledger_url: str, scripts: Path) -> AsyncIterator[Api]:
+async def api(home: Path, ledger_url: str, scripts: Path) -> AsyncIterator[ServiceClient]:
     settings = ServiceSettings(
         default_model=f"scripted:{EXAMPLE_RELAY}",
         scripts_dir=scripts,
@@ -97,7 +58,7 @@ async def api(home: Path, ledger_url: str, scripts: Path) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Api(client, ledger_url)
+            yield ServiceClient(client, ledger_url, ends=ENDED)
 
 
 # Text the ledger cannot store: the JSON escapes \udfff (a lone surrogate) and \u0000 (NUL).
@@ -125,7 +86,7 @@ async def api(home: Path, ledger_url: str, scripts: Path) -> AsyncIterator[Api]:
     ],
 )
 async def test_text_the_ledger_cannot_store_is_422_naming_the_field(
-    api: Api, body: str, field: str
+    api: ServiceClient, body: str, field: str
 ) -> None:
     key = api.key("acme")
     got = await api.post_raw("/v1/tasks", body.encode(), key)
@@ -133,7 +94,7 @@ async def test_text_the_ledger_cannot_store_is_422_naming_the_field(
     assert (await api.client.get("/v1/tasks", headers=auth(key))).json()["tasks"] == []
 
 
-async def test_a_decision_with_unstorable_text_is_422(api: Api) -> None:
+async def test_a_decision_with_unstorable_text_is_422(api: ServiceClient) -> None:
     key = api.key("acme")
     body = '{"decision": "reject", "reason": "no\\udfff"}'
     got = await api.post_raw("/v1/tasks/some-task/approvals/some-id", body.encode(), key)
@@ -152,7 +113,7 @@ async def test_a_decision_with_unstorable_text_is_422(api: Api) -> None:
     ids=["invalid-utf8", "2000-deep", "5000-digits", "40-deep", "truncated"],
 )
 async def test_a_body_that_cannot_be_read_is_422_naming_the_body(
-    api: Api, body: bytes, message: str
+    api: ServiceClient, body: bytes, message: str
 ) -> None:
     key = api.key("acme")
     got = await api.post_raw("/v1/tasks", body, key)
@@ -174,7 +135,7 @@ async def test_a_body_that_cannot_be_read_is_422_naming_the_body(
     ],
 )
 async def test_usage_refuses_a_bad_range_naming_the_field(
-    api: Api, query: str, field: str, message: str
+    api: ServiceClient, query: str, field: str, message: str
 ) -> None:
     key = api.key("acme")
     got = await api.client.get(f"/v1/usage?{query}", headers=auth(key))
@@ -186,13 +147,15 @@ async def test_usage_refuses_a_bad_range_naming_the_field(
     ("query", "field"),
     [("status=", "status"), ("status=bogus", "status"), ("limit=0", "limit")],
 )
-async def test_listing_refuses_an_empty_or_unknown_value(api: Api, query: str, field: str) -> None:
+async def test_listing_refuses_an_empty_or_unknown_value(
+    api: ServiceClient, query: str, field: str
+) -> None:
     key = api.key("acme")
     got = await api.client.get(f"/v1/tasks?{query}", headers=auth(key))
     assert_error(got, 422, "invalid_request", field)
 
 
-async def test_an_event_id_beyond_the_ledger_is_422_before_the_stream(api: Api) -> None:
+async def test_an_event_id_beyond_the_ledger_is_422_before_the_stream(api: ServiceClient) -> None:
     key = api.key("acme")
     made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
     task = await api.wait(made.json()["id"], key)
@@ -210,7 +173,7 @@ async def test_an_event_id_beyond_the_ledger_is_422_before_the_stream(api: Api) 
 
 
 @pytest.mark.parametrize("value", [" ", "a\x00b"])
-async def test_an_unstorable_idempotency_key_is_422(api: Api, value: str) -> None:
+async def test_an_unstorable_idempotency_key_is_422(api: ServiceClient, value: str) -> None:
     key = api.key("acme")
     got = await api.client.post(
         "/v1/tasks",
@@ -220,13 +183,13 @@ async def test_an_unstorable_idempotency_key_is_422(api: Api, value: str) -> Non
     assert_error(got, 422, "invalid_request", "Idempotency-Key")
 
 
-async def test_an_id_the_ledger_cannot_hold_is_404(api: Api) -> None:
+async def test_an_id_the_ledger_cannot_hold_is_404(api: ServiceClient) -> None:
     key = api.key("acme")
     got = await api.client.get("/v1/tasks/a%00b", headers=auth(key))
     assert_error(got, 404, "task_not_found", "task_id")
 
 
-async def test_a_method_a_path_does_not_take_is_405_with_allow(api: Api) -> None:
+async def test_a_method_a_path_does_not_take_is_405_with_allow(api: ServiceClient) -> None:
     got = await api.client.request("TRACE", "/v1/tasks")
     assert_error(got, 405, "method_not_allowed", None)
     assert set(got.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
@@ -249,7 +212,7 @@ async def test_a_method_a_path_does_not_take_is_405_with_allow(api: Api) -> None
     ],
 )
 async def test_an_idempotency_key_reused_for_another_request_is_409(
-    api: Api, change: dict[str, Any], named: str
+    api: ServiceClient, change: dict[str, Any], named: str
 ) -> None:
     key = api.key("acme")
     headers = {**auth(key), "Idempotency-Key": "order-1"}
@@ -290,7 +253,9 @@ def two_turns() -> dict[str, Any]:
     }
 
 
-async def test_a_thread_id_another_project_uses_is_a_new_thread(api: Api, scripts: Path) -> None:
+async def test_a_thread_id_another_project_uses_is_a_new_thread(
+    api: ServiceClient, scripts: Path
+) -> None:
     (scripts / "two-turns.json").write_text(json.dumps(two_turns()), encoding="utf-8")
     b_key, a_key = api.key("b-project"), api.key("a-project")
     body = {"input": "go", "model": "scripted:two-turns.json", "thread_id": "ticket-4711"}
@@ -324,7 +289,7 @@ async def test_a_thread_id_another_project_uses_is_a_new_thread(api: Api, script
 # Finding 4 (the endpoint): cancel ends a task whose runner is dead.
 
 
-async def test_cancel_ends_a_running_task_whose_runner_died(api: Api) -> None:
+async def test_cancel_ends_a_running_task_whose_runner_died(api: ServiceClient) -> None:
     key = api.key("acme")
     with Ledger(api.ledger_url) as ledger:
         project = ledger.authenticate(key)
@@ -349,7 +314,7 @@ async def test_cancel_ends_a_running_task_whose_runner_died(api: Api) -> None:
 
 
 async def test_cancel_of_a_task_another_live_runner_holds_is_asked_of_that_runner(
-    api: Api,
+    api: ServiceClient,
 ) -> None:
     key = api.key("acme")
     with Ledger(api.ledger_url) as ledger:
@@ -368,7 +333,7 @@ async def test_cancel_of_a_task_another_live_runner_holds_is_asked_of_that_runne
 
 
 async def test_a_refused_scripted_spec_reveals_nothing_of_the_servers_files(
-    api: Api, home: Path, scripts: Path
+    api: ServiceClient, home: Path, scripts: Path
 ) -> None:
     key = api.key("acme")
     (scripts / "relay.json").write_text(EXAMPLE_RELAY.read_text(), encoding="utf-8")

@@ -45,6 +45,7 @@ from relaygraph.events import (
 from relaygraph.store import Ledger
 from relaygraph.worker import RUN_TASK, WorkerSettings
 
+from ._service import auth
 from .conftest import EXAMPLE_RELAY
 
 RABBITMQ_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
@@ -52,10 +53,6 @@ REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 HUGE = 3600.0
 """A poll interval no test waits out: what arrives sooner was woken by a notice."""
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def closed_port() -> int:

@@ -21,6 +21,7 @@ from relaygraph.cli import main
 from relaygraph.cli._argtypes import TEAM_NAME
 from relaygraph.cli._preflight import check_folder
 
+from ._service import free_port
 from .conftest import EXAMPLE_RELAY, REPO
 
 Cli = Callable[..., tuple[int, str, str]]
@@ -98,7 +99,7 @@ def test_serve_checks_its_ledger_before_it_says_it_serves(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYGRAPH_DATABASE_URL", UNREACHABLE_LEDGER)
-    code, _, err = cli("serve", "--port", str(_free_port()))
+    code, _, err = cli("serve", "--port", str(free_port()))
     assert code == 2
     assert "cannot reach the ledger at postgresql+psycopg://nobody:***@" in error_line(err)
     assert "serving on" not in err
@@ -297,7 +298,7 @@ def test_serve_on_an_address_not_of_this_host_is_refused_before_it_says_it_serve
     cli: Cli,
 ) -> None:
     # 192.0.2.1 is TEST-NET-1 (RFC 5737): no host has it, and no name lookup is needed.
-    code, _, err = cli("serve", "--host", "192.0.2.1", "--port", str(_free_port()))
+    code, _, err = cli("serve", "--host", "192.0.2.1", "--port", str(free_port()))
     assert code == 2
     assert "cannot serve on --host '192.0.2.1': " in error_line(err)
     assert "serving on" not in err
@@ -325,16 +326,6 @@ def test_doctor_refuses_a_timeout_that_is_not_above_zero(cli: Cli, timeout: str)
         f"argument --timeout: expected a number of seconds above 0, got {timeout!r}"
         in error_line(err)
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-# An unknown flag of a command.
 
 
 @pytest.mark.parametrize(

@@ -539,7 +539,8 @@ def test_a_task_that_kills_its_server_is_failed_after_max_attempts(
 
     import httpx
 
-    from tests.test_server import _free_port, create_project
+    from tests._service import free_port
+    from tests.test_server import create_project
 
     killer = script(
         {
@@ -555,7 +556,7 @@ def test_a_task_that_kills_its_server_is_failed_after_max_attempts(
         "RELAYGRAPH_BWRAP": "",  # no filesystem isolation: the program can reach its parent
     }
     env.pop("RELAYGRAPH_DATABASE_URL", None)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     command = [

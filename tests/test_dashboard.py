@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,10 +26,10 @@ from relaygraph.api.ui._report_pages import DEFAULT_DAYS
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
+from ._service import FINISHED, auth
 from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
 
-FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 HTML = {"Accept": "text/html"}
 REFUSING = {
     "supervisor": [
@@ -78,7 +77,7 @@ class Dash:
 
     async def submit(self, key: str, **body: Any) -> dict[str, Any]:
         async with self.client() as client:
-            made = await client.post("/v1/tasks", json=body, headers=bearer(key))
+            made = await client.post("/v1/tasks", json=body, headers=auth(key))
             assert made.status_code == 202, made.text
             return made.json()  # type: ignore[no-any-return]
 
@@ -86,15 +85,11 @@ class Dash:
         deadline = time.monotonic() + 60
         async with self.client() as client:
             while time.monotonic() < deadline:
-                task = (await client.get(f"/v1/tasks/{task_id}", headers=bearer(key))).json()
+                task = (await client.get(f"/v1/tasks/{task_id}", headers=auth(key))).json()
                 if task["status"] in statuses:
                     return task  # type: ignore[no-any-return]
                 await asyncio.sleep(0.05)
         raise AssertionError(f"task {task_id} did not reach {statuses}")
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def csrf_of(html: str) -> str:
@@ -108,14 +103,6 @@ async def sign_in(client: httpx.AsyncClient, key: str, next_url: str = "/ui") ->
     return await client.post(
         "/ui/login", data={"key": key, "csrf": csrf_of(form.text), "next": next_url}
     )
-
-
-@pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
-    return folder
 
 
 @asynccontextmanager
@@ -254,7 +241,7 @@ async def test_task_summaries_count_and_filter(dash: Dash) -> None:
     async with dash.client() as client:
 
         async def page(**query: str) -> dict[str, Any]:
-            got = await client.get("/v1/task-summaries", params=query, headers=bearer(key))
+            got = await client.get("/v1/task-summaries", params=query, headers=auth(key))
             assert got.status_code == 200, got.text
             return got.json()  # type: ignore[no-any-return]
 
@@ -279,10 +266,10 @@ async def test_task_summaries_count_and_filter(dash: Dash) -> None:
         first = await page(limit="1")
         assert ids(first) == [refused["id"]] and first["next_cursor"]
         assert ids(await page(limit="1", cursor=first["next_cursor"])) == [relay["id"]]
-        bad = await client.get("/v1/task-summaries", params={"cursor": "nope"}, headers=bearer(key))
+        bad = await client.get("/v1/task-summaries", params={"cursor": "nope"}, headers=auth(key))
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "cursor"
         bogus = await client.get(
-            "/v1/task-summaries", params={"violation": "bogus"}, headers=bearer(key)
+            "/v1/task-summaries", params={"violation": "bogus"}, headers=auth(key)
         )
         assert bogus.status_code == 422, bogus.text
         assert bogus.json()["error"]["field"] == "violation"
@@ -319,7 +306,7 @@ async def test_another_projects_task_is_not_found(dash: Dash) -> None:
         assert fragment.status_code == 404
     async with dash.client() as client:
         for path in ("artifacts", "artifacts/report.md"):
-            got = await client.get(f"/v1/tasks/{task['id']}/{path}", headers=bearer(theirs))
+            got = await client.get(f"/v1/tasks/{task['id']}/{path}", headers=auth(theirs))
             assert got.status_code == 404 and got.json()["error"]["code"] == "task_not_found"
 
 
@@ -329,7 +316,7 @@ async def test_task_page_shows_the_trace_the_graph_and_the_budgets(dash: Dash) -
     await dash.wait(key, task["id"], FINISHED)
     async with dash.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        trace = (await client.get(f"/v1/tasks/{task['id']}/trace", headers=bearer(key))).json()
+        trace = (await client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(key))).json()
     edges = re.findall(
         r'data-edge="(\d+)" data-from="(\w+)" data-to="(\w+)" data-kind="(\w+)"', page
     )
@@ -370,7 +357,7 @@ async def test_model_retries_failures_a_suspended_run_and_a_cut_result_on_the_pa
         task_id = record_task(ledger, project_id=project.id)
     async with running(home, scripts) as dash, dash.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task_id}", headers=HTML)).text
-        trace = (await client.get(f"/v1/tasks/{task_id}/trace", headers=bearer(key))).json()
+        trace = (await client.get(f"/v1/tasks/{task_id}/trace", headers=auth(key))).json()
     timeline = page[page.index('id="section-timeline"') : page.index('id="section-answer"')]
     shown = re.findall(r'data-seq="\d+" data-kind="(\w+)"', timeline)
     assert shown.count("model_retry") == 2 and shown.count("model_error") == 1
@@ -405,7 +392,7 @@ async def test_the_task_page_shows_where_each_run_was_traced(dash: Dash) -> None
     async with dash.browser(mine) as client:
         untraced = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         assert "data-trace-links" not in untraced and "OpenTelemetry" not in untraced
-        assert (await client.get(links_url, headers=bearer(mine))).json() == {"runs": []}
+        assert (await client.get(links_url, headers=auth(mine))).json() == {"runs": []}
 
     # A run traced by OpenTelemetry, then (resumed) one traced by both; the ledger records
     # each in its run_started event.
@@ -427,7 +414,7 @@ async def test_the_task_page_shows_where_each_run_was_traced(dash: Dash) -> None
         )
     async with dash.browser(mine) as client:
         page = trace_section((await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text)
-        links = (await client.get(links_url, headers=bearer(mine))).json()
+        links = (await client.get(links_url, headers=auth(mine))).json()
         fragment = (await client.get(f"/ui/tasks/{task['id']}?fragment=1")).json()
     assert [(r["seq"], r["otel_trace_id"], r["langsmith_run_id"]) for r in links["runs"]] == [
         (latest, OTEL_IDS[1], LANGSMITH_RUN),
@@ -449,7 +436,7 @@ async def test_the_task_page_shows_where_each_run_was_traced(dash: Dash) -> None
     assert f"data-otel-trace-id>{OTEL_IDS[1]}<" in fragment["sections"]["summary"]
 
     async with dash.client() as client:
-        other = await client.get(links_url, headers=bearer(theirs))
+        other = await client.get(links_url, headers=auth(theirs))
         assert other.status_code == 404 and other.json()["error"]["code"] == "task_not_found"
 
 
@@ -472,7 +459,7 @@ async def test_trace_links_keep_only_ids_and_web_addresses(dash: Dash) -> None:
         ledger.append_event(task["id"], {"type": "run_started", "trace": "nonsense"})
     async with dash.browser(key) as client:
         page = trace_section((await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text)
-        links = await client.get(f"/v1/tasks/{task['id']}/trace-links", headers=bearer(key))
+        links = await client.get(f"/v1/tasks/{task['id']}/trace-links", headers=auth(key))
     [run] = links.json()["runs"]
     assert (run["otel_trace_id"], run["langsmith_run_id"], run["langsmith_url"]) == (
         None,
@@ -534,13 +521,13 @@ async def test_artifacts_are_served_as_text_or_downloads_never_as_html(dash: Das
     task = await dash.submit(key, input="a page", model=dash.script("page.json", script))
     await dash.wait(key, task["id"], FINISHED)
     async with dash.client() as client:
-        listed = await client.get(f"/v1/tasks/{task['id']}/artifacts", headers=bearer(key))
+        listed = await client.get(f"/v1/tasks/{task['id']}/artifacts", headers=auth(key))
         assert listed.json() == {"artifacts": [{"name": "x.html", "size_bytes": len(html)}]}
-        got = await client.get(f"/v1/tasks/{task['id']}/artifacts/x.html", headers=bearer(key))
+        got = await client.get(f"/v1/tasks/{task['id']}/artifacts/x.html", headers=auth(key))
         assert got.text == html
         assert got.headers["content-type"] == "application/octet-stream"
         assert got.headers["content-disposition"] == 'attachment; filename="x.html"'
-        missing = await client.get(f"/v1/tasks/{task['id']}/artifacts/y.md", headers=bearer(key))
+        missing = await client.get(f"/v1/tasks/{task['id']}/artifacts/y.md", headers=auth(key))
         assert missing.json()["error"]["code"] == "artifact_not_found"
     async with dash.browser(key) as browser:
         shown = await browser.get(f"/ui/tasks/{task['id']}/artifacts/x.html")
@@ -582,7 +569,7 @@ async def test_decisions_from_the_page_check_arguments_and_resume(dash: Dash) ->
             url, data={"csrf": form["csrf"], "decision": "approve"}, headers=answer
         )
         assert again.status_code == 409
-        approvals = await client.get(f"/v1/tasks/{task['id']}/approvals", headers=bearer(key))
+        approvals = await client.get(f"/v1/tasks/{task['id']}/approvals", headers=auth(key))
         assert approvals.json()["approvals"][0]["decided_by"] == "acme"
 
 
@@ -643,12 +630,12 @@ async def test_eval_runs_their_cases_and_two_side_by_side(evals_shown: Dash) -> 
     before = record_eval(dash.ledger_url, {"a": True, "b": False, "c": True})
     after = record_eval(dash.ledger_url, {"a": False, "b": True, "c": True}, task_id=task["id"])
     async with dash.client() as client:
-        runs = (await client.get("/v1/evals", headers=bearer(key))).json()["eval_runs"]
+        runs = (await client.get("/v1/evals", headers=auth(key))).json()["eval_runs"]
         assert [r["id"] for r in runs] == [after, before] and runs[0]["cases"] is None
-        one = (await client.get(f"/v1/evals/{after}", headers=bearer(key))).json()
+        one = (await client.get(f"/v1/evals/{after}", headers=auth(key))).json()
         assert [c["case_id"] for c in one["cases"]] == ["a", "b", "c"]
         assert one["cases"][0]["checks"][0]["actual"] == "writer-a"
-        missing = await client.get("/v1/evals/nope", headers=bearer(key))
+        missing = await client.get("/v1/evals/nope", headers=auth(key))
         assert missing.json()["error"]["code"] == "eval_run_not_found"
     async with dash.browser(key) as browser:
         listed = (await browser.get("/ui/evals", headers=HTML)).text
@@ -672,8 +659,8 @@ async def test_eval_runs_are_hidden_from_projects_unless_the_operator_shows_them
         key = dash.key("acme")
         run = record_eval(dash.ledger_url, {"a": True})
         async with dash.client() as client:
-            assert (await client.get("/v1/evals", headers=bearer(key))).json() == {"eval_runs": []}
-            assert (await client.get(f"/v1/evals/{run}", headers=bearer(key))).status_code == 404
+            assert (await client.get("/v1/evals", headers=auth(key))).json() == {"eval_runs": []}
+            assert (await client.get(f"/v1/evals/{run}", headers=auth(key))).status_code == 404
         async with dash.browser(key) as browser:
             listed = (await browser.get("/ui/evals", headers=HTML)).text
             assert "not shown on this server" in listed
@@ -687,22 +674,22 @@ async def test_usage_per_day_and_agent(dash: Dash) -> None:
     await dash.wait(key, task["id"], FINISHED)
     today = datetime.now(UTC).date()
     async with dash.client() as client:
-        daily = (await client.get("/v1/usage/daily", headers=bearer(key))).json()
+        daily = (await client.get("/v1/usage/daily", headers=auth(key))).json()
         assert len(daily["days"]) in (14, 15) and daily["days"][-1]["date"] == today.isoformat()
         assert daily["days"][-1]["tasks"] == 1 and "writer" in daily["days"][-1]["agents"]
         assert sum(d["tasks"] for d in daily["days"][:-1]) == 0
-        whole = (await client.get("/v1/usage", headers=bearer(key))).json()
+        whole = (await client.get("/v1/usage", headers=auth(key))).json()
         assert daily["days"][-1]["total"] == whole["total"]
-        theirs = (await client.get("/v1/usage/daily", headers=bearer(other))).json()
+        theirs = (await client.get("/v1/usage/daily", headers=auth(other))).json()
         assert all(d["tasks"] == 0 for d in theirs["days"])
         too_long = await client.get(
             "/v1/usage/daily",
             params={"since": "2020-01-01T00:00:00Z", "until": "2022-01-01T00:00:00Z"},
-            headers=bearer(key),
+            headers=auth(key),
         )
         assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "until"
         naive = await client.get(
-            "/v1/usage/daily", params={"since": "2026-01-01"}, headers=bearer(key)
+            "/v1/usage/daily", params={"since": "2026-01-01"}, headers=auth(key)
         )
         assert naive.status_code == 422 and naive.json()["error"]["field"] == "since"
     async with dash.browser(key) as browser:
@@ -1011,7 +998,7 @@ async def test_an_edit_is_checked_against_a_registered_teams_own_tool(
         key = dash.key("acme")
         async with dash.client() as client:
             pushed = await client.put(
-                "/v1/teams/docs-review", json={"toml": REVIEW_TEAM}, headers=bearer(key)
+                "/v1/teams/docs-review", json={"toml": REVIEW_TEAM}, headers=auth(key)
             )
             assert pushed.status_code == 201, pushed.text
         script = {

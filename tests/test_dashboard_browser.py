@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import pytest
 from relaygraph.client import Client
 from relaygraph.store import Ledger
 
+from ._service import free_port
 from .conftest import EXAMPLE_RELAY
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -42,7 +42,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 SHOTS_ENV = "RELAYGRAPH_DASHBOARD_SHOTS"
 REFUSING = {
     "supervisor": [
@@ -66,13 +65,6 @@ pytestmark = [
         reason="needs Debian's chromium and chromium-driver (.ci/run installs them)",
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Stage:
@@ -155,7 +147,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     for regress in (False, True):
         report = root / f"eval-{int(regress)}"
         _relaygraph(home, "eval", str(_golden(scripts, regress=regress)), "--out", str(report))
-    port = _free_port()
+    port = free_port()
     log = root / "serve.log"
     with log.open("wb") as out:
         server = subprocess.Popen(

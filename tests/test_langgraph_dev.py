@@ -15,7 +15,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ import httpx
 import pytest
 
 from relaygraph.errors import ConfigError
+
+from ._service import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -48,13 +49,6 @@ def _server_venv() -> Path | None:
         if (venv / "bin" / "langgraph").exists():
             return venv
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _server_env(home: Path, **settings: str) -> dict[str, str]:
@@ -99,7 +93,7 @@ class _Server:
 def _langgraph_dev(tmp_path: Path, venv: Path, **settings: str) -> Iterator[_Server]:
     """``langgraph dev`` on a free loopback port, with ``settings`` in its environment."""
     home = tmp_path / "served-home"
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "langgraph-dev.log"
     command = [str(venv / "bin" / "langgraph"), "dev", "--config", str(REPO / "langgraph.json")]
     command += ["--host", "127.0.0.1", "--port", str(port), "--no-browser", "--no-reload"]

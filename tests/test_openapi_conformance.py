@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ import httpx
 import pytest
 
 from relaygraph.store import DATABASE_URL_ENV
+
+from ._service import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,13 +59,6 @@ ANSWER_AT_ONCE = {
 """The server's default model: tasks the run creates end at once, without tools."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, home: Path) -> str:
     if request.param == "sqlite":
@@ -86,7 +80,7 @@ def live_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[str]:
     scripts.mkdir()
     default = scripts / "answer.json"
     default.write_text(json.dumps(ANSWER_AT_ONCE), encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     command = [sys.executable, "-m", "relaygraph.cli", "serve", "--port", str(port)]
     command += ["--model", f"scripted:{default}", "--scripts", str(scripts)]

@@ -8,12 +8,10 @@ with and without ``--processes``. Every wait polls under a generous deadline.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +26,7 @@ from relaygraph.client import Client
 from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.store import Ledger, QuotaOverrides, Quotas, RecordNotFound
 
+from ._service import FINISHED, ServiceClient, auth
 from .conftest import EXAMPLE_RELAY
 from .openai_server import serve_script
 from .test_serve_processes import _recording
@@ -35,7 +34,6 @@ from .worker_cluster import Cluster, broker_problem, broker_url, fresh_database,
 
 DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
-FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 
 
@@ -210,35 +208,12 @@ def test_the_day_budget_counts_today_only(ledger: Ledger) -> None:
 # -- over HTTP, in process ---------------------------------------------------------------
 
 
-def _auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-class Service:
-    def __init__(self, client: httpx.AsyncClient, ledger_url: str) -> None:
-        self.client = client
-        self.ledger_url = ledger_url
-
-    def key(self, name: str, quotas: QuotaOverrides | None = None) -> str:
-        with Ledger(self.ledger_url) as ledger:
-            key = ledger.create_project(name)[1]
-            if quotas is not None:
-                ledger.set_project_quotas(name, quotas)
-            return key
-
-    async def submit(self, key: str, text: str, **headers: str) -> httpx.Response:
+class Service(ServiceClient):
+    async def ask(self, key: str, text: str, **headers: str) -> httpx.Response:
+        """``POST /v1/tasks`` of ``text``, with ``headers`` (an ``Idempotency-Key``)."""
         return await self.client.post(
-            "/v1/tasks", json={"input": text}, headers={**_auth(key), **headers}
+            "/v1/tasks", json={"input": text}, headers={**auth(key), **headers}
         )
-
-    async def wait(self, task_id: str, key: str) -> dict[str, Any]:
-        deadline = time.monotonic() + DEADLINE
-        while time.monotonic() < deadline:
-            got = (await self.client.get(f"/v1/tasks/{task_id}", headers=_auth(key))).json()
-            if got["status"] in FINISHED:
-                return got  # type: ignore[no-any-return]
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"task {task_id} did not finish")
 
 
 @pytest.fixture
@@ -265,7 +240,7 @@ async def _service(home: Path, policy: Path, *, start_workers: bool) -> AsyncIte
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Service(client, f"sqlite:///{home / 'ledger.sqlite'}")
+            yield Service(client, f"sqlite:///{home / 'ledger.sqlite'}", seconds=DEADLINE)
 
 
 @pytest.fixture
@@ -290,10 +265,10 @@ async def test_a_flood_past_the_queued_quota_gets_429_and_loses_nothing(stopped:
     a = stopped.key("a")
     accepted = []
     for i in range(3):
-        made = await stopped.submit(b, f"b{i}", **{"Idempotency-Key": f"b{i}"})
+        made = await stopped.ask(b, f"b{i}", **{"Idempotency-Key": f"b{i}"})
         assert made.status_code == 202, made.text
         accepted.append(made.json()["id"])
-    refused = await stopped.submit(b, "b3")
+    refused = await stopped.ask(b, "b3")
     assert refused.status_code == 429, refused.text
     error = refused.json()["error"]
     assert error["code"] == "quota_exceeded" and error["field"] == "max_queued"
@@ -301,13 +276,13 @@ async def test_a_flood_past_the_queued_quota_gets_429_and_loses_nothing(stopped:
     assert int(refused.headers["Retry-After"]) > 0
     # Nothing was recorded of the refused one; what was accepted is all there, and a
     # retry of an accepted submission is still that task (202), not a refusal.
-    listed = (await stopped.client.get("/v1/tasks", headers=_auth(b))).json()
+    listed = (await stopped.client.get("/v1/tasks", headers=auth(b))).json()
     assert sorted(t["id"] for t in listed["tasks"]) == sorted(accepted)
-    again = await stopped.submit(b, "b0", **{"Idempotency-Key": "b0"})
+    again = await stopped.ask(b, "b0", **{"Idempotency-Key": "b0"})
     assert again.status_code == 202 and again.json()["id"] == accepted[0]
     # Another project's submissions are its own quota's business.
-    assert (await stopped.submit(a, "a0")).status_code == 202
-    me = (await stopped.client.get("/v1/projects/me", headers=_auth(b))).json()
+    assert (await stopped.ask(a, "a0")).status_code == 202
+    me = (await stopped.client.get("/v1/projects/me", headers=auth(b))).json()
     assert me["name"] == "b"
     assert me["quotas"] == {
         "max_running": None,
@@ -316,14 +291,14 @@ async def test_a_flood_past_the_queued_quota_gets_429_and_loses_nothing(stopped:
         "max_streams": 100,
     }
     assert me["usage"]["queued"] == 3 and me["usage"]["running"] == 0
-    theirs = (await stopped.client.get("/v1/projects/me", headers=_auth(a))).json()
+    theirs = (await stopped.client.get("/v1/projects/me", headers=auth(a))).json()
     assert theirs["name"] == "a" and theirs["usage"]["queued"] == 1  # its own only
 
 
 async def test_projects_me_needs_a_key_and_shows_the_operators_quotas(stopped: Service) -> None:
     key = stopped.key("b", QuotaOverrides(max_running=4, max_queued=7, daily_cost_usd=2.5))
     assert (await stopped.client.get("/v1/projects/me")).status_code == 401
-    me = (await stopped.client.get("/v1/projects/me", headers=_auth(key))).json()
+    me = (await stopped.client.get("/v1/projects/me", headers=auth(key))).json()
     assert me["quotas"]["max_running"] == 4
     assert me["quotas"]["max_queued"] == 7
     assert me["quotas"]["daily_cost_usd"] == 2.5
@@ -337,22 +312,22 @@ async def test_the_day_budget_stops_a_running_task_and_refuses_the_next(running:
     B's next submission gets 429 until 00:00 UTC; A, with no budget, is not touched."""
     b = running.key("b", QuotaOverrides(daily_cost_usd=0.5))
     a = running.key("a")
-    made = await running.submit(b, "When are checkpoints written?")
+    made = await running.ask(b, "When are checkpoints written?")
     assert made.status_code == 202, made.text
     task = await running.wait(made.json()["id"], b)
     assert task["status"] == "degraded", task
     assert task["stop_reason"] == "budget:project:daily_cost_usd", task
-    events = (await running.client.get(f"/v1/tasks/{task['id']}/events", headers=_auth(b))).text
+    events = (await running.client.get(f"/v1/tasks/{task['id']}/events", headers=auth(b))).text
     assert "project &#x27;b&#x27; spent" in events or "project 'b' spent" in events
     assert "daily budget of 0.5 USD" in events
-    refused = await running.submit(b, "Again")
+    refused = await running.ask(b, "Again")
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "budget_exhausted"
     assert "daily_cost_usd is 0.5" in refused.json()["error"]["message"]
     assert 0 < int(refused.headers["Retry-After"]) <= 24 * 3600
-    me = (await running.client.get("/v1/projects/me", headers=_auth(b))).json()
+    me = (await running.client.get("/v1/projects/me", headers=auth(b))).json()
     assert me["usage"]["cost_today_usd"] >= 0.5 and me["quotas"]["daily_cost_usd"] == 0.5
-    theirs = await running.submit(a, "When are checkpoints written?")
+    theirs = await running.ask(a, "When are checkpoints written?")
     assert (await running.wait(theirs.json()["id"], a))["status"] == "succeeded"
 
 

@@ -5,12 +5,9 @@ a real ``relaygraph serve`` on loopback."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +23,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
+from ._service import ENDED, ServiceClient, auth
 from .conftest import EXAMPLE_RELAY, REPO
 
 TOOLS_MODULE = "rg_review_tools"
@@ -71,11 +69,12 @@ REVIEW_SCRIPT = {
     ],
     "finalize": [{"content": "Checkpoints are written after every step. Reviewed: 6 words."}],
 }
-FINISHED = ("succeeded", "degraded", "failed", "cancelled", "interrupted")
 
 
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
+@pytest.fixture(autouse=True)
+def _review_script(scripts: Path) -> None:
+    """The reviewer's script in the server's scripts folder, beside ``relay.json``."""
+    (scripts / "review.json").write_text(json.dumps(REVIEW_SCRIPT), encoding="utf-8")
 
 
 def definition(**agents_changes: Any) -> dict[str, Any]:
@@ -110,40 +109,15 @@ def tools_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-@pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    (folder / "review.json").write_text(json.dumps(REVIEW_SCRIPT), encoding="utf-8")
-    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
-    return folder
-
-
-class Api:
+class Api(ServiceClient):
     def __init__(
         self, client: httpx.AsyncClient, app: Any, home: Path, ledger_url: str | None = None
     ) -> None:
-        self.client, self.app, self.home = client, app, home
-        self.ledger_url = ledger_url or f"sqlite:///{home / 'ledger.sqlite'}"
-
-    def key(self, name: str) -> str:
-        with Ledger(self.ledger_url) as ledger:
-            return ledger.create_project(name)[1]
+        super().__init__(client, ledger_url or f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
+        self.app, self.home = app, home
 
     async def push(self, key: str, name: str, **body: Any) -> httpx.Response:
         return await self.client.put(f"/v1/teams/{name}", json=body, headers=auth(key))
-
-    async def submit(self, key: str, **body: Any) -> httpx.Response:
-        return await self.client.post("/v1/tasks", json=body, headers=auth(key))
-
-    async def finished(self, task_id: str, key: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            got = (await self.client.get(f"/v1/tasks/{task_id}", headers=auth(key))).json()
-            if got["status"] in FINISHED:
-                return got  # type: ignore[no-any-return]
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"task {task_id} did not finish")
 
 
 @asynccontextmanager
@@ -182,7 +156,7 @@ async def test_a_pushed_team_runs_a_task_with_its_own_agent(api: Api) -> None:
         key, input="Review the checkpoint docs", team="docs-review", model="scripted:review.json"
     )
     assert made.status_code == 202, made.text
-    task = await api.finished(made.json()["id"], key)
+    task = await api.wait(made.json()["id"], key)
     assert task["status"] == "succeeded", task
     assert "6 words" in task["answer"]
     shown = {"name": "docs-review", "version": 1, "digest": version["digest"]}
@@ -304,7 +278,7 @@ async def test_the_shipped_registrable_team_pushes_and_runs(home: Path, scripts:
             model="scripted:docs-review-service.json",
         )
         assert made.status_code == 202, made.text
-        task = await api.finished(made.json()["id"], key)
+        task = await api.wait(made.json()["id"], key)
         assert task["status"] == "succeeded", task
         assert "Reviewed: no problems found." in task["answer"]
 
@@ -352,8 +326,8 @@ async def test_a_changed_team_is_the_next_version_and_tasks_pick_one(api: Api) -
     new = await api.submit(key, input="x", team="docs-review", model="scripted:review.json")
     assert old.json()["team"] == {"name": "docs-review", "version": 1, "digest": first["digest"]}
     assert new.json()["team"]["version"] == 2
-    assert (await api.finished(old.json()["id"], key))["status"] == "succeeded"
-    assert (await api.finished(new.json()["id"], key))["status"] == "succeeded"
+    assert (await api.wait(old.json()["id"], key))["status"] == "succeeded"
+    assert (await api.wait(new.json()["id"], key))["status"] == "succeeded"
 
     history = (await api.client.get("/v1/teams/docs-review", headers=auth(key))).json()
     assert [v["version"] for v in history["versions"]] == [1, 2]
@@ -562,7 +536,7 @@ async def test_a_request_policy_only_tightens_the_chosen_teams(api: Api) -> None
         key, **base, policy={"agents": {"reviewer": {"tools": ["word_count"]}}}
     )
     assert narrower.status_code == 202, narrower.text
-    await api.finished(narrower.json()["id"], key)
+    await api.wait(narrower.json()["id"], key)
     cases = [
         ({"policy": {"team": {"max_tokens": 60000}}}, "policy_loosens", "policy"),
         ({"policy": {"agents": {"coder": {"tools": []}}}}, "invalid_policy", "policy"),
@@ -581,7 +555,7 @@ async def test_a_request_policy_only_tightens_the_chosen_teams(api: Api) -> None
     per_role = await api.submit(key, **base, agent_models={"reviewer": "scripted:review.json"})
     assert per_role.status_code == 202, per_role.text
     assert set(per_role.json()["models"]) == {"supervisor", "researcher", "reviewer", "finalize"}
-    await api.finished(per_role.json()["id"], key)
+    await api.wait(per_role.json()["id"], key)
 
 
 async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
@@ -609,7 +583,7 @@ async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
         policy={"agents": {"reviewer": {"approval": ["word_count"]}}},
     )
     assert made.status_code == 202, made.text
-    paused = await api.finished(made.json()["id"], key)
+    paused = await api.wait(made.json()["id"], key)
     assert paused["status"] == "interrupted", paused
     path = f"/v1/tasks/{paused['id']}/approvals"
     (approval,) = (await api.client.get(path, headers=auth(key))).json()["approvals"]
@@ -624,7 +598,7 @@ async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
         decide, json={"decision": "edit", "args": {"text": "a b"}}, headers=auth(key)
     )
     assert edited.status_code == 202, edited.text
-    done = await api.finished(paused["id"], key)
+    done = await api.wait(paused["id"], key)
     assert done["status"] == "succeeded", done
     with Ledger(api.ledger_url) as ledger:
         calls = [(c.tool, c.result_preview) for c in ledger.tool_calls(paused["id"])]
@@ -657,7 +631,7 @@ async def test_the_operators_team_files_serve_every_project(
         ]
         made = await api.submit(key, input="x", team="house-review", model="scripted:review.json")
         assert made.status_code == 202, made.text
-        task = await api.finished(made.json()["id"], key)
+        task = await api.wait(made.json()["id"], key)
         assert task["status"] == "succeeded", task
         assert task["team"]["name"] == "house-review" and task["team"]["version"] is None
         # A project sees no path of the server's; the ledger keeps it for the operator.
@@ -708,7 +682,7 @@ async def test_a_project_keeps_its_team_when_the_operator_loads_one_of_that_name
                 acme, input="x", team="house-review", version=1, model="scripted:review.json"
             )
             assert made.status_code == 202, made.text
-            task = await api.finished(made.json()["id"], acme)
+            task = await api.wait(made.json()["id"], acme)
             assert task["status"] == "succeeded", task
             assert (
                 task["team"]["version"] == 1 and task["team"]["digest"] == pushed.json()["digest"]
@@ -725,7 +699,7 @@ async def test_a_project_keeps_its_team_when_the_operator_loads_one_of_that_name
                 beta, input="x", team="house-review", model="scripted:review.json"
             )
             assert made.status_code == 202, made.text
-            task = await api.finished(made.json()["id"], beta)
+            task = await api.wait(made.json()["id"], beta)
             assert task["team"]["version"] is None
 
 
@@ -813,7 +787,7 @@ async def test_the_operators_mcp_servers_serve_each_project_in_its_own_session(
     async def session_of(api: Api, key: str) -> str:
         made = await api.submit(key, input="x", team="asker", model="scripted:counter.json")
         assert made.status_code == 202, made.text
-        task = await api.finished(made.json()["id"], key)
+        task = await api.wait(made.json()["id"], key)
         assert task["status"] == "succeeded", task
         with Ledger(api.ledger_url) as ledger:
             (call,) = ledger.tool_calls(task["id"])
@@ -872,7 +846,8 @@ def test_push_and_run_against_a_real_server(
 ) -> None:
     from relaygraph.client import Client
 
-    from .test_server import Server, _env, _free_port, create_project
+    from ._service import free_port
+    from .test_server import Server, _env, create_project
 
     file = tmp_path / "docs-review.toml"
     file.write_text(TEAM_TOML, encoding="utf-8")
@@ -882,7 +857,7 @@ def test_push_and_run_against_a_real_server(
         "RELAYGRAPH_TOOL_MODULES": json.dumps([TOOLS_MODULE]),
     }
     model = f"scripted:{EXAMPLE_RELAY}"
-    server = Server(home, model, _free_port(), tmp_path / "serve.log", scripts, env=env)
+    server = Server(home, model, free_port(), tmp_path / "serve.log", scripts, env=env)
     server.wait_ready()
     try:
         key = create_project(home, "acme")

@@ -26,11 +26,11 @@ from tests.conftest import EXAMPLE_RELAY
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    ledger.upgrade()
-    yield ledger
-    ledger.close()
+def sqlite_ledger(tmp_path: Path) -> Iterator[Ledger]:
+    sqlite_ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    sqlite_ledger.upgrade()
+    yield sqlite_ledger
+    sqlite_ledger.close()
 
 
 Relay = tuple[list[dict[str, Any]], RunResult, Path]
@@ -50,40 +50,44 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Relay:
     return events, result, home
 
 
-def _rows(ledger: Ledger, task_id: str) -> dict[str, Any]:
+def _rows(sqlite_ledger: Ledger, task_id: str) -> dict[str, Any]:
     def plain(records: list[Any], *drop: str) -> list[dict[str, Any]]:
         return [{k: v for k, v in asdict(r).items() if k not in drop} for r in records]
 
     volatile = ("id", "task_id", "created_at", "finished_at", "updated_at")
     return {
-        "events": [(e.seq, e.type, e.agent, e.data) for e in ledger.events_after(task_id)],
-        "handoffs": plain(ledger.handoffs(task_id), *volatile),
-        "tool_calls": plain(ledger.tool_calls(task_id), *volatile),
-        "usage": plain(ledger.usage(task_id), *volatile),
+        "events": [(e.seq, e.type, e.agent, e.data) for e in sqlite_ledger.events_after(task_id)],
+        "handoffs": plain(sqlite_ledger.handoffs(task_id), *volatile),
+        "tool_calls": plain(sqlite_ledger.tool_calls(task_id), *volatile),
+        "usage": plain(sqlite_ledger.usage(task_id), *volatile),
     }
 
 
-def test_a_batch_of_events_records_what_one_at_a_time_does(ledger: Ledger, relay: Relay) -> None:
+def test_a_batch_of_events_records_what_one_at_a_time_does(
+    sqlite_ledger: Ledger, relay: Relay
+) -> None:
     events, _, _ = relay
-    one, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
-    batched, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+    one, _ = sqlite_ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+    batched, _ = sqlite_ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     for event in events:
-        ledger.append_event(one.id, event)
+        sqlite_ledger.append_event(one.id, event)
     half = len(events) // 2
-    assert ledger.append_events(batched.id, events[:half]) == list(range(1, half + 1))
-    assert ledger.append_events(batched.id, events[half:]) == list(range(half + 1, len(events) + 1))
-    assert ledger.append_events(batched.id, []) == []
-    expected = _rows(ledger, one.id)
+    assert sqlite_ledger.append_events(batched.id, events[:half]) == list(range(1, half + 1))
+    assert sqlite_ledger.append_events(batched.id, events[half:]) == list(
+        range(half + 1, len(events) + 1)
+    )
+    assert sqlite_ledger.append_events(batched.id, []) == []
+    expected = _rows(sqlite_ledger, one.id)
     assert expected["handoffs"] and expected["tool_calls"] and expected["usage"]
-    assert _rows(ledger, batched.id) == expected
+    assert _rows(sqlite_ledger, batched.id) == expected
 
 
-def test_a_bad_event_in_a_batch_writes_nothing(ledger: Ledger) -> None:
-    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+def test_a_bad_event_in_a_batch_writes_nothing(sqlite_ledger: Ledger) -> None:
+    task, _ = sqlite_ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
     with pytest.raises(ConfigError, match="'type' 7"):
-        ledger.append_events(task.id, [{"type": "route", "next": "coder"}, {"type": 7}])
-    assert ledger.events_after(task.id) == []
-    assert ledger.handoffs(task.id) == []
+        sqlite_ledger.append_events(task.id, [{"type": "route", "next": "coder"}, {"type": 7}])
+    assert sqlite_ledger.events_after(task.id) == []
+    assert sqlite_ledger.handoffs(task.id) == []
 
 
 class _SlowLedger:
@@ -104,12 +108,12 @@ class _SlowLedger:
 
 
 def test_the_event_writer_batches_in_order_and_hands_on_after_writing() -> None:
-    ledger = _SlowLedger()
+    sqlite_ledger = _SlowLedger()
     seen: list[tuple[str, int]] = []
     writer = EventWriter(
-        ledger,
+        sqlite_ledger,
         "task-1",
-        lambda e: seen.append((e["type"], len(ledger.batches))),
+        lambda e: seen.append((e["type"], len(sqlite_ledger.batches))),
         linger_seconds=0,
     )
     writer.put({"type": "run_started"})
@@ -117,9 +121,9 @@ def test_the_event_writer_batches_in_order_and_hands_on_after_writing() -> None:
     for kind in ("route", "token", "agent_started", "token", "agent_finished"):
         writer.put({"type": kind})
     assert seen == []  # Nothing is handed on before the ledger has it.
-    ledger.release.set()
+    sqlite_ledger.release.set()
     writer.flush()
-    assert ledger.batches == [["run_started"], ["route", "agent_started", "agent_finished"]]
+    assert sqlite_ledger.batches == [["run_started"], ["route", "agent_started", "agent_finished"]]
     # Tokens are not stored but keep their place among the events handed on.
     assert [kind for kind, _ in seen] == [
         "run_started",
@@ -134,18 +138,18 @@ def test_the_event_writer_batches_in_order_and_hands_on_after_writing() -> None:
 
 
 def test_the_event_writer_lingers_for_the_events_right_behind() -> None:
-    ledger = _SlowLedger()
-    ledger.release.set()
-    writer = EventWriter(ledger, "task-1", lambda e: None, linger_seconds=5)
+    sqlite_ledger = _SlowLedger()
+    sqlite_ledger.release.set()
+    writer = EventWriter(sqlite_ledger, "task-1", lambda e: None, linger_seconds=5)
     writer.put({"type": "route"})
     writer.put({"type": "agent_started"})
     start = time.monotonic()
     writer.flush()  # Ends the linger at once.
     assert time.monotonic() - start < 2
-    assert ledger.batches == [["route", "agent_started"]]
+    assert sqlite_ledger.batches == [["route", "agent_started"]]
     writer.put({"type": "final"})
     writer.close()
-    assert ledger.batches[-1] == ["final"]
+    assert sqlite_ledger.batches[-1] == ["final"]
 
 
 def test_a_flush_behind_a_write_in_progress_does_not_wait_out_the_linger() -> None:
@@ -182,10 +186,10 @@ def test_a_flush_behind_a_write_in_progress_does_not_wait_out_the_linger() -> No
 
 
 def test_a_failed_write_is_raised_on_the_runs_thread() -> None:
-    ledger = _SlowLedger(fail_on="handoff")
-    ledger.release.set()
+    sqlite_ledger = _SlowLedger(fail_on="handoff")
+    sqlite_ledger.release.set()
     seen: list[str] = []
-    writer = EventWriter(ledger, "task-1", lambda e: seen.append(e["type"]))
+    writer = EventWriter(sqlite_ledger, "task-1", lambda e: seen.append(e["type"]))
     writer.put({"type": "route"})
     writer.flush()
     writer.put({"type": "handoff"})
@@ -254,12 +258,14 @@ def test_checkpoints_do_not_rewrite_the_teams_records(relay: Relay) -> None:
     assert result.agents_run == ["researcher", "coder", "writer"]
 
 
-def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, home: Path) -> None:
+def test_a_task_whose_model_cannot_be_built_fails_on_the_record(
+    sqlite_ledger: Ledger, home: Path
+) -> None:
     from relaygraph.policies import policy_to_mapping
     from relaygraph.runner import TaskRunner
 
     roles = Topology().roles(tuple(default_policy().agents))
-    task, _ = ledger.create_task(
+    task, _ = sqlite_ledger.create_task(
         project_id=LOCAL_PROJECT_ID,
         input="x",
         policy=policy_to_mapping(default_policy()),
@@ -267,14 +273,14 @@ def test_a_task_whose_model_cannot_be_built_fails_on_the_record(ledger: Ledger, 
         topology=Topology().to_mapping(),
     )
     with pytest.raises(ConfigError, match="does not exist"):
-        TaskRunner(ledger=ledger, home=home).run(task, {"request": "x"})
-    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+        TaskRunner(ledger=sqlite_ledger, home=home).run(task, {"request": "x"})
+    stored = sqlite_ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert stored is not None and stored.status == "failed"
     assert "'/gone/script.json' does not exist" in (stored.stop_reason or "")
-    assert [e.type for e in ledger.events_after(task.id)] == ["run_finished"]
+    assert [e.type for e in sqlite_ledger.events_after(task.id)] == ["run_finished"]
 
 
-def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: Path) -> None:
+def test_who_asked_goes_into_the_config_never_into_state(sqlite_ledger: Ledger, home: Path) -> None:
     """The project's identity travels in ``config["configurable"]`` (LangGraph records it in the
     checkpoints' metadata), and nothing a model could write holds it."""
     from relaygraph.policies import policy_to_mapping
@@ -284,14 +290,14 @@ def test_who_asked_goes_into_the_config_never_into_state(ledger: Ledger, home: P
 
     roles = Topology().roles(tuple(default_policy().agents))
     specs = dict.fromkeys(roles, f"scripted:{EXAMPLE_RELAY}")
-    task, _ = ledger.create_task(
+    task, _ = sqlite_ledger.create_task(
         project_id=LOCAL_PROJECT_ID,
         input="When are checkpoints written?",
         policy=policy_to_mapping(default_policy()),
         models=specs,
         topology=Topology().to_mapping(),
     )
-    result = TaskRunner(ledger=ledger, home=home).run(
+    result = TaskRunner(ledger=sqlite_ledger, home=home).run(
         task, {"request": task.input}, identity={"project": "project-acme-7f3"}
     )
     assert result.status == "succeeded"

@@ -26,6 +26,7 @@ from relaygraph.client import Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
+from ._service import FINISHED
 from .openai_server import serve_script
 from .test_containment import lapse, runnable
 from .worker_cluster import Cluster, process_gone, process_stats, wait_until
@@ -34,7 +35,6 @@ DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
 DELAY = 6.0
 """Each model call's answer comes this late: the window in which both tasks are running."""
-FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 
 
 def _turns(job: str) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from relaygraph.client import ApiError, Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
+from ._service import free_port
 from .conftest import EXAMPLE_RELAY, unsafe_sandbox_env
 
 Script = Callable[[dict[str, Any]], str]
@@ -63,13 +63,6 @@ def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, An
             {"content": "Done: it slept."},
         ],
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -135,31 +128,10 @@ class Server:
 
 
 @pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    """The servers' scripts folder (``serve --scripts``)."""
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def script(scripts: Path) -> Script:
-    """Write a script into the servers' scripts folder; returns the spec a request names."""
-    counter = iter(range(1000))
-
-    def write(turns: dict[str, Any]) -> str:
-        name = f"script-{next(counter)}.json"
-        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
-        return f"scripted:{name}"
-
-    return write
-
-
-@pytest.fixture
 def serve(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Server]]:
     """Start servers on this test's home; every one still running is killed at the end."""
     started: list[Server] = []
-    default_port = _free_port()
+    default_port = free_port()
 
     def start(model: str = f"scripted:{EXAMPLE_RELAY}", *, port: int | None = None) -> Server:
         server = Server(home, model, port or default_port, tmp_path / "serve.log", scripts)
@@ -252,12 +224,12 @@ def test_submit_and_stream_events_to_the_end(serve: Callable[..., Server], home:
 
 
 def test_cancel_stops_a_running_task_at_the_next_step(
-    serve: Callable[..., Server], home: Path, script: Script
+    serve: Callable[..., Server], home: Path, served_script: Script
 ) -> None:
     server = serve()
     key = create_project(home, "acme")
     with Client(server.url, key) as client:
-        task = client.submit("sleep on it", model=script(sleepy_coder(seconds=2)))
+        task = client.submit("sleep on it", model=served_script(sleepy_coder(seconds=2)))
         events = []
         for event in client.events(task["id"]):
             events.append(event)
@@ -281,10 +253,12 @@ def test_cancel_stops_a_running_task_at_the_next_step(
         assert (again.value.status, again.value.code) == (409, "task_finished")
 
 
-def test_approval_round_trip(serve: Callable[..., Server], home: Path, script: Script) -> None:
+def test_approval_round_trip(
+    serve: Callable[..., Server], home: Path, served_script: Script
+) -> None:
     server = serve()
     key = create_project(home, "acme")
-    spec = script(
+    spec = served_script(
         {
             "supervisor": [
                 {"route": {"next": "coder", "task": "compute", "reason": "math"}},
@@ -339,7 +313,7 @@ def test_approval_round_trip(serve: Callable[..., Server], home: Path, script: S
 
 
 def test_busy_thread_is_refused_or_enqueued(
-    serve: Callable[..., Server], home: Path, script: Script
+    serve: Callable[..., Server], home: Path, served_script: Script
 ) -> None:
     server = serve()
     key = create_project(home, "acme")
@@ -350,7 +324,7 @@ def test_busy_thread_is_refused_or_enqueued(
         {"route": {"next": "FINISH", "task": "", "reason": "done"}},
     ]
     turns["writer"] = [{"content": "Still done."}]
-    spec = script(turns)
+    spec = served_script(turns)
     with Client(server.url, key) as client:
         first = client.submit("sleep on it", model=spec)
         with pytest.raises(ApiError) as busy:
@@ -374,11 +348,11 @@ def test_busy_thread_is_refused_or_enqueued(
 
 
 def test_cancelling_a_waiting_task_starts_the_next_on_its_thread(
-    serve: Callable[..., Server], home: Path, script: Script
+    serve: Callable[..., Server], home: Path, served_script: Script
 ) -> None:
     server = serve()
     key = create_project(home, "acme")
-    spec = script(
+    spec = served_script(
         {
             "supervisor": [
                 {"route": {"next": "coder", "task": "compute", "reason": "math"}},
@@ -438,7 +412,7 @@ def test_a_stream_that_drops_as_the_task_finishes_replays_what_it_missed() -> No
 
 
 def _follow_through_restart(
-    serve: Callable[..., Server], home: Path, script: Script, sig: signal.Signals
+    serve: Callable[..., Server], home: Path, served_script: Script, sig: signal.Signals
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Submit a sleepy task and another enqueued behind it on its thread, stop the server
     with ``sig`` while the program runs, start a new server on the same home and port, and
@@ -454,7 +428,7 @@ def _follow_through_restart(
         {"route": {"next": "FINISH", "task": "", "reason": "done"}},
     ]
     turns["writer"] = [{"content": "Still done."}]
-    spec = script(turns)
+    spec = served_script(turns)
     server = serve()
     key = create_project(home, "acme")
     with Client(server.url, key) as client:
@@ -475,9 +449,9 @@ def _follow_through_restart(
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_restart_continues_the_task_once(
-    serve: Callable[..., Server], home: Path, script: Script, sig: signal.Signals
+    serve: Callable[..., Server], home: Path, served_script: Script, sig: signal.Signals
 ) -> None:
-    done, events, second = _follow_through_restart(serve, home, script, sig)
+    done, events, second = _follow_through_restart(serve, home, served_script, sig)
     assert done["status"] == "succeeded"
     assert done["answer"] == "Done: it slept."
     # One stream across both servers: increasing ids, none lost or repeated.
@@ -512,12 +486,12 @@ def test_restart_continues_the_task_once(
 
 
 def test_two_servers_on_one_ledger_run_a_task_once(
-    serve: Callable[..., Server], home: Path, script: Script
+    serve: Callable[..., Server], home: Path, served_script: Script
 ) -> None:
     """A second server on the same ledger leaves the first's running task alone while the
     first holds its lease, and continues it, once, when the first dies."""
     # The program runs until the test lets it end, however slowly the servers start.
-    spec = script(sleepy_coder(code=GATED_CODE))
+    spec = served_script(sleepy_coder(code=GATED_CODE))
     first = serve()
     key = create_project(home, "acme")
     with Client(first.url, key) as client:
@@ -529,7 +503,7 @@ def test_two_servers_on_one_ledger_run_a_task_once(
                 break
         # The second server starts while the first runs the program, and sweeps for work
         # every half lease: for two leases the task is the first's.
-        second = serve(port=_free_port())
+        second = serve(port=free_port())
         time.sleep(2 * LEASE_SECONDS)
         with Client(second.url, key) as other:
             assert other.get(task["id"])["status"] == "running"
@@ -560,7 +534,7 @@ def test_serve_says_at_start_when_it_cannot_isolate_code(
     if unsafe:
         env["RELAYGRAPH_UNSAFE_SANDBOX"] = "true"
     server = Server(
-        home, f"scripted:{EXAMPLE_RELAY}", _free_port(), tmp_path / "serve.log", scripts, env=env
+        home, f"scripted:{EXAMPLE_RELAY}", free_port(), tmp_path / "serve.log", scripts, env=env
     )
     try:
         server.wait_ready()

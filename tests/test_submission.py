@@ -38,19 +38,19 @@ APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
 
 @pytest.fixture
-def ledger(home: Path) -> Ledger:
+def home_ledger(home: Path) -> Ledger:
     return ledger_for(home)  # type: ignore[no-any-return]
 
 
 def refusal(
-    request: TaskRequest, ledger: Ledger, rules: ModelRules | None = None
+    request: TaskRequest, home_ledger: Ledger, rules: ModelRules | None = None
 ) -> RequestRefused:
     with pytest.raises(RequestRefused) as caught:
-        check_request(request, ledger=ledger, model_rules=rules)
+        check_request(request, ledger=home_ledger, model_rules=rules)
     return caught.value
 
 
-def test_a_refusal_names_its_field_code_and_kind(ledger: Ledger, script: Script) -> None:
+def test_a_refusal_names_its_field_code_and_kind(home_ledger: Ledger, script: Script) -> None:
     team = default_team()
     spec = script(FINISH_AT_ONCE)
 
@@ -75,19 +75,19 @@ def test_a_refusal_names_its_field_code_and_kind(ledger: Ledger, script: Script)
         ),
     ]
     for asked, field, code in cases:
-        refused = refusal(asked, ledger)
+        refused = refusal(asked, home_ledger)
         assert (refused.field, refused.code, refused.kind) == (field, code, "invalid"), asked
     # The request's policy is named as such, once ("policy policy: ..." read badly).
-    loose = refusal(request(policy_override={"team": {"max_tokens": 10**9}}), ledger)
+    loose = refusal(request(policy_override={"team": {"max_tokens": 10**9}}), home_ledger)
     assert str(loose).startswith("policy in the request loosens the team's policy: ")
-    bad = refusal(request(policy_override={"team": {"max_tokens": -1}}), ledger)
+    bad = refusal(request(policy_override={"team": {"max_tokens": -1}}), home_ledger)
     assert str(bad).startswith("policy in the request: team.max_tokens = -1")
-    unknown = refusal(request(thread_id="nope"), ledger)
+    unknown = refusal(request(thread_id="nope"), home_ledger)
     assert (unknown.field, unknown.kind) == ("thread_id", "not_found")
     assert "thread 'nope' has no earlier run" in str(unknown)
 
 
-def test_the_callers_model_rules_name_the_field(ledger: Ledger, script: Script) -> None:
+def test_the_callers_model_rules_name_the_field(home_ledger: Ledger, script: Script) -> None:
     allowed = script(FINISH_AT_ONCE)
 
     def allow(spec: str) -> str:
@@ -100,19 +100,21 @@ def test_the_callers_model_rules_name_the_field(ledger: Ledger, script: Script) 
     rules = ModelRules(default=allowed, allow=allow)
     team = default_team()
     other = script(FINISH_AT_ONCE)
-    refused = refusal(TaskRequest(input="go", team=team, model=other), ledger, rules)
+    refused = refusal(TaskRequest(input="go", team=team, model=other), home_ledger, rules)
     assert (refused.field, refused.code) == ("model", "model_not_allowed")
     refused = refusal(
-        TaskRequest(input="go", team=team, agent_models={"writer": other}), ledger, rules
+        TaskRequest(input="go", team=team, agent_models={"writer": other}), home_ledger, rules
     )
     assert (refused.field, refused.code) == ("agent_models.writer", "model_not_allowed")
     # The default is the caller's own and is not asked about.
-    checked = check_request(TaskRequest(input="go", team=team), ledger=ledger, model_rules=rules)
+    checked = check_request(
+        TaskRequest(input="go", team=team), ledger=home_ledger, model_rules=rules
+    )
     assert set(checked.models.recorded.values()) == {allowed}
 
 
 def test_a_thread_keeps_its_topology_and_the_refusal_names_the_option(
-    home: Path, ledger: Ledger, script: Script
+    home: Path, home_ledger: Ledger, script: Script
 ) -> None:
     first = run_task(
         "go",
@@ -122,23 +124,25 @@ def test_a_thread_keeps_its_topology_and_the_refusal_names_the_option(
     )
     assert first.status == "succeeded", first.stop_reason
     again = TaskRequest(input="again", team=default_team(), thread_id=first.thread_id)
-    refused = refusal(again, ledger)
+    refused = refusal(again, home_ledger)
     assert (refused.field, refused.code) == ("topology", "invalid_topology")
     assert "runs the 'swarm' topology" in str(refused)
 
 
 def test_a_submission_is_handed_to_enqueue_unless_its_thread_is_busy(
-    ledger: Ledger, script: Script
+    home_ledger: Ledger, script: Script
 ) -> None:
     spec = script(FINISH_AT_ONCE)
-    project, _ = ledger.create_project("acme")
+    project, _ = home_ledger.create_project("acme")
     enqueued: list[str] = []
 
     def submit(**fields: Any) -> Any:
         request = TaskRequest(
             input="go", team=default_team(), model=spec, project_id=project.id, **fields
         )
-        return submit_task(request, ledger=ledger, enqueue=lambda task: enqueued.append(task.id))
+        return submit_task(
+            request, ledger=home_ledger, enqueue=lambda task: enqueued.append(task.id)
+        )
 
     first = submit(thread_id="t-1", thread_must_exist=False, multitask="reject")
     assert first.created and first.starts and enqueued == [first.task.id]
@@ -183,19 +187,24 @@ def paused_task(home: Path, script: Script) -> Any:
 
 
 def test_a_decision_is_checked_recorded_and_handed_to_resume(
-    home: Path, ledger: Ledger, script: Script
+    home: Path, home_ledger: Ledger, script: Script
 ) -> None:
     from relaygraph.agents.tools import BUILTIN_TOOLS
     from relaygraph.store import LOCAL_PROJECT_ID
 
     paused = paused_task(home, script)
-    task = ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
+    task = home_ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
     assert task is not None
-    [approval] = ledger.approvals(task.id)
+    [approval] = home_ledger.approvals(task.id)
 
     def decide(decision: Decision, **options: Any) -> Any:
         return decide_task(
-            task, decision, ledger=ledger, tools=lambda: BUILTIN_TOOLS, decided_by="me", **options
+            task,
+            decision,
+            ledger=home_ledger,
+            tools=lambda: BUILTIN_TOOLS,
+            decided_by="me",
+            **options,
         )
 
     with pytest.raises(RequestRefused) as missing:
@@ -211,7 +220,7 @@ def test_a_decision_is_checked_recorded_and_handed_to_resume(
     with pytest.raises(RequestRefused) as no_args:
         Decision(decision="edit")
     assert no_args.value.field == "args"
-    assert ledger.approvals(task.id)[0].pending  # Nothing recorded so far.
+    assert home_ledger.approvals(task.id)[0].pending  # Nothing recorded so far.
 
     resumed: list[tuple[str, Any]] = []
     answers = decide(
@@ -222,7 +231,7 @@ def test_a_decision_is_checked_recorded_and_handed_to_resume(
     assert answers == {approval.interrupt_id: expected}
     assert resumed == [(task.id, answers)]
     json.dumps(answers)  # A queue can carry them.
-    decided = ledger.approvals(task.id)[0]
+    decided = home_ledger.approvals(task.id)[0]
     assert (decided.decision, decided.decided_by, decided.edited_args) == (
         "edit",
         "me",
@@ -234,18 +243,18 @@ def test_a_decision_is_checked_recorded_and_handed_to_resume(
 
 
 def test_a_decision_refused_by_resume_is_not_waiting(
-    home: Path, ledger: Ledger, script: Script
+    home: Path, home_ledger: Ledger, script: Script
 ) -> None:
     from relaygraph.store import LOCAL_PROJECT_ID
 
     paused = paused_task(home, script)
-    task = ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
+    task = home_ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
     assert task is not None
     with pytest.raises(RequestRefused) as taken:
         decide_task(
             task,
             Decision(decision="approve"),
-            ledger=ledger,
+            ledger=home_ledger,
             tools=dict,
             decided_by="me",
             resume=lambda task_id, answers: False,

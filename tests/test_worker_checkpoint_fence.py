@@ -40,7 +40,7 @@ WORKER = "worker-test-1"
 
 
 @pytest.fixture
-def ledger(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
+def postgres_ledger(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
     """A ledger on PostgreSQL, whose database the runs' checkpointers use too."""
     monkeypatch.setenv(DATABASE_URL_ENV, postgres_url)
     monkeypatch.setenv("RELAYGRAPH_UNSAFE_SANDBOX", "true")
@@ -57,16 +57,18 @@ def conninfo() -> str:
     return info
 
 
-def running_task(ledger: Ledger) -> tuple[str, int]:
+def running_task(postgres_ledger: Ledger) -> tuple[str, int]:
     """A task a worker took (attempt 1), and its dispatch."""
-    task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
-    dispatch = ledger.queue_for_workers(task.id)
-    assert begin(ledger, task.id, dispatch) == 1
+    task, _ = postgres_ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x")
+    dispatch = postgres_ledger.queue_for_workers(task.id)
+    assert begin(postgres_ledger, task.id, dispatch) == 1
     return task.id, dispatch
 
 
-def begin(ledger: Ledger, task_id: str, dispatch: int) -> int | None:
-    return ledger.begin_attempt(task_id, dispatch=dispatch, worker_id=WORKER, max_attempts=5)
+def begin(postgres_ledger: Ledger, task_id: str, dispatch: int) -> int | None:
+    return postgres_ledger.begin_attempt(
+        task_id, dispatch=dispatch, worker_id=WORKER, max_attempts=5
+    )
 
 
 def checkpoint_rows(thread_id: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -151,9 +153,9 @@ def two_steps(saver: Any, by: str, frozen: threading.Event | None = None) -> Any
 
 
 def test_a_stale_attempt_that_wakes_up_saves_nothing_on_the_new_attempts_thread(
-    ledger: Ledger, home: Path
+    postgres_ledger: Ledger, home: Path
 ) -> None:
-    task_id, dispatch = running_task(ledger)
+    task_id, dispatch = running_task(postgres_ledger)
     config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
     frozen = threading.Event()
     fence = CheckpointFence(task_id=task_id, attempt=1)
@@ -166,7 +168,7 @@ def test_a_stale_attempt_that_wakes_up_saves_nothing_on_the_new_attempts_thread(
         assert stale.entered.wait(DEADLINE)
 
         # The task is redelivered: attempt 2 goes on from attempt 1's last checkpoint.
-        assert begin(ledger, task_id, dispatch) == 2
+        assert begin(postgres_ledger, task_id, dispatch) == 2
         with open_checkpointer(home, fence=CheckpointFence(task_id=task_id, attempt=2)) as saver:
             new = two_steps(saver, "attempt 2")
             assert new.invoke(None, config, durability="sync") == {
@@ -221,11 +223,11 @@ class HeldSaver(FencedPostgresSaver):
 
 
 def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
-    ledger: Ledger, home: Path
+    postgres_ledger: Ledger, home: Path
 ) -> None:
     """The check and the save are one transaction: a write that found its attempt current
     commits before the next attempt can begin, never after it."""
-    task_id, dispatch = running_task(ledger)
+    task_id, dispatch = running_task(postgres_ledger)
     with open_checkpointer(home):  # The saver's tables.
         pass
     config: RunnableConfig = {
@@ -235,7 +237,7 @@ def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
         writer_pid = saver.conn.info.backend_pid  # type: ignore[union-attr]
         write = Background(lambda: saver.put_writes(config, [("steps", ["one"])], "task-1"))
         assert saver.held.wait(DEADLINE)
-        next_attempt = Background(lambda: begin(ledger, task_id, dispatch))
+        next_attempt = Background(lambda: begin(postgres_ledger, task_id, dispatch))
 
         # The next attempt waits on the task's row, which the write holds.
         def blocked_by_the_write() -> bool:
@@ -263,7 +265,7 @@ def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
 
 
 def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints(
-    ledger: Ledger, home: Path, tmp_path: Path
+    postgres_ledger: Ledger, home: Path, tmp_path: Path
 ) -> None:
     from relaygraph.runner import TaskRequest, submit_task
     from relaygraph.team import default_team
@@ -272,7 +274,7 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
     script = tmp_path / "gated.json"
     script.write_text(json.dumps(gated_coder()), encoding="utf-8")
     request = TaskRequest(input="compute slowly", team=default_team(), model=f"scripted:{script}")
-    task = submit_task(request, ledger=ledger).task
+    task = submit_task(request, ledger=postgres_ledger).task
     workspace = home / "tasks" / task.id / "workspace"
 
     def starts(count: int) -> list[str]:
@@ -282,7 +284,7 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
             f"the tool to start {count} time(s)",
         )
 
-    dispatch = ledger.queue_for_workers(task.id)
+    dispatch = postgres_ledger.queue_for_workers(task.id)
     try:
         # Attempt 1 runs the tool, and its worker freezes there (the tool waits).
         stale = Background(lambda: run_ledger_task(task.id, dispatch))
@@ -293,11 +295,11 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
         new_token = starts(2)[1]
         (workspace / f"go-{new_token}").touch()
         assert new.outcome() == (None, None)
-        done = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+        done = postgres_ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
         assert done is not None
         assert (done.status, done.answer, done.attempts) == ("succeeded", "It ran.", 2)
         saved = checkpoint_rows(done.checkpoint_thread)
-        events = [(e.seq, e.type) for e in ledger.events_after(task.id)]
+        events = [(e.seq, e.type) for e in postgres_ledger.events_after(task.id)]
 
         # Attempt 1 wakes up with its tool's result in hand and the rest of the task to
         # run: it stops, and nothing of it is saved.
@@ -309,7 +311,7 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
         close_worker_runtime()
 
     assert checkpoint_rows(done.checkpoint_thread) == saved
-    after = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+    after = postgres_ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert after is not None
     assert (after.status, after.answer, after.stop_reason, after.last_event_seq) == (
         done.status,
@@ -317,16 +319,16 @@ def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints
         done.stop_reason,
         done.last_event_seq,
     )
-    assert [(e.seq, e.type) for e in ledger.events_after(task.id)] == events
-    [call] = [c for c in ledger.tool_calls(task.id) if c.tool == "run_python"]
+    assert [(e.seq, e.type) for e in postgres_ledger.events_after(task.id)] == events
+    [call] = [c for c in postgres_ledger.tool_calls(task.id) if c.tool == "run_python"]
     assert f"went {new_token}" in (call.result_preview or "")
 
 
 # 4. The fence's read sees a cancel too: the run needs no read of its own per step
 
 
-def test_a_write_tells_the_fence_of_a_cancel_asked_for(ledger: Ledger, home: Path) -> None:
-    task_id, _ = running_task(ledger)
+def test_a_write_tells_the_fence_of_a_cancel_asked_for(postgres_ledger: Ledger, home: Path) -> None:
+    task_id, _ = running_task(postgres_ledger)
     with open_checkpointer(home):  # The saver's tables.
         pass
     config: RunnableConfig = {
@@ -337,7 +339,9 @@ def test_a_write_tells_the_fence_of_a_cancel_asked_for(ledger: Ledger, home: Pat
     with open_checkpointer(home, fence=fence) as saver:
         saver.put_writes(config, [("steps", ["one"])], "task-1")
         assert told == []
-        assert ledger.request_cancel(task_id).status == "running"  # It waits for the worker.
+        assert (
+            postgres_ledger.request_cancel(task_id).status == "running"
+        )  # It waits for the worker.
         saver.put_writes(config, [("steps", ["two"])], "task-2")
         assert told == ["cancel"]
         # The write itself is saved: the run stops at the step boundary, after its writes.
@@ -346,7 +350,7 @@ def test_a_write_tells_the_fence_of_a_cancel_asked_for(ledger: Ledger, home: Pat
 
 
 def test_a_workers_run_reads_no_attempt_state_per_step(
-    ledger: Ledger, home: Path, monkeypatch: pytest.MonkeyPatch
+    postgres_ledger: Ledger, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On PostgreSQL the fenced checkpointer checks the attempt and the cancel flag in each
     write; the run's step boundaries make no read of their own (only the watch's poll)."""
@@ -364,12 +368,12 @@ def test_a_workers_run_reads_no_attempt_state_per_step(
 
     monkeypatch.setattr(Ledger, "attempt_state", counted)
     request = TaskRequest(input="x", team=default_team(), model=f"scripted:{EXAMPLE_RELAY}")
-    task = submit_task(request, ledger=ledger).task
+    task = submit_task(request, ledger=postgres_ledger).task
     try:
-        run_ledger_task(task.id, ledger.queue_for_workers(task.id))
+        run_ledger_task(task.id, postgres_ledger.queue_for_workers(task.id))
     finally:
         close_worker_runtime()
-    done = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+    done = postgres_ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert done is not None and done.status == "succeeded", done
     # Only the watch's own thread polls (every half second); the step boundaries (more
     # than a dozen in this task) read nothing.

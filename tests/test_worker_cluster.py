@@ -41,6 +41,7 @@ from sqlalchemy import create_engine, text
 from relaygraph.agents._journal import replay
 from relaygraph.client import Client
 
+from ._service import FINISHED
 from .conftest import EXAMPLE_RELAY
 from .worker_cluster import (
     Cluster,
@@ -58,7 +59,6 @@ REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 DEADLINE = 180.0
 """Seconds any one wait may take before the test fails (generous: a loaded 2-core machine)."""
 DEFAULT_MODEL = f"scripted:{EXAMPLE_RELAY}"
-FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -131,26 +131,6 @@ def database(postgres_server: str) -> Iterator[str]:
     in its ledger when it starts, so a task a failed test left behind must not be there."""
     with fresh_database(postgres_server) as url:
         yield url
-
-
-@pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def script(scripts: Path) -> Script:
-    """Write a script into the servers' scripts folder; returns the spec a request names."""
-    counter = iter(range(1000))
-
-    def write(turns: dict[str, Any]) -> str:
-        name = f"script-{next(counter)}.json"
-        (scripts / name).write_text(json.dumps(turns), encoding="utf-8")
-        return f"scripted:{name}"
-
-    return write
 
 
 @pytest.fixture
@@ -306,9 +286,9 @@ def journaled_text(record: dict[str, Any]) -> str:
 
 @pytest.mark.slow
 def test_forty_tasks_across_two_servers_and_two_workers_run_once_each(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
-    spec = script(ARTIFACT_TEAM)
+    spec = served_script(ARTIFACT_TEAM)
     servers = [
         cluster.serve("api-1", model=DEFAULT_MODEL),
         cluster.serve("api-2", model=DEFAULT_MODEL),
@@ -380,14 +360,16 @@ def test_forty_tasks_across_two_servers_and_two_workers_run_once_each(
 
 @pytest.mark.slow
 def test_kill_9_of_a_worker_mid_tool_continues_the_task_on_the_other_once(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
     server = cluster.serve("api", model=DEFAULT_MODEL)
     cluster.worker("w1")
     cluster.worker("w2")
     key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        task_id = client.submit("compute slowly", model=script(gated_coder(first=True)))["id"]
+        task_id = client.submit("compute slowly", model=served_script(gated_coder(first=True)))[
+            "id"
+        ]
     stream = Follower(server.url, key, task_id)
 
     # The quick program ran; the gated one is running: kill its worker's whole group.
@@ -443,7 +425,7 @@ def test_kill_9_of_a_worker_mid_tool_continues_the_task_on_the_other_once(
 
 @pytest.mark.slow
 def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
     # A low heartbeat: RabbitMQ gives a frozen worker's task away after about 3 of them.
     fast = {"RELAYGRAPH_BROKER_HEARTBEAT": "2"}
@@ -452,7 +434,7 @@ def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
     cluster.worker("w2", env=fast)
     key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        task_id = client.submit("compute slowly", model=script(gated_coder()))["id"]
+        task_id = client.submit("compute slowly", model=served_script(gated_coder()))["id"]
 
     [old_token] = started(cluster, task_id, 1)
     [old_run] = runs_of(cluster, task_id, 1)
@@ -518,7 +500,7 @@ def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
 
 @pytest.mark.slow
 def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
     servers = [
         cluster.serve("api-1", model=DEFAULT_MODEL),
@@ -527,7 +509,7 @@ def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
     cluster.worker("w1")
     cluster.worker("w2")  # Two places to run tasks, for ten waiting tasks.
     key = cluster.create_project("acme")
-    asking = script(APPROVAL_TEAM)
+    asking = served_script(APPROVAL_TEAM)
     with Client(servers[0].url, key) as one, Client(servers[1].url, key) as two:
         ids = [
             one.submit(f"compute {i}", model=asking, policy=APPROVAL_POLICY)["id"]
@@ -544,7 +526,7 @@ def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
         assert cluster.queue_counts()[0] == 0
 
         # So one more task runs at once, on the other server.
-        plain = two.submit("write a line", model=script(PLAIN_TEAM))
+        plain = two.submit("write a line", model=served_script(PLAIN_TEAM))
         done = two.wait(plain["id"], timeout=DEADLINE)
         assert done["status"] == "succeeded", done
         assert {one.get(task_id)["status"] for task_id in ids} == {"interrupted"}
@@ -577,7 +559,7 @@ def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
 
 @pytest.mark.slow
 def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
     servers = [
         cluster.serve("api-1", model=DEFAULT_MODEL),
@@ -587,7 +569,7 @@ def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
     cluster.worker("w2")
     key = cluster.create_project("acme")
     with Client(servers[0].url, key) as client:
-        task_id = client.submit("compute slowly", model=script(gated_coder()))["id"]
+        task_id = client.submit("compute slowly", model=served_script(gated_coder()))["id"]
     stream = Follower(servers[1].url, key, task_id)
     [token] = started(cluster, task_id, 1)
     with Client(servers[1].url, key) as other:
@@ -618,13 +600,13 @@ def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
 
 @pytest.mark.slow
 def test_a_task_whose_worker_dies_at_each_attempt_ends_failed_at_the_limit(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
     server = cluster.serve("api", model=DEFAULT_MODEL)
     cluster.worker("w1", env={"RELAYGRAPH_MAX_ATTEMPTS": "2"})
     key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        task_id = client.submit("compute slowly", model=script(gated_coder()))["id"]
+        task_id = client.submit("compute slowly", model=served_script(gated_coder()))["id"]
     stream = Follower(server.url, key, task_id)
     # Each attempt's pool process dies mid-tool (as under the OOM killer); the worker
     # requeues the task and a new pool process takes it.
@@ -711,7 +693,7 @@ def one_error_line(done: Any) -> str:
 
 @pytest.mark.slow
 def test_two_workers_started_alike_on_one_host_run_tasks_side_by_side(
-    cluster: Cluster, script: Script
+    cluster: Cluster, served_script: Script
 ) -> None:
     """`relaygraph worker --concurrency N` twice, no --hostname: both start (each takes its
     own node name) and both run tasks; with Celery's default name the second one crashed."""
@@ -723,10 +705,10 @@ def test_two_workers_started_alike_on_one_host_run_tasks_side_by_side(
     assert ready == {worker.pid: f"relaygraph-{worker.pid}@{host}" for worker in workers}
     key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        first = client.submit("Compute slowly", model=script(gated_coder()))
+        first = client.submit("Compute slowly", model=served_script(gated_coder()))
         # The first task's program holds its worker; the second task runs on the other.
         tokens = started(cluster, first["id"], 1)
-        second = client.submit("Write a line", model=script(PLAIN_TEAM))
+        second = client.submit("Write a line", model=served_script(PLAIN_TEAM))
         assert client.wait(second["id"], timeout=DEADLINE)["status"] == "succeeded"
         release(cluster, first["id"], tokens[0])
         assert client.wait(first["id"], timeout=DEADLINE)["status"] == "succeeded"
@@ -765,7 +747,7 @@ ASYNC_TEAM = {
 
 @pytest.mark.slow
 def test_an_async_tool_of_an_operators_team_file_runs_on_a_worker(
-    cluster: Cluster, script: Script, tmp_path: Path
+    cluster: Cluster, served_script: Script, tmp_path: Path
 ) -> None:
     """An operator's team file (RELAYGRAPH_TEAM_FILES, set alike for the server and the
     worker) with an ``async def`` tool: the worker's pool process runs its coroutine on the
@@ -783,7 +765,7 @@ def test_an_async_tool_of_an_operators_team_file_runs_on_a_worker(
     cluster.worker("w1", env=env)
     key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        task = client.submit("Shout", model=script(ASYNC_TEAM), team="shouters")
+        task = client.submit("Shout", model=served_script(ASYNC_TEAM), team="shouters")
         done = client.wait(task["id"], timeout=DEADLINE)
     assert done["status"] == "succeeded", (done["stop_reason"], cluster.outputs())
     [run] = cluster.trace.runs(task["id"])

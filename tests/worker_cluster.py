@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from kombu import Connection
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from ._service import free_port
 from .conftest import unsafe_sandbox_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,13 +141,6 @@ def fresh_database(server_url: str, prefix: str = "relaygraph_cluster") -> Itera
                 connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(
