@@ -75,6 +75,15 @@ def unsafe_sandbox_env() -> dict[str, str]:
 
 
 @pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model retries back off briefly and reach the local fake server with no proxy between
+    (``openai_server.quick_retries``)."""
+    from .openai_server import quick_retries
+
+    quick_retries(monkeypatch)
+
+
+@pytest.fixture
 def scripts(tmp_path: Path) -> Path:
     """The server's scripts folder (``serve --scripts``), holding the example relay script as
     ``relay.json``."""

@@ -17,7 +17,7 @@ from langchain_core.messages import AIMessage
 
 from relaygraph.models import load_model
 
-from .openai_server import FakeOpenAI, Faults, quick_retries, script_servers
+from .openai_server import FakeOpenAI, Faults, script_servers
 from .test_model_retry import in_graph
 
 SCRIPT = {
@@ -26,9 +26,7 @@ SCRIPT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    quick_retries(monkeypatch)
+pytestmark = pytest.mark.usefixtures("quick_backoff")
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from .openai_server import (
     LLAMA_CPP_PYTHON,
     FakeOpenAI,
     Faults,
-    quick_retries,
     script_servers,
 )
 
@@ -34,9 +33,7 @@ SCRIPT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    quick_retries(monkeypatch)
+pytestmark = pytest.mark.usefixtures("quick_backoff")
 
 
 @pytest.fixture

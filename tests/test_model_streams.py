@@ -26,7 +26,6 @@ from .openai_server import (
     OPENAI,
     FakeOpenAI,
     Faults,
-    quick_retries,
     script_servers,
 )
 from .test_model_retry import in_graph
@@ -47,9 +46,7 @@ def search_docs(query: str) -> str:
     return query
 
 
-@pytest.fixture(autouse=True)
-def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    quick_retries(monkeypatch)
+pytestmark = pytest.mark.usefixtures("quick_backoff")
 
 
 @pytest.fixture
