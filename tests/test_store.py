@@ -35,12 +35,6 @@ from relaygraph.store import (
 )
 from tests.conftest import EXAMPLE_RELAY
 
-POSTGRES_URLS = (
-    "postgresql+psycopg://root@127.0.0.1:5432/test",
-    "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-)
-POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
-REQUIRE_POSTGRES_ENV = "RELAYGRAPH_REQUIRE_POSTGRES"
 TABLES = {
     "projects",
     "api_keys",

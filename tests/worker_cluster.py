@@ -41,11 +41,6 @@ from .conftest import unsafe_sandbox_env
 REPO = Path(__file__).resolve().parents[1]
 BROKER_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
-POSTGRES_URLS = (
-    "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    "postgresql+psycopg://root@127.0.0.1:5432/test",
-)
-POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
 
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 
@@ -106,23 +101,6 @@ def broker_problem(url: str) -> str | None:
     except Exception as exc:
         return f"RabbitMQ is not reachable at {url}: {exc}"
     return None
-
-
-def postgres_server() -> tuple[str | None, str]:
-    """A URL of the PostgreSQL server that answers, or None and why none does."""
-    override = os.environ.get(POSTGRES_URL_ENV)
-    problems = []
-    for url in [override] if override else POSTGRES_URLS:
-        engine = create_engine(url, connect_args={"connect_timeout": 3})
-        try:
-            with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            return url, ""
-        except Exception as exc:
-            problems.append(f"{url}: {str(exc).strip().splitlines()[0]}")
-        finally:
-            engine.dispose()
-    return None, "PostgreSQL is not reachable: " + "; ".join(problems)
 
 
 @contextlib.contextmanager
