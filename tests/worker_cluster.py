@@ -36,7 +36,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from ._service import free_port
-from .conftest import unsafe_sandbox_env
+from .conftest import POSTGRES_URL_ENV, POSTGRES_URLS, unsafe_sandbox_env
 
 REPO = Path(__file__).resolve().parents[1]
 BROKER_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
@@ -101,6 +101,23 @@ def broker_problem(url: str) -> str | None:
     except Exception as exc:
         return f"RabbitMQ is not reachable at {url}: {exc}"
     return None
+
+
+def postgres_server() -> tuple[str | None, str]:
+    """A URL of the PostgreSQL server that answers, or None and why none does."""
+    override = os.environ.get(POSTGRES_URL_ENV)
+    problems = []
+    for url in [override] if override else POSTGRES_URLS:
+        engine = create_engine(url, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            return url, ""
+        except Exception as exc:
+            problems.append(f"{url}: {str(exc).strip().splitlines()[0]}")
+        finally:
+            engine.dispose()
+    return None, "PostgreSQL is not reachable: " + "; ".join(problems)
 
 
 @contextlib.contextmanager
