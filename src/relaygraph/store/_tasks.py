@@ -60,6 +60,8 @@ class TasksLedger(LedgerBase):
         runner_id: str | None = None,
         lease_seconds: float | None = None,
         quotas: Quotas | None = None,
+        replay_of: str | None = None,
+        from_step: int | None = None,
     ) -> tuple[Task, bool]:
         """Record a new ``queued`` task, or find the one an earlier try created.
 
@@ -86,6 +88,8 @@ class TasksLedger(LedgerBase):
             quotas: The server's quotas (the project's own, set by the operator, over
                 them): a new task past its project's queued quota or daily spend is
                 refused; a retry of one recorded before is not. None: no quota.
+            replay_of: The task the new one replays (of the same project: the caller
+                checked it), with ``from_step``, the step of its trajectory it goes on from.
 
         Returns:
             The task, and True when this call created it (False: an earlier call with the
@@ -133,6 +137,8 @@ class TasksLedger(LedgerBase):
             "cancel_requested_at": None,
             "dispatch": 0,
             "dispatch_attempts": 0,
+            "replay_of": replay_of,
+            "from_step": from_step,
             "created_at": now,
             "started_at": now if leased else None,
             "finished_at": None,
