@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -112,6 +112,11 @@ class TaskRun:
         """The input the graph goes on from: ``graph_input``, or for :data:`CONTINUE` what
         the task's checkpoints and decisions say."""
         if graph_input is CONTINUE:
+            graph_input = self._continue_input(graph)
+        elif self.task.from_step and isinstance(graph_input, Mapping) and "request" in graph_input:
+            # A replay from a step goes on from the checkpoint its submission forked for it
+            # (``runner._replay``), whichever way it is started: by a worker as a fresh
+            # task, or in this process.
             graph_input = self._continue_input(graph)
         return graph_input
 
