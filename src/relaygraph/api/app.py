@@ -22,6 +22,7 @@ from relaygraph.api.routes import (
     health_router,
     metrics_router,
     projects_router,
+    replays_router,
     tasks_router,
     teams_router,
 )
@@ -88,6 +89,7 @@ def create_app(
         health_router,
         metrics_router,
         tasks_router,
+        replays_router,
         approvals_router,
         projects_router,
         events_router,

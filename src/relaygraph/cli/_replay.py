@@ -149,7 +149,10 @@ def diff(args: argparse.Namespace) -> int:
 
 def render_diff(result: Any) -> str:
     """The diff as text: one block per step, ``=`` where both agree, ``≠`` where they part."""
-    lines = [f"A {result.a.task_id} ({result.a.status})", f"B {result.b.task_id} ({result.b.status})"]
+    lines = [
+        f"A {result.a.task_id} ({result.a.status})",
+        f"B {result.b.task_id} ({result.b.status})",
+    ]
     for step in result.steps:
         mark = "=" if not step.differences else "≠"
         first = "  <- first divergence" if step.number == result.first_divergence else ""
@@ -158,7 +161,9 @@ def render_diff(result: Any) -> str:
             if item is None:
                 lines.append(f"    {side}: (no such step)")
                 continue
-            calls = ", ".join(f"{c.name}#{c.args_digest}→{c.result_digest}" for c in item.tool_calls)
+            calls = ", ".join(
+                f"{c.name}#{c.args_digest}→{c.result_digest}" for c in item.tool_calls
+            )
             lines.append(
                 f"    {side}: {item.source} → {item.agent}: {item.task!r}"
                 + (f" ({item.reason})" if item.reason else "")

@@ -39,6 +39,15 @@ if TYPE_CHECKING:
     )
     from relaygraph.evals._results import CaseResult, EvalReport, TrialResult
     from relaygraph.evals._runner import run_case, run_eval
+    from relaygraph.evals._trajectory import (
+        StepDiff,
+        ToolCallRecord,
+        Trajectory,
+        TrajectoryDiff,
+        TrajectoryStep,
+        diff_trajectories,
+        read_trajectory,
+    )
 
 __all__ = [
     "AGENTS_MATCH_MODES",
@@ -53,16 +62,23 @@ __all__ = [
     "GoldenLineError",
     "GoldenSet",
     "Observation",
+    "StepDiff",
+    "ToolCallRecord",
+    "Trajectory",
+    "TrajectoryDiff",
+    "TrajectoryStep",
     "TrialResult",
     "agents_match",
     "case_outcome",
     "check_expectations",
     "compute_metrics",
+    "diff_trajectories",
     "load_baseline",
     "load_golden",
     "metric_rows",
     "pass_at_k",
     "pass_hat_k",
+    "read_trajectory",
     "render_markdown",
     "run_case",
     "run_eval",
@@ -98,6 +114,13 @@ _LAZY = {
     "TrialResult": "_results",
     "run_case": "_runner",
     "run_eval": "_runner",
+    "StepDiff": "_trajectory",
+    "ToolCallRecord": "_trajectory",
+    "Trajectory": "_trajectory",
+    "TrajectoryDiff": "_trajectory",
+    "TrajectoryStep": "_trajectory",
+    "diff_trajectories": "_trajectory",
+    "read_trajectory": "_trajectory",
 }
 
 

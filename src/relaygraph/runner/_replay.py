@@ -108,8 +108,12 @@ def replay_request(
         # The arrangement is the original's unless the team changes (another team may lack
         # the start agent a swarm recorded).
         topology=None if changes.team is not None else (original.topology or {}).get("kind"),
-        start_agent=None if changes.team is not None else (original.topology or {}).get("start_agent"),
-        output_mode=None if changes.team is not None else (original.topology or {}).get("output_mode"),
+        start_agent=None
+        if changes.team is not None
+        else (original.topology or {}).get("start_agent"),
+        output_mode=None
+        if changes.team is not None
+        else (original.topology or {}).get("output_mode"),
         replay_of=original.id,
         from_step=changes.from_step,
     )
@@ -136,7 +140,9 @@ def fork_checkpoints(saver: Any, original: Task, from_step: int) -> list[Any]:
             return chain
         # A checkpoint's pending writes are those of the step after it: a visit that
         # step finished wrote its record once.
-        visits += len({task for task, channel, _ in saved.pending_writes or () if channel == _VISITS_CHANNEL})
+        visits += len(
+            {task for task, channel, _ in saved.pending_writes or () if channel == _VISITS_CHANNEL}
+        )
     raise RequestRefused(
         f"task {original.id} has {visits} step(s) to replay from: from_step takes 0 to "
         f"{visits} (got {from_step})",

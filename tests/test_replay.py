@@ -1,0 +1,175 @@
+"""Replay and diff: a recorded task rerun from its request or a step, on another team
+version, in process and over the API; two trajectories aligned by step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaygraph.evals import diff_trajectories, read_trajectory
+from relaygraph.runner import ReplayChanges, RequestRefused, ledger_for, replay_task, run_task
+from relaygraph.store import LOCAL_PROJECT_ID
+from relaygraph.team import load_team
+
+from .conftest import EXAMPLE_RELAY
+from .test_api import Api, api, auth, scripts  # noqa: F401  (fixtures)
+
+RELAY = f"scripted:{EXAMPLE_RELAY}"
+
+# Writer drafts; the researcher checks and hands the draft back to the writer; FINISH. The
+# researcher's third turn is played only where its handoff is refused (team v2).
+HANDBACK = {
+    "supervisor": [
+        {"route": {"next": "writer", "task": "Draft the note", "reason": "a draft first"}},
+        {"route": {"next": "researcher", "task": "Check the draft", "reason": "facts"}},
+        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+    ],
+    "researcher": [
+        {"tool_calls": [{"name": "search_docs", "args": {"query": "checkpoint"}}]},
+        {
+            "tool_calls": [
+                {
+                    "name": "transfer_to_writer",
+                    "args": {"task": "Fix the numbers", "reason": "the writer owns the note"},
+                }
+            ]
+        },
+        {"content": "Checked: the draft's numbers are off by one."},
+    ],
+    "writer": [{"content": "Draft: 40 checkpoints."}, {"content": "Note: 41 checkpoints."}],
+}
+
+TEAM = """
+name = "handback"
+[agents.researcher]
+use = "builtin:researcher"
+handoffs = {handoffs}
+[agents.writer]
+use = "builtin:writer"
+"""
+
+
+def _steps(ledger: Any, task_id: str) -> list[tuple[str, str | None]]:
+    return [
+        (e.type, e.agent)
+        for e in ledger.events_after(task_id)
+        if e.type in ("route", "handoff", "agent_started")
+    ]
+
+
+def test_replay_from_the_request_and_from_a_middle_step(home: Path) -> None:
+    original = run_task("When are checkpoints written?", model=RELAY, home=home)
+    assert original.status == "succeeded"
+    ledger = ledger_for(home)
+    again = replay_task(original.task_id, home=home)
+    middle = replay_task(original.task_id, ReplayChanges(from_step=2), home=home)
+    for result, step in ((again, 0), (middle, 2)):
+        assert result.status == "succeeded"
+        assert result.answer == original.answer
+        task = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
+        assert task is not None
+        assert (task.replay_of, task.from_step) == (original.task_id, step)
+        assert task.thread_id != original.thread_id
+    # From the request the whole trajectory runs again; from step 2 only the writer's visit.
+    assert _steps(ledger, again.task_id) == _steps(ledger, original.task_id)
+    assert _steps(ledger, middle.task_id) == [
+        ("route", "supervisor"),
+        ("agent_started", "writer"),
+        ("route", "supervisor"),
+    ]
+    # The tool journal proves the first two steps' calls did not run again (the search and
+    # the coder's program), while a replay from the request ran them.
+    assert ledger.journaled_call(middle.task_id, "call_coder_1_0") is None
+    assert ledger.journaled_call(again.task_id, "call_coder_1_0") is not None
+    assert [c.tool for c in ledger.tool_calls(middle.task_id)] == ["save_artifact"]
+    # The original is unchanged, and each replay's trajectory is the original's.
+    first = ledger.get_task(original.task_id, project_id=LOCAL_PROJECT_ID)
+    assert first is not None and first.replay_of is None and first.status == "succeeded"
+    base = read_trajectory(ledger, first)
+    diffs = []
+    for result in (again, middle):
+        replayed = ledger.get_task(result.task_id, project_id=LOCAL_PROJECT_ID)
+        assert replayed is not None
+        diffs.append(diff_trajectories(base, read_trajectory(ledger, replayed)))
+    # From step 2 nothing differs; from the request the program ran again, and its result's
+    # preview says how long it took: at most that result differs, never a route.
+    assert diffs[1].same, diffs[1].to_json()["steps"]
+    assert diffs[0].summary()["routes_differing"] == 0 and diffs[0].answer_same
+    assert {d for s in diffs[0].steps for d in s.differences} <= {"tool_calls"}
+    middle_task = ledger.get_task(middle.task_id, project_id=LOCAL_PROJECT_ID)
+    assert middle_task is not None
+    inherited = read_trajectory(ledger, middle_task)
+    assert [s.inherited for s in inherited.steps] == [True, True, False]
+
+
+def test_a_step_past_the_end_is_refused_naming_it(home: Path) -> None:
+    original = run_task("When are checkpoints written?", model=RELAY, home=home)
+    with pytest.raises(RequestRefused, match="from_step takes 0 to 3 \\(got 4\\)") as refused:
+        replay_task(original.task_id, ReplayChanges(from_step=4), home=home)
+    assert refused.value.field == "from_step"
+    with pytest.raises(RequestRefused, match="from_step must be a whole number"):
+        replay_task(original.task_id, ReplayChanges(from_step=-1), home=home)
+    with pytest.raises(RequestRefused, match="no task 'nope'"):
+        replay_task("nope", home=home)
+
+
+def test_another_team_version_parts_where_the_handoff_changed(
+    home: Path, tmp_path: Path, script: Any
+) -> None:
+    v1, v2 = tmp_path / "v1.toml", tmp_path / "v2.toml"
+    v1.write_text(TEAM.format(handoffs='["writer"]'), encoding="utf-8")
+    v2.write_text(TEAM.format(handoffs="[]"), encoding="utf-8")
+    model = script(HANDBACK)
+    original = run_task("Write the note", team=v1, model=model, home=home)
+    assert original.status == "succeeded", original.stop_reason
+    ledger = ledger_for(home)
+    # On v2 the researcher may no longer hand work to the writer; from step 1 (the
+    # writer's draft stands) the trajectories part at step 2, the researcher's visit.
+    replayed = replay_task(
+        original.task_id, ReplayChanges(from_step=1, team=load_team(v2)), home=home
+    )
+    first = ledger.get_task(original.task_id, project_id=LOCAL_PROJECT_ID)
+    second = ledger.get_task(replayed.task_id, project_id=LOCAL_PROJECT_ID)
+    assert first is not None and second is not None
+    assert second.team is not None and second.team["digest"] != (first.team or {})["digest"]
+    diff = diff_trajectories(read_trajectory(ledger, first), read_trajectory(ledger, second))
+    assert diff.first_divergence == 2
+    assert not diff.steps[0].differences and diff.steps[0].b is not None
+    assert diff.steps[0].b.inherited
+    assert "violations" in diff.steps[1].differences
+    summary = diff.summary()
+    assert summary["same"] is False and summary["steps"] == {"a": 3, "b": 2}
+    assert not diff.answer_same
+
+
+async def test_replay_and_diff_over_the_api(api: Api) -> None:  # noqa: F811
+    key, other = api.key("acme"), api.key("globex")
+    made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
+    original = await api.wait(made.json()["id"], key)
+    assert original["status"] == "succeeded"
+    url = f"/v1/tasks/{original['id']}/replay"
+    replayed = await api.client.post(url, json={"from_step": 2}, headers=auth(key))
+    assert replayed.status_code == 202, replayed.text
+    done = await api.wait(replayed.json()["id"], key)
+    assert done["status"] == "succeeded" and done["answer"] == original["answer"]
+    # Another project's task is absent to it, for a replay as for a diff.
+    assert (await api.client.post(url, json={}, headers=auth(other))).status_code == 404
+    cross = f"/v1/tasks/{original['id']}/diff/{done['id']}"
+    assert (await api.client.get(cross, headers=auth(other))).status_code == 404
+    diff = (await api.client.get(cross, headers=auth(key))).json()
+    assert diff["summary"]["same"] is True and diff["summary"]["first_divergence"] is None
+    assert diff["b"]["replay_of"] == original["id"] and diff["b"]["from_step"] == 2
+    itself = f"/v1/tasks/{original['id']}/diff/{original['id']}"
+    assert (await api.client.get(itself, headers=auth(key))).json()["summary"]["same"] is True
+    # Bad bodies are refused naming the value.
+    for body, field in (({"from_step": -1}, "from_step"), ({"from_step": 9}, "from_step")):
+        bad = await api.client.post(url, json=body, headers=auth(key))
+        assert bad.status_code == 422, bad.text
+        assert field in json.dumps(bad.json())
+    loosen = await api.client.post(
+        url, json={"policy": {"team": {"max_agent_runs": 10_000}}}, headers=auth(key)
+    )
+    assert loosen.status_code == 422 and "loosens" in loosen.text
