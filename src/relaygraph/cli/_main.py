@@ -16,8 +16,8 @@ from relaygraph.cli import _commands
 from relaygraph.cli._commands import EXIT_FAILED, EXIT_USAGE
 from relaygraph.cli._evals import run_eval_command
 from relaygraph.cli._parser import build_parser
-from relaygraph.cli._replay import diff, replay
 from relaygraph.cli._preflight import check_ledger, data_directory, ledger_url
+from relaygraph.cli._replay import diff, replay
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import run_doctor
 

@@ -193,13 +193,17 @@ class _Builder:
                 }
             )
         elif kind == "tool_call" and self.steps:
-            call = {"name": event.get("tool"), "args": dict(event.get("args") or {}), "result": ""}
+            call: dict[str, Any] = {
+                "name": event.get("tool"),
+                "args": dict(event.get("args") or {}),
+                "result": "",
+            }
             self.steps[-1]["calls"].append(call)
             self.calls[str(event.get("tool_call_id"))] = call
         elif kind == "tool_result":
-            call = self.calls.get(str(event.get("tool_call_id")))
-            if call is not None:
-                call["result"] = digest([event.get("status"), event.get("preview")])
+            answered = self.calls.get(str(event.get("tool_call_id")))
+            if answered is not None:
+                answered["result"] = digest([event.get("status"), event.get("preview")])
         elif kind == "violation":
             text = f"{event.get('kind')}: {event.get('detail')}"
             if event.get("agent") and self.steps and self.steps[-1]["agent"] == event["agent"]:

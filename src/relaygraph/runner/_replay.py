@@ -92,6 +92,9 @@ def replay_request(
 ) -> TaskRequest:
     """The submission of a replay of ``original``: its request, in its project, on a new
     thread, with ``changes`` and the original's models where nothing else names one."""
+    # The arrangement is the original's unless the team changes (another team may lack the
+    # start agent a swarm recorded).
+    arrangement = (original.topology or {}) if changes.team is None else {}
     return TaskRequest(
         input=original.input,
         team=team,
@@ -105,15 +108,9 @@ def replay_request(
         model=changes.model,
         agent_models=dict(changes.agent_models),
         inherited_models=None if changes.model is not None else dict(original.models),
-        # The arrangement is the original's unless the team changes (another team may lack
-        # the start agent a swarm recorded).
-        topology=None if changes.team is not None else (original.topology or {}).get("kind"),
-        start_agent=None
-        if changes.team is not None
-        else (original.topology or {}).get("start_agent"),
-        output_mode=None
-        if changes.team is not None
-        else (original.topology or {}).get("output_mode"),
+        topology=arrangement.get("kind"),
+        start_agent=arrangement.get("start_agent"),
+        output_mode=arrangement.get("output_mode"),
         replay_of=original.id,
         from_step=changes.from_step,
     )
