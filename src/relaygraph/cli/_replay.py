@@ -93,8 +93,7 @@ def replay(args: argparse.Namespace) -> int:
         team = load_team(args.team)
     policy = None
     if args.policy is not None:
-        from relaygraph.runner import ledger_for
-        from relaygraph.runner._teams import team_of_record
+        from relaygraph.runner import ledger_for, team_of_record
         from relaygraph.store import LOCAL_PROJECT_ID
 
         base = team
@@ -125,7 +124,7 @@ def replay(args: argparse.Namespace) -> int:
 
 def diff(args: argparse.Namespace) -> int:
     """``relaygraph diff``: two tasks of the ledger side by side."""
-    from relaygraph.evals._trajectory import diff_trajectories, read_trajectory
+    from relaygraph.evals import diff_trajectories, read_trajectory
     from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 
     with Ledger(ledger_url(args.home)) as ledger:
