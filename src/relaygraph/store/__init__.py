@@ -43,6 +43,7 @@ from relaygraph.store._records import (
     TeamVersion,
     ToolCall,
 )
+from relaygraph.store._task_queries import TaskSelection
 from relaygraph.store._usage_records import RunEnd
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "RecordNotFound",
     "RunEnd",
     "Task",
+    "TaskSelection",
     "TaskStatus",
     "TeamVersion",
     "ToolCall",
