@@ -25,7 +25,7 @@ from relaygraph.cli._argtypes import (
     utf8_text,
 )
 from relaygraph.cli._evals import add_eval_parser
-from relaygraph.cli._replay import add_replay_parsers
+from relaygraph.cli._replay import add_evals_parser, add_replay_parsers
 from relaygraph.models import add_doctor_parser
 
 __all__ = ["SERVICE_KEY_ENV", "SERVICE_URL_ENV", "build_parser"]
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON object on stdout and nothing else"
     )
     add_replay_parsers(commands)
+    add_evals_parser(commands)
 
     serve = commands.add_parser(
         "serve",

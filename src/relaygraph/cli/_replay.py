@@ -188,3 +188,214 @@ def render_diff(result: Any) -> str:
         f"{summary['first_divergence']}"
     )
     return "\n".join(lines)
+
+
+# -- replay as an eval, and golden cases from the ledger ---------------------------------
+
+
+def _when(value: str) -> Any:
+    """An ISO date or time (UTC unless it says otherwise)."""
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO date or time such as 2026-11-30 or 2026-11-30T08:00, got {value!r}"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _team_version(value: str) -> tuple[str, int | None]:
+    """``NAME`` or ``NAME@VERSION``."""
+    name, sep, version = value.partition("@")
+    if not name.strip() or (sep and not version.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"expected NAME or NAME@VERSION, got {value!r}")
+    return name.strip(), int(version) if sep else None
+
+
+def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ledger query of ``eval --replay`` and ``evals export``."""
+    group = parser.add_argument_group("which recorded tasks (the ledger query)")
+    group.add_argument(
+        "--project",
+        metavar="NAME",
+        help="the project whose tasks to take (default: relaygraph run's own)",
+    )
+    group.add_argument(
+        "--of-team",
+        metavar="NAME[@VERSION]",
+        type=_team_version,
+        help="only tasks that ran on this team (and version); 'default' is the built-in team",
+    )
+    group.add_argument("--since", metavar="WHEN", type=_when, help="created at or after")
+    group.add_argument("--until", metavar="WHEN", type=_when, help="created before")
+    group.add_argument("--status", metavar="STATUS", help="only tasks that ended so")
+    group.add_argument(
+        "--limit", metavar="N", type=int, default=50, help="the newest N that match (default 50)"
+    )
+
+
+def add_replay_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """``relaygraph eval --replay`` and its options."""
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="replay recorded tasks (the ledger query below) instead of a golden set, with "
+        "--team/--model/--agent-model/--policy changed, and compare each with its original",
+    )
+    parser.add_argument(
+        "--from-step", metavar="N", type=_step, default=0, help="with --replay: from step N"
+    )
+    parser.add_argument(
+        "--policy", metavar="FILE", type=Path, help="with --replay: another policy file"
+    )
+    parser.add_argument(
+        "--min-same-rate",
+        metavar="X",
+        type=float,
+        help="with --replay: fail when under this share of tasks routes the same way",
+    )
+    add_selection_arguments(parser)
+
+
+def add_evals_parser(commands: Any) -> None:
+    """``relaygraph evals export``."""
+    evals = commands.add_parser("evals", help="golden sets from the ledger")
+    sub = evals.add_subparsers(dest="evals_command", metavar="EVALS_COMMAND", required=True)
+    export = sub.add_parser(
+        "export",
+        help="write recorded tasks as golden cases, their recorded trajectory expected",
+        description="Write the tasks a ledger query selects as a golden file (JSON Lines, "
+        "docs/evals.md): each task's request, and its recorded trajectory (agents in order, "
+        "handoffs, tools, status, violations) as what is expected.",
+    )
+    export.add_argument("--out", metavar="FILE", type=Path, required=True, help="the .jsonl file")
+    add_selection_arguments(export)
+
+
+def _selection(args: argparse.Namespace, ledger: Any) -> Any:
+    from relaygraph.store import LOCAL_PROJECT_ID, TaskSelection
+
+    project_id = LOCAL_PROJECT_ID
+    if args.project is not None:
+        project = ledger.get_project(args.project)
+        if project is None:
+            raise ConfigError(f"--project {args.project!r}: no such project in {ledger.url}")
+        project_id = project.id
+    team, version = args.of_team or (None, None)
+    selection = TaskSelection(
+        project_id=project_id,
+        team=team,
+        version=version,
+        since=args.since,
+        until=args.until,
+        status=args.status,
+        limit=args.limit,
+    )
+    selection.check()
+    return selection
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """``relaygraph evals export``."""
+    from relaygraph.evals import export_golden
+    from relaygraph.runner import ledger_for
+
+    ledger = ledger_for(args.home)
+    tasks = ledger.select_tasks(_selection(args, ledger))
+    count = export_golden(ledger, tasks, args.out)
+    print(f"wrote {count} case(s) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def replay_eval_command(args: argparse.Namespace) -> int:
+    """``relaygraph eval --replay``: replay the selected tasks and gate on the report."""
+    from relaygraph.evals import run_replay_eval
+    from relaygraph.runner import ReplayChanges, ledger_for
+    from relaygraph.team import load_team
+
+    if args.golden is not None:
+        raise ConfigError(
+            f"eval --replay takes its tasks from the ledger, not a golden file "
+            f"(got {str(args.golden)!r})"
+        )
+    ledger = ledger_for(args.home)
+    tasks = ledger.select_tasks(_selection(args, ledger))
+    if not tasks:
+        raise ConfigError("the ledger query selected no task to replay")
+    team = load_team(args.team) if args.team is not None else None
+    policy = None
+    if args.policy is not None:
+        if team is None:
+            raise ConfigError("--policy with --replay needs --team: the policy of which team")
+        policy = team.policy_from(args.policy)
+    changes = ReplayChanges(
+        from_step=args.from_step,
+        model=args.model,
+        agent_models=dict(args.agent_model),
+        team=team,
+        policy=policy,
+    )
+    described = {
+        "team": None if args.team is None else str(args.team),
+        "model": args.model,
+        "agent_models": dict(args.agent_model),
+        "policy": None if args.policy is None else str(args.policy),
+        "from_step": args.from_step,
+    }
+
+    def progress(done: int, total: int, case: Any) -> None:
+        what = case.error or (
+            "same routes" if case.same_routes else f"parts at step {case.first_divergence}"
+        )
+        print(f"replay {done}/{total}: {case.task_id} {what}", file=sys.stderr)
+
+    report = run_replay_eval(
+        tasks,
+        changes,
+        ledger=ledger,
+        home=args.home,
+        baseline=args.baseline,
+        described=described,
+        on_progress=progress,
+    )
+    print(render_replay_report(report))
+    if args.out is not None:
+        print(f"report: {report.write(args.out)}", file=sys.stderr)
+    reasons = report.gate(min_same_rate=args.min_same_rate)
+    for reason in reasons:
+        print(f"relaygraph eval: failed: {reason}", file=sys.stderr)
+    return 1 if reasons else 0
+
+
+def render_replay_report(report: Any) -> str:
+    """One line per task, then the summary."""
+
+    def ratio(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f}x"
+
+    lines = ["task  replay  routes  first divergence  answer similarity  cost  tokens  time"]
+    for case in report.cases:
+        if case.error is not None:
+            lines.append(f"{case.task_id}  error: {case.error}")
+            continue
+        lines.append(
+            f"{case.task_id}  {case.replay_id}  {'same' if case.same_routes else 'differ'}  "
+            f"{case.first_divergence if case.first_divergence is not None else '–'}  "
+            f"{case.answer_similarity:.2f}  {ratio(case.cost_ratio)}  "
+            f"{ratio(case.tokens_ratio)}  {ratio(case.time_ratio)}"
+        )
+    summary = report.summary()
+    lines.append(
+        f"{summary['same_routes']}/{summary['replayed']} route the same way; "
+        f"{len(summary['diverged'])} part somewhere; mean answer similarity "
+        f"{summary['mean_answer_similarity']}; mean tokens ratio {summary['mean_tokens_ratio']}"
+        f"; mean time ratio {summary['mean_time_ratio']}"
+    )
+    if report.baseline is not None:
+        lines.append(
+            f"against {report.baseline}: {len(report.regressions)} regression(s), "
+            f"{len(report.fixed)} fixed"
+        )
+    return "\n".join(lines)

@@ -30,6 +30,13 @@ if TYPE_CHECKING:
         load_golden,
     )
     from relaygraph.evals._metrics import EvalMetrics, compute_metrics, pass_at_k, pass_hat_k
+    from relaygraph.evals._replay_eval import (
+        ReplayCase,
+        ReplayEvalReport,
+        export_golden,
+        golden_case_of,
+        run_replay_eval,
+    )
     from relaygraph.evals._report import (
         case_outcome,
         load_baseline,
@@ -62,6 +69,8 @@ __all__ = [
     "GoldenLineError",
     "GoldenSet",
     "Observation",
+    "ReplayCase",
+    "ReplayEvalReport",
     "StepDiff",
     "ToolCallRecord",
     "Trajectory",
@@ -73,6 +82,8 @@ __all__ = [
     "check_expectations",
     "compute_metrics",
     "diff_trajectories",
+    "export_golden",
+    "golden_case_of",
     "load_baseline",
     "load_golden",
     "metric_rows",
@@ -82,6 +93,7 @@ __all__ = [
     "render_markdown",
     "run_case",
     "run_eval",
+    "run_replay_eval",
     "write_report",
 ]
 
@@ -114,6 +126,11 @@ _LAZY = {
     "TrialResult": "_results",
     "run_case": "_runner",
     "run_eval": "_runner",
+    "ReplayCase": "_replay_eval",
+    "ReplayEvalReport": "_replay_eval",
+    "export_golden": "_replay_eval",
+    "golden_case_of": "_replay_eval",
+    "run_replay_eval": "_replay_eval",
     "StepDiff": "_trajectory",
     "ToolCallRecord": "_trajectory",
     "Trajectory": "_trajectory",

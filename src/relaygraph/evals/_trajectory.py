@@ -8,13 +8,15 @@ first N steps of the task it replays, then its own. The diff aligns two trajecto
 step, marks the first step where they part, and sums the differences.
 
 A tool result's digest is of what the ledger keeps of it: its status and its preview (the
-first ``events.PREVIEW_CHARS`` characters).
+first ``events.PREVIEW_CHARS`` characters), less a program's run time (``run_python``'s
+``exit code 0 after 0.09 s``), which differs on every run of the same program.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +38,8 @@ __all__ = [
 ]
 
 _USAGE_FIELDS = ("input_tokens", "output_tokens", "cost_usd", "seconds")
+_RUN_TIME = re.compile(r"\bafter \d+(?:\.\d+)? s\b")
+"""A program's run time in a sandbox result (``backends._sandbox_limits``)."""
 
 
 def digest(value: Any) -> str:
@@ -203,7 +207,8 @@ class _Builder:
         elif kind == "tool_result":
             answered = self.calls.get(str(event.get("tool_call_id")))
             if answered is not None:
-                answered["result"] = digest([event.get("status"), event.get("preview")])
+                preview = _RUN_TIME.sub("after … s", str(event.get("preview") or ""))
+                answered["result"] = digest([event.get("status"), preview])
         elif kind == "violation":
             text = f"{event.get('kind')}: {event.get('detail')}"
             if event.get("agent") and self.steps and self.steps[-1]["agent"] == event["agent"]:

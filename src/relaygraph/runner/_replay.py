@@ -251,9 +251,13 @@ def replay_task(
     home: Path | None = None,
     on_event: EventHandler | None = None,
     cancel: threading.Event | None = None,
+    project_id: str | None = None,
 ) -> RunResult:
     """Replay the recorded task ``task_id`` of this data directory in this process, with
     ``changes``, and return the replay's result (its ``task_id`` is the new task's).
+
+    ``project_id`` is the task's project: the CLI's own (``relaygraph run``'s) when None;
+    an operator's eval may replay an API project's tasks, in that project.
 
     Raises:
         RequestRefused: No such task (``task_id``), a bad ``from_step``, or a change the
@@ -268,7 +272,7 @@ def replay_task(
     changes = changes or ReplayChanges()
     home = data_home(home)
     ledger = ledger_for(home)  # kept for the process: not closed here
-    original = ledger.get_task(task_id, project_id=LOCAL_PROJECT_ID)
+    original = ledger.get_task(task_id, project_id=project_id or LOCAL_PROJECT_ID)
     if original is None:
         raise RequestRefused(
             f"no task {task_id!r} in {ledger.url}",
