@@ -16,7 +16,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.runner import ReplayChanges, submit_replay
 from relaygraph.store import Project, Task
 
-__all__ = ["ReplayCreate", "replays_router"]
+__all__ = ["ReplayCreate", "replay_in_project", "replays_router"]
 
 
 class ReplayCreate(_RequestBody):
@@ -59,36 +59,7 @@ def replays_router(state: ServiceState) -> APIRouter:
         """Replay the task as a new task of the project, on a thread of its own (202); the
         task is not changed. The new task records `replay_of` and `from_step`."""
         original = own_task(state.ledger(), task_id, project)
-        recorded = original.team or {}
-        name = body.team if body.team is not None else recorded.get("name")
-        version = body.version
-        if body.team is None and version is None:
-            version = recorded.get("version")
-        chosen = state.teams.choose(project.id, name, version)
-        unchanged = body.team is None and body.version is None
-        policy = chosen.policy
-        if unchanged and original.policy:
-            policy = _recorded_policy(original, state)
-        submitted = submit_replay(
-            original,
-            ReplayChanges(
-                from_step=body.from_step,
-                model=body.model,
-                agent_models=body.agent_models or {},
-                team=None if unchanged else chosen.team,
-                team_version=chosen.version,
-                trust_team=chosen.origin != "project",
-                policy_override=body.policy,
-            ),
-            team=chosen.team,
-            policy=policy,
-            ledger=state.ledger(),
-            home=state.home,
-            model_rules=state.model_rules,
-            enqueue=state.dispatch().enqueue,
-            quotas=state.settings.quotas,
-        )
-        return TaskOut.of(submitted.task)
+        return TaskOut.of(replay_in_project(state, project.id, original, body))
 
     @router.get("/{task_a}/diff/{task_b}", responses=error_responses(401, 404))
     def diff(task_a: str, task_b: str, project: ProjectDep) -> dict[str, Any]:
@@ -103,6 +74,49 @@ def replays_router(state: ServiceState) -> APIRouter:
         return diff_trajectories(a, b).to_json()
 
     return router
+
+
+def replay_in_project(
+    state: ServiceState, project_id: str, original: Task, body: ReplayCreate
+) -> Task:
+    """Submit a replay of the project's task ``original`` (the API's and the dashboard's
+    one way): the team and version it recorded unless ``body`` names others, its policy
+    under the operator's ceiling, tightened by ``body.policy``; returns the new task.
+
+    Raises:
+        ErrorAnswer: 404 for a team the project cannot use; 422 naming the bad field.
+        RequestRefused: What the submission refuses (the API answers it by its field).
+    """
+    recorded = original.team or {}
+    name = body.team if body.team is not None else recorded.get("name")
+    version = body.version
+    if body.team is None and version is None:
+        version = recorded.get("version")
+    chosen = state.teams.choose(project_id, name, version)
+    unchanged = body.team is None and body.version is None
+    policy = chosen.policy
+    if unchanged and original.policy:
+        policy = _recorded_policy(original, state)
+    submitted = submit_replay(
+        original,
+        ReplayChanges(
+            from_step=body.from_step,
+            model=body.model,
+            agent_models=body.agent_models or {},
+            team=None if unchanged else chosen.team,
+            team_version=chosen.version,
+            trust_team=chosen.origin != "project",
+            policy_override=body.policy,
+        ),
+        team=chosen.team,
+        policy=policy,
+        ledger=state.ledger(),
+        home=state.home,
+        model_rules=state.model_rules,
+        enqueue=state.dispatch().enqueue,
+        quotas=state.settings.quotas,
+    )
+    return submitted.task
 
 
 def _recorded_policy(task: Task, state: ServiceState) -> Any:
