@@ -228,3 +228,28 @@ def test_exported_tasks_are_golden_cases_their_own_runs_pass(home: Path, tmp_pat
     assert case["expect"]["tools_used"] == ["search_docs", "run_python", "save_artifact"]
     report = run_eval(out, home=home)
     assert report.metrics.pass_rate == 1.0
+
+
+def test_bad_flags_are_refused_naming_the_value(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relaygraph.cli import main
+
+    original = run_task("When are checkpoints written?", model=RELAY, home=home)
+    at = ["--home", str(home)]
+    assert main([*at, "replay", original.task_id, "--from-step", "9"]) == 2
+    assert "from_step takes 0 to 3 (got 9)" in capsys.readouterr().err
+    assert main([*at, "replay", "no-such-task"]) == 2
+    assert "no task 'no-such-task'" in capsys.readouterr().err
+    missing = tmp_path / "v9.toml"
+    assert main([*at, "replay", original.task_id, "--team", str(missing)]) == 2
+    assert f"--team {str(missing)!r} is no team file" in capsys.readouterr().err
+    assert main([*at, "diff", original.task_id, "nope"]) == 2
+    assert "no task 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*at, "replay", original.task_id, "--from-step", "-1"])
+    assert "expected a whole number of 0 or more, got '-1'" in capsys.readouterr().err
+    # The diff of a task with itself, as JSON: no difference.
+    assert main([*at, "diff", original.task_id, original.task_id, "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["summary"]["same"] is True and same["summary"]["steps_differing"] == 0
