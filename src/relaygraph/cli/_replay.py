@@ -51,9 +51,10 @@ def add_replay_parsers(commands: Any) -> None:
     )
     replay_parser.add_argument(
         "--team",
-        metavar="FILE",
-        type=Path,
-        help="another team file (another version of the team); the original's by default",
+        metavar="FILE|NAME[@VERSION]",
+        type=utf8_text,
+        help="another team file, or a team the task's project registered (its latest "
+        "version, or VERSION); the original's by default",
     )
     replay_parser.add_argument(
         "--policy", metavar="FILE", type=Path, help="another policy file for the team"
@@ -76,32 +77,24 @@ def add_replay_parsers(commands: Any) -> None:
 
 
 def replay(args: argparse.Namespace) -> int:
-    """``relaygraph replay``: replay a task of ``relaygraph run`` in this process."""
+    """``relaygraph replay``: replay a recorded task in this process. The operator replays
+    any project's task (as ``trace`` reads any), in that project, on its registered teams
+    and under the operator's policy ceiling (``RELAYGRAPH_*`` settings, as a worker's)."""
     from relaygraph.cli._commands import _report
     from relaygraph.cli._console import ProgressPrinter
-    from relaygraph.runner import ReplayChanges, RequestRefused, replay_task
-    from relaygraph.team import load_team
+    from relaygraph.runner import ReplayChanges, RequestRefused, ledger_for, replay_task
+    from relaygraph.store import LOCAL_PROJECT_ID
 
-    team = None
-    if args.team is not None:
-        if not args.team.is_file():
-            raise ConfigError(
-                f"--team {str(args.team)!r} is no team file; a project's registered team "
-                "versions are replayed over the API: POST /v1/tasks/TASK/replay "
-                '{"team": NAME, "version": N}'
-            )
-        team = load_team(args.team)
+    ledger = ledger_for(args.home)
+    project_id = ledger.task_owner(args.task_id) or LOCAL_PROJECT_ID
+    original = ledger.get_task(args.task_id, project_id=project_id)
+    if original is None:
+        raise RequestRefused(f"no task {args.task_id!r} in {ledger.url}", field="task_id")
+    service = _service_teams(args, ledger, project_id)
+    team, version = _team(args.team, ledger, project_id, service)
     policy = None
     if args.policy is not None:
-        from relaygraph.runner import ledger_for, team_of_record
-        from relaygraph.store import LOCAL_PROJECT_ID
-
-        base = team
-        if base is None:
-            original = ledger_for(args.home).get_task(args.task_id, project_id=LOCAL_PROJECT_ID)
-            if original is None:
-                raise RequestRefused(f"no task {args.task_id!r}", field="task_id")
-            base = team_of_record(original)
+        base = team if team is not None else _recorded_team(original, service)
         try:
             policy = base.policy_from(args.policy)
         except ConfigError as exc:
@@ -111,6 +104,7 @@ def replay(args: argparse.Namespace) -> int:
         model=args.model,
         agent_models=dict(args.agent_model),
         team=team,
+        team_version=version,
         policy=policy,
     )
     result = replay_task(
@@ -118,8 +112,49 @@ def replay(args: argparse.Namespace) -> int:
         changes,
         home=args.home,
         on_event=None if args.json else ProgressPrinter(),
+        project_id=project_id,
+        teams=None if service is None else service.resolve,
+        policies=None if service is None else service.policy_for,
     )
     return _report(result, as_json=args.json)
+
+
+def _service_teams(args: argparse.Namespace, ledger: Any, project_id: str) -> Any:
+    """A project's registered teams and the operator's ceiling, as the server's runner has
+    them; None for ``relaygraph run``'s own tasks (a user's own teams, no ceiling)."""
+    from relaygraph.runner import ServiceTeams, load_runner_settings
+    from relaygraph.store import LOCAL_PROJECT_ID
+
+    if project_id == LOCAL_PROJECT_ID:
+        return None
+    return ServiceTeams(ledger=ledger, settings=load_runner_settings(), home=args.home)
+
+
+def _recorded_team(task: Any, service: Any) -> Any:
+    from relaygraph.runner import team_of_record
+
+    return service.resolve(task) if service is not None else team_of_record(task)
+
+
+def _team(value: str | None, ledger: Any, project_id: str, service: Any) -> tuple[Any, Any]:
+    """The team ``--team`` names, with its registered version: a team file, else a team
+    the project registered (``NAME`` or ``NAME@VERSION``); (None, None) without it."""
+    from relaygraph.team import load_team
+
+    if value is None:
+        return None, None
+    if Path(value).is_file():
+        return load_team(Path(value)), None
+    name, sep, number = value.partition("@")
+    found = None
+    if service is not None and (not sep or number.isdigit()):
+        found = ledger.team_version(project_id, name, int(number) if sep else None)
+    if found is None:
+        raise ConfigError(
+            f"--team {value!r} is no team file, nor a team this task's project registered"
+            + (" (relaygraph run's tasks take team files)" if service is None else "")
+        )
+    return service.registered(found), found.version
 
 
 def diff(args: argparse.Namespace) -> int:
@@ -321,9 +356,11 @@ def replay_eval_command(args: argparse.Namespace) -> int:
             f"(got {str(args.golden)!r})"
         )
     ledger = ledger_for(args.home)
-    tasks = ledger.select_tasks(_selection(args, ledger))
+    selection = _selection(args, ledger)
+    tasks = ledger.select_tasks(selection)
     if not tasks:
         raise ConfigError("the ledger query selected no task to replay")
+    service = _service_teams(args, ledger, selection.project_id)
     team = load_team(args.team) if args.team is not None else None
     policy = None
     if args.policy is not None:
@@ -359,6 +396,8 @@ def replay_eval_command(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         described=described,
         on_progress=progress,
+        teams=None if service is None else service.resolve,
+        policies=None if service is None else service.policy_for,
     )
     print(render_replay_report(report))
     if args.out is not None:

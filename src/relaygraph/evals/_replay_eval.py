@@ -20,8 +20,10 @@ from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.evals._trajectory import Trajectory, diff_trajectories, read_trajectory
 
 if TYPE_CHECKING:
+    from relaygraph.policies import TeamPolicy
     from relaygraph.runner import ReplayChanges
     from relaygraph.store import Ledger, Task
+    from relaygraph.team import Team
 
 __all__ = [
     "ReplayCase",
@@ -181,9 +183,12 @@ def run_replay_eval(
     baseline: Path | None = None,
     described: dict[str, Any] | None = None,
     on_progress: Callable[[int, int, ReplayCase], None] | None = None,
+    teams: Callable[[Task], Team] | None = None,
+    policies: Callable[[Task, TeamPolicy], TeamPolicy] | None = None,
 ) -> ReplayEvalReport:
     """Replay each of ``tasks`` (recorded in ``ledger``) in this process with ``changes``,
-    one after the other, and compare each replay with its original.
+    one after the other, and compare each replay with its original. ``teams`` and
+    ``policies`` are :func:`~relaygraph.runner.replay_task`'s (an API project's tasks).
 
     Raises:
         ConfigError: The baseline cannot be read.
@@ -194,7 +199,14 @@ def run_replay_eval(
     cases = []
     for index, task in enumerate(tasks, start=1):
         try:
-            result = replay_task(task.id, changes, home=home, project_id=task.project_id)
+            result = replay_task(
+                task.id,
+                changes,
+                home=home,
+                project_id=task.project_id,
+                teams=teams,
+                policies=policies,
+            )
             replayed = ledger.get_task(result.task_id, project_id=task.project_id)
             if replayed is None:  # pragma: no cover - the ledger just recorded it
                 raise ConfigError(f"replay {result.task_id} is not in the ledger")

@@ -16,7 +16,7 @@ submission path (:func:`~relaygraph.runner.submit_task`) with ``replay_of`` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,12 +252,16 @@ def replay_task(
     on_event: EventHandler | None = None,
     cancel: threading.Event | None = None,
     project_id: str | None = None,
+    teams: Callable[[Task], Team] | None = None,
+    policies: Callable[[Task, TeamPolicy], TeamPolicy] | None = None,
 ) -> RunResult:
     """Replay the recorded task ``task_id`` of this data directory in this process, with
     ``changes``, and return the replay's result (its ``task_id`` is the new task's).
 
     ``project_id`` is the task's project: the CLI's own (``relaygraph run``'s) when None;
-    an operator's eval may replay an API project's tasks, in that project.
+    an operator's eval may replay an API project's tasks, in that project, with ``teams``
+    (the project's registered teams, ``ServiceTeams.resolve``) and ``policies`` (the
+    operator's ceiling, ``ServiceTeams.policy_for``), as the server's runner has them.
 
     Raises:
         RequestRefused: No such task (``task_id``), a bad ``from_step``, or a change the
@@ -280,7 +284,7 @@ def replay_task(
             code="task_not_found",
             kind="not_found",
         )
-    runner = TaskRunner(ledger=ledger, home=home)
+    runner = TaskRunner(ledger=ledger, home=home, teams=teams, policies=policies)
     team = changes.team if changes.team is not None else runner.team_of(original)
     policy = changes.policy
     if policy is None and changes.team is None and original.policy:
