@@ -253,3 +253,46 @@ def test_bad_flags_are_refused_naming_the_value(
     assert main([*at, "diff", original.task_id, original.task_id, "--json"]) == 0
     same = json.loads(capsys.readouterr().out)
     assert same["summary"]["same"] is True and same["summary"]["steps_differing"] == 0
+
+
+async def test_a_replay_on_a_registered_version_parts_where_its_handoffs_changed(
+    api: Api,  # noqa: F811
+    scripts: Path,  # noqa: F811
+) -> None:
+    key = api.key("acme")
+    for handoffs in ('["writer"]', "[]"):
+        pushed = await api.client.put(
+            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
+        )
+        assert pushed.status_code == 201, pushed.text
+    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
+    spec = "scripted:handback.json"
+    made = await api.client.post(
+        "/v1/tasks",
+        json={"input": "Write the note", "team": "handback", "version": 1, "model": spec},
+        headers=auth(key),
+    )
+    original = await api.wait(made.json()["id"], key)
+    assert original["status"] == "succeeded", original
+    # Version 2 of the same team, from step 1: the writer's draft stands.
+    replayed = await api.client.post(
+        f"/v1/tasks/{original['id']}/replay", json={"version": 2, "from_step": 1}, headers=auth(key)
+    )
+    assert replayed.status_code == 202, replayed.text
+    assert (
+        replayed.json()["team"]["version"] == 2 and replayed.json()["replay_of"] == original["id"]
+    )
+    await api.wait(replayed.json()["id"], key)
+    diff = (
+        await api.client.get(
+            f"/v1/tasks/{original['id']}/diff/{replayed.json()['id']}", headers=auth(key)
+        )
+    ).json()
+    assert diff["summary"]["first_divergence"] == 2
+    assert "violations" in diff["steps"][1]["differences"]
+    assert diff["steps"][0]["b"]["inherited"] is True
+    # A version the team does not have is refused naming it.
+    missing = await api.client.post(
+        f"/v1/tasks/{original['id']}/replay", json={"version": 7}, headers=auth(key)
+    )
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "version"
