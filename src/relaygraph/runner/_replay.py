@@ -11,6 +11,11 @@ copied steps' writes, as the original's was), so the first N steps' tool calls a
 again and their recorded results stand. The replay is submitted through the one
 submission path (:func:`~relaygraph.runner.submit_task`) with ``replay_of`` and
 ``from_step``, and started like any task: ``TaskRun.graph_input`` goes on from the fork.
+
+The fork reads the saver's checkpoint tuples rather than state through the graph (the rule
+elsewhere): what it copies are those tuples, and the step a checkpoint follows is told by
+its writes alone, so the original's team graph is never built (a replay on a new version
+works when the old one no longer builds).
 """
 
 from __future__ import annotations
