@@ -296,3 +296,59 @@ async def test_a_replay_on_a_registered_version_parts_where_its_handoffs_changed
         f"/v1/tasks/{original['id']}/replay", json={"version": 7}, headers=auth(key)
     )
     assert missing.status_code == 404 and missing.json()["error"]["field"] == "version"
+
+
+async def test_the_operator_replays_a_projects_task_on_a_registered_version(
+    api: Api,  # noqa: F811
+    scripts: Path,  # noqa: F811
+    home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from relaygraph.cli import main
+
+    key = api.key("acme")
+    for handoffs in ('["writer"]', "[]"):
+        await api.client.put(
+            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
+        )
+    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
+    body = {"input": "Write the note", "team": "handback", "version": 1}
+    made = await api.client.post(
+        "/v1/tasks", json={**body, "model": "scripted:handback.json"}, headers=auth(key)
+    )
+    original = await api.wait(made.json()["id"], key)
+    assert original["status"] == "succeeded", original
+    at = ["--home", str(home)]
+    # One task, forked after step 1 onto version 2 of the project's team, in its project.
+    code = main(
+        [*at, "replay", original["id"], "--from-step", "1", "--team", "handback@2", "--json"]
+    )
+    assert code == 0
+    replayed = json.loads(capsys.readouterr().out)
+    # The replay is acme's, like its original: not the CLI's own project's.
+    assert ledger_for(home).get_task(replayed["task_id"], project_id=LOCAL_PROJECT_ID) is None
+    got = await api.client.get(f"/v1/tasks/{replayed['task_id']}", headers=auth(key))
+    assert got.json()["replay_of"] == original["id"] and got.json()["team"]["version"] == 2
+    # The project's tasks on version 1, replayed on version 2 as an eval.
+    assert (
+        main(
+            [
+                *at,
+                "eval",
+                "--replay",
+                "--project",
+                "acme",
+                "--of-team",
+                "handback@1",
+                "--out",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 0
+    )
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [c["task_id"] for c in report["cases"]] == [original["id"]]
+    assert report["cases"][0]["same_routes"] is True
+    assert main([*at, "replay", original["id"], "--team", "handback@9"]) == 2
+    assert "'handback@9' is no team file, nor a team" in capsys.readouterr().err
