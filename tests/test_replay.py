@@ -352,3 +352,38 @@ async def test_the_operator_replays_a_projects_task_on_a_registered_version(
     assert report["cases"][0]["same_routes"] is True
     assert main([*at, "replay", original["id"], "--team", "handback@9"]) == 2
     assert "'handback@9' is no team file, nor a team" in capsys.readouterr().err
+
+
+def test_a_queued_replay_is_on_its_fork_when_any_runner_takes_it(home: Path) -> None:
+    """The fork is on the replay's thread before the replay is recorded: a runner that takes
+    queued tasks from the ledger (``serve --processes``) starts it from its request as any
+    task, and it goes on from the fork."""
+    from relaygraph.errors import ConfigError
+    from relaygraph.runner import TaskRunner, submit_replay, team_of_record
+    from relaygraph.runner._checkpoint import open_checkpointer
+
+    original_run = run_task("When are checkpoints written?", model=RELAY, home=home)
+    ledger = ledger_for(home)
+    original = ledger.get_task(original_run.task_id, project_id=LOCAL_PROJECT_ID)
+    assert original is not None
+    team = team_of_record(original)
+    queued = [
+        submit_replay(
+            original, ReplayChanges(from_step=2), team=team, policy=None, ledger=ledger, home=home
+        ).task
+        for _ in range(2)
+    ]
+    assert {task.status for task in queued} == {"queued"}
+    runner = TaskRunner(ledger=ledger, home=home)
+    result = runner.run(queued[0], {"request": queued[0].input}, only_from=("queued",))
+    assert result.status == "succeeded"
+    assert _steps(ledger, queued[0].id) == [
+        ("route", "supervisor"),
+        ("agent_started", "writer"),
+        ("route", "supervisor"),
+    ]
+    # A replay whose fork is gone fails saying so, rather than running from its request.
+    with open_checkpointer(home) as saver:
+        saver.delete_thread(queued[1].checkpoint_thread)
+    with pytest.raises(ConfigError, match="holds no checkpoint to go on from"):
+        runner.run(queued[1], {"request": queued[1].input}, only_from=("queued",))

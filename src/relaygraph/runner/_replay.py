@@ -20,10 +20,11 @@ works when the old one no longer builds).
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from relaygraph.runner._checkpoint import open_checkpointer
 from relaygraph.runner._errors import RequestRefused
 from relaygraph.runner._ledger import ledger_for
 from relaygraph.runner._submit import Enqueue, SubmittedTask, TaskRequest, submit_task
+from relaygraph.store import new_checkpoint_thread
 
 if TYPE_CHECKING:
     from relaygraph.policies import TeamPolicy
@@ -152,21 +154,16 @@ def fork_checkpoints(saver: Any, original: Task, from_step: int) -> list[Any]:
     )
 
 
-def copy_fork(saver: Any, chain: Sequence[Any], *, original: Task, replay: Task) -> None:
-    """Copy ``chain`` (:func:`fork_checkpoints`) to the replay's thread: each checkpoint
-    under its parent, and the writes of each but the last (the last's are the step the
-    replay runs anew). The original's checkpoints become the replay's, so that its run
-    goes on from the last (``TaskRun`` reads the thread's latest checkpoint as its own)."""
+def copy_fork(saver: Any, chain: Sequence[Any], *, original: Task, thread: str) -> None:
+    """Copy ``chain`` (:func:`fork_checkpoints`) to the checkpointer's ``thread``: each
+    checkpoint under its parent, and the writes of each but the last (the last's are the
+    step the replay runs anew). Each says what it was forked from
+    (``relaygraph_forked_from``); the original's stay its own (``relaygraph_task_id``), so
+    a replay's run tells the fork from checkpoints of its own (``TaskRun.graph_input``)."""
     parent: str | None = None
     for index, saved in enumerate(chain):
-        metadata = dict(saved.metadata or {})
-        if metadata.get("relaygraph_task_id") == original.id:
-            metadata["relaygraph_task_id"] = replay.id
-            metadata["task_id"] = replay.id
-        configurable: dict[str, Any] = {
-            "thread_id": replay.checkpoint_thread,
-            "checkpoint_ns": "",
-        }
+        metadata = {**(saved.metadata or {}), "relaygraph_forked_from": original.id}
+        configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
         if parent is not None:
             configurable["checkpoint_id"] = parent
         checkpoint = saved.checkpoint
@@ -189,17 +186,6 @@ def _writes_by_task(pending: Sequence[tuple[str, str, Any]]) -> dict[str, list[t
     return grouped
 
 
-@contextmanager
-def _forked(home: Path, original: Task, from_step: int) -> Iterator[tuple[Any, list[Any]]]:
-    """The checkpointer and the checkpoints a replay from ``from_step`` copies (none from
-    step 0), found before the replay is recorded so that a bad step refuses it."""
-    if from_step == 0:
-        yield None, []
-        return
-    with open_checkpointer(home) as saver:
-        yield saver, fork_checkpoints(saver, original, from_step)
-
-
 def submit_replay(
     original: Task,
     changes: ReplayChanges,
@@ -214,10 +200,11 @@ def submit_replay(
     lease_seconds: float | None = None,
     quotas: Quotas | None = None,
 ) -> SubmittedTask:
-    """Submit a replay of ``original`` (which the caller found in its own project): check
-    and record it as a new task with ``replay_of`` and ``from_step``, copy the original's
-    checkpoints up to the step to its thread, then start it (``enqueue``) or leave it to
-    the caller's runner (``runner_id``), as :func:`~relaygraph.runner.submit_task` does.
+    """Submit a replay of ``original`` (which the caller found in its own project): copy the
+    original's checkpoints up to the step to a new thread, then check and record the replay
+    on it as a new task with ``replay_of`` and ``from_step``, and start it (``enqueue``) or
+    leave it to the caller's runner (``runner_id``), as :func:`~relaygraph.runner.submit_task`
+    does.
 
     Raises:
         RequestRefused: See :func:`~relaygraph.runner.check_request`; ``from_step`` past
@@ -225,28 +212,31 @@ def submit_replay(
     """
     from_step = check_from_step(changes.from_step)
     request = replay_request(original, changes, team=team, policy=policy)
-    with _forked(home, original, from_step) as (saver, chain):
-        submitted = submit_task(
-            request,
-            ledger=ledger,
-            model_rules=model_rules,
-            runner_id=runner_id,
-            lease_seconds=lease_seconds,
-            quotas=quotas,
+    submit = functools.partial(
+        submit_task,
+        ledger=ledger,
+        model_rules=model_rules,
+        enqueue=enqueue,
+        runner_id=runner_id,
+        lease_seconds=lease_seconds,
+        quotas=quotas,
+    )
+    if from_step == 0:
+        return submit(request)
+    # The fork is copied to the replay's new thread before the replay is recorded: a
+    # runner that takes queued tasks from the ledger (``serve --processes``) may start it
+    # the moment it is, and must find the fork there.
+    thread_id = str(uuid.uuid4())
+    thread = new_checkpoint_thread(original.project_id, thread_id)
+    with open_checkpointer(home) as saver:
+        copy_fork(
+            saver, fork_checkpoints(saver, original, from_step), original=original, thread=thread
         )
-        if chain and submitted.created:
-            try:
-                copy_fork(saver, chain, original=original, replay=submitted.task)
-            except BaseException as exc:
-                ledger.set_status(
-                    submitted.task.id,
-                    "failed",
-                    stop_reason=f"the checkpoints of task {original.id} could not be copied: {exc}",
-                )
-                raise
-    if submitted.starts and enqueue is not None:
-        enqueue(submitted.task)
-    return submitted
+        try:
+            return submit(replace(request, thread_id=thread_id, thread_must_exist=False))
+        except BaseException:
+            saver.delete_thread(thread)  # The fork of a replay that was not recorded.
+            raise
 
 
 def replay_task(

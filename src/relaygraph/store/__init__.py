@@ -44,6 +44,7 @@ from relaygraph.store._records import (
     ToolCall,
 )
 from relaygraph.store._task_queries import TaskSelection
+from relaygraph.store._tasks import new_checkpoint_thread
 from relaygraph.store._usage_records import RunEnd
 
 __all__ = [
@@ -80,6 +81,7 @@ __all__ = [
     "day_start",
     "hash_key",
     "is_disk_full",
+    "new_checkpoint_thread",
     "upgrade",
 ]
 

@@ -393,11 +393,17 @@ def _checkpoint_thread(
     used, else a new one (``new``: the thread id was made for this task, and has none).
     Never the bare thread id: another project may use it."""
     if new:
-        return f"{project_id}/{thread_id}"
+        return new_checkpoint_thread(project_id, thread_id)
     earlier = connection.execute(
         _THREAD_CHECKPOINTS, {"project_id": project_id, "thread": thread_id}
     ).scalar()
-    return earlier or f"{project_id}/{thread_id}"
+    return earlier or new_checkpoint_thread(project_id, thread_id)
+
+
+def new_checkpoint_thread(project_id: str, thread_id: str) -> str:
+    """The checkpointer's thread of the project's new thread ``thread_id`` (a replay copies
+    its fork there before the task that runs on it is recorded)."""
+    return f"{project_id}/{thread_id}"
 
 
 def _by_idempotency_key(
