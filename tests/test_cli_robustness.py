@@ -64,6 +64,10 @@ LEDGER_COMMANDS = [
     ("projects", "create", "pgx"),
     ("db", "upgrade"),
     ("eval", str(GOLDEN)),
+    ("replay", "abc"),
+    ("diff", "abc", "def"),
+    ("eval", "--replay"),
+    ("evals", "export", "--out", "cases.jsonl"),
 ]
 
 

@@ -1208,10 +1208,12 @@ def test_projects_migration_keeps_every_row_both_ways(
     # Registered teams (0008) and the tool journal (0009) came later.
     at_0006 = TABLES - {"team_versions", "tool_journal"}
     # The worker mode's dispatch counts (0010) are columns 0006 has not; usage rows hold
-    # their records since 0011 (the record ids before); projects their quotas since 0012.
+    # their records since 0011 (the record ids before); projects their quotas since 0012;
+    # tasks say what they replay since 0015.
     later = frozenset(
         {"dispatch", "dispatch_attempts", "records", "visits"}
         | {"max_running", "max_queued", "daily_cost_usd"}
+        | {"replay_of", "from_step"}
     )
     before = _rows(url, at_0006, leave_out=later)
     assert all(before.values())  # Every table holds rows.

@@ -191,6 +191,44 @@ class Client:
         task: dict[str, Any] = self._call("POST", "/v1/tasks", json=body, headers=headers)
         return task
 
+    def replay(
+        self,
+        task_id: str,
+        *,
+        from_step: int = 0,
+        team: str | None = None,
+        version: int | None = None,
+        model: str | None = None,
+        agent_models: Mapping[str, str] | None = None,
+        policy: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Replay a recorded task as a new one (``POST /v1/tasks/{id}/replay``): from its
+        request, or after its first ``from_step`` steps (their tool calls are not run
+        again), with another team version, model or a tighter policy. The original is
+        not changed; the new task names it in ``replay_of``.
+
+        Raises:
+            ApiError: 404 ``task_not_found`` (also for another project's task), 422 naming
+                the bad field (``from_step`` past the task's steps, a policy that loosens).
+        """
+        body: dict[str, Any] = {"from_step": from_step}
+        optional = {
+            "team": team,
+            "version": version,
+            "model": model,
+            "agent_models": None if agent_models is None else dict(agent_models),
+            "policy": None if policy is None else dict(policy),
+        }
+        body.update({name: value for name, value in optional.items() if value is not None})
+        task: dict[str, Any] = self._call("POST", f"/v1/tasks/{task_id}/replay", json=body)
+        return task
+
+    def diff(self, task_a: str, task_b: str) -> dict[str, Any]:
+        """Two tasks' trajectories aligned by step (``GET /v1/tasks/{a}/diff/{b}``), with
+        ``summary.first_divergence`` and the differences summed."""
+        diff: dict[str, Any] = self._call("GET", f"/v1/tasks/{task_a}/diff/{task_b}")
+        return diff
+
     def get(self, task_id: str) -> dict[str, Any]:
         """The task now (``GET /v1/tasks/{id}``): status, answer, stop reason, times.
 

@@ -290,6 +290,10 @@ class TaskOut(BaseModel):
     cancel_requested_at: datetime | None
     """When a cancel was asked of the runner that holds the running task; it stops at its
     next step boundary."""
+    replay_of: str | None = None
+    """The task this one replays (``POST /v1/tasks/{id}/replay``)."""
+    from_step: int | None = None
+    """The step of ``replay_of`` the replay went on from (0: its request)."""
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
@@ -310,6 +314,8 @@ class TaskOut(BaseModel):
             finished_at=task.finished_at,
             last_event_seq=task.last_event_seq,
             cancel_requested_at=task.cancel_requested_at,
+            replay_of=task.replay_of,
+            from_step=task.from_step,
         )
 
 

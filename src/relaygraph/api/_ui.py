@@ -18,6 +18,7 @@ from fastapi import APIRouter
 from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api.ui._auth import auth_router
 from relaygraph.api.ui._dashboard import Dashboard
+from relaygraph.api.ui._replay_pages import ReplaySubmit, replay_pages_router
 from relaygraph.api.ui._report_pages import report_router
 from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.api.ui._settings import DashboardSettings
@@ -40,6 +41,7 @@ def ui_router(
     settings: DashboardSettings | None = None,
     streams: StreamGate | None = None,
     quotas: Quotas | None = None,
+    replay: ReplaySubmit | None = None,
 ) -> APIRouter:
     """The dashboard's pages, under ``/ui`` (left out of the OpenAPI document).
 
@@ -55,6 +57,8 @@ def ui_router(
             streams (``RELAYGRAPH_PROJECT_MAX_STREAMS``); None: not counted.
         quotas: The server's quotas of every project, which the usage page shows (each
             project's own over them); the settings' defaults when None.
+        replay: Submits a replay of a project's task (a task page's "Replay"); None: no
+            replay action.
     """
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
@@ -72,4 +76,6 @@ def ui_router(
     router.include_router(auth_router(dashboard))
     router.include_router(task_router(dashboard))
     router.include_router(report_router(dashboard))
+    if replay is not None:
+        router.include_router(replay_pages_router(dashboard, replay))
     return router

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from relaygraph.api.routes import (
     health_router,
     metrics_router,
     projects_router,
+    replays_router,
     tasks_router,
     teams_router,
 )
@@ -86,6 +88,7 @@ def create_app(
         health_router,
         metrics_router,
         tasks_router,
+        replays_router,
         approvals_router,
         projects_router,
         events_router,
@@ -118,6 +121,7 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
     """The audit dashboard (``/ui``) and the ``/v1`` endpoints it reads beyond the others."""
     from relaygraph.api._dashboard_api import dashboard_api_router
     from relaygraph.api._ui import ui_router
+    from relaygraph.api.routes.replays import replay_in_project
     from relaygraph.api.ui import DashboardSettings
 
     dashboard = DashboardSettings()
@@ -134,5 +138,6 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
             settings=dashboard,
             streams=state.streams,
             quotas=state.settings.quotas,
+            replay=functools.partial(replay_in_project, state),
         )
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from relaygraph.cli._argtypes import add_topology_arguments, agent_model, positive, topology_of
+from relaygraph.cli._replay import add_replay_eval_arguments, replay_eval_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -40,7 +41,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the team and score what it did: routes, agents, handoffs, tools, answer, status, "
         "budget. Progress goes to stderr; the cases and metrics to stdout.",
     )
-    parser.add_argument("golden", metavar="GOLDEN", type=Path, help="the golden file (.jsonl)")
+    parser.add_argument(
+        "golden",
+        metavar="GOLDEN",
+        type=Path,
+        nargs="?",
+        help="the golden file (.jsonl); none with --replay",
+    )
     parser.add_argument(
         "--team",
         metavar="FILE",
@@ -101,6 +108,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="create or update this LangSmith dataset and record the run as an experiment "
         "(without it nothing is sent to LangSmith)",
     )
+    add_replay_eval_arguments(parser)
     return parser
 
 
@@ -114,6 +122,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from relaygraph.errors import ConfigError, RelaygraphError
 
     try:
+        if args.replay:
+            return replay_eval_command(args)
+        if args.golden is None:
+            raise ConfigError("eval takes a golden file, or --replay (recorded tasks)")
         return _run(args)
     except ConfigError as exc:
         print(f"relaygraph: error: {exc}", file=sys.stderr)

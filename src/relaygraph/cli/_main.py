@@ -17,15 +17,19 @@ from relaygraph.cli._commands import EXIT_FAILED, EXIT_USAGE
 from relaygraph.cli._evals import run_eval_command
 from relaygraph.cli._parser import build_parser
 from relaygraph.cli._preflight import check_ledger, data_directory, ledger_url
+from relaygraph.cli._replay import diff, export_command, replay
 from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import run_doctor
 
 # The commands that write in the data directory, and those of them that use the ledger.
 # ``serve`` checks its own (its settings may name another), after reading them.
 _HOME_COMMANDS = frozenset(
-    {"run", "resume", "trace", "eval", "projects", "db", "kb", "worker", "gc"}
+    {"run", "resume", "replay", "diff", "trace", "eval", "evals", "projects", "db", "kb"}
+    | {"worker", "gc"}
 )
-_LEDGER_COMMANDS = frozenset({"run", "resume", "trace", "eval", "projects", "db", "gc"})
+_LEDGER_COMMANDS = frozenset(
+    {"run", "resume", "replay", "diff", "trace", "eval", "evals", "projects", "db", "gc"}
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +74,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _commands.run(args)
     if args.command == "resume":
         return _commands.resume(args)
+    if args.command == "replay":
+        return replay(args)
+    if args.command == "diff":
+        return diff(args)
+    if args.command == "evals":
+        return export_command(args)
     if args.command == "graph":
         return _commands.graph(args)
     if args.command == "trace":

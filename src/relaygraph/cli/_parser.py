@@ -25,6 +25,7 @@ from relaygraph.cli._argtypes import (
     utf8_text,
 )
 from relaygraph.cli._evals import add_eval_parser
+from relaygraph.cli._replay import add_evals_parser, add_replay_parsers
 from relaygraph.models import add_doctor_parser
 
 __all__ = ["SERVICE_KEY_ENV", "SERVICE_URL_ENV", "build_parser"]
@@ -132,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout and nothing else"
     )
+    add_replay_parsers(commands)
+    add_evals_parser(commands)
 
     serve = commands.add_parser(
         "serve",

@@ -30,6 +30,13 @@ if TYPE_CHECKING:
         load_golden,
     )
     from relaygraph.evals._metrics import EvalMetrics, compute_metrics, pass_at_k, pass_hat_k
+    from relaygraph.evals._replay_eval import (
+        ReplayCase,
+        ReplayEvalReport,
+        export_golden,
+        golden_case_of,
+        run_replay_eval,
+    )
     from relaygraph.evals._report import (
         EvalReport,
         case_outcome,
@@ -40,6 +47,15 @@ if TYPE_CHECKING:
     )
     from relaygraph.evals._results import CaseResult, TrialResult
     from relaygraph.evals._runner import run_case, run_eval
+    from relaygraph.evals._trajectory import (
+        StepDiff,
+        ToolCallRecord,
+        Trajectory,
+        TrajectoryDiff,
+        TrajectoryStep,
+        diff_trajectories,
+        read_trajectory,
+    )
 
 __all__ = [
     "AGENTS_MATCH_MODES",
@@ -54,19 +70,31 @@ __all__ = [
     "GoldenSet",
     "InvalidGoldenLine",
     "Observation",
+    "ReplayCase",
+    "ReplayEvalReport",
+    "StepDiff",
+    "ToolCallRecord",
+    "Trajectory",
+    "TrajectoryDiff",
+    "TrajectoryStep",
     "TrialResult",
     "agents_match",
     "case_outcome",
     "check_expectations",
     "compute_metrics",
+    "diff_trajectories",
+    "export_golden",
+    "golden_case_of",
     "load_baseline",
     "load_golden",
     "metric_rows",
     "pass_at_k",
     "pass_hat_k",
+    "read_trajectory",
     "render_markdown",
     "run_case",
     "run_eval",
+    "run_replay_eval",
     "write_report",
 ]
 
@@ -99,6 +127,18 @@ _LAZY = {
     "TrialResult": "_results",
     "run_case": "_runner",
     "run_eval": "_runner",
+    "ReplayCase": "_replay_eval",
+    "ReplayEvalReport": "_replay_eval",
+    "export_golden": "_replay_eval",
+    "golden_case_of": "_replay_eval",
+    "run_replay_eval": "_replay_eval",
+    "StepDiff": "_trajectory",
+    "ToolCallRecord": "_trajectory",
+    "Trajectory": "_trajectory",
+    "TrajectoryDiff": "_trajectory",
+    "TrajectoryStep": "_trajectory",
+    "diff_trajectories": "_trajectory",
+    "read_trajectory": "_trajectory",
 }
 
 

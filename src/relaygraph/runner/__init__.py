@@ -38,6 +38,12 @@ from relaygraph.runner._models import (
     check_model_spec,
     resolve_model_specs,
 )
+from relaygraph.runner._replay import (
+    ReplayChanges,
+    check_from_step,
+    replay_task,
+    submit_replay,
+)
 from relaygraph.runner._result import Decision, RunResult
 from relaygraph.runner._retention import RETENTION_SWEEP_SECONDS, Freed, collect_garbage
 from relaygraph.runner._run import arun_task, resume_task, run_task
@@ -73,6 +79,7 @@ __all__ = [
     "ModelGate",
     "ModelRules",
     "RefusalKind",
+    "ReplayChanges",
     "RequestRefused",
     "Resume",
     "RoleModels",
@@ -84,6 +91,7 @@ __all__ = [
     "TaskRequest",
     "TaskRunner",
     "arun_task",
+    "check_from_step",
     "check_model_spec",
     "check_request",
     "collect_garbage",
@@ -94,12 +102,14 @@ __all__ = [
     "prepare_knowledge_base",
     "read_settings",
     "record_submission",
+    "replay_task",
     "resolve_model_specs",
     "resume_input",
     "resume_task",
     "run_task",
     "settle_long_lived",
     "sqlite_checkpointer",
+    "submit_replay",
     "submit_task",
     "team_of",
     "team_of_record",

@@ -88,6 +88,7 @@ def choose_models(
     agent_models: Mapping[str, Any] | None = None,
     rules: ModelRules | None = None,
     trust_team: bool = True,
+    inherited: Mapping[str, str] | None = None,
 ) -> RoleModels:
     """Each role's model (the module's rule), every spec checked.
 
@@ -99,6 +100,9 @@ def choose_models(
         rules: What the caller's requests may name; a user's own rules when None.
         trust_team: Whether the team's own specs skip ``rules.allow`` (a user's own team,
             a server's); a project's registered team names only what a request could.
+        inherited: A replay's models: the spec each role of the task it replays ran on,
+            taken where the request and the team's agents name none (before the team's
+            model). Not checked again: the ledger recorded them once checked.
 
     Raises:
         RequestRefused: An unknown role (``invalid_model``); a spec that is invalid
@@ -130,6 +134,9 @@ def choose_models(
             value, field, gated = own[role], "team", not trust_team
         elif model is not None:
             value, field, gated = model, "model", True
+        elif inherited and role in inherited:
+            recorded[role] = chosen[role] = inherited[role]
+            continue
         elif team.model is not None:
             value, field, gated = team.model, "team", not trust_team
         else:

@@ -86,6 +86,13 @@ class TaskRequest:
     (``enqueue``). None: not asked (a user's own runs start at once)."""
     idempotency_key: str | None = None
     """A retry with the same key returns the task the first try created."""
+    replay_of: str | None = None
+    """The task this one replays (``runner.submit_replay``), of the same project."""
+    from_step: int | None = None
+    """The step of ``replay_of``'s trajectory the replay goes on from (0: its request)."""
+    inherited_models: Mapping[str, str] | None = None
+    """A replay's models: each role's spec as the replayed task recorded it, taken where
+    the request and the team's agents name none (:func:`choose_models`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,6 +154,7 @@ def check_request(
         agent_models=request.agent_models,
         rules=model_rules,
         trust_team=request.trust_team,
+        inherited=request.inherited_models,
     )
     base = request.policy or team.resolved_policy
     policy = _tightened(base, request.policy_override)
@@ -197,6 +205,8 @@ def record_submission(
             runner_id=runner_id,
             lease_seconds=lease_seconds,
             quotas=quotas,
+            replay_of=request.replay_of,
+            from_step=request.from_step,
         )
     except RecordConflict as exc:
         raise RequestRefused(

@@ -9,12 +9,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from relaygraph.errors import RelaygraphError
+from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.events import (
     EVENT_SHAPES,
     Event,
@@ -113,6 +113,10 @@ class TaskRun:
         the task's checkpoints and decisions say."""
         if graph_input is CONTINUE:
             graph_input = self._continue_input(graph)
+        if self.task.from_step and isinstance(graph_input, Mapping) and "request" in graph_input:
+            # A replay from a step goes on from the checkpoint its submission forked for it
+            # (``runner._replay``) while it has none of its own, whichever way it starts.
+            graph_input = self._fork_input(graph)
         return graph_input
 
     def started_event(self) -> RunStartedEvent:
@@ -313,6 +317,22 @@ class TaskRun:
                 # reported here, at the pause: once, even if no decision ever comes.
                 emit(violation_event(item.get("next"), "ping_pong", item.get("detail") or ""))
             emit(interrupted_event(item))
+
+    def _fork_input(self, graph: Any) -> Any:
+        """The graph input of a replay from a step that has not run yet: on from the fork
+        its thread holds (None).
+
+        Raises:
+            ConfigError: The thread holds no fork (its checkpoints were deleted).
+        """
+        latest = graph.get_state(self.config)
+        forked_from = (latest.metadata or {}).get("relaygraph_forked_from")
+        if forked_from is None:
+            raise ConfigError(
+                f"task {self.task.id} replays task {self.task.replay_of} from step "
+                f"{self.task.from_step}, but its thread holds no checkpoint to go on from"
+            )
+        return None
 
     def _continue_input(self, graph: Any) -> Any:
         """The graph input that continues the task after a restart (:data:`CONTINUE`).

@@ -43,6 +43,8 @@ from relaygraph.store._records import (
     TeamVersion,
     ToolCall,
 )
+from relaygraph.store._task_queries import TaskSelection
+from relaygraph.store._tasks import new_checkpoint_thread
 from relaygraph.store._usage_records import RunEnd
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "RecordNotFound",
     "RunEnd",
     "Task",
+    "TaskSelection",
     "TaskStatus",
     "TeamVersion",
     "ToolCall",
@@ -78,6 +81,7 @@ __all__ = [
     "day_start",
     "hash_key",
     "is_disk_full",
+    "new_checkpoint_thread",
     "upgrade",
 ]
 

@@ -18,6 +18,7 @@ from relaygraph.store._events import EventsLedger
 from relaygraph.store._journal import ToolJournalLedger
 from relaygraph.store._leases import LeasesLedger
 from relaygraph.store._quotas import QuotasLedger
+from relaygraph.store._task_queries import TaskQueriesLedger
 from relaygraph.store._tasks import TasksLedger
 from relaygraph.store._teams import TeamsLedger
 from relaygraph.store._tenants import TenantsLedger
@@ -30,6 +31,7 @@ class Ledger(
     TenantsLedger,
     TeamsLedger,
     TasksLedger,
+    TaskQueriesLedger,
     QuotasLedger,
     LeasesLedger,
     EventsLedger,

@@ -116,6 +116,7 @@ class TaskRow(Base):
         Index(None, "status", "created_at"),
         Index(None, "project_id", "thread_id"),
         Index(None, "project_id", "started_at"),
+        Index(None, "replay_of"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -157,6 +158,10 @@ class TaskRow(Base):
     # Workers' starts of the current dispatch (``attempts`` never goes back in the worker
     # mode: it is the fencing number), for the attempt limit.
     dispatch_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A replay (``relaygraph replay``): the task it replays, of the same project, and the
+    # step of that task's trajectory it went on from (0: its request).
+    replay_of: Mapped[str | None] = mapped_column(String(36))
+    from_step: Mapped[int | None]
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

@@ -134,6 +134,12 @@ class Task:
     """How many times it was handed to the worker mode's queue (0: never)."""
     cancel_requested_at: datetime | None
     """When a cancel was asked for that its runner has not acted on yet."""
+    replay_of: str | None = None
+    """The task this one replays (``relaygraph replay``), of the same project; None for a
+    task that is no replay."""
+    from_step: int | None = None
+    """The step of ``replay_of``'s trajectory the replay went on from: 0 from its request,
+    N after its first N steps, whose tool calls did not run again."""
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -60,6 +60,8 @@ class TasksLedger(LedgerBase):
         runner_id: str | None = None,
         lease_seconds: float | None = None,
         quotas: Quotas | None = None,
+        replay_of: str | None = None,
+        from_step: int | None = None,
     ) -> tuple[Task, bool]:
         """Record a new ``queued`` task, or find the one an earlier try created.
 
@@ -86,6 +88,8 @@ class TasksLedger(LedgerBase):
             quotas: The server's quotas (the project's own, set by the operator, over
                 them): a new task past its project's queued quota or daily spend is
                 refused; a retry of one recorded before is not. None: no quota.
+            replay_of: The task the new one replays (of the same project: the caller
+                checked it), with ``from_step``, the step of its trajectory it goes on from.
 
         Returns:
             The task, and True when this call created it (False: an earlier call with the
@@ -133,6 +137,8 @@ class TasksLedger(LedgerBase):
             "cancel_requested_at": None,
             "dispatch": 0,
             "dispatch_attempts": 0,
+            "replay_of": replay_of,
+            "from_step": from_step,
             "created_at": now,
             "started_at": now if leased else None,
             "finished_at": None,
@@ -386,11 +392,17 @@ def _checkpoint_thread(
     used, else a new one (``new``: the thread id was made for this task, and has none).
     Never the bare thread id: another project may use it."""
     if new:
-        return f"{project_id}/{thread_id}"
+        return new_checkpoint_thread(project_id, thread_id)
     earlier = connection.execute(
         _THREAD_CHECKPOINTS, {"project_id": project_id, "thread": thread_id}
     ).scalar()
-    return earlier or f"{project_id}/{thread_id}"
+    return earlier or new_checkpoint_thread(project_id, thread_id)
+
+
+def new_checkpoint_thread(project_id: str, thread_id: str) -> str:
+    """The checkpointer's thread of the project's new thread ``thread_id`` (a replay copies
+    its fork there before the task that runs on it is recorded)."""
+    return f"{project_id}/{thread_id}"
 
 
 def _by_idempotency_key(

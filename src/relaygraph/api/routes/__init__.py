@@ -11,6 +11,7 @@ from relaygraph.api.routes.events import events_router
 from relaygraph.api.routes.health import health_router
 from relaygraph.api.routes.metrics import metrics_router
 from relaygraph.api.routes.projects import projects_router
+from relaygraph.api.routes.replays import replays_router
 from relaygraph.api.routes.tasks import tasks_router
 from relaygraph.api.routes.teams import teams_router
 
@@ -20,6 +21,7 @@ __all__ = [
     "health_router",
     "metrics_router",
     "projects_router",
+    "replays_router",
     "tasks_router",
     "teams_router",
 ]
