@@ -110,12 +110,18 @@ async def sign_in(client: httpx.AsyncClient, key: str, next_url: str = "/ui") ->
     )
 
 
-@pytest.fixture
-def scripts(tmp_path: Path) -> Path:
+def scripts_folder(tmp_path: Path) -> Path:
+    """A folder of scripted models for the server (``--scripts``), with the example relay
+    as ``relay.json``."""
     folder = tmp_path / "scripts"
     folder.mkdir()
     shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
     return folder
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    return scripts_folder(tmp_path)
 
 
 @asynccontextmanager

@@ -36,7 +36,16 @@ from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Task
 PAGE_SIZE = 25
 EVENT_POLL_SECONDS = 0.25
 SESSION_CHECK_SECONDS = 5.0
-TASK_SECTIONS = ("summary", "graph", "approvals", "budgets", "timeline", "answer")
+TASK_SECTIONS = (
+    "summary",
+    "graph",
+    "approvals",
+    "violations",
+    "budgets",
+    "timeline",
+    "answer",
+    "policy",
+)
 """The parts of the task page that follow the task live, each a template ``_task_<name>``."""
 FILTER_KEYS = ("status", "agent", "violation", "since", "until", "q")
 
