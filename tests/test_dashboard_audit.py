@@ -255,3 +255,13 @@ def test_the_policy_text_keys_every_line_and_hides_the_servers_paths() -> None:
     assert policy_origin("/srv/secret/tight.toml + request") == "tight.toml + request"
     assert policy_origin("'/srv/x/t.toml' under C:\\etc\\c.toml") == "'t.toml' under c.toml"
     assert policy_origin(None) == "default" and policy_origin("default") == "default"
+
+
+async def test_an_unknown_dashboard_address_is_a_page_not_bare_json(priced: Dash) -> None:
+    async with priced.client() as stranger:
+        away = await stranger.get("/ui/no/such/page", headers=HTML)
+        assert away.status_code in (302, 303, 307) and "/ui/login" in away.headers["location"]
+    async with priced.browser(priced.key("acme")) as client:
+        missing = await client.get("/ui/no/such/page", headers=HTML)
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
+    assert "Not found" in missing.text and "Back to the tasks" in missing.text
