@@ -16,6 +16,7 @@ import pytest
 from relaygraph.api.ui._audit import refusing_rule
 from relaygraph.api.ui._policy_text import policy_lines, policy_origin
 from relaygraph.api.ui._templates import seconds
+from relaygraph.store import Ledger
 
 from .test_dashboard import (
     APPROVAL_POLICY,
@@ -265,3 +266,55 @@ async def test_an_unknown_dashboard_address_is_a_page_not_bare_json(priced: Dash
         missing = await client.get("/ui/no/such/page", headers=HTML)
     assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
     assert "Not found" in missing.text and "Back to the tasks" in missing.text
+
+
+def _eval_run(ledger_url: str, *, topology: str, passed: bool, task_id: str | None) -> str:
+    with Ledger(ledger_url) as ledger:
+        run = ledger.record_eval_run(
+            golden="golden.jsonl",
+            models={"model": None, "agent_models": {}},
+            options={"repeat": 1, "topology": {"kind": topology}},
+            case_count=1,
+            run_count=1,
+        )
+        check = {
+            "name": "answer_contains",
+            "passed": passed,
+            "expected": ["I don't know"],
+            "actual": "I don't know" if passed else "Paris",
+        }
+        ledger.record_eval_case(
+            run, case_id="unknown", trial=1, passed=passed, checks=[check], task_id=task_id
+        )
+        ledger.finish_eval_run(run, metrics={"pass_rate": float(passed)})
+        return run
+
+
+async def test_eval_runs_show_their_topology_and_compare_like_with_like(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAYGRAPH_UI_SHOW_EVALS", "true")
+    async with running(home, scripts_folder(tmp_path)) as dash:
+        key = dash.key("acme")
+        task = await dash.submit(key, input="When are checkpoints written?")
+        older = _eval_run(dash.ledger_url, topology="structured", passed=True, task_id=None)
+        _eval_run(dash.ledger_url, topology="swarm", passed=True, task_id=None)
+        newest = _eval_run(dash.ledger_url, topology="structured", passed=False, task_id=task["id"])
+        async with dash.browser(key) as browser:
+            listed = (await browser.get("/ui/evals", headers=HTML)).text
+            page = (await browser.get(f"/ui/evals/{newest}", headers=HTML)).text
+            pair = (await browser.get(f"/ui/evals/{newest}?against={older}", headers=HTML)).text
+    # The newest run is compared by default with the older structured one, not the swarm's.
+    against = listed[listed.index('id="c-against"') :]
+    assert re.search(rf'<option value="{older}" selected>', against), against[:600]
+    assert re.findall(r"<td data-topology>(\w+)</td>", listed) == [
+        "structured",
+        "swarm",
+        "structured",
+    ]
+    assert "<strong data-topology>structured</strong>" in page
+    # The expected value reads as written, not with JSON's escapes.
+    assert "[&#34;I don&#39;t know&#34;]" in page and "\\u0027" not in page
+    # The regressed case links to its task, on the side-by-side page too.
+    regressed = pair[pair.index('data-change="regressed"') :]
+    assert f'href="/ui/tasks/{task["id"]}"' in regressed[: regressed.index("</tr>")]
