@@ -318,3 +318,22 @@ async def test_eval_runs_show_their_topology_and_compare_like_with_like(
     # The regressed case links to its task, on the side-by-side page too.
     regressed = pair[pair.index('data-change="regressed"') :]
     assert f'href="/ui/tasks/{task["id"]}"' in regressed[: regressed.index("</tr>")]
+
+
+async def test_an_approval_takes_a_note(priced: Dash) -> None:
+    key = priced.key("acme")
+    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+    await priced.wait(key, task["id"], ("interrupted",))
+    async with priced.browser(key) as client:
+        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+        decided = await client.post(
+            f"/ui/tasks/{task['id']}/approvals/{_attr(waiting, 'data-approval')}",
+            data={"csrf": csrf_of(waiting), "decision": "approve", "reason": "checked: harmless"},
+            headers={"Accept": "application/json"},
+        )
+        assert decided.status_code == 202, decided.text
+        await priced.wait(key, task["id"], FINISHED)
+        approvals = await client.get(f"/v1/tasks/{task['id']}/approvals", headers=bearer(key))
+        page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
+    assert approvals.json()["approvals"][0]["reason"] == "checked: harmless"
+    assert "checked: harmless" in page

@@ -163,7 +163,8 @@ def task_router(dashboard: Dashboard) -> APIRouter:
     async def cancel(task_id: str, request: Request) -> Response:
         form = await request.form()
         token = str(form.get("csrf") or "")
-        return await to_thread.run_sync(_cancel, dashboard, request, task_id, token)
+        confirmed = form.get("confirm") == "yes"
+        return await to_thread.run_sync(_cancel, dashboard, request, task_id, token, confirmed)
 
     @router.get("/tasks/{task_id}/artifacts/{name}")
     def artifact(task_id: str, name: str, request: Request) -> Response:
@@ -333,11 +334,16 @@ def _decision(form: dict[str, str]) -> DecisionIn:
         raise ErrorAnswer(422, "invalid_request", f"{field}: {first['msg']}", field) from None
 
 
-def _cancel(dashboard: Dashboard, request: Request, task_id: str, token: str) -> Response:
+def _cancel(
+    dashboard: Dashboard, request: Request, task_id: str, token: str, confirmed: bool
+) -> Response:
     posted = _posted(dashboard, request, task_id, token)
     if isinstance(posted, Response):
         return posted
     _, task = posted
+    if not confirmed:
+        # A cancel cannot be undone: the form asks for a tick, and so does the server.
+        return _answer(request, 422, "invalid_request", "tick 'Yes, cancel this task'", "confirm")
     if task.finished:
         return _answer(request, 409, "task_finished", f"the task already {task.status}", None)
     dashboard.workers().cancel(task.id)
