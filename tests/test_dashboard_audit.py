@@ -5,6 +5,7 @@ blown time, and every refusal names its kind and the policy's rule. In process, 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import AsyncIterator
@@ -337,3 +338,47 @@ async def test_an_approval_takes_a_note(priced: Dash) -> None:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
     assert approvals.json()["approvals"][0]["reason"] == "checked: harmless"
     assert "checked: harmless" in page
+
+
+def test_the_graph_draws_who_worked_refused_handoffs_and_every_bounce_apart() -> None:
+    from relaygraph.api.ui._graph import layout, transfers_of
+
+    from .test_dashboard import _event, _handoff
+
+    # A swarm: the first agent worked though no work was sent to it.
+    handoffs = [_handoff(n, 2 * n, "direct", *pair) for n, pair in enumerate(
+        [("triage", "billing"), ("billing", "triage")] * 4, start=1)]  # fmt: skip
+    refused = _event(
+        20,
+        "tool_result",
+        agent="billing",
+        tool="transfer_to_legal",
+        tool_call_id="c1",
+        status="error",
+        ran=False,
+        preview="billing may not hand off to legal",
+    )
+    transfers = transfers_of(handoffs, [refused])
+    assert [(t.source, t.target, t.refused) for t in transfers][-1] == ("billing", "legal", True)
+    assert not transfers[-1].carried_out
+    names = ["triage", "billing", "legal"]
+    swarm = layout(names, transfers, ran=["triage", "billing"])
+    assert {n.name: n.ran for n in swarm.nodes} == {"triage": True, "billing": True, "legal": False}
+    # Eight bounces between the same two agents: each arc deeper than the one before.
+    depths = [e.label_y for e in swarm.edges if {e.transfer.source, e.transfer.target} == {
+        "triage", "billing"}]  # fmt: skip
+    assert depths == sorted(set(depths)) and len(depths) == 8
+    assert swarm.height > max(depths)
+
+
+def test_a_seven_agent_teams_names_fit_when_the_row_has_room() -> None:
+    from relaygraph.api.ui._graph import layout
+
+    names = [f"{role}Specialist" for role in ("Billing", "Legal", "Refunds", "Shipping",
+                                              "Accounts", "Security", "Onboarding")]  # fmt: skip
+    graph = layout(names, [])
+    row = [n for n in graph.nodes if not n.supervisor]
+    assert [n.label for n in row] == names
+    boxes = sorted((n.x - graph.node_width / 2, n.x + graph.node_width / 2) for n in row)
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(boxes))
+    assert boxes[0][0] >= 0 and boxes[-1][1] <= graph.width

@@ -136,6 +136,7 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
     roster = list((policy.get("agents") or {}).keys())
     artifacts = tuple(task_artifacts(home, task.id))
     audit = audit_of(events)
+    summary = summarize(ledger, task)
     rules = {v.rule for v in (*audit.violations, *audit.budget_hits) if v.rule}
     return TaskView(
         task=TaskOut.of(task),
@@ -143,12 +144,12 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
         policy_digest=policy_digest(task.policy) if task.policy else None,
         timeline=timeline,
         transfers=tuple(transfers),
-        graph=layout(roster, transfers),
+        graph=layout(roster, transfers, ran=summary.agents),
         budgets=budgets(policy, timeline),
         approvals=tuple(ApprovalOut.of(a) for a in ledger.approvals(task.id)),
         artifacts=artifacts,
         artifact_texts=_texts(home, task.id, artifacts),
-        summary=summarize(ledger, task),
+        summary=summary,
         audit=audit,
         policy_origin=policy_origin(TaskOut.of(task).policy_source),
         policy_lines=policy_lines(policy),
