@@ -150,6 +150,15 @@ async def test_a_wait_for_approval_is_no_blown_time_and_labels_follow_the_run(pr
     visits = re.search(r'aria-label="agent visits: (\d+)', page)
     assert visits and visits.group(1) == "3"
     assert summary["approvals"] == 1 and summary["rejected"] == 0
+    # The waterfall has the turns, visits, calls and the wait, the wait as long as the
+    # summary's, on the task's time axis.
+    bars = re.findall(r'data-bar="(\w+)" data-start="([^"]+)" data-seconds="([^"]+)"', page)
+    kinds = [kind for kind, _, _ in bars]
+    assert kinds.count("supervisor") == 3 and kinds.count("agent") == 4
+    assert kinds.count("wait") == 1 and "tool" in kinds
+    [(_, _, waited)] = [bar for bar in bars if bar[0] == "wait"]
+    assert math.isclose(float(waited), summary["waited_s"], abs_tol=0.002)
+    assert all(0 <= float(start) <= trace["duration_s"] for _, start, _ in bars)
 
 
 async def test_refusals_name_their_rule_and_the_policy_shows_as_text(

@@ -42,6 +42,7 @@ TASK_SECTIONS = (
     "approvals",
     "violations",
     "budgets",
+    "waterfall",
     "timeline",
     "answer",
     "policy",

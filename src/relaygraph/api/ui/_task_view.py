@@ -27,6 +27,7 @@ from relaygraph.api.ui._queries import (
     task_artifacts,
     trace_links,
 )
+from relaygraph.api.ui._waterfall import Waterfall, waterfall
 from relaygraph.store import Ledger, Task
 
 SHOWN_BYTES = 64 * 1024
@@ -107,6 +108,7 @@ class TaskView:
     """The policy keys behind the task's violations and budget hits (marked in its text)."""
     traces: tuple[TraceLink, ...]
     """Where the task's runs were traced, latest first; empty when none was."""
+    waterfall: Waterfall
 
     @property
     def violations(self) -> int:
@@ -155,6 +157,7 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
         policy_lines=policy_lines(policy),
         refusing_rules=frozenset(rules),
         traces=tuple(trace_links(events).runs),
+        waterfall=waterfall(timeline, events, audit.waits),
     )
 
 
