@@ -27,6 +27,7 @@ from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import ErrorBody
 from relaygraph.api.ui._queries import (
     ANY_VIOLATION,
+    APPROVAL_FILTERS,
     ArtifactList,
     DailyUsage,
     EvalRunList,
@@ -95,6 +96,18 @@ def dashboard_api_router(
                 "`budget`: that hit a budget.",
             ),
         ] = None,
+        team: Annotated[
+            str | None,
+            Query(max_length=64, description="Only tasks of this team (`built-in`: the server's)."),
+        ] = None,
+        approvals: Annotated[
+            str | None,
+            Query(
+                max_length=16,
+                description="`any`: only tasks that asked a person; `rejected`: only those "
+                "with a tool call a person rejected.",
+            ),
+        ] = None,
         since: Annotated[
             str | None,
             Query(description="Created at or after; ISO 8601 with a time zone.", **_TIME_KW),
@@ -123,9 +136,18 @@ def dashboard_api_router(
                 f"(one of {ANY_VIOLATION}, {', '.join(VIOLATION_KINDS)})",
                 "violation",
             )
+        if approvals and approvals not in APPROVAL_FILTERS:
+            raise ErrorAnswer(
+                422,
+                "invalid_request",
+                f"approvals {approvals!r} is not one of {', '.join(APPROVAL_FILTERS)}",
+                "approvals",
+            )
         filters = TaskFilters(
             status=status,
             agent=agent or None,
+            team=team or None,
+            approvals=approvals or None,
             violation=violation or None,
             since=utc_time(since, "since"),
             until=utc_time(until, "until"),

@@ -192,6 +192,10 @@ class TaskFilters:
     """Created at or after (UTC)."""
     until: datetime | None = None
     """Created before (UTC)."""
+    team: str | None = None
+    """Only tasks of the team of this name (``built-in`` for the server's own team)."""
+    approvals: str | None = None
+    """``any``: only tasks that asked a person; ``rejected``: only those with a rejection."""
     text: str | None = None
     """Found, ignoring case, in the request, the answer, the stop reason, the task id or
     the caller's metadata."""
@@ -199,6 +203,9 @@ class TaskFilters:
 
 ANY_VIOLATION = "any"
 """The violation filter that keeps every task with a violation of any kind."""
+APPROVAL_FILTERS = ("any", "rejected")
+BUILT_IN_TEAM = "built-in"
+"""The team filter's name for the server's own team (a task that records no team name)."""
 
 
 def task_metadata(task: Task) -> dict[str, Any]:
@@ -274,6 +281,12 @@ def _matches(task: Task, summary: TaskSummary | None, filters: TaskFilters) -> b
     if summary is None:
         return True
     if filters.agent and filters.agent not in summary.agents:
+        return False
+    if filters.team and filters.team != ((summary.team or {}).get("name") or BUILT_IN_TEAM):
+        return False
+    if filters.approvals == "any" and not summary.approvals:
+        return False
+    if filters.approvals == "rejected" and not summary.rejected:
         return False
     if filters.violation == ANY_VIOLATION:
         return summary.violations > 0

@@ -21,6 +21,7 @@ from relaygraph.api._streams import CountedEventSource
 from relaygraph.api._tasks_service import decide, follow_events
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
 from relaygraph.api.ui._queries import (
+    APPROVAL_FILTERS,
     TaskFilters,
     agent_names,
     artifact_response,
@@ -48,7 +49,7 @@ TASK_SECTIONS = (
     "policy",
 )
 """The parts of the task page that follow the task live, each a template ``_task_<name>``."""
-FILTER_KEYS = ("status", "agent", "violation", "since", "until", "q")
+FILTER_KEYS = ("status", "agent", "team", "approvals", "violation", "since", "until", "q")
 
 
 def task_router(dashboard: Dashboard) -> APIRouter:
@@ -215,9 +216,14 @@ def _filters(query: Any) -> TaskFilters:
     since, until = _day(query.get("since"), "from"), _day(query.get("until"), "to")
     if since and until and since > until:
         raise ValueError("the 'from' day is after the 'to' day")
+    approvals = query.get("approvals") or None
+    if approvals is not None and approvals not in APPROVAL_FILTERS:
+        raise ValueError(f"approvals {approvals[:40]!r} is not one of any, rejected")
     return TaskFilters(
         status=status,
         agent=(query.get("agent") or "").strip()[:64] or None,
+        team=(query.get("team") or "").strip()[:64] or None,
+        approvals=approvals,
         violation=(query.get("violation") or "").strip()[:64] or None,
         since=datetime.combine(since, time(), UTC) if since else None,
         until=datetime.combine(until + timedelta(days=1), time(), UTC) if until else None,
