@@ -330,6 +330,14 @@ def check_state(driver: WebDriver, stage: Stage, name: str) -> None:
                     failures.append(
                         f"{name} is {scroll} px wide on a {inner} px phone screen: {wide}"
                     )
+                # A drawing keeps its text readable: it scrolls rather than shrinks.
+                smallest = driver.execute_script(
+                    "const t = [...document.querySelectorAll('svg.graph .node text')];"
+                    "return t.length ? Math.min(...t.map(e => e.getBoundingClientRect().height))"
+                    " : null;"
+                )
+                if smallest is not None and smallest < 10:
+                    failures.append(f"{name}'s graph text is {smallest:.1f} px tall on a phone")
             _screenshot(driver, stage, f"{name}-{label}" if label == "phone" else name, width)
     finally:
         driver.set_window_size(*DESKTOP)
@@ -529,6 +537,12 @@ def test_approve_and_edit_from_the_page_without_reloading(
     wait_for(page, lambda d: text_of(d, "[data-otel-trace-id]") != paused_trace)
     [earlier] = page.find_elements(By.CSS_SELECTOR, "[data-trace-run]")
     assert paused_trace in earlier.get_attribute("textContent")
+    # The call held for approval says so, the wait is a bar of its own in the waterfall,
+    # and the team's time is the time worked, the wait shown apart.
+    held = page.find_element(By.CSS_SELECTOR, '.tl-tool[data-outcome="held"]')
+    assert "held for a person" in held.text
+    assert page.find_elements(By.CSS_SELECTOR, '.wf-bar[data-bar="wait"] rect')
+    assert "waiting for a person" in text_of(page, "#section-summary")
     check_state(page, stage, "task-approved")
 
 
