@@ -9,7 +9,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -214,10 +214,16 @@ def task_metadata(task: Task) -> dict[str, Any]:
     return {k: v for k, v in task.metadata.items() if k != POLICY_SOURCE_KEY}
 
 
-def summarize(ledger: Ledger, task: Task) -> TaskSummary:
-    """The task list's line for ``task``: who ran, tokens, cost, handoffs, violations."""
+def summarize(ledger: Ledger, task: Task, events: Sequence[Event] | None = None) -> TaskSummary:
+    """The task list's line for ``task``: who ran, tokens, cost, handoffs, violations.
+
+    Args:
+        ledger: The ledger.
+        task: The task.
+        events: The task's events, when the caller has read them already (the task page).
+    """
     agents: list[str] = []
-    events = ledger.events_after(task.id)
+    events = ledger.events_after(task.id) if events is None else events
     for event in events:
         if event.type == "agent_started":
             agent = str(event.data.get("agent") or "")

@@ -138,7 +138,7 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
     roster = list((policy.get("agents") or {}).keys())
     artifacts = tuple(task_artifacts(home, task.id))
     audit = audit_of(events)
-    summary = summarize(ledger, task)
+    summary = summarize(ledger, task, events)
     rules = {v.rule for v in (*audit.violations, *audit.budget_hits) if v.rule}
     return TaskView(
         task=TaskOut.of(task),
