@@ -205,6 +205,9 @@ async def test_refusals_name_their_rule_and_the_policy_shows_as_text(
         assert refused["id"] in found.text
         anything = await client.get("/v1/task-summaries?violation=any", headers=bearer(key))
         assert [t["id"] for t in anything.json()["tasks"]] == [refused["id"]]
+        # The API names the policy file without the server's path too.
+        got = (await client.get(f"/v1/tasks/{refused['id']}", headers=bearer(key))).json()
+        assert got["policy_source"] == "'priced.toml'", got["policy_source"]
 
 
 async def test_a_rejected_call_is_rejected_not_a_plain_success(priced: Dash) -> None:

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from relaygraph.api._schemas import without_paths
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_PATH = re.compile(r"[^\s'\"]*[/\\][^\s'\"]*")
-"""A word with a path separator in it: a path, of which only the last part is shown."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,9 +52,6 @@ def policy_lines(policy: dict[str, Any]) -> tuple[PolicyLine, ...]:
 
 
 def policy_origin(source: str | None) -> str:
-    """Where the policy came from, without the server's paths: the server records a policy
-    file by its path (``'/etc/relaygraph/tight.toml' + request``), and a project is shown
-    only the file's name (``'tight.toml' + request``)."""
-    if not source:
-        return "default"
-    return _PATH.sub(lambda found: re.split(r"[/\\]", found.group(0))[-1], source)
+    """Where the policy came from, as ``GET /v1/tasks/{id}`` says (without the server's
+    paths), ``default`` when the task recorded nothing."""
+    return without_paths(source) or "default"
