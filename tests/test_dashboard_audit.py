@@ -191,7 +191,7 @@ async def test_refusals_name_their_rule_and_the_policy_shows_as_text(
     )
     # The policy's content is on the page, the refusing rule marked; the server's path is not.
     policy = page[page.index('id="section-policy"') :]
-    assert "[agents.researcher]" in policy and "max_agent_runs = " in policy
+    assert "\n[agents.researcher]\n" in policy and '">max_agent_runs = ' in policy
     assert re.search(
         r'<mark id="rule-agents.researcher.tools"[^>]*data-refusing>tools = \[', policy
     )
