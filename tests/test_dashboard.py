@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -103,6 +104,15 @@ async def sign_in(client: httpx.AsyncClient, key: str, next_url: str = "/ui") ->
     return await client.post(
         "/ui/login", data={"key": key, "csrf": csrf_of(form.text), "next": next_url}
     )
+
+
+def scripts_folder(tmp_path: Path) -> Path:
+    """A folder of scripted models for the server (``--scripts``), with the example relay
+    as ``relay.json``."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
+    return folder
 
 
 @asynccontextmanager
@@ -933,10 +943,14 @@ async def test_cancel_from_the_page(dash: Dash) -> None:
         url = f"/ui/tasks/{task['id']}/cancel"
         answer = {"Accept": "application/json"}
         assert (await client.post(url, data={"csrf": "x"}, headers=answer)).status_code == 403
-        done = await client.post(url, data={"csrf": csrf_of(page)}, headers=answer)
+        unconfirmed = await client.post(url, data={"csrf": csrf_of(page)}, headers=answer)
+        assert unconfirmed.status_code == 422
+        assert unconfirmed.json()["error"]["field"] == "confirm"
+        confirmed = {"csrf": csrf_of(page), "confirm": "yes"}
+        done = await client.post(url, data=confirmed, headers=answer)
         assert done.status_code == 202
         assert (await dash.wait(key, task["id"], FINISHED))["status"] == "cancelled"
-        again = await client.post(url, data={"csrf": csrf_of(page)}, headers=answer)
+        again = await client.post(url, data=confirmed, headers=answer)
         assert again.status_code == 409
         after = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         assert "Cancel task" not in after

@@ -26,6 +26,8 @@ from relaygraph.api._auth import own_task, project_auth
 from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import ErrorBody
 from relaygraph.api.ui._queries import (
+    ANY_VIOLATION,
+    APPROVAL_FILTERS,
     ArtifactList,
     DailyUsage,
     EvalRunList,
@@ -88,7 +90,23 @@ def dashboard_api_router(
         ] = None,
         violation: Annotated[
             str | None,
-            Query(max_length=64, description="Only tasks with a violation of this kind."),
+            Query(
+                max_length=64,
+                description="Only tasks with a violation of this kind; `any`: of any kind; "
+                "`budget`: that hit a budget.",
+            ),
+        ] = None,
+        team: Annotated[
+            str | None,
+            Query(max_length=64, description="Only tasks of this team (`built-in`: the server's)."),
+        ] = None,
+        approvals: Annotated[
+            str | None,
+            Query(
+                max_length=16,
+                description="`any`: only tasks that asked a person; `rejected`: only those "
+                "with a tool call a person rejected.",
+            ),
         ] = None,
         since: Annotated[
             str | None,
@@ -99,7 +117,10 @@ def dashboard_api_router(
         ] = None,
         q: Annotated[
             str | None,
-            Query(max_length=200, description="Text in the request, answer, stop reason or id."),
+            Query(
+                max_length=200,
+                description="Text in the request, answer, stop reason, id or metadata.",
+            ),
         ] = None,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
         cursor: Annotated[
@@ -107,17 +128,26 @@ def dashboard_api_router(
         ] = None,
     ) -> TaskSummaryPage:
         """The project's tasks as the dashboard lists them, newest first, filtered."""
-        if violation and violation not in VIOLATION_KINDS:
+        if violation and violation not in (ANY_VIOLATION, *VIOLATION_KINDS):
             raise ErrorAnswer(
                 422,
                 "invalid_request",
                 f"violation {violation!r} is not a violation kind "
-                f"(one of {', '.join(VIOLATION_KINDS)})",
+                f"(one of {ANY_VIOLATION}, {', '.join(VIOLATION_KINDS)})",
                 "violation",
+            )
+        if approvals and approvals not in APPROVAL_FILTERS:
+            raise ErrorAnswer(
+                422,
+                "invalid_request",
+                f"approvals {approvals!r} is not one of {', '.join(APPROVAL_FILTERS)}",
+                "approvals",
             )
         filters = TaskFilters(
             status=status,
             agent=agent or None,
+            team=team or None,
+            approvals=approvals or None,
             violation=violation or None,
             since=utc_time(since, "since"),
             until=utc_time(until, "until"),

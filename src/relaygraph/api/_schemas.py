@@ -267,6 +267,19 @@ class TeamHistory(BaseModel):
     versions: list[TeamVersionOut]
 
 
+_PATH = re.compile(r"[^\s'\"]*[/\\][^\s'\"]*")
+"""A word with a path separator in it: a path, of which only the last part is shown."""
+
+
+def without_paths(text: str | None) -> str | None:
+    """``text`` with each file path cut to its last part: the server records a policy file
+    by its path (``'/etc/relaygraph/tight.toml' + request``), and a project is shown only
+    the file's name (``'tight.toml' + request``), never where the server keeps it."""
+    if text is None:
+        return None
+    return _PATH.sub(lambda found: re.split(r"[/\\]", found.group(0))[-1], text)
+
+
 class TaskOut(BaseModel):
     id: str
     status: str
@@ -281,8 +294,8 @@ class TaskOut(BaseModel):
     metadata: dict[str, Any]
     """What the caller sent as ``metadata``, unchanged."""
     policy_source: str | None
-    """Where the task's policy came from, as the server recorded it (``default``, the
-    server's policy file; ``+ request`` when the request tightened it)."""
+    """Where the task's policy came from (``default``, the server's policy file by its
+    name, never its path; ``+ request`` when the request tightened it)."""
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -308,7 +321,7 @@ class TaskOut(BaseModel):
             topology=task.topology or {"kind": "structured"},
             team=TeamRecord.of(task.team),
             metadata={k: v for k, v in task.metadata.items() if k != POLICY_SOURCE_KEY},
-            policy_source=task.metadata.get(POLICY_SOURCE_KEY),
+            policy_source=without_paths(task.metadata.get(POLICY_SOURCE_KEY)),
             created_at=task.created_at,
             started_at=task.started_at,
             finished_at=task.finished_at,

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api.ui._auth import auth_router
-from relaygraph.api.ui._dashboard import Dashboard
+from relaygraph.api.ui._dashboard import Dashboard, to_sign_in
 from relaygraph.api.ui._replay_pages import ReplaySubmit, replay_pages_router
 from relaygraph.api.ui._report_pages import report_router
 from relaygraph.api.ui._sessions import SessionStore
@@ -78,4 +79,14 @@ def ui_router(
     router.include_router(report_router(dashboard))
     if replay is not None:
         router.include_router(replay_pages_router(dashboard, replay))
+
+    @router.get("/ui/{rest:path}")
+    def no_such_page(rest: str, request: Request) -> Response:
+        """Any other address under ``/ui``: the dashboard's own not-found page, not the
+        framework's bare JSON (after sign-in, so it tells nothing to a stranger)."""
+        session, expired = dashboard.session(request)
+        if session is None:
+            return to_sign_in(request, expired=expired)
+        return dashboard.not_found(request, session, f"page /ui/{rest[:80]}")
+
     return router

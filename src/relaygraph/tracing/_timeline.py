@@ -56,6 +56,8 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
             "agent": data.get("agent"),
             "violation": data.get("kind"),
             "detail": data.get("detail", ""),
+            # The limit a budget hit stopped at (scope, agent, limit, used, allowed).
+            "budget": data.get("budget"),
         }
     if kind == "interrupted":
         return base | {
@@ -124,6 +126,18 @@ def _transfer(data: Mapping[str, Any]) -> dict[str, Any]:
     return fields | {"carried_out": is_carried_out(data)}
 
 
+def _outcome(status: str, *, ran: bool, rejected: bool) -> str:
+    """What became of a tool call, in the audit's words: ``ok``, ``error`` (it ran and
+    failed), ``refused`` (the policy or the host stopped it before it ran) or ``rejected``
+    (a person did). The tool message's own ``status`` says ``error`` for all three."""
+    if ran:
+        return "ok" if status == "success" else "error"
+    return "rejected" if rejected else "refused"
+
+
+_PAUSED = ("interrupted", "suspended", "stopped")
+"""How a visit ends when its run stops inside it: the next run goes on with it."""
+
 _IN_A_VISIT = ("violation", "approval", "interrupted", "model_retry", "model_error")
 """Kinds shown under the agent visit they happened in (when one is open)."""
 
@@ -149,11 +163,18 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
         raise RecordNotFound("task", task_id)
     children: list[dict[str, Any]] = []
     visit: dict[str, Any] | None = None
+    last_visit: dict[str, Any] | None = None
     calls: dict[str, dict[str, Any]] = {}
+    # Calls still pending when their visit's run stopped (held for a person): the resumed
+    # run issues them again, and the first node then says it was held, not that it hangs.
+    held: dict[str, dict[str, Any]] = {}
+    rejected: set[str] = set()
     call: dict[str, Any] | None
     for event in ledger.events_after(task_id):
         data, kind, at = event.data, event.type, event.created_at
         if kind == "agent_started":
+            stopped = last_visit is not None and last_visit["ended"] in _PAUSED
+            same = stopped and last_visit is not None and last_visit["agent"] == data.get("agent")
             visit = {
                 "kind": "agent",
                 "agent": data.get("agent"),
@@ -167,9 +188,13 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
                 "usage": _usage(None),
                 "children": [],
                 "seq": event.seq,
+                # The visit a paused run left, which this one goes on with (its seq).
+                "resumes": last_visit["seq"] if same and last_visit is not None else None,
                 "_start": at,
             }
+            last_visit = visit
             children.append(visit)
+            held |= {key: node for key, node in calls.items() if node["status"] == "pending"}
             calls = {}
             continue
         if kind == "agent_finished" and visit is not None:
@@ -192,12 +217,17 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
                 "end": None,
                 "duration_s": None,
                 "status": "pending",
+                "outcome": "pending",
                 "preview": None,
                 "preview_cut": False,
                 "seq": event.seq,
                 "_start": at,
             }
-            calls[str(data.get("tool_call_id") or data.get("tool"))] = started
+            key = str(data.get("tool_call_id") or data.get("tool"))
+            earlier = held.pop(key, None)
+            if earlier is not None:
+                earlier |= {"status": "held", "outcome": "held", "resumed_seq": event.seq}
+            calls[key] = started
             visit["children"].append(started)
             continue
         if kind == "tool_result" and visit is not None:
@@ -215,14 +245,18 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
                 }
                 visit["children"].append(call)
             preview = data.get("preview")
+            status = data.get("status") or "success"
             call |= {
                 "end": _iso(at),
                 "duration_s": _seconds(call["_start"], at),
-                "status": data.get("status") or "success",
+                "status": status,
+                "outcome": _outcome(status, ran=data.get("ran", True), rejected=key in rejected),
                 "preview": preview,
                 "preview_cut": isinstance(preview, str) and len(preview) >= PREVIEW_CHARS,
             }
             continue
+        if kind == "approval" and data.get("decision") == "reject":
+            rejected.add(str(data.get("tool_call_id") or data.get("tool")))
         if kind == "approval" and isinstance(data.get("args"), dict):
             # An edit: the call about to run takes the person's arguments; the model's
             # stay beside them.
@@ -335,9 +369,13 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
             f"{node['ended'] or 'running'}"
         )
     if kind == "tool":
-        ok = {"success": "[green]ok[/]", "pending": "[yellow]pending[/]"}.get(
-            node.get("status") or "", f"[red]{node.get('status')}[/]"
-        )
+        outcome = node.get("outcome") or node.get("status") or ""
+        ok = {
+            "ok": "[green]ok[/]",
+            "success": "[green]ok[/]",
+            "pending": "[yellow]pending[/]",
+            "held": "[yellow]held for approval[/]",
+        }.get(outcome, f"[red]{outcome}[/]")
         args = json.dumps(node.get("args"), ensure_ascii=False) if node.get("args") else ""
         edited = " [yellow](arguments edited by a person)[/]" if "model_args" in node else ""
         return f"{when} [magenta]{node['tool']}[/]({_short(args, 60)}) {ok}{edited}"

@@ -13,17 +13,20 @@ drawing is as tall as its deepest arc.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from relaygraph._names import SUPERVISOR
 from relaygraph.events import is_carried_out, transfer_of
+from relaygraph.handoffs import handoff_target
 from relaygraph.store import Event, HandoffEntry
 
 WIDTH = 760
 """The width of a team of up to five agents; a larger team's row is wider."""
 NODE_W = 124
+"""The boxes' least width; they grow, all alike, to fit the longest name up to NODE_W_MAX."""
+NODE_W_MAX = 210
 NODE_H = 36
 NODE_GAP = 26
 """The least space between two agents' boxes in the row."""
@@ -62,6 +65,8 @@ class Transfer:
     ping_pong: str | None
     """What the ping-pong detector said, when this transfer tripped it."""
     event_seq: int
+    refused: bool = False
+    """A handoff the policy refused (the agent called a handoff tool it may not use)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,7 +78,7 @@ class Node:
     y: float
     supervisor: bool
     ran: bool
-    """Whether any work reached it (a node nobody sent work to is drawn faded)."""
+    """Whether it worked or any work reached it (a node that did neither is drawn faded)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,6 +134,11 @@ def transfers_of(handoffs: Sequence[HandoffEntry], events: Sequence[Event]) -> l
             # it that follows is the bounce.
             pending[str(data.get("agent"))] = str(data.get("detail") or "ping-pong")
             continue
+        if event.type == "tool_result" and not data.get("ran", True):
+            target = handoff_target(str(data.get("tool") or ""))
+            if target is not None:  # A refused handoff: no transfer event, only its answer.
+                found.append((event.seq, _refused(str(data.get("agent")), target, data)))
+            continue
         transfer = transfer_of(event.data)
         if transfer is None:
             continue
@@ -158,42 +168,70 @@ def transfers_of(handoffs: Sequence[HandoffEntry], events: Sequence[Event]) -> l
             carried_out=bool(fields["carried_out"]),
             ping_pong=bounces.get(seq),
             event_seq=seq,
+            refused=bool(fields.get("refused")),
         )
         for n, (seq, fields) in enumerate(found, start=1)
     ]
+
+
+def _refused(agent: str, target: str, data: dict[str, object]) -> dict[str, object]:
+    return {
+        "kind": "direct",
+        "source": agent,
+        "target": target,
+        "task": "",
+        "reason": str(data.get("preview") or "refused by the policy"),
+        "step": None,
+        "tokens_so_far": None,
+        "carried_out": False,
+        "refused": True,
+    }
 
 
 def _whole(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def layout(roster: Sequence[str], transfers: Sequence[Transfer]) -> HandoffGraph:
+def layout(
+    roster: Sequence[str], transfers: Sequence[Transfer], ran: Iterable[str] = ()
+) -> HandoffGraph:
     """Place the nodes and draw the edges.
 
     Args:
         roster: The team's agents, in the policy's order (each gets a node, used or not).
         transfers: The task's transfers, in order.
+        ran: The agents that had a visit: in a swarm the first agent works without any
+            transfer to it, and is drawn as having worked.
     """
     agents = [name for name in roster if name != SUPERVISOR]
     for t in transfers:
         for name in (t.source, t.target):
             if name != SUPERVISOR and name not in agents:
                 agents.append(name)
-    reached = {t.target for t in transfers if t.carried_out}
+    reached = {t.target for t in transfers if t.carried_out} | set(ran)
     with_supervisor = any(
         t.kind == "route" or SUPERVISOR in (t.source, t.target) for t in transfers
     )
     # Up to five agents share the usual width; each further one widens the row by a box
     # and a gap, so that boxes never overlap and the drawing keeps its scale.
-    step = NODE_W + NODE_GAP
-    width = max(WIDTH, round(2 * MARGIN_X + (len(agents) - 1) * step))
+    # The boxes are as wide as the longest name needs, within bounds, so that a team's
+    # names are cut only where they would not fit even then.
+    node_w = min(
+        NODE_W_MAX,
+        max([NODE_W, *(math.ceil(text_width(name)) + 2 * LABEL_PAD for name in agents)]),
+    )
+    margin = max(MARGIN_X, node_w / 2 + NODE_GAP / 2)
+    step = node_w + NODE_GAP
+    width = max(WIDTH, round(2 * margin + (len(agents) - 1) * step))
     nodes: dict[str, Node] = {}
     if with_supervisor or not transfers:
-        nodes[SUPERVISOR] = _node(SUPERVISOR, width / 2, TOP_Y, supervisor=True, ran=True)
-    span = width - 2 * MARGIN_X
+        nodes[SUPERVISOR] = _node(
+            SUPERVISOR, width / 2, TOP_Y, supervisor=True, ran=True, node_w=node_w
+        )
+    span = width - 2 * margin
     for i, name in enumerate(agents):
-        x = width / 2 if len(agents) == 1 else MARGIN_X + i * span / (len(agents) - 1)
-        nodes[name] = _node(name, x, ROW_Y, supervisor=False, ran=name in reached)
+        x = width / 2 if len(agents) == 1 else margin + i * span / (len(agents) - 1)
+        nodes[name] = _node(name, x, ROW_Y, supervisor=False, ran=name in reached, node_w=node_w)
 
     same_route: dict[str, list[Transfer]] = {}
     same_pair: dict[frozenset[str], list[Transfer]] = {}
@@ -221,7 +259,9 @@ def layout(roster: Sequence[str], transfers: Sequence[Transfer]) -> HandoffGraph
             inward = ARC_INSET * min(k, 4) * (1 if b.x > a.x else -1)
             start = (a.x + inward, a.y + NODE_H / 2)
             end = (b.x - inward, b.y + NODE_H / 2)
-            control = ((a.x + b.x) / 2, a.y + NODE_H / 2 + ARC_DEPTH + min(k, 4) * ARC_STEP)
+            # Every further arc bends deeper, however many there are: a long ping-pong's
+            # arcs never lie on one another (the drawing grows as deep as the last).
+            control = ((a.x + b.x) / 2, a.y + NODE_H / 2 + ARC_DEPTH + k * ARC_STEP)
         path = "M{:.1f},{:.1f} Q{:.1f},{:.1f} {:.1f},{:.1f}".format(*start, *control, *end)
         # The quadratic curve's midpoint, where the number sits: for an arc under the row
         # (its ends level) also its lowest point.
@@ -234,17 +274,17 @@ def layout(roster: Sequence[str], transfers: Sequence[Transfer]) -> HandoffGraph
     return HandoffGraph(
         width=width,
         height=math.ceil(lowest + BOTTOM_PAD),
-        node_width=NODE_W,
+        node_width=node_w,
         node_height=NODE_H,
         nodes=tuple(nodes.values()),
         edges=tuple(edges),
     )
 
 
-def _node(name: str, x: float, y: float, *, supervisor: bool, ran: bool) -> Node:
+def _node(name: str, x: float, y: float, *, supervisor: bool, ran: bool, node_w: float) -> Node:
     return Node(
         name=name,
-        label=fitted(name, NODE_W - 2 * LABEL_PAD),
+        label=fitted(name, node_w - 2 * LABEL_PAD),
         x=x,
         y=y,
         supervisor=supervisor,

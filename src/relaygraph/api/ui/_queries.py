@@ -5,10 +5,11 @@ shows the same thing calls the same function here, so a page never shows what th
 would not answer.
 """
 
+import json
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -22,6 +23,8 @@ from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import ProjectMe, ProjectUsageOut, QuotasOut
 from relaygraph.api._streams import StreamGate
+from relaygraph.api.ui._audit import audit_of
+from relaygraph.runner import POLICY_SOURCE_KEY
 from relaygraph.store import (
     EvalRunRecord,
     Event,
@@ -57,9 +60,22 @@ class TaskSummary(BaseModel):
     duration_s: float | None
     tokens: int = Field(description="Input plus output tokens of every role.")
     cost_usd: float
-    handoffs: int = Field(description="Transfers of work carried out (routes and direct).")
-    violations: int
+    handoffs: int = Field(
+        description="Transfers of work carried out: the supervisor's routes and the agents' "
+        "direct handoffs, as the task page counts them."
+    )
+    direct_handoffs: int = Field(description="Of those, the agents' direct handoffs.")
+    violations: int = Field(
+        description="What the policy refused (each once); budget hits are counted apart."
+    )
     violation_kinds: list[str]
+    budget_hits: int = Field(description="Budget limits the task reached.")
+    rejected: int = Field(description="Tool calls a person rejected.")
+    approvals: int = Field(description="Tool calls that waited for a person's decision.")
+    waited_s: float = Field(
+        description="Seconds the task waited for a person; no budget counts them."
+    )
+    metadata: dict[str, Any] = Field(description="What the caller sent as `metadata`.")
     stop_reason: str | None
 
 
@@ -170,31 +186,51 @@ class TaskFilters:
     agent: str | None = None
     """Only tasks in which this agent ran."""
     violation: str | None = None
-    """Only tasks with a violation of this kind (``tool_not_allowed``, ``budget``, ...)."""
+    """Only tasks with a violation of this kind (``tool_not_allowed``, ...), with any
+    violation (``any``), or that hit a budget (``budget``)."""
     since: datetime | None = None
     """Created at or after (UTC)."""
     until: datetime | None = None
     """Created before (UTC)."""
+    team: str | None = None
+    """Only tasks of the team of this name (``built-in`` for the server's own team)."""
+    approvals: str | None = None
+    """``any``: only tasks that asked a person; ``rejected``: only those with a rejection."""
     text: str | None = None
-    """Found, ignoring case, in the request, the answer, the stop reason or the task id."""
+    """Found, ignoring case, in the request, the answer, the stop reason, the task id or
+    the caller's metadata."""
 
 
-def summarize(ledger: Ledger, task: Task) -> TaskSummary:
-    """The task list's line for ``task``: who ran, tokens, cost, handoffs, violations."""
+ANY_VIOLATION = "any"
+"""The violation filter that keeps every task with a violation of any kind."""
+APPROVAL_FILTERS = ("any", "rejected")
+BUILT_IN_TEAM = "built-in"
+"""The team filter's name for the server's own team (a task that records no team name)."""
+
+
+def task_metadata(task: Task) -> dict[str, Any]:
+    """What the caller sent as ``metadata`` (the server's own note of the policy's source
+    left out), as ``GET /v1/tasks/{id}`` answers it."""
+    return {k: v for k, v in task.metadata.items() if k != POLICY_SOURCE_KEY}
+
+
+def summarize(ledger: Ledger, task: Task, events: Sequence[Event] | None = None) -> TaskSummary:
+    """The task list's line for ``task``: who ran, tokens, cost, handoffs, violations.
+
+    Args:
+        ledger: The ledger.
+        task: The task.
+        events: The task's events, when the caller has read them already (the task page).
+    """
     agents: list[str] = []
-    kinds: list[str] = []
-    seen: set[str] = set()
-    for event in ledger.events_after(task.id):
+    events = ledger.events_after(task.id) if events is None else events
+    for event in events:
         if event.type == "agent_started":
             agent = str(event.data.get("agent") or "")
             if agent and agent not in agents:
                 agents.append(agent)
-        elif event.type == "violation":
-            # A resumed run may report a violation again; its id says it is the same one.
-            key = str(event.data.get("id") or f"#{event.seq}")
-            if key not in seen:
-                seen.add(key)
-                kinds.append(str(event.data.get("kind") or "unknown"))
+    audit = audit_of(events)
+    handoffs = ledger.handoffs(task.id)
     usage = ledger.usage(task.id)
     start = task.started_at or task.created_at
     team = task.team or {}
@@ -213,9 +249,15 @@ def summarize(ledger: Ledger, task: Task) -> TaskSummary:
         else None,
         tokens=sum(u.input_tokens + u.output_tokens for u in usage),
         cost_usd=round(sum(u.cost_usd for u in usage), 6),
-        handoffs=len(ledger.handoffs(task.id)),
-        violations=len(kinds),
-        violation_kinds=sorted(set(kinds)),
+        handoffs=len(handoffs),
+        direct_handoffs=sum(1 for h in handoffs if h.kind == "direct"),
+        violations=len(audit.violations),
+        violation_kinds=audit.kinds,
+        budget_hits=len(audit.budget_hits),
+        rejected=audit.rejected,
+        approvals=len(ledger.approvals(task.id)),
+        waited_s=audit.waited_s(task.finished_at or datetime.now(UTC)),
+        metadata=task_metadata(task),
         stop_reason=task.stop_reason,
     )
 
@@ -238,12 +280,24 @@ def _matches(task: Task, summary: TaskSummary | None, filters: TaskFilters) -> b
         haystack = "\n".join(
             part or "" for part in (task.id, task.input, task.answer, task.stop_reason)
         )
+        # The caller's metadata (a ticket id) is searched as the API answers it.
+        haystack += "\n" + json.dumps(task_metadata(task), ensure_ascii=False, sort_keys=True)
         if needle not in haystack.casefold():
             return False
     if summary is None:
         return True
     if filters.agent and filters.agent not in summary.agents:
         return False
+    if filters.team and filters.team != ((summary.team or {}).get("name") or BUILT_IN_TEAM):
+        return False
+    if filters.approvals == "any" and not summary.approvals:
+        return False
+    if filters.approvals == "rejected" and not summary.rejected:
+        return False
+    if filters.violation == ANY_VIOLATION:
+        return summary.violations > 0
+    if filters.violation == "budget":
+        return summary.budget_hits > 0
     return not filters.violation or filters.violation in summary.violation_kinds
 
 

@@ -85,11 +85,16 @@ def report_router(dashboard: Dashboard) -> APIRouter:
         if session is None:
             return to_sign_in(request, expired=expired)
         runs = dashboard.ledger().eval_runs(RUNS_SHOWN) if dashboard.settings.show_evals else []
+        # The newest run is compared by default with the one before it of the same golden
+        # set and topology (or the one before it at all, when there is none such).
+        alike = [r for r in runs[1:] if _alike(r, runs[0])]
+        default = alike[0] if alike else (runs[1] if len(runs) > 1 else None)
         return dashboard.page(
             request,
             "evals.html",
             session,
             runs=[EvalRunOut.of(run, cases=False) for run in runs],
+            default_against=default.id if default else None,
             shown=dashboard.settings.show_evals,
             nav="evals",
         )
@@ -119,7 +124,12 @@ def report_router(dashboard: Dashboard) -> APIRouter:
             return dashboard.not_found(request, session, exc.message.removeprefix("no "))
         mine = cases(session, run)
         pairs = _pairs(mine, cases(session, other)) if other else []
-        runs = [r for r in dashboard.ledger().eval_runs(RUNS_SHOWN) if r.id != run.id]
+        # The runs to compare against, those of the same golden set and topology first: a
+        # swarm run compared with a structured one by default would read as regressions.
+        runs = sorted(
+            (r for r in dashboard.ledger().eval_runs(RUNS_SHOWN) if r.id != run.id),
+            key=lambda r: (r.golden != run.golden, _topology(r) != _topology(run)),
+        )
         return dashboard.page(
             request,
             "eval_run.html",
@@ -186,6 +196,14 @@ def _day(text: str | None) -> date | None:
         return date.fromisoformat(text)
     except ValueError:
         raise ValueError(f"{text[:40]!r} is not a date like 2026-01-31") from None
+
+
+def _alike(run: EvalRunRecord, other: EvalRunRecord) -> bool:
+    return run.golden == other.golden and _topology(run) == _topology(other)
+
+
+def _topology(run: EvalRunRecord) -> str:
+    return str((run.options.get("topology") or {}).get("kind", "structured"))
 
 
 def _pairs(mine: list[CaseResult], theirs: list[CaseResult]) -> list[CasePair]:

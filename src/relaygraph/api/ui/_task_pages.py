@@ -21,6 +21,7 @@ from relaygraph.api._streams import CountedEventSource
 from relaygraph.api._tasks_service import decide, follow_events
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
 from relaygraph.api.ui._queries import (
+    APPROVAL_FILTERS,
     TaskFilters,
     agent_names,
     artifact_response,
@@ -36,9 +37,19 @@ from relaygraph.store import FINISHED_STATUSES, TASK_STATUSES, Task
 PAGE_SIZE = 25
 EVENT_POLL_SECONDS = 0.25
 SESSION_CHECK_SECONDS = 5.0
-TASK_SECTIONS = ("summary", "graph", "approvals", "budgets", "timeline", "answer")
+TASK_SECTIONS = (
+    "summary",
+    "graph",
+    "approvals",
+    "violations",
+    "budgets",
+    "waterfall",
+    "timeline",
+    "answer",
+    "policy",
+)
 """The parts of the task page that follow the task live, each a template ``_task_<name>``."""
-FILTER_KEYS = ("status", "agent", "violation", "since", "until", "q")
+FILTER_KEYS = ("status", "agent", "team", "approvals", "violation", "since", "until", "q")
 
 
 def task_router(dashboard: Dashboard) -> APIRouter:
@@ -154,7 +165,8 @@ def task_router(dashboard: Dashboard) -> APIRouter:
     async def cancel(task_id: str, request: Request) -> Response:
         form = await request.form()
         token = str(form.get("csrf") or "")
-        return await to_thread.run_sync(_cancel, dashboard, request, task_id, token)
+        confirmed = form.get("confirm") == "yes"
+        return await to_thread.run_sync(_cancel, dashboard, request, task_id, token, confirmed)
 
     @router.get("/tasks/{task_id}/artifacts/{name}")
     def artifact(task_id: str, name: str, request: Request) -> Response:
@@ -204,9 +216,14 @@ def _filters(query: Any) -> TaskFilters:
     since, until = _day(query.get("since"), "from"), _day(query.get("until"), "to")
     if since and until and since > until:
         raise ValueError("the 'from' day is after the 'to' day")
+    approvals = query.get("approvals") or None
+    if approvals is not None and approvals not in APPROVAL_FILTERS:
+        raise ValueError(f"approvals {approvals[:40]!r} is not one of any, rejected")
     return TaskFilters(
         status=status,
         agent=(query.get("agent") or "").strip()[:64] or None,
+        team=(query.get("team") or "").strip()[:64] or None,
+        approvals=approvals,
         violation=(query.get("violation") or "").strip()[:64] or None,
         since=datetime.combine(since, time(), UTC) if since else None,
         until=datetime.combine(until + timedelta(days=1), time(), UTC) if until else None,
@@ -324,11 +341,16 @@ def _decision(form: dict[str, str]) -> DecisionIn:
         raise ErrorAnswer(422, "invalid_request", f"{field}: {first['msg']}", field) from None
 
 
-def _cancel(dashboard: Dashboard, request: Request, task_id: str, token: str) -> Response:
+def _cancel(
+    dashboard: Dashboard, request: Request, task_id: str, token: str, confirmed: bool
+) -> Response:
     posted = _posted(dashboard, request, task_id, token)
     if isinstance(posted, Response):
         return posted
     _, task = posted
+    if not confirmed:
+        # A cancel cannot be undone: the form asks for a tick, and so does the server.
+        return _answer(request, 422, "invalid_request", "tick 'Yes, cancel this task'", "confirm")
     if task.finished:
         return _answer(request, 409, "task_finished", f"the task already {task.status}", None)
     dashboard.workers().cancel(task.id)

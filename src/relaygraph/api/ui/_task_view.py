@@ -12,16 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import ApprovalOut, TaskOut
+from relaygraph.api.ui._audit import TaskAudit, audit_of
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, transfers_of
+from relaygraph.api.ui._policy_text import PolicyLine, policy_lines, policy_origin
 from relaygraph.api.ui._queries import (
     ArtifactOut,
+    TaskSummary,
     TraceLink,
     read_artifact,
+    summarize,
     task_artifacts,
     trace_links,
 )
+from relaygraph.api.ui._waterfall import Waterfall, waterfall
 from relaygraph.store import Ledger, Task
 
 SHOWN_BYTES = 64 * 1024
@@ -37,7 +43,9 @@ _TEAM_LIMITS = (
     ("agent visits", "max_agent_runs", "visits", ""),
     ("tokens", "max_tokens", "tokens", ""),
     ("cost", "max_cost_usd", "cost_usd", "usd"),
-    ("seconds", "max_seconds", "seconds", "s"),
+    # The time the roles spent working, as the server counts it against the limit: the
+    # waits for a person are no part of it (docs/policies.md).
+    ("seconds working", "max_seconds", "seconds", "s"),
 )
 
 
@@ -70,8 +78,10 @@ class BudgetBar:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Budget:
     who: str
-    """An agent's name, or ``team``."""
+    """A role's name (an agent, ``supervisor``, ``finalize``), or ``team``."""
     bars: tuple[BudgetBar, ...]
+    cost_usd: float
+    """What the role spent (the team's: the task's total), from the ledger's usage."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,9 +98,28 @@ class TaskView:
     artifacts: tuple[ArtifactOut, ...]
     artifact_texts: dict[str, str]
     """The text of each artifact small enough to show in the page."""
-    violations: int
+    summary: TaskSummary
+    """The task list's line for the task (``GET /v1/task-summaries``): the page's counts."""
+    audit: TaskAudit
+    policy_origin: str
+    """Where the policy came from, without the server's paths."""
+    policy_lines: tuple[PolicyLine, ...]
+    refusing_rules: frozenset[str]
+    """The policy keys behind the task's violations and budget hits (marked in its text)."""
     traces: tuple[TraceLink, ...]
     """Where the task's runs were traced, latest first; empty when none was."""
+    waterfall: Waterfall
+
+    @property
+    def violations(self) -> int:
+        return self.summary.violations
+
+    @property
+    def working_s(self) -> float | None:
+        """The task's wall time less its waits for a person; None while it runs."""
+        if self.timeline.get("duration_s") is None:
+            return None
+        return round(max(0.0, self.timeline["duration_s"] - self.summary.waited_s), 3)
 
     @property
     def pending(self) -> tuple[ApprovalOut, ...]:
@@ -108,19 +137,27 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
     policy = task.policy or {}
     roster = list((policy.get("agents") or {}).keys())
     artifacts = tuple(task_artifacts(home, task.id))
+    audit = audit_of(events)
+    summary = summarize(ledger, task, events)
+    rules = {v.rule for v in (*audit.violations, *audit.budget_hits) if v.rule}
     return TaskView(
         task=TaskOut.of(task),
         team=task.team,
         policy_digest=policy_digest(task.policy) if task.policy else None,
         timeline=timeline,
         transfers=tuple(transfers),
-        graph=layout(roster, transfers),
+        graph=layout(roster, transfers, ran=summary.agents),
         budgets=budgets(policy, timeline),
         approvals=tuple(ApprovalOut.of(a) for a in ledger.approvals(task.id)),
         artifacts=artifacts,
         artifact_texts=_texts(home, task.id, artifacts),
-        violations=sum(1 for node in walk(timeline["children"]) if node["kind"] == "violation"),
+        summary=summary,
+        audit=audit,
+        policy_origin=policy_origin(TaskOut.of(task).policy_source),
+        policy_lines=policy_lines(policy),
+        refusing_rules=frozenset(rules),
         traces=tuple(trace_links(events).runs),
+        waterfall=waterfall(timeline, events, audit.waits),
     )
 
 
@@ -146,29 +183,36 @@ def walk(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def budgets(policy: dict[str, Any], timeline: dict[str, Any]) -> tuple[Budget, ...]:
-    """Each agent's use against its limits, then the team's, for the agents that have
-    limits or used something."""
+    """Each role's use against its limits, then the team's: the supervisor, the agents that
+    have limits or used something, any other role that used something, and finalize (the
+    supervisor and finalize have no limits of their own; the team's count them). The roles'
+    costs add up to the team's, which is the task's total."""
     usage = timeline["usage"]
+    agents = policy.get("agents") or {}
+    others = [r for r in usage["agents"] if r not in agents and r not in (SUPERVISOR, FINALIZE)]
     rows = []
-    for agent, limits in (policy.get("agents") or {}).items():
-        used = _used(usage["agents"].get(agent) or {})
+    for role in (SUPERVISOR, *agents, *sorted(others), FINALIZE):
+        limits = agents.get(role) or {}
+        role_usage = usage["agents"].get(role) or {}
+        used = _used(role_usage)
         if not any(limits.get(key) for _, key, _, _ in _AGENT_LIMITS) and not any(used.values()):
             continue
         bars = tuple(
             BudgetBar(label=label, used=used[field], limit=limits.get(key), unit=unit)
             for label, key, field, unit in _AGENT_LIMITS
         )
-        rows.append(Budget(who=agent, bars=bars))
+        rows.append(Budget(who=role, bars=bars, cost_usd=role_usage.get("cost_usd", 0.0)))
     team_limits = policy.get("team") or {}
-    visits = sum(1 for node in walk(timeline["children"]) if node["kind"] == "agent")
+    # A visit its run was paused in goes on in the next run: one visit, as the server counts.
+    visits = sum(
+        1 for node in walk(timeline["children"]) if node["kind"] == "agent" and not node["resumes"]
+    )
     team_used = {**_used(usage["total"]), "visits": visits}
-    if timeline.get("duration_s") is not None:
-        team_used["seconds"] = timeline["duration_s"]
     bars = tuple(
         BudgetBar(label=label, used=team_used[field], limit=team_limits.get(key), unit=unit)
         for label, key, field, unit in _TEAM_LIMITS
     )
-    rows.append(Budget(who="team", bars=bars))
+    rows.append(Budget(who="team", bars=bars, cost_usd=usage["total"]["cost_usd"]))
     return tuple(rows)
 
 
