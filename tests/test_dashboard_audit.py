@@ -19,13 +19,13 @@ from relaygraph.api.ui._policy_text import policy_lines, policy_origin
 from relaygraph.api.ui._templates import seconds
 from relaygraph.store import Ledger
 
+from ._service import FINISHED
+from ._service import auth as bearer
 from .test_dashboard import (
     APPROVAL_POLICY,
-    FINISHED,
     HTML,
     REFUSING,
     Dash,
-    bearer,
     csrf_of,
     running,
     scripts_folder,

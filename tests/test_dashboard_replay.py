@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .test_dashboard import FINISHED, HTML, Dash, csrf_of, dash, scripts  # noqa: F401
+from ._service import FINISHED
+from .test_dashboard import HTML, Dash, csrf_of, dash  # noqa: F401
 
 
 async def test_replay_from_the_task_page_and_read_the_diff(dash: Dash) -> None:  # noqa: F811

@@ -14,8 +14,10 @@ from relaygraph.runner import ReplayChanges, RequestRefused, ledger_for, replay_
 from relaygraph.store import LOCAL_PROJECT_ID
 from relaygraph.team import load_team
 
+from ._service import ServiceClient as Api
+from ._service import auth
 from .conftest import EXAMPLE_RELAY
-from .test_api import Api, api, auth, scripts  # noqa: F401  (fixtures)
+from .test_api import api  # noqa: F401  (fixture)
 
 RELAY = f"scripted:{EXAMPLE_RELAY}"
 
@@ -257,7 +259,7 @@ def test_bad_flags_are_refused_naming_the_value(
 
 async def test_a_replay_on_a_registered_version_parts_where_its_handoffs_changed(
     api: Api,  # noqa: F811
-    scripts: Path,  # noqa: F811
+    scripts: Path,
 ) -> None:
     key = api.key("acme")
     for handoffs in ('["writer"]', "[]"):
@@ -300,7 +302,7 @@ async def test_a_replay_on_a_registered_version_parts_where_its_handoffs_changed
 
 async def test_the_operator_replays_a_projects_task_on_a_registered_version(
     api: Api,  # noqa: F811
-    scripts: Path,  # noqa: F811
+    scripts: Path,
     home: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

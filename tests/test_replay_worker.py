@@ -17,8 +17,6 @@ from .test_worker_cluster import (  # noqa: F401  (fixtures)
     database,
     journal,
     rabbitmq,
-    script,
-    scripts,
     tool_rows,
 )
 

@@ -20,16 +20,13 @@ from typing import Any
 from relaygraph.cli._argtypes import topology_of
 from relaygraph.cli._parser import SERVICE_KEY_ENV, SERVICE_URL_ENV
 from relaygraph.cli._preflight import check_bind, check_ledger, data_directory, ledger_url
-from relaygraph.errors import ConfigError
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
-
-LOCAL_MODEL_NOTE = (
-    "This ran on the embedded model local:smollm2 (SmolLM2-135M, on this machine): it "
-    "answers from the documents it finds, by constrained choices, and reasons little. For "
-    "open-ended work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
-    "set, or OPENAI_BASE_URL pointing at any Chat Completions server (vLLM, Ollama, LiteLLM)."
+from relaygraph.cli._results import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    report_result,
 )
+from relaygraph.errors import ConfigError
 
 
 def _team_arg(args: argparse.Namespace) -> Any:
@@ -77,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         if not started:
             raise
         return _report_stopped(started[0], args)
-    code = _report(result, as_json=args.json)
+    code = report_result(result, as_json=args.json)
     return EXIT_STOPPED if result.status == "cancelled" else code
 
 
@@ -150,7 +147,7 @@ def resume(args: argparse.Namespace) -> int:
     result = resume_task(
         args.task_id, decision, home=args.home, on_event=ProgressPrinter(), team=args.team
     )
-    return _report(result, as_json=args.json)
+    return report_result(result, as_json=args.json)
 
 
 def _refuse_api_task(task_id: str, url: str | None) -> None:
@@ -176,20 +173,6 @@ def _refuse_api_task(task_id: str, url: str | None) -> None:
         f"with that project's key: POST {where} (relaygraph resume decides the tasks of "
         "relaygraph run)"
     )
-
-
-def _report(result: Any, *, as_json: bool) -> int:
-    from relaygraph.cli._console import print_result
-
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
-    else:
-        print_result(result)
-    if any(spec.startswith("local:") for spec in result.models.values()):
-        print(LOCAL_MODEL_NOTE, file=sys.stderr)
-    if result.status == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def serve(args: argparse.Namespace) -> int:

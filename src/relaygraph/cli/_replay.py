@@ -80,8 +80,8 @@ def replay(args: argparse.Namespace) -> int:
     """``relaygraph replay``: replay a recorded task in this process. The operator replays
     any project's task (as ``trace`` reads any), in that project, on its registered teams
     and under the operator's policy ceiling (``RELAYGRAPH_*`` settings, as a worker's)."""
-    from relaygraph.cli._commands import _report
     from relaygraph.cli._console import ProgressPrinter
+    from relaygraph.cli._results import report_result
     from relaygraph.runner import ReplayChanges, RequestRefused, ledger_for, replay_task
     from relaygraph.store import LOCAL_PROJECT_ID
 
@@ -116,7 +116,7 @@ def replay(args: argparse.Namespace) -> int:
         teams=None if service is None else service.resolve,
         policies=None if service is None else service.policy_for,
     )
-    return _report(result, as_json=args.json)
+    return report_result(result, as_json=args.json)
 
 
 def _service_teams(args: argparse.Namespace, ledger: Any, project_id: str) -> Any:
