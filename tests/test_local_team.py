@@ -86,9 +86,19 @@ def test_a_docs_question_goes_to_the_researcher_with_a_short_task() -> None:
     assert done is not None and done["next"] == FINISH
 
 
+def test_a_how_many_question_asks_the_documents_first_and_computes_only_without_them() -> None:
+    request = "How many checkpoints does a 40-step run write?"
+    first = _route(request)
+    assert first is not None and first["next"] == "researcher"
+    answered = _route(request, ("researcher", f"{DURABILITY} [checkpoints]"))
+    assert answered is not None and answered["next"] == FINISH
+    unanswered = _route(request, ("researcher", "I found no document that answers this."))
+    assert unanswered is not None and unanswered["next"] == "coder"
+
+
 def test_a_computation_goes_to_the_coder() -> None:
     for request in (
-        "How many checkpoints does a 40-step run write?",
+        "Compute how many checkpoints a 40-step run writes.",
         "Compute 17 * 23 and explain it.",
         "Write Python code that prints the first ten primes.",
     ):
@@ -122,7 +132,14 @@ def test_a_report_ends_with_the_writer() -> None:
 
 def test_intents_in_the_order_the_work_is_done() -> None:
     assert intents("What do the docs say about X? Write a short report.") == ["docs", "write"]
-    assert intents("How many checkpoints does a 40-step run write?") == ["compute"]
+    # A question with only "how many" to suggest a computation is asked of the documents
+    # first (issue 45); an arithmetic expression or "compute" is a computation.
+    assert intents("How many checkpoints does a 40-step run write?") == ["docs", "compute"]
+    assert intents("Compute how many checkpoints a 40-step run writes.") == ["compute"]
+    assert intents("What is 17 * 23?") == ["compute"]
+    # An address or a version is not arithmetic.
+    assert intents("Which private network do the services run in, 10.40.0.0/16?") == ["docs"]
+    assert intents("Which environment variables does a sandboxed program get?")[0] == "docs"
     # "How many" in a question about the docs is a docs question, not a computation.
     assert intents("According to the docs, how many processes may a sandboxed run start?") == [
         "docs"
@@ -224,9 +241,9 @@ def test_finalize_quotes_the_cited_results_and_says_where_they_came_from() -> No
     assert reply.response_metadata["finish_reason"] == "forced"  # no model was needed
 
 
-def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
+def test_finalize_with_more_candidates_lets_the_model_add_to_the_best_in_document_order() -> None:
     output = " ".join(
-        f"Checkpoint fact number {i} is about durability. [checkpoints]" for i in range(4)
+        f"Checkpoint fact number {i} is about durability. [checkpoints]" for i in range(5)
     )
     answer = final_answer(
         _prompts.finalize_input(
@@ -234,10 +251,13 @@ def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
         )
     )
     assert isinstance(answer, FinalAnswer) and answer.schema is not None
-    assert answer.schema["properties"]["quotes"]["maxItems"] == 2
-    assert answer.schema["properties"]["quotes"]["items"] == {"enum": [1, 2, 3]}
-    second = answer.candidates[1][1].text
-    assert answer.render(json.dumps({"quotes": [2]})).startswith(f"{second} [checkpoints]")
+    assert answer.schema["properties"]["quotes"]["maxItems"] == 3
+    assert answer.schema["properties"]["quotes"]["items"] == {"enum": [1, 2, 3, 4]}
+    # The best ranked sentence stays, the chosen one joins it, in the order of the source.
+    best, fourth = answer.candidates[0][1], answer.candidates[3][1]
+    first, then = sorted([best, fourth], key=lambda p: p.position)
+    rendered = answer.render(json.dumps({"quotes": [4]}))
+    assert rendered.startswith(f"{first.text} {then.text} [checkpoints]")
 
 
 @pytest.mark.parametrize(
@@ -246,8 +266,8 @@ def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
         (
             [("coder", "exit 0\nstdout:\n41")],
             None,
-            "No agent cited a document for this. What the agents reported:\n"
-            "- coder: exit 0 stdout: 41",
+            "No agent cited a document it read for this, so there is no answer from the "
+            "knowledge base.\n\nAgents that worked: coder.",
         ),
         (
             [],

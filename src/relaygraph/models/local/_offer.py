@@ -40,7 +40,7 @@ offered: a tiny model would otherwise call tools forever."""
 MAX_QUERIES = 5
 MAX_PASSAGES = 4
 """Candidate sentences an answer chooses among: the best ranked."""
-MAX_ANSWER_QUOTES = 2
+MAX_ANSWER_QUOTES = 3
 
 
 def text_of(message: BaseMessage) -> str:
