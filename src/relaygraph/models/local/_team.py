@@ -114,14 +114,20 @@ def numbered(passages: Sequence[Passage]) -> str:
     return "\n".join(f"{i}. {grammar_safe(p.text)}" for i, p in enumerate(passages, 1))
 
 
-def picked(passages: Sequence[Passage], chosen: Any) -> list[Passage]:
-    """The best ranked passage and those a choice names by number, in document order.
+ALWAYS_QUOTED = 2
+"""The best ranked sentences an answer always quotes; the model's choice adds to them."""
 
-    The best ranked one is always kept: the model adds the sentences it finds to answer
-    too, and the answer reads as the document does (:func:`in_document_order`).
+
+def picked(passages: Sequence[Passage], chosen: Any) -> list[Passage]:
+    """The best ranked passages and those a choice names by number, in document order.
+
+    The :data:`ALWAYS_QUOTED` best ranked are always kept: the sentence that answers is
+    often the second best match ("It lasts 20 minutes." after the sentence that names the
+    stage), the model adds the sentences it finds to answer too, and the answer reads as
+    the document does (:func:`in_document_order`).
     """
     numbers = {n for n in chosen if isinstance(n, int)} if isinstance(chosen, list) else set()
-    numbers.add(1)
+    numbers.update(range(1, ALWAYS_QUOTED + 1))
     return in_document_order([p for i, p in enumerate(passages, 1) if i in numbers])
 
 
