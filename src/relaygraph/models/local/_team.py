@@ -128,7 +128,10 @@ def picked(passages: Sequence[Passage], chosen: Any) -> list[Passage]:
     """
     numbers = {n for n in chosen if isinstance(n, int)} if isinstance(chosen, list) else set()
     numbers.update(range(1, ALWAYS_QUOTED + 1))
-    return in_document_order([p for i, p in enumerate(passages, 1) if i in numbers])
+    quoted = [p for i, p in enumerate(passages, 1) if i in numbers]
+    # A list's item is offered alone and with its lead-in: quoted once, in the lead-in.
+    whole = [p for p in quoted if not any(p.text in q.text and p is not q for q in quoted)]
+    return in_document_order(whole)
 
 
 def in_document_order(passages: Sequence[Passage]) -> list[Passage]:
