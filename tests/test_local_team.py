@@ -21,6 +21,7 @@ from relaygraph.models.local._team import (
     final_answer,
     intents,
     narrow_route,
+    picked,
 )
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._route import FINISH, route_model
@@ -287,3 +288,17 @@ def test_finalize_without_citations_restates_and_never_invents(
 
 def test_a_plain_chat_is_not_taken_for_finalize() -> None:
     assert final_answer("Hello! How are you?") is None
+
+
+def test_a_list_item_is_quoted_once_inside_its_lead_in() -> None:
+    from relaygraph.backends.kb import sample_corpus_path
+    from relaygraph.models.local._grounding import rank_passages, source_passages
+
+    text = (sample_corpus_path() / "checkpoints.md").read_text(encoding="utf-8")
+    ranked = rank_passages(
+        source_passages(text, "checkpoints"), "Which durability mode is the default?"
+    )
+    quoted = picked(ranked, [1])
+    lead = next(p for p in quoted if p.text.startswith("The `durability` argument"))
+    assert '`"async"` (the default)' in lead.text
+    assert not any(p.text.startswith('`"async"`') for p in quoted)

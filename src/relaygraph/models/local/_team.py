@@ -130,7 +130,9 @@ def picked(passages: Sequence[Passage], chosen: Any) -> list[Passage]:
     numbers.update(range(1, ALWAYS_QUOTED + 1))
     quoted = [p for i, p in enumerate(passages, 1) if i in numbers]
     # A list's item is offered alone and with its lead-in: quoted once, in the lead-in.
-    whole = [p for p in quoted if not any(p.text in q.text and p is not q for q in quoted)]
+    whole = [
+        p for p in quoted if not any(p.text.rstrip(".;") in q.text and p is not q for q in quoted)
+    ]
     return in_document_order(whole)
 
 
