@@ -35,7 +35,16 @@ from _common import (  # noqa: E402
     versions,
 )
 
-BENCHMARKS = ("overhead", "tokens", "checkpoints", "coldstart", "local", "service", "fairness")
+BENCHMARKS = (
+    "overhead",
+    "tokens",
+    "checkpoints",
+    "coldstart",
+    "local",
+    "service",
+    "fairness",
+    "kb",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -182,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             import bench_fairness
 
             sections.append(bench_fairness.run(args.quick))
+        if "kb" in chosen:
+            log("8. the embedded default on held-out questions (evals/kb/test.jsonl)")
+            import bench_kb
+
+            sections.append(bench_kb.run(Path(tmp) / "kb-eval", part="test"))
     text = _render(
         sections,
         command=command,

@@ -310,3 +310,47 @@ def test_a_failed_agent_call_that_leaves_no_answer_fails_the_run_said_once(
     ]
     assert len(said) == 1, proc.stderr
     assert f"model call failed ({failing}, " in said[0]
+
+
+def test_on_the_embedded_model_an_answer_that_cites_nothing_is_degraded_whoever_ran(
+    home: Path, script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: a plain question routed to the coder, whose reply is a small model's broken
+    code output, is not ``succeeded`` and its error text is not the answer."""
+    from relaygraph.models.local import _chat as local_module
+
+    from .test_local_narrow import StandInEngine
+
+    monkeypatch.setattr(local_module, "_ENGINES", {"smollm2": StandInEngine()})
+    garbage = "1.0.2 (Python 3.7, 64-bit) </SyntaxError> TypeError: unsupported operand"
+    spec = script(
+        {
+            "supervisor": [
+                {"route": {"next": "coder", "task": "find the version", "reason": "code"}},
+                FINISHED,
+            ],
+            "coder": [{"content": garbage}],
+        }
+    )
+    result = run_task(
+        "Which version of the tool is installed?",
+        model=spec,
+        agent_models={"finalize": "local:smollm2"},
+    )
+    assert result.agents_run == ["coder"]
+    assert result.status == "degraded"
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("no answer: no agent cited a document it read")
+    assert result.answer is not None
+    assert "TypeError" not in result.answer and "SyntaxError" not in result.answer
+    assert "Agents that worked: coder." in result.answer
+
+
+def test_the_embedded_models_answer_without_a_citation_is_a_non_answer() -> None:
+    from relaygraph.models.local._team import no_cited_answer
+    from relaygraph.supervisor import non_answer
+
+    answer = no_cited_answer([("researcher", "I found no document (searched for: canary).")])
+    assert "Searched the knowledge base for: canary." in answer
+    why = non_answer(answer)
+    assert why is not None and why.startswith("no answer: no agent cited a document it read")

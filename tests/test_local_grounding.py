@@ -7,6 +7,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from relaygraph.backends.kb import sample_corpus_path
 from relaygraph.models.local._grounding import (
+    answer_kinds,
     asks_about_docs,
     citations,
     cited_passages,
@@ -92,3 +93,54 @@ def test_a_request_that_does_not_name_the_docs_is_not_checked() -> None:
     assert not asks_about_docs("How many checkpoints does a 40-step run write?")
     assert not asks_about_docs("Summarize this document.\n--- document ---\nCheckpoints are...")
     assert ungrounded_reason("Compute 2 + 2.", "4", []) is None
+
+
+# Issue 45: answers that generalize. The documents below are written for these tests, not
+# taken from the sample corpus the ranking was first built on.
+
+RUNBOOK = """# Deploying the ledger service
+
+The ledger is deployed with Conveyor, the release tool. A deploy has two stages: canary and
+full rollout.
+
+## The canary stage
+
+The canary stage sends 10 percent of traffic to the new version. It lasts 45 minutes, during
+which the error rates are compared.
+
+## Starting a deploy
+
+To start one, run:
+
+```bash
+conveyor deploy ledger --ref release/main
+```
+
+Deploys need a green build.
+"""
+
+
+def test_a_sentence_that_introduces_a_code_block_keeps_the_block() -> None:
+    passages = source_passages(RUNBOOK, "deploys")
+    (lead,) = [p for p in passages if p.text.startswith("To start one, run:")]
+    assert lead.text == "To start one, run: `conveyor deploy ledger --ref release/main`"
+    best = rank_passages(passages, "Which command starts a deploy of the ledger?", limit=1)
+    assert best == [lead]
+
+
+def test_the_sentence_that_holds_the_kind_of_answer_asked_for_wins() -> None:
+    passages = source_passages(RUNBOOK, "deploys")
+    # "How long" asks for a duration: the sentence that gives one, though it says "it" where
+    # the others name the canary stage, is the best match.
+    (best,) = rank_passages(passages, "How long does the canary stage last?", limit=1)
+    assert "45 minutes" in best.text
+    (best,) = rank_passages(passages, "How much traffic goes to the canary?", limit=1)
+    assert "10 percent" in best.text
+
+
+def test_answer_kinds_follow_the_question_words() -> None:
+    assert answer_kinds("Tell me about the canary") == []
+    (duration,) = answer_kinds("How often are passwords rotated?")
+    assert duration.search("every 90 days") and not duration.search("by a scheduled job")
+    (name,) = answer_kinds("Which variable switches tracing on?")
+    assert name.search("set `TRACE_ON=1`") and not name.search("set it in the shell")

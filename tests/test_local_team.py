@@ -21,6 +21,7 @@ from relaygraph.models.local._team import (
     final_answer,
     intents,
     narrow_route,
+    picked,
 )
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._route import FINISH, route_model
@@ -86,9 +87,19 @@ def test_a_docs_question_goes_to_the_researcher_with_a_short_task() -> None:
     assert done is not None and done["next"] == FINISH
 
 
+def test_a_how_many_question_asks_the_documents_first_and_computes_only_without_them() -> None:
+    request = "How many checkpoints does a 40-step run write?"
+    first = _route(request)
+    assert first is not None and first["next"] == "researcher"
+    answered = _route(request, ("researcher", f"{DURABILITY} [checkpoints]"))
+    assert answered is not None and answered["next"] == FINISH
+    unanswered = _route(request, ("researcher", "I found no document that answers this."))
+    assert unanswered is not None and unanswered["next"] == "coder"
+
+
 def test_a_computation_goes_to_the_coder() -> None:
     for request in (
-        "How many checkpoints does a 40-step run write?",
+        "Compute how many checkpoints a 40-step run writes.",
         "Compute 17 * 23 and explain it.",
         "Write Python code that prints the first ten primes.",
     ):
@@ -122,7 +133,14 @@ def test_a_report_ends_with_the_writer() -> None:
 
 def test_intents_in_the_order_the_work_is_done() -> None:
     assert intents("What do the docs say about X? Write a short report.") == ["docs", "write"]
-    assert intents("How many checkpoints does a 40-step run write?") == ["compute"]
+    # A question with only "how many" to suggest a computation is asked of the documents
+    # first (issue 45); an arithmetic expression or "compute" is a computation.
+    assert intents("How many checkpoints does a 40-step run write?") == ["docs", "compute"]
+    assert intents("Compute how many checkpoints a 40-step run writes.") == ["compute"]
+    assert intents("What is 17 * 23?") == ["compute"]
+    # An address or a version is not arithmetic.
+    assert intents("Which private network do the services run in, 10.40.0.0/16?") == ["docs"]
+    assert intents("Which environment variables does a sandboxed program get?")[0] == "docs"
     # "How many" in a question about the docs is a docs question, not a computation.
     assert intents("According to the docs, how many processes may a sandboxed run start?") == [
         "docs"
@@ -224,9 +242,9 @@ def test_finalize_quotes_the_cited_results_and_says_where_they_came_from() -> No
     assert reply.response_metadata["finish_reason"] == "forced"  # no model was needed
 
 
-def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
+def test_finalize_with_more_candidates_lets_the_model_add_to_the_best_in_document_order() -> None:
     output = " ".join(
-        f"Checkpoint fact number {i} is about durability. [checkpoints]" for i in range(4)
+        f"Checkpoint fact number {i} is about durability. [checkpoints]" for i in range(5)
     )
     answer = final_answer(
         _prompts.finalize_input(
@@ -234,10 +252,13 @@ def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
         )
     )
     assert isinstance(answer, FinalAnswer) and answer.schema is not None
-    assert answer.schema["properties"]["quotes"]["maxItems"] == 2
-    assert answer.schema["properties"]["quotes"]["items"] == {"enum": [1, 2, 3]}
-    second = answer.candidates[1][1].text
-    assert answer.render(json.dumps({"quotes": [2]})).startswith(f"{second} [checkpoints]")
+    assert answer.schema["properties"]["quotes"]["maxItems"] == 3
+    assert answer.schema["properties"]["quotes"]["items"] == {"enum": [1, 2, 3, 4]}
+    # The two best ranked sentences stay, the chosen one joins them, in the source's order.
+    kept = [answer.candidates[i][1] for i in (0, 1, 3)]
+    in_order = " ".join(p.text for p in sorted(kept, key=lambda p: p.position))
+    rendered = answer.render(json.dumps({"quotes": [4]}))
+    assert rendered.startswith(f"{in_order} [checkpoints]")
 
 
 @pytest.mark.parametrize(
@@ -246,8 +267,8 @@ def test_finalize_with_more_candidates_lets_the_model_choose_two() -> None:
         (
             [("coder", "exit 0\nstdout:\n41")],
             None,
-            "No agent cited a document for this. What the agents reported:\n"
-            "- coder: exit 0 stdout: 41",
+            "No agent cited a document it read for this, so there is no answer from the "
+            "knowledge base.\n\nAgents that worked: coder.",
         ),
         (
             [],
@@ -267,3 +288,17 @@ def test_finalize_without_citations_restates_and_never_invents(
 
 def test_a_plain_chat_is_not_taken_for_finalize() -> None:
     assert final_answer("Hello! How are you?") is None
+
+
+def test_a_list_item_is_quoted_once_inside_its_lead_in() -> None:
+    from relaygraph.backends.kb import sample_corpus_path
+    from relaygraph.models.local._grounding import rank_passages, source_passages
+
+    text = (sample_corpus_path() / "checkpoints.md").read_text(encoding="utf-8")
+    ranked = rank_passages(
+        source_passages(text, "checkpoints"), "Which durability mode is the default?"
+    )
+    quoted = picked(ranked, [1])
+    lead = next(p for p in quoted if p.text.startswith("The `durability` argument"))
+    assert '`"async"` (the default)' in lead.text
+    assert not any(p.text.startswith('`"async"`') for p in quoted)

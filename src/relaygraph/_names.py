@@ -15,6 +15,7 @@ __all__ = [
     "FINALIZE",
     "FINISH",
     "HANDOFF_PREFIX",
+    "NO_CITED_ANSWER",
     "NO_RESULT",
     "PRIOR_CALLS_KEY",
     "REPLAYS_BY_POSITION",
@@ -38,6 +39,10 @@ ANSWER_NAME: Final = "relaygraph"
 NO_RESULT: Final = "The team produced no result"
 """How the placeholder answer of a request no agent gave a result for begins: an answer
 that begins so is no answer (``relaygraph.supervisor._verdict.non_answer``)."""
+NO_CITED_ANSWER: Final = "No agent cited a document it read"
+"""How the embedded model's answer begins when no agent's result cited a document the team
+read: it quotes only what was read, so without a citation it has no answer to give, and an
+answer that begins so is no answer (``relaygraph.supervisor._verdict.non_answer``)."""
 RESERVED_NAMES = frozenset({SUPERVISOR, FINALIZE, FINISH, BEGIN, "__start__", "__end__"})
 """Names an agent may not take: the team graph's own nodes and routes, LangGraph's ends."""
 

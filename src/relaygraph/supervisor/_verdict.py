@@ -2,8 +2,10 @@
 ends with given its answer, for every topology and model.
 
 A non-answer is no answer, a blank one, the placeholder a topology writes when no agent
-gave a result (:data:`~relaygraph._names.NO_RESULT`), a reply that was a tool call whose
-arguments are not JSON, or an answer cut at the token limit (``finish_reason: "length"``).
+gave a result (:data:`~relaygraph._names.NO_RESULT`), the embedded model's answer when no
+agent cited a document it read (:data:`~relaygraph._names.NO_CITED_ANSWER`), a reply that
+was a tool call whose arguments are not JSON, or an answer cut at the token limit
+(``finish_reason: "length"``).
 A run that ends with one is not ``succeeded``: it is ``degraded`` with the reason, or
 ``failed`` when an agent's model call failed and no agent's work is left to answer from.
 Each topology's closing step (``finalize``, the tool supervisor's last reply, the swarm's
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from relaygraph._names import NO_RESULT
+from relaygraph._names import NO_CITED_ANSWER, NO_RESULT
 from relaygraph.supervisor._state import Status, TeamState, Visit, ending_status
 
 __all__ = ["closing_verdict", "failed_calls_only", "non_answer", "source_message"]
@@ -46,6 +48,11 @@ def non_answer(answer: str | None, message: BaseMessage | None = None) -> str | 
         return "no answer: the team's final answer is empty"
     if text.startswith(NO_RESULT):
         return "no answer: no agent gave a result"
+    if text.startswith(NO_CITED_ANSWER):
+        return (
+            "no answer: no agent cited a document it read, and the embedded model answers "
+            "only from the documents"
+        )
     finish = message.response_metadata.get("finish_reason") if message is not None else None
     if finish in CUT_FINISH_REASONS:
         return (

@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "Passage",
+    "answer_kinds",
     "asks_about_docs",
     "citations",
     "cited_passages",
@@ -127,6 +128,7 @@ _ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.")
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _BULLET = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 MIN_SENTENCE_CHARS = 25
+MIN_LEAD_CHARS = 8
 MAX_SENTENCE_CHARS = 320
 MAX_LIST_CHARS = 480
 
@@ -140,7 +142,10 @@ def _sentences(paragraph: str, longest: int = MAX_SENTENCE_CHARS) -> list[str]:
         for i, abbreviation in enumerate(_ABBREVIATIONS):
             sentence = sentence.replace(f"\0{i}\0", abbreviation)
         sentence = sentence.strip()
-        if MIN_SENTENCE_CHARS <= len(sentence) <= longest:
+        # A short lead-in ("To start one, run:") is kept: the list or code it introduces
+        # follows it into the passage.
+        shortest = MIN_LEAD_CHARS if sentence.endswith(":") else MIN_SENTENCE_CHARS
+        if shortest <= len(sentence) <= longest:
             out.append(sentence)
     return out
 
@@ -149,8 +154,9 @@ def source_passages(text: str, source: str) -> list[Passage]:
     """The sentences of one document (Markdown or plain text), with their section headings.
 
     Code blocks and headings are not sentences; each list item is a paragraph of its own. A
-    sentence that introduces a list (it ends with a colon) is also offered with the list's
-    items' first sentences after it, when that stays short: alone it says nothing.
+    sentence that introduces a list or a code block (it ends with a colon) is also offered
+    with the list's items' first sentences, or the block's lines, after it, when that stays
+    short: alone it says nothing.
     """
     passages: list[Passage] = []
     heading = ""
@@ -186,17 +192,42 @@ def source_passages(text: str, source: str) -> list[Passage]:
         if not item and sentences[-1].endswith(":"):
             lead.append(sentences[-1])
 
+    code: list[str] = []
+    """The lines of the code block being read, when a lead-in sentence introduced it."""
+    introduced: str | None = None
+
+    def close_code() -> None:
+        # A sentence that introduces a code block ("start one with:") says nothing alone:
+        # the command or setting the reader needs is in the block, so the block's lines
+        # become part of the sentence when they stay short.
+        nonlocal introduced
+        lines = [" ".join(c.split()) for c in code if c.strip()]
+        if introduced is not None and lines:
+            joined = f"{introduced} `{'; '.join(lines)}`"
+            if len(joined) <= MAX_LIST_CHARS:
+                alone = next(i for i, p in enumerate(passages) if p.text == introduced)
+                passages[alone] = replace(passages[alone], text=joined)
+        introduced = None
+        code.clear()
+
     item = False
     # A comment is not text the document shows its readers (and where an injected
     # instruction hides): never a sentence to quote.
     for line in _COMMENT.sub("", text).splitlines():
         stripped = line.strip()
         if stripped.startswith("```"):
-            flush(item)
-            close_list()
+            if in_code:
+                close_code()
+            else:
+                flush(item)
+                introduced = lead[0] if len(lead) == 1 else None
+                close_list()
             in_code = not in_code
             continue
-        if in_code or stripped == "[truncated]":
+        if in_code:
+            code.append(stripped)
+            continue
+        if stripped == "[truncated]":
             continue
         if stripped.startswith("#"):
             flush(item)
@@ -244,23 +275,96 @@ def _matches(words: Sequence[str], text: str) -> set[str]:
     return {w for w in words if any(_same_word(_stem(w), s) for s in stems)}
 
 
+_NUMBER_WORDS = (
+    r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty"
+    r"|thirty|forty|fifty|hundred|thousand|twice|once|half|dozen)\b"
+)
+_ANSWER_KINDS: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
+    (
+        re.compile(r"\bhow (?:long|often|soon|fast|quickly)\b|\bwhen\b|\bwhat time\b", re.I),
+        re.compile(
+            r"\b\d+(?:[.:]\d+)?\s*(?:ms|s|seconds?|minutes?|hours?|days?|weeks?|months?|years?"
+            r")\b|\b\d{1,2}:\d{2}\b|\b(?:monday|tuesday|wednesday|thursday|friday"
+            r"|saturday|sunday|daily|weekly|monthly|every|within|after|before|until)\b",
+            re.I,
+        ),
+    ),
+    (re.compile(r"\bwhy\b", re.I), re.compile(r"\b(?:because|so that|since|so)\b", re.I)),
+    (
+        re.compile(r"\bhow (?:many|much|big|large)\b|\bwhat (?:share|percentage|limit)\b", re.I),
+        re.compile(_NUMBER_WORDS, re.I),
+    ),
+    (
+        re.compile(
+            r"\b(?:which|what)\s+(?:\w+\s+)?(?:command|variable|attribute|method|function|class"
+            r"|exception|error|checkpointer|mode|flag|option|setting|field|argument|parameter"
+            r"|key|tool|file|bucket|port|package|module|header|status|interpreter)s?\b"
+            r"|\bhow (?:do|can|should) (?:i|you|we)\b",
+            re.I,
+        ),
+        re.compile(r"`[^`]+`|\b[a-z]+[A-Z]\w+|\b[A-Z]\w*[a-z][A-Z]\w*|\b\w+_\w+\b"),
+    ),
+)
+"""What kind of text answers a question, by its question words: a duration or a time, a
+number, or a name of code (a command, a variable, a class). A sentence that holds such a text
+is the likelier answer among those that share the question's words: the fact a user asks for
+("It lasts 20 minutes") often shares fewer words with the question than the sentence that
+introduces the topic does."""
+
+
+_PRONOUN = re.compile(r"(?:It|Its|This|These|They|Their|That|Those)\b")
+_HOW_WORD = re.compile(r"\bhow (long|often|soon|fast|quickly|many|much|big|large)\b", re.I)
+
+
+def answer_kinds(question: str) -> list[re.Pattern[str]]:
+    """The patterns of the text that would answer ``question`` (none for other questions)."""
+    return [answer for asks, answer in _ANSWER_KINDS if asks.search(question)]
+
+
 def rank_passages(passages: Iterable[Passage], task: str, *, limit: int = 4) -> list[Passage]:
     """The passages that best match ``task``, best first, each text once.
 
     A passage scores each keyword of the task it contains, weighted by how rare the word is
-    among the passages (a word every sentence has tells nothing), and half that for a
-    keyword in its section heading; ties go to the earlier sentence. When no passage shares
+    among the passages (a word every sentence has tells nothing), half that for a keyword
+    in its section heading, and as much again for holding the kind of text the question
+    asks for (:func:`answer_kinds`); ties go to the earlier sentence. When no passage shares
     a word with the task, the first ones are returned: an answer from what was read beats
     an answer from nothing, and the check of the answer still sees what it cites.
     """
-    words = keywords(task, limit=12)
+    # "long" in "how long" asks for a duration; a sentence that says "long" does not give one.
+    asked = {m.lower() for m in _HOW_WORD.findall(task)}
+    words = [w for w in keywords(task, limit=12) if w not in asked]
     unique = list({p.text: p for p in passages}.values())
     found = [(_matches(words, p.text), _matches(words, p.heading)) for p in unique]
     total = len(unique)
     weight = {w: math.log(1 + total / (1 + sum(w in body for body, _ in found))) for w in words}
+    kinds = answer_kinds(task)
+    holds = [[bool(k.search(p.text)) for k in kinds] for p in unique]
+    kind_weight = [math.log(1 + total / (1 + sum(h[j] for h in holds))) for j in range(len(kinds))]
+
+    def score(body: set[str], head: set[str], held: list[bool]) -> float:
+        # The kind of answer counts only in a sentence that shares a word with the question:
+        # a number alone says nothing about what was asked.
+        kind = sum(w for w, h in zip(kind_weight, held, strict=True) if h) if body else 0.0
+        return sum(weight[w] for w in body) + 0.5 * sum(weight[w] for w in head) + kind
+
+    # A sentence that begins with a pronoun ("It lasts 20 minutes") is about what the
+    # sentence before it names: it shares that sentence's words, at half their weight.
+    before = {(p.source, p.position + 1): body for p, (body, _) in zip(unique, found, strict=True)}
     scored = [
-        (-(sum(weight[w] for w in body) + 0.5 * sum(weight[w] for w in head)), i, p)
-        for i, (p, (body, head)) in enumerate(zip(unique, found, strict=True))
+        (
+            -(
+                score(body, head, held)
+                + (
+                    0.5 * sum(weight[w] for w in before.get((p.source, p.position), set()) - body)
+                    if _PRONOUN.match(p.text)
+                    else 0.0
+                )
+            ),
+            i,
+            p,
+        )
+        for i, (p, (body, head), held) in enumerate(zip(unique, found, holds, strict=True))
     ]
     scored.sort(key=lambda item: (item[0], item[1]))
     return [passage for _, _, passage in scored[:limit]]

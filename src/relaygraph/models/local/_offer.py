@@ -37,10 +37,13 @@ __all__ = ["Call", "Conversation", "Offer", "OfferedTool", "offer"]
 MAX_TOOL_RESULTS = 2
 """Tool results per conversation (since the last human message) before only an answer is
 offered: a tiny model would otherwise call tools forever."""
-MAX_QUERIES = 5
 MAX_PASSAGES = 4
 """Candidate sentences an answer chooses among: the best ranked."""
-MAX_ANSWER_QUOTES = 2
+MAX_QUERIES = 5
+ANSWER_CHOICES = 1
+"""Sentences the model chooses for an answer, added to the ones it always quotes
+(``_team.ALWAYS_QUOTED``): an answer quotes two or three sentences, which finalize then
+quotes whole without a model call (``_team.MAX_FINAL_QUOTES``)."""
 
 
 def text_of(message: BaseMessage) -> str:
@@ -139,7 +142,7 @@ class Offer:
                 "type": "object",
                 "properties": {
                     "action": {"const": "answer"},
-                    "quotes": quotes_schema(self.passages, MAX_ANSWER_QUOTES),
+                    "quotes": quotes_schema(self.passages, ANSWER_CHOICES),
                 },
                 "required": ["action", "quotes"],
             }

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relaygraph._names import FINISH, NO_RESULT
+from relaygraph._names import FINISH, NO_CITED_ANSWER, NO_RESULT
 from relaygraph.models.local._grounding import Passage, cited_passages, keywords, rank_passages
 from relaygraph.models.local._schema import grammar_safe
 
@@ -26,7 +26,9 @@ __all__ = [
     "RouteHint",
     "TeamInput",
     "final_answer",
+    "in_document_order",
     "narrow_route",
+    "no_cited_answer",
     "numbered",
     "picked",
     "quotes_schema",
@@ -112,11 +114,34 @@ def numbered(passages: Sequence[Passage]) -> str:
     return "\n".join(f"{i}. {grammar_safe(p.text)}" for i, p in enumerate(passages, 1))
 
 
+ALWAYS_QUOTED = 2
+"""The best ranked sentences an answer always quotes; the model's choice adds to them."""
+
+
 def picked(passages: Sequence[Passage], chosen: Any) -> list[Passage]:
-    """The passages a choice names by number, in their ranked order (the best one when the
-    choice names none)."""
+    """The best ranked passages and those a choice names by number, in document order.
+
+    The :data:`ALWAYS_QUOTED` best ranked are always kept: the sentence that answers is
+    often the second best match ("It lasts 20 minutes." after the sentence that names the
+    stage), the model adds the sentences it finds to answer too, and the answer reads as
+    the document does (:func:`in_document_order`).
+    """
     numbers = {n for n in chosen if isinstance(n, int)} if isinstance(chosen, list) else set()
-    return [p for i, p in enumerate(passages, 1) if i in numbers] or list(passages[:1])
+    numbers.update(range(1, ALWAYS_QUOTED + 1))
+    quoted = [p for i, p in enumerate(passages, 1) if i in numbers]
+    # A list's item is offered alone and with its lead-in: quoted once, in the lead-in.
+    whole = [
+        p for p in quoted if not any(p.text.rstrip(".;") in q.text and p is not q for q in quoted)
+    ]
+    return in_document_order(whole)
+
+
+def in_document_order(passages: Sequence[Passage]) -> list[Passage]:
+    """``passages`` grouped by source (the source of the best ranked first), each source's
+    in the order its document gives them: a sentence that says "it" follows the one it
+    refers to."""
+    sources = list(dict.fromkeys(p.source for p in passages))
+    return sorted(passages, key=lambda p: (sources.index(p.source), p.position))
 
 
 def render_quotes(passages: Sequence[Passage]) -> str:
@@ -146,7 +171,8 @@ _INTENTS: tuple[tuple[Intent, re.Pattern[str]], ...] = (
     (
         "compute",
         re.compile(
-            r"\b(compute|calculate|run_python)\b|\d+(?:\.\d+)?\s*[-+*/×^%]\s*\d+"
+            r"\b(compute|calculate|run_python)\b"
+            r"|(?<![\w./-])\d+(?:\.\d+)?\s*[-+*/×^%]\s*\d+(?:\.\d+)?(?![\w./-])"
             r"|\b(?:write|run|execute)\s+(?:\w+\s+)?(?:python|code|script|program)\b",
             re.I,
         ),
@@ -200,10 +226,17 @@ FINISH_REASON = "The results so far answer the request."
 
 
 def intents(request: str) -> list[Intent]:
-    """What a request asks for, in the order the work is done: docs, compute, write."""
+    """What a request asks for, in the order the work is done: docs, compute, write.
+
+    A plain question whose only sign of a computation is "how many" or a word such as
+    "program" is asked of the documents first ("How many tool rounds does a limit of 40
+    allow?"); the computation follows only if the documents did not answer it
+    (:func:`route_hint`)."""
     found = [name for name, pattern in _INTENTS if pattern.search(request)]
     if "docs" not in found and "compute" not in found and _COUNT.search(request):
         found.insert(0, "compute")
+        if _QUESTION.search(request):
+            found.insert(0, "docs")
     if not ({"docs", "compute"} & set(found)) and _QUESTION.search(request):
         found.insert(0, "docs")  # A plain question is answered from the knowledge base.
     return found
@@ -245,10 +278,13 @@ def route_hint(
         agents = [a for a in agent_for(intent, roster) if a in options]
         if agents:
             plan.append((intent, agents))
+    answered = any(cited_passages(output) for agent, output in team.results)
     for intent, agents in plan:
         pending = [a for a in agents if a not in ran]
         if not pending:
             continue
+        if intent == "compute" and answered and not _computes(team.request):
+            continue  # A question the documents answered needs no code.
         task, reason = _TEMPLATES[intent]
         if intent == "write" and plan[0][0] == "write":
             task = "{clause}"  # Nothing to report on: the sentence that asks is the task.
@@ -263,6 +299,11 @@ def route_hint(
         tasks=(f"Work on the request about {topic}.",),
         reasons=("No keyword of the request names an agent.",),
     )
+
+
+def _computes(request: str) -> bool:
+    """Whether a request asks for a computation in so many words, not only by "how many"."""
+    return any(p.search(request) for name, p in _INTENTS if name == "compute")
 
 
 def _clause(request: str, intent: Intent) -> str:
@@ -320,7 +361,7 @@ def _choice(values: Sequence[str]) -> dict[str, Any]:
 
 # --- finalize --------------------------------------------------------------------------------
 
-MAX_FINAL_QUOTES = 2
+MAX_FINAL_QUOTES = 3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -347,10 +388,12 @@ class FinalAnswer:
         }
 
     def render(self, choice: str | None = None) -> str:
-        chosen = list(self.candidates)
+        passages = [p for _, p in self.candidates]
         if self.schema is not None:
-            passages = picked([p for _, p in self.candidates], _chosen(choice))
-            chosen = [c for c in self.candidates if c[1] in passages]
+            passages = picked(passages, _chosen(choice))
+        else:
+            passages = in_document_order(passages)
+        chosen = [next(c for c in self.candidates if c[1] is p) for p in passages]
         team = self.team
         if chosen:
             answer = render_quotes([p for _, p in chosen])
@@ -360,15 +403,29 @@ class FinalAnswer:
             where = "; ".join(f"[{doc}] found by the {agent}" for doc, agent in found.items())
             text = f"{answer}\n\nSource: {where}, in the knowledge base."
         elif any(output for _, output in team.results):
-            shown = "\n".join(
-                f"- {agent}: {' '.join(output.split())[:400]}" for agent, output in team.results
-            )
-            text = f"No agent cited a document for this. What the agents reported:\n{shown}"
+            text = no_cited_answer(team.results)
         else:
             text = f"{NO_RESULT} for this request."
         if team.stopped:
             text += f"\n\nThe team stopped early: {team.stopped}"
         return text
+
+
+def no_cited_answer(results: Sequence[tuple[str, str]]) -> str:
+    """The answer when no agent cited a document it read: a non-answer that says so, names
+    the agents that worked and what the researcher searched for, and never passes on an
+    agent's own text (a small model's code or its error output is no answer to a user)."""
+    agents = ", ".join(dict.fromkeys(agent for agent, _ in results))
+    searched = [m.group(1) for _, output in results if (m := _SEARCHED.search(output))]
+    text = f"{NO_CITED_ANSWER} for this, so there is no answer from the knowledge base."
+    text += f"\n\nAgents that worked: {agents}."
+    if searched:
+        text += f" Searched the knowledge base for: {'; '.join(searched)}."
+    return text
+
+
+_SEARCHED = re.compile(r"\(searched for: ([^)\n]{1,200})\)")
+"""The researcher's own note of its searches when it found nothing (``_offer``)."""
 
 
 def _chosen(choice: str | None) -> Any:
