@@ -151,7 +151,7 @@ def _team(value: str | None, ledger: Any, project_id: str, service: Any) -> tupl
         found = ledger.team_version(project_id, name, int(number) if sep else None)
     if found is None:
         raise ConfigError(
-            f"--team {value!r} is no team file, nor a team this task's project registered"
+            f"--team {value!r} is no team file, nor a team the tasks' project registered"
             + (" (relaygraph run's tasks take team files)" if service is None else "")
         )
     return service.registered(found), found.version
@@ -348,7 +348,6 @@ def replay_eval_command(args: argparse.Namespace) -> int:
     """``relaygraph eval --replay``: replay the selected tasks and gate on the report."""
     from relaygraph.evals import run_replay_eval
     from relaygraph.runner import ReplayChanges, ledger_for
-    from relaygraph.team import load_team
 
     if args.golden is not None:
         raise ConfigError(
@@ -361,7 +360,11 @@ def replay_eval_command(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError("the ledger query selected no task to replay")
     service = _service_teams(args, ledger, selection.project_id)
-    team = load_team(args.team) if args.team is not None else None
+    # A team file, or a team the selected project registered, as ``relaygraph replay``
+    # takes it (``eval``'s --team is a path for golden sets: its text is the name).
+    team, version = _team(
+        None if args.team is None else str(args.team), ledger, selection.project_id, service
+    )
     policy = None
     if args.policy is not None:
         if team is None:
@@ -372,6 +375,7 @@ def replay_eval_command(args: argparse.Namespace) -> int:
         model=args.model,
         agent_models=dict(args.agent_model),
         team=team,
+        team_version=version,
         policy=policy,
     )
     described = {
