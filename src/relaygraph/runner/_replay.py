@@ -8,7 +8,8 @@ A replay from step N goes on from the original's checkpoint just after its N-th 
 checkpoints of the original's thread up to that one, with the writes that made them, are
 copied to the replay's thread (LangGraph's fork of a thread: its state is rebuilt from the
 copied steps' writes, as the original's was), so the first N steps' tool calls are not run
-again and their recorded results stand. The replay is submitted through the one
+again and their recorded results stand; the original's workspace is copied to the
+replay's (:func:`copy_original_workspace`). The replay is submitted through the one
 submission path (:func:`~relaygraph.runner.submit_task`) with ``replay_of`` and
 ``from_step``, and started like any task: ``TaskRun.graph_input`` goes on from the fork.
 
@@ -331,8 +332,7 @@ def copy_original_workspace(
     except WorkspaceTooLarge as exc:
         raise RequestRefused(
             f"task {original.id}'s workspace cannot be copied to its replay from step "
-            f"{request.from_step}: it passes {exc.quota}; replay from step 0, or raise the "
-            "quota",
+            f"{request.from_step}: {exc.quota}; replay from step 0, or raise the quota",
             field="from_step",
             code="workspace_quota_exceeded",
         ) from None
