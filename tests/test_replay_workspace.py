@@ -268,3 +268,38 @@ def _project(ledger: Any, name: str) -> str:
     assert project is not None
     project_id: str = project.id
     return project_id
+
+
+def test_a_recorded_replay_whose_start_fails_keeps_its_fork_and_files(
+    home: Path, script: Callable[[dict[str, Any]], str]
+) -> None:
+    """A start that fails after the replay is recorded (a broker down, in the worker mode)
+    leaves the replay queued with its fork and its workspace, for a retry to start."""
+    from relaygraph.runner import TaskRunner
+
+    run = run_task("Sum the numbers", model=script(READS_EARLIER_FILE), home=home)
+    original = _task(home, run.task_id)
+    ledger = ledger_for(home)
+
+    def broker_down(task: Task) -> None:
+        raise ConnectionError("the broker is down")
+
+    submit = {
+        "team": team_of_record(original),
+        "policy": None,
+        "ledger": ledger,
+        "home": home,
+        "idempotency_key": "sum-2",
+    }
+    with pytest.raises(ConnectionError):
+        submit_replay(original, ReplayChanges(from_step=2), enqueue=broker_down, **submit)
+    [queued] = ledger.replays_of(original.id, project_id=LOCAL_PROJECT_ID)
+    assert queued.status == "queued"
+    assert (_workspace(home, queued.id) / "data" / "numbers.txt").read_text() == "1 2 3"
+    retried = submit_replay(original, ReplayChanges(from_step=2), **submit)
+    assert (retried.task.id, retried.created) == (queued.id, False)
+    result = TaskRunner(ledger=ledger, home=home).run(
+        queued, {"request": queued.input}, only_from=("queued",)
+    )
+    assert result.status == "succeeded", result.stop_reason
+    assert "sum 6" in _program_output(home, queued.id)

@@ -21,6 +21,7 @@ works when the old one no longer builds).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -247,7 +248,12 @@ def submit_replay(
         return submit(retry)
     try:
         return _submit_fork(
-            original, request, submit, home=home, quota=workspace_quota or WorkspaceQuota()
+            original,
+            request,
+            submit,
+            ledger=ledger,
+            home=home,
+            quota=workspace_quota or WorkspaceQuota(),
         )
     except RequestRefused as refused:
         # Two first tries with one key raced (PostgreSQL): the other recorded its replay,
@@ -278,6 +284,7 @@ def _submit_fork(
     request: TaskRequest,
     submit: Callable[[TaskRequest], SubmittedTask],
     *,
+    ledger: Ledger,
     home: Path,
     quota: WorkspaceQuota,
 ) -> SubmittedTask:
@@ -304,9 +311,15 @@ def _submit_fork(
                 replace(request, thread_id=thread_id, thread_must_exist=False, task_id=task_id)
             )
         except BaseException:
-            # The fork and the files of a replay that was not recorded.
-            saver.delete_thread(thread)
-            remove_tree(workspace.parent)
+            # The fork and the files of a replay that was not recorded are removed. One that
+            # was (its start failed after: a broker down) keeps them, for a retry with its
+            # Idempotency-Key to start it; so does one the ledger cannot tell of now.
+            recorded = True
+            with contextlib.suppress(Exception):
+                recorded = ledger.get_task(task_id, project_id=original.project_id) is not None
+            if not recorded:
+                saver.delete_thread(thread)
+                remove_tree(workspace.parent)
             raise
 
 
