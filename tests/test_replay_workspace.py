@@ -15,8 +15,7 @@ import pytest
 
 from relaygraph._home import TASKS_FOLDER
 from relaygraph.api import ServiceSettings, create_app
-from relaygraph.backends._quota import WorkspaceQuota
-from relaygraph.backends._workspace_copy import WorkspaceTooLarge, copy_workspace
+from relaygraph.backends.workspace import WorkspaceQuota, WorkspaceTooLarge, copy_workspace
 from relaygraph.evals import diff_trajectories, read_trajectory
 from relaygraph.runner import (
     ReplayChanges,

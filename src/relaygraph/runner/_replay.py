@@ -32,9 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relaygraph._home import data_home
-from relaygraph.backends._nofollow import remove_tree
-from relaygraph.backends._quota import WorkspaceQuota
-from relaygraph.backends._workspace_copy import CopiedWorkspace, WorkspaceTooLarge, copy_workspace
+from relaygraph.backends.workspace import (
+    CopiedWorkspace,
+    WorkspaceQuota,
+    WorkspaceTooLarge,
+    copy_workspace,
+    delete_folder,
+)
 from relaygraph.errors import ConfigError
 from relaygraph.runner._checkpoint import open_checkpointer
 from relaygraph.runner._errors import RequestRefused
@@ -319,7 +323,7 @@ def _submit_fork(
                 recorded = ledger.get_task(task_id, project_id=original.project_id) is not None
             if not recorded:
                 saver.delete_thread(thread)
-                remove_tree(workspace.parent)
+                delete_folder(workspace.parent)
             raise
 
 
