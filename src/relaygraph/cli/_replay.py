@@ -30,7 +30,8 @@ def add_replay_parsers(commands: Any) -> None:
         help="rerun a recorded task, from its request or a step, with a change",
         description="Replay a recorded task as a new task on a thread of its own (the original "
         "is never changed): from its request, or with --from-step N after its first N steps "
-        "(agent visits), whose tool calls are not run again. Compare with 'relaygraph diff'.",
+        "(agent visits), whose tool calls are not run again, in a copy of its workspace. "
+        "Compare with 'relaygraph diff'.",
     )
     replay_parser.add_argument("task_id", metavar="TASK", type=utf8_text)
     replay_parser.add_argument(
