@@ -389,3 +389,43 @@ def test_a_queued_replay_is_on_its_fork_when_any_runner_takes_it(home: Path) -> 
         saver.delete_thread(queued[1].checkpoint_thread)
     with pytest.raises(ConfigError, match="holds no checkpoint to go on from"):
         runner.run(queued[1], {"request": queued[1].input}, only_from=("queued",))
+
+
+async def test_eval_replay_takes_a_registered_team_version(
+    api: Api,  # noqa: F811
+    scripts: Path,
+    home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from relaygraph.cli import main
+
+    key = api.key("acme")
+    for handoffs in ('["writer"]', "[]"):
+        await api.client.put(
+            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
+        )
+    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
+    body = {"input": "Write the note", "team": "handback", "version": 1}
+    made = await api.client.post(
+        "/v1/tasks", json={**body, "model": "scripted:handback.json"}, headers=auth(key)
+    )
+    original = await api.wait(made.json()["id"], key)
+    assert original["status"] == "succeeded", original
+    common = ["--home", str(home), "eval", "--replay", "--project", "acme"]
+    common += ["--of-team", "handback@1"]
+    # Version 2 of the project's team, named as `relaygraph replay --team` names it: the
+    # researcher's handoff is refused there, so the task parts at step 2.
+    out = tmp_path / "v2"
+    assert main([*common, "--team", "handback@2", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    (case,) = report["cases"]
+    assert case["task_id"] == original["id"] and case["error"] is None
+    assert (case["same_routes"], case["first_divergence"]) == (False, 2)
+    replayed = await api.client.get(f"/v1/tasks/{case['replay_id']}", headers=auth(key))
+    assert replayed.json()["team"]["version"] == 2
+    capsys.readouterr()
+    assert main([*common, "--team", "handback@9"]) == 2
+    assert "'handback@9' is no team file, nor a team the tasks' project registered" in (
+        capsys.readouterr().err
+    )

@@ -201,15 +201,22 @@ class Client:
         model: str | None = None,
         agent_models: Mapping[str, str] | None = None,
         policy: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Replay a recorded task as a new one (``POST /v1/tasks/{id}/replay``): from its
         request, or after its first ``from_step`` steps (their tool calls are not run
-        again), with another team version, model or a tighter policy. The original is
-        not changed; the new task names it in ``replay_of``.
+        again, and the replay starts in a copy of the task's workspace), with another team
+        version, model or a tighter policy. The original is not changed; the new task names
+        it in ``replay_of``.
+
+        Args:
+            idempotency_key: A retry with the same key returns the replay the first try
+                created instead of creating another.
 
         Raises:
             ApiError: 404 ``task_not_found`` (also for another project's task), 422 naming
-                the bad field (``from_step`` past the task's steps, a policy that loosens).
+                the bad field (``from_step`` past the task's steps, a policy that loosens,
+                ``workspace_quota_exceeded``), 409 ``idempotency_key_reused``.
         """
         body: dict[str, Any] = {"from_step": from_step}
         optional = {
@@ -220,7 +227,10 @@ class Client:
             "policy": None if policy is None else dict(policy),
         }
         body.update({name: value for name, value in optional.items() if value is not None})
-        task: dict[str, Any] = self._call("POST", f"/v1/tasks/{task_id}/replay", json=body)
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        task: dict[str, Any] = self._call(
+            "POST", f"/v1/tasks/{task_id}/replay", json=body, headers=headers
+        )
         return task
 
     def diff(self, task_a: str, task_b: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -138,6 +137,8 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
             settings=dashboard,
             streams=state.streams,
             quotas=state.settings.quotas,
-            replay=functools.partial(replay_in_project, state),
+            replay=lambda project_id, task, body: (
+                replay_in_project(state, project_id, task, body).task
+            ),
         )
     )

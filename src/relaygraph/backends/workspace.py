@@ -42,16 +42,20 @@ from relaygraph.backends._quota import (
     WorkspaceQuotaExceeded,
     task_files_usage,
 )
+from relaygraph.backends._workspace_copy import CopiedWorkspace, WorkspaceTooLarge, copy_workspace
 from relaygraph.errors import ToolInputError
 
 __all__ = [
     "Artifact",
     "ArtifactStore",
+    "CopiedWorkspace",
     "TaskFilesUsage",
     "Workspace",
     "WorkspaceEscapeError",
     "WorkspaceQuota",
     "WorkspaceQuotaExceeded",
+    "WorkspaceTooLarge",
+    "copy_workspace",
     "delete_folder",
 ]
 

@@ -53,7 +53,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE",
         type=Path,
         help="a team file (TOML, see docs/teams.md) to evaluate, for the cases that name no "
-        "team of their own; default: the built-in researcher, coder and writer",
+        "team of their own; default: the built-in researcher, coder and writer. With "
+        "--replay: a team file, or NAME[@VERSION] of a team the project registered",
     )
     parser.add_argument(
         "--model",

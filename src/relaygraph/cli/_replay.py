@@ -30,7 +30,8 @@ def add_replay_parsers(commands: Any) -> None:
         help="rerun a recorded task, from its request or a step, with a change",
         description="Replay a recorded task as a new task on a thread of its own (the original "
         "is never changed): from its request, or with --from-step N after its first N steps "
-        "(agent visits), whose tool calls are not run again. Compare with 'relaygraph diff'.",
+        "(agent visits), whose tool calls are not run again, in a copy of its workspace. "
+        "Compare with 'relaygraph diff'.",
     )
     replay_parser.add_argument("task_id", metavar="TASK", type=utf8_text)
     replay_parser.add_argument(
@@ -151,7 +152,7 @@ def _team(value: str | None, ledger: Any, project_id: str, service: Any) -> tupl
         found = ledger.team_version(project_id, name, int(number) if sep else None)
     if found is None:
         raise ConfigError(
-            f"--team {value!r} is no team file, nor a team this task's project registered"
+            f"--team {value!r} is no team file, nor a team the tasks' project registered"
             + (" (relaygraph run's tasks take team files)" if service is None else "")
         )
     return service.registered(found), found.version
@@ -348,7 +349,6 @@ def replay_eval_command(args: argparse.Namespace) -> int:
     """``relaygraph eval --replay``: replay the selected tasks and gate on the report."""
     from relaygraph.evals import run_replay_eval
     from relaygraph.runner import ReplayChanges, ledger_for
-    from relaygraph.team import load_team
 
     if args.golden is not None:
         raise ConfigError(
@@ -361,7 +361,11 @@ def replay_eval_command(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError("the ledger query selected no task to replay")
     service = _service_teams(args, ledger, selection.project_id)
-    team = load_team(args.team) if args.team is not None else None
+    # A team file, or a team the selected project registered, as ``relaygraph replay``
+    # takes it (``eval``'s --team is a path for golden sets: its text is the name).
+    team, version = _team(
+        None if args.team is None else str(args.team), ledger, selection.project_id, service
+    )
     policy = None
     if args.policy is not None:
         if team is None:
@@ -372,6 +376,7 @@ def replay_eval_command(args: argparse.Namespace) -> int:
         model=args.model,
         agent_models=dict(args.agent_model),
         team=team,
+        team_version=version,
         policy=policy,
     )
     described = {

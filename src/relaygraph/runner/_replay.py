@@ -8,7 +8,8 @@ A replay from step N goes on from the original's checkpoint just after its N-th 
 checkpoints of the original's thread up to that one, with the writes that made them, are
 copied to the replay's thread (LangGraph's fork of a thread: its state is rebuilt from the
 copied steps' writes, as the original's was), so the first N steps' tool calls are not run
-again and their recorded results stand. The replay is submitted through the one
+again and their recorded results stand; the original's workspace is copied to the
+replay's (:func:`copy_original_workspace`). The replay is submitted through the one
 submission path (:func:`~relaygraph.runner.submit_task`) with ``replay_of`` and
 ``from_step``, and started like any task: ``TaskRun.graph_input`` goes on from the fork.
 
@@ -20,7 +21,9 @@ works when the old one no longer builds).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relaygraph._home import data_home
+from relaygraph.backends.workspace import (
+    CopiedWorkspace,
+    WorkspaceQuota,
+    WorkspaceTooLarge,
+    copy_workspace,
+    delete_folder,
+)
 from relaygraph.errors import ConfigError
 from relaygraph.runner._checkpoint import open_checkpointer
 from relaygraph.runner._errors import RequestRefused
@@ -51,6 +61,8 @@ __all__ = [
     "replay_task",
     "submit_replay",
 ]
+
+logger = logging.getLogger(__name__)
 
 _VISITS_CHANNEL = "visits"
 """The team state's channel each agent visit writes its record to, once per visit."""
@@ -199,19 +211,31 @@ def submit_replay(
     runner_id: str | None = None,
     lease_seconds: float | None = None,
     quotas: Quotas | None = None,
+    workspace_quota: WorkspaceQuota | None = None,
+    idempotency_key: str | None = None,
 ) -> SubmittedTask:
     """Submit a replay of ``original`` (which the caller found in its own project): copy the
-    original's checkpoints up to the step to a new thread, then check and record the replay
-    on it as a new task with ``replay_of`` and ``from_step``, and start it (``enqueue``) or
-    leave it to the caller's runner (``runner_id``), as :func:`~relaygraph.runner.submit_task`
-    does.
+    original's checkpoints up to the step to a new thread and its workspace to the new
+    task's, then check and record the replay on it as a new task with ``replay_of`` and
+    ``from_step``, and start it (``enqueue``) or leave it to the caller's runner
+    (``runner_id``), as :func:`~relaygraph.runner.submit_task` does.
+
+    Args:
+        workspace_quota: What the replay's files may hold (the runner's); the workspace
+            copied from the original is held to it.
+        idempotency_key: A retry with the same key returns the replay the first try
+            created (and copies nothing again).
 
     Raises:
         RequestRefused: See :func:`~relaygraph.runner.check_request`; ``from_step`` past
-            the original's steps.
+            the original's steps, or a workspace to copy past ``workspace_quota``
+            (``workspace_quota_exceeded``); ``idempotency_key_reused``.
     """
     from_step = check_from_step(changes.from_step)
-    request = replay_request(original, changes, team=team, policy=policy)
+    request = replace(
+        replay_request(original, changes, team=team, policy=policy),
+        idempotency_key=idempotency_key,
+    )
     submit = functools.partial(
         submit_task,
         ledger=ledger,
@@ -223,20 +247,121 @@ def submit_replay(
     )
     if from_step == 0:
         return submit(request)
-    # The fork is copied to the replay's new thread before the replay is recorded: a
-    # runner that takes queued tasks from the ledger (``serve --processes``) may start it
-    # the moment it is, and must find the fork there.
-    thread_id = str(uuid.uuid4())
+    retry = _retry_of_replay(request, ledger)
+    if retry is not None:
+        return submit(retry)
+    try:
+        return _submit_fork(
+            original,
+            request,
+            submit,
+            ledger=ledger,
+            home=home,
+            quota=workspace_quota or WorkspaceQuota(),
+        )
+    except RequestRefused as refused:
+        # Two first tries with one key raced (PostgreSQL): the other recorded its replay,
+        # on a thread of its own, and this one's fork is gone. Answer as to a retry.
+        retry = _retry_of_replay(request, ledger)
+        if refused.code != "idempotency_key_reused" or retry is None:
+            raise
+        return submit(retry)
+
+
+def _retry_of_replay(request: TaskRequest, ledger: Ledger) -> TaskRequest | None:
+    """``request`` as a retry of the replay its idempotency key created, or None when the
+    key created nothing yet. A retry copies nothing: it names the first try's thread, so the
+    ledger answers with the first try's task when everything else is the same, and refuses
+    the key (naming what differs) when not."""
+    key = request.idempotency_key
+    first_try = None if key is None else ledger.task_by_idempotency_key(request.project_id, key)
+    if first_try is None:
+        return None
+    same_fork = (first_try.replay_of, first_try.from_step) == (request.replay_of, request.from_step)
+    # Not the same replay: a thread of no fork, which the ledger's refusal never reaches.
+    thread_id = first_try.thread_id if same_fork else str(uuid.uuid4())
+    return replace(request, thread_id=thread_id, thread_must_exist=False)
+
+
+def _submit_fork(
+    original: Task,
+    request: TaskRequest,
+    submit: Callable[[TaskRequest], SubmittedTask],
+    *,
+    ledger: Ledger,
+    home: Path,
+    quota: WorkspaceQuota,
+) -> SubmittedTask:
+    """Copy the fork and the workspace, then submit ``request`` on them.
+
+    Both are copied before the replay is recorded: a runner that takes queued tasks from
+    the ledger (``serve --processes``) may start it the moment it is, and must find them.
+    Its id is therefore chosen here, for the workspace's folder (``tasks/<id>``)."""
+    from relaygraph.agents.context import TaskContext
+
+    thread_id, task_id = str(uuid.uuid4()), str(uuid.uuid4())
     thread = new_checkpoint_thread(original.project_id, thread_id)
+    workspace = TaskContext.for_task(home, task_id=task_id, thread_id=thread_id).workspace
     with open_checkpointer(home) as saver:
         copy_fork(
-            saver, fork_checkpoints(saver, original, from_step), original=original, thread=thread
+            saver,
+            fork_checkpoints(saver, original, request.from_step or 0),
+            original=original,
+            thread=thread,
         )
         try:
-            return submit(replace(request, thread_id=thread_id, thread_must_exist=False))
+            copy_original_workspace(original, workspace, home=home, quota=quota, request=request)
+            return submit(
+                replace(request, thread_id=thread_id, thread_must_exist=False, task_id=task_id)
+            )
         except BaseException:
-            saver.delete_thread(thread)  # The fork of a replay that was not recorded.
+            # The fork and the files of a replay that was not recorded are removed. One that
+            # was (its start failed after: a broker down) keeps them, for a retry with its
+            # Idempotency-Key to start it; so does one the ledger cannot tell of now.
+            recorded = True
+            with contextlib.suppress(Exception):
+                recorded = ledger.get_task(task_id, project_id=original.project_id) is not None
+            if not recorded:
+                saver.delete_thread(thread)
+                delete_folder(workspace.parent)
             raise
+
+
+def copy_original_workspace(
+    original: Task, workspace: Path, *, home: Path, quota: WorkspaceQuota, request: TaskRequest
+) -> CopiedWorkspace:
+    """Copy ``original``'s workspace, as it is now, to the replay's ``workspace``.
+
+    Which files existed just after step N is not recorded (a program may write any file,
+    and nothing journals the workspace), so the files as the original left them are the
+    honest approximation: a later step finds what earlier steps wrote, and also what the
+    original's steps after N wrote.
+
+    Raises:
+        RequestRefused: ``workspace_quota_exceeded``: the workspace holds more than
+            ``quota`` lets the replay's files hold.
+    """
+    from relaygraph.agents.context import TaskContext
+
+    source = TaskContext.for_task(home, task_id=original.id, thread_id=original.thread_id)
+    try:
+        copied = copy_workspace(source.workspace, workspace, quota=quota)
+    except WorkspaceTooLarge as exc:
+        raise RequestRefused(
+            f"task {original.id}'s workspace cannot be copied to its replay from step "
+            f"{request.from_step}: {exc.quota}; replay from step 0, or raise the quota",
+            field="from_step",
+            code="workspace_quota_exceeded",
+        ) from None
+    if copied.left_out:
+        logger.warning(
+            "replay of task %s: %d workspace entries not copied (symlinks, special files, "
+            "files with several links): %s",
+            original.id,
+            len(copied.left_out),
+            ", ".join(copied.left_out[:10]),
+        )
+    return copied
 
 
 def replay_task(
@@ -296,6 +421,7 @@ def replay_task(
         home=home,
         runner_id=runner.runner_id,
         lease_seconds=runner.lease_seconds,
+        workspace_quota=runner.workspace_quota,
     )
     return runner.run(
         submitted.task,

@@ -93,6 +93,9 @@ class TaskRequest:
     inherited_models: Mapping[str, str] | None = None
     """A replay's models: each role's spec as the replayed task recorded it, taken where
     the request and the team's agents name none (:func:`choose_models`)."""
+    task_id: str | None = None
+    """The new task's id, chosen before it is recorded (a replay copies the original's
+    workspace into the new task's folder first); a new one when None."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -207,6 +210,7 @@ def record_submission(
             quotas=quotas,
             replay_of=request.replay_of,
             from_step=request.from_step,
+            task_id=request.task_id,
         )
     except RecordConflict as exc:
         raise RequestRefused(

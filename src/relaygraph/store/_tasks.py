@@ -62,6 +62,7 @@ class TasksLedger(LedgerBase):
         quotas: Quotas | None = None,
         replay_of: str | None = None,
         from_step: int | None = None,
+        task_id: str | None = None,
     ) -> tuple[Task, bool]:
         """Record a new ``queued`` task, or find the one an earlier try created.
 
@@ -90,6 +91,9 @@ class TasksLedger(LedgerBase):
                 refused; a retry of one recorded before is not. None: no quota.
             replay_of: The task the new one replays (of the same project: the caller
                 checked it), with ``from_step``, the step of its trajectory it goes on from.
+            task_id: The new task's id, chosen by the caller (a replay copies the
+                original's workspace to the new task's folder before it is recorded); a
+                new UUID when None.
 
         Returns:
             The task, and True when this call created it (False: an earlier call with the
@@ -114,7 +118,7 @@ class TasksLedger(LedgerBase):
         lease_until = None if lease_seconds is None else now + timedelta(seconds=lease_seconds)
         leased = runner_id is not None and lease_until is not None
         row: dict[str, Any] = {
-            "id": str(uuid.uuid4()),
+            "id": check.optional_text(task_id, "task_id", max_chars=36) or str(uuid.uuid4()),
             "project_id": project_id,
             "input": check.text(input, "input"),
             # Under a lease, as take_lease leaves a task it starts: running, one attempt.
@@ -416,7 +420,10 @@ def _by_idempotency_key(
     return None if row is None else row._mapping
 
 
-_REQUEST_FIELDS = ("team", "input", "thread_id", "policy", "models", "topology", "metadata")
+_REQUEST_FIELDS = (
+    *("team", "input", "thread_id", "policy", "models", "topology", "metadata"),
+    *("replay_of", "from_step"),
+)
 
 
 def _request_fields(row: Mapping[str, Any], thread_id: str | None) -> dict[str, Any]:
@@ -430,6 +437,14 @@ def _request_fields(row: Mapping[str, Any], thread_id: str | None) -> dict[str, 
         "models": row["models"],
         "topology": row["topology"],
         "metadata": row["metadata"],
+        # A replay's digest names what it replays and from where, so that one key cannot
+        # name a task and a replay, or replays from two steps; a task that replays nothing
+        # keeps the digest it had before replays were recorded.
+        **(
+            {"replay_of": row["replay_of"], "from_step": row["from_step"]}
+            if row.get("replay_of") is not None
+            else {}
+        ),
     }
 
 

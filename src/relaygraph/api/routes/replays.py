@@ -5,15 +5,16 @@ ceiling: its policy may only tighten); another project's task is absent (404).""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Header
 from pydantic import Field
 
 from relaygraph.api._auth import own_task
 from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import TaskOut, _RequestBody
 from relaygraph.api._state import ServiceState
+from relaygraph.api.routes.tasks import check_idempotency_key
 from relaygraph.errors import ConfigError
-from relaygraph.runner import ReplayChanges, submit_replay
+from relaygraph.runner import ReplayChanges, SubmittedTask, submit_replay
 from relaygraph.store import Project, Task
 
 __all__ = ["ReplayCreate", "replay_in_project", "replays_router"]
@@ -55,11 +56,33 @@ def replays_router(state: ServiceState) -> APIRouter:
         response_model=TaskOut,
         responses=error_responses(401, 404, 409, 413, 422, 429, 503, 507),
     )
-    def replay(task_id: str, body: ReplayCreate, project: ProjectDep) -> TaskOut:
+    def replay(
+        task_id: str,
+        body: ReplayCreate,
+        project: ProjectDep,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                min_length=1,
+                max_length=200,
+                description="A retry with the same key and body returns the first replay.",
+            ),
+        ] = None,
+    ) -> TaskOut:
         """Replay the task as a new task of the project, on a thread of its own (202); the
-        task is not changed. The new task records `replay_of` and `from_step`."""
+        task is not changed. The new task records `replay_of` and `from_step`. From a step,
+        it starts with a copy of the task's workspace (held to the workspace quota)."""
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
         original = own_task(state.ledger(), task_id, project)
-        return TaskOut.of(replay_in_project(state, project.id, original, body))
+        submitted = replay_in_project(
+            state, project.id, original, body, idempotency_key=idempotency_key
+        )
+        if not submitted.created and state.worker_mode and submitted.task.status == "queued":
+            # As POST /v1/tasks: a retry of a submission whose publish may have failed.
+            state.broker().republish(submitted.task)
+            return TaskOut.of(own_task(state.ledger(), submitted.task.id, project))
+        return TaskOut.of(submitted.task)
 
     @router.get("/{task_a}/diff/{task_b}", responses=error_responses(401, 404))
     def diff(task_a: str, task_b: str, project: ProjectDep) -> dict[str, Any]:
@@ -77,11 +100,16 @@ def replays_router(state: ServiceState) -> APIRouter:
 
 
 def replay_in_project(
-    state: ServiceState, project_id: str, original: Task, body: ReplayCreate
-) -> Task:
+    state: ServiceState,
+    project_id: str,
+    original: Task,
+    body: ReplayCreate,
+    *,
+    idempotency_key: str | None = None,
+) -> SubmittedTask:
     """Submit a replay of the project's task ``original`` (the API's and the dashboard's
     one way): the team and version it recorded unless ``body`` names others, its policy
-    under the operator's ceiling, tightened by ``body.policy``; returns the new task.
+    under the operator's ceiling, tightened by ``body.policy``.
 
     Raises:
         ErrorAnswer: 404 for a team the project cannot use; 422 naming the bad field.
@@ -97,7 +125,7 @@ def replay_in_project(
     policy = chosen.policy
     if unchanged and original.policy:
         policy = _recorded_policy(original, state)
-    submitted = submit_replay(
+    return submit_replay(
         original,
         ReplayChanges(
             from_step=body.from_step,
@@ -115,8 +143,9 @@ def replay_in_project(
         model_rules=state.model_rules,
         enqueue=state.dispatch().enqueue,
         quotas=state.settings.quotas,
+        workspace_quota=state.settings.workspace_quota(),
+        idempotency_key=idempotency_key,
     )
-    return submitted.task
 
 
 def _recorded_policy(task: Task, state: ServiceState) -> Any:
