@@ -17,21 +17,25 @@ from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, utc_now
+from relaygraph.store._base import utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import TaskRow, ToolJournalRow
 
-__all__ = ["LedgerToolJournal", "ToolJournalLedger"]
+__all__ = ["LedgerToolJournal", "ToolJournalRepository"]
 
 
-class ToolJournalLedger(LedgerBase):
+class ToolJournalRepository:
     """The tool journal's rows: one per completed call of a task, never changed."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         """The record of the task's call ``call_id``; None if it never completed."""
         # SQLAlchemy Core, statements built once: a read (and a write) on every tool call
         # of a run, on the graph's thread.
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             record = connection.scalar(_RECORD_OF, {"task_id": task_id, "call_id": call_id})
         return dict(record) if record is not None else None
 
@@ -44,7 +48,7 @@ class ToolJournalLedger(LedgerBase):
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             current = connection.execute(_ATTEMPTS, {"task_id": task_id}).scalar()
         _refuse_unless_on(task_id, attempt, current)
 
@@ -81,7 +85,7 @@ class ToolJournalLedger(LedgerBase):
         kept = check.json_object(record, "record")
         ids = {"task_id": task_id, "call_id": call}
         try:
-            with self._write_connection() as connection:
+            with self._core.write_connection() as connection:
                 if attempt is not None:
                     # A fenced record locks the task's row, as a new attempt's start does:
                     # the two cannot interleave.
@@ -98,7 +102,7 @@ class ToolJournalLedger(LedgerBase):
             earlier_record = self.journaled_call(task_id, call)
             if earlier_record is not None:
                 return earlier_record
-            with self._read_connection() as connection:
+            with self._core.read_connection() as connection:
                 if connection.execute(_ATTEMPTS, {"task_id": task_id}).first() is None:
                     raise RecordNotFound("task", task_id) from None
             raise
@@ -145,14 +149,14 @@ class LedgerToolJournal:
 
     A worker's attempt's journal (``attempt``) also asks the ledger at each :meth:`get`,
     which the journal middleware makes before the call runs, whether the task is still on
-    the attempt (:meth:`ToolJournalLedger.check_attempt`): a stale attempt's tool never
+    the attempt (:meth:`ToolJournalRepository.check_attempt`): a stale attempt's tool never
     runs, and the workspace it would change is the new attempt's. A call already running
     when the task moved on is not stopped by this; its record is refused.
     """
 
     __slots__ = ("_made", "attempt", "ledger")
 
-    def __init__(self, ledger: ToolJournalLedger, attempt: int | None = None) -> None:
+    def __init__(self, ledger: ToolJournalRepository, attempt: int | None = None) -> None:
         self.ledger = ledger
         self.attempt = attempt
         """The worker's attempt whose records these are (the fence); None: unfenced."""
