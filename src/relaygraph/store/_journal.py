@@ -109,12 +109,12 @@ class ToolJournalRepository:
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
-        """This ledger as a task's tool journal (``TaskContext.tool_journal``), unfenced: a
+        """These records as a task's tool journal (``TaskContext.tool_journal``), unfenced: a
         new one at each call, one per run (it keeps what its run recorded)."""
         return LedgerToolJournal(self)
 
     def attempt_journal(self, attempt: int) -> LedgerToolJournal:
-        """This ledger as the tool journal of a worker's ``attempt``: its records are
+        """These records as the tool journal of a worker's ``attempt``: its records are
         refused (``AttemptSuperseded``) once the task is on another attempt."""
         return LedgerToolJournal(self, attempt)
 
@@ -154,10 +154,11 @@ class LedgerToolJournal:
     when the task moved on is not stopped by this; its record is refused.
     """
 
-    __slots__ = ("_made", "attempt", "ledger")
+    __slots__ = ("_made", "attempt", "records")
 
-    def __init__(self, ledger: ToolJournalRepository, attempt: int | None = None) -> None:
-        self.ledger = ledger
+    def __init__(self, records: ToolJournalRepository, attempt: int | None = None) -> None:
+        self.records = records
+        """The ledger's journal rows this journal reads and adds to."""
         self.attempt = attempt
         """The worker's attempt whose records these are (the fence); None: unfenced."""
         self._made: dict[str, dict[str, dict[str, Any]]] = {}
@@ -169,14 +170,14 @@ class LedgerToolJournal:
 
     def get(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         if self.attempt is not None:
-            self.ledger.check_attempt(task_id, self.attempt)
+            self.records.check_attempt(task_id, self.attempt)
         made = self._made.get(task_id)
         if made is not None:
             return made.get(call_id)
-        return self.ledger.journaled_call(task_id, call_id)
+        return self.records.journaled_call(task_id, call_id)
 
     def put(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
-        kept = self.ledger.journal_call(task_id, call_id, record, attempt=self.attempt)
+        kept = self.records.journal_call(task_id, call_id, record, attempt=self.attempt)
         made = self._made.get(task_id)
         if made is not None:
             made[call_id] = kept

@@ -1,36 +1,24 @@
 """The ledger: every project, task and thing that happened, in SQL.
 
-:class:`Ledger` holds one repository per job, each a class in its own module, all sharing
-one :class:`~relaygraph.store._core.LedgerCore` (the engine and its sessions):
+:class:`Ledger` holds one repository per job, each a class in a module of its own, all
+given one :class:`~relaygraph.store._core.LedgerCore` (the engines and their sessions):
 
-==========================  ===========================  ==================================
-attribute                   class (module)               what it holds
-==========================  ===========================  ==================================
-``ledger.tenants``          ``TenantRepository``         projects and their API keys
-                            (``_tenants``)
-``ledger.team_registry``    ``TeamRepository``           registered teams, versioned
-                            (``_teams``)
-``ledger.tasks``            ``TaskRepository``           tasks and threads, their status
-                            (``_tasks``)
-``ledger.task_queries``     ``TaskQueryRepository``      selections of recorded tasks
-                            (``_task_queries``)          (replay evals, golden sets)
-``ledger.quotas``           ``QuotaRepository``          quotas, load, the fair order of
-                            (``_quotas``)                queued tasks
-``ledger.leases``           ``LeaseRepository``          leases, cancel, abandoned tasks
-                            (``_leases``)
-``ledger.events``           ``EventRepository``          events and the rows they imply
-                            (``_events``)
-``ledger.usage_records``    ``UsageRepository``          usage and the end of a run
-                            (``_usage_records``)
-``ledger.approval_          ``ApprovalRepository``       decisions on paused tool calls
-decisions``                 (``_approvals``)
-``ledger.eval_records``     ``EvalRunRepository``        eval runs and their cases
-                            (``_eval_runs``)
-``ledger.tool_journals``    ``ToolJournalRepository``    the tool journal
-                            (``_journal``)
-``ledger.worker_dispatch``  ``WorkerDispatchRepository`` the worker mode's dispatches and
-                            (``_dispatch``)              attempts
-==========================  ===========================  ==================================
+- ``ledger.tenants``: projects and their API keys (``_tenants.TenantRepository``);
+- ``ledger.team_registry``: registered teams, versioned (``_teams.TeamRepository``);
+- ``ledger.tasks``: tasks and threads, and their status (``_tasks.TaskRepository``);
+- ``ledger.task_queries``: the selections of recorded tasks that replay evals and golden
+  sets take (``_task_queries.TaskQueryRepository``);
+- ``ledger.quotas``: quotas, a project's load, the fair order of queued tasks
+  (``_quotas.QuotaRepository``);
+- ``ledger.leases``: leases, cancel, abandoned tasks (``_leases.LeaseRepository``);
+- ``ledger.events``: events and the rows they imply (``_events.EventRepository``);
+- ``ledger.usage_records``: usage and the end of a run (``_usage_records.UsageRepository``);
+- ``ledger.approval_decisions``: decisions on paused tool calls
+  (``_approvals.ApprovalRepository``);
+- ``ledger.eval_records``: eval runs and their cases (``_eval_runs.EvalRunRepository``);
+- ``ledger.journal_records``: the tool journal (``_journal.ToolJournalRepository``);
+- ``ledger.worker_dispatch``: the worker mode's dispatches and attempts
+  (``_dispatch.WorkerDispatchRepository``).
 
 Each public method of a repository has a one-line method of the same name and signature
 here that says which repository does the work, so ``ledger.append_events(...)`` leads (by
@@ -112,7 +100,7 @@ class Ledger:
         self.usage_records = UsageRepository(self.core)
         self.approval_decisions = ApprovalRepository(self.core)
         self.eval_records = EvalRunRepository(self.core)
-        self.tool_journals = ToolJournalRepository(self.core)
+        self.journal_records = ToolJournalRepository(self.core)
         self.worker_dispatch = WorkerDispatchRepository(self.core)
 
     def __repr__(self) -> str:
@@ -501,10 +489,10 @@ class Ledger:
 
     # ToolJournalRepository (_journal.py)
     def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
-        return self.tool_journals.journaled_call(task_id, call_id)
+        return self.journal_records.journaled_call(task_id, call_id)
 
     def check_attempt(self, task_id: str, attempt: int) -> None:
-        return self.tool_journals.check_attempt(task_id, attempt)
+        return self.journal_records.check_attempt(task_id, attempt)
 
     def journal_call(
         self,
@@ -514,14 +502,14 @@ class Ledger:
         *,
         attempt: int | None = None,
     ) -> dict[str, Any]:
-        return self.tool_journals.journal_call(task_id, call_id, record, attempt=attempt)
+        return self.journal_records.journal_call(task_id, call_id, record, attempt=attempt)
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
-        return self.tool_journals.tool_journal
+        return self.journal_records.tool_journal
 
     def attempt_journal(self, attempt: int) -> LedgerToolJournal:
-        return self.tool_journals.attempt_journal(attempt)
+        return self.journal_records.attempt_journal(attempt)
 
     # WorkerDispatchRepository (_dispatch.py)
     def queue_for_workers(self, task_id: str) -> int:
