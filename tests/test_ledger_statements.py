@@ -29,7 +29,7 @@ def statements(ledger: Ledger) -> Iterator[list[str]]:
         if statement.split()[0] not in ("BEGIN", "COMMIT"):
             seen.append(" ".join(statement.split()))
 
-    engines = {ledger._engine, ledger._write_engine}
+    engines = {ledger.core.engine, ledger.core.write_engine}
     for engine in engines:
         event.listen(engine, "before_cursor_execute", record)
     try:
@@ -143,15 +143,15 @@ def test_the_ledgers_engines_dispatch_no_connection_events(tmp_path: Path) -> No
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     try:
         ledger.upgrade()
-        assert not ledger._engine._has_events and not ledger._write_engine._has_events
+        assert not ledger.core.engine._has_events and not ledger.core.write_engine._has_events
         # Writes still take SQLite's write lock when they begin; reads do not.
         other = sqlite3.connect(tmp_path / "ledger.sqlite", timeout=0, isolation_level=None)
         try:
-            with ledger._engine.begin():
+            with ledger.core.engine.begin():
                 other.execute("BEGIN IMMEDIATE")
                 other.execute("ROLLBACK")
             with (
-                ledger._write_engine.begin(),
+                ledger.core.write_engine.begin(),
                 pytest.raises(sqlite3.OperationalError, match="locked"),
             ):
                 other.execute("BEGIN IMMEDIATE")

@@ -284,13 +284,13 @@ def test_appended_events_are_announced_when_they_commit(
     assert notices.wait_for(1) == [EventNotice(task_id=task_id, seq=2)]
 
     # A transaction that announced its events and then rolled back announced nothing.
-    announce = ledger._announce
+    announce = ledger.core.announce
 
     def announce_then_fail(session: Any, task: str, seq: int) -> None:
         announce(session, task, seq)
         raise RuntimeError("the transaction fails after its NOTIFY")
 
-    monkeypatch.setattr(ledger, "_announce", announce_then_fail)
+    monkeypatch.setattr(ledger.core, "announce", announce_then_fail)
     with pytest.raises(RuntimeError):
         ledger.append_event(task_id, {"type": "log"})
     monkeypatch.undo()

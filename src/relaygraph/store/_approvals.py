@@ -9,7 +9,8 @@ from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import DECISIONS, LedgerBase, utc_now
+from relaygraph.store._base import DECISIONS, utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ApprovalRow,
@@ -20,12 +21,15 @@ from relaygraph.store._records import (
 )
 
 
-class ApprovalsLedger(LedgerBase):
+class ApprovalRepository:
     """Approvals: the decision on a paused tool call."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def get_approval(self, task_id: str, approval_id: str) -> Approval | None:
         """The task's pause with interrupt id ``approval_id``."""
-        with self._read() as session:
+        with self._core.read() as session:
             row = session.scalars(
                 select(ApprovalRow).where(
                     ApprovalRow.task_id == task_id, ApprovalRow.interrupt_id == approval_id
@@ -67,7 +71,7 @@ class ApprovalsLedger(LedgerBase):
         edited = check.json_object(args, "args") if args is not None else None
         who = check.text(decided_by, "decided_by", max_chars=255)
         why = None if reason is None else check.text(reason, "reason")
-        with self._write() as session:
+        with self._core.write() as session:
             # Locked, so that of two people deciding at once one wins and the other hears so.
             row = session.scalars(
                 select(ApprovalRow)

@@ -1,41 +1,35 @@
-"""What the ledger's parts share: the session base class and the helpers several parts call."""
+"""What several of the ledger's repositories share: constants and the helpers that read and
+write a task's row and its events in a transaction the caller opened."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    Select,
     and_,
-    bindparam,
     exists,
-    func,
     insert,
     or_,
     select,
     update,
 )
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.orm import Session, aliased
 
 from relaygraph.errors import ConfigError
 from relaygraph.events import run_finished_event
 from relaygraph.store._derive import BatchRows, derive, event_agent
-from relaygraph.store._engine import database_url, display_url, make_engine
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
-from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
 from relaygraph.store._models import (
     EventRow,
     TaskRow,
 )
-from relaygraph.store._notices import EventNotice
 from relaygraph.store._records import (
     ACTIVE_STATUSES,
     FINISHED_STATUSES,
@@ -59,93 +53,6 @@ def utc_now() -> datetime:
 def hash_key(key: str) -> str:
     """The SHA-256 hex digest the ledger stores in place of an API key."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-class LedgerBase:
-    """The engine and the two kinds of session every part of the ledger uses."""
-
-    def __init__(self, url: str | None = None, *, notify_channel: str | None = None) -> None:
-        self._url = database_url(url)
-        self.notify_channel = notify_channel
-        """The PostgreSQL ``NOTIFY`` channel on which each write of a task's events is
-        announced (:class:`~relaygraph.store.EventNotice`); None: none is sent. SQLite has
-        no notices: the setting is ignored there."""
-        self._engine = make_engine(self._url)
-        self._reader = sessionmaker(self._engine, expire_on_commit=False)
-        # On SQLite, writes begin with BEGIN IMMEDIATE: an engine (and pool) of their own.
-        self._write_engine = (
-            make_engine(self._url, immediate=True) if self.dialect == "sqlite" else self._engine
-        )
-        self._writer = sessionmaker(self._write_engine, expire_on_commit=False)
-
-    def __repr__(self) -> str:
-        return f"Ledger({display_url(self._url)!r})"
-
-    @property
-    def url(self) -> str:
-        """The database URL, password hidden."""
-        return display_url(self._url)
-
-    @property
-    def dialect(self) -> str:
-        """``sqlite`` or ``postgresql``."""
-        return self._engine.dialect.name
-
-    def close(self) -> None:
-        """Close the connection pool; the ledger opens new connections if used again."""
-        self._engine.dispose()
-        self._write_engine.dispose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def upgrade(self, revision: str = "head") -> None:
-        """Apply the shipped migrations up to ``revision``; does nothing when current."""
-        upgrade_engine(self._write_engine, revision)
-
-    def is_current(self) -> bool:
-        """Whether the database has every shipped migration (a readiness check)."""
-        return current_revision(self._engine) == head_revision()
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        with self._writer() as session, session.begin():
-            yield session
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with self._reader() as session, session.begin():
-            yield session
-
-    @contextmanager
-    def _write_connection(self) -> Iterator[Connection]:
-        """A write transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
-        with self._write_engine.begin() as connection:
-            yield connection
-
-    @contextmanager
-    def _read_connection(self) -> Iterator[Connection]:
-        """A read transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
-        with self._engine.begin() as connection:
-            yield connection
-
-    def _snapshots(self, record: type[R], query: Select[Any]) -> list[R]:
-        with self._read() as session:
-            return [snapshot(record, row) for row in session.scalars(query)]
-
-    def _announce(self, session: Session | Connection, task_id: str, last_seq: int) -> None:
-        """Tell every listener, when ``session`` commits, that the task has events up to
-        ``last_seq`` (nothing is sent if it rolls back, or without a channel)."""
-        if self.notify_channel is None or self._engine.dialect.name != "postgresql":
-            return
-        payload = EventNotice(task_id=task_id, seq=last_seq).payload()
-        session.execute(_NOTIFY, {"channel": self.notify_channel, "payload": payload})
-
-
-_NOTIFY = select(func.pg_notify(bindparam("channel"), bindparam("payload")))
 
 
 def no_live_lease(now: datetime) -> ColumnElement[bool]:
@@ -211,7 +118,7 @@ def add_finish_event(
 ) -> int:
     """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
     task no runner holds, a task abandoned or started too often); returns its sequence
-    number (announce it: ``LedgerBase._announce``)."""
+    number (announce it: ``LedgerCore.announce``)."""
     seq = session.scalar(
         update(TaskRow)
         .where(TaskRow.id == task_id)

@@ -1,8 +1,8 @@
 """The worker mode's side of a task: its dispatches to the workers and their attempts.
 
-An API server hands a task to the workers (:meth:`WorkerDispatchLedger.queue_for_workers`,
+An API server hands a task to the workers (:meth:`WorkerDispatchRepository.queue_for_workers`,
 then it publishes the task's id and dispatch number); a worker that receives the message
-begins an attempt (:meth:`WorkerDispatchLedger.begin_attempt`), whose number fences every
+begins an attempt (:meth:`WorkerDispatchRepository.begin_attempt`), whose number fences every
 write of its run (``attempt=`` of ``append_events``, ``end_run``, ``set_status``,
 ``record_usage`` and the tool journal): once another attempt began, the old one's writes
 are refused, so a worker that was only frozen cannot overwrite the new attempt's work.
@@ -14,7 +14,6 @@ from sqlalchemy import bindparam, func, select, update
 
 from relaygraph.store._base import (
     TASK_COLUMNS,
-    LedgerBase,
     add_finish_event,
     apply_status,
     status_values,
@@ -22,11 +21,12 @@ from relaygraph.store._base import (
     task_of_row,
     utc_now,
 )
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import TaskRow
 from relaygraph.store._records import FINISHED_STATUSES, Attempt
 
-__all__ = ["WorkerDispatchLedger"]
+__all__ = ["WorkerDispatchRepository"]
 
 STARTABLE = ("queued", "running")
 """Statuses a worker's attempt may begin from: queued, or running (a message redelivered
@@ -66,8 +66,11 @@ _CLAIM = (
 """A never-published task's first dispatch, taken by one publisher only."""
 
 
-class WorkerDispatchLedger(LedgerBase):
+class WorkerDispatchRepository:
     """Dispatches of tasks to the worker mode's queue, and the attempts that run them."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def queue_for_workers(self, task_id: str) -> int:
         """Hand the task to the workers: ``queued`` (unless it is finished), its dispatch
@@ -83,7 +86,7 @@ class WorkerDispatchLedger(LedgerBase):
             RecordNotFound: No such task.
         """
         now = utc_now()
-        with self._write() as session:
+        with self._core.write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
@@ -104,7 +107,7 @@ class WorkerDispatchLedger(LedgerBase):
             Its dispatch number (1), for the message; None when it was handed over already
             (or is no longer queued).
         """
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             return connection.execute(
                 _CLAIM, {"row_id": task_id, "now": utc_now()}
             ).scalar_one_or_none()
@@ -142,7 +145,7 @@ class WorkerDispatchLedger(LedgerBase):
             started ``max_attempts`` times already (now ``failed``, saying so).
         """
         now = utc_now()
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             begun = connection.execute(
                 _START_ATTEMPT,
                 {
@@ -159,7 +162,7 @@ class WorkerDispatchLedger(LedgerBase):
             return Attempt(number=task.attempts, task=task, fresh=task.started_at == now)
         # Not begun as usual: the locked read below says why (and ends the task where it
         # must), in a transaction of its own, as if the statement above had not run.
-        with self._write() as session:
+        with self._core.write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.dispatch != dispatch or row.status not in STARTABLE:
                 return None
@@ -186,13 +189,13 @@ class WorkerDispatchLedger(LedgerBase):
             apply_status(row, values)
             row.runner_id = row.lease_until = row.cancel_requested_at = None
             seq = add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
-            self._announce(session, task_id, seq)
+            self._core.announce(session, task_id, seq)
             return None
 
     def attempt_state(self, task_id: str) -> tuple[int, bool] | None:
         """The task's latest attempt, and whether a cancel waits on it; None when there is no
         such task. What a worker's run watches (one indexed read)."""
-        with self._read() as session:
+        with self._core.read() as session:
             row = session.execute(
                 select(TaskRow.attempts, TaskRow.cancel_requested_at).where(TaskRow.id == task_id)
             ).first()

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import MAX_PAGE, LedgerBase, utc_now
+from relaygraph.store._base import MAX_PAGE, utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     EvalCaseRow,
@@ -27,8 +28,11 @@ from relaygraph.store._records import (
 )
 
 
-class EvalRunsLedger(LedgerBase):
+class EvalRunRepository:
     """Eval runs and their cases."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def record_eval_run(
         self,
@@ -62,7 +66,7 @@ class EvalRunsLedger(LedgerBase):
             run_count=check.whole(run_count, "run_count"),
             started_at=check.aware(started_at, "started_at") or utc_now(),
         )
-        with self._write() as session:
+        with self._core.write() as session:
             session.add(row)
         return row.id
 
@@ -119,7 +123,7 @@ class EvalRunsLedger(LedgerBase):
             created_at=utc_now(),
         )
         try:
-            with self._write() as session:
+            with self._core.write() as session:
                 if session.get(EvalRunRow, eval_run_id) is None:
                     raise RecordNotFound("eval run", eval_run_id)
                 if task_id is not None and session.get(TaskRow, task_id) is None:
@@ -158,7 +162,7 @@ class EvalRunsLedger(LedgerBase):
         stored = check.json_object(metrics, "metrics")
         pass_rate = check.share(stored.get("pass_rate"), "metrics.pass_rate")
         when = check.aware(finished_at, "finished_at") or utc_now()
-        with self._write() as session:
+        with self._core.write() as session:
             row = session.get(EvalRunRow, eval_run_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("eval run", eval_run_id)
@@ -191,7 +195,7 @@ class EvalRunsLedger(LedgerBase):
             .order_by(EvalRunRow.started_at.desc(), EvalRunRow.id.desc())
             .limit(limit)
         )
-        with self._read() as session:
+        with self._core.read() as session:
             return self._eval_records(session, list(session.scalars(query)))
 
     def eval_run(self, eval_run_id: str) -> EvalRunRecord:
@@ -200,7 +204,7 @@ class EvalRunsLedger(LedgerBase):
         Raises:
             RecordNotFound: No such eval run.
         """
-        with self._read() as session:
+        with self._core.read() as session:
             row = session.get(EvalRunRow, eval_run_id)
             if row is None:
                 raise RecordNotFound("eval run", eval_run_id)

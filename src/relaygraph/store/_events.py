@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, add_events, attempt_refusal, utc_now
+from relaygraph.store._base import add_events, attempt_refusal, utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._models import (
     ApprovalRow,
     EventRow,
@@ -34,8 +35,11 @@ _NEXT_SEQS = (
 _NEXT_SEQS_FENCED = _NEXT_SEQS.where(TaskRow.attempts == bindparam("attempt"))
 
 
-class EventsLedger(LedgerBase):
+class EventRepository:
     """Events and the rows they imply (handoffs, tool calls, approvals), read back in order."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def append_event(
         self, task_id: str, event: Mapping[str, Any], *, attempt: int | None = None
@@ -91,7 +95,7 @@ class EventsLedger(LedgerBase):
         now = utc_now()
         # SQLAlchemy Core, statements built once (see store/_derive.py): the writer's thread
         # takes the interpreter's lock from the graph's for as long as a batch takes.
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             # The update locks the task's row until commit, so concurrent appends to one
             # task take their sequence numbers (and commit) strictly one after another; the
             # attempt is checked on the row it locks, so a new attempt that begins
@@ -122,7 +126,7 @@ class EventsLedger(LedgerBase):
                     now=now,
                 )
             if seqs:
-                self._announce(connection, task_id, seqs[-1])
+                self._core.announce(connection, task_id, seqs[-1])
         return seqs
 
     def events_after(
@@ -136,20 +140,20 @@ class EventsLedger(LedgerBase):
         )
         if limit is not None:
             query = query.limit(limit)
-        with self._read() as session:
+        with self._core.read() as session:
             return [snapshot(Event, row) for row in session.scalars(query)]
 
     def handoffs(self, task_id: str) -> list[HandoffEntry]:
         """Every transfer of work in the task, in order."""
         query = select(HandoffRow).where(HandoffRow.task_id == task_id).order_by(HandoffRow.seq)
-        return self._snapshots(HandoffEntry, query)
+        return self._core.snapshots(HandoffEntry, query)
 
     def tool_calls(self, task_id: str) -> list[ToolCall]:
         """The task's tool calls, in the order they were made."""
         query = select(ToolCallRow).where(ToolCallRow.task_id == task_id)
-        return self._snapshots(ToolCall, query.order_by(ToolCallRow.id))
+        return self._core.snapshots(ToolCall, query.order_by(ToolCallRow.id))
 
     def approvals(self, task_id: str) -> list[Approval]:
         """The task's pauses for a person, oldest first, decided or not."""
         query = select(ApprovalRow).where(ApprovalRow.task_id == task_id)
-        return self._snapshots(Approval, query.order_by(ApprovalRow.id))
+        return self._core.snapshots(Approval, query.order_by(ApprovalRow.id))

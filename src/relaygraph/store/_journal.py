@@ -17,21 +17,25 @@ from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, utc_now
+from relaygraph.store._base import utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import TaskRow, ToolJournalRow
 
-__all__ = ["LedgerToolJournal", "ToolJournalLedger"]
+__all__ = ["LedgerToolJournal", "ToolJournalRepository"]
 
 
-class ToolJournalLedger(LedgerBase):
+class ToolJournalRepository:
     """The tool journal's rows: one per completed call of a task, never changed."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         """The record of the task's call ``call_id``; None if it never completed."""
         # SQLAlchemy Core, statements built once: a read (and a write) on every tool call
         # of a run, on the graph's thread.
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             record = connection.scalar(_RECORD_OF, {"task_id": task_id, "call_id": call_id})
         return dict(record) if record is not None else None
 
@@ -44,7 +48,7 @@ class ToolJournalLedger(LedgerBase):
             RecordNotFound: No such task.
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             current = connection.execute(_ATTEMPTS, {"task_id": task_id}).scalar()
         _refuse_unless_on(task_id, attempt, current)
 
@@ -81,7 +85,7 @@ class ToolJournalLedger(LedgerBase):
         kept = check.json_object(record, "record")
         ids = {"task_id": task_id, "call_id": call}
         try:
-            with self._write_connection() as connection:
+            with self._core.write_connection() as connection:
                 if attempt is not None:
                     # A fenced record locks the task's row, as a new attempt's start does:
                     # the two cannot interleave.
@@ -98,19 +102,19 @@ class ToolJournalLedger(LedgerBase):
             earlier_record = self.journaled_call(task_id, call)
             if earlier_record is not None:
                 return earlier_record
-            with self._read_connection() as connection:
+            with self._core.read_connection() as connection:
                 if connection.execute(_ATTEMPTS, {"task_id": task_id}).first() is None:
                     raise RecordNotFound("task", task_id) from None
             raise
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
-        """This ledger as a task's tool journal (``TaskContext.tool_journal``), unfenced: a
+        """These records as a task's tool journal (``TaskContext.tool_journal``), unfenced: a
         new one at each call, one per run (it keeps what its run recorded)."""
         return LedgerToolJournal(self)
 
     def attempt_journal(self, attempt: int) -> LedgerToolJournal:
-        """This ledger as the tool journal of a worker's ``attempt``: its records are
+        """These records as the tool journal of a worker's ``attempt``: its records are
         refused (``AttemptSuperseded``) once the task is on another attempt."""
         return LedgerToolJournal(self, attempt)
 
@@ -145,15 +149,16 @@ class LedgerToolJournal:
 
     A worker's attempt's journal (``attempt``) also asks the ledger at each :meth:`get`,
     which the journal middleware makes before the call runs, whether the task is still on
-    the attempt (:meth:`ToolJournalLedger.check_attempt`): a stale attempt's tool never
+    the attempt (:meth:`ToolJournalRepository.check_attempt`): a stale attempt's tool never
     runs, and the workspace it would change is the new attempt's. A call already running
     when the task moved on is not stopped by this; its record is refused.
     """
 
-    __slots__ = ("_made", "attempt", "ledger")
+    __slots__ = ("_made", "attempt", "records")
 
-    def __init__(self, ledger: ToolJournalLedger, attempt: int | None = None) -> None:
-        self.ledger = ledger
+    def __init__(self, records: ToolJournalRepository, attempt: int | None = None) -> None:
+        self.records = records
+        """The ledger's journal rows this journal reads and adds to."""
         self.attempt = attempt
         """The worker's attempt whose records these are (the fence); None: unfenced."""
         self._made: dict[str, dict[str, dict[str, Any]]] = {}
@@ -165,14 +170,14 @@ class LedgerToolJournal:
 
     def get(self, task_id: str, call_id: str) -> dict[str, Any] | None:
         if self.attempt is not None:
-            self.ledger.check_attempt(task_id, self.attempt)
+            self.records.check_attempt(task_id, self.attempt)
         made = self._made.get(task_id)
         if made is not None:
             return made.get(call_id)
-        return self.ledger.journaled_call(task_id, call_id)
+        return self.records.journaled_call(task_id, call_id)
 
     def put(self, task_id: str, call_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
-        kept = self.ledger.journal_call(task_id, call_id, record, attempt=self.attempt)
+        kept = self.records.journal_call(task_id, call_id, record, attempt=self.attempt)
         made = self._made.get(task_id)
         if made is not None:
             made[call_id] = kept

@@ -13,7 +13,6 @@ from relaygraph.errors import ConfigError
 from relaygraph.store._base import (
     EARLIER_ACTIVE_ON_THREAD,
     TASK_COLUMNS,
-    LedgerBase,
     add_finish_event,
     apply_status,
     no_live_lease,
@@ -22,6 +21,7 @@ from relaygraph.store._base import (
     task_of_row,
     utc_now,
 )
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
     TaskRow,
@@ -70,8 +70,11 @@ _TAKE_QUEUED = _TAKE_LEASE.where(
 )
 
 
-class LeasesLedger(LedgerBase):
+class LeaseRepository:
     """Leases (a task never runs in two places at once), cancel, and abandoned tasks."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def claim(
         self, task_id: str, status: str = "running", *, only_from: Iterable[str] = ("queued",)
@@ -90,7 +93,7 @@ class LeasesLedger(LedgerBase):
         for each in allowed:
             if each not in TASK_STATUSES:
                 raise ConfigError(f"only_from status {each!r} is not a task status")
-        with self._write() as session:
+        with self._core.write() as session:
             claimed = session.scalar(
                 update(TaskRow)
                 .where(TaskRow.id == task_id, TaskRow.status.in_(allowed))
@@ -131,7 +134,7 @@ class LeasesLedger(LedgerBase):
         now = utc_now()
         # One statement in SQLAlchemy Core, built once, that returns the task (no second
         # read): every run in process starts here.
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             taken = connection.execute(
                 _TAKE_QUEUED if allowed == ("queued",) else _TAKE_LEASE,
                 {
@@ -147,7 +150,7 @@ class LeasesLedger(LedgerBase):
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
         now = utc_now()
-        with self._write() as session:
+        with self._core.write() as session:
             renewed = session.scalar(
                 update(TaskRow)
                 .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
@@ -159,7 +162,7 @@ class LeasesLedger(LedgerBase):
     def release_lease(self, task_id: str, runner_id: str) -> None:
         """Give up ``runner_id``'s lease on the task (if it holds it): another runner may
         take the task at once (a server that stopped mid-run, for the next to continue)."""
-        with self._write() as session:
+        with self._core.write() as session:
             session.execute(
                 update(TaskRow)
                 .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
@@ -168,7 +171,7 @@ class LeasesLedger(LedgerBase):
 
     def cancel_requested(self, task_id: str) -> bool:
         """Whether a cancel waits for the task's runner to act on it."""
-        with self._read() as session:
+        with self._core.read() as session:
             at = session.scalar(select(TaskRow.cancel_requested_at).where(TaskRow.id == task_id))
             return at is not None
 
@@ -192,7 +195,7 @@ class LeasesLedger(LedgerBase):
         """
         values = status_values("cancelled", {"stop_reason": reason})
         now = values["updated_at"]
-        with self._write() as session:
+        with self._core.write() as session:
             cancelled = session.scalar(
                 update(TaskRow)
                 .where(
@@ -214,7 +217,7 @@ class LeasesLedger(LedgerBase):
             if cancelled is not None:
                 # Its event history ends like any run's, so a stream or an audit sees why.
                 seq = add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
-                self._announce(session, task_id, seq)
+                self._core.announce(session, task_id, seq)
                 return _updated(session, task_id, values)
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
@@ -234,7 +237,7 @@ class LeasesLedger(LedgerBase):
             running, or a live runner holds it).
         """
         now = utc_now()
-        with self._write() as session:
+        with self._core.write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.status != "running":
                 return None
@@ -259,13 +262,13 @@ class LeasesLedger(LedgerBase):
             row.runner_id = row.lease_until = None
             row.updated_at = values["updated_at"]
             seq = add_finish_event(session, task_id, values["status"], values["stop_reason"], now)
-            self._announce(session, task_id, seq)
+            self._core.announce(session, task_id, seq)
             session.refresh(row)
             return task_of_row(row)
 
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
         """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""
-        with self._read() as session:
+        with self._core.read() as session:
             row = session.get(TaskRow, task_id)
             if row is None:
                 raise RecordNotFound("task", task_id)

@@ -11,12 +11,13 @@ from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
 from sqlalchemy.orm import aliased
 
 from relaygraph.errors import ConfigError, QuotaExceeded
-from relaygraph.store._base import EARLIER_ACTIVE_ON_THREAD, LedgerBase, utc_now
+from relaygraph.store._base import EARLIER_ACTIVE_ON_THREAD, utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import ProjectRow, TaskRow, UsageRow
 from relaygraph.store._records import ProjectLoad, QuotaOverrides, Quotas
 
-__all__ = ["QUEUED_RETRY_AFTER_SECONDS", "QuotasLedger", "refuse_over_quota"]
+__all__ = ["QUEUED_RETRY_AFTER_SECONDS", "QuotaRepository", "refuse_over_quota"]
 
 QUEUED_RETRY_AFTER_SECONDS = 10
 """``Retry-After`` of a submission over the queued quota: its queue moves as its tasks
@@ -196,8 +197,11 @@ def _checked_overrides(overrides: QuotaOverrides) -> QuotaOverrides:
     return overrides
 
 
-class QuotasLedger(LedgerBase):
+class QuotaRepository:
     """A project's quotas and what it uses now; the fair order of the queued tasks."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def set_project_quotas(self, name: str, overrides: QuotaOverrides) -> QuotaOverrides:
         """Set the operator's quotas of project ``name`` (None: the server's setting).
@@ -207,7 +211,7 @@ class QuotasLedger(LedgerBase):
             RecordNotFound: No such project.
         """
         checked = _checked_overrides(overrides)
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             done = connection.execute(
                 update(ProjectRow)
                 .where(ProjectRow.name == name)
@@ -227,7 +231,7 @@ class QuotasLedger(LedgerBase):
         Raises:
             RecordNotFound: No such project.
         """
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             row = connection.execute(
                 select(*_QUOTA_COLUMNS).where(ProjectRow.id == project_id)
             ).first()
@@ -238,7 +242,7 @@ class QuotasLedger(LedgerBase):
     def project_load(self, project_id: str, *, now: datetime | None = None) -> ProjectLoad:
         """What the project uses now: its tasks running and queued, and today's spend."""
         now = now or utc_now()
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             counts = dict(connection.execute(_COUNT_BY_STATUS, {"project_id": project_id}).all())
             spent = _spent_today(connection, project_id, now=now)
         return ProjectLoad(
@@ -251,7 +255,7 @@ class QuotasLedger(LedgerBase):
         self, project_id: str, *, excluding: str | None = None, now: datetime | None = None
     ) -> float:
         """What the project's tasks (but ``excluding``) spent since 00:00 UTC, in USD."""
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             return _spent_today(connection, project_id, now=now or utc_now(), excluding=excluding)
 
     def queued_tasks(
@@ -281,7 +285,7 @@ class QuotasLedger(LedgerBase):
         the workers to publish now, so that at most ``budget`` published tasks wait for a
         worker, in the fair order (a published task waiting counts as running for its
         project)."""
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             waiting = int(connection.execute(_IN_FLIGHT).scalar() or 0)
         if waiting >= budget:
             return []
@@ -296,5 +300,5 @@ class QuotasLedger(LedgerBase):
             "exclude": exclude,
             "default_max_running": NO_LIMIT if max_running is None else max_running,
         }
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             return [row.id for row in connection.execute(statement, values)]

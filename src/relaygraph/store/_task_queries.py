@@ -9,11 +9,12 @@ from datetime import datetime
 from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
-from relaygraph.store._base import LedgerBase, task_of_row
+from relaygraph.store._base import task_of_row
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._models import TaskRow
 from relaygraph.store._records import TASK_STATUSES, Task
 
-__all__ = ["TaskQueriesLedger", "TaskSelection"]
+__all__ = ["TaskQueryRepository", "TaskSelection"]
 
 MAX_SELECTED = 1000
 """The most tasks one selection returns."""
@@ -55,8 +56,11 @@ class TaskSelection:
             )
 
 
-class TaskQueriesLedger(LedgerBase):
+class TaskQueryRepository:
     """Selections of recorded tasks, newest first."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def select_tasks(self, selection: TaskSelection) -> list[Task]:
         """The tasks ``selection`` matches, newest first, at most its ``limit``.
@@ -76,7 +80,7 @@ class TaskQueriesLedger(LedgerBase):
             query = query.where(TaskRow.replay_of.is_(None))
         query = query.order_by(TaskRow.created_at.desc(), TaskRow.id.desc())
         found: list[Task] = []
-        with self._read() as session:
+        with self._core.read() as session:
             # The team is a JSON value, read differently by each database's dialect: it
             # is matched here, on rows streamed in batches, until the limit is reached.
             for row in session.scalars(query.execution_options(yield_per=200)):
@@ -94,7 +98,7 @@ class TaskQueriesLedger(LedgerBase):
             .where(TaskRow.project_id == project_id, TaskRow.replay_of == task_id)
             .order_by(TaskRow.created_at, TaskRow.id)
         )
-        with self._read() as session:
+        with self._core.read() as session:
             return [task_of_row(row) for row in session.scalars(query)]
 
 

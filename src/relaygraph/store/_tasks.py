@@ -19,7 +19,6 @@ from relaygraph.store._base import (
     FINISHED_STATUSES,
     MAX_PAGE,
     TASK_COLUMNS,
-    LedgerBase,
     apply_status,
     check_attempt,
     no_live_lease,
@@ -28,6 +27,7 @@ from relaygraph.store._base import (
     task_of_row,
     utc_now,
 )
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ProjectRow,
@@ -42,8 +42,11 @@ from relaygraph.store._records import (
 )
 
 
-class TasksLedger(LedgerBase):
+class TaskRepository:
     """Tasks and threads: creating a task (idempotently), reading and listing them, their status."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def create_task(
         self,
@@ -152,7 +155,7 @@ class TasksLedger(LedgerBase):
         key = row["idempotency_key"]
         # SQLAlchemy Core, statements built once: every task starts here.
         try:
-            with self._write_connection() as connection:
+            with self._core.write_connection() as connection:
                 project = connection.execute(
                     _PROJECT if quotas is None else _PROJECT_LOCKED, {"project_id": project_id}
                 ).first()
@@ -171,7 +174,7 @@ class TasksLedger(LedgerBase):
         except IntegrityError:
             # Another writer created the task with this key between our check and insert
             # (PostgreSQL; SQLite's writers take turns and cannot race here).
-            with self._read_connection() as connection:
+            with self._core.read_connection() as connection:
                 earlier = _by_idempotency_key(connection, project_id, key)
                 if earlier is None:
                     raise
@@ -181,7 +184,7 @@ class TasksLedger(LedgerBase):
         """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
         # In SQLAlchemy Core, the statement built once: every served task is read by id
         # when it is handed to a worker, and every poll of a task reads it.
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             found = connection.execute(
                 _TASK, {"task_id": task_id, "project_id": project_id}
             ).first()
@@ -223,7 +226,7 @@ class TasksLedger(LedgerBase):
                 )
             )
         query = query.order_by(TaskRow.created_at.desc(), TaskRow.id.desc()).limit(limit + 1)
-        with self._read() as session:
+        with self._core.read() as session:
             tasks = [task_of_row(row) for row in session.scalars(query)]
         if len(tasks) <= limit:
             return tasks, None
@@ -240,7 +243,7 @@ class TasksLedger(LedgerBase):
             .where(TaskRow.status.in_(FINISHED_STATUSES), ended < cutoff)
             .order_by(ended, TaskRow.id)
         )
-        with self._read() as session:
+        with self._core.read() as session:
             return list(session.scalars(query))
 
     def unfinished_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
@@ -256,7 +259,7 @@ class TasksLedger(LedgerBase):
         )
         if exclude_project is not None:
             query = query.where(TaskRow.project_id != exclude_project)
-        with self._read() as session:
+        with self._core.read() as session:
             rows = session.scalars(query.order_by(TaskRow.created_at, TaskRow.id))
             return [task_of_row(row) for row in rows]
 
@@ -266,19 +269,19 @@ class TasksLedger(LedgerBase):
         For the operator's own tools (``relaygraph trace``), which read every project's
         tasks; the API looks tasks up by project instead.
         """
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             return connection.execute(_TASK_OWNER, {"task_id": task_id}).scalar()
 
     def task_by_idempotency_key(self, project_id: str, key: str) -> Task | None:
         """The project's task created with Idempotency-Key ``key``, if any."""
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             found = _by_idempotency_key(connection, project_id, key)
         return None if found is None else task_of_mapping(found)
 
     def thread_exists(self, thread_id: str, *, project_id: str) -> bool:
         """Whether the project has a task on ``thread_id`` (another project's use of the same id
         does not count, and is never revealed)."""
-        with self._read() as session:
+        with self._core.read() as session:
             found = session.scalar(
                 select(TaskRow.id)
                 .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
@@ -289,7 +292,7 @@ class TasksLedger(LedgerBase):
     def thread_topology(self, thread_id: str, *, project_id: str) -> dict[str, Any] | None:
         """The topology of the project's latest task on the thread (None: structured, or no
         task yet)."""
-        with self._read() as session:
+        with self._core.read() as session:
             return session.scalar(
                 select(TaskRow.topology)
                 .where(TaskRow.project_id == project_id, TaskRow.thread_id == thread_id)
@@ -301,7 +304,7 @@ class TasksLedger(LedgerBase):
         """The project's oldest task on the thread that is queued, running or waiting for a
         person."""
         # Core, built once: asked before and after every served task runs.
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             found = connection.execute(
                 _ACTIVE_ON_THREAD, {"project_id": project_id, "thread": thread_id}
             ).first()
@@ -325,7 +328,7 @@ class TasksLedger(LedgerBase):
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
         values = status_values(status, fields)
-        with self._write() as session:
+        with self._core.write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise RecordNotFound("task", task_id)
@@ -336,7 +339,7 @@ class TasksLedger(LedgerBase):
     def count_tasks_by_status(self) -> dict[str, int]:
         """How many tasks of every project have each status (every status named, 0 too):
         what the service's ``/metrics`` reports."""
-        with self._read() as session:
+        with self._core.read() as session:
             counted = session.execute(
                 select(TaskRow.status, func.count()).group_by(TaskRow.status)
             ).all()
@@ -348,7 +351,7 @@ class TasksLedger(LedgerBase):
         """Since when the task that has waited longest of those ``queued`` in any project
         waits (its submission, or the decision that handed it to the workers again); None
         when none waits. A queue that does not move shows here first."""
-        with self._read() as session:
+        with self._core.read() as session:
             # A queued task's row changes when it is queued and next when it starts (or is
             # cancelled), so its updated_at is when it was queued.
             return session.scalar(

@@ -10,7 +10,8 @@ from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _team_versions
 from relaygraph.store import _validate as check
-from relaygraph.store._base import LedgerBase, utc_now
+from relaygraph.store._base import utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
     ProjectRow,
@@ -22,8 +23,11 @@ from relaygraph.store._records import (
 )
 
 
-class TeamsLedger(LedgerBase):
+class TeamRepository:
     """Registered teams: each project's own named team definitions, versioned."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def register_team(
         self, project_id: str, name: str, *, definition: Mapping[str, Any], digest: str
@@ -51,7 +55,7 @@ class TeamsLedger(LedgerBase):
         digest = check.text(digest, "digest", max_chars=100)
         while True:
             try:
-                with self._write() as session:
+                with self._core.write() as session:
                     if session.get(ProjectRow, project_id) is None:
                         raise RecordNotFound("project", project_id)
                     latest = _team_versions.latest(session, project_id, name)
@@ -81,7 +85,7 @@ class TeamsLedger(LedgerBase):
         self, project_id: str, name: str, version: int | None = None
     ) -> TeamVersion | None:
         """The project's team ``name`` at ``version`` (the latest when None), if it has one."""
-        with self._read() as session:
+        with self._core.read() as session:
             if version is None:
                 row = _team_versions.latest(session, project_id, name)
             else:
@@ -90,13 +94,13 @@ class TeamsLedger(LedgerBase):
 
     def team_versions(self, project_id: str, name: str) -> list[TeamVersion]:
         """Every version of the project's team ``name``, oldest first."""
-        with self._read() as session:
+        with self._core.read() as session:
             rows = _team_versions.every_version(session, project_id, name)
             return [snapshot(TeamVersion, row) for row in rows]
 
     def teams(self, project_id: str) -> list[TeamVersion]:
         """The latest version of each team the project registered, by name."""
-        with self._read() as session:
+        with self._core.read() as session:
             rows = _team_versions.latest_of_each(session, project_id)
             return [snapshot(TeamVersion, row) for row in rows]
 
@@ -105,7 +109,7 @@ class TeamsLedger(LedgerBase):
         name, team name) each, by project name then team name."""
         if not names:
             return []
-        with self._read() as session:
+        with self._core.read() as session:
             rows = session.execute(
                 select(ProjectRow.id, ProjectRow.name, TeamVersionRow.name)
                 .join(ProjectRow, ProjectRow.id == TeamVersionRow.project_id)

@@ -11,7 +11,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import KEY_DISPLAY_CHARS, KEY_PREFIX, LedgerBase, hash_key, utc_now
+from relaygraph.store._base import KEY_DISPLAY_CHARS, KEY_PREFIX, hash_key, utc_now
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ApiKeyRow,
@@ -32,8 +33,11 @@ _AUTHENTICATE = (
 """The project of a live key's hash (``key_hash``)."""
 
 
-class TenantsLedger(LedgerBase):
+class TenantRepository:
     """Projects (the tenants) and their API keys."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def create_project(self, name: str) -> tuple[Project, str]:
         """Create a project (a tenant of the task service) and its first API key.
@@ -49,7 +53,7 @@ class TenantsLedger(LedgerBase):
         now = utc_now()
         project = ProjectRow(id=str(uuid.uuid4()), name=name, created_at=now)
         try:
-            with self._write() as session:
+            with self._core.write() as session:
                 if session.scalar(select(ProjectRow.id).where(ProjectRow.name == name)) is not None:
                     raise RecordConflict("project", name, "a project of that name exists")
                 session.add(project)
@@ -61,7 +65,7 @@ class TenantsLedger(LedgerBase):
 
     def create_api_key(self, project_id: str) -> tuple[ApiKey, str]:
         """Give a project another API key; returns the record and the plain key (shown once)."""
-        with self._write() as session:
+        with self._core.write() as session:
             if session.get(ProjectRow, project_id) is None:
                 raise RecordNotFound("project", project_id)
             return self._new_key(session, project_id, utc_now())
@@ -80,7 +84,7 @@ class TenantsLedger(LedgerBase):
 
     def revoke_api_key(self, key_id: str) -> ApiKey:
         """Stop a key from authenticating; the record stays for the audit trail."""
-        with self._write() as session:
+        with self._core.write() as session:
             row = session.get(ApiKeyRow, key_id)
             if row is None:
                 raise RecordNotFound("api key", key_id)
@@ -89,7 +93,7 @@ class TenantsLedger(LedgerBase):
 
     def api_keys(self, project_id: str) -> list[ApiKey]:
         """A project's keys, oldest first, revoked ones included."""
-        with self._read() as session:
+        with self._core.read() as session:
             rows = session.scalars(
                 select(ApiKeyRow)
                 .where(ApiKeyRow.project_id == project_id)
@@ -103,17 +107,17 @@ class TenantsLedger(LedgerBase):
             return None
         # SQLAlchemy Core, the statement built once: every API request starts here (the
         # ORM query cost a task's submission more of the interpreter than recording it).
-        with self._read_connection() as connection:
+        with self._core.read_connection() as connection:
             row = connection.execute(_AUTHENTICATE, {"key_hash": hash_key(key)}).first()
         return None if row is None else Project(**row._mapping)
 
     def get_project(self, name: str) -> Project | None:
-        with self._read() as session:
+        with self._core.read() as session:
             row = session.scalars(select(ProjectRow).where(ProjectRow.name == name)).first()
             return snapshot(Project, row) if row is not None else None
 
     def project_by_id(self, project_id: str) -> Project | None:
         """The project ``project_id``; None when there is none."""
-        with self._read() as session:
+        with self._core.read() as session:
             row = session.get(ProjectRow, project_id)
             return snapshot(Project, row) if row is not None else None

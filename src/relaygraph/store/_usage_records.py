@@ -14,11 +14,11 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import _usage
 from relaygraph.store import _validate as check
 from relaygraph.store._base import (
-    LedgerBase,
     apply_status,
     status_values,
     utc_now,
 )
+from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import (
     TaskRow,
@@ -33,7 +33,7 @@ from relaygraph.store._records import (
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunEnd:
     """What a run writes when it ends, given to ``Ledger.append_events(end=...)`` with the
-    run's last events (the arguments of :meth:`UsageLedger.end_run`, which says what each
+    run's last events (the arguments of :meth:`UsageRepository.end_run`, which says what each
     does; the attempt is the batch's)."""
 
     usage: Sequence[Mapping[str, Any]] = ()
@@ -48,13 +48,16 @@ class RunEnd:
         return status_values(self.status, {"answer": self.answer, "stop_reason": self.stop_reason})
 
 
-class UsageLedger(LedgerBase):
+class UsageRepository:
     """Usage per role per task, and the end of a run (usage, status, lease: one transaction)."""
+
+    def __init__(self, core: LedgerCore) -> None:
+        self._core = core
 
     def usage(self, task_id: str) -> list[AgentUsage]:
         """The task's usage, one entry per role."""
         query = select(UsageRow).where(UsageRow.task_id == task_id).order_by(UsageRow.agent)
-        return self._snapshots(AgentUsage, query)
+        return self._core.snapshots(AgentUsage, query)
 
     def record_usage(
         self,
@@ -81,7 +84,7 @@ class UsageLedger(LedgerBase):
             AttemptSuperseded: The task is on another attempt than ``attempt``.
         """
         now = utc_now()
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             # The update locks the task's row (rolled back on a refusal).
             current = connection.execute(_LOCK_TASK, {"row_id": task_id, "now": now}).scalar()
             if current is None:
@@ -120,7 +123,7 @@ class UsageLedger(LedgerBase):
         values = status_values(status, fields) if status is not None else None
         # SQLAlchemy Core, statements built once: every run ends here, on a thread that
         # shares the interpreter with the graphs.
-        with self._write_connection() as connection:
+        with self._core.write_connection() as connection:
             end_run_in(
                 connection,
                 task_id,
@@ -148,7 +151,7 @@ class UsageLedger(LedgerBase):
         end = check.aware(until, "until")
         if start is not None and end is not None and start > end:
             raise ConfigError(f"since {start.isoformat()!r} is after until {end.isoformat()!r}")
-        with self._read() as session:
+        with self._core.read() as session:
             usage = _usage.project_usage(session, project_id, start, end)
         return {
             "project_id": project_id,
@@ -218,7 +221,7 @@ def end_run_in(
     attempt: int | None,
     now: datetime,
 ) -> None:
-    """:meth:`UsageLedger.end_run` in ``connection``'s transaction; ``values`` are the
+    """:meth:`UsageRepository.end_run` in ``connection``'s transaction; ``values`` are the
     status's (``status_values``), None to leave the status as it is."""
     found = connection.execute(_RUN_END_STATE, {"row_id": task_id}).first()
     if found is None:

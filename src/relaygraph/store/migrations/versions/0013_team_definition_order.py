@@ -13,7 +13,7 @@ a version from the same text, in that order, so a task started on it after the u
 records that team's digest and runs wherever it is taken (a task that recorded the digest of
 the team as pushed, before the upgrade, is refused as before: that team cannot be rebuilt).
 The row's ``digest`` stays the pushed team's, so pushing the same file again is not taken
-for no change: the ledger also compares the agents' order (``TeamsLedger.register_team``),
+for no change: the ledger also compares the agents' order (``TeamRepository.register_team``),
 and the push makes a new version that keeps it.
 
 Revision ID: 0013

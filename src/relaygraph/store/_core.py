@@ -1,0 +1,107 @@
+"""The ledger's database: its engines and the four kinds of transaction every repository opens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Select, bindparam, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from relaygraph.store._engine import database_url, display_url, make_engine
+from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
+from relaygraph.store._notices import EventNotice
+from relaygraph.store._records import snapshot
+
+R = TypeVar("R")
+
+_NOTIFY = select(func.pg_notify(bindparam("channel"), bindparam("payload")))
+
+
+class LedgerCore:
+    """The engine and the sessions that every repository of the ledger is given.
+
+    Args:
+        url: A SQLAlchemy URL; see :func:`~relaygraph.store.database_url` for None.
+        notify_channel: The PostgreSQL ``NOTIFY`` channel of event notices; None: none.
+
+    Raises:
+        ConfigError: The URL is not one the ledger can use.
+    """
+
+    def __init__(self, url: str | None = None, *, notify_channel: str | None = None) -> None:
+        self._url = database_url(url)
+        self.notify_channel = notify_channel
+        """The PostgreSQL ``NOTIFY`` channel on which each write of a task's events is
+        announced (:class:`~relaygraph.store.EventNotice`); None: none is sent. SQLite has
+        no notices: the setting is ignored there."""
+        self.engine = make_engine(self._url)
+        """The engine of reads (and, on PostgreSQL, of writes too)."""
+        # On SQLite, writes begin with BEGIN IMMEDIATE: an engine (and pool) of their own.
+        self.write_engine = (
+            make_engine(self._url, immediate=True) if self.dialect == "sqlite" else self.engine
+        )
+        """The engine of writes."""
+        self._reader = sessionmaker(self.engine, expire_on_commit=False)
+        self._writer = sessionmaker(self.write_engine, expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return display_url(self._url)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        """Close the connection pools; new connections are opened if the core is used again."""
+        self.engine.dispose()
+        self.write_engine.dispose()
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply the shipped migrations up to ``revision``; does nothing when current."""
+        upgrade_engine(self.write_engine, revision)
+
+    def is_current(self) -> bool:
+        """Whether the database has every shipped migration (a readiness check)."""
+        return current_revision(self.engine) == head_revision()
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction in an ORM session."""
+        with self._writer() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read transaction in an ORM session."""
+        with self._reader() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def write_connection(self) -> Iterator[Connection]:
+        """A write transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
+        with self.write_engine.begin() as connection:
+            yield connection
+
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A read transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
+        with self.engine.begin() as connection:
+            yield connection
+
+    def snapshots(self, record: type[R], query: Select[Any]) -> list[R]:
+        """The rows ``query`` selects, each as a ``record`` (a frozen dataclass)."""
+        with self.read() as session:
+            return [snapshot(record, row) for row in session.scalars(query)]
+
+    def announce(self, session: Session | Connection, task_id: str, last_seq: int) -> None:
+        """Tell every listener, when ``session`` commits, that the task has events up to
+        ``last_seq`` (nothing is sent if it rolls back, or without a channel)."""
+        if self.notify_channel is None or self.dialect != "postgresql":
+            return
+        payload = EventNotice(task_id=task_id, seq=last_seq).payload()
+        session.execute(_NOTIFY, {"channel": self.notify_channel, "payload": payload})
