@@ -41,6 +41,20 @@ class Call:
             lambda: runnable.ainvoke(value, config, **kwargs),
         )
 
+    @classmethod
+    def blocking(cls, fn: Callable[..., Any], *args: Any) -> Call:
+        """``fn(*args)``, a short blocking call (a ledger read or write): on this thread, or
+        on a thread of the loop's default executor, so that the loop goes on meanwhile."""
+        import asyncio
+
+        return cls(lambda: fn(*args), lambda: asyncio.to_thread(fn, *args))
+
+    @classmethod
+    def handler(cls, handler: Callable[[Any], Any], request: Any) -> Call:
+        """A middleware's call of the next handler, as LangChain passed it: a sync one under
+        ``wrap_*`` (called on the thread), an async one under ``awrap_*`` (awaited)."""
+        return cls(lambda: handler(request), lambda: handler(request))
+
 
 Steps = Generator[Call, Any, T]
 """A node's logic: yields the calls it makes, returns the node's result."""

@@ -369,7 +369,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if note is not None:
             return ModelResponse(result=[note])
         with due_within(self._seconds_left(messages)):
-            response: ModelResponse[Any] = yield _handled(handler, request)
+            response: ModelResponse[Any] = yield Call.handler(handler, request)
         # Marking the model's own messages lets usage be counted from the checkpointed
         # transcript alone (re-runs cannot double count), apart from notes middleware adds.
         for message in response.result:
@@ -405,7 +405,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if refused is not None:
             return self._refused(request, refused)
         if handoff_target(call["name"]) is not None:
-            answer = yield _handled(handler, request)
+            answer = yield Call.handler(handler, request)
             return self._with_others_answered(answer, call, calls, tools, budget)
         if budget is not None:
             spent = self._check_tool(call, messages, calls, tools, budget)
@@ -432,7 +432,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             )
         if call["name"] in self.rules.approval:
             return (yield from self._with_approval(request, handler, budget))
-        return (yield _handled(handler, request))
+        return (yield Call.handler(handler, request))
 
     def _refused(self, request: ToolCallRequest, refused: _Refused) -> ToolMessage:
         """Refuse the call: its violation's live event, and the answer that records it."""
@@ -624,11 +624,11 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             )
         )
         if verdict == "approve":
-            return (yield _handled(handler, request))
+            return (yield Call.handler(handler, request))
         if edited_args is not None:
             edited = {**call, "args": edited_args}
             overridden = request.override(tool_call=edited)  # type: ignore[arg-type]
-            return (yield _handled(handler, overridden))
+            return (yield Call.handler(handler, overridden))
         return ToolMessage(
             content=f"A person rejected this call of {call['name']}: "
             f"{reason or 'no reason given'}. Do not make it again as it was.",
@@ -637,9 +637,3 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             status="error",
             additional_kwargs={NOT_RUN_KEY: True},
         )
-
-
-def _handled(handler: Callable[..., Any], request: Any) -> Call:
-    """The middleware's call of the next handler, as LangChain passed it: a sync one under
-    ``wrap_*`` (made on the thread), an async one under ``awrap_*`` (awaited)."""
-    return Call(lambda: handler(request), lambda: handler(request))

@@ -11,11 +11,12 @@ checks it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,3 +240,103 @@ def _setup_lock(conninfo: str) -> Iterator[None]:
             yield
         finally:
             connection.execute("SELECT pg_advisory_unlock(%s)", (CHECKPOINT_SETUP_LOCK,))
+
+
+class _LoopSavers:
+    """Async checkpointers kept open per event loop and database: a loop running many
+    tasks at once (``serve``) shares one SQLite connection (aiosqlite's, on its own
+    thread) or one pool of PostgreSQL connections, rather than open one per run. They are
+    bound to their loop; :func:`close_async_checkpointers` closes a loop's before it ends."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, str], tuple[Any, Callable[[], Awaitable[None]]]] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    async def get(self, key: str, opener: Callable[[], Awaitable[tuple[Any, Any]]]) -> Any:
+        loop = id(asyncio.get_running_loop())
+        lock = self._locks.setdefault(loop, asyncio.Lock())
+        async with lock:
+            kept = self._open.get((loop, key))
+            if kept is None:
+                kept = await opener()
+                self._open[(loop, key)] = kept
+        return kept[0]
+
+    async def close(self) -> None:
+        loop = id(asyncio.get_running_loop())
+        for key in [k for k in self._open if k[0] == loop]:
+            _, closer = self._open.pop(key)
+            await closer()
+        self._locks.pop(loop, None)
+
+    def forget(self) -> None:
+        self._open, self._locks = {}, {}
+
+
+_LOOP_SAVERS = _LoopSavers()
+os.register_at_fork(after_in_child=_LOOP_SAVERS.forget)
+
+
+async def async_checkpointer(home: Path) -> Any:
+    """The running event loop's checkpointer for in-process runs (see
+    :func:`open_checkpointer`, whose unfenced savers these are, in their async form)."""
+    from relaygraph.store import DATABASE_URL_ENV
+
+    conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
+    if conninfo is None:
+        path = str((home / "checkpoints.sqlite").resolve())
+        return await _LOOP_SAVERS.get(path, lambda: _open_async_sqlite(Path(path)))
+    return await _LOOP_SAVERS.get(conninfo, lambda: _open_async_postgres(conninfo))
+
+
+async def close_async_checkpointers() -> None:
+    """Close the running loop's checkpointers (its runs are over)."""
+    await _LOOP_SAVERS.close()
+
+
+async def _open_async_sqlite(path: Path) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    import aiosqlite
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    conn = await aiosqlite.connect(path, timeout=30)
+    await conn.execute("PRAGMA journal_mode=WAL")
+    await conn.execute("PRAGMA synchronous=NORMAL")
+    saver = AsyncSqliteSaver(conn)
+    key = f"sqlite:{path.resolve()}"
+    if key not in _SETUP_DONE:
+        await saver.setup()
+        with _SETUP_LOCK:
+            _SETUP_DONE.add(key)
+    return saver, conn.close
+
+
+async def _open_async_postgres(conninfo: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    if conninfo not in _SETUP_DONE:
+        # The saver's migrations, as the sync path runs them (one process at a time).
+        await asyncio.to_thread(_setup_postgres, conninfo)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        conninfo,
+        min_size=0,
+        max_size=POSTGRES_POOL_SIZE,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        check=AsyncConnectionPool.check_connection,
+        name="relaygraph-checkpoints-async",
+        open=False,
+    )
+    await pool.open()
+    return AsyncPostgresSaver(pool), pool.close
+
+
+def _setup_postgres(conninfo: str) -> None:
+    with _SETUP_LOCK:
+        if conninfo in _SETUP_DONE:
+            return
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        with _setup_lock(conninfo), PostgresSaver.from_conn_string(conninfo) as saver:
+            saver.setup()
+        _SETUP_DONE.add(conninfo)
