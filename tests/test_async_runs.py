@@ -5,9 +5,14 @@ thread per run."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from relaygraph.policies import policy_to_mapping
 from relaygraph.runner import TaskRunner
@@ -76,3 +81,83 @@ def test_runs_on_a_loop_match_a_run_on_a_thread(ledger: Ledger, home: Path) -> N
         stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
         assert stored is not None and stored.status == "succeeded"
         assert ledger.lease_of(task.id)[0] is None  # The lease went with the end.
+
+
+def _job_turns(job: str) -> list[dict[str, Any]]:
+    task = f"[job {job}] Write the line."
+    return [
+        {"route": {"next": "writer", "task": task, "reason": "a deliverable"}},
+        {"content": f"One line for [job {job}]."},
+        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
+        {"content": f"Done: one line for [job {job}]."},
+    ]
+
+
+def _job_of(body: dict[str, Any]) -> str | None:
+    found = re.search(r"\[job ([\w-]+)\]", json.dumps(body.get("messages")))
+    return found.group(1) if found else None
+
+
+def test_a_server_holds_many_tasks_in_flight_on_few_threads(
+    ledger: Ledger, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TaskWorkers`` runs every task in flight on its loop: with a model that takes its
+    time, all of them wait for it at once, on a handful of threads, and ``load()`` says so."""
+    from relaygraph.api._workers import TaskWorkers
+    from tests.openai_server import serve_script
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    count = 40
+    jobs = [f"j{i}" for i in range(count)]
+    gate = threading.Event()
+    arrived: set[str] = set()
+
+    def key_from(body: dict[str, Any]) -> str | None:
+        job = _job_of(body)
+        if job is not None:
+            arrived.add(job)
+            # The model answers no task's first call until every task has made one: they
+            # are all in flight at once, or the test times out.
+            gate.wait(60)
+        return job
+
+    script = {job: _job_turns(job) for job in jobs}
+    with serve_script(script, key_from=key_from) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        roles = Topology().roles(tuple(default_policy().agents))
+        tasks = []
+        for job in jobs:
+            task, _ = ledger.create_task(
+                project_id=LOCAL_PROJECT_ID,
+                input=f"[job {job}] Write one line.",
+                policy=policy_to_mapping(default_policy()),
+                models=dict.fromkeys(roles, "openai:script-bench"),
+                topology=Topology().to_mapping(),
+            )
+            tasks.append(task)
+        workers = TaskWorkers(ledger, home=home, workers=count, sync_threads=4)
+        try:
+            for task in tasks:
+                workers.enqueue(task)
+            deadline = time.monotonic() + 120
+            while len(arrived) < count and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(arrived) == count  # Every task waits for its model at once...
+            load = workers.load()
+            assert (load.in_flight, load.waiting, load.capacity) == (count, 0, count)
+            ours = [t for t in threading.enumerate() if t.name.startswith("relaygraph")]
+            assert len(ours) < count // 2  # ...on a few threads, not one each.
+            gate.set()
+            for task in tasks:
+                while time.monotonic() < deadline:
+                    stored = ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
+                    if stored is not None and stored.status not in ("queued", "running"):
+                        break
+                    time.sleep(0.05)
+                assert stored is not None and stored.status == "succeeded", stored
+        finally:
+            gate.set()
+            workers.shutdown(wait=True)
+    assert workers.load().in_flight == 0

@@ -1,10 +1,15 @@
-"""The event loop a server process runs its tasks on, on a thread of its own.
+"""The event loop a server process runs its tasks on, on a thread of its own: one per
+process (:meth:`TaskLoop.shared`), for as long as the process lives.
 
 Agent tasks spend nearly all their time waiting for a model. A run on the loop
 (``TaskRunner.arun``) holds no thread while it waits, so one process holds as many tasks
 in flight as its CPU and memory allow, not one thread (or process) each. Sync steps (tools,
 the ledger's reads and writes, sync nodes) run on the loop's default executor, a bounded
 pool of ``sync_threads``.
+
+One loop per process, never closed: what the runs leave bound to it (each model's async
+HTTP client and its kept connections, the async checkpointers) is shared by every run of
+the process, and would be unusable from another loop.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -56,6 +62,16 @@ class TaskLoop:
         self._thread.start()
         self._ready.wait()
 
+    @classmethod
+    def shared(cls, *, sync_threads: int = DEFAULT_SYNC_THREADS) -> TaskLoop:
+        """The process's task loop, started by the first caller (whose ``sync_threads``
+        it keeps)."""
+        global _SHARED
+        with _SHARED_LOCK:
+            if _SHARED is None:
+                _SHARED = cls(sync_threads=sync_threads)
+            return _SHARED
+
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
@@ -80,12 +96,15 @@ class TaskLoop:
     def load(self) -> LoopLoad:
         return LoopLoad(lag_seconds=self._lag, sync_queue=self._executor._work_queue.qsize())
 
-    def stop(self, *, wait: bool = True) -> None:
-        """Stop the loop and its executor (the tasks on it are over or left: see
-        ``TaskWorkers.shutdown``)."""
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        if wait:
-            self._thread.join()
-        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+_SHARED: TaskLoop | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def _forget() -> None:
+    """In a forked child: the parent's loop thread is not there."""
+    global _SHARED, _SHARED_LOCK
+    _SHARED, _SHARED_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)

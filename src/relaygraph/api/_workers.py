@@ -26,7 +26,6 @@ from relaygraph.api._task_loop import DEFAULT_SYNC_THREADS, TaskLoop
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
-from relaygraph.runner._checkpoint import close_async_checkpointers
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -107,7 +106,8 @@ class TaskWorkers:
                 project's own, set by the operator, over them): the running quota is
                 obeyed by :meth:`pull`, the daily budget by each run. None: none.
             sync_threads: Threads for the runs' sync steps (tools, ledger writes), shared
-                by every task in flight.
+                by every task in flight of the process (the first ``TaskWorkers`` of the
+                process sets it: see :meth:`TaskLoop.shared`).
         """
         self.ledger = ledger
         self.workers = workers
@@ -125,7 +125,7 @@ class TaskWorkers:
             workspace_quota=workspace_quota,
             quotas=quotas,
         )
-        self._loop = TaskLoop(sync_threads=sync_threads)
+        self._loop = TaskLoop.shared(sync_threads=sync_threads)
         self._slots: asyncio.Semaphore | None = None
         """Room for the tasks in flight (made on the loop, by the first run)."""
         self._running = 0
@@ -495,5 +495,3 @@ class TaskWorkers:
             for future in futures:
                 with contextlib.suppress(Exception):  # Logged by the run itself.
                     future.result()
-            self._loop.submit(close_async_checkpointers()).result()
-        self._loop.stop(wait=wait)

@@ -287,15 +287,15 @@ class TaskRunner:
         try:
             ended = no_room = False
             try:
-                checkpointer = await async_checkpointer(self.home)
-                graph = graph_team.copy({"checkpointer": checkpointer})
-                graph_input = await run.agraph_input(graph, graph_input)
-                if isinstance(graph_input, Mapping) and "request" in graph_input:
-                    journal = run.context.tool_journal
-                    if isinstance(journal, LedgerToolJournal):  # See run().
-                        journal.starts_empty(task.id)
-                run.writer.put(run.started_event())
-                end = await run.astream(graph, graph_input, stream_tokens=stream_tokens)
+                async with async_checkpointer(self.home) as checkpointer:
+                    graph = graph_team.copy({"checkpointer": checkpointer})
+                    graph_input = await run.agraph_input(graph, graph_input)
+                    if isinstance(graph_input, Mapping) and "request" in graph_input:
+                        journal = run.context.tool_journal
+                        if isinstance(journal, LedgerToolJournal):  # See run().
+                            journal.starts_empty(task.id)
+                    run.writer.put(run.started_event())
+                    end = await run.astream(graph, graph_input, stream_tokens=stream_tokens)
                 result = run.result(end)
                 # Its reads (a ping-pong's approvals) and its end's write, off the loop.
                 await asyncio.to_thread(run.record_end, end, result)
