@@ -35,7 +35,16 @@ from _common import (  # noqa: E402
     versions,
 )
 
-BENCHMARKS = ("overhead", "tokens", "checkpoints", "coldstart", "local", "service", "fairness")
+BENCHMARKS = (
+    "overhead",
+    "tokens",
+    "checkpoints",
+    "coldstart",
+    "local",
+    "service",
+    "fairness",
+    "inflight",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -182,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             import bench_fairness
 
             sections.append(bench_fairness.run(args.quick))
+        if "inflight" in chosen:
+            log("8. tasks in flight: serve against bare LangGraph on one event loop")
+            import bench_inflight
+
+            sections.append(bench_inflight.run(args.quick))
     text = _render(
         sections,
         command=command,
