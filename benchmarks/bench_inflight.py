@@ -141,14 +141,15 @@ def _bare(level: int, base_url: str, home: Path) -> Side:
     return side
 
 
-def _relaygraph(level: int, root: Path) -> Side:
+def _relaygraph(level: int, root: Path, base_url: str) -> Side:
     from tests.worker_cluster import Cluster
 
     from relaygraph.client import Client
 
     side = Side(level)
     jobs = _jobs("rg", level)
-    with Cluster(root / f"serve-{level}", database_url=None, broker=None) as cluster:
+    env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "bench"}
+    with Cluster(root / f"serve-{level}", database_url=None, broker=None, env=env) as cluster:
         server = cluster.serve("api", model=MODEL, workers=level, processes=1)
         key = cluster.create_project("bench")
         pid = server.pid
@@ -231,7 +232,7 @@ def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
             home.mkdir()
             bare = _bare(level, fake.base_url, home)
             log(f"  {level} in flight: relaygraph serve")
-            ours = _relaygraph(level, Path(tmp))
+            ours = _relaygraph(level, Path(tmp), fake.base_url)
             rows.append((bare, ours))
     _report(section, rows, quick)
     return section

@@ -30,7 +30,6 @@ from relaygraph.events import (
     violation_event,
 )
 from relaygraph.runner._inline_saves import saves_inline
-from relaygraph.runner._lease import AttemptWatch
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._summary import (
     citations_checked,
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from relaygraph.agents.context import TaskContext
     from relaygraph.policies import TeamPolicy
     from relaygraph.runner._event_writer import EventWriter
-    from relaygraph.runner._lease import LeaseKeeper
+    from relaygraph.runner._lease import RunHold
     from relaygraph.store import Ledger, Task
     from relaygraph.topology import Topology
 
@@ -94,7 +93,7 @@ class TaskRun:
     """The graph call's config: thread, identity, limits, tracing."""
     cancel: threading.Event
     stop: threading.Event | None
-    lease: LeaseKeeper | AttemptWatch
+    lease: RunHold
     """The runner's hold on the task: its lease (in process), or its attempt (a worker)."""
     writer: EventWriter
     watch_cancel: bool = True
