@@ -29,6 +29,9 @@ async def _run(args: argparse.Namespace, jobs: list[str]) -> dict[str, Any]:
 
     model = ChatOpenAI(model=args.model, base_url=args.base_url, api_key="bench", max_retries=0)  # type: ignore[arg-type]
     conn = await aiosqlite.connect(Path(args.home) / "bare-checkpoints.sqlite")
+    # The SQLite settings relaygraph's checkpointer uses (and the other bare sides here).
+    await conn.execute("PRAGMA journal_mode=WAL")
+    await conn.execute("PRAGMA synchronous=NORMAL")
     saver = AsyncSqliteSaver(conn)
     await saver.setup()
     team = build_bare_team(

@@ -126,8 +126,8 @@ class TaskWorkers:
             quotas=quotas,
         )
         self._loop = TaskLoop.shared(sync_threads=sync_threads)
-        self._slots: asyncio.Semaphore | None = None
-        """Room for the tasks in flight (made on the loop, by the first run)."""
+        self._slots = asyncio.Semaphore(workers)
+        """Room for the tasks in flight (bound to the task loop by its first use)."""
         self._running = 0
         self._cancel: dict[str, threading.Event] = {}
         self._starts: dict[str, int] = {}
@@ -375,8 +375,6 @@ class TaskWorkers:
         )
 
     async def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.workers)
         async with self._slots:
             if self._stopping.is_set():
                 # Not begun when the server began to stop: it stays as it is (queued, or
