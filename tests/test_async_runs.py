@@ -167,3 +167,37 @@ def test_a_server_holds_many_tasks_in_flight_on_few_threads(
             gate.set()
             workers.shutdown(wait=True)
     assert workers.load().in_flight == 0
+
+
+def test_metrics_show_the_tasks_in_flight_and_the_loops_lag() -> None:
+    from datetime import UTC, datetime
+
+    from relaygraph.api._workers import WorkersLoad
+    from relaygraph.api.routes.metrics import metrics_text
+
+    load = WorkersLoad(
+        in_flight=187, waiting=3, capacity=200, loop_lag_seconds=0.0042, sync_queue=1
+    )
+    text = metrics_text({}, None, now=datetime.now(UTC), load=load)
+    lines = set(text.splitlines())
+    assert {
+        "relaygraph_tasks_in_flight 187",
+        "relaygraph_tasks_in_flight_max 200",
+        "relaygraph_tasks_waiting 3",
+        "relaygraph_event_loop_lag_seconds 0.0042",
+        "relaygraph_sync_steps_waiting 1",
+    } <= lines
+    # The worker mode's API servers run no tasks: no such gauges.
+    assert "tasks_in_flight" not in metrics_text({}, None, now=datetime.now(UTC))
+
+
+def test_tasks_in_flight_past_the_limit_are_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from relaygraph.api._settings import load_settings
+    from relaygraph.errors import ConfigError
+
+    monkeypatch.delenv("RELAYGRAPH_PROCESSES", raising=False)
+    with pytest.raises(ConfigError, match="--workers"):
+        load_settings(workers=10_001)
+    assert load_settings(workers=10_000).workers == 10_000
