@@ -148,7 +148,12 @@ def _relaygraph(level: int, root: Path, base_url: str) -> Side:
 
     side = Side(level)
     jobs = _jobs("rg", level)
-    env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "bench"}
+    env = {
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "bench",
+        # Every task is handed over at once: the project's queue must hold them all.
+        "RELAYGRAPH_PROJECT_MAX_QUEUED": str(len(jobs)),
+    }
     with Cluster(root / f"serve-{level}", database_url=None, broker=None, env=env) as cluster:
         server = cluster.serve("api", model=MODEL, workers=level, processes=1)
         key = cluster.create_project("bench")
@@ -234,6 +239,11 @@ def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
             log(f"  {level} in flight: relaygraph serve")
             ours = _relaygraph(level, Path(tmp), fake.base_url)
             rows.append((bare, ours))
+            for who, side in (("bare", bare), ("serve", ours)):
+                log(
+                    f"    {who}: {side.tasks_per_second:.1f} tasks/s ({side.of_bound:.0%}), "
+                    f"RSS {side.rss_mb:.0f} MB, p99 {side.p99_ms}, failures {len(side.failures)}"
+                )
     _report(section, rows, quick)
     return section
 
