@@ -44,6 +44,7 @@ BENCHMARKS = (
     "service",
     "fairness",
     "kb",
+    "inflight",
 )
 
 
@@ -196,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             import bench_kb
 
             sections.append(bench_kb.run(Path(tmp) / "kb-eval", part="test"))
+        if "inflight" in chosen:
+            log("9. tasks in flight: serve against bare LangGraph on one event loop")
+            import bench_inflight
+
+            sections.append(bench_inflight.run(args.quick))
     text = _render(
         sections,
         command=command,

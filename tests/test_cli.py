@@ -199,7 +199,11 @@ def test_a_reader_that_goes_away_gets_no_traceback(home: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["--workers", "100"], {}, "RELAYGRAPH_WORKERS / --workers 100: Input should be less"),
+        (
+            ["--workers", "10001"],
+            {},
+            "RELAYGRAPH_WORKERS / --workers 10001: Input should be less",
+        ),
         ([], {"RELAYGRAPH_ALLOWED_MODELS": "openai:*"}, "RELAYGRAPH_ALLOWED_MODELS 'openai:*'"),
         ([], {"RELAYGRAPH_LEASE_SECONDS": "0"}, "RELAYGRAPH_LEASE_SECONDS '0': Input should be"),
     ],

@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "relaygraph"
 
 # The bottom: stdlib only (the shared names and typed records every layer may read).
-BASE = ("errors", "_names", "events", "_deadline")
+BASE = ("errors", "_names", "events", "_deadline", "_calls")
 MODEL_FREE = (*BASE, "_home", "topology")
 
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -25,6 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "events": ("_names",),
     "_home": (),
     "_deadline": (),
+    "_calls": (),
     "topology": BASE,
     "client": BASE,
     "backends": BASE,

@@ -8,6 +8,7 @@ deadline; none waits a fixed time for correctness.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -188,14 +189,17 @@ def test_workers_are_shared_out_and_processes_are_checked() -> None:
         load_settings(workers=2, processes=3)
 
 
-def test_serve_spreads_its_workers_two_to_a_process_unless_told(
+def test_serve_spreads_its_tasks_in_flight_a_thousand_to_a_process_unless_told(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("RELAYGRAPH_PROCESSES", raising=False)
     monkeypatch.delenv("RELAYGRAPH_BROKER_URL", raising=False)
-    # serve's default 2 workers stay in the server process; 8 go 2 to a process.
-    assert [load_settings(workers=n).processes for n in (1, 2, 3, 8, 64)] == [1, 1, 2, 4, 16]
+    # serve's default 100 in flight stay in the server process (its event loop); past a
+    # thousand, a process per thousand, at most 16.
+    sizes = (1, 100, 1000, 1001, 10_000)
+    assert [load_settings(workers=n).processes for n in sizes] == [1, 1, 1, 2, 10]
     assert load_settings().processes == 1
+    assert load_settings().workers == 100
     # Told, by the flag or the environment, serve does as told.
     assert load_settings(workers=8, processes=1).processes == 1
     monkeypatch.setenv("RELAYGRAPH_PROCESSES", "2")
@@ -208,11 +212,11 @@ def test_serve_spreads_its_workers_two_to_a_process_unless_told(
     assert ServiceSettings(workers=8).processes == 1
 
 
-def test_serve_with_more_workers_starts_task_processes_by_default(
+def test_serve_with_processes_starts_task_processes(
     cluster: tuple[Cluster, Any],
 ) -> None:
     cluster_, _ = cluster
-    server = cluster_.serve("api", model="openai:script-job-a", workers=4)
+    server = cluster_.serve("api", model="openai:script-job-a", workers=4, processes=2)
     [child] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
     key = cluster_.create_project("acme")
     with Client(server.url, key) as client:
@@ -332,15 +336,15 @@ def test_a_taken_start_that_another_runner_continued_cancels_nothing(
         lapse(ledger, task.id, workers.runner.runner_id)
         assert ledger.take_lease(task.id, "other-server", seconds=600)
         started = threading.Event()
-        run = workers.runner.run
+        run = workers.runner.arun
 
-        def recorded(*args: Any, **kwargs: Any) -> Any:
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
             try:
-                return run(*args, **kwargs)
+                return await run(*args, **kwargs)
             finally:
                 started.set()
 
-        workers.runner.run = recorded  # type: ignore[method-assign]
+        workers.runner.arun = recorded  # type: ignore[method-assign]
         workers.start(taken, {"request": "x"}, project=project.id, taken=True)
         assert started.wait(DEADLINE), "the start ran"
     finally:
@@ -349,6 +353,16 @@ def test_a_taken_start_that_another_runner_continued_cancels_nothing(
     assert now is not None and now.status == "running" and now.cancel_requested_at is None
     assert ledger.lease_of(task.id)[0] == "other-server"
     assert ledger.events_after(task.id) == []
+
+
+def _occupy_the_only_slot(workers: TaskWorkers, busy: threading.Event) -> Future[None]:
+    """A busy worker: hold the room of the workers' one task in flight until ``busy``."""
+
+    async def occupy() -> None:
+        async with workers._slots:
+            await asyncio.to_thread(busy.wait, DEADLINE)
+
+    return workers._loop.submit(occupy())
 
 
 def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
@@ -371,7 +385,7 @@ def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
 
     monkeypatch.setattr(ledger, "renew_lease", watched)
     try:
-        blocker: Future[None] = workers._pool.submit(busy.wait, DEADLINE)  # the busy worker
+        blocker = _occupy_the_only_slot(workers, busy)
         taken = workers.take(task.id, only_from=("queued",))
         assert taken is not None
         workers.start(taken, {"request": "x"}, project=project.id, taken=True)
@@ -395,7 +409,7 @@ def test_a_taken_task_waiting_for_a_worker_is_cancelled_at_once(home: Path, scri
     workers = TaskWorkers(ledger, home=home, workers=1)
     busy = threading.Event()
     try:
-        blocker: Future[None] = workers._pool.submit(busy.wait, DEADLINE)  # the busy worker
+        blocker = _occupy_the_only_slot(workers, busy)
         taken = workers.take(task.id, only_from=("queued",))
         assert taken is not None
         workers.start(taken, {"request": "x"}, project=project.id, taken=True)

@@ -375,6 +375,6 @@ def test_a_workers_run_reads_no_attempt_state_per_step(
         close_worker_runtime()
     done = postgres_ledger.get_task(task.id, project_id=LOCAL_PROJECT_ID)
     assert done is not None and done.status == "succeeded", done
-    # Only the watch's own thread polls (every half second); the step boundaries (more
-    # than a dozen in this task) read nothing.
-    assert [name for name in reads if not name.startswith("relaygraph-attempt-")] == []
+    # Only the watch polls (every half second, on the process's renewal threads); the step
+    # boundaries (more than a dozen in this task) read nothing.
+    assert [name for name in reads if not name.startswith("relaygraph-renewal")] == []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
@@ -33,6 +33,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from relaygraph._calls import Call, Steps, run_async, run_sync
 from relaygraph.agents.context import TaskContext, ToolJournal
 from relaygraph.errors import RelaygraphError
 from relaygraph.events import events_to
@@ -111,6 +112,16 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Result],
     ) -> Result:
+        return run_sync(self._tool_call(request, handler))
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[Result]],
+    ) -> Result:
+        return await run_async(self._tool_call(request, handler))
+
+    def _tool_call(self, request: ToolCallRequest, handler: Callable[..., Any]) -> Steps[Result]:
         call = request.tool_call
         context = request.runtime.context
         journal: ToolJournal | None = (
@@ -118,13 +129,12 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
         )
         call_id = call["id"]
         if handoff_target(call["name"]) is not None:
-            return handler(request)
-        handler = _own_events(handler)
+            return (yield Call.handler(handler, request))
         if journal is None or not call_id:
-            return handler(request)
+            return (yield from _own_events(handler, request))
         assert isinstance(context, TaskContext)
         key = call_key(call)
-        found = journal.get(context.task_id, call_id)
+        found = yield Call.blocking(journal.get, context.task_id, call_id)
         if found is not None:
             if found.get("call") == key:
                 return replay(found)
@@ -137,10 +147,10 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
                 found.get("tool"),
                 call["name"],
             )
-            return handler(request)
-        result = handler(request)
+            return (yield from _own_events(handler, request))
+        result = yield from _own_events(handler, request)
         record = journal_record(call, result)
-        kept = journal.put(context.task_id, call_id, record)
+        kept = yield Call.blocking(journal.put, context.task_id, call_id, record)
         if kept.get("result") != record["result"] and kept.get("call") == key:
             # Another attempt of the task (one that was only frozen) completed the call
             # first: answer as it did, so the task holds one result of the call.
@@ -148,9 +158,7 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
         return result
 
 
-def _own_events(
-    handler: Callable[[ToolCallRequest], Result],
-) -> Callable[[ToolCallRequest], Result]:
+def _own_events(handler: Callable[..., Any], request: ToolCallRequest) -> Steps[Result]:
     """``handler`` run outside the run's event sink: the events of the run itself come from
     its nodes and middleware, never from a tool's body, so whatever graph the tool runs
     reports on that graph's own stream (LangGraph's writer) instead of into the task.
@@ -161,17 +169,13 @@ def _own_events(
     input the outer middleware answers, a quota, a superseded attempt) and LangGraph's
     control flow (an interrupt, a handoff's command) go on up.
     """
-
-    def run(request: ToolCallRequest) -> Result:
-        with events_to(None):
-            try:
-                return handler(request)
-            except (RelaygraphError, GraphBubbleUp):
-                raise
-            except Exception as exc:
-                return _tool_error(request, exc)
-
-    return run
+    with events_to(None):
+        try:
+            return (yield Call.handler(handler, request))
+        except (RelaygraphError, GraphBubbleUp):
+            raise
+        except Exception as exc:
+            return _tool_error(request, exc)
 
 
 def _tool_error(request: ToolCallRequest, exc: Exception) -> ToolMessage:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
@@ -10,6 +10,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from relaygraph._calls import Call, Steps, run_async, run_sync
 from relaygraph.backends.sandbox import SandboxUnavailableError
 from relaygraph.errors import ToolInputError
 from relaygraph.events import event_sink, tool_call_event, tool_result_event
@@ -43,6 +44,18 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
+        return run_sync(self._tool_call(request, handler))
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        return await run_async(self._tool_call(request, handler))
+
+    def _tool_call(
+        self, request: ToolCallRequest, handler: Callable[..., Any]
+    ) -> Steps[ToolMessage | Command[Any]]:
         call = request.tool_call
         emit = event_sink() or request.runtime.stream_writer
         is_handoff = handoff_target(call["name"]) is not None
@@ -53,7 +66,7 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
                 )
             )
         try:
-            result = handler(request)
+            result = yield Call.handler(handler, request)
         except SandboxUnavailableError as exc:
             result = refuse_call(
                 call,

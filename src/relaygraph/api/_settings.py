@@ -31,24 +31,26 @@ _FLAGS = {
 }
 
 
-WORKERS_PER_PROCESS = 2
-"""``serve``'s default spread: one process for every this many workers (see
+WORKERS_PER_PROCESS = 1000
+"""``serve``'s default spread: one process for every this many tasks in flight (see
 :func:`default_processes`)."""
 DEFAULT_PROCESSES_MAX = 16
 """The most processes ``serve`` starts unless told (``--processes`` sets any number)."""
+DEFAULT_WORKERS = 100
+"""``serve``'s tasks in flight unless told (``--workers``)."""
+MAX_WORKERS = 10_000
 
 
 def default_processes(workers: int) -> int:
-    """The processes ``relaygraph serve`` spreads ``workers`` over when neither
-    ``--processes`` nor ``RELAYGRAPH_PROCESSES`` says: one per :data:`WORKERS_PER_PROCESS`
-    workers, at most :data:`DEFAULT_PROCESSES_MAX` (the default 2 workers: the server's own
-    process alone).
+    """The processes ``relaygraph serve`` spreads ``workers`` (tasks in flight) over when
+    neither ``--processes`` nor ``RELAYGRAPH_PROCESSES`` says: one per
+    :data:`WORKERS_PER_PROCESS`, at most :data:`DEFAULT_PROCESSES_MAX` (the default
+    :data:`DEFAULT_WORKERS`: the server's own process alone).
 
-    Every graph of one process runs in one Python interpreter, which runs one thread at a
-    time: a run's steps between its model calls wait for it while the process's other runs
-    hold it. Spreading the workers over processes lets those steps run side by side, at the
-    memory cost of one more interpreter per process (benchmarks/RESULTS.md, section 6,
-    measures both)."""
+    A process runs its tasks on one event loop, where a task waiting for its model holds no
+    thread: one process holds hundreds of tasks in flight, and its CPU (one core, the
+    interpreter's) is what bounds it. More processes use more cores
+    (benchmarks/RESULTS.md has the measurements)."""
     return max(1, min(math.ceil(workers / WORKERS_PER_PROCESS), DEFAULT_PROCESSES_MAX))
 
 
@@ -63,13 +65,15 @@ class ServiceSettings(RunnerSettings):
 
     default_model: str = DEFAULT_MODEL
     """The model of tasks that name none (``serve --model``)."""
-    workers: int = Field(default=2, ge=1, le=64)
-    """Tasks that run at once on this server (in all its processes together)."""
+    workers: int = Field(default=DEFAULT_WORKERS, ge=1, le=MAX_WORKERS)
+    """Tasks in flight at once on this server (in all its processes together): each runs on
+    its process's event loop and holds no thread while it waits for its model, so this is
+    bounded by memory and CPU, not by threads (docs/deploy.md, sizing)."""
     processes: int = Field(default=1, ge=1, le=64)
     """The processes the workers are spread over (``serve --processes``): the server's own
     and ``processes - 1`` task processes on the same ledger. Every graph of one process
-    runs in one Python interpreter, one thread at a time; more processes let a server use
-    more cores. At most ``workers``. 1 for an app made from these settings in a caller's
+    runs on one event loop in one Python interpreter; more processes let a server use more
+    cores. At most ``workers``. 1 for an app made from these settings in a caller's
     process (``create_app``); ``relaygraph serve`` (:func:`load_settings`) spreads its
     workers by :func:`default_processes` unless told."""
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)

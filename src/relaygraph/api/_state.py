@@ -24,7 +24,7 @@ from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._streams import StreamGate
 from relaygraph.api._teams import TeamRegistry
-from relaygraph.api._workers import TaskWorkers
+from relaygraph.api._workers import TaskWorkers, WorkersLoad
 from relaygraph.errors import ConfigError
 from relaygraph.runner import RETENTION_SWEEP_SECONDS, ModelRules, collect_garbage
 from relaygraph.store import DATABASE_URL_ENV, Ledger, Project, database_url
@@ -98,6 +98,7 @@ class ServiceState:
         self._ledger: Ledger | None = None
         self._dispatch: TaskDispatch | None = None
         self._broker: BrokerDispatch | None = None
+        self._workers: TaskWorkers | None = None
 
     @property
     def worker_mode(self) -> bool:
@@ -115,6 +116,10 @@ class ServiceState:
         if self._dispatch is None:
             raise RuntimeError("the task service has not started: it cannot run tasks")
         return self._dispatch
+
+    def workers_load(self) -> WorkersLoad | None:
+        """What this process's workers hold now; None in the worker mode (or not started)."""
+        return None if self._workers is None else self._workers.load()
 
     def broker(self) -> BrokerDispatch:
         """The worker mode's publisher (while the app runs).
@@ -161,7 +166,7 @@ class ServiceState:
             dispatch = TaskProcesses(
                 workers, settings=self.settings, url=url or database_url(None), home=self.home
             )
-        self._ledger, self._dispatch = ledger, dispatch
+        self._ledger, self._dispatch, self._workers = ledger, dispatch, workers
         retention = _start_retention(ledger, self.home, self.settings)
         if self.start_workers:
             if isinstance(dispatch, TaskProcesses):

@@ -1,7 +1,9 @@
-"""Runs tasks in the server process on a bounded pool; picks unfinished ones up on restart.
+"""Runs tasks in the server process on its event loop, up to a number in flight; picks
+unfinished ones up on restart.
 
-A thread pool, not a task queue service: the embedded default needs nothing running beside
-the server. The ledger is the queue's source of truth, so a restart loses nothing, and its
+An event loop (:class:`~relaygraph.api._task_loop.TaskLoop`), not a task queue service: the
+embedded default needs nothing running beside the server, and a task waiting for its model
+holds no thread. The ledger is the queue's source of truth, so a restart loses nothing, and its
 leases let several servers share one ledger: each running task is held by one server,
 which renews its lease; a task whose server died is continued by another once the lease
 lapses.
@@ -9,14 +11,18 @@ lapses.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relaygraph.api._task_loop import DEFAULT_SYNC_THREADS, TaskLoop
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
@@ -34,8 +40,25 @@ room on disk, while one waits."""
 log = logging.getLogger("relaygraph.api")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkersLoad:
+    """What a server process's workers hold now (``/metrics``)."""
+
+    in_flight: int
+    """Tasks running here."""
+    waiting: int
+    """Tasks started here that wait for room among the tasks in flight."""
+    capacity: int
+    """Tasks in flight at most (``--workers``)."""
+    loop_lag_seconds: float
+    """How late the task loop's timers fire (see :class:`~relaygraph.api._task_loop.LoopLoad`)."""
+    sync_queue: int
+    """Sync steps (tools, ledger writes) waiting for a thread."""
+
+
 class TaskWorkers:
-    """Starts queued tasks, one run per thread at a time, and cancels running ones.
+    """Starts queued tasks, up to ``workers`` runs in flight on the process's task loop,
+    and cancels running ones.
 
     Shutting down is not cancelling: running tasks stop at their next step boundary and
     stay ``running`` in the ledger, and :meth:`recover` continues them on the next start.
@@ -55,12 +78,14 @@ class TaskWorkers:
         pull: bool = False,
         workspace_quota: WorkspaceQuota | None = None,
         quotas: Quotas | None = None,
+        sync_threads: int = DEFAULT_SYNC_THREADS,
     ) -> None:
         """
         Args:
             ledger: The ledger whose tasks this server runs.
             home: The data directory.
-            workers: Tasks run at once.
+            workers: Tasks in flight at once (runs on the task loop, each holding no
+                thread while it waits for its model).
             lease_seconds: See :class:`~relaygraph.runner.TaskRunner`.
             max_attempts: Starts of a task without a run ending (its runner died each
                 time) before it is failed instead of started again.
@@ -80,6 +105,9 @@ class TaskWorkers:
             quotas: The server's quotas of every project (``RunnerSettings.quotas``; a
                 project's own, set by the operator, over them): the running quota is
                 obeyed by :meth:`pull`, the daily budget by each run. None: none.
+            sync_threads: Threads for the runs' sync steps (tools, ledger writes), shared
+                by every task in flight of the process (the first ``TaskWorkers`` of the
+                process sets it: see :meth:`TaskLoop.shared`).
         """
         self.ledger = ledger
         self.workers = workers
@@ -97,7 +125,10 @@ class TaskWorkers:
             workspace_quota=workspace_quota,
             quotas=quotas,
         )
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaygraph-task")
+        self._loop = TaskLoop.shared(sync_threads=sync_threads)
+        self._slots = asyncio.Semaphore(workers)
+        """Room for the tasks in flight (bound to the task loop by its first use)."""
+        self._running = 0
         self._cancel: dict[str, threading.Event] = {}
         self._starts: dict[str, int] = {}
         """Each task's starts handed to the pool and not yet over: its cancel entry lives as
@@ -165,7 +196,7 @@ class TaskWorkers:
             self._starts[task.id] = self._starts.get(task.id, 0) + 1
             if taken:
                 self._held.add(task.id)
-            future = self._pool.submit(self._run, task, graph_input, project, taken)
+            future = self._loop.submit(self._run(task, graph_input, project, taken))
             self._futures.add(future)
             future.add_done_callback(self._finished)
 
@@ -330,7 +361,42 @@ class TaskWorkers:
             self.wake()
         return started
 
-    def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
+    def load(self) -> WorkersLoad:
+        """The tasks in flight here, those waiting for room, and the loop's lag."""
+        with self._lock:
+            started = len(self._futures)
+        loop = self._loop.load()
+        return WorkersLoad(
+            in_flight=self._running,
+            waiting=max(0, started - self._running),
+            capacity=self.workers,
+            loop_lag_seconds=loop.lag_seconds,
+            sync_queue=loop.sync_queue,
+        )
+
+    async def _run(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
+        async with self._slots:
+            if self._stopping.is_set():
+                # Not begun when the server began to stop: it stays as it is (queued, or
+                # running under a lease that lapses) for the next start to pick up.
+                self._forget_start(task)
+                return
+            self._running += 1
+            try:
+                await self._run_in_slot(task, graph_input, project, taken)
+            finally:
+                self._running -= 1
+
+    def _forget_start(self, task: Task) -> None:
+        with self._lock:
+            left = self._starts[task.id] - 1
+            if left:
+                self._starts[task.id] = left
+            else:
+                del self._starts[task.id]
+                self._cancel.pop(task.id, None)
+
+    async def _run_in_slot(self, task: Task, graph_input: Any, project: str, taken: bool) -> None:
         only_from: tuple[str, ...] | None = None
         if taken:
             with self._lock:
@@ -349,7 +415,7 @@ class TaskWorkers:
                 # starts next): one write, where a read, a take here and the run's own take
                 # were three statements.
                 only_from = ("queued",)
-            self.runner.run(
+            await self.runner.arun(
                 task,
                 graph_input,
                 cancel=self._cancel[task.id],
@@ -360,17 +426,7 @@ class TaskWorkers:
                 only_from=only_from,
             )
         except TaskBusy as exc:
-            if taken and self.ledger.cancel_requested(task.id):
-                # What refused the run is a cancel asked for after the take: give the
-                # lease up, and the cancel ends the task at once (else it would stay
-                # `running` until the lease lapsed). Should another runner hold the task
-                # now, the cancel is asked of it.
-                self.ledger.release_lease(task.id, self.runner.runner_id)
-                self.ledger.request_cancel(task.id)
-                log.info("task %s cancelled before its run began", task.id)
-            else:  # Cancelled while queued, or another worker or server took it first
-                # (or, taken here, continued it once its lease lapsed).
-                log.info("%s", exc)
+            await asyncio.to_thread(self._refused, task, taken, exc)
         except NoRoomOnDisk as exc:  # The run stopped on a full disk: it fails, once.
             log.warning("%s", exc)
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
@@ -383,19 +439,29 @@ class TaskWorkers:
                 return
             # The runner reports task failures itself; this is a bug guard.
             log.exception("task %s crashed its worker", task.id)
-            self.ledger.set_status(task.id, "failed", stop_reason="error: worker crashed")
+            await asyncio.to_thread(
+                self.ledger.set_status, task.id, "failed", stop_reason="error: worker crashed"
+            )
         finally:
             # The last of the task's starts here forgets it: a duplicate start (refused at
             # its take) leaves the cancel of a run of it that goes on, and a refused start
             # that was the only one leaves the task to a later sweep.
-            with self._lock:
-                left = self._starts[task.id] - 1
-                if left:
-                    self._starts[task.id] = left
-                else:
-                    del self._starts[task.id]
-                    self._cancel.pop(task.id, None)
-            self.start_next(task.thread_id, project_id=task.project_id)
+            self._forget_start(task)
+            await asyncio.to_thread(self.start_next, task.thread_id, project_id=task.project_id)
+
+    def _refused(self, task: Task, taken: bool, exc: TaskBusy) -> None:
+        """A start refused at its take (see :meth:`_run_in_slot`)."""
+        if taken and self.ledger.cancel_requested(task.id):
+            # What refused the run is a cancel asked for after the take: give the lease up,
+            # and the cancel ends the task at once (else it would stay `running` until the
+            # lease lapsed). Should another runner hold the task now, the cancel is asked
+            # of it.
+            self.ledger.release_lease(task.id, self.runner.runner_id)
+            self.ledger.request_cancel(task.id)
+            log.info("task %s cancelled before its run began", task.id)
+        else:  # Cancelled while queued, or another worker or server took it first (or,
+            # taken here, continued it once its lease lapsed).
+            log.info("%s", exc)
 
     def start_next(self, thread_id: str, *, project_id: str) -> None:
         """Start the task enqueued next on the project's thread, if its turn has come."""
@@ -421,4 +487,9 @@ class TaskWorkers:
             self._sweeper.join()
         if self._puller is not None:
             self._puller.join()
-        self._pool.shutdown(wait=wait, cancel_futures=True)
+        if wait:
+            with self._lock:
+                futures = list(self._futures)
+            for future in futures:
+                with contextlib.suppress(Exception):  # Logged by the run itself.
+                    future.result()

@@ -150,15 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="default model for tasks that name none (default local:smollm2)",
     )
     serve.add_argument(
-        "--workers", type=positive, metavar="N", help="tasks that run at once (default 2)"
+        "--workers",
+        type=positive,
+        metavar="N",
+        help="tasks in flight at once, on the server's event loop (default 100; see "
+        "docs/deploy.md for sizing)",
     )
     serve.add_argument(
         "--processes",
         type=positive,
         metavar="N",
-        help="spread the workers over N processes sharing the ledger (default: one per 2 "
-        "workers, so 1 for the default 2; 1 runs every task on threads of the server "
-        "process)",
+        help="spread the tasks in flight over N processes sharing the ledger, one core "
+        "each (default: one per 1000 tasks in flight, so 1 for the default 100)",
     )
     serve.add_argument(
         "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"

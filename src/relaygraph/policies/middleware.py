@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,6 +27,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, StreamWriter, interrupt
 from pydantic import BaseModel
 
+from relaygraph._calls import Call, Steps, run_async, run_sync
 from relaygraph._deadline import due_within
 from relaygraph._names import HANDOFF_PREFIX, USAGE_ESTIMATED_KEY
 from relaygraph.events import (
@@ -346,6 +347,18 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelResponse[Any]:
+        return run_sync(self._model_call(request, handler))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any]:
+        return await run_async(self._model_call(request, handler))
+
+    def _model_call(
+        self, request: ModelRequest[Any], handler: Callable[..., Any]
+    ) -> Steps[ModelResponse[Any]]:
         # The budgets are checked here, before the call, rather than in a `before_model`
         # hook: a hook is a node of the agent's graph, so a step of its own, with its own
         # checkpoint and writes (sync durability), before every model call. A spent budget
@@ -356,7 +369,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if note is not None:
             return ModelResponse(result=[note])
         with due_within(self._seconds_left(messages)):
-            response = handler(request)
+            response: ModelResponse[Any] = yield Call.handler(handler, request)
         # Marking the model's own messages lets usage be counted from the checkpointed
         # transcript alone (re-runs cannot double count), apart from notes middleware adds.
         for message in response.result:
@@ -371,6 +384,18 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
+        return run_sync(self._tool_call(request, handler))
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        return await run_async(self._tool_call(request, handler))
+
+    def _tool_call(
+        self, request: ToolCallRequest, handler: Callable[..., Any]
+    ) -> Steps[ToolMessage | Command[Any]]:
         call = request.tool_call
         messages: list[BaseMessage] = list(request.state.get("messages", []))
         calls = _calls_of(messages, call["id"] or "")
@@ -380,7 +405,8 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if refused is not None:
             return self._refused(request, refused)
         if handoff_target(call["name"]) is not None:
-            return self._with_others_answered(handler(request), call, calls, tools, budget)
+            answer = yield Call.handler(handler, request)
+            return self._with_others_answered(answer, call, calls, tools, budget)
         if budget is not None:
             spent = self._check_tool(call, messages, calls, tools, budget)
             if spent is not None:
@@ -405,8 +431,8 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 ),
             )
         if call["name"] in self.rules.approval:
-            return self._with_approval(request, handler, budget)
-        return handler(request)
+            return (yield from self._with_approval(request, handler, budget))
+        return (yield Call.handler(handler, request))
 
     def _refused(self, request: ToolCallRequest, refused: _Refused) -> ToolMessage:
         """Refuse the call: its violation's live event, and the answer that records it."""
@@ -567,9 +593,9 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     def _with_approval(
         self,
         request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+        handler: Callable[..., Any],
         budget: VisitBudget | None,
-    ) -> ToolMessage | Command[Any]:
+    ) -> Steps[ToolMessage | Command[Any]]:
         call = request.tool_call
         decision = interrupt(
             approval_request(
@@ -598,10 +624,11 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             )
         )
         if verdict == "approve":
-            return handler(request)
+            return (yield Call.handler(handler, request))
         if edited_args is not None:
             edited = {**call, "args": edited_args}
-            return handler(request.override(tool_call=edited))  # type: ignore[arg-type]
+            overridden = request.override(tool_call=edited)  # type: ignore[arg-type]
+            return (yield Call.handler(handler, overridden))
         return ToolMessage(
             content=f"A person rejected this call of {call['name']}: "
             f"{reason or 'no reason given'}. Do not make it again as it was.",

@@ -11,12 +11,18 @@ checks it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -239,3 +245,130 @@ def _setup_lock(conninfo: str) -> Iterator[None]:
             yield
         finally:
             connection.execute("SELECT pg_advisory_unlock(%s)", (CHECKPOINT_SETUP_LOCK,))
+
+
+class _LoopSavers:
+    """Async checkpointers kept open per event loop and database: the runs of a loop
+    (``serve``'s) share one SQLite connection (aiosqlite's, on its own thread) or one pool
+    of PostgreSQL connections, rather than open one per run. They are bound to their loop.
+    At most ``keep`` keys stay open per loop (a test session's many data directories do not
+    pile up open files and threads); one dropped while runs use it is closed when the last
+    of them ends."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._open: dict[tuple[int, str], tuple[Any, Callable[[], Awaitable[None]]]] = {}
+        self._users: dict[int, int] = {}
+        self._dropped: dict[int, Callable[[], Awaitable[None]]] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    @asynccontextmanager
+    async def use(
+        self, key: str, opener: Callable[[], Awaitable[tuple[Any, Any]]]
+    ) -> AsyncIterator[Any]:
+        loop = id(asyncio.get_running_loop())
+        to_close: list[Callable[[], Awaitable[None]]] = []
+        async with self._locks.setdefault(loop, asyncio.Lock()):
+            kept = self._open.pop((loop, key), None)
+            if kept is None:
+                kept = await opener()
+            self._open[(loop, key)] = kept  # The most recently used last.
+            saver = kept[0]
+            self._users[id(saver)] = self._users.get(id(saver), 0) + 1
+            mine = [k for k in self._open if k[0] == loop]
+            while len(mine) > self.keep:
+                old = self._open.pop(mine.pop(0))
+                if self._users.get(id(old[0]), 0):
+                    self._dropped[id(old[0])] = old[1]
+                else:
+                    to_close.append(old[1])
+        for close in to_close:
+            await close()
+        try:
+            yield saver
+        finally:
+            self._users[id(saver)] -= 1
+            if not self._users[id(saver)]:
+                del self._users[id(saver)]
+                dropped = self._dropped.pop(id(saver), None)
+                if dropped is not None:
+                    await dropped()
+
+    async def close(self) -> None:
+        loop = id(asyncio.get_running_loop())
+        for key in [k for k in self._open if k[0] == loop]:
+            _, closer = self._open.pop(key)
+            await closer()
+        self._locks.pop(loop, None)
+
+    def forget(self) -> None:
+        self._open, self._users, self._dropped, self._locks = {}, {}, {}, {}
+
+
+_LOOP_SAVERS = _LoopSavers()
+os.register_at_fork(after_in_child=_LOOP_SAVERS.forget)
+
+
+def async_checkpointer(home: Path) -> AbstractAsyncContextManager[Any]:
+    """The running event loop's checkpointer for in-process runs, while the block lasts
+    (see :func:`open_checkpointer`, whose unfenced savers these are, in their async form)."""
+    from relaygraph.store import DATABASE_URL_ENV
+
+    conninfo = postgres_conninfo(os.environ.get(DATABASE_URL_ENV, ""))
+    if conninfo is None:
+        path = str((home / "checkpoints.sqlite").resolve())
+        return _LOOP_SAVERS.use(path, lambda: _open_async_sqlite(Path(path)))
+    return _LOOP_SAVERS.use(conninfo, lambda: _open_async_postgres(conninfo))
+
+
+async def close_async_checkpointers() -> None:
+    """Close the running loop's checkpointers (its runs are over)."""
+    await _LOOP_SAVERS.close()
+
+
+async def _open_async_sqlite(path: Path) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    import aiosqlite
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    conn = await aiosqlite.connect(path, timeout=30)
+    await conn.execute("PRAGMA journal_mode=WAL")
+    await conn.execute("PRAGMA synchronous=NORMAL")
+    saver = AsyncSqliteSaver(conn)
+    key = f"sqlite:{path.resolve()}"
+    if key not in _SETUP_DONE:
+        await saver.setup()
+        with _SETUP_LOCK:
+            _SETUP_DONE.add(key)
+    return saver, conn.close
+
+
+async def _open_async_postgres(conninfo: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    if conninfo not in _SETUP_DONE:
+        # The saver's migrations, as the sync path runs them (one process at a time).
+        await asyncio.to_thread(_setup_postgres, conninfo)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        conninfo,
+        min_size=0,
+        max_size=POSTGRES_POOL_SIZE,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        check=AsyncConnectionPool.check_connection,
+        name="relaygraph-checkpoints-async",
+        open=False,
+    )
+    await pool.open()
+    return AsyncPostgresSaver(pool), pool.close
+
+
+def _setup_postgres(conninfo: str) -> None:
+    with _SETUP_LOCK:
+        if conninfo in _SETUP_DONE:
+            return
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        with _setup_lock(conninfo), PostgresSaver.from_conn_string(conninfo) as saver:
+            saver.setup()
+        _SETUP_DONE.add(conninfo)

@@ -1,41 +1,77 @@
-"""A running task's events, written to the ledger behind the graph, in order, in batches."""
+"""A running task's events, written to the ledger behind the graph, in order, in batches.
+
+The writers of every run of the process share a few threads (:class:`_Writes`), not one
+thread each: a server holding hundreds of tasks in flight would otherwise hold as many
+threads, each asleep between its run's events.
+"""
 
 from __future__ import annotations
 
-import queue
+import asyncio
+import collections
+import heapq
+import itertools
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from relaygraph.events import Event
+from relaygraph.runner._lease import _DaemonPool
 
 __all__ = ["EventWriter"]
 
-_STOP = object()
+WRITE_THREADS = 8
+"""Threads that write runs' batches at once, for every run of the process: one write that
+hangs (a row lock) holds up no other run's."""
 
 
-class _Finish(threading.Event):
-    """Queued by :meth:`EventWriter.finish`: the run's end goes with the batch it ends."""
+class _Marker:
+    """Queued behind the events a caller waits for: set once they are written and handed
+    on (a flush, the run's end with ``end``, or the writer's close)."""
 
-    def __init__(self, end: Any) -> None:
-        super().__init__()
+    def __init__(self, end: Any = None, *, stop: bool = False) -> None:
         self.end = end
+        self.stop = stop
+        self._done = threading.Event()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._lock = threading.Lock()
+
+    def set(self) -> None:
+        with self._lock:
+            self._done.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    def wait(self) -> None:
+        self._done.wait()
+
+    async def wait_async(self) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._waiters.append((loop, future))
+        await future
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class EventWriter:
-    """Writes one task's events to the ledger on a thread of its own.
+    """Writes one task's events to the ledger behind its run.
 
-    The graph's thread only queues an event; the writer takes it and whatever queues up
-    behind it within ``linger_seconds`` (50 ms: a quarter of the API's event-stream poll)
-    and writes them in one transaction (``Ledger.append_events``), then hands each event
-    to ``on_written``, in order. Written inline, one transaction per event, the ledger cost
-    a run about 1.1 ms per event on the thread that drives the graph; in batches, about
-    0.4 ms (benchmarks/RESULTS.md).
-
-    While it lingers the writer sleeps: the events that queue up meanwhile do not wake it
-    (only :meth:`flush` and :meth:`close` do), so a batch costs the graph's threads two
-    hand-overs of the interpreter's lock, not one per event. Woken per event, the writer
-    took about 6 ms of CPU per relay-3 task (17 events) on 2 cores.
+    The run only queues an event; the writer takes it and whatever queues up behind it
+    within ``linger_seconds`` (a quarter of the API's event-stream poll) and writes them in
+    one transaction (``Ledger.append_events``), then hands each event to ``on_written``, in
+    order: a batch of many costs the ledger little more than one (benchmarks/RESULTS.md).
+    A flush or a close ends the linger at once. The batches are written on the process's
+    shared write threads (:class:`_Writes`), one batch of a writer at a time.
 
     Events that the ledger does not keep (``token``) pass through the same queue, so
     ``on_written`` receives every event in the order the run emitted it.
@@ -46,6 +82,9 @@ class EventWriter:
 
     With ``attempt`` (a worker's run), every write carries it: the ledger refuses the
     writes of an attempt that is no longer the task's latest.
+
+    A run on an event loop waits with :meth:`aflush`, :meth:`afinish` and :meth:`aclose`,
+    which hold no thread while the batch is written.
     """
 
     def __init__(
@@ -67,19 +106,19 @@ class EventWriter:
         self._on_written = on_written
         self._unstored = unstored
         self._linger = linger_seconds
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._hurry = threading.Event()
-        """Set by :meth:`flush` and :meth:`close`: the writer stops lingering."""
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Any] = collections.deque()
+        self._running = False
+        """A batch of this writer is being written (on a write thread)."""
+        self._due: float | None = None
+        """When this writer's next batch is due (on the monotonic clock); None: none is."""
+        self._hurry = False
+        """Set by :meth:`flush` and :meth:`close`: the next batch does not linger."""
         self._error: BaseException | None = None
         self._queued = 0
         """Events queued so far (``put``)."""
-        self._counting = threading.Lock()
         self._handed = 0
-        """Events written and handed on so far (the writer's thread alone counts them)."""
-        self._thread = threading.Thread(
-            target=self._loop, name=f"relaygraph-events-{task_id[:8]}", daemon=True
-        )
-        self._thread.start()
+        """Events written and handed on so far (one batch at a time counts them)."""
 
     def put(self, event: Event) -> None:
         """Queue ``event`` to be written."""
@@ -92,9 +131,10 @@ class EventWriter:
         own (a model call's, to its fallback). A failed write is raised from the run's
         next :meth:`put`, :meth:`flush`, :meth:`finish` or :meth:`close`, and ``on_error``
         hears of it at once."""
-        with self._counting:  # Nodes that run at once (parallel tools) queue at once.
-            self._queue.put(event)
+        with self._lock:  # Nodes that run at once (parallel tools) queue at once.
+            self._queue.append(event)
             self._queued += 1
+            self._schedule(hurry=False)
 
     def when_failed(self, callback: Callable[[BaseException], None]) -> None:
         """Call ``callback`` with the error when a write fails (at once if one has): a run
@@ -105,87 +145,160 @@ class EventWriter:
             callback(self._error)
 
     def flush(self) -> None:
-        """Wait until every event queued so far is written and handed on.
-
-        At once when they are: a worker's run flushes before each checkpoint, and a step
-        that emitted no event would otherwise wait for the writer's thread to wake and
-        answer (two hand-overs of the processor on a loaded machine)."""
+        """Wait until every event queued so far is written and handed on (at once when
+        they are)."""
         self._raise_error()
         if self._handed == self._queued:
             return
-        done = threading.Event()
-        self._queue.put(done)
-        self._hurry.set()
-        done.wait()
+        self._mark(_Marker()).wait()
+        self._raise_error()
+
+    async def aflush(self) -> None:
+        """:meth:`flush`, awaited."""
+        self._raise_error()
+        if self._handed == self._queued:
+            return
+        await self._mark(_Marker()).wait_async()
         self._raise_error()
 
     def finish(self, end: Any) -> None:
         """Write what is queued and the run's end (``store.RunEnd``) in the same
         transaction (``Ledger.append_events(end=...)``), then wait until it is written
-        and every event handed on. Written apart, a run's last batch and its end were two
-        transactions one after the other while the run waited."""
-        marker = _Finish(end)
-        self._queue.put(marker)
-        self._hurry.set()
-        marker.wait()
+        and every event handed on."""
+        self._mark(_Marker(end)).wait()
+        self._raise_error()
+
+    async def afinish(self, end: Any) -> None:
+        """:meth:`finish`, awaited."""
+        await self._mark(_Marker(end)).wait_async()
         self._raise_error()
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer's thread."""
-        self._queue.put(_STOP)
-        self._hurry.set()
-        self._thread.join()
+        """Write what is queued; the writer takes no more."""
+        self._mark(_Marker(stop=True)).wait()
         self._raise_error()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaited."""
+        await self._mark(_Marker(stop=True)).wait_async()
+        self._raise_error()
+
+    def _mark(self, marker: _Marker) -> _Marker:
+        with self._lock:
+            self._queue.append(marker)
+            self._schedule(hurry=True)
+        return marker
 
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def _take_queued(self) -> list[Any]:
-        """Everything queued now. The hurry is cleared only where the queue is then seen
-        empty: a flush queues its marker before it hurries the writer, so no marker is
-        ever left in the queue with the hurry cleared (to wait out a whole linger). At
-        worst a hurry outlives its marker and the next batch lingers less."""
-        taken: list[Any] = []
-        while True:
-            self._hurry.clear()
-            before = len(taken)
-            while True:
-                try:
-                    taken.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if len(taken) == before:
-                return taken
+    def _schedule(self, *, hurry: bool) -> None:
+        """Make the next batch due (under ``_lock``): now when hurried, else after the
+        linger; a batch being written makes its successor due when it ends."""
+        self._hurry = self._hurry or hurry
+        if self._running:
+            return
+        when = time.monotonic() + (0.0 if self._hurry else self._linger)
+        if self._due is not None and self._due <= when:
+            return
+        self._due = when
+        _WRITES.due(self, when)
+
+    def _fire(self, now: float) -> bool:
+        """Whether the batch due at ``now`` is still to be written (the scheduler asks;
+        a batch made due sooner since, or already written, is not)."""
+        with self._lock:
+            return not self._running and self._due is not None and self._due <= now
+
+    def _write_batch(self) -> None:
+        """Write what is queued (on a write thread), then make the next batch due."""
+        with self._lock:
+            if self._running or self._due is None:
+                return
+            self._running, self._due, self._hurry = True, None, False
+            batch = list(self._queue)
+            self._queue.clear()
+        try:
+            self._write(batch)
+        finally:
+            with self._lock:
+                self._running = False
+                if self._queue:
+                    first = self._queue[0]
+                    self._schedule(hurry=isinstance(first, _Marker))
+
+    def _write(self, batch: list[Any]) -> None:
+        events = [item for item in batch if isinstance(item, dict)]
+        finish = next((i for i in batch if isinstance(i, _Marker) and i.end is not None), None)
+        if (events or finish is not None) and self._error is None:
+            try:
+                stored = [e for e in events if e.get("type") not in self._unstored]
+                given = self._fence if finish is None else {**self._fence, "end": finish.end}
+                if stored or finish is not None:
+                    self._ledger.append_events(self._task_id, stored, **given)
+                for event in events:
+                    self._on_written(event)
+                self._handed += len(events)
+            except BaseException as exc:  # Raised on the run's side, not lost here.
+                self._error = exc
+                for heard in self._failed:
+                    heard(exc)
+        for item in batch:
+            if isinstance(item, _Marker):
+                item.set()
+
+
+class _Writes:
+    """The process's writers' due batches: one thread waits for the next one due and hands
+    it to a pool of :data:`WRITE_THREADS`, and ends while none is due (it is started again
+    with the next)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._due: list[tuple[float, int, EventWriter]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pool: _DaemonPool | None = None
+
+    def forget(self) -> None:
+        """In a forked child: none of the parent's writers or threads are here, and its
+        lock may have been copied held."""
+        self._changed = threading.Condition()
+        self._due, self._thread, self._pool = [], None, None
+
+    def due(self, writer: EventWriter, when: float) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (when, next(self._order), writer))
+            if self._pool is None:
+                self._pool = _DaemonPool(WRITE_THREADS, "relaygraph-writes")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="relaygraph-events", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
 
     def _loop(self) -> None:
-        failed = False
         while True:
-            batch = [self._queue.get()]
-            if not (batch[0] is _STOP or isinstance(batch[0], threading.Event)):
-                # Linger a moment for the events right behind the first: a batch of many
-                # costs the ledger little more than one. A flush or a close ends the wait
-                # at once.
-                self._hurry.wait(self._linger)
-            batch += self._take_queued()
-            events = [item for item in batch if isinstance(item, dict)]
-            finish = next((item for item in batch if isinstance(item, _Finish)), None)
-            if (events or finish is not None) and not failed:
-                try:
-                    stored = [e for e in events if e.get("type") not in self._unstored]
-                    given = self._fence if finish is None else {**self._fence, "end": finish.end}
-                    if stored or finish is not None:
-                        self._ledger.append_events(self._task_id, stored, **given)
-                    for event in events:
-                        self._on_written(event)
-                    self._handed += len(events)
-                except BaseException as exc:  # Raised on the run's thread, not lost here.
-                    self._error = exc
-                    failed = True
-                    for heard in self._failed:
-                        heard(exc)
-            for item in batch:
-                if isinstance(item, threading.Event):
-                    item.set()
-            if any(item is _STOP for item in batch):
-                return
+            with self._changed:
+                while True:
+                    if not self._due:
+                        self._thread = None
+                        return
+                    now = time.monotonic()
+                    if self._due[0][0] <= now:
+                        break
+                    self._changed.wait(self._due[0][0] - now)
+                ready: list[EventWriter] = []
+                while self._due and self._due[0][0] <= now:
+                    ready.append(heapq.heappop(self._due)[2])
+                pool = self._pool
+            assert pool is not None
+            for writer in dict.fromkeys(ready):
+                if writer._fire(now):
+                    pool.submit(writer._write_batch)
+
+
+_WRITES = _Writes()
+os.register_at_fork(after_in_child=_WRITES.forget)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper", "RunHold"]
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a lease lasts unrenewed: how long a crashed runner's task waits for another."""
@@ -28,6 +29,24 @@ POOL_IDLE_SECONDS = 60.0
 """A renewal thread with nothing to do for this long ends (the next lease starts one)."""
 
 log = logging.getLogger(__name__)
+
+
+class RunHold(Protocol):
+    """A runner's hold on the task it runs: :class:`LeaseKeeper` in process,
+    :class:`AttemptWatch` on a worker. Either is looked after by the process's one
+    scheduling thread (:class:`_Renewals`), not a thread per run."""
+
+    lost: threading.Event
+    """Set when the hold is gone (the lease lost, the attempt superseded): the run stops."""
+
+    def when_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the hold is lost (at once, if it already was)."""
+
+    def when_cancelled(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when a cancel waits on the task (at once, if one did)."""
+
+    def close(self) -> None:
+        """Stop looking after the hold: the run is over."""
 
 
 class LeaseKeeper:
@@ -175,12 +194,12 @@ class _Renewals:
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._due: list[tuple[float, int, LeaseKeeper, float]] = []
+        self._due: list[tuple[float, int, Any, float]] = []
         """A heap: (when, order, keeper, every)."""
         self._order = itertools.count()
-        self._keepers: set[LeaseKeeper] = set()
+        self._keepers: set[Any] = set()
         """Every keeper not closed: the ones whose lease the scheduler watches."""
-        self._renewing: set[LeaseKeeper] = set()
+        self._renewing: set[Any] = set()
         self._thread: threading.Thread | None = None
         self._pool: _DaemonPool | None = None
 
@@ -191,7 +210,7 @@ class _Renewals:
         self._due, self._keepers, self._renewing = [], set(), set()
         self._thread, self._pool = None, None
 
-    def add(self, keeper: LeaseKeeper, every: float) -> None:
+    def add(self, keeper: LeaseKeeper | AttemptWatch, every: float) -> None:
         with self._changed:
             self._keepers.add(keeper)
             self._push(keeper, every)
@@ -204,7 +223,7 @@ class _Renewals:
                 self._thread.start()
             self._changed.notify()
 
-    def remove(self, keeper: LeaseKeeper) -> None:
+    def remove(self, keeper: LeaseKeeper | AttemptWatch) -> None:
         with self._changed:
             self._keepers.discard(keeper)
             self._due = [entry for entry in self._due if entry[2] is not keeper]
@@ -219,7 +238,9 @@ class _Renewals:
                 self._changed.wait()
             self._changed.notify()
 
-    def _push(self, keeper: LeaseKeeper, every: float, *, after: float | None = None) -> None:
+    def _push(
+        self, keeper: LeaseKeeper | AttemptWatch, every: float, *, after: float | None = None
+    ) -> None:
         """Make ``keeper`` due ``every`` seconds after ``after`` (now by default), or now if
         that has passed."""
         when = max(time.monotonic(), (time.monotonic() if after is None else after) + every)
@@ -239,11 +260,11 @@ class _Renewals:
                     lapsing = [k for k in watched if now >= k.confirmed_until]
                     if lapsing or (self._due and self._due[0][0] <= now):
                         break
-                    wake = [k.confirmed_until for k in watched]
+                    wake = [k.confirmed_until for k in watched if k.confirmed_until < math.inf]
                     if self._due:
                         wake.append(self._due[0][0])
                     self._changed.wait(max(0.0, min(wake) - now) if wake else None)
-                due: list[tuple[LeaseKeeper, float]] = []
+                due: list[tuple[LeaseKeeper | AttemptWatch, float]] = []
                 while self._due and self._due[0][0] <= now:
                     # A keeper is either due (once) or being renewed, never both.
                     _, _, keeper, every = heapq.heappop(self._due)
@@ -258,7 +279,7 @@ class _Renewals:
             for keeper in lapsing:
                 keeper._lapsing(now)
 
-    def _renew(self, keeper: LeaseKeeper, every: float) -> None:
+    def _renew(self, keeper: LeaseKeeper | AttemptWatch, every: float) -> None:
         began = time.monotonic()
         again = False
         try:
@@ -339,17 +360,17 @@ def _call_each(callbacks: list[Callable[[], None]], what: str) -> None:
 
 
 class AttemptWatch:
-    """Watches a worker's attempt at a task from the ledger, on a thread: the worker mode's
-    counterpart of :class:`LeaseKeeper` (nothing to renew: the broker says when a worker is
-    gone).
+    """Watches a worker's attempt at a task from the ledger: the worker mode's counterpart
+    of :class:`LeaseKeeper` (nothing to renew: the broker says when a worker is gone),
+    looked after by the same scheduling thread.
 
     It reads the task's attempt and cancel flag at each step boundary of the run
     (:meth:`check`, which the runner calls before each checkpoint is written) and, for a step
-    that takes long, every ``poll_seconds`` on a thread. Once the task is on another attempt
-    (the broker gave it to another worker while this one was frozen, or a write of this
-    attempt was refused), ``lost`` is set and the run must stop at once: its writes are
-    refused anyway (the fencing number). Once a cancel waits on the task, ``cancel`` is set
-    and the ``when_cancelled`` callbacks run: the run stops at that step boundary,
+    that takes long, every ``poll_seconds`` on the process's renewal threads. Once the task
+    is on another attempt (the broker gave it to another worker while this one was frozen,
+    or a write of this attempt was refused), ``lost`` is set and the run must stop at once:
+    its writes are refused anyway (the fencing number). Once a cancel waits on the task,
+    ``cancel`` is set and the ``when_cancelled`` callbacks run: the run stops at that step boundary,
     ``cancelled``.
     """
 
@@ -374,18 +395,24 @@ class AttemptWatch:
         self._on_lost: list[Callable[[], None]] = []
         self._on_cancel: list[Callable[[], None]] = []
         self._lock = threading.Lock()
-        self._thread = threading.Thread(
-            target=self._watch, name=f"relaygraph-attempt-{task_id[:8]}", daemon=True
-        )
-        self._thread.start()
+        self._task_id = task_id
+        self.confirmed_until = math.inf
+        """Nothing lapses: the broker, not a lease, says when a worker is gone."""
+        _RENEWALS.add(self, poll_seconds)
 
-    def _watch(self) -> None:
-        while not self._done.wait(self._poll):
-            try:
-                if not self.check():
-                    return
-            except Exception:  # A database hiccup: the next round may work.
-                log.warning("could not read task %s's attempt", self.task_id, exc_info=True)
+    def _renew(self) -> bool:
+        """Read the attempt once (the scheduler's round); False: watch no more."""
+        if self._done.is_set():
+            return False
+        try:
+            if not self.check():
+                return False
+        except Exception:  # A database hiccup: the next round may work.
+            log.warning("could not read task %s's attempt", self.task_id, exc_info=True)
+        return not self._done.is_set()
+
+    def _lapsing(self, now: float) -> bool:
+        return False
 
     def check(self) -> bool:
         """Read the task's attempt and cancel flag now; False when the attempt is superseded
@@ -446,4 +473,4 @@ class AttemptWatch:
     def close(self) -> None:
         """Stop watching."""
         self._done.set()
-        self._thread.join()
+        _RENEWALS.remove(self)

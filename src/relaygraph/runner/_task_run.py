@@ -5,6 +5,7 @@ config, lease) and takes it through these steps."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -29,7 +30,6 @@ from relaygraph.events import (
     violation_event,
 )
 from relaygraph.runner._inline_saves import saves_inline
-from relaygraph.runner._lease import AttemptWatch
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._summary import (
     citations_checked,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from relaygraph.agents.context import TaskContext
     from relaygraph.policies import TeamPolicy
     from relaygraph.runner._event_writer import EventWriter
-    from relaygraph.runner._lease import LeaseKeeper
+    from relaygraph.runner._lease import RunHold
     from relaygraph.store import Ledger, Task
     from relaygraph.topology import Topology
 
@@ -93,7 +93,7 @@ class TaskRun:
     """The graph call's config: thread, identity, limits, tracing."""
     cancel: threading.Event
     stop: threading.Event | None
-    lease: LeaseKeeper | AttemptWatch
+    lease: RunHold
     """The runner's hold on the task: its lease (in process), or its attempt (a worker)."""
     writer: EventWriter
     watch_cancel: bool = True
@@ -136,81 +136,111 @@ class TaskRun:
     def stream(self, graph: Any, graph_input: Any, *, stream_tokens: bool) -> StreamEnd:
         """Stream the graph from ``graph_input``, each event to the writer, until it ends,
         pauses, fails, or drains at a step boundary (a cancel, a shutdown, a lost lease)."""
-        from langgraph.errors import GraphDrained, GraphRecursionError
-        from langgraph.runtime import RunControl
-
-        emit = self.writer.put
-        error: str | None = None
-        drained = False
-        # Cancel and stop ask LangGraph to drain: the run ends at the next super-step
-        # boundary (in whichever graph or agent subgraph is running) after that step's
-        # writes are checkpointed, so a continued run neither loses nor repeats work.
-        control = RunControl()
-        # Without tokens the events go straight to the writer (events_to): the graph then
-        # runs each step on this thread instead of LangGraph's pool (see event_sink), and
-        # its stream yields only the steps' updates, which nothing reads. Tokens come on
-        # LangGraph's stream, and the events with them, so that both keep their order.
-        # A run inside a tool of another run's (a nested run_task) sets its own, or none.
-        sink = events_to(None if stream_tokens else self.writer.queue)
-        # A write that fails stops the run at the next step boundary (the error is raised
-        # when the run records its end), as a failed put on this thread did.
-        self.writer.when_failed(lambda exc: control.request_drain("shutdown"))
+        control = self._control()
+        drained, error = False, None
         try:
-            modes: Any = ["custom", "messages"] if stream_tokens else ["updates"]
-            stream: Any = graph.stream(
+            stream = graph.stream(
                 graph_input,
                 self.config,
                 context=self.context,
-                stream_mode=modes,
-                subgraphs=stream_tokens,
-                control=control,
-                # Each step's checkpoint is written before the next step starts: a model's
-                # tool calls are durable before any of the tools runs, so a run continued
-                # after a crash finds them (and the tool journal their results) instead of
-                # asking the model again and running other calls.
-                # In process too (no redelivery, a lease): `serve` restarted after a crash
-                # continues each running task from its last checkpoint, and under "async"
-                # a tool could run (and journal its result) before the step that holds
-                # its call is saved; the continued run would ask the model again, get other
-                # calls (other ids), and repeat the side effects. So sync here as well
-                # (measured: a few ms of a relay-3 task; the ledger cost more, see
-                # benchmarks/bench_overhead.py).
-                durability="sync",
+                **self._options(control, stream_tokens),
             )
-            # A lost lease (or a superseded attempt) drains the run too; it stays the new
-            # holder's. A worker's run hears of a cancel at the step boundary itself.
-            self.lease.when_lost(lambda: control.request_drain("shutdown"))
-            self.lease.when_cancelled(lambda: control.request_drain("cancel"))
-            watched = self.cancel if self.watch_cancel else None
+            self._drain_on_hold(control)
             # The saves on this thread (see _inline_saves): sync durability waits for
             # each anyway.
-            with sink, _drain_when(control, cancel=watched, stop=self.stop), saves_inline():
+            with self._watched(control, stream_tokens), saves_inline():
                 for item in stream:
-                    if not stream_tokens:
-                        continue
-                    namespace, mode, data = item
-                    if mode == "custom":
-                        # The team's events; what else a tool writes on LangGraph's stream
-                        # (its own progress) is not the task's, as without tokens, where
-                        # that stream is not read (and the ledger would refuse it).
-                        if isinstance(data, dict) and data.get("type") in EVENT_SHAPES:
-                            emit(cast("Event", data))
-                    elif text := _token_text(data[0]):
-                        emit(token_event(_token_role(namespace, data[1]), text))
-        except GraphDrained:
-            drained = True
-        except GraphRecursionError:
-            # The team's own step guard finalizes before this; it stays a last resort
-            # that ends the task cleanly instead of surfacing LangGraph's error.
-            error = "budget:team:recursion_limit"
-        except RelaygraphError as exc:
-            error = f"error: {exc}"
+                    self._on_item(item, stream_tokens)
         except Exception as exc:
-            # A provider or tool failure ends this task, not the process.
-            error = f"error: {type(exc).__name__}: {exc}"
+            drained, error = _ended_by(exc)
+        return self._end(graph.get_state(self.config, subgraphs=True), drained, error)
+
+    async def astream(self, graph: Any, graph_input: Any, *, stream_tokens: bool) -> StreamEnd:
+        """:meth:`stream` on the running event loop (``graph.astream``): the run holds no
+        thread while its nodes await their models."""
+        control = self._control()
+        drained, error = False, None
+        try:
+            stream = graph.astream(
+                graph_input,
+                self.config,
+                context=self.context,
+                **self._options(control, stream_tokens),
+            )
+            self._drain_on_hold(control)
+            with self._watched(control, stream_tokens):
+                async for item in stream:
+                    self._on_item(item, stream_tokens)
+        except Exception as exc:
+            drained, error = _ended_by(exc)
+        return self._end(await graph.aget_state(self.config, subgraphs=True), drained, error)
+
+    def _control(self) -> Any:
+        """The run's drain control. Cancel and stop ask LangGraph to drain: the run ends at
+        the next super-step boundary (in whichever graph or agent subgraph is running) after
+        that step's writes are checkpointed, so a continued run neither loses nor repeats
+        work. A write that fails stops the run at the next step boundary too (the error is
+        raised when the run records its end)."""
+        from langgraph.runtime import RunControl
+
+        control = RunControl()
+        self.writer.when_failed(lambda exc: control.request_drain("shutdown"))
+        return control
+
+    def _options(self, control: Any, stream_tokens: bool) -> dict[str, Any]:
+        return {
+            # Without tokens the events go straight to the writer (events_to), and the
+            # stream yields only the steps' updates, which nothing reads. Tokens come on
+            # LangGraph's stream, and the events with them, so that both keep their order.
+            "stream_mode": ["custom", "messages"] if stream_tokens else ["updates"],
+            "subgraphs": stream_tokens,
+            "control": control,
+            # Each step's checkpoint is written before the next step starts: a model's
+            # tool calls are durable before any of the tools runs, so a run continued
+            # after a crash finds them (and the tool journal their results) instead of
+            # asking the model again and running other calls. In process too (no
+            # redelivery, a lease): `serve` restarted after a crash continues each running
+            # task from its last checkpoint, and under "async" a tool could run (and
+            # journal its result) before the step that holds its call is saved; the
+            # continued run would ask the model again, get other calls (other ids), and
+            # repeat the side effects.
+            "durability": "sync",
+        }
+
+    def _drain_on_hold(self, control: Any) -> None:
+        """A lost lease (or a superseded attempt) drains the run; it stays the new holder's.
+        A cancel the hold finds drains it too."""
+        self.lease.when_lost(lambda: control.request_drain("shutdown"))
+        self.lease.when_cancelled(lambda: control.request_drain("cancel"))
+
+    @contextmanager
+    def _watched(self, control: Any, stream_tokens: bool) -> Iterator[None]:
+        """The events of the graph's nodes go to the writer (none on LangGraph's stream,
+        unless tokens are streamed: a run inside a tool of another run's, a nested
+        run_task, sets its own sink, or none), and a cancel or stop drains the run."""
+        watched = self.cancel if self.watch_cancel else None
+        with (
+            events_to(None if stream_tokens else self.writer.queue),
+            _drain_when(control, cancel=watched, stop=self.stop),
+        ):
+            yield
+
+    def _on_item(self, item: Any, stream_tokens: bool) -> None:
+        if not stream_tokens:
+            return
+        namespace, mode, data = item
+        if mode == "custom":
+            # The team's events; what else a tool writes on LangGraph's stream (its own
+            # progress) is not the task's, as without tokens, where that stream is not read
+            # (and the ledger would refuse it).
+            if isinstance(data, dict) and data.get("type") in EVENT_SHAPES:
+                self.writer.put(cast("Event", data))
+        elif text := _token_text(data[0]):
+            self.writer.put(token_event(_token_role(namespace, data[1]), text))
+
+    def _end(self, snapshot: Any, drained: bool, error: str | None) -> StreamEnd:
         from relaygraph.supervisor import in_flight_records
 
-        snapshot = graph.get_state(self.config, subgraphs=True)
         return StreamEnd(
             drained=drained,
             error=error,
@@ -343,17 +373,49 @@ class TaskRun:
         a server that stopped while resuming one) is resumed with those decisions; one
         still undecided waits again.
         """
+        latest = graph.get_state(self.config)
+        if not self._checkpointed(latest):
+            return {"request": self.task.input}
+        return self._continued(latest, self.ledger.approvals(self.task.id))
+
+    async def agraph_input(self, graph: Any, graph_input: Any) -> Any:
+        """:meth:`graph_input` on the running event loop."""
+        if graph_input is not CONTINUE:
+            return graph_input
+        latest = await graph.aget_state(self.config)
+        if not self._checkpointed(latest):
+            return {"request": self.task.input}
+        approvals = await asyncio.to_thread(self.ledger.approvals, self.task.id)
+        return self._continued(latest, approvals)
+
+    def _checkpointed(self, latest: Any) -> bool:
+        """Whether the thread's latest checkpoint is this task's."""
+        return bool((latest.metadata or {}).get("relaygraph_task_id") == self.task.id)
+
+    def _continued(self, latest: Any, approvals: Any) -> Any:
         from relaygraph.runner._decide import resume_input
 
-        task = self.task
-        latest = graph.get_state(self.config)
-        if (latest.metadata or {}).get("relaygraph_task_id") != task.id:
-            return {"request": task.input}
-        decided = {a.interrupt_id: a for a in self.ledger.approvals(task.id) if not a.pending}
+        decided = {a.interrupt_id: a for a in approvals if not a.pending}
         answered = [i.id for i in latest.interrupts if i.id in decided]
         if answered:
             return resume_input({i: _answer(decided[i]) for i in answered})
         return None
+
+
+def _ended_by(exc: Exception) -> tuple[bool, str | None]:
+    """How an exception the graph's stream raised ends the run: (drained, error)."""
+    from langgraph.errors import GraphDrained, GraphRecursionError
+
+    if isinstance(exc, GraphDrained):
+        return True, None
+    if isinstance(exc, GraphRecursionError):
+        # The team's own step guard finalizes before this; it stays a last resort that
+        # ends the task cleanly instead of surfacing LangGraph's error.
+        return False, "budget:team:recursion_limit"
+    if isinstance(exc, RelaygraphError):
+        return False, f"error: {exc}"
+    # A provider or tool failure ends this task, not the process.
+    return False, f"error: {type(exc).__name__}: {exc}"
 
 
 def _answer(approval: Any) -> dict[str, Any]:

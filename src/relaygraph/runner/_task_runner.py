@@ -4,6 +4,7 @@ task's context, the graph's config, the lease) and takes it through
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import threading
@@ -17,7 +18,11 @@ from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError, NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
 from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
-from relaygraph.runner._checkpoint import CheckpointFence, open_checkpointer
+from relaygraph.runner._checkpoint import (
+    CheckpointFence,
+    async_checkpointer,
+    open_checkpointer,
+)
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
 from relaygraph.runner._no_room import UnrecordedFailures, no_room_reason
@@ -161,73 +166,20 @@ class TaskRunner:
             AttemptSuperseded: The task went on to another attempt than ``attempt``; this
                 run wrote nothing since, and nothing of its end.
         """
-        from relaygraph.policies import stored_policy
-
-        # The task is this runner's before anything is written of it (a failure to start
-        # included), and its lease is renewed from here on, through the set-up (a team's
-        # first compile, its knowledge base made ready) as through the run.
-        if attempt is None and not leased:
-            task = self._take(task, only_from)
-        # A cancel asked for on another server reaches this run through the ledger.
-        watch_cancel = cancel is not None
-        cancel = cancel or threading.Event()
-        if task.cancel_requested_at is not None:
-            cancel.set()
-        hold = self._hold(task, attempt, cancel)
-        try:
-            # A record the runner cannot read (a policy or topology from another version)
-            # fails the task like a team that cannot be built: left queued, it would be
-            # taken again at once, and again.
-            source = task.metadata.get("policy_source") or "<task>"
-            policy = stored_policy(task.policy or {}, source=source)
-            if self.policies is not None:
-                # Capped at each run, not only at submission: a ceiling tightened since
-                # (a server restarted with a tighter --policy) holds for a task queued or
-                # paused before it, and for a worker as for the server.
-                policy = self.policies(task, policy)
-            topology = Topology.from_mapping(task.topology)
-            team, graph_team = self._team_graph(task, team, models, policy, topology)
-            context = self._context(task, team, attempt)
-            config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
-            day = self._day_budget(task)
-            if day is not None:
-                config["configurable"][DAY_BUDGET_KEY] = day
-        except RelaygraphError as exc:
-            # A team or a model that cannot be built, a knowledge base that cannot be made
-            # ready: the task fails on the record, not the process; left as it was, it would
-            # start again and again.
-            hold.close()
-            self._failed_to_start(task, attempt, exc)
-            raise
-        except BaseException:
-            hold.close()
-            if attempt is None:  # Let another take it.
-                self.ledger.release_lease(task.id, self.runner_id)
-            raise
-        run = TaskRun(
-            ledger=self.ledger,
-            runner_id=self.runner_id,
-            task=task,
-            policy=policy,
-            topology=topology,
-            recorded=dict(task.models),
-            context=context,
-            config=config,
+        run, graph_team = self._prepare(
+            task,
+            on_event=on_event,
             cancel=cancel,
-            watch_cancel=watch_cancel,
-            stop=stop,
-            lease=hold,
-            # The ledger's writes happen behind the graph (see EventWriter), in order; a
-            # worker's write refused for a superseded attempt stops the run at once.
-            writer=EventWriter(
-                self.ledger,
-                task.id,
-                on_event or (lambda event: None),
-                attempt=attempt,
-                on_error=lambda exc: _superseded_by(hold, exc),
-            ),
+            identity=identity,
+            callbacks=callbacks,
+            team=team,
+            models=models,
             attempt=attempt,
+            leased=leased,
+            only_from=only_from,
+            stop=stop,
         )
+        task, hold, context = run.task, run.lease, run.context
         try:
             ended = interrupted = no_room = False
             try:
@@ -295,6 +247,170 @@ class TaskRunner:
             reason = no_room_reason(exc)
             recorded = self.unrecorded_failures.fail(task.id, attempt=attempt, reason=reason)
             raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
+
+    async def arun(
+        self,
+        task: Task,
+        graph_input: Any,
+        *,
+        on_event: EventHandler | None = None,
+        stream_tokens: bool = False,
+        cancel: threading.Event | None = None,
+        stop: threading.Event | None = None,
+        identity: Mapping[str, str] | None = None,
+        only_from: tuple[str, ...] | None = None,
+    ) -> RunResult:
+        """:meth:`run` in process, on the running event loop: the graph runs with
+        ``astream``, its models are awaited, and only its sync steps (tools, the ledger's
+        reads and writes around the run) take a thread of the loop's default executor, for
+        as long as each lasts. A server holds as many tasks in flight as its loop can drive
+        this way, not one thread each. The arguments are :meth:`run`'s.
+
+        Raises:
+            TaskBusy: Another runner holds the task's lease, or a cancel waits on it.
+        """
+        run, graph_team = await asyncio.to_thread(
+            self._prepare,
+            task,
+            on_event=on_event,
+            cancel=cancel,
+            identity=identity,
+            callbacks=None,
+            team=None,
+            models=None,
+            attempt=None,
+            leased=False,
+            only_from=only_from,
+            stop=stop,
+        )
+        task = run.task
+        try:
+            ended = no_room = False
+            try:
+                async with async_checkpointer(self.home) as checkpointer:
+                    graph = graph_team.copy({"checkpointer": checkpointer})
+                    graph_input = await run.agraph_input(graph, graph_input)
+                    if isinstance(graph_input, Mapping) and "request" in graph_input:
+                        journal = run.context.tool_journal
+                        if isinstance(journal, LedgerToolJournal):  # See run().
+                            journal.starts_empty(task.id)
+                    run.writer.put(run.started_event())
+                    end = await run.astream(graph, graph_input, stream_tokens=stream_tokens)
+                result = run.result(end)
+                # Its reads (a ping-pong's approvals) and its end's write, off the loop.
+                await asyncio.to_thread(run.record_end, end, result)
+                ended = True
+                return result
+            except Exception as exc:
+                no_room = is_disk_full(exc)
+                raise
+            finally:
+                # Closing waits for a renewal under way: off the loop.
+                await asyncio.to_thread(run.lease.close)
+                try:
+                    await run.writer.aclose()
+                finally:
+                    if not ended and not no_room:  # Failed on the way: let another take it.
+                        await asyncio.to_thread(self.ledger.release_lease, task.id, self.runner_id)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            reason = no_room_reason(exc)  # See run().
+            recorded = await asyncio.to_thread(
+                self.unrecorded_failures.fail, task.id, attempt=None, reason=reason
+            )
+            raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
+
+    def _prepare(
+        self,
+        task: Task,
+        *,
+        on_event: EventHandler | None,
+        cancel: threading.Event | None,
+        identity: Mapping[str, str] | None,
+        callbacks: list[Any] | None,
+        team: Team | None,
+        models: Mapping[str, Any] | None,
+        attempt: int | None,
+        leased: bool,
+        only_from: tuple[str, ...] | None,
+        stop: threading.Event | None,
+    ) -> tuple[TaskRun, Any]:
+        """Take the task (in process) and prepare its run: its policy, team graph, context,
+        config, hold and event writer. Returns the run and the team's compiled graph.
+
+        Raises:
+            TaskBusy: See :meth:`run`.
+            RelaygraphError: The run could not be prepared; the task failed (recorded).
+        """
+        from relaygraph.policies import stored_policy
+
+        # The task is this runner's before anything is written of it (a failure to start
+        # included), and its lease is renewed from here on, through the set-up (a team's
+        # first compile, its knowledge base made ready) as through the run.
+        if attempt is None and not leased:
+            task = self._take(task, only_from)
+        # A cancel asked for on another server reaches this run through the ledger.
+        watch_cancel = cancel is not None
+        cancel = cancel or threading.Event()
+        if task.cancel_requested_at is not None:
+            cancel.set()
+        hold = self._hold(task, attempt, cancel)
+        try:
+            # A record the runner cannot read (a policy or topology from another version)
+            # fails the task like a team that cannot be built: left queued, it would be
+            # taken again at once, and again.
+            source = task.metadata.get("policy_source") or "<task>"
+            policy = stored_policy(task.policy or {}, source=source)
+            if self.policies is not None:
+                # Capped at each run, not only at submission: a ceiling tightened since
+                # (a server restarted with a tighter --policy) holds for a task queued or
+                # paused before it, and for a worker as for the server.
+                policy = self.policies(task, policy)
+            topology = Topology.from_mapping(task.topology)
+            team, graph_team = self._team_graph(task, team, models, policy, topology)
+            context = self._context(task, team, attempt)
+            config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+            day = self._day_budget(task)
+            if day is not None:
+                config["configurable"][DAY_BUDGET_KEY] = day
+        except RelaygraphError as exc:
+            # A team or a model that cannot be built, a knowledge base that cannot be made
+            # ready: the task fails on the record, not the process; left as it was, it would
+            # start again and again.
+            hold.close()
+            self._failed_to_start(task, attempt, exc)
+            raise
+        except BaseException:
+            hold.close()
+            if attempt is None:  # Let another take it.
+                self.ledger.release_lease(task.id, self.runner_id)
+            raise
+        run = TaskRun(
+            ledger=self.ledger,
+            runner_id=self.runner_id,
+            task=task,
+            policy=policy,
+            topology=topology,
+            recorded=dict(task.models),
+            context=context,
+            config=config,
+            cancel=cancel,
+            watch_cancel=watch_cancel,
+            stop=stop,
+            lease=hold,
+            # The ledger's writes happen behind the graph (see EventWriter), in order; a
+            # worker's write refused for a superseded attempt stops the run at once.
+            writer=EventWriter(
+                self.ledger,
+                task.id,
+                on_event or (lambda event: None),
+                attempt=attempt,
+                on_error=lambda exc: _superseded_by(hold, exc),
+            ),
+            attempt=attempt,
+        )
+        return run, graph_team
 
     def _day_budget(self, task: Task) -> ProjectDayBudget | None:
         """What the task's project may still spend today, as the run's cost cap; None when

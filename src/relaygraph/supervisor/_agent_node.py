@@ -16,6 +16,7 @@ from langgraph.errors import ParentCommand
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
+from relaygraph._calls import Call, Steps, run_async, run_sync
 from relaygraph._names import FINALIZE, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent
 from relaygraph.events import (
@@ -40,6 +41,7 @@ from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop
+from relaygraph.supervisor._node import steps_node
 from relaygraph.supervisor._state import TeamState, Visit
 
 
@@ -96,20 +98,41 @@ class StructuredExits:
         return outcome.command
 
 
-def _agent_node(
-    spec: Agent,
-    graph: CompiledStateGraph[Any, Any, Any, Any],
-    policy: TeamPolicy,
-    exits: Exits | None = None,
-    *,
-    replays: bool = False,
-) -> Any:
-    name = spec.name
-    rules = policy.agent(name)
-    recursion_limit = _agent_recursion_limit(rules.limits)
-    leave = exits or StructuredExits()
+class AgentNode:
+    """An agent's node: one visit of its subgraph per call, written once as steps
+    (:mod:`relaygraph._calls`) that run on a thread (``stream``) or on the event loop
+    (``astream``), where the visit's subgraph is awaited and holds no thread."""
 
-    def agent_node(state: TeamState, config: RunnableConfig) -> Any:
+    def __init__(
+        self,
+        spec: Agent,
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        policy: TeamPolicy,
+        exits: Exits | None = None,
+        *,
+        replays: bool = False,
+    ) -> None:
+        self.name = spec.name
+        self.graph = graph
+        self.policy = policy
+        self.rules = policy.agent(spec.name)
+        self.recursion_limit = _agent_recursion_limit(self.rules.limits)
+        self.leave = exits or StructuredExits()
+        self.replays = replays
+
+    def __call__(self, state: TeamState, config: RunnableConfig) -> Any:
+        return run_sync(self.steps(state, config))
+
+    async def acall(self, state: TeamState, config: RunnableConfig) -> Any:
+        return await run_async(self.steps(state, config))
+
+    def runnable(self) -> Any:
+        """The node as LangGraph runs it (see :func:`steps_node`)."""
+        return steps_node(self.steps, self.name, subgraph=self.graph)
+
+    def steps(self, state: TeamState, config: RunnableConfig) -> Steps[Any]:
+        name, graph, policy, rules = self.name, self.graph, self.policy, self.rules
+        leave, recursion_limit, replays = self.leave, self.recursion_limit, self.replays
         assignment = state.get("assignment") or Assignment(
             agent=name,
             task=state.get("request", ""),
@@ -162,30 +185,21 @@ def _agent_node(
             step=acc.step_of(config),
             barred=acc.bars_now(state, name),
         )
-        values: dict[str, Any] = {"messages": [scoped]}
         handoff: Command[Any] | None = None
         failed: ModelCallError | None = None
-        try:
-            # Streaming keeps the latest state, so a handoff (raised mid-run) still leaves
-            # the visit's transcript and usage in hand.
-            visit_config = acc.call_config(
-                config, state, name, replays=replays, **{BUDGET_KEY: budget}
-            )
-            visit_config["recursion_limit"] = recursion_limit
-            for values in graph.stream(  # noqa: B007
-                {"messages": [scoped]}, visit_config, stream_mode="values"
-            ):
-                pass
-        except ParentCommand as exc:
-            command = exc.args[0]
+        visit_config = acc.call_config(config, state, name, replays=replays, **{BUDGET_KEY: budget})
+        visit_config["recursion_limit"] = recursion_limit
+        values, stopped = yield _visit_call(graph, {"messages": [scoped]}, visit_config)
+        if isinstance(stopped, ParentCommand):
+            command = stopped.args[0]
             if command.graph != visit_id or not isinstance(command.update, dict):
-                raise  # Not a handoff from this agent's tools: let LangGraph route it.
+                raise stopped  # Not a handoff from this agent's tools: let LangGraph route it.
             handoff = command
-        except ModelCallError as exc:
+        elif isinstance(stopped, ModelCallError):
             # The server failed the agent's model call after the client's retries (its
             # model_error event is sent): the visit ends here and the team goes on without
             # this agent, as with a spent budget.
-            failed = exc
+            failed = stopped
         transcript: list[BaseMessage] = list(values["messages"])
         target = str(handoff.goto) if handoff is not None else None
         if handoff is not None:
@@ -300,7 +314,34 @@ def _agent_node(
             visit=visit,
         )
 
-    return agent_node
+
+def _visit_call(
+    graph: CompiledStateGraph[Any, Any, Any, Any], visit_input: Any, config: RunnableConfig
+) -> Call:
+    """The visit's subgraph, streamed to its end: its latest state, and what stopped it
+    early (a handoff's ``ParentCommand``, a failed model call) or None. Streaming keeps the
+    latest state, so a handoff (raised mid-run) still leaves the visit's transcript and
+    usage in hand."""
+
+    def sync() -> tuple[dict[str, Any], Exception | None]:
+        values: dict[str, Any] = visit_input
+        try:
+            for values in graph.stream(visit_input, config, stream_mode="values"):  # noqa: B007
+                pass
+        except (ParentCommand, ModelCallError) as exc:
+            return values, exc
+        return values, None
+
+    async def async_() -> tuple[dict[str, Any], Exception | None]:
+        values: dict[str, Any] = visit_input
+        try:
+            async for values in graph.astream(visit_input, config, stream_mode="values"):  # noqa: B007
+                pass
+        except (ParentCommand, ModelCallError) as exc:
+            return values, exc
+        return values, None
+
+    return Call(sync, async_)
 
 
 def _visit(
@@ -334,24 +375,35 @@ def _visit(
 def agent_nodes(
     models: Mapping[str, BaseChatModel], team: Any, policy: TeamPolicy, exits: Exits | None
 ) -> dict[str, Any]:
-    """Each agent of the team's policy, by name, as the node function that runs it.
+    """Each agent of the team's policy, by name, as the node that runs it.
 
     Args:
         team: The team (``relaygraph.team.Team``): its agents and its tools by name.
     """
+    return {
+        name: node.runnable() for name, node in _agent_node_objects(models, team, policy, exits)
+    }
+
+
+def _agent_node_objects(
+    models: Mapping[str, BaseChatModel], team: Any, policy: TeamPolicy, exits: Exits | None
+) -> list[tuple[str, AgentNode]]:
     from relaygraph.agents import build_agent
 
     members = {agent.name: agent for agent in team.agents}
-    return {
-        name: _agent_node(
-            members[name],
-            build_agent(members[name], models[name], policy, team.tools),
-            policy,
-            exits,
-            replays=acc.replays_by_position(models[name]),
+    return [
+        (
+            name,
+            AgentNode(
+                members[name],
+                build_agent(members[name], models[name], policy, team.tools),
+                policy,
+                exits,
+                replays=acc.replays_by_position(models[name]),
+            ),
         )
         for name in policy.agents
-    }
+    ]
 
 
 def agent_members(
@@ -360,7 +412,19 @@ def agent_members(
     """Each agent as a named runnable running its node, for the prebuilt multi-agent graphs
     (a swarm's members, a tool supervisor's workers), which take any named runnable and add
     it as the agent's node."""
-    return [
-        RunnableLambda(node, name=name)
-        for name, node in agent_nodes(models, team, policy, exits).items()
-    ]
+    return [_member(name, node) for name, node in _agent_node_objects(models, team, policy, exits)]
+
+
+def _member(name: str, node: AgentNode) -> RunnableLambda[Any, Any]:
+    """``node`` as a named runnable in both forms. Its functions name ``node.graph``:
+    LangGraph finds a node's subgraph (for its state and its interrupts) among the values
+    the source of the node's function names."""
+
+    def member(state: TeamState, config: RunnableConfig) -> Any:
+        node.graph  # noqa: B018 (see the docstring)
+        return node(state, config)
+
+    async def amember(state: TeamState, config: RunnableConfig) -> Any:
+        return await node.acall(state, config)
+
+    return RunnableLambda(member, afunc=amember, name=name)

@@ -14,6 +14,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer, Command
 
+from relaygraph._calls import Call, Steps
 from relaygraph._deadline import due_within
 from relaygraph._names import ANSWER_NAME, BEGIN, FINALIZE, FINISH, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
@@ -28,7 +29,8 @@ from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import agent_nodes
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
-from relaygraph.supervisor._route import Route, RouteDecision, route_next_agent
+from relaygraph.supervisor._node import steps_node
+from relaygraph.supervisor._route import Route, RouteDecision, route_steps
 from relaygraph.supervisor._state import TeamState, Violation, Visit, ending_status
 from relaygraph.supervisor._verdict import closing_verdict, failed_calls_only, source_message
 from relaygraph.topology import Topology
@@ -66,7 +68,7 @@ def _make_supervisor(
     # its writes, the step's own work) is only for an answer a model writes.
     answers_here = not writes_final_answer(finalize_model)
 
-    def supervisor(state: TeamState, config: RunnableConfig) -> Command[Any]:
+    def supervisor(state: TeamState, config: RunnableConfig) -> Steps[Command[Any]]:
         if hit := team_stop(state, policy, config, visits=False):
             return exhausted(policy, hit, state, config)
         # With every visit spent the supervisor may still say FINISH: only a route to one
@@ -127,7 +129,7 @@ def _make_supervisor(
             started = time.monotonic()
             # The route (with its repair) gets what the team's time limit leaves.
             with due_within(seconds_left((policy.team.max_seconds, acc.turn_usage(state)))):
-                decision = route_next_agent(
+                decision = yield from route_steps(
                     model,
                     messages,
                     agents=available,
@@ -236,7 +238,7 @@ def _make_supervisor(
         report(True)
         return Command(goto=proceed.goto, update={**recorded, **(proceed.update or {})})
 
-    return supervisor
+    return steps_node(supervisor, SUPERVISOR)
 
 
 def _next_in_plan(state: TeamState, visits: Sequence[Visit]) -> Assignment | None:
@@ -290,7 +292,7 @@ def _plan_of(route: Route) -> list[Assignment]:
 def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
     replays = acc.replays_by_position(model)
 
-    def finalize(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
+    def finalize(state: TeamState, config: RunnableConfig) -> Steps[dict[str, Any]]:
         status = ending_status(state)
         stop_reason = state.get("stop_reason")
         emit = event_sink() or get_stream_writer()
@@ -314,8 +316,8 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         failed: ModelCallError | None = None
         try:
             with due_within(seconds_left((policy.team.max_seconds, acc.turn_usage(state)))):
-                reply = model.invoke(
-                    messages, acc.call_config(config, state, FINALIZE, replays=replays)
+                reply = yield Call.invoke(
+                    model, messages, acc.call_config(config, state, FINALIZE, replays=replays)
                 )
         except ModelCallError as exc:
             # As a route's failed call: the task ends without an answer, saying why (the
@@ -355,7 +357,7 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
             update["messages"] = [AIMessage(content=answer, name=ANSWER_NAME)]
         return update
 
-    return finalize
+    return steps_node(finalize, FINALIZE)
 
 
 def writes_final_answer(model: BaseChatModel) -> bool:

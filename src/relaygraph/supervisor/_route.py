@@ -21,10 +21,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from relaygraph._calls import Call, Steps, run_sync
 from relaygraph._names import FINISH
 from relaygraph.models import AnswerCut, ModelCallError
 
-__all__ = ["FINISH", "Route", "RouteDecision", "route_model", "route_next_agent"]
+__all__ = ["FINISH", "Route", "RouteDecision", "route_model", "route_next_agent", "route_steps"]
 
 
 class Route(BaseModel):
@@ -215,11 +216,11 @@ def _attempt(
     schema: type[Route],
     messages: list[BaseMessage],
     config: RunnableConfig,
-) -> _Attempt:
+) -> Steps[_Attempt]:
     # No method named: each model uses its own (an openai: spec's ``structured`` option).
     structured = model.with_structured_output(route_json_schema(schema), include_raw=True)
     try:
-        out: dict[str, Any] = structured.invoke(messages, config)  # type: ignore[assignment]
+        out: dict[str, Any] = yield Call.invoke(structured, messages, config)
     except ModelCallError as exc:
         return _Attempt(None, None, f"the model call failed: {exc.reason}")
     except (OutputParserException, ValueError) as exc:
@@ -277,6 +278,30 @@ def route_next_agent(
     unavailable: Mapping[str, str] | None = None,
     team: Sequence[str] | None = None,
 ) -> RouteDecision:
+    """Ask the model for the next route (see :func:`route_steps`), on this thread."""
+    return run_sync(
+        route_steps(
+            model,
+            messages,
+            agents=agents,
+            config=config,
+            may_finish=may_finish,
+            unavailable=unavailable,
+            team=team,
+        )
+    )
+
+
+def route_steps(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    *,
+    agents: Sequence[str],
+    config: RunnableConfig,
+    may_finish: bool = True,
+    unavailable: Mapping[str, str] | None = None,
+    team: Sequence[str] | None = None,
+) -> Steps[RouteDecision]:
     """Ask the model for the next route; repair once; fall back to FINISH.
 
     Output that fails validation (not JSON, an unknown agent, a missing field, an empty task)
@@ -288,11 +313,11 @@ def route_next_agent(
     """
     unavailable = unavailable or {}
     schema = route_model(agents, may_finish=may_finish, team=team)
-    first = _attempt(model, schema, messages, config)
+    first = yield from _attempt(model, schema, messages, config)
     if first.route is not None and first.raw is not None:
         return RouteDecision(route=first.route, fallback=False, error=None, raw=(first.raw,))
     if first.raw is None:
-        second = _attempt(model, schema, messages, config)
+        second = yield from _attempt(model, schema, messages, config)
     else:
         why = unavailable.get(first.asked or "")
         refused_now = f" {first.asked!r} may not work now: {why}." if why else ""
@@ -305,7 +330,7 @@ def route_next_agent(
                 f"{', '.join([*agents, FINISH] if may_finish else agents)}."
             ),
         ]
-        second = _attempt(model, schema, repair, config)
+        second = yield from _attempt(model, schema, repair, config)
     raw = tuple(a.raw for a in (first, second) if a.raw is not None)
     refused = tuple(
         dict.fromkeys(a.asked for a in (first, second) if a.asked and a.asked in unavailable)

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relaygraph.api._errors import error_body
 from relaygraph.api._state import ServiceState
+from relaygraph.api._workers import WorkersLoad
 from relaygraph.store import TASK_STATUSES
 
 __all__ = ["CONTENT_TYPE", "MetricsSettings", "metrics_router", "metrics_text"]
@@ -65,7 +66,10 @@ def metrics_router(state: ServiceState, settings: MetricsSettings | None = None)
             )
         ledger = state.ledger()
         text = metrics_text(
-            ledger.count_tasks_by_status(), ledger.oldest_queued_at(), now=datetime.now(UTC)
+            ledger.count_tasks_by_status(),
+            ledger.oldest_queued_at(),
+            now=datetime.now(UTC),
+            load=state.workers_load(),
         )
         return Response(text, media_type=CONTENT_TYPE)
 
@@ -73,7 +77,11 @@ def metrics_router(state: ServiceState, settings: MetricsSettings | None = None)
 
 
 def metrics_text(
-    counts: dict[str, int], oldest_queued_at: datetime | None, *, now: datetime
+    counts: dict[str, int],
+    oldest_queued_at: datetime | None,
+    *,
+    now: datetime,
+    load: WorkersLoad | None = None,
 ) -> str:
     """The metrics in Prometheus' text format.
 
@@ -81,6 +89,8 @@ def metrics_text(
         counts: Tasks per status (a status missing counts 0).
         oldest_queued_at: When the oldest ``queued`` task was queued; None when none is.
         now: The time of the scrape.
+        load: What this server process's workers hold (None in the worker mode, where the
+            API server runs no tasks).
     """
     age = 0.0 if oldest_queued_at is None else max(0.0, (now - oldest_queued_at).total_seconds())
     lines = [
@@ -92,7 +102,44 @@ def metrics_text(
         "# TYPE relaygraph_oldest_queued_task_age_seconds gauge",
         f"relaygraph_oldest_queued_task_age_seconds {age:.3f}",
     ]
+    if load is not None:
+        lines += _load_lines(load)
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(load: WorkersLoad) -> list[str]:
+    """This process's tasks in flight, the ones waiting for room, and its task loop's lag."""
+    gauges = (
+        ("tasks_in_flight", "Tasks running in this server process.", load.in_flight),
+        (
+            "tasks_in_flight_max",
+            "Tasks this server process runs at once at most (--workers, its share).",
+            load.capacity,
+        ),
+        (
+            "tasks_waiting",
+            "Tasks taken by this server process that wait for room among those in flight.",
+            load.waiting,
+        ),
+        (
+            "event_loop_lag_seconds",
+            "How late the task loop's timers fire: how long a ready task waits for the loop.",
+            round(load.loop_lag_seconds, 4),
+        ),
+        (
+            "sync_steps_waiting",
+            "Sync steps of running tasks (tools, ledger writes) waiting for a thread.",
+            load.sync_queue,
+        ),
+    )
+    lines: list[str] = []
+    for name, help_text, value in gauges:
+        lines += [
+            f"# HELP relaygraph_{name} {help_text}",
+            f"# TYPE relaygraph_{name} gauge",
+            f"relaygraph_{name} {value}",
+        ]
+    return lines
 
 
 def _may_read(request: Request, settings: MetricsSettings) -> bool:

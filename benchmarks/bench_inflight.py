@@ -1,0 +1,337 @@
+"""8. Tasks in flight: one ``relaygraph serve`` holding hundreds of slow tasks at once,
+against bare LangGraph (``ainvoke`` on one event loop) in the same run (issue 44).
+
+The model is the benchmark's own Chat Completions double (``tests/openai_server.py``)
+answering every call after **2 s**, through the real ``ChatOpenAI`` client; each task is
+supervisor → writer → FINISH, three model calls (6 s of model time), so the bound at ``N``
+in flight is ``N ÷ 6 s``. For each level (50, 200, 500, 1,000 in flight; ``--quick``: 50 and
+200) both sides are handed ``3 × N`` tasks at once:
+
+- **bare**: bare ``create_supervisor`` over ``create_agent`` workers (``_bare.py``), every task
+  an ``ainvoke`` on one event loop, ``N`` at once (a semaphore), ``AsyncSqliteSaver``, in a
+  process of its own (``_bare_inflight.py``);
+- **relaygraph**: ``relaygraph serve --workers N --processes 1`` on SQLite, the tasks
+  submitted over HTTP by 16 client threads, every task on the server's event loop.
+
+Tasks per second is counted over the last two waves (finishes ``N`` to ``3N``: the first
+wave pays the start); % of bound is that ÷ ``N / 6 s``. RSS is the peak resident memory,
+summed over the service's processes (sampled every 0.5 s for relaygraph; the bare process's
+own peak). MB per task in flight is (RSS − the idle server's RSS) ÷ ``N``. The API's p99 is
+over the submissions and a ``GET`` of a task every 50 ms while the tasks run.
+
+Run alone: ``.venv/bin/python benchmarks/bench_inflight.py [--quick] [--levels 50 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
+
+from _common import Section, Verdict, log, table  # noqa: E402
+from bench_service import _bare_turns, _job_of, _task_text, _turns  # noqa: E402
+
+DELAY_SECONDS = 2.0
+CALLS_PER_TASK = 3
+LEVELS = (50, 200, 500, 1000)
+QUICK_LEVELS = (50, 200)
+WAVES = 3
+MODEL = "openai:script-bench"
+WAIT_SECONDS = 900
+ISSUE = 44
+
+
+@dataclass
+class Side:
+    """One side at one level."""
+
+    level: int
+    finished: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    rss_mb: float = 0.0
+    idle_rss_mb: float = 0.0
+    api_ms: list[float] = field(default_factory=list)
+
+    @property
+    def tasks_per_second(self) -> float:
+        done = sorted(self.finished)
+        first, last = self.level - 1, len(done) - 1
+        if last <= first or done[last] <= done[first]:
+            return 0.0
+        return (last - first) / (done[last] - done[first])
+
+    @property
+    def of_bound(self) -> float:
+        return self.tasks_per_second / (self.level / (CALLS_PER_TASK * DELAY_SECONDS))
+
+    @property
+    def mb_per_task(self) -> float:
+        return max(0.0, self.rss_mb - self.idle_rss_mb) / self.level
+
+    @property
+    def p99_ms(self) -> float | None:
+        if len(self.api_ms) < 2:
+            return None
+        return statistics.quantiles(self.api_ms, n=100)[98]
+
+
+def _jobs(side: str, level: int) -> list[str]:
+    return [f"{side}-{level}-{i}" for i in range(WAVES * level)]
+
+
+def _rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def _bare(level: int, base_url: str, home: Path) -> Side:
+    side = Side(level)
+    argv = [sys.executable, str(HERE / "_bare_inflight.py"), f"--base-url={base_url}"]
+    argv += ["--model=script-bench", f"--home={home}", f"--in-flight={level}"]
+    done = subprocess.run(
+        argv,
+        input=json.dumps(_jobs("bare", level)) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+        cwd=HERE.parent,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the bare process failed: {done.stderr[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    side.finished, side.failures, side.rss_mb = out["finished"], out["failures"], out["rss_mb"]
+    return side
+
+
+def _relaygraph(level: int, root: Path, base_url: str) -> Side:
+    from tests.worker_cluster import Cluster
+
+    from relaygraph.client import Client
+
+    side = Side(level)
+    jobs = _jobs("rg", level)
+    env = {
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "bench",
+        # Every task is handed over at once: the project's queue must hold them all.
+        "RELAYGRAPH_PROJECT_MAX_QUEUED": str(len(jobs)),
+    }
+    with Cluster(root / f"serve-{level}", database_url=None, broker=None, env=env) as cluster:
+        server = cluster.serve("api", model=MODEL, workers=level, processes=1)
+        key = cluster.create_project("bench")
+        pid = server.pid
+        side.idle_rss_mb = _rss_mb(_tree(pid))
+        peak = [side.idle_rss_mb]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.5):
+                peak[0] = max(peak[0], _rss_mb(_tree(pid)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        ids: list[str] = []
+        with Client(server.url, key, timeout=60) as client:
+
+            def submit(job: str) -> str:
+                began = time.perf_counter()
+                task_id = str(client.submit(_task_text(job))["id"])
+                side.api_ms.append((time.perf_counter() - began) * 1000)
+                return task_id
+
+            def probe() -> None:
+                while not stop.wait(0.05) and ids:
+                    began = time.perf_counter()
+                    client.get(ids[0])
+                    side.api_ms.append((time.perf_counter() - began) * 1000)
+
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                ids.extend(pool.map(submit, jobs))
+            prober = threading.Thread(target=probe, daemon=True)
+            prober.start()
+            ledger = cluster.home / "ledger.sqlite"
+            deadline = time.monotonic() + WAIT_SECONDS
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                with sqlite3.connect(ledger) as db:
+                    (left,) = db.execute(
+                        "SELECT count(*) FROM tasks WHERE status IN ('queued', 'running')"
+                    ).fetchone()
+                if not left:
+                    break
+            stop.set()
+            prober.join()
+        sampler.join()
+        side.rss_mb = peak[0]
+        with sqlite3.connect(ledger) as db:
+            rows = list(
+                db.execute("SELECT created_at, finished_at, status, stop_reason FROM tasks")
+            )
+    started = min(_when(r[0]) for r in rows)
+    side.finished = [_when(r[1]) - started for r in rows if r[1]]
+    side.failures = sorted({str(r[3]) for r in rows if r[2] != "succeeded"})
+    return side
+
+
+def _when(value: str) -> float:
+    return datetime.fromisoformat(str(value)).timestamp()
+
+
+def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
+    from tests.openai_server import serve_script
+
+    chosen = levels or (QUICK_LEVELS if quick else LEVELS)
+    section = Section("8. Tasks in flight: serve against bare LangGraph on one event loop")
+    script: dict[str, list[dict[str, Any]]] = {}
+    for level in chosen:
+        for job in _jobs("bare", level):
+            script.update(_bare_turns(job))
+        for job in _jobs("rg", level):
+            script.update(_turns(job))
+    rows: list[tuple[Side, Side]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="relaygraph-inflight-") as tmp,
+        serve_script(script, delay_seconds=DELAY_SECONDS, key_from=_job_of) as fake,
+    ):
+        for level in chosen:
+            log(f"  {level} in flight: bare")
+            home = Path(tmp) / f"bare-{level}"
+            home.mkdir()
+            bare = _bare(level, fake.base_url, home)
+            log(f"  {level} in flight: relaygraph serve")
+            ours = _relaygraph(level, Path(tmp), fake.base_url)
+            rows.append((bare, ours))
+            for who, side in (("bare", bare), ("serve", ours)):
+                log(
+                    f"    {who}: {side.tasks_per_second:.1f} tasks/s ({side.of_bound:.0%}), "
+                    f"RSS {side.rss_mb:.0f} MB, p99 {side.p99_ms}, failures {len(side.failures)}"
+                )
+    _report(section, rows, quick)
+    return section
+
+
+def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> None:
+    section.add(
+        f"A model double answering each call after {DELAY_SECONDS:g} s, {CALLS_PER_TASK} calls "
+        f"a task; each side handed {WAVES} × N tasks at once"
+        + (" (`--quick`: 50 and 200 only)." if quick else "."),
+        "",
+    )
+
+    def p99(side: Side) -> str:
+        return "—" if side.p99_ms is None else f"{side.p99_ms:.0f} ms"
+
+    section.body += table(
+        [
+            "in flight",
+            "bare tasks/s (% of bound)",
+            "serve tasks/s (% of bound)",
+            "serve ÷ bare",
+            "bare RSS",
+            "serve RSS (MB per task in flight)",
+            "serve API p99",
+            "failures (bare / serve)",
+        ],
+        [
+            [
+                str(b.level),
+                f"{b.tasks_per_second:.1f} ({b.of_bound:.0%})",
+                f"{s.tasks_per_second:.1f} ({s.of_bound:.0%})",
+                f"{s.tasks_per_second / b.tasks_per_second:.2f}" if b.tasks_per_second else "—",
+                f"{b.rss_mb:.0f} MB",
+                f"{s.rss_mb:.0f} MB ({s.mb_per_task:.2f})",
+                p99(s),
+                f"{len(b.failures)} / {len(s.failures)}",
+            ]
+            for b, s in rows
+        ],
+    )
+    section.add("")
+    for b, s in rows:
+        for who, side in (("bare", b), ("serve", s)):
+            if side.failures:
+                section.add(f"- {who} at {side.level}: {'; '.join(side.failures[:3])}")
+        ratio = s.tasks_per_second / b.tasks_per_second if b.tasks_per_second else 0.0
+        section.verdicts.append(
+            Verdict(
+                f"in flight {s.level}",
+                "≥ 0.9× bare's tasks/s",
+                f"{ratio:.2f}×",
+                ratio >= 0.9,
+                issue=ISSUE,
+            )
+        )
+        section.verdicts.append(
+            Verdict(
+                f"in flight {s.level}",
+                "RSS ≤ 2× bare's",
+                f"{s.rss_mb / b.rss_mb:.2f}×" if b.rss_mb else "—",
+                bool(b.rss_mb) and s.rss_mb <= 2 * b.rss_mb,
+                issue=ISSUE,
+            )
+        )
+        if s.level == 1000:
+            section.verdicts.append(
+                Verdict(
+                    "in flight 1000",
+                    "API p99 ≤ 200 ms",
+                    p99(s),
+                    (s.p99_ms or 0) <= 200,
+                    issue=ISSUE,
+                )
+            )
+    section.add("")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--levels", type=int, nargs="+")
+    args = parser.parse_args(argv)
+    section = run(args.quick, levels=tuple(args.levels) if args.levels else None)
+    print("\n".join(section.body))
+    for verdict in section.verdicts:
+        log(f"  {verdict.benchmark}: {verdict.target}: {verdict.measured} ({verdict.met})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
