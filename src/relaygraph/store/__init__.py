@@ -44,6 +44,7 @@ from relaygraph.store._records import (
     ToolCall,
 )
 from relaygraph.store._usage_records import RunEnd
+from relaygraph.store._worker_slots import WORKER_GONE_SECONDS, WORKER_REPORT_SECONDS
 
 __all__ = [
     "DATABASE_URL_ENV",
@@ -51,6 +52,8 @@ __all__ = [
     "FINISHED_STATUSES",
     "LOCAL_PROJECT_ID",
     "TASK_STATUSES",
+    "WORKER_GONE_SECONDS",
+    "WORKER_REPORT_SECONDS",
     "AgentUsage",
     "ApiKey",
     "Approval",

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Self, TypeVar
 
@@ -91,6 +92,14 @@ class LedgerBase:
     def dialect(self) -> str:
         """``sqlite`` or ``postgresql``."""
         return self._engine.dialect.name
+
+    @property
+    def database_file(self) -> Path | None:
+        """The SQLite database's file; None on PostgreSQL or for an in-memory database."""
+        if self.dialect != "sqlite":
+            return None
+        name = self._engine.url.database
+        return Path(name) if name and name != ":memory:" else None
 
     def close(self) -> None:
         """Close the connection pool; the ledger opens new connections if used again."""

@@ -5,7 +5,8 @@ their quotas and the fair order of queued tasks (``_quotas``), registered teams
 (``_teams``), tasks and threads (``_tasks``), leases (``_leases``), events and what they
 imply (``_events``), usage and the end of a run (``_usage_records``), approvals
 (``_approvals``), eval runs (``_eval_runs``), the tool journal (``_journal``) and the worker
-mode's dispatches and attempts (``_dispatch``); the engine and sessions are ``_base``.
+mode's dispatches and attempts (``_dispatch``) and its pool processes' slots
+(``_worker_slots``); the engine and sessions are ``_base``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from relaygraph.store._tasks import TasksLedger
 from relaygraph.store._teams import TeamsLedger
 from relaygraph.store._tenants import TenantsLedger
 from relaygraph.store._usage_records import UsageLedger
+from relaygraph.store._worker_slots import WorkerSlotsLedger
 
 __all__ = ["Ledger", "hash_key"]
 
@@ -38,6 +40,7 @@ class Ledger(
     EvalRunsLedger,
     ToolJournalLedger,
     WorkerDispatchLedger,
+    WorkerSlotsLedger,
 ):
     """The SQL record of projects, API keys, tasks and everything that happened in each task.
 
