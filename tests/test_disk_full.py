@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from relaygraph.client import ApiError, Client
-from relaygraph.runner._no_room import RESERVE_BYTES
+from relaygraph.runner._no_room import RESERVE_BYTES, RoomReserve, UnrecordedFailures
 from relaygraph.store import is_disk_full
 
 from .test_server import create_project
@@ -146,9 +146,6 @@ def test_a_task_that_fills_the_disk_fails_once_with_the_reason(
         task = client.submit("fill it", model="scripted:filler.json")
         workspace = home / "tasks" / task["id"] / "workspace"
         deadline = time.monotonic() + 120
-        while not _is_full(small_disk) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _is_full(small_disk), "the program did not fill the disk"
         # The run stops at its next write to the ledger, which the server logs; only then
         # is room made again (made before, the run would simply go on).
         stopped = f"task {task['id']!r} failed: error: no room on disk"
@@ -232,3 +229,42 @@ def _filling_script() -> dict[str, Any]:
             {"content": "The disk is full."},
         ],
     }
+
+
+class _FullLedger:
+    """A ledger whose disk is full for its first ``refusals`` writes."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.written: list[tuple[str, str]] = []
+
+    def append_events(self, task_id: str, events: Any, *, attempt: Any, end: Any) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            full = sqlite3.OperationalError("database or disk is full")
+            full.sqlite_errorcode = 13  # type: ignore[attr-defined]
+            raise OperationalError("INSERT", {}, full)
+        self.written.append((task_id, end.stop_reason))
+
+
+def test_the_reserve_makes_room_for_the_failure_and_without_it_the_failure_waits(
+    tmp_path: Path,
+) -> None:
+    """With its reserve, a failure the full ledger refused is written at once (the reserve
+    given up, then made again); without room to give, it waits for a later write."""
+    reserve = RoomReserve(tmp_path / "ledger.sqlite.reserve")
+    assert reserve.ensure() and reserve.path.stat().st_size == RESERVE_BYTES
+    ledger = _FullLedger(refusals=1)
+    failures = UnrecordedFailures(ledger, "runner-1", reserve=reserve)  # type: ignore[arg-type]
+    assert failures.fail("t1", attempt=None, reason="error: no room on disk: x")
+    assert ledger.written == [("t1", "error: no room on disk: x")] and not failures
+    assert not reserve.path.exists()
+    assert reserve.ensure() and reserve.path.exists()  # Room again: made again.
+    # Refused, the reserve spent already: it waits in memory for the next try.
+    ledger = _FullLedger(refusals=3)
+    failures = UnrecordedFailures(ledger, "runner-1", reserve=None)  # type: ignore[arg-type]
+    assert not failures.fail("t2", attempt=3, reason="error: no room on disk: y")
+    assert "t2" in failures and failures.record() == 0
+    assert failures.record() == 0
+    assert failures.record() == 1 and not failures
+    assert ledger.written == [("t2", "error: no room on disk: y")]

@@ -69,7 +69,7 @@ def test_the_celery_settings_are_what_their_comments_say() -> None:
     assert conf.task_serializer == "json"
     assert list(conf.accept_content) == ["json"]
     assert conf.control_exchange == "rg-ctl"
-    assert conf.task_routes == {RUN_TASK: {"queue": "rg-a"}}
+    assert conf.task_routes == {RUN_TASK: {"queue": "rg-a"}, RECORD_NO_ROOM: {"queue": "rg-a"}}
     assert conf.task_default_queue == "rg-a"
     queues = {queue.name: queue for queue in conf.task_queues}
     assert set(queues) == {"rg-a", "rg-b"}
