@@ -244,14 +244,23 @@ class UsageProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                self._relay(httpx.get(proxy.upstream + self.path[len("/v1") :], timeout=600))
+                self._relay(
+                    httpx.get(
+                        proxy.upstream + self.path[len("/v1") :],
+                        headers={"Authorization": self.headers.get("Authorization", "")},
+                        timeout=600,
+                    )
+                )
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 answer = httpx.post(
                     proxy.upstream + self.path[len("/v1") :],
                     content=body,
-                    headers={"Content-Type": "application/json"},
+                    headers={
+                        "Content-Type": "application/json",
+                        "Authorization": self.headers.get("Authorization", ""),
+                    },
                     timeout=600,
                 )
                 if answer.status_code == 200:
