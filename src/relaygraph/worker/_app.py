@@ -207,8 +207,11 @@ def _prepare_children(app: Celery) -> None:
                 app, task_id, attempt, reason
             ),
         )
-        runtime.start_reporting()  # Its slot counts for the publishers from now on.
         settle_long_lived()  # before the child's first task, as the server's workers do
+        # Its slot counts for the publishers from now on. Started last: the pool's parent
+        # kills a child that is not up within a few seconds, and the reports' queries
+        # must not compete with the imports of its start on a loaded machine.
+        runtime.start_reporting()
 
     def stop(**_: Any) -> None:
         close_worker_runtime()

@@ -35,6 +35,9 @@ __all__ = [
 
 log = logging.getLogger("relaygraph.worker")
 
+WORKER_START_SECONDS = 1.0
+"""How long after its start a pool process first reports its slot."""
+
 Publish = Callable[[str, int], None]
 """Publishes ``(task_id, dispatch)`` for the workers (:func:`relaygraph.worker.publish_run`)."""
 RecordLater = Callable[[str, int, str], None]
@@ -118,6 +121,9 @@ class WorkerRuntime:
             return
 
         def report() -> None:
+            # The first report a moment after the process is up (see _prepare_children).
+            if self._stop_reporting.wait(WORKER_START_SECONDS):
+                return
             while True:
                 try:
                     self.ledger.report_worker_slots(self.worker_id, slots=1)
