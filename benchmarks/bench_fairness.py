@@ -1,8 +1,8 @@
 """7. Fair shares: one project's task latency while another keeps 200 tasks queued.
 
 A real ``relaygraph serve`` (2 workers, in process; and in the worker mode, 2
-``relaygraph worker`` processes × concurrency 1 on PostgreSQL and RabbitMQ, publishing 2
-tasks ahead of the workers, their concurrency, as docs/deploy.md advises), its model the
+``relaygraph worker`` processes × concurrency 1 on PostgreSQL and RabbitMQ, publishing as
+many tasks as the workers have free slots, the default), its model the
 real ``ChatOpenAI`` client against ``tests/openai_server.py`` answering every call after
 ``DELAY_SECONDS``. Each task is supervisor → writer → FINISH (three calls: one task's
 duration is about 3 × the delay).
@@ -129,8 +129,8 @@ def _worker_mode(root: Path, env: dict[str, str]) -> Iterator[tuple[Any, str]]:
             root / "workers",
             database_url=database,
             broker=broker,
-            # As deploy.md advises: publish ahead as many as the workers run at once.
-            env={**env, "RELAYGRAPH_PUBLISH_AHEAD": "2"},
+            # No RELAYGRAPH_PUBLISH_AHEAD: the workers' free slots, as by default.
+            env=env,
         ) as cluster,
     ):
         server = cluster.serve("api", model=MODEL)
@@ -142,7 +142,7 @@ def _worker_mode(root: Path, env: dict[str, str]) -> Iterator[tuple[Any, str]]:
 MODES: dict[str, tuple[str, Callable[[Path, dict[str, str]], Any]]] = {
     "in-process": ("in process (`serve --workers 2 --processes 1`, SQLite)", _in_process),
     "workers": (
-        "worker mode (2 workers × 1, `RELAYGRAPH_PUBLISH_AHEAD=2`, PostgreSQL, RabbitMQ)",
+        "worker mode (2 workers × 1, publishing for free slots, PostgreSQL, RabbitMQ)",
         _worker_mode,
     ),
 }

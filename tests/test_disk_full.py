@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from relaygraph.client import ApiError, Client
+from relaygraph.runner._no_room import RESERVE_BYTES, RoomReserve, UnrecordedFailures
 from relaygraph.store import is_disk_full
 
 from .test_server import create_project
@@ -145,9 +146,6 @@ def test_a_task_that_fills_the_disk_fails_once_with_the_reason(
         task = client.submit("fill it", model="scripted:filler.json")
         workspace = home / "tasks" / task["id"] / "workspace"
         deadline = time.monotonic() + 120
-        while not _is_full(small_disk) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _is_full(small_disk), "the program did not fill the disk"
         # The run stops at its next write to the ledger, which the server logs; only then
         # is room made again (made before, the run would simply go on).
         stopped = f"task {task['id']!r} failed: error: no room on disk"
@@ -170,3 +168,103 @@ def test_a_task_that_fills_the_disk_fails_once_with_the_reason(
 
 def _is_full(disk: Path) -> bool:
     return os.statvfs(disk).f_bavail == 0
+
+
+def test_the_failure_is_on_the_record_while_the_disk_is_full_and_a_restart_runs_nothing(
+    small_disk: Path, start_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger is on the full disk: the room the runner keeps in reserve beside it is
+    given up for the failure, which is on the record before any room is made. A server
+    killed then (its memory lost) and started again once there is room does not run the
+    program again, and the reserve is made again for the next."""
+    home = small_disk / "home"
+    monkeypatch.setenv("RELAYGRAPH_HOME", str(home))
+    env = {
+        "RELAYGRAPH_HOME": str(home),
+        "RELAYGRAPH_UNSAFE_SANDBOX": "true",
+        "RELAYGRAPH_LEASE_SECONDS": "4",
+    }
+    server = start_server({"filler.json": _filling_script()}, **env)
+    attacker, other = create_project(home, "bravo"), create_project(home, "alpha")
+    reserve = home / "ledger.sqlite.reserve"
+    with Client(server.url, attacker) as client:
+        task = client.submit("fill it", model="scripted:filler.json")
+        workspace = home / "tasks" / task["id"] / "workspace"
+        deadline = time.monotonic() + 120
+        done = client.get(task["id"])
+        while done["status"] != "failed" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            done = client.get(task["id"])
+    assert done["status"] == "failed", done
+    assert "no room on disk" in (done["stop_reason"] or ""), done
+    assert not reserve.exists()  # Given up for the failure.
+    server.process.kill()
+    server.process.wait()
+    for filled in workspace.glob("fill-*.bin"):
+        filled.unlink()  # Room again.
+    again = start_server(**env)
+    with Client(again.url, other) as client:
+        theirs = client.submit("When are checkpoints written?")
+        assert client.wait(theirs["id"], timeout=120)["status"] == "succeeded"
+    with Client(again.url, attacker) as client:
+        assert client.get(task["id"])["status"] == "failed"
+    # The restarted server's sweeps ran past the failed task: its program ran once.
+    assert (workspace / "runs.txt").read_text() == "ran\n"
+    assert reserve.stat().st_size == RESERVE_BYTES
+    assert "Traceback" not in again.log.read_text()
+
+
+def _filling_script() -> dict[str, Any]:
+    return {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "fill the disk", "reason": "attack"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [
+            {
+                "tool_calls": [
+                    {"name": "run_python", "args": {"code": textwrap.dedent(DISK_FILLING_PROGRAM)}}
+                ]
+            },
+            {"content": "The disk is full."},
+        ],
+    }
+
+
+class _FullLedger:
+    """A ledger whose disk is full for its first ``refusals`` writes."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.written: list[tuple[str, str]] = []
+
+    def append_events(self, task_id: str, events: Any, *, attempt: Any, end: Any) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            full = sqlite3.OperationalError("database or disk is full")
+            full.sqlite_errorcode = 13  # type: ignore[attr-defined]
+            raise OperationalError("INSERT", {}, full)
+        self.written.append((task_id, end.stop_reason))
+
+
+def test_the_reserve_makes_room_for_the_failure_and_without_it_the_failure_waits(
+    tmp_path: Path,
+) -> None:
+    """With its reserve, a failure the full ledger refused is written at once (the reserve
+    given up, then made again); without room to give, it waits for a later write."""
+    reserve = RoomReserve(tmp_path / "ledger.sqlite.reserve")
+    assert reserve.ensure() and reserve.path.stat().st_size == RESERVE_BYTES
+    ledger = _FullLedger(refusals=1)
+    failures = UnrecordedFailures(ledger, "runner-1", reserve=reserve)  # type: ignore[arg-type]
+    assert failures.fail("t1", attempt=None, reason="error: no room on disk: x")
+    assert ledger.written == [("t1", "error: no room on disk: x")] and not failures
+    assert not reserve.path.exists()
+    assert reserve.ensure() and reserve.path.exists()  # Room again: made again.
+    # Refused, the reserve spent already: it waits in memory for the next try.
+    ledger = _FullLedger(refusals=3)
+    failures = UnrecordedFailures(ledger, "runner-1", reserve=None)  # type: ignore[arg-type]
+    assert not failures.fail("t2", attempt=3, reason="error: no room on disk: y")
+    assert "t2" in failures and failures.record() == 0
+    assert failures.record() == 0
+    assert failures.record() == 1 and not failures
+    assert ledger.written == [("t2", "error: no room on disk: y")]

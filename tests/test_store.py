@@ -48,6 +48,7 @@ TABLES = {
     "eval_case_results",
     "team_versions",
     "tool_journal",
+    "worker_slots",
 }
 RELAY_SPEC = f"scripted:{EXAMPLE_RELAY}"
 

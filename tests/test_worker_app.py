@@ -27,6 +27,7 @@ from kombu import Connection
 
 from relaygraph.errors import ConfigError
 from relaygraph.worker import (
+    RECORD_NO_ROOM,
     RUN_TASK,
     WorkerSettings,
     create_celery_app,
@@ -68,7 +69,7 @@ def test_the_celery_settings_are_what_their_comments_say() -> None:
     assert conf.task_serializer == "json"
     assert list(conf.accept_content) == ["json"]
     assert conf.control_exchange == "rg-ctl"
-    assert conf.task_routes == {RUN_TASK: {"queue": "rg-a"}}
+    assert conf.task_routes == {RUN_TASK: {"queue": "rg-a"}, RECORD_NO_ROOM: {"queue": "rg-a"}}
     assert conf.task_default_queue == "rg-a"
     queues = {queue.name: queue for queue in conf.task_queues}
     assert set(queues) == {"rg-a", "rg-b"}
@@ -179,6 +180,61 @@ def test_run_task_calls_the_hook_it_is_given_once() -> None:
     app = create_celery_app(WorkerSettings(broker_url=BROKER), run=lambda *args: calls.append(args))
     app.tasks[RUN_TASK].apply(args=("task-1", 3)).get()
     assert calls == [("task-1", 3)]
+
+
+def test_a_failure_for_lack_of_room_is_tried_again_until_the_ledger_takes_it() -> None:
+    """``relaygraph.record_no_room`` retries (a new message each time, which the broker
+    keeps across a worker's end) while the ledger refuses the write, and stops once it
+    took it."""
+    calls: list[tuple[str, int, str]] = []
+
+    def record(task_id: str, attempt: int, reason: str) -> bool:
+        calls.append((task_id, attempt, reason))
+        return len(calls) == 3  # No room twice, then room.
+
+    app = create_celery_app(WorkerSettings(broker_url=BROKER), record=record)
+    app.tasks[RECORD_NO_ROOM].apply(args=("task-1", 2, "error: no room on disk: x")).get()
+    assert calls == [("task-1", 2, "error: no room on disk: x")] * 3
+
+
+def test_a_worker_hands_a_failure_the_ledger_refused_to_the_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's run stopped on a full disk whose failure the ledger did not take: the
+    run's message is done with (never run again), its failure goes to the broker, and the
+    worker that takes that writes it: the task ``failed``, with the reason."""
+    from relaygraph.errors import NoRoomOnDisk
+    from relaygraph.runner import load_runner_settings
+    from relaygraph.worker import WorkerRuntime
+
+    later: list[tuple[str, int, str]] = []
+    runtime = WorkerRuntime(
+        load_runner_settings(),
+        WorkerSettings(broker_url=BROKER),
+        record_later=lambda *args: later.append(args),
+    )
+    try:
+        project, _ = runtime.ledger.create_project("bravo")
+        task, _ = runtime.ledger.create_task(project_id=project.id, input="fill it")
+        dispatch = runtime.ledger.queue_for_workers(task.id)
+        reason = "error: no room on disk: OperationalError: database or disk is full"
+
+        def stopped(task: Any, *args: Any, attempt: int, **kwargs: Any) -> None:
+            raise NoRoomOnDisk(task.id, recorded=False, reason=reason)
+
+        monkeypatch.setattr(runtime.runner, "run", stopped)
+        assert runtime.run(task.id, dispatch) is None
+        assert later == [(task.id, 1, reason)]
+        running = runtime.ledger.get_task(task.id, project_id=project.id)
+        assert running is not None and running.status == "running"
+        assert runtime.record_no_room(*later[0])
+        failed = runtime.ledger.get_task(task.id, project_id=project.id)
+        assert failed is not None and (failed.status, failed.stop_reason) == ("failed", reason)
+        # The run's message again (a redelivery): nothing runs.
+        assert runtime.run(task.id, dispatch) is None
+        assert len(later) == 1
+    finally:
+        runtime.close()
 
 
 def test_the_default_hook_runs_the_ledgers_task_and_drops_what_it_cannot_run() -> None:

@@ -63,7 +63,7 @@ class BrokerDispatch:
         celery: Celery,
         *,
         republish_after: timedelta = DEFAULT_REPUBLISH_AFTER,
-        publish_ahead: int = 4,
+        publish_ahead: int | None = None,
         max_running: int | None = None,
     ) -> None:
         self.ledger = ledger

@@ -25,7 +25,7 @@ from relaygraph.runner._checkpoint import (
 )
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
-from relaygraph.runner._no_room import UnrecordedFailures, no_room_reason
+from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures, no_room_reason
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
@@ -98,7 +98,14 @@ class TaskRunner:
         self.policies = policies
         self.workspace_quota = workspace_quota or WorkspaceQuota()
         self.quotas = quotas
-        self.unrecorded_failures = UnrecordedFailures(ledger, self.runner_id)
+        database = ledger.database_file
+        self.unrecorded_failures = UnrecordedFailures(
+            ledger,
+            self.runner_id,
+            reserve=RoomReserve(database.with_name(database.name + ".reserve"))
+            if database is not None
+            else None,
+        )
         """The runs that stopped for lack of room on disk whose failure the ledger has
         not taken yet: written by :meth:`UnrecordedFailures.record` once it does; their
         tasks must not be started again meanwhile."""
@@ -345,6 +352,11 @@ class TaskRunner:
         """
         from relaygraph.policies import stored_policy
 
+        reserve = self.unrecorded_failures.reserve
+        if reserve is not None:
+            # Room for the failure of a run the disk's filling would stop, made before the
+            # run (again, if an earlier failure used it and there is room now).
+            reserve.ensure()
         # The task is this runner's before anything is written of it (a failure to start
         # included), and its lease is renewed from here on, through the set-up (a team's
         # first compile, its knowledge base made ready) as through the run.

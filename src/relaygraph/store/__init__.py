@@ -46,6 +46,7 @@ from relaygraph.store._records import (
 from relaygraph.store._task_queries import TaskSelection
 from relaygraph.store._tasks import new_checkpoint_thread
 from relaygraph.store._usage_records import RunEnd
+from relaygraph.store._worker_slots import WORKER_GONE_SECONDS, WORKER_REPORT_SECONDS
 
 __all__ = [
     "DATABASE_URL_ENV",
@@ -53,6 +54,8 @@ __all__ = [
     "FINISHED_STATUSES",
     "LOCAL_PROJECT_ID",
     "TASK_STATUSES",
+    "WORKER_GONE_SECONDS",
+    "WORKER_REPORT_SECONDS",
     "AgentUsage",
     "ApiKey",
     "Approval",

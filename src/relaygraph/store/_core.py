@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Select, bindparam, func, select
@@ -55,6 +56,14 @@ class LedgerCore:
     def dialect(self) -> str:
         """``sqlite`` or ``postgresql``."""
         return self.engine.dialect.name
+
+    @property
+    def database_file(self) -> Path | None:
+        """The SQLite database's file; None on PostgreSQL or for an in-memory database."""
+        if self.dialect != "sqlite":
+            return None
+        name = self.engine.url.database
+        return Path(name) if name and name != ":memory:" else None
 
     def close(self) -> None:
         """Close the connection pools; new connections are opened if the core is used again."""

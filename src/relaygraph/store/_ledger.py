@@ -18,7 +18,9 @@ given one :class:`~relaygraph.store._core.LedgerCore` (the engines and their ses
 - ``ledger.eval_records``: eval runs and their cases (``_eval_runs.EvalRunRepository``);
 - ``ledger.journal_records``: the tool journal (``_journal.ToolJournalRepository``);
 - ``ledger.worker_dispatch``: the worker mode's dispatches and attempts
-  (``_dispatch.WorkerDispatchRepository``).
+  (``_dispatch.WorkerDispatchRepository``);
+- ``ledger.worker_slots``: the worker mode's pool processes and their free slots
+  (``_worker_slots.WorkerSlotRepository``).
 
 Each public method of a repository has a one-line method of the same name and signature
 here that says which repository does the work, so ``ledger.append_events(...)`` leads (by
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Self
 
 from relaygraph.store._approvals import ApprovalRepository
@@ -64,6 +67,7 @@ from relaygraph.store._tasks import TaskRepository
 from relaygraph.store._teams import TeamRepository
 from relaygraph.store._tenants import TenantRepository
 from relaygraph.store._usage_records import RunEnd, UsageRepository
+from relaygraph.store._worker_slots import WorkerSlotRepository
 
 __all__ = ["Ledger", "hash_key"]
 
@@ -102,6 +106,7 @@ class Ledger:
         self.eval_records = EvalRunRepository(self.core)
         self.journal_records = ToolJournalRepository(self.core)
         self.worker_dispatch = WorkerDispatchRepository(self.core)
+        self.worker_slots = WorkerSlotRepository(self.core)
 
     def __repr__(self) -> str:
         return f"Ledger({self.core.url!r})"
@@ -127,6 +132,11 @@ class Ledger:
     def notify_channel(self) -> str | None:
         """The PostgreSQL ``NOTIFY`` channel of event notices; None: none is sent."""
         return self.core.notify_channel
+
+    @property
+    def database_file(self) -> Path | None:
+        """The SQLite database's file; None on PostgreSQL or for an in-memory database."""
+        return self.core.database_file
 
     def close(self) -> None:
         """Close the connection pool; the ledger opens new connections if used again."""
@@ -305,7 +315,7 @@ class Ledger:
     def tasks_to_publish(
         self,
         *,
-        budget: int,
+        budget: int | None = None,
         exclude_project: str | None = None,
         max_running: int | None = None,
     ) -> list[str]:
@@ -536,3 +546,11 @@ class Ledger:
 
     def attempt_state(self, task_id: str) -> tuple[int, bool] | None:
         return self.worker_dispatch.attempt_state(task_id)
+
+    def report_worker_slots(
+        self, worker_id: str, *, slots: int, now: datetime | None = None
+    ) -> None:
+        return self.worker_slots.report_worker_slots(worker_id, slots=slots, now=now)
+
+    def forget_worker_slots(self, worker_id: str) -> None:
+        return self.worker_slots.forget_worker_slots(worker_id)

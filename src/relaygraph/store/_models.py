@@ -168,6 +168,19 @@ class TaskRow(Base):
     updated_at: Mapped[datetime]
 
 
+class WorkerSlotRow(Base):
+    """A worker-mode pool process that takes tasks: it reports itself while it lives, and
+    the publishers keep about as many tasks waiting in the broker as these have free."""
+
+    __tablename__ = "worker_slots"
+
+    worker_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Tasks it runs at once (a prefork child runs one).
+    slots: Mapped[int] = mapped_column(Integer)
+    # Its last report: one older than a few report intervals is of a process that is gone.
+    seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
 class TeamVersionRow(Base):
     """One version of a team a project registered (``PUT /v1/teams/{name}``)."""
 

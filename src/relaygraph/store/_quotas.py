@@ -16,12 +16,21 @@ from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import ProjectRow, TaskRow, UsageRow
 from relaygraph.store._records import ProjectLoad, QuotaOverrides, Quotas
+from relaygraph.store._worker_slots import free_worker_slots
 
-__all__ = ["QUEUED_RETRY_AFTER_SECONDS", "QuotaRepository", "refuse_over_quota"]
+__all__ = [
+    "QUEUED_RETRY_AFTER_SECONDS",
+    "UNREPORTED_PUBLISH_AHEAD",
+    "QuotaRepository",
+    "refuse_over_quota",
+]
 
 QUEUED_RETRY_AFTER_SECONDS = 10
 """``Retry-After`` of a submission over the queued quota: its queue moves as its tasks
 start, so a retry soon may pass (a client that waits longer loses nothing)."""
+UNREPORTED_PUBLISH_AHEAD = 4
+"""Published tasks that may wait for a worker while no worker's pool process has reported
+its slots (none started yet): the first to start has work at once, and reports itself."""
 NO_LIMIT = 2**31 - 1
 """A running quota of no limit, as the fair queue's statement compares it."""
 
@@ -277,15 +286,26 @@ class QuotaRepository:
     def tasks_to_publish(
         self,
         *,
-        budget: int,
+        budget: int | None = None,
         exclude_project: str | None = None,
         max_running: int | None = None,
     ) -> list[str]:
         """The worker mode's :meth:`queued_tasks`: the queued tasks not yet published to
         the workers to publish now, so that at most ``budget`` published tasks wait for a
         worker, in the fair order (a published task waiting counts as running for its
-        project)."""
+        project).
+
+        Args:
+            budget: Published tasks that may wait for a worker. None (automatic): the free
+                slots of the workers' live pool processes (``free_worker_slots``), or
+                :data:`UNREPORTED_PUBLISH_AHEAD` while none has reported itself.
+            exclude_project: A project whose tasks are not the workers' to run.
+            max_running: A project's running quota unless the operator set its own.
+        """
         with self._core.read_connection() as connection:
+            if budget is None:
+                free = free_worker_slots(connection, now=utc_now())
+                budget = UNREPORTED_PUBLISH_AHEAD if free is None else free
             waiting = int(connection.execute(_IN_FLIGHT).scalar() or 0)
         if waiting >= budget:
             return []

@@ -9,12 +9,16 @@ machine. How to deploy it: docs/deploy.md.
 """
 
 from relaygraph.worker._app import (
+    RECORD_NO_ROOM,
     RUN_TASK,
+    RecordHook,
     RunHook,
     celery_config,
     create_celery_app,
     default_node_name,
+    publish_no_room,
     publish_run,
+    record_ledger_failure,
     run_ledger_task,
     worker_argv,
 )
@@ -45,9 +49,11 @@ __all__ = [
     "BROKER_START_TRIES",
     "DEFAULT_CHANNEL",
     "DEFAULT_QUEUE",
+    "RECORD_NO_ROOM",
     "RUN_TASK",
     "EventListener",
     "EventNotice",
+    "RecordHook",
     "RunHook",
     "TaskWatch",
     "WorkerDispatch",
@@ -63,7 +69,9 @@ __all__ = [
     "load_worker_settings",
     "notify",
     "prepare_worker",
+    "publish_no_room",
     "publish_run",
+    "record_ledger_failure",
     "run_ledger_task",
     "start_worker",
     "worker_argv",

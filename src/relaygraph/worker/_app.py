@@ -22,12 +22,17 @@ from relaygraph.errors import ConfigError
 from relaygraph.worker._settings import WorkerSettings
 
 __all__ = [
+    "NO_ROOM_RETRY_SECONDS",
+    "RECORD_NO_ROOM",
     "RUN_TASK",
+    "RecordHook",
     "RunHook",
     "celery_config",
     "create_celery_app",
     "default_node_name",
+    "publish_no_room",
     "publish_run",
+    "record_ledger_failure",
     "run_ledger_task",
     "worker_argv",
 ]
@@ -37,6 +42,23 @@ RUN_TASK = "relaygraph.run_task"
 
 RunHook = Callable[[str, int], None]
 """What ``relaygraph.run_task`` calls: ``run(task_id, dispatch)``."""
+RECORD_NO_ROOM = "relaygraph.record_no_room"
+"""The task that writes the failure of a run stopped on a full disk, once the ledger takes
+it: ``(task_id, attempt, reason)``."""
+RecordHook = Callable[[str, int, str], bool]
+"""What ``relaygraph.record_no_room`` calls: ``record(task_id, attempt, reason)``, False
+while the ledger has no room."""
+NO_ROOM_RETRY_SECONDS = 2.0
+"""How soon a failure the ledger refused for lack of room is tried again."""
+
+
+def record_ledger_failure(task_id: str, attempt: int, reason: str) -> bool:
+    """Write the failure of the task's ``attempt``, which stopped on a full disk, in this
+    worker process's ledger; False while it still has no room (see
+    :meth:`~relaygraph.worker.WorkerRuntime.record_no_room`)."""
+    from relaygraph.worker._runtime import worker_runtime
+
+    return worker_runtime().record_no_room(task_id, attempt, reason)
 
 
 def run_ledger_task(task_id: str, dispatch: int) -> None:
@@ -110,7 +132,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_default_queue": first,
         "task_default_exchange": first,
         "task_default_routing_key": first,
-        "task_routes": {RUN_TASK: {"queue": first}},
+        "task_routes": {RUN_TASK: {"queue": first}, RECORD_NO_ROOM: {"queue": first}},
         "control_exchange": settings.control_exchange,
         # The ledger holds every result: no result backend, nothing stored per task.
         "task_ignore_result": True,
@@ -123,13 +145,21 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     }
 
 
-def create_celery_app(settings: WorkerSettings, *, run: RunHook = run_ledger_task) -> Celery:
-    """The worker mode's Celery application, whose ``relaygraph.run_task`` calls ``run``.
+def create_celery_app(
+    settings: WorkerSettings,
+    *,
+    run: RunHook = run_ledger_task,
+    record: RecordHook = record_ledger_failure,
+) -> Celery:
+    """The worker mode's Celery application, whose ``relaygraph.run_task`` calls ``run``
+    and ``relaygraph.record_no_room`` calls ``record``.
 
     Args:
         settings: The broker, queues and timings (:class:`WorkerSettings`).
         run: What a worker does with a task id and its dispatch number (tests give their
             own; the workers run :func:`run_ledger_task`).
+        record: What writes a failure for lack of room that the ledger refused at the end
+            of its run (:func:`record_ledger_failure`).
 
     Raises:
         ConfigError: ``settings`` names no broker.
@@ -148,6 +178,14 @@ def create_celery_app(settings: WorkerSettings, *, run: RunHook = run_ledger_tas
         """Run the ledger's task ``task_id`` for its dispatch ``dispatch`` (see ``run``)."""
         run(task_id, dispatch)
 
+    # The message is acknowledged once written (late acknowledgement): a worker that dies
+    # before leaves it to another. Each retry is a new message, with its countdown.
+    @app.task(name=RECORD_NO_ROOM, shared=False, bind=True, max_retries=None)
+    def record_no_room(self: Any, task_id: str, attempt: int, reason: str) -> None:
+        """Write the failure of the task's ``attempt``; again later while there is no room."""
+        if not record(task_id, attempt, reason):
+            raise self.retry(countdown=NO_ROOM_RETRY_SECONDS)
+
     if run is run_ledger_task:
         _prepare_children(app)
     return app
@@ -163,8 +201,17 @@ def _prepare_children(app: Celery) -> None:
     def start(**_: Any) -> None:
         from relaygraph.runner import settle_long_lived
 
-        worker_runtime(publish=lambda task_id, dispatch: publish_run(app, task_id, dispatch))
+        runtime = worker_runtime(
+            publish=lambda task_id, dispatch: publish_run(app, task_id, dispatch),
+            record_later=lambda task_id, attempt, reason: publish_no_room(
+                app, task_id, attempt, reason
+            ),
+        )
         settle_long_lived()  # before the child's first task, as the server's workers do
+        # Its slot counts for the publishers from now on. Started last: the pool's parent
+        # kills a child that is not up within a few seconds, and the reports' queries
+        # must not compete with the imports of its start on a loaded machine.
+        runtime.start_reporting()
 
     def stop(**_: Any) -> None:
         close_worker_runtime()
@@ -180,6 +227,12 @@ def publish_run(app: Celery, task_id: str, dispatch: int) -> None:
     has committed, so no worker can take the message before the ledger shows the task.
     """
     app.send_task(RUN_TASK, args=(task_id, dispatch))
+
+
+def publish_no_room(app: Celery, task_id: str, attempt: int, reason: str) -> None:
+    """Hand the failure of the task's ``attempt``, stopped on a full disk, to a worker
+    (``relaygraph.record_no_room``); returns once RabbitMQ has it."""
+    app.send_task(RECORD_NO_ROOM, args=(task_id, attempt, reason), countdown=NO_ROOM_RETRY_SECONDS)
 
 
 def default_node_name(pid: int | None = None) -> str:

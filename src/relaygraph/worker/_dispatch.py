@@ -30,7 +30,8 @@ class WorkerDispatch:
     Args:
         app: The worker mode's Celery app (:func:`~relaygraph.worker.create_celery_app`).
         ledger: The ledger the tasks are in.
-        publish_ahead: Published tasks that may wait for a worker (``WorkerSettings``).
+        publish_ahead: Published tasks that may wait for a worker (``WorkerSettings``); None:
+            the live workers' free slots.
         max_running: A project's running quota unless the operator set its own.
     """
 
@@ -39,7 +40,7 @@ class WorkerDispatch:
         app: Celery,
         ledger: Ledger,
         *,
-        publish_ahead: int = 4,
+        publish_ahead: int | None = None,
         max_running: int | None = None,
     ) -> None:
         self.app = app
@@ -64,7 +65,8 @@ class WorkerDispatch:
 
     def publish_fair(self) -> int:
         """Publish queued tasks not yet handed to the workers, in the fair order between
-        projects, until :attr:`publish_ahead` published tasks wait for a worker; returns how
+        projects, until :attr:`publish_ahead` published tasks wait for a worker (None: as
+        many as the live workers have free slots); returns how
         many. Of the servers and workers that pick the same task at once, one publishes it
         (``Ledger.claim_for_workers``); the budget may be over by a task or two then."""
         published = 0

@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from relaygraph.errors import RelaygraphError
+from relaygraph.errors import NoRoomOnDisk, RelaygraphError
 from relaygraph.events import run_finished_event
-from relaygraph.store import LOCAL_PROJECT_ID, AttemptSuperseded, Ledger
+from relaygraph.store import LOCAL_PROJECT_ID, WORKER_REPORT_SECONDS, AttemptSuperseded, Ledger
 
 if TYPE_CHECKING:
     from relaygraph.runner import RunnerSettings, RunResult, TaskRunner
@@ -35,8 +35,15 @@ __all__ = [
 
 log = logging.getLogger("relaygraph.worker")
 
+WORKER_START_SECONDS = 1.0
+"""How long after its start a pool process first reports its slot."""
+
 Publish = Callable[[str, int], None]
 """Publishes ``(task_id, dispatch)`` for the workers (:func:`relaygraph.worker.publish_run`)."""
+RecordLater = Callable[[str, int, str], None]
+"""Hands ``(task_id, attempt, reason)``, the failure of a run stopped on a full disk that
+the ledger did not take, to the broker, to be written when it does
+(:func:`relaygraph.worker.publish_no_room`)."""
 
 
 class WorkerRuntime:
@@ -50,6 +57,8 @@ class WorkerRuntime:
             does here (the API servers' dispatch does it, or no one).
         worker_id: Who this process is as the runner of its tasks; made from the host and
             the process id when None.
+        record_later: Hands a failure for lack of room that the ledger refused to the
+            broker (see :data:`RecordLater`); None: it is only logged.
     """
 
     def __init__(
@@ -59,6 +68,7 @@ class WorkerRuntime:
         *,
         publish: Publish | None = None,
         worker_id: str | None = None,
+        record_later: RecordLater | None = None,
     ) -> None:
         from relaygraph._home import data_home
         from relaygraph.runner import ServiceTeams, TaskRunner
@@ -70,9 +80,12 @@ class WorkerRuntime:
         )
         self.max_attempts = settings.max_attempts
         self.publish = publish
+        self.record_later = record_later
         self.publish_ahead = worker.publish_ahead
         self.max_running = settings.project_max_running
         self.ledger = Ledger(settings.database_url, notify_channel=worker.events_channel)
+        self._reporter: threading.Thread | None = None
+        self._stop_reporting = threading.Event()
         if not self.ledger.is_current():  # As serve does: a first start needs no set-up step.
             self.ledger.upgrade()
         self.teams = ServiceTeams(ledger=self.ledger, settings=settings, home=home)
@@ -88,7 +101,41 @@ class WorkerRuntime:
         )
 
     def close(self) -> None:
+        if self._reporter is not None:
+            self._stop_reporting.set()
+            self._reporter.join(timeout=WORKER_REPORT_SECONDS)
+            try:
+                self.ledger.forget_worker_slots(self.worker_id)
+            except Exception:  # The row lapses by itself (WORKER_GONE_SECONDS).
+                log.warning("could not withdraw this worker's slot", exc_info=True)
         self.ledger.close()
+
+    def start_reporting(self) -> None:
+        """Report this pool process's slot in the ledger every
+        :data:`~relaygraph.store.WORKER_REPORT_SECONDS` until :meth:`close`, so that the
+        publishers keep as many tasks waiting in the broker as the live workers can take
+        (``Ledger.tasks_to_publish``); each report also publishes what the free slots can
+        take now (a slot new since the last submission or end, or a publish lost with its
+        process). A worker's main process does not report: each child runs one task."""
+        if self._reporter is not None:
+            return
+
+        def report() -> None:
+            # The first report a moment after the process is up (see _prepare_children).
+            if self._stop_reporting.wait(WORKER_START_SECONDS):
+                return
+            while True:
+                try:
+                    self.ledger.report_worker_slots(self.worker_id, slots=1)
+                except Exception:  # The database may be away for a moment.
+                    log.warning("could not report this worker's slot", exc_info=True)
+                else:
+                    self._publish_fair("its slot's report")
+                if self._stop_reporting.wait(WORKER_REPORT_SECONDS):
+                    return
+
+        self._reporter = threading.Thread(target=report, name="relaygraph-worker-slot", daemon=True)
+        self._reporter.start()
 
     def run(self, task_id: str, dispatch: int) -> RunResult | None:
         """Run the task of the message ``(task_id, dispatch)``: begin the next attempt, then
@@ -110,12 +157,12 @@ class WorkerRuntime:
         )
         if begun is None:
             log.info("task %s: message of dispatch %s dropped: nothing to run", task_id, dispatch)
-            self._publish_fair(task_id)
+            self._publish_fair(f"task {task_id}")
             return None
         task, attempt = begun.task, begun.number
         log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
         # It no longer waits for a worker: the next may be published in its place.
-        self._publish_fair(task_id)
+        self._publish_fair(f"task {task_id}")
         result: RunResult | None = None
         try:
             # The runner fences the run's ledger writes and checkpoints by the attempt. A
@@ -133,6 +180,11 @@ class WorkerRuntime:
         except AttemptSuperseded as exc:
             log.warning("%s", exc)
             return None
+        except NoRoomOnDisk as exc:  # The run stopped on a full disk: it fails, once.
+            log.warning("%s", exc)
+            if not exc.recorded:
+                self._record_later(exc, attempt)
+            return None
         except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
             log.warning("task %s could not start: %s", task_id, exc)
             return None
@@ -143,7 +195,24 @@ class WorkerRuntime:
         finally:
             # The task queued next on its thread may start now, and its project has one
             # running less.
-            self._publish_fair(task_id)
+            self._publish_fair(f"task {task_id}")
+
+    def _record_later(self, stopped: NoRoomOnDisk, attempt: int) -> None:
+        """The ledger's disk is full: its failure goes to the broker, which keeps it (across
+        this worker's end too) until a worker writes it (:meth:`record_no_room`). The run's
+        message is acknowledged meanwhile: the task is never run again."""
+        if self.record_later is None:
+            log.error("task %s: its failure waits in this process only", stopped.task_id)
+            return
+        try:
+            self.record_later(stopped.task_id, attempt, stopped.reason)
+        except Exception:
+            log.exception("task %s: its failure waits in this process only", stopped.task_id)
+
+    def record_no_room(self, task_id: str, attempt: int, reason: str) -> bool:
+        """Write the failure of the task's ``attempt``, stopped on a full disk; returns
+        False when the ledger still has no room (to be tried again)."""
+        return self.runner.unrecorded_failures.fail(task_id, attempt=attempt, reason=reason)
 
     def _fail(self, task: Task, attempt: int, reason: str) -> None:
         try:
@@ -155,9 +224,10 @@ class WorkerRuntime:
         except AttemptSuperseded:
             pass  # Another attempt has the task: its end is that attempt's to write.
 
-    def _publish_fair(self, task_id: str) -> None:
+    def _publish_fair(self, after: str) -> None:
         """Publish the queued tasks to publish now, fairly between projects, up to
-        :attr:`publish_ahead` waiting for a worker (``Ledger.tasks_to_publish``)."""
+        :attr:`publish_ahead` waiting for a worker (None: the live workers' free slots;
+        ``Ledger.tasks_to_publish``)."""
         if self.publish is None:
             return
         try:
@@ -170,7 +240,7 @@ class WorkerRuntime:
                 if dispatch is not None:  # Else another process published it just now.
                     self.publish(waiting, dispatch)
         except Exception:
-            log.warning("task %s: could not publish the next tasks", task_id, exc_info=True)
+            log.warning("could not publish the next tasks after %s", after, exc_info=True)
 
 
 _RUNTIME: WorkerRuntime | None = None
@@ -188,12 +258,15 @@ def _settings_environment() -> tuple[tuple[str, str], ...]:
     )
 
 
-def worker_runtime(*, publish: Publish | None = None) -> WorkerRuntime:
+def worker_runtime(
+    *, publish: Publish | None = None, record_later: RecordLater | None = None
+) -> WorkerRuntime:
     """This process's runtime, built from the environment's settings on first use in the
     process (so never before a fork), and again when the settings change.
 
     Args:
         publish: Given to the runtime if it has none (see :class:`WorkerRuntime`).
+        record_later: Likewise.
 
     Raises:
         ConfigError: A setting is invalid.
@@ -210,13 +283,15 @@ def worker_runtime(*, publish: Publish | None = None) -> WorkerRuntime:
         if _RUNTIME is not None and key == _RUNTIME_KEY:
             if _RUNTIME.publish is None:
                 _RUNTIME.publish = publish
+            if _RUNTIME.record_later is None:
+                _RUNTIME.record_later = record_later
             return _RUNTIME
         settings, worker = load_runner_settings(), load_worker_settings()
         if _RUNTIME is not None and _RUNTIME.pid == os.getpid():
             _RUNTIME.close()
         # A runtime inherited over a fork is dropped, not closed: its connections are the
         # parent's.
-        _RUNTIME = WorkerRuntime(settings, worker, publish=publish)
+        _RUNTIME = WorkerRuntime(settings, worker, publish=publish, record_later=record_later)
         _RUNTIME_KEY = key
         return _RUNTIME
 

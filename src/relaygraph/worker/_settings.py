@@ -67,12 +67,13 @@ class WorkerSettings(BaseSettings):
     events_channel: str = "relaygraph_events"
     """The PostgreSQL ``NOTIFY`` channel on which "task X has events up to seq N" reaches
     every API server's event streams (:mod:`relaygraph.worker._notify`)."""
-    publish_ahead: int = Field(default=4, ge=1, le=10_000)
+    publish_ahead: int | None = Field(default=None, ge=1, le=10_000)
     """Published tasks that may wait in RabbitMQ for a worker. The rest of the queued tasks
     wait in the ledger, and the next to publish is picked there fairly between projects
     (``Ledger.tasks_to_publish``) whenever a task starts or ends: so a project's task waits
     behind at most this many others' in RabbitMQ, not behind another project's whole flood.
-    About the workers' total concurrency keeps every worker fed."""
+    None (the default): automatic, the free slots of the live workers (each pool process
+    reports itself in the ledger, ``worker_slots``); a number overrides it."""
 
     @field_validator("queues")
     @classmethod
