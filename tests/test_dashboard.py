@@ -116,8 +116,11 @@ def scripts_folder(tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def running(home: Path, scripts: Path, **more: Any) -> AsyncIterator[Dash]:
-    """The task service with its dashboard, started (and stopped after)."""
+async def running(
+    home: Path, scripts: Path, *, start_workers: bool = True, **more: Any
+) -> AsyncIterator[Dash]:
+    """The task service with its dashboard, started (and stopped after); without
+    ``start_workers``, its workers take no task, so a task a test queues stays queued."""
     settings = ServiceSettings(
         default_model=f"scripted:{EXAMPLE_RELAY}",
         scripts_dir=scripts,
@@ -127,7 +130,7 @@ async def running(home: Path, scripts: Path, **more: Any) -> AsyncIterator[Dash]
         unsafe_sandbox=isolation_missing(),
         **more,
     )
-    app = create_app(settings)
+    app = create_app(settings, start_workers=start_workers)
     async with app.router.lifespan_context(app):
         yield Dash(app, f"sqlite:///{home / 'ledger.sqlite'}", scripts)
 
@@ -718,32 +721,37 @@ async def test_usage_per_day_and_agent(dash: Dash) -> None:
         assert "No usage in this range" in (await browser.get("/ui/usage", headers=HTML)).text
 
 
-async def test_the_usage_page_shows_the_projects_quotas_and_use_now(dash: Dash) -> None:
+async def test_the_usage_page_shows_the_projects_quotas_and_use_now(
+    home: Path, scripts: Path
+) -> None:
     """The same figures as ``GET /v1/projects/me``: the operator's quotas for the project,
     the server's otherwise, and its own use only."""
-    key, other = dash.key("acme"), dash.key("globex")
-    with Ledger(dash.ledger_url) as ledger:
-        ledger.set_project_quotas("acme", QuotaOverrides(max_running=3, daily_cost_usd=2.5))
-        project = ledger.get_project("globex")
-        assert project is not None
-        ledger.create_task(project_id=project.id, input="waits")  # globex's, queued
-    async with dash.browser(key) as browser:
-        page = (await browser.get("/ui/usage", headers=HTML)).text
-    quotas = page[page.index("data-quotas") : page.index("</table>", page.index("data-quotas"))]
-    running = re.search(r'data-quota="running">(.*?)</tr>', quotas)
-    assert running is not None and '<td class="num">3</td>' in running.group(1)
-    queued = re.search(r'data-quota="queued">(.*?)</tr>', quotas)
-    # None of globex's tasks counts here; the server's queued quota is the default 1,000.
-    assert queued is not None and '<td class="num">0</td>' in queued.group(1)
-    assert "1,000" in queued.group(1)
-    cost = re.search(r'data-quota="cost">(.*?)</tr>', quotas)
-    assert cost is not None and "2.50" in cost.group(1)
-    async with dash.browser(other) as browser:
-        theirs = (await browser.get("/ui/usage", headers=HTML)).text
-    mine = theirs[theirs.index("data-quotas") :]
-    row = re.search(r'data-quota="queued">(.*?)</tr>', mine)
-    assert row is not None and '<td class="num">1</td>' in row.group(1)
-    assert "no limit" in mine  # globex has no running quota of its own, nor the server
+    # No workers: a started server's would take globex's queued task within a pull, and the
+    # page would count it running, or finished, instead of queued.
+    async with running(home, scripts, start_workers=False) as dash:
+        key, other = dash.key("acme"), dash.key("globex")
+        with Ledger(dash.ledger_url) as ledger:
+            ledger.set_project_quotas("acme", QuotaOverrides(max_running=3, daily_cost_usd=2.5))
+            project = ledger.get_project("globex")
+            assert project is not None
+            ledger.create_task(project_id=project.id, input="waits")  # globex's, queued
+        async with dash.browser(key) as browser:
+            page = (await browser.get("/ui/usage", headers=HTML)).text
+        quotas = page[page.index("data-quotas") : page.index("</table>", page.index("data-quotas"))]
+        running_row = re.search(r'data-quota="running">(.*?)</tr>', quotas)
+        assert running_row is not None and '<td class="num">3</td>' in running_row.group(1)
+        queued = re.search(r'data-quota="queued">(.*?)</tr>', quotas)
+        # None of globex's tasks counts here; the server's queued quota is the default 1,000.
+        assert queued is not None and '<td class="num">0</td>' in queued.group(1)
+        assert "1,000" in queued.group(1)
+        cost = re.search(r'data-quota="cost">(.*?)</tr>', quotas)
+        assert cost is not None and "2.50" in cost.group(1)
+        async with dash.browser(other) as browser:
+            theirs = (await browser.get("/ui/usage", headers=HTML)).text
+        mine = theirs[theirs.index("data-quotas") :]
+        row = re.search(r'data-quota="queued">(.*?)</tr>', mine)
+        assert row is not None and '<td class="num">1</td>' in row.group(1)
+        assert "no limit" in mine  # globex has no running quota of its own, nor the server
 
 
 def _days(count: int) -> DailyUsage:
