@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from relaygraph.api import ServiceSettings, create_app
+from relaygraph.api import ServiceSettings, _ui, create_app
 from relaygraph.api.ui._charts import usage_chart
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
 from relaygraph.api.ui._queries import DailyUsage, DayUsage
 from relaygraph.api.ui._report_pages import DEFAULT_DAYS
+from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
@@ -203,13 +205,17 @@ async def test_an_idle_session_ends_and_refreshes_do_not_keep_it(
     home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYGRAPH_UI_IDLE_MINUTES", "0.02")  # 1.2 s
+    # The sessions' own clock, moved by the test: a loaded machine's pauses between the
+    # requests must not count as idle time.
+    clock = [0.0]
+    monkeypatch.setattr(_ui, "SessionStore", partial(SessionStore, clock=lambda: clock[0]))
     refresh = {"X-Relaygraph-Refresh": "1", "Accept": "application/json"}
     async with running(home, scripts) as dash, dash.browser(dash.key("acme")) as client:
-        await asyncio.sleep(0.7)
+        clock[0] += 0.7
         assert (await client.get("/ui", headers=HTML)).status_code == 200  # a person: kept
-        await asyncio.sleep(0.7)
+        clock[0] += 0.7
         assert (await client.get("/ui?fragment=rows", headers=refresh)).status_code == 200
-        await asyncio.sleep(0.7)  # 1.4 s since the person's last request; refreshes don't count
+        clock[0] += 0.7  # 1.4 s since the person's last request; refreshes don't count
         assert (await client.get("/ui?fragment=rows", headers=refresh)).status_code == 401
         gone = await client.get("/ui", headers=HTML)
         assert gone.status_code == 303 and gone.headers["location"].startswith("/ui/login?next=")
