@@ -147,12 +147,12 @@ async def test_a_watch_keeps_what_arrived_while_its_reader_was_busy(
         await asyncio.to_thread(send, conninfo, channel, "task-a", 6)
         assert len(await asyncio.to_thread(arrived.wait_for, 3)) == 3
         # Coalesced: one notice for the highest sequence number.
-        assert await asyncio.wait_for(anext(watch), 5) == EventNotice(task_id="task-a", seq=6)
+        assert await asyncio.wait_for(anext(watch), 30) == EventNotice(task_id="task-a", seq=6)
         waiting = asyncio.ensure_future(anext(watch))
         await asyncio.sleep(0.2)
         assert not waiting.done()
         await asyncio.to_thread(send, conninfo, channel, "task-a", 7)
-        assert await asyncio.wait_for(waiting, 5) == EventNotice(task_id="task-a", seq=7)
+        assert await asyncio.wait_for(waiting, 30) == EventNotice(task_id="task-a", seq=7)
 
 
 async def test_a_dropped_connection_tells_subscribers_to_read_the_ledger(
@@ -174,7 +174,7 @@ async def test_a_dropped_connection_tells_subscribers_to_read_the_ledger(
             assert ended == [(True,)]
             # What was sent while it was away is lost: the subscribers are told so.
             assert received.wait_for(1) == [EventNotice(task_id="task-a", seq=None)]
-            assert await asyncio.wait_for(anext(watch), 5) == EventNotice(
+            assert await asyncio.wait_for(anext(watch), 30) == EventNotice(
                 task_id="task-a", seq=None
             )
             assert listener.listening
