@@ -40,21 +40,24 @@ LEASE_SECONDS = 30
 comes too late stops the run, and another takes the task over). The tests do not wait out
 a killed server's lease: :func:`lapse_lease` ends it, as its lapse would."""
 START_SECONDS = 120
+GATED_CALLS = 8
+"""How many gated programs the coder of the two-servers test runs: each lasts at most the
+sandbox's wall-clock limit, together longer than :data:`START_SECONDS`."""
 """How long a test waits for a server to answer, or to come back for a client: a generous
 bound on a stuck server (starting one took over 30 s on a loaded machine)."""
 
 
 GATED_CODE = (
     "import os, time\n"
-    "deadline = time.monotonic() + 600\n"
+    "deadline = time.monotonic() + 60\n"
     "while not os.path.exists('go') and time.monotonic() < deadline:\n"
     "    time.sleep(0.05)\n"
     "with open('ran.txt', 'a') as f:\n"
     "    f.write('ran\\n')\n"
     "print('went')"
 )
-"""The coder's program: runs until the test writes ``go`` into the task's workspace (its
-deadline only ends a program a failed test left behind)."""
+"""The coder's program: runs until the test writes ``go`` into the task's workspace, or
+until the sandbox's wall-clock limit (``SandboxLimits.wall_seconds``) ends it."""
 
 
 def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, Any]:
@@ -516,8 +519,12 @@ def test_two_servers_on_one_ledger_run_a_task_once(
 ) -> None:
     """A second server on the same ledger leaves the first's running task alone while the
     first holds its lease, and continues it, once, when the first dies."""
-    # The program runs until the test lets it end, however slowly the servers start.
-    spec = served_script(sleepy_coder(code=GATED_CODE))
+    # The coder's programs run until the test lets them end. Each is ended by the sandbox's
+    # wall-clock limit at the latest, so the coder runs one after another: the task stays
+    # running while the second server starts, however slowly (one took over 30 s).
+    turns = sleepy_coder(code=GATED_CODE)
+    turns["coder"][:1] = [turns["coder"][0]] * GATED_CALLS
+    spec = served_script(turns)
     first = serve()
     key = create_project(home, "acme")
     with Client(first.url, key) as client:
