@@ -40,11 +40,11 @@ LEASE_SECONDS = 30
 comes too late stops the run, and another takes the task over). The tests do not wait out
 a killed server's lease: :func:`lapse_lease` ends it, as its lapse would."""
 START_SECONDS = 120
+"""How long a test waits for a server to answer, or to come back for a client: a generous
+bound on a stuck server (starting one took over 30 s on a loaded machine)."""
 GATED_CALLS = 8
 """How many gated programs the coder of the two-servers test runs: each lasts at most the
 sandbox's wall-clock limit, together longer than :data:`START_SECONDS`."""
-"""How long a test waits for a server to answer, or to come back for a client: a generous
-bound on a stuck server (starting one took over 30 s on a loaded machine)."""
 
 
 GATED_CODE = (
