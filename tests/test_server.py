@@ -41,7 +41,7 @@ comes too late stops the run, and another takes the task over). The tests do not
 a killed server's lease: :func:`lapse_lease` ends it, as its lapse would."""
 START_SECONDS = 120
 """How long a test waits for a server to answer, or to come back for a client: a generous
-bound on a stuck server (starting one took over 30 s on a loaded machine)."""
+bound on a stuck server, which a loaded machine's slow start stays well within."""
 GATED_CALLS = 8
 """How many gated programs the coder of the two-servers test runs: each lasts at most the
 sandbox's wall-clock limit, together longer than :data:`START_SECONDS`."""
@@ -521,7 +521,7 @@ def test_two_servers_on_one_ledger_run_a_task_once(
     first holds its lease, and continues it, once, when the first dies."""
     # The coder's programs run until the test lets them end. Each is ended by the sandbox's
     # wall-clock limit at the latest, so the coder runs one after another: the task stays
-    # running while the second server starts, however slowly (one took over 30 s).
+    # running while the second server starts, however slowly.
     turns = sleepy_coder(code=GATED_CODE)
     turns["coder"][:1] = [turns["coder"][0]] * GATED_CALLS
     spec = served_script(turns)

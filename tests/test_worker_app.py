@@ -383,7 +383,7 @@ def test_a_worker_runs_a_task_and_acknowledges_it(workers: Workers) -> None:
 
 def test_kill_9_of_a_worker_mid_task_gives_the_task_to_another(workers: Workers) -> None:
     # The longest heartbeat the settings allow: RabbitMQ would notice a silent worker only
-    # after about 2.9 heartbeats (WorkerSettings.broker_heartbeat), far past the wait below,
+    # after several heartbeats (WorkerSettings.broker_heartbeat), far past the wait below,
     # so a redelivery within it is RabbitMQ seeing the killed worker's socket close. The
     # wait is only a bound on a stuck test, generous for a loaded machine; how soon the
     # task comes back is not asserted.
