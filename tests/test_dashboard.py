@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from relaygraph.api import ServiceSettings, create_app
+from relaygraph.api import ServiceSettings, _ui, create_app
 from relaygraph.api.ui._charts import usage_chart
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
 from relaygraph.api.ui._queries import DailyUsage, DayUsage
 from relaygraph.api.ui._report_pages import DEFAULT_DAYS
+from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
@@ -116,8 +118,11 @@ def scripts_folder(tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def running(home: Path, scripts: Path, **more: Any) -> AsyncIterator[Dash]:
-    """The task service with its dashboard, started (and stopped after)."""
+async def running(
+    home: Path, scripts: Path, *, start_workers: bool = True, **more: Any
+) -> AsyncIterator[Dash]:
+    """The task service with its dashboard, started (and stopped after); without
+    ``start_workers``, its workers take no task, so a task a test queues stays queued."""
     settings = ServiceSettings(
         default_model=f"scripted:{EXAMPLE_RELAY}",
         scripts_dir=scripts,
@@ -127,7 +132,7 @@ async def running(home: Path, scripts: Path, **more: Any) -> AsyncIterator[Dash]
         unsafe_sandbox=isolation_missing(),
         **more,
     )
-    app = create_app(settings)
+    app = create_app(settings, start_workers=start_workers)
     async with app.router.lifespan_context(app):
         yield Dash(app, f"sqlite:///{home / 'ledger.sqlite'}", scripts)
 
@@ -200,13 +205,17 @@ async def test_an_idle_session_ends_and_refreshes_do_not_keep_it(
     home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYGRAPH_UI_IDLE_MINUTES", "0.02")  # 1.2 s
+    # The sessions' own clock, moved by the test: a loaded machine's pauses between the
+    # requests must not count as idle time.
+    clock = [0.0]
+    monkeypatch.setattr(_ui, "SessionStore", partial(SessionStore, clock=lambda: clock[0]))
     refresh = {"X-Relaygraph-Refresh": "1", "Accept": "application/json"}
     async with running(home, scripts) as dash, dash.browser(dash.key("acme")) as client:
-        await asyncio.sleep(0.7)
+        clock[0] += 0.7
         assert (await client.get("/ui", headers=HTML)).status_code == 200  # a person: kept
-        await asyncio.sleep(0.7)
+        clock[0] += 0.7
         assert (await client.get("/ui?fragment=rows", headers=refresh)).status_code == 200
-        await asyncio.sleep(0.7)  # 1.4 s since the person's last request; refreshes don't count
+        clock[0] += 0.7  # 1.4 s since the person's last request; refreshes don't count
         assert (await client.get("/ui?fragment=rows", headers=refresh)).status_code == 401
         gone = await client.get("/ui", headers=HTML)
         assert gone.status_code == 303 and gone.headers["location"].startswith("/ui/login?next=")
@@ -718,32 +727,37 @@ async def test_usage_per_day_and_agent(dash: Dash) -> None:
         assert "No usage in this range" in (await browser.get("/ui/usage", headers=HTML)).text
 
 
-async def test_the_usage_page_shows_the_projects_quotas_and_use_now(dash: Dash) -> None:
+async def test_the_usage_page_shows_the_projects_quotas_and_use_now(
+    home: Path, scripts: Path
+) -> None:
     """The same figures as ``GET /v1/projects/me``: the operator's quotas for the project,
     the server's otherwise, and its own use only."""
-    key, other = dash.key("acme"), dash.key("globex")
-    with Ledger(dash.ledger_url) as ledger:
-        ledger.set_project_quotas("acme", QuotaOverrides(max_running=3, daily_cost_usd=2.5))
-        project = ledger.get_project("globex")
-        assert project is not None
-        ledger.create_task(project_id=project.id, input="waits")  # globex's, queued
-    async with dash.browser(key) as browser:
-        page = (await browser.get("/ui/usage", headers=HTML)).text
-    quotas = page[page.index("data-quotas") : page.index("</table>", page.index("data-quotas"))]
-    running = re.search(r'data-quota="running">(.*?)</tr>', quotas)
-    assert running is not None and '<td class="num">3</td>' in running.group(1)
-    queued = re.search(r'data-quota="queued">(.*?)</tr>', quotas)
-    # None of globex's tasks counts here; the server's queued quota is the default 1,000.
-    assert queued is not None and '<td class="num">0</td>' in queued.group(1)
-    assert "1,000" in queued.group(1)
-    cost = re.search(r'data-quota="cost">(.*?)</tr>', quotas)
-    assert cost is not None and "2.50" in cost.group(1)
-    async with dash.browser(other) as browser:
-        theirs = (await browser.get("/ui/usage", headers=HTML)).text
-    mine = theirs[theirs.index("data-quotas") :]
-    row = re.search(r'data-quota="queued">(.*?)</tr>', mine)
-    assert row is not None and '<td class="num">1</td>' in row.group(1)
-    assert "no limit" in mine  # globex has no running quota of its own, nor the server
+    # No workers: a started server's would take globex's queued task within a pull, and the
+    # page would count it running, or finished, instead of queued.
+    async with running(home, scripts, start_workers=False) as dash:
+        key, other = dash.key("acme"), dash.key("globex")
+        with Ledger(dash.ledger_url) as ledger:
+            ledger.set_project_quotas("acme", QuotaOverrides(max_running=3, daily_cost_usd=2.5))
+            project = ledger.get_project("globex")
+            assert project is not None
+            ledger.create_task(project_id=project.id, input="waits")  # globex's, queued
+        async with dash.browser(key) as browser:
+            page = (await browser.get("/ui/usage", headers=HTML)).text
+        quotas = page[page.index("data-quotas") : page.index("</table>", page.index("data-quotas"))]
+        running_row = re.search(r'data-quota="running">(.*?)</tr>', quotas)
+        assert running_row is not None and '<td class="num">3</td>' in running_row.group(1)
+        queued = re.search(r'data-quota="queued">(.*?)</tr>', quotas)
+        # None of globex's tasks counts here; the server's queued quota is the default 1,000.
+        assert queued is not None and '<td class="num">0</td>' in queued.group(1)
+        assert "1,000" in queued.group(1)
+        cost = re.search(r'data-quota="cost">(.*?)</tr>', quotas)
+        assert cost is not None and "2.50" in cost.group(1)
+        async with dash.browser(other) as browser:
+            theirs = (await browser.get("/ui/usage", headers=HTML)).text
+        mine = theirs[theirs.index("data-quotas") :]
+        row = re.search(r'data-quota="queued">(.*?)</tr>', mine)
+        assert row is not None and '<td class="num">1</td>' in row.group(1)
+        assert "no limit" in mine  # globex has no running quota of its own, nor the server
 
 
 def _days(count: int) -> DailyUsage:

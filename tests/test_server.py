@@ -35,7 +35,16 @@ SLEEPY_CODE = (
 """The coder's program: slow, with a side effect that shows how often it ran."""
 
 
-LEASE_SECONDS = 2
+LEASE_SECONDS = 30
+"""The servers' lease: long enough that a loaded machine renews it in time (a renewal that
+comes too late stops the run, and another takes the task over). The tests do not wait out
+a killed server's lease: :func:`lapse_lease` ends it, as its lapse would."""
+START_SECONDS = 120
+"""How long a test waits for a server to answer, or to come back for a client: a generous
+bound on a stuck server, which a loaded machine's slow start stays well within."""
+GATED_CALLS = 8
+"""How many gated programs the coder of the two-servers test runs: each lasts at most the
+sandbox's wall-clock limit, together longer than :data:`START_SECONDS`."""
 
 
 GATED_CODE = (
@@ -47,7 +56,8 @@ GATED_CODE = (
     "    f.write('ran\\n')\n"
     "print('went')"
 )
-"""The coder's program: runs until the test writes ``go`` into the task's workspace."""
+"""The coder's program: runs until the test writes ``go`` into the task's workspace, or
+until the sandbox's wall-clock limit (``SandboxLimits.wall_seconds``) ends it."""
 
 
 def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, Any]:
@@ -69,7 +79,6 @@ def _env(home: Path) -> dict[str, str]:
     env = dict(os.environ)  # conftest: no API key, a dead OpenAI endpoint.
     env["RELAYGRAPH_HOME"] = str(home)
     env.pop("RELAYGRAPH_DATABASE_URL", None)  # The SQLite ledger in this test's home.
-    # Short leases: a killed server's task is continued by another within seconds.
     env["RELAYGRAPH_LEASE_SECONDS"] = str(LEASE_SECONDS)
     # These tests follow what the service does around the coder's program (cancel,
     # approvals, restarts), not its isolation: where bubblewrap is missing it runs unisolated.
@@ -102,7 +111,7 @@ class Server:
                 stderr=subprocess.STDOUT,
             )
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = START_SECONDS) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -115,7 +124,7 @@ class Server:
             time.sleep(0.05)
         pytest.fail(f"the server did not answer /healthz in {timeout} s:\n{self.log.read_text()}")
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 20) -> int:
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = START_SECONDS) -> int:
         """Send ``sig`` and wait for the process to exit; returns its exit code."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
@@ -160,6 +169,17 @@ def create_project(home: Path, name: str) -> str:
     assert made["project"] == name
     key: str = made["key"]
     return key
+
+
+def lapse_lease(home: Path, task_id: str) -> None:
+    """End the lease a killed server held on the task, as its lapse would: the ledger no
+    longer counts it live, and the next sweep of any server (or a server's start) continues
+    the task. Waiting for the lapse itself would make a test as long as a lease that a
+    loaded machine can renew in time."""
+    with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+        holder, _ = ledger.lease_of(task_id)
+        assert holder is not None, f"no server holds task {task_id}"
+        ledger.release_lease(task_id, holder)
 
 
 def ran_lines(home: Path, task_id: str) -> list[str]:
@@ -229,13 +249,15 @@ def test_cancel_stops_a_running_task_at_the_next_step(
     server = serve()
     key = create_project(home, "acme")
     with Client(server.url, key) as client:
-        task = client.submit("sleep on it", model=served_script(sleepy_coder(seconds=2)))
+        task = client.submit("sleep on it", model=served_script(sleepy_coder(code=GATED_CODE)))
         events = []
         for event in client.events(task["id"]):
             events.append(event)
             if event["event"] == "tool_call":
-                # The program is running: the cancel waits for the step boundary.
+                # The program runs until `go`, however late the event came: the cancel
+                # waits for the step boundary.
                 assert client.cancel(task["id"])["status"] == "running"
+                (home / "tasks" / task["id"] / "workspace" / "go").touch()
         done = client.get(task["id"])
         assert (done["status"], done["stop_reason"]) == ("cancelled", "cancelled by request")
         assert done["answer"] is None
@@ -317,7 +339,8 @@ def test_busy_thread_is_refused_or_enqueued(
 ) -> None:
     server = serve()
     key = create_project(home, "acme")
-    turns = sleepy_coder(seconds=1.5)
+    # The first task's program runs until `go`: the thread stays busy for the checks.
+    turns = sleepy_coder(code=GATED_CODE)
     # The thread's second request plays the next turns of the same script.
     turns["supervisor"] += [
         {"route": {"next": "writer", "task": "sum up", "reason": "a follow-up"}},
@@ -339,8 +362,12 @@ def test_busy_thread_is_refused_or_enqueued(
         )
         assert second["status"] == "queued"
         assert client.get(second["id"])["status"] == "queued"  # Waits while the first runs.
-        one = client.wait(first["id"], timeout=30, until=("succeeded", "degraded", "failed"))
-        two = client.wait(second["id"], timeout=30, until=("succeeded", "degraded", "failed"))
+        for event in client.events(first["id"], retry_for=START_SECONDS):
+            if event["event"] == "tool_call":  # Its program runs, in its workspace.
+                (home / "tasks" / first["id"] / "workspace" / "go").touch()
+        ended = ("succeeded", "degraded", "failed")
+        one = client.wait(first["id"], timeout=START_SECONDS, until=ended)
+        two = client.wait(second["id"], timeout=START_SECONDS, until=ended)
         assert (one["status"], two["status"]) == ("succeeded", "succeeded"), two
         assert two["answer"] == "Still done."
         assert two["started_at"] >= one["finished_at"]  # ISO 8601 in UTC sorts as text.
@@ -437,13 +464,15 @@ def _follow_through_restart(
             "and then?", model=spec, thread_id=task["thread_id"], multitask="enqueue"
         )
         events = []
-        for event in client.events(task["id"], retry_for=30):
+        for event in client.events(task["id"], retry_for=START_SECONDS):
             events.append(event)
             if event["event"] == "tool_call" and kinds(events).count("tool_call") == 1:
                 server.stop(sig)
+                if sig == signal.SIGKILL:
+                    lapse_lease(home, task["id"])  # A graceful stop gave its lease up.
                 server = serve()  # Same home, same port: the client reconnects.
                 (home / "tasks" / task["id"] / "workspace" / "go").touch()
-        second = client.wait(queued["id"], timeout=30)
+        second = client.wait(queued["id"], timeout=START_SECONDS)
         return client.get(task["id"]), events, second
 
 
@@ -490,31 +519,36 @@ def test_two_servers_on_one_ledger_run_a_task_once(
 ) -> None:
     """A second server on the same ledger leaves the first's running task alone while the
     first holds its lease, and continues it, once, when the first dies."""
-    # The program runs until the test lets it end, however slowly the servers start.
-    spec = served_script(sleepy_coder(code=GATED_CODE))
+    # The coder's programs run until the test lets them end. Each is ended by the sandbox's
+    # wall-clock limit at the latest, so the coder runs one after another: the task stays
+    # running while the second server starts, however slowly.
+    turns = sleepy_coder(code=GATED_CODE)
+    turns["coder"][:1] = [turns["coder"][0]] * GATED_CALLS
+    spec = served_script(turns)
     first = serve()
     key = create_project(home, "acme")
     with Client(first.url, key) as client:
         task = client.submit("sleep on it", model=spec)
         events = []
-        for event in client.events(task["id"], retry_for=30):
+        for event in client.events(task["id"], retry_for=START_SECONDS):
             events.append(event)
             if event["event"] == "tool_call":
                 break
-        # The second server starts while the first runs the program, and sweeps for work
-        # every half lease: for two leases the task is the first's.
+        # The second server starts while the first runs the program: before it answers, it
+        # has looked for unfinished tasks (the start's sweep), and left the first's alone.
         second = serve(port=free_port())
-        time.sleep(2 * LEASE_SECONDS)
         with Client(second.url, key) as other:
             assert other.get(task["id"])["status"] == "running"
         with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
             assert [e.type for e in ledger.events_after(task["id"])].count("run_started") == 1
-        # The first dies mid-step; its lease lapses and the second continues the task, whose
-        # program (run again) may now end.
+            assert ledger.lease_of(task["id"])[0] is not None  # Still the first's.
+        # The first dies mid-step; once its lease has lapsed the second's next sweep (every
+        # half lease) continues the task, whose program (run again) may now end.
         first.stop(signal.SIGKILL)
+        lapse_lease(home, task["id"])
         (home / "tasks" / task["id"] / "workspace" / "go").touch()
         with Client(second.url, key) as other:
-            done = other.wait(task["id"], timeout=60)
+            done = other.wait(task["id"], timeout=LEASE_SECONDS + START_SECONDS)
             every = list(other.events(task["id"]))
     assert done["status"] == "succeeded", done["stop_reason"]
     assert kinds(every).count("run_started") == 2

@@ -71,7 +71,9 @@ class Received:
             self.notices.append(notice)
             self._arrived.notify_all()
 
-    def wait_for(self, count: int, timeout: float = 5.0) -> list[EventNotice]:
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[EventNotice]:
+        """The notices once there are ``count``, or after ``timeout`` seconds: a generous
+        bound, which a notice that arrives in time never waits out."""
         with self._arrived:
             self._arrived.wait_for(lambda: len(self.notices) >= count, timeout)
             return list(self.notices)
@@ -131,21 +133,26 @@ async def test_a_watch_keeps_what_arrived_while_its_reader_was_busy(
     conninfo: str, channel: str, listener: EventListener
 ) -> None:
     async with listener.watch("task-a") as watch:
+        # Subscribed after the watch: the listener calls its subscribers in order, so a
+        # notice `arrived` has is on the watch's loop already, however late it came.
+        arrived = Received()
+        listener.subscribe("task-a", arrived)
         await asyncio.to_thread(send, conninfo, channel, "task-a", 3)
-        await asyncio.sleep(0.3)  # The reader is writing out events; the notice waits.
+        # The reader is writing out events; the notice waits.
+        assert len(await asyncio.to_thread(arrived.wait_for, 1)) == 1
         assert await watch.wait(after=2, timeout=0.01)
         # Events up to 3 read: nothing new, the wait times out.
         assert not await watch.wait(after=3, timeout=0.2)
         await asyncio.to_thread(send, conninfo, channel, "task-a", 4)
         await asyncio.to_thread(send, conninfo, channel, "task-a", 6)
-        await asyncio.sleep(0.3)
+        assert len(await asyncio.to_thread(arrived.wait_for, 3)) == 3
         # Coalesced: one notice for the highest sequence number.
-        assert await asyncio.wait_for(anext(watch), 5) == EventNotice(task_id="task-a", seq=6)
+        assert await asyncio.wait_for(anext(watch), 30) == EventNotice(task_id="task-a", seq=6)
         waiting = asyncio.ensure_future(anext(watch))
         await asyncio.sleep(0.2)
         assert not waiting.done()
         await asyncio.to_thread(send, conninfo, channel, "task-a", 7)
-        assert await asyncio.wait_for(waiting, 5) == EventNotice(task_id="task-a", seq=7)
+        assert await asyncio.wait_for(waiting, 30) == EventNotice(task_id="task-a", seq=7)
 
 
 async def test_a_dropped_connection_tells_subscribers_to_read_the_ledger(
@@ -167,7 +174,7 @@ async def test_a_dropped_connection_tells_subscribers_to_read_the_ledger(
             assert ended == [(True,)]
             # What was sent while it was away is lost: the subscribers are told so.
             assert received.wait_for(1) == [EventNotice(task_id="task-a", seq=None)]
-            assert await asyncio.wait_for(anext(watch), 5) == EventNotice(
+            assert await asyncio.wait_for(anext(watch), 30) == EventNotice(
                 task_id="task-a", seq=None
             )
             assert listener.listening
