@@ -1206,8 +1206,9 @@ def test_projects_migration_keeps_every_row_both_ways(
         ledger.record_eval_case(
             run_id, case_id="a", trial=1, passed=True, checks=[], task_id=task.id
         )
-    # Registered teams (0008) and the tool journal (0009) came later.
-    at_0006 = TABLES - {"team_versions", "tool_journal"}
+    # Registered teams (0008), the tool journal (0009) and the workers' slots (0014) came
+    # later.
+    at_0006 = TABLES - {"team_versions", "tool_journal", "worker_slots"}
     # The worker mode's dispatch counts (0010) are columns 0006 has not; usage rows hold
     # their records since 0011 (the record ids before); projects their quotas since 0012;
     # tasks say what they replay since 0015.
