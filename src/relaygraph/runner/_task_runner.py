@@ -18,12 +18,9 @@ from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError, NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.events import run_finished_event
 from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
-from relaygraph.runner._checkpoint import (
-    CheckpointFence,
-    async_checkpointer,
-    open_checkpointer,
-)
+from relaygraph.runner._checkpoint import async_checkpointer, open_checkpointer
 from relaygraph.runner._event_writer import EventWriter
+from relaygraph.runner._fence import CheckpointFence
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
 from relaygraph.runner._no_room import UnrecordedFailures, no_room_reason
 from relaygraph.runner._result import RunResult
