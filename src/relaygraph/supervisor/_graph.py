@@ -25,13 +25,15 @@ from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget, seconds_left
 from relaygraph.policies.middleware import replies_usage
 from relaygraph.policies.pingpong import detect_ping_pong
-from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import agent_nodes
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
 from relaygraph.supervisor._node import steps_node
+from relaygraph.supervisor._node_config import call_config, replays_by_position, step_of, task_ns
+from relaygraph.supervisor._refusals import bars_now, violation
 from relaygraph.supervisor._route import Route, RouteDecision, route_steps
 from relaygraph.supervisor._state import TeamState, Violation, Visit, ending_status
+from relaygraph.supervisor._usage import agent_tokens, announce_usage, turn_usage, usage_record
 from relaygraph.supervisor._verdict import closing_verdict, failed_calls_only, source_message
 from relaygraph.topology import Topology
 
@@ -41,7 +43,7 @@ def _begin(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
         "turn": state.get("turn", 0) + 1,
         # LangGraph numbers a thread's steps on from request to request, while its
         # recursion limit holds per request: the step guard counts from here.
-        "turn_step": acc.step_of(config) or 0,
+        "turn_step": step_of(config) or 0,
         "messages": [HumanMessage(content=state.get("request", ""))],
         "assignment": None,
         "plan": [],
@@ -62,7 +64,7 @@ def _make_supervisor(
 ) -> Any:
     system = _prompts.supervisor_prompt(members, extra=extra)
     agents = tuple(a.name for a in members)
-    replays = acc.replays_by_position(model)
+    replays = replays_by_position(model)
     # A FINISH whose answer is the last agent's reply (see _last_reply_answer) is answered
     # here, in the supervisor's step, and the run ends: finalize's own step (a checkpoint,
     # its writes, the step's own work) is only for an answer a model writes.
@@ -76,11 +78,11 @@ def _make_supervisor(
         no_visits_left = visits_spent(state, policy)
         visits = _prompts.turn_visits(state)
         last = visits[-1]["agent"] if visits else None
-        unavailable = acc.bars_now(state, last)
+        unavailable = bars_now(state, last)
         spent_agents: list[BudgetHit] = []
         for agent in agents:
             spent = check_agent_budget(
-                agent, policy.agent(agent).limits, acc.turn_usage(state, agent), before="model"
+                agent, policy.agent(agent).limits, turn_usage(state, agent), before="model"
             )
             if spent is not None:
                 spent_agents.append(spent)
@@ -100,7 +102,7 @@ def _make_supervisor(
                 goto=FINALIZE,
                 update={"status": "degraded", "stop_reason": f"no agent left: {reason}"},
             )
-        ns, turn = acc.task_ns(config), state.get("turn", 0)
+        ns, turn = task_ns(config), state.get("turn", 0)
         # With every visit spent, the supervisor is asked (it may still say FINISH).
         step = None if no_visits_left else _planned_step(state, visits, available)
         plan_refused = _plan_refused(state, visits, unavailable) if step is None else ()
@@ -128,19 +130,19 @@ def _make_supervisor(
             ]
             started = time.monotonic()
             # The route (with its repair) gets what the team's time limit leaves.
-            with due_within(seconds_left((policy.team.max_seconds, acc.turn_usage(state)))):
+            with due_within(seconds_left((policy.team.max_seconds, turn_usage(state)))):
                 decision = yield from route_steps(
                     model,
                     messages,
                     agents=available,
-                    config=acc.call_config(config, state, SUPERVISOR, replays=replays),
+                    config=call_config(config, state, SUPERVISOR, replays=replays),
                     may_finish=bool(visits),
                     unavailable=unavailable,
                     team=agents,
                 )
             replies = list(decision.raw)
-            usage = acc.announce_usage(
-                acc.usage_record(
+            usage = announce_usage(
+                usage_record(
                     ns,
                     SUPERVISOR,
                     turn,
@@ -162,7 +164,7 @@ def _make_supervisor(
         }
         spent_names = {hit.agent for hit in spent_agents}
         recorded["violations"] = [
-            acc.violation(
+            violation(
                 f"{ns}:refused:{agent}",
                 turn,
                 agent,
@@ -172,7 +174,7 @@ def _make_supervisor(
             for agent in dict.fromkeys((*plan_refused, *decision.refused))
             if agent in spent_names and agent not in hit_before
         ]
-        tokens_so_far = acc.agent_tokens(state, agents)
+        tokens_so_far = agent_tokens(state, agents)
 
         def report(carried_out: bool) -> None:
             # Sent once the route is carried out or stopped (a limit, a ping-pong): a route
@@ -182,7 +184,7 @@ def _make_supervisor(
                     next=route.next,
                     task=route.task,
                     reason=route.reason,
-                    step=acc.step_of(config),
+                    step=step_of(config),
                     checkpoint_ns=ns,
                     tokens_so_far=tokens_so_far,
                     carried_out=carried_out,
@@ -206,7 +208,7 @@ def _make_supervisor(
         assignment = Assignment(
             agent=route.next, task=route.task, reason=route.reason, source=SUPERVISOR, kind="route"
         )
-        record = record_handoff(assignment, id=ns, step=acc.step_of(config), turn=turn)
+        record = record_handoff(assignment, id=ns, step=step_of(config), turn=turn)
         proceed = Command(
             goto=route.next,
             update={"handoffs": [record], "assignment": assignment, "plan": plan},
@@ -290,7 +292,7 @@ def _plan_of(route: Route) -> list[Assignment]:
 
 
 def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
-    replays = acc.replays_by_position(model)
+    replays = replays_by_position(model)
 
     def finalize(state: TeamState, config: RunnableConfig) -> Steps[dict[str, Any]]:
         status = ending_status(state)
@@ -315,9 +317,9 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         started = time.monotonic()
         failed: ModelCallError | None = None
         try:
-            with due_within(seconds_left((policy.team.max_seconds, acc.turn_usage(state)))):
+            with due_within(seconds_left((policy.team.max_seconds, turn_usage(state)))):
                 reply = yield Call.invoke(
-                    model, messages, acc.call_config(config, state, FINALIZE, replays=replays)
+                    model, messages, call_config(config, state, FINALIZE, replays=replays)
                 )
         except ModelCallError as exc:
             # As a route's failed call: the task ends without an answer, saying why (the
@@ -342,8 +344,8 @@ def _make_finalize(model: BaseChatModel, policy: TeamPolicy) -> Any:
         # A failed call answered nothing: like a route's, it counts no model call.
         replies: list[BaseMessage] = [] if failed is not None else [reply]
         totals = replies_usage(replies, policy, seconds=time.monotonic() - started)
-        usage = acc.announce_usage(
-            acc.usage_record(acc.task_ns(config), FINALIZE, state.get("turn", 0), totals, replies)
+        usage = announce_usage(
+            usage_record(task_ns(config), FINALIZE, state.get("turn", 0), totals, replies)
         )
         emit(final_event(status, answer, stop_reason))
         update: dict[str, Any] = {
@@ -411,8 +413,8 @@ def _finalize_calls_refused(
     to answer it in: finalize makes one model call.
     """
     return [
-        acc.violation(
-            f"{acc.task_ns(config)}:{call['id'] or index}:tool_not_allowed",
+        violation(
+            f"{task_ns(config)}:{call['id'] or index}:tool_not_allowed",
             state.get("turn", 0),
             FINALIZE,
             "tool_not_allowed",
