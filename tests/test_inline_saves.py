@@ -4,6 +4,7 @@ LangGraph loop for the saves, no hand-over per step; a caller's own graphs are l
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,3 +110,71 @@ def test_a_save_that_fails_inside_the_block_fails_the_run() -> None:
 
     with saves_inline(), pytest.raises(OSError, match="disk full"):
         graph.invoke({"n": 0}, {"configurable": {"thread_id": "t"}}, durability="sync")
+
+
+def test_the_private_langgraph_api_the_wrapper_relies_on_is_unchanged() -> None:
+    """The wrapper calls ``BackgroundExecutor``'s private API as this LangGraph minor has it:
+    a LangGraph that renamed a keyword option, the ``tasks`` book or the loop's save would
+    leave the saves on the pool (or break the wrapper) without an error of its own."""
+    from langgraph.pregel._executor import BackgroundExecutor
+    from langgraph.pregel._loop import SyncPregelLoop
+
+    from relaygraph.runner._inline_saves import SUBMIT_OPTIONS
+
+    # LangGraph's own method, wrapped or not (the wrapper keeps it as __wrapped__).
+    original = getattr(BackgroundExecutor.submit, "__wrapped__", BackgroundExecutor.submit)
+    submit = inspect.signature(original, follow_wrapped=False).parameters
+    assert list(submit)[:2] == ["self", "fn"]
+    assert submit["args"].kind is inspect.Parameter.VAR_POSITIONAL
+    assert submit["kwargs"].kind is inspect.Parameter.VAR_KEYWORD
+    for option in SUBMIT_OPTIONS:
+        assert submit[option].kind is inspect.Parameter.KEYWORD_ONLY, option
+    assert list(inspect.signature(BackgroundExecutor.done).parameters) == ["self", "task"]
+    assert callable(SyncPregelLoop._checkpointer_put_after_previous)
+
+    # The executor books each future it tracks as (cancel on exit, reraise on exit), and
+    # ``done`` takes a finished one off the book: the wrapper books its futures the same way.
+    release = threading.Event()
+    executor = BackgroundExecutor({})
+    with executor:
+        future = executor.submit(
+            release.wait, 60, __cancel_on_exit__=True, __reraise_on_exit__=False
+        )
+        assert executor.tasks[future] == (True, False)
+        release.set()
+        assert future.result(timeout=60) is True
+    assert future not in executor.tasks
+
+
+def test_langgraph_is_pinned_to_the_minor_the_wrapper_is_tested_with() -> None:
+    """Moving LangGraph to another minor is a choice made with the test above, not an
+    upgrade that ``pip`` makes on its own."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pyproject = Path(__file__).parents[1] / "pyproject.toml"
+    dependencies = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]
+    (langgraph,) = [Requirement(d) for d in dependencies if Requirement(d).name == "langgraph"]
+    installed = Version(version("langgraph"))
+    assert installed in langgraph.specifier
+    next_minor = Version(f"{installed.major}.{installed.minor + 1}")
+    assert next_minor not in langgraph.specifier, (
+        f"langgraph{langgraph.specifier} allows {next_minor}"
+    )
+
+
+def test_a_langgraph_without_the_names_is_told_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from relaygraph.runner import _inline_saves
+
+    monkeypatch.setattr(_inline_saves, "_unavailable_told", False)
+    with caplog.at_level("WARNING", logger=_inline_saves.__name__):
+        assert _inline_saves._unavailable("gone") is False
+        assert _inline_saves._unavailable("gone") is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "checkpoint saves stay on LangGraph's thread pool: gone"
+    ]

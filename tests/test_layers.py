@@ -187,12 +187,7 @@ def package_of(module: str) -> str:
 
 
 # Circles inside a package that are still there, each in code another change is rewriting.
-# TODO(#47): runner/_checkpoint.py makes the fenced saver, which reads the fence type back
-# from _checkpoint; runner/ is being rewritten for asyncio (issue 44): move CheckpointFence
-# to its own module there, then empty this.
-KNOWN_CIRCLES: set[frozenset[str]] = {
-    frozenset({"relaygraph.runner._checkpoint", "relaygraph.runner._fenced_saver"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
 def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:

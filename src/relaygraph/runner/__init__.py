@@ -19,7 +19,7 @@ settings every process that runs the service's tasks reads (``_settings``) and t
 those tasks run (``_service_teams``).
 """
 
-from relaygraph.runner._checkpoint import CheckpointFence, sqlite_checkpointer
+from relaygraph.runner._checkpoint import sqlite_checkpointer
 from relaygraph.runner._decide import (
     Answers,
     Resume,
@@ -28,6 +28,7 @@ from relaygraph.runner._decide import (
     waiting_approvals,
 )
 from relaygraph.runner._errors import RefusalKind, RequestRefused
+from relaygraph.runner._fence import CheckpointFence
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.runner._ledger import ledger_for
 from relaygraph.runner._long_lived import settle_long_lived

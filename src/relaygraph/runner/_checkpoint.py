@@ -23,9 +23,11 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
 )
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from relaygraph.runner._fence import CheckpointFence
 
 T = TypeVar("T")
 
@@ -165,20 +167,6 @@ _KEPT: _Kept[Any] = _Kept(lambda path: sqlite_checkpointer(Path(path)))
 _POOLS: _Kept[Any] = _Kept(_postgres_pool)
 os.register_at_fork(after_in_child=_KEPT.forget)
 os.register_at_fork(after_in_child=_POOLS.forget)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CheckpointFence:
-    """The worker's attempt at a task that a checkpointer writes for."""
-
-    task_id: str
-    attempt: int
-    """The attempt's number (``Ledger.begin_attempt``): the task's fencing number while no
-    later attempt has begun."""
-    on_cancel: Callable[[], None] | None = field(default=None, compare=False)
-    """Called when a write finds a cancel asked for in the ledger (the fence's read of the
-    task's row sees the flag too): the run stops at a step boundary without a read of its own
-    per step (``AttemptWatch.cancelled``)."""
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from psycopg.rows import DictRow, dict_row
 from relaygraph.store import AttemptSuperseded
 
 if TYPE_CHECKING:
-    from relaygraph.runner._checkpoint import CheckpointFence
+    from relaygraph.runner._fence import CheckpointFence
 
 __all__ = ["ATTEMPT_FENCE_SQL", "FencedPostgresSaver"]
 

@@ -21,8 +21,11 @@ waiter) still goes to the pool, and outside :func:`saves_inline` (a caller's own
 graphs in the same process) nothing changes. The order of saves is kept: the loop submits a
 checkpoint after the writes it follows, and each now ends before the next is submitted.
 
-If LangGraph changes the names this relies on, :func:`install` leaves it alone and runs go on
-as before (the saves on the pool); tests/test_inline_saves.py fails then, to say so.
+The wrapper relies on a private method, so pyproject.toml pins LangGraph to the minor it is
+tested with (``<1.3``), and tests/test_inline_saves.py checks the signatures and the
+behaviour it relies on: moving the pin means running those first. Should a LangGraph lack
+the names anyway, :func:`install` leaves it alone and logs a warning once, and runs go on as
+before (the saves on the pool): slower, never wrong.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +45,13 @@ _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "relaygraph_saves_inline", default=False
 )
 _installed = False
+_unavailable_told = False
 _lock = threading.Lock()
+log = logging.getLogger(__name__)
+
+SUBMIT_OPTIONS = ("__name__", "__cancel_on_exit__", "__reraise_on_exit__", "__next_tick__")
+"""The keyword options of ``BackgroundExecutor.submit`` that the wrapper reads or drops
+(every other keyword goes to the save)."""
 
 
 @contextlib.contextmanager
@@ -68,11 +79,11 @@ def install() -> bool:
             from langgraph.pregel._executor import BackgroundExecutor
             from langgraph.pregel._loop import SyncPregelLoop
         except ImportError:
-            return False
+            return _unavailable("its executor or loop module is gone")
         save = getattr(SyncPregelLoop, "_checkpointer_put_after_previous", None)
         original = getattr(BackgroundExecutor, "submit", None)
         if save is None or original is None or not hasattr(BackgroundExecutor, "done"):
-            return False
+            return _unavailable("BackgroundExecutor.submit/done or the loop's save is gone")
 
         def is_save(fn: Any) -> bool:
             if getattr(fn, "__func__", None) is save:
@@ -80,6 +91,7 @@ def install() -> bool:
             owner = getattr(fn, "__self__", None)
             return isinstance(owner, BaseCheckpointSaver) and fn.__name__ == "put_writes"
 
+        @functools.wraps(original)  # its __wrapped__: the method as LangGraph has it
         def submit(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
             if not _INLINE.get() or kwargs.get("__next_tick__") or not is_save(fn):
                 return original(self, fn, *args, **kwargs)
@@ -99,3 +111,12 @@ def install() -> bool:
         BackgroundExecutor.submit = submit  # type: ignore[method-assign]
         _installed = True
         return True
+
+
+def _unavailable(why: str) -> bool:
+    """Say once per process that runs save on LangGraph's pool (see the module's doc)."""
+    global _unavailable_told
+    if not _unavailable_told:
+        _unavailable_told = True
+        log.warning("checkpoint saves stay on LangGraph's thread pool: %s", why)
+    return False

@@ -15,18 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relaygraph.backends.workspace import WorkspaceQuota
-from relaygraph.errors import ConfigError, NoRoomOnDisk, RelaygraphError, TaskBusy
+from relaygraph.errors import ConfigError, NoRoomOnDisk, RelaygraphError
 from relaygraph.events import run_finished_event
 from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
-from relaygraph.runner._checkpoint import (
-    CheckpointFence,
-    async_checkpointer,
-    open_checkpointer,
-)
+from relaygraph.runner._checkpoint import async_checkpointer
 from relaygraph.runner._event_writer import EventWriter
-from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS, AttemptWatch, LeaseKeeper
+from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures, no_room_reason
 from relaygraph.runner._result import RunResult
+from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
 from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
@@ -173,36 +170,24 @@ class TaskRunner:
             AttemptSuperseded: The task went on to another attempt than ``attempt``; this
                 run wrote nothing since, and nothing of its end.
         """
+        mode = self._mode(attempt, only_from)
         run, graph_team = self._prepare(
             task,
+            mode,
             on_event=on_event,
             cancel=cancel,
             identity=identity,
             callbacks=callbacks,
             team=team,
             models=models,
-            attempt=attempt,
             leased=leased,
-            only_from=only_from,
             stop=stop,
         )
-        task, hold, context = run.task, run.lease, run.context
+        task, context = run.task, run.context
         try:
             ended = interrupted = no_room = False
             try:
-                # A worker's run has a checkpointer of its own, fenced by its attempt (on
-                # PostgreSQL each write checks it in its own transaction) and checked at each
-                # step; an in-process run shares the process's open one.
-                fence = (
-                    CheckpointFence(task_id=task.id, attempt=hold.attempt, on_cancel=hold.cancelled)
-                    if isinstance(hold, AttemptWatch)
-                    else None
-                )
-                with open_checkpointer(
-                    self.home, shared=attempt is None, fence=fence
-                ) as checkpointer:
-                    if isinstance(hold, AttemptWatch):
-                        _check_at_each_step(checkpointer, hold, flush=run.writer.flush)
+                with mode.checkpointer(self.home, flush=run.writer.flush) as checkpointer:
                     graph = graph_team.copy({"checkpointer": checkpointer})
                     graph_input = run.graph_input(graph, graph_input)
                     if isinstance(graph_input, Mapping) and "request" in graph_input:
@@ -212,20 +197,15 @@ class TaskRunner:
                         if isinstance(journal, LedgerToolJournal):
                             journal.starts_empty(task.id)
                     run.writer.put(run.started_event())
-                    if attempt is not None:
-                        # A worker whose attempt was superseded already (it froze before it
-                        # began) learns it here, before its graph runs a step.
-                        run.writer.flush()
+                    mode.before_stream(run.writer.flush)
                     end = run.stream(graph, graph_input, stream_tokens=stream_tokens)
-                if isinstance(hold, AttemptWatch) and hold.lost.is_set():
-                    # Another attempt has the task: nothing of this one's end is written.
-                    raise AttemptSuperseded(task.id, hold.attempt, hold.current)
+                mode.after_stream(task)
                 result = run.result(end)
                 run.record_end(end, result)
                 ended = True
                 return result
             except (KeyboardInterrupt, SystemExit):
-                interrupted = interrupt_cancels and attempt is None
+                interrupted = mode.cancels_on_interrupt(interrupt_cancels)
                 raise
             except Exception as exc:
                 no_room = is_disk_full(exc)
@@ -239,10 +219,10 @@ class TaskRunner:
                         raise
                     # The error the run is leaving with (or the superseded attempt) says it.
                 finally:
-                    if not ended and attempt is None and not no_room:
+                    if not ended and not no_room:
                         # Failed on the way: let another take it. A run stopped by a full
                         # disk keeps its lease until its failure is written (below).
-                        self.ledger.release_lease(task.id, self.runner_id)
+                        mode.let_go(task)
                     if interrupted:  # After the run's last events, so that its end comes last.
                         self.ledger.request_cancel(task.id, reason=INTERRUPTED)
         except Exception as exc:
@@ -276,18 +256,18 @@ class TaskRunner:
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it.
         """
+        mode = self._mode(None, only_from)
         run, graph_team = await asyncio.to_thread(
             self._prepare,
             task,
+            mode,
             on_event=on_event,
             cancel=cancel,
             identity=identity,
             callbacks=None,
             team=None,
             models=None,
-            attempt=None,
             leased=False,
-            only_from=only_from,
             stop=stop,
         )
         task = run.task
@@ -318,7 +298,7 @@ class TaskRunner:
                     await run.writer.aclose()
                 finally:
                     if not ended and not no_room:  # Failed on the way: let another take it.
-                        await asyncio.to_thread(self.ledger.release_lease, task.id, self.runner_id)
+                        await asyncio.to_thread(mode.let_go, task)
         except Exception as exc:
             if not is_disk_full(exc):
                 raise
@@ -328,9 +308,18 @@ class TaskRunner:
             )
             raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
 
+    def _mode(self, attempt: int | None, only_from: tuple[str, ...] | None) -> RunMode:
+        """The run's mode: in process under this runner's lease, or a worker's attempt."""
+        if attempt is None:
+            return InProcessRun(
+                self.ledger, self.runner_id, lease_seconds=self.lease_seconds, only_from=only_from
+            )
+        return WorkerAttempt(self.ledger, attempt)
+
     def _prepare(
         self,
         task: Task,
+        mode: RunMode,
         *,
         on_event: EventHandler | None,
         cancel: threading.Event | None,
@@ -338,9 +327,7 @@ class TaskRunner:
         callbacks: list[Any] | None,
         team: Team | None,
         models: Mapping[str, Any] | None,
-        attempt: int | None,
         leased: bool,
-        only_from: tuple[str, ...] | None,
         stop: threading.Event | None,
     ) -> tuple[TaskRun, Any]:
         """Take the task (in process) and prepare its run: its policy, team graph, context,
@@ -360,14 +347,14 @@ class TaskRunner:
         # The task is this runner's before anything is written of it (a failure to start
         # included), and its lease is renewed from here on, through the set-up (a team's
         # first compile, its knowledge base made ready) as through the run.
-        if attempt is None and not leased:
-            task = self._take(task, only_from)
+        task = mode.take(task, leased=leased)
+        attempt = mode.attempt
         # A cancel asked for on another server reaches this run through the ledger.
         watch_cancel = cancel is not None
         cancel = cancel or threading.Event()
         if task.cancel_requested_at is not None:
             cancel.set()
-        hold = self._hold(task, attempt, cancel)
+        hold = mode.keep(task, cancel)
         try:
             # A record the runner cannot read (a policy or topology from another version)
             # fails the task like a team that cannot be built: left queued, it would be
@@ -381,7 +368,7 @@ class TaskRunner:
                 policy = self.policies(task, policy)
             topology = Topology.from_mapping(task.topology)
             team, graph_team = self._team_graph(task, team, models, policy, topology)
-            context = self._context(task, team, attempt)
+            context = self._context(task, team, mode)
             config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
             day = self._day_budget(task)
             if day is not None:
@@ -395,8 +382,7 @@ class TaskRunner:
             raise
         except BaseException:
             hold.close()
-            if attempt is None:  # Let another take it.
-                self.ledger.release_lease(task.id, self.runner_id)
+            mode.let_go(task)  # Let another take it.
             raise
         run = TaskRun(
             ledger=self.ledger,
@@ -418,7 +404,7 @@ class TaskRunner:
                 task.id,
                 on_event or (lambda event: None),
                 attempt=attempt,
-                on_error=lambda exc: _superseded_by(hold, exc),
+                on_error=mode.on_write_error,
             ),
             attempt=attempt,
         )
@@ -489,7 +475,7 @@ class TaskRunner:
             stop_reason=reason,
         )
 
-    def _context(self, task: Task, team: Team, attempt: int | None) -> TaskContext:
+    def _context(self, task: Task, team: Team, mode: RunMode) -> TaskContext:
         """The task's workspace, artifacts folder and knowledge base (made ready), and the
         ledger's tool journal (a worker's fenced by its attempt).
 
@@ -503,11 +489,7 @@ class TaskRunner:
             TaskContext.for_task(self.home, task_id=task.id, thread_id=task.thread_id),
             sandbox_isolation_required=self.sandbox_isolation_required,
             workspace_quota=self.workspace_quota,
-            tool_journal=(
-                self.ledger.tool_journal
-                if attempt is None
-                else self.ledger.attempt_journal(attempt)
-            ),
+            tool_journal=mode.tool_journal(),
         )
         own_knowledge_base = _prepared_knowledge_base(team, self.home)
         if own_knowledge_base is not None:
@@ -556,44 +538,6 @@ class TaskRunner:
         config.update(langsmith_config(**traced, request=task.input))
         return config
 
-    def _hold(
-        self, task: Task, attempt: int | None, cancel: threading.Event
-    ) -> LeaseKeeper | AttemptWatch:
-        """What keeps the run to its runner: the lease, renewed (in process), or the
-        worker's attempt, watched; either sets ``cancel`` when the ledger asks for it."""
-        if attempt is None:
-            return LeaseKeeper(
-                self.ledger, task.id, self.runner_id, seconds=self.lease_seconds, cancel=cancel
-            )
-        return AttemptWatch(self.ledger, task.id, attempt, cancel=cancel)
-
-    def _take(self, task: Task, only_from: tuple[str, ...] | None) -> Task:
-        """Take the task's lease: this runner is then the only one that runs it until it
-        ends.
-
-        Raises:
-            TaskBusy: Another runner holds it, or a cancel waits on it.
-        """
-        statuses = {} if only_from is None else {"only_from": only_from}
-        taken = self.ledger.take_lease(
-            task.id, self.runner_id, seconds=self.lease_seconds, **statuses
-        )
-        if taken is None:
-            if self.ledger.cancel_requested(task.id):
-                raise TaskBusy(task.id, "a cancel waits on it")
-            holder, until = self.ledger.lease_of(task.id)
-            if holder is None and only_from == ("queued",):
-                first = self.ledger.active_task_on_thread(
-                    task.thread_id, project_id=task.project_id
-                )
-                if first is not None and first.id != task.id:
-                    raise TaskBusy(task.id, f"task {first.id} of its thread runs first")
-            if holder is None:
-                wanted = " or ".join(only_from) if only_from else "unfinished"
-                raise TaskBusy(task.id, f"it is not {wanted} any more")
-            raise TaskBusy(task.id, f"runner {holder} holds it until {until}")
-        return taken
-
 
 _SHARED_KB_READY: set[Path] = set()
 _SHARED_KB_LOCK = threading.Lock()
@@ -616,41 +560,3 @@ def _prepared_knowledge_base(team: Team, home: Path) -> Path | None:
     with _SHARED_KB_LOCK:
         _SHARED_KB_READY.add(shared)
     return own
-
-
-def _superseded_by(hold: LeaseKeeper | AttemptWatch, error: BaseException) -> None:
-    """A write the ledger refused for a superseded attempt stops the worker's run at once."""
-    if isinstance(hold, AttemptWatch) and isinstance(error, AttemptSuperseded):
-        hold.supersede(error.current)
-
-
-def _check_at_each_step(
-    checkpointer: Any, hold: AttemptWatch, *, flush: Callable[[], None]
-) -> None:
-    """Make ``checkpointer`` (this run's own) write each step's events first and stop at an
-    attempt that was superseded or a cancel, at each step's checkpoint, which under sync
-    durability is the step boundary, before the next step starts (in the team graph and in
-    each agent's subgraph alike): a cancel drains the run right there, and an attempt that
-    was superseded saves nothing more and stops.
-
-    The step's events are written first (``flush``): a checkpoint saved before its step's
-    events would, if the worker died in between, let the next attempt go on past a step
-    whose events the ledger never got (a tool call left pending for good).
-
-    A fenced checkpointer (PostgreSQL, ``FencedPostgresSaver``) reads the task's attempt
-    and cancel flag in each write's own transaction and tells ``hold`` of a cancel (its
-    fence's ``on_cancel``), so no read is made here: a worker's run made one per step (13
-    per relay task, about a tenth of a pool process's CPU). Any other asks ``hold`` first.
-    """
-    from relaygraph.runner._fenced_saver import FencedPostgresSaver
-
-    save = checkpointer.put
-    fenced = isinstance(checkpointer, FencedPostgresSaver)
-
-    def put(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        flush()
-        if not fenced and not hold.check():
-            raise AttemptSuperseded(hold.task_id, hold.attempt, hold.current)
-        return save(config, checkpoint, metadata, new_versions)
-
-    checkpointer.put = put

@@ -38,11 +38,19 @@ from relaygraph.policies.middleware import (
     transcript_usage,
 )
 from relaygraph.policies.pingpong import detect_ping_pong
-from relaygraph.supervisor import _accounting as acc
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop
 from relaygraph.supervisor._node import steps_node
+from relaygraph.supervisor._node_config import call_config, replays_by_position, step_of, task_ns
+from relaygraph.supervisor._refusals import (
+    add_bar,
+    bars_now,
+    earlier_results,
+    transcript_violations,
+    violation,
+)
 from relaygraph.supervisor._state import TeamState, Visit
+from relaygraph.supervisor._usage import agent_tokens, turn_usage, usage_record
 
 
 def _agent_recursion_limit(rules: AgentLimits) -> int:
@@ -148,7 +156,7 @@ class AgentNode:
                     command=command,
                     agent=name,
                     assignment=assignment,
-                    step=acc.step_of(config),
+                    step=step_of(config),
                     **more,
                 ),
                 state,
@@ -156,11 +164,11 @@ class AgentNode:
 
         if hit := team_stop(state, policy, config):
             return out("stop", exhausted(policy, hit, state, config))
-        turn, visit_id = state.get("turn", 0), acc.task_ns(config)
-        agent_before = acc.turn_usage(state, name)
+        turn, visit_id = state.get("turn", 0), task_ns(config)
+        agent_before = turn_usage(state, name)
         if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
             # Reached through a direct handoff: the supervisor already could not route here.
-            record = acc.violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
+            record = violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
             return out(
                 "spent",
                 Command(
@@ -168,7 +176,7 @@ class AgentNode:
                     update={
                         "violations": [record],
                         "assignment": None,
-                        "barred": acc.add_bar(state, name, f"out of budget: {spent.message}"),
+                        "barred": add_bar(state, name, f"out of budget: {spent.message}"),
                     },
                 ),
                 hit=spent,
@@ -179,15 +187,15 @@ class AgentNode:
         started = time.monotonic()
         budget = VisitBudget(
             agent_before=agent_before,
-            team_before=acc.turn_usage(state),
+            team_before=turn_usage(state),
             started=started,
-            earlier_results=acc.earlier_results(state, name),
-            step=acc.step_of(config),
-            barred=acc.bars_now(state, name),
+            earlier_results=earlier_results(state, name),
+            step=step_of(config),
+            barred=bars_now(state, name),
         )
         handoff: Command[Any] | None = None
         failed: ModelCallError | None = None
-        visit_config = acc.call_config(config, state, name, replays=replays, **{BUDGET_KEY: budget})
+        visit_config = call_config(config, state, name, replays=replays, **{BUDGET_KEY: budget})
         visit_config["recursion_limit"] = recursion_limit
         values, stopped = yield _visit_call(graph, {"messages": [scoped]}, visit_config)
         if isinstance(stopped, ParentCommand):
@@ -208,8 +216,8 @@ class AgentNode:
                 transcript, carried_out=f"{HANDOFF_PREFIX}{target}"
             )
         totals = transcript_usage(transcript, policy, seconds=time.monotonic() - started)
-        usage = acc.usage_record(visit_id, name, turn, totals, model_outputs(transcript))
-        violations = acc.transcript_violations(transcript, name, turn)
+        usage = usage_record(visit_id, name, turn, totals, model_outputs(transcript))
+        violations = transcript_violations(transcript, name, turn)
         last = transcript[-1]
         budget_note = (
             last.additional_kwargs.get(BUDGET_KEY) if handoff is None and failed is None else None
@@ -238,7 +246,7 @@ class AgentNode:
         if failed is not None:
             why = f"its model call failed: {failed.reason}"
             update |= {
-                "barred": acc.add_bar(state, name, why),
+                "barred": add_bar(state, name, why),
                 "status": "degraded",
                 "stop_reason": f"model_error: {name}: {failed.reason}",
             }
@@ -258,11 +266,9 @@ class AgentNode:
                 return out("stop", stop, visit=visit)
             update["violations"] = [
                 *violations,
-                acc.violation(
-                    f"{visit_id}:budget", turn, name, "budget", hit.message, announce=fresh
-                ),
+                violation(f"{visit_id}:budget", turn, name, "budget", hit.message, announce=fresh),
             ]
-            update["barred"] = acc.add_bar(state, name, f"out of budget: {hit.message}")
+            update["barred"] = add_bar(state, name, f"out of budget: {hit.message}")
             back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
             return out("spent", back, visit=visit, hit=hit)
         if handoff is None or target is None:
@@ -270,9 +276,9 @@ class AgentNode:
             return out("finished", back, visit=visit)
 
         sent: Handoff = handoff.update["handoffs"][0]  # type: ignore[index]
-        sent = {**sent, "step": acc.step_of(config), "turn": turn}
+        sent = {**sent, "step": step_of(config), "turn": turn}
         tokens_so_far = (
-            acc.agent_tokens(state, policy.agents) + usage["input_tokens"] + usage["output_tokens"]
+            agent_tokens(state, policy.agents) + usage["input_tokens"] + usage["output_tokens"]
         )
 
         def report(carried_out: bool) -> None:
@@ -399,7 +405,7 @@ def _agent_node_objects(
                 build_agent(members[name], models[name], policy, team.tools),
                 policy,
                 exits,
-                replays=acc.replays_by_position(models[name]),
+                replays=replays_by_position(models[name]),
             ),
         )
         for name in policy.agents
