@@ -13,20 +13,22 @@ it and is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Self
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, Self
 
 from langgraph.checkpoint.postgres import PostgresSaver
-from psycopg import Connection, Cursor
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg import AsyncCursor, Connection, Cursor
 from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from relaygraph.store import AttemptSuperseded
 
 if TYPE_CHECKING:
     from relaygraph.runner._fence import CheckpointFence
 
-__all__ = ["ATTEMPT_FENCE_SQL", "FencedPostgresSaver"]
+__all__ = ["ATTEMPT_FENCE_SQL", "AsyncFencedPostgresSaver", "FencedPostgresSaver"]
 
 ATTEMPT_FENCE_SQL = (
     "SELECT attempts, cancel_requested_at IS NOT NULL AS cancel FROM tasks WHERE id = %s FOR SHARE"
@@ -86,6 +88,53 @@ class FencedPostgresSaver(PostgresSaver):
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
             row = cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,)).fetchone()
+            current = None if row is None else int(row["attempts"])
+            if current != self.fence.attempt:
+                raise AttemptSuperseded(self.fence.task_id, self.fence.attempt, current)
+            if row is not None and row["cancel"] and self.fence.on_cancel is not None:
+                self.fence.on_cancel()
+            yield cur
+
+
+class AsyncFencedPostgresSaver(AsyncPostgresSaver):
+    """:class:`FencedPostgresSaver` for a run on an event loop: an ``AsyncPostgresSaver``
+    that saves only while ``fence.attempt`` is the task's attempt.
+
+    It works on a pool of connections (the process's, shared by every run on the loop), never
+    on a connection of its own: each write takes a connection for its one transaction (the
+    fence's read, then its INSERTs) and gives it back, so a process holds as many
+    connections as writes at once, not one per run in flight. One saver per attempt (the
+    fence is the attempt's); making one costs no connection.
+
+    Args:
+        pool: A pool of connections in autocommit mode, as the async checkpointers' pool
+            makes them: reads commit at once, writes in the transaction made here.
+        fence: The worker's attempt at the task.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any], *, fence: CheckpointFence) -> None:
+        # No pipeline: the fence's read must see its row before the INSERTs are sent, in
+        # one transaction, which a pipeline shared across writes cannot promise.
+        super().__init__(pool)
+        self.fence = fence
+        self._pool = pool
+
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        if not pipeline:  # A read, or the saver's set-up.
+            async with super()._cursor() as cur:
+                yield cur
+            return
+        # The saver's lock for the whole transaction, as the sync saver's: a run's
+        # concurrent writes (parallel nodes) must not interleave on one connection.
+        async with (
+            self.lock,
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor(binary=True, row_factory=dict_row) as cur,
+        ):
+            await cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,))
+            row = await cur.fetchone()
             current = None if row is None else int(row["attempts"])
             if current != self.fence.attempt:
                 raise AttemptSuperseded(self.fence.task_id, self.fence.attempt, current)

@@ -1,0 +1,163 @@
+"""The async fenced checkpointer (``AsyncFencedPostgresSaver``): a superseded attempt's
+checkpoint writes are refused on PostgreSQL, as the sync saver's are
+(tests/test_worker_checkpoint_fence.py), for a run on an event loop, while the savers of
+every run share one pool and a connection is held per write, not per run.
+
+PostgreSQL only: skipped without it, unless ``RELAYGRAPH_REQUIRE_POSTGRES=1``. Every wait is
+for an event under a generous deadline; nothing sleeps for a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from relaygraph.runner import CheckpointFence
+from relaygraph.runner._checkpoint import open_checkpointer
+from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
+from relaygraph.store import AttemptSuperseded, Ledger
+
+from .test_worker_checkpoint_fence import (
+    DEADLINE,
+    begin,
+    checkpoint_rows,
+    conninfo,
+    postgres_ledger,  # noqa: F401  (the fixture, used by name)
+    running_task,
+)
+
+
+@pytest.fixture
+async def pool(postgres_ledger: Ledger, home: Path) -> AsyncIterator[AsyncConnectionPool[Any]]:  # noqa: F811
+    """A pool as the async checkpointers' (autocommit, dict rows), on the saver's tables,
+    of one connection: a saver that held it for a whole run would stop every other run."""
+    with open_checkpointer(home):  # The saver's tables.
+        pass
+    made: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        conninfo(),
+        min_size=0,
+        max_size=1,
+        timeout=DEADLINE,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        open=False,
+    )
+    await made.open()
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+class Steps(TypedDict):
+    steps: Annotated[list[str], operator.add]
+
+
+def two_steps(saver: Any, by: str, frozen: asyncio.Event | None = None) -> Any:
+    """first → second (which, given ``frozen``, waits for it: the worker froze mid-step)."""
+    entered = asyncio.Event()
+
+    async def second(state: Steps) -> Steps:
+        entered.set()
+        if frozen is not None:
+            await asyncio.wait_for(frozen.wait(), DEADLINE)
+        return {"steps": [f"second by {by}"]}
+
+    async def first(state: Steps) -> Steps:
+        return {"steps": [f"first by {by}"]}
+
+    builder = StateGraph(Steps)
+    builder.add_node("first", first)
+    builder.add_node("second", second)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "second")
+    builder.add_edge("second", END)
+    graph = builder.compile(checkpointer=saver)
+    graph.entered = entered  # type: ignore[attr-defined]
+    return graph
+
+
+async def test_a_stale_attempt_on_the_loop_saves_nothing_on_the_new_attempts_thread(
+    postgres_ledger: Ledger,  # noqa: F811
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    task_id, dispatch = running_task(postgres_ledger)
+    config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
+    frozen = asyncio.Event()
+    stale_saver = AsyncFencedPostgresSaver(pool, fence=CheckpointFence(task_id=task_id, attempt=1))
+    stale = two_steps(stale_saver, "attempt 1", frozen)
+    stale_run = asyncio.create_task(stale.ainvoke({"steps": []}, config, durability="sync"))
+    # Attempt 1 saved its first step and froze in the second.
+    await asyncio.wait_for(stale.entered.wait(), DEADLINE)
+
+    # The task is redelivered: attempt 2 goes on from attempt 1's last checkpoint, on the
+    # same pool's one connection, which the frozen run does not hold.
+    assert await asyncio.to_thread(begin, postgres_ledger, task_id, dispatch) == 2
+    saver = AsyncFencedPostgresSaver(pool, fence=CheckpointFence(task_id=task_id, attempt=2))
+    new = two_steps(saver, "attempt 2")
+    assert await new.ainvoke(None, config, durability="sync") == {
+        "steps": ["first by attempt 1", "second by attempt 2"]
+    }
+    saved = await asyncio.to_thread(checkpoint_rows, f"thread-{task_id}")
+    latest = await saver.aget_tuple(config)
+    assert latest is not None
+
+    # Attempt 1 wakes up: its step's writes and its checkpoint are refused.
+    frozen.set()
+    with pytest.raises(AttemptSuperseded) as refused:
+        await asyncio.wait_for(stale_run, DEADLINE)
+    assert (refused.value.task_id, refused.value.attempt, refused.value.current) == (
+        task_id,
+        1,
+        2,
+    )
+    with pytest.raises(AttemptSuperseded):
+        await stale_saver.aput_writes(latest.config, [("steps", ["stale"])], "stale-task")
+    with pytest.raises(AttemptSuperseded):
+        await stale_saver.aput(latest.config, latest.checkpoint, latest.metadata, {})
+    assert await asyncio.to_thread(checkpoint_rows, f"thread-{task_id}") == saved
+    # The saver's reads are its own, unfenced.
+    assert await stale_saver.aget_tuple(config) == await saver.aget_tuple(config)
+
+
+async def test_an_async_write_tells_the_fence_of_a_cancel_asked_for(
+    postgres_ledger: Ledger,  # noqa: F811
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    task_id, _ = running_task(postgres_ledger)
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}
+    }
+    told: list[str] = []
+    fence = CheckpointFence(task_id=task_id, attempt=1, on_cancel=lambda: told.append("cancel"))
+    saver = AsyncFencedPostgresSaver(pool, fence=fence)
+    await saver.aput_writes(config, [("steps", ["one"])], "task-1")
+    assert told == []
+    cancelled = await asyncio.to_thread(postgres_ledger.request_cancel, task_id)
+    assert cancelled.status == "running"  # It waits for the worker.
+    await saver.aput_writes(config, [("steps", ["two"])], "task-2")
+    assert told == ["cancel"]
+    # The write itself is saved: the run stops at the step boundary, after its writes.
+    writes = (await asyncio.to_thread(checkpoint_rows, "t"))["checkpoint_writes"]
+    assert [row[2] for row in writes] == ["task-1", "task-2"]
+
+
+async def test_an_async_write_of_an_unknown_task_is_refused(
+    postgres_ledger: Ledger,  # noqa: F811
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}
+    }
+    saver = AsyncFencedPostgresSaver(pool, fence=CheckpointFence(task_id="no-such", attempt=1))
+    with pytest.raises(AttemptSuperseded):
+        await saver.aput_writes(config, [("steps", ["one"])], "task-1")
+    assert (await asyncio.to_thread(checkpoint_rows, "t"))["checkpoint_writes"] == []
