@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from relaygraph._names import CITATION_PATTERN
+
 __all__ = [
     "Passage",
     "answer_kinds",
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 _WORD = re.compile(r"\w[\w-]*\w|\w")
-_CITATION = re.compile(r"\[([A-Za-z0-9][\w./@-]*)\]")
+_CITATION = re.compile(CITATION_PATTERN)
 _NOT_IDS = frozenset({"truncated", "x", "..."})
 """Bracketed words that are not document ids: read_doc's cut marker, a checkbox."""
 
