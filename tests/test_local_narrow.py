@@ -252,6 +252,11 @@ def test_after_reading_the_answer_quotes_the_document_with_its_id(engine: StandI
         in (engine.prompts[-1])
     )
     assert "InMemorySaver` keeps" not in engine.prompts[-1].split("Sentences from")[0]
+    # Nor are the search's hits, once the document it found was read: only their ids.
+    assert (
+        "Result of tool search_docs: [checkpoints] [interrupts] [tracing]" in (engine.prompts[-1])
+    )
+    assert "Human-in-the-loop interrupts" not in engine.prompts[-1]
 
 
 def test_nothing_found_is_said_without_inventing(engine: StandInEngine) -> None:
