@@ -109,6 +109,8 @@ def test_a_plain_question_answered_citing_a_document_no_tool_showed_is_ungrounde
     )
     # No tool ran at all (the coder answered from nothing), yet the answer names a source.
     assert ungrounded_reason(question, "It lasts 20 minutes. [canary]", []) is not None
+    # A computed list is no citation.
+    assert ungrounded_reason("What is 6 * 7 in a list?", "[42]", []) is None
 
 
 # Issue 45: answers that generalize. The documents below are written for these tests, not

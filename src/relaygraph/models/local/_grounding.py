@@ -393,9 +393,13 @@ def ungrounded_reason(request: str, answer: str | None, messages: Iterable[Any])
         A stop reason starting ``ungrounded:``, or None.
     """
     cited = citations(answer or "")
-    if not cited:
-        if not asks_about_docs(request):
+    if not asks_about_docs(request):
+        # A bare number in brackets in the answer to a plain request is a computed list or a
+        # footnote ("[42]"), not a claim to have read a document.
+        cited = [c for c in cited if not c.isdigit()]
+        if not cited:
             return None
+    if not cited:
         return "ungrounded: the request asks about the docs, but the answer cites no document"
     seen: set[str] = set()
     for message in messages:
