@@ -89,10 +89,28 @@ def test_a_docs_question_must_be_answered_citing_what_a_tool_showed() -> None:
     assert ungrounded_reason(request, "It is so. [budgets]", refused) is not None
 
 
-def test_a_request_that_does_not_name_the_docs_is_not_checked() -> None:
+def test_a_request_that_does_not_name_the_docs_is_not_checked_for_a_citation() -> None:
     assert not asks_about_docs("How many checkpoints does a 40-step run write?")
     assert not asks_about_docs("Summarize this document.\n--- document ---\nCheckpoints are...")
     assert ungrounded_reason("Compute 2 + 2.", "4", []) is None
+
+
+def test_a_plain_question_answered_citing_a_document_no_tool_showed_is_ungrounded() -> None:
+    question = "How long does the canary stage last?"
+    assert not asks_about_docs(question)
+    searched = [
+        HumanMessage("task"),
+        AIMessage(content="", tool_calls=[{"name": "search_docs", "args": {}, "id": "c1"}]),
+        ToolMessage("[deploy-canary] Canary stage (score 2.1)", tool_call_id="c1"),
+    ]
+    assert ungrounded_reason(question, "It lasts 20 minutes. [deploy-canary]", searched) is None
+    assert ungrounded_reason(question, "It lasts 20 minutes. [canary]", searched) == (
+        "ungrounded: the answer cites [canary], which no tool result of this run showed"
+    )
+    # No tool ran at all (the coder answered from nothing), yet the answer names a source.
+    assert ungrounded_reason(question, "It lasts 20 minutes. [canary]", []) is not None
+    # A computed list is no citation.
+    assert ungrounded_reason("What is 6 * 7 in a list?", "[42]", []) is None
 
 
 # Issue 45: answers that generalize. The documents below are written for these tests, not

@@ -133,9 +133,12 @@ def test_read_doc_is_offered_only_the_ids_a_search_in_this_visit_returned(
 ) -> None:
     model = LocalChatModel().bind_tools(_researcher_tools())
     first = [_agent_input()]
-    model.invoke(first)
-    # Before any search there is no id to read: only the search is offered.
-    assert set(_offered(engine.schemas[-1])) == {"search_docs"}
+    searching = model.invoke(first)
+    # Before any search there is no id to read: only the search is offered, with the one
+    # query the built-in declaration offers, so no model decodes it.
+    assert searching.tool_calls[0]["name"] == "search_docs"
+    assert searching.response_metadata["finish_reason"] == "forced"
+    assert not engine.schemas
 
     searched = [
         *first,
@@ -156,9 +159,12 @@ def test_ids_from_another_visit_or_an_error_are_never_offered(engine: StandInEng
     earlier_visit = _round("search_docs", {"query": "tracing"}, "[tracing] Tracing agents", 1)
     failed = _round("search_docs", {"query": "checkpoint"}, "[budgets] Budgets", 2)
     failed[1].status = "error"  # type: ignore[attr-defined]
-    model.invoke([*earlier_visit, _agent_input(), *failed])
-    # Ids before the human message (another visit) and in an error result do not count.
-    assert set(_offered(engine.schemas[-1])) == {"search_docs"}
+    message = model.invoke([*earlier_visit, _agent_input(), *failed])
+    # Ids before the human message (another visit) and in an error result do not count: the
+    # search again, with the best query not used yet, and nothing else.
+    assert message.tool_calls[0]["name"] == "search_docs"
+    assert message.tool_calls[0]["args"] == {"query": "checkpoint durability"}
+    assert not engine.schemas
 
 
 def test_a_read_id_is_not_offered_again_and_the_limit_holds(engine: StandInEngine) -> None:
@@ -195,7 +201,18 @@ def test_the_search_query_is_a_few_of_the_requests_own_words(engine: StandInEngi
     human = HumanMessage(
         f"Task: Find what the docs say about durability mode default.\n\nRequest: {request}"
     )
-    message = LocalChatModel().bind_tools(_researcher_tools()).invoke([human])
+    # The built-in search offers the query that holds the most of the request's words, and
+    # only it: the call is forced.
+    built_in = LocalChatModel().bind_tools(_researcher_tools()).invoke([human])
+    assert built_in.tool_calls[0]["args"] == {"query": "durability mode default"}
+    assert built_in.response_metadata["finish_reason"] == "forced"
+    assert not engine.schemas
+    # A tool declaring {"keywords": 4} (as a user's own does) is offered a choice of queries.
+    search = narrowed(
+        BUILTIN_TOOLS["search_docs"].model_copy(),
+        ToolNarrowing(args={"query": Keywords(max_words=4)}),
+    )
+    message = LocalChatModel().bind_tools([search, *_researcher_tools()[1:]]).invoke([human])
     queries = _offered(engine.schemas[-1])["search_docs"]["properties"]["query"]["enum"]
     assert queries[0] == "durability mode default"
     words = set(re.findall(r"\w+", request.lower()))
@@ -235,6 +252,11 @@ def test_after_reading_the_answer_quotes_the_document_with_its_id(engine: StandI
         in (engine.prompts[-1])
     )
     assert "InMemorySaver` keeps" not in engine.prompts[-1].split("Sentences from")[0]
+    # Nor are the search's hits, once the document it found was read: only their ids.
+    assert (
+        "Result of tool search_docs: [checkpoints] [interrupts] [tracing]" in (engine.prompts[-1])
+    )
+    assert "Human-in-the-loop interrupts" not in engine.prompts[-1]
 
 
 def test_nothing_found_is_said_without_inventing(engine: StandInEngine) -> None:
@@ -315,12 +337,25 @@ def test_without_narrowing_a_tool_keeps_its_own_schema(engine: StandInEngine) ->
     assert args["properties"]["ticket_id"]["maxLength"] > 0
 
 
+def test_a_keywords_rule_offering_one_query_keeps_it_in_its_plain_data() -> None:
+    rule = ToolNarrowing(args={"query": Keywords(max_words=4, queries=1)})
+    assert rule.to_metadata() == {"args": {"query": {"keywords": 4, "queries": 1}}}
+    assert ToolNarrowing.from_metadata(rule.to_metadata(), tool="search_docs") == rule
+    # A rule that does not say keeps offering the usual choice of queries.
+    plain = ToolNarrowing.from_metadata({"args": {"query": {"keywords": 2}}}, tool="find")
+    assert plain.to_metadata() == {"args": {"query": {"keywords": 2}}}
+
+
 @pytest.mark.parametrize(
     ("metadata", "message"),
     [
         ({"args": {"ticket": {"keywords": 3}}}, "narrows 'ticket', which it does not take"),
         ({"args": {"ticket_id": {"from": "x"}}}, "no known rule"),
         ({"args": {"ticket_id": {"keywords": 0}}}, "expected a positive integer, got 0"),
+        (
+            {"args": {"ticket_id": {"keywords": 2, "queries": "one"}}},
+            "['queries']: expected a positive integer, got 'one'",
+        ),
         ({"args": {"ticket_id": {"from_tool": "x", "match": "#\\d+"}}}, "needs a group"),
         ({"args": {"ticket_id": {"one_of": []}}}, "must be a non-empty list"),
         ({"limit": 3}, "unknown key(s) 'limit'"),

@@ -242,6 +242,25 @@ def test_finalize_quotes_the_cited_results_and_says_where_they_came_from() -> No
     assert reply.response_metadata["finish_reason"] == "forced"  # no model was needed
 
 
+def test_a_long_researcher_result_clipped_before_the_writers_keeps_its_citation() -> None:
+    request = "What do the docs say about checkpoint durability?"
+    long_part = "Checkpoints are grouped into threads by their thread id. " * 8
+    researcher = f"{long_part}{DURABILITY} [checkpoints]"
+    assert len(researcher) > _prompts.MAX_EARLIER_RESULT_CHARS
+    state = _state(request, ("researcher", researcher), ("writer", f"{DURABILITY} [checkpoints]"))
+    shown = _prompts.finalize_input(state)
+    # The cut takes the researcher's [checkpoints]; the note of the cut text keeps it.
+    assert "- researcher (task: a task): Checkpoints are grouped" in shown
+    assert "[...] (the cut text cites [checkpoints])" in shown
+    reply = LocalChatModel().invoke([SystemMessage(_prompts.FINALIZE_PROMPT), HumanMessage(shown)])
+    assert reply.text == (
+        f"{DURABILITY} [checkpoints]\n\n"
+        "Source: [checkpoints] found by the researcher, in the knowledge base."
+    )
+    # The sentence the cut went through is not quoted as if it were whole.
+    assert reply.response_metadata["finish_reason"] == "forced"
+
+
 def test_finalize_with_more_candidates_lets_the_model_add_to_the_best_in_document_order() -> None:
     output = " ".join(
         f"Checkpoint fact number {i} is about durability. [checkpoints]" for i in range(5)

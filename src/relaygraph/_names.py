@@ -12,6 +12,8 @@ from typing import Final
 __all__ = [
     "ANSWER_NAME",
     "BEGIN",
+    "CITATION_PATTERN",
+    "CUT_RESULT_CITES",
     "FINALIZE",
     "FINISH",
     "HANDOFF_PREFIX",
@@ -43,6 +45,12 @@ NO_CITED_ANSWER: Final = "No agent cited a document it read"
 """How the embedded model's answer begins when no agent's result cited a document the team
 read: it quotes only what was read, so without a citation it has no answer to give, and an
 answer that begins so is no answer (``relaygraph.supervisor._verdict.non_answer``)."""
+CITATION_PATTERN: Final = r"\[([A-Za-z0-9][\w./@-]*)\]"
+"""A ``[doc_id]`` cited in a text; the group is the id."""
+CUT_RESULT_CITES: Final = " [...] (the cut text cites "
+"""How an agent's result clipped in a team prompt ends when the cut text cited documents the
+kept text does not: the marker, then those ``[doc_id]`` and ``)``. Who found a document
+(finalize's ``found by``) survives the clip, and no cut sentence is quoted as if whole."""
 RESERVED_NAMES = frozenset({SUPERVISOR, FINALIZE, FINISH, BEGIN, "__start__", "__end__"})
 """Names an agent may not take: the team graph's own nodes and routes, LangGraph's ends."""
 

@@ -7,9 +7,10 @@ the prompt grows with every step. Here the input is bounded by the constants bel
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from relaygraph._names import ANSWER_NAME, SUPERVISOR
+from relaygraph._names import ANSWER_NAME, CITATION_PATTERN, CUT_RESULT_CITES, SUPERVISOR
 from relaygraph.agents import Agent
 from relaygraph.handoffs import Assignment
 from relaygraph.supervisor._state import TeamState, Visit
@@ -31,6 +32,28 @@ ANSWER_NAMES = (None, ANSWER_NAME, SUPERVISOR)
 def _clip(text: str, limit: int) -> str:
     text = text.strip()
     return text if len(text) <= limit else text[:limit].rstrip() + " [...]"
+
+
+_CITATION = re.compile(CITATION_PATTERN)
+
+
+def _clip_result(text: str, limit: int) -> str:
+    """A result clipped to ``limit`` as :func:`_clip` does, naming the documents that only
+    its cut text cited (:data:`~relaygraph._names.CUT_RESULT_CITES`).
+
+    A researcher's long answer shown before the writer's would otherwise lose its
+    ``[doc_id]`` in the cut, and the writer, quoting the same sentences whole, would be
+    credited with finding them.
+    """
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    kept = text[:limit].rstrip()
+    shown = set(_CITATION.findall(kept))
+    cut = [doc for doc in dict.fromkeys(_CITATION.findall(text)) if doc not in shown]
+    if not cut:
+        return f"{kept} [...]"
+    return f"{kept}{CUT_RESULT_CITES}{' '.join(f'[{doc}]' for doc in cut)})"
 
 
 def turn_visits(state: TeamState) -> list[Visit]:
@@ -65,7 +88,7 @@ def results_text(
         task = f" (task: {_clip(visit['task'], MAX_TASK_CHARS)})" if with_tasks else ""
         following = shown[i] if i < len(shown) else None
         output = _handoff_note(visit, following, with_tasks=with_tasks, assignment=assignment)
-        lines.append(f"- {visit['agent']}{task}: {_clip(output, limit) or '(no output)'}")
+        lines.append(f"- {visit['agent']}{task}: {_clip_result(output, limit) or '(no output)'}")
     return "\n".join(lines)
 
 

@@ -281,7 +281,18 @@ class LocalChatModel(BaseChatModel):
             }
             choices = offer(tools, narrowings, kwargs.get("tool_choice"), Conversation.of(messages))
             sources = {name for name, n in narrowings.items() if n.sources}
-            chat = chat_messages(messages, compact=sources if choices.passages else ())
+            # The tools whose results gave the ids the sources tools read (the search).
+            feeders = {
+                rule.tool
+                for name in sources
+                for rule in narrowings[name].args.values()
+                if isinstance(rule, FromResults)
+            }
+            chat = chat_messages(
+                messages,
+                compact=sources if choices.passages else (),
+                ids_only=feeders if choices.passages else (),
+            )
             chat = with_instruction(chat, decision_instruction(choices))
             done, prompt = _complete(engine, chat, choices.schema())
             message = self._decision(done.text, prompt, choices)

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from relaygraph._names import CITATION_PATTERN
+
 __all__ = [
     "Passage",
     "answer_kinds",
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 _WORD = re.compile(r"\w[\w-]*\w|\w")
-_CITATION = re.compile(r"\[([A-Za-z0-9][\w./@-]*)\]")
+_CITATION = re.compile(CITATION_PATTERN)
 _NOT_IDS = frozenset({"truncated", "x", "..."})
 """Bracketed words that are not document ids: read_doc's cut marker, a checkbox."""
 
@@ -373,9 +375,13 @@ def rank_passages(passages: Iterable[Passage], task: str, *, limit: int = 4) -> 
 def ungrounded_reason(request: str, answer: str | None, messages: Iterable[Any]) -> str | None:
     """Why an answer is not grounded in the documents the team read, or None when it is.
 
-    Only a request that names the docs (:func:`asks_about_docs`) is checked: its answer must
-    cite, as ``[doc_id]``, a document that a tool result of this run showed (a search hit or
-    a document read). Any model, any team: the check reads the answer and the transcripts.
+    A request that names the docs (:func:`asks_about_docs`) must be answered citing, as
+    ``[doc_id]``, a document that a tool result of this run showed (a search hit or a
+    document read). Any other answer that cites a document is held to the same rule: a
+    plain question ("How long does the canary stage last?") answered "[canary]" from no
+    document the run read claims a source it never had. An answer to a plain question that
+    cites nothing is not checked: it claims no source. Any model, any team: the check reads
+    the answer and the transcripts.
 
     Args:
         request: The user's request.
@@ -386,9 +392,13 @@ def ungrounded_reason(request: str, answer: str | None, messages: Iterable[Any])
     Returns:
         A stop reason starting ``ungrounded:``, or None.
     """
-    if not asks_about_docs(request):
-        return None
     cited = citations(answer or "")
+    if not asks_about_docs(request):
+        # A bare number in brackets in the answer to a plain request is a computed list or a
+        # footnote ("[42]"), not a claim to have read a document.
+        cited = [c for c in cited if not c.isdigit()]
+        if not cited:
+            return None
     if not cited:
         return "ungrounded: the request asks about the docs, but the answer cites no document"
     seen: set[str] = set()

@@ -14,6 +14,9 @@ argument may be, in the grammar the model decodes under:
 
 - ``{"keywords": N}`` (:class:`Keywords`): a few words of the request's own content words
   (at most N), offered as a short list of queries, each used at most once a visit;
+  ``{"keywords": N, "queries": Q}`` offers only the Q best of them (with 1, the query not
+  yet used that holds the most words, decided without a model call when nothing else is
+  offered);
 - ``{"from_tool": NAME, "match": REGEX, "limit": N}`` (:class:`FromResults`): one of the
   values that results of tool NAME in this visit showed (REGEX's first group, per line; by
   default a ``[doc_id]`` at the start of a line), not yet used, at most the first N. With no
@@ -41,6 +44,7 @@ from relaygraph.errors import ConfigError
 
 __all__ = [
     "DOC_ID_PATTERN",
+    "MAX_QUERIES",
     "NARROW_KEY",
     "ArgNarrowing",
     "FromResults",
@@ -51,6 +55,8 @@ __all__ = [
     "narrowed",
 ]
 
+MAX_QUERIES = 5
+"""Queries a :class:`Keywords` argument offers unless its rule says fewer."""
 NARROW_KEY = "relaygraph_narrow"
 """The key of a tool's ``metadata`` that holds its narrowing."""
 DOC_ID_PATTERN = r"^\[([^\]\s]+)\]"
@@ -62,6 +68,9 @@ class Keywords:
     """A string argument made of the request's content words: a short search query."""
 
     max_words: int = 4
+    queries: int = MAX_QUERIES
+    """At most this many queries are offered, best first (all the words, the first two,
+    each word alone), among those not used yet in the visit."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,6 +120,8 @@ class ToolNarrowing:
         for name, rule in self.args.items():
             if isinstance(rule, Keywords):
                 args[name] = {"keywords": rule.max_words}
+                if rule.queries != MAX_QUERIES:
+                    args[name]["queries"] = rule.queries
             elif isinstance(rule, FromResults):
                 args[name] = {"from_tool": rule.tool, "match": rule.match, "limit": rule.limit}
             elif isinstance(rule, OneOf):
@@ -164,7 +175,10 @@ def _parse_rule(rule: Any, where: str) -> ArgNarrowing:
     if not isinstance(rule, Mapping) or not rule:
         raise ConfigError(f"{where} must be a mapping such as {{'keywords': 4}}, got {rule!r}")
     if "keywords" in rule:
-        return Keywords(max_words=_positive(rule["keywords"], where))
+        return Keywords(
+            max_words=_positive(rule["keywords"], where),
+            queries=_positive(rule.get("queries", MAX_QUERIES), f"{where}['queries']"),
+        )
     if "from_tool" in rule:
         pattern = str(rule.get("match", DOC_ID_PATTERN))
         try:

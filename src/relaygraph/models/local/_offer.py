@@ -39,7 +39,6 @@ MAX_TOOL_RESULTS = 2
 offered: a tiny model would otherwise call tools forever."""
 MAX_PASSAGES = 4
 """Candidate sentences an answer chooses among: the best ranked."""
-MAX_QUERIES = 5
 ANSWER_CHOICES = 1
 """Sentences the model chooses for an answer, added to the ones it always quotes
 (``_team.ALWAYS_QUOTED``): an answer quotes two or three sentences, which finalize then
@@ -203,7 +202,7 @@ def _narrow_arg(
             queries.append(" ".join(words[:2]))
         queries += words
         queries = [grammar_safe(q).strip() for q in queries]
-        values = [q for q in dict.fromkeys(queries) if q and q not in used][:MAX_QUERIES]
+        values = [q for q in dict.fromkeys(queries) if q and q not in used][: rule.queries]
     elif isinstance(rule, FromResults):
         pattern = re.compile(rule.match, re.M)
         seen = [

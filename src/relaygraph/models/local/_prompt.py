@@ -9,6 +9,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 
+from relaygraph.models.local._grounding import citations
 from relaygraph.models.local._offer import Offer, OfferedTool, text_of
 from relaygraph.models.local._schema import grammar_safe
 from relaygraph.models.local._team import numbered
@@ -42,13 +43,18 @@ def render_call(name: str, args: Mapping[str, Any]) -> str:
 
 
 def chat_messages(
-    messages: Sequence[BaseMessage], *, compact: Collection[str] = ()
+    messages: Sequence[BaseMessage],
+    *,
+    compact: Collection[str] = (),
+    ids_only: Collection[str] = (),
 ) -> list[tuple[str, str]]:
     """Langchain messages as (role, text) in the three roles SmolLM2 was trained on.
 
     Results of the tools in ``compact`` show only their first line: the sentences to quote
     from them are listed in the instruction, and a whole document would cost seconds of
-    prompt evaluation for nothing.
+    prompt evaluation for nothing. Results of the tools in ``ids_only`` (a search, once the
+    document it found was read) show only the ``[doc_id]`` they listed, for the same reason:
+    prompt evaluation is most of a decision's time on a model this small on a CPU.
     """
     names: dict[str, str] = {}
     out: list[tuple[str, str]] = []
@@ -68,6 +74,8 @@ def chat_messages(
             text = text_of(message)
             if name in compact and message.status != "error":
                 text = text.split("\n", 1)[0] + " (read; its sentences are listed below)"
+            elif name in ids_only and message.status != "error" and citations(text):
+                text = " ".join(f"[{doc}]" for doc in citations(text))
             out.append(("user", f"{kind} tool {name}: {clip(text)}"))
         else:
             out.append(("user", clip(text_of(message))))

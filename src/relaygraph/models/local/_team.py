@@ -17,8 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relaygraph._names import FINISH, NO_CITED_ANSWER, NO_RESULT
-from relaygraph.models.local._grounding import Passage, cited_passages, keywords, rank_passages
+from relaygraph._names import CUT_RESULT_CITES, FINISH, NO_CITED_ANSWER, NO_RESULT
+from relaygraph.models.local._grounding import (
+    Passage,
+    citations,
+    cited_passages,
+    keywords,
+    rank_passages,
+)
 from relaygraph.models.local._schema import grammar_safe
 
 __all__ = [
@@ -89,8 +95,23 @@ class TeamInput:
         return self.request if self.task == self.request else f"{self.request} {self.task}"
 
     def cited(self) -> list[tuple[str, Passage]]:
-        """The cited sentences of the results, with the agent that reported each."""
-        return [(agent, p) for agent, output in self.results for p in cited_passages(output)]
+        """The cited sentences of the results, with the agent that reported each; not the
+        sentence a clipped result was cut in, which would be quoted as if whole."""
+        return [
+            (agent, p)
+            for agent, output in self.results
+            for p in cited_passages(output.split(CUT_RESULT_CITES, 1)[0])
+        ]
+
+    def finders(self) -> dict[str, str]:
+        """Each document id the results cite, and the first agent whose result cites it
+        (in its kept text or in the note of its cut text): the agent that found it, even
+        when a later agent quoted its sentences whole."""
+        found: dict[str, str] = {}
+        for agent, output in self.results:
+            for doc in citations(output):
+                found.setdefault(doc, agent)
+        return found
 
 
 def quotes_schema(passages: Sequence[Passage], most: int) -> dict[str, Any]:
@@ -397,9 +418,10 @@ class FinalAnswer:
         team = self.team
         if chosen:
             answer = render_quotes([p for _, p in chosen])
+            finders = team.finders()
             found: dict[str, str] = {}
             for agent, passage in chosen:
-                found.setdefault(passage.source, agent)
+                found.setdefault(passage.source, finders.get(passage.source, agent))
             where = "; ".join(f"[{doc}] found by the {agent}" for doc, agent in found.items())
             text = f"{answer}\n\nSource: {where}, in the knowledge base."
         elif any(output for _, output in team.results):
