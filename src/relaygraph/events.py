@@ -44,6 +44,8 @@ __all__ = [
     "HandoffEvent",
     "HandoffKind",
     "InterruptedEvent",
+    "ModelCallEvent",
+    "ModelCallMessage",
     "ModelErrorEvent",
     "ModelRetryEvent",
     "PingPongRequest",
@@ -73,6 +75,7 @@ __all__ = [
     "handoff_result",
     "interrupted_event",
     "is_carried_out",
+    "model_call_event",
     "moved_work",
     "ping_pong_request",
     "record_handoff",
@@ -379,6 +382,45 @@ class RunFinishedEvent(TypedDict):
     stop_reason: str | None
 
 
+class ModelCallMessage(TypedDict):
+    """One message of a model call, as the ``model_call`` event keeps it."""
+
+    role: str
+    """``system``, ``human``, ``ai`` or ``tool`` (LangChain's message type)."""
+    content: str
+    """The message's text, cut to the recording's limit (see ``ModelCallEvent.truncated``)."""
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    """An AI message's tool calls: ``name`` and ``args``."""
+
+
+class ModelCallEvent(TypedDict):
+    """One model call: what the model saw, what it answered, and what the call spent.
+
+    ``usage`` is the call's own :class:`Usage` record (one model call), computed by the one
+    function that computes every usage figure; its ``id`` is the visit's record id plus
+    ``#`` and the call's run id. The ledger stores it beside the visit's records so that a
+    visit in progress shows its spend, and drops it when the visit's own record (the id
+    before ``#``) lands: nothing is counted twice.
+    """
+
+    type: Literal["model_call"]
+    role: str
+    """The role that made the call: an agent, ``supervisor`` or ``finalize``."""
+    visit: str
+    """The usage record id of the node run that made it (``agent:<task id>``)."""
+    model: str
+    """The model's name as the provider reported it (empty when it said none)."""
+    messages: list[ModelCallMessage]
+    """The messages the model saw; empty when the recording keeps no messages."""
+    reply: ModelCallMessage | None
+    """What it answered; None when the recording keeps no messages."""
+    usage: Usage
+    truncated: bool
+    """Some message's text was cut to the recording's limit, or messages were left out."""
+    redacted: bool
+    """The recording keeps no messages (``RELAYGRAPH_MODEL_CALL_MESSAGES=false``)."""
+
+
 class ModelErrorEvent(TypedDict):
     """A model call failed after the client's retries."""
 
@@ -432,6 +474,7 @@ Event = (
     | TokenEvent
     | RunSuspendedEvent
     | RunFinishedEvent
+    | ModelCallEvent
     | ModelErrorEvent
     | ModelRetryEvent
     | StructuredMethodEvent
@@ -726,6 +769,30 @@ def interrupted_event(pending: Mapping[str, Any]) -> InterruptedEvent:
     """The ``interrupted`` event of one pending interrupt: ``{"id": ..., **its value}``."""
     event: Any = {**pending, "type": "interrupted", "waits_for": pending.get("type")}
     return event
+
+
+def model_call_event(
+    role: str,
+    *,
+    visit: str,
+    model: str,
+    messages: list[ModelCallMessage],
+    reply: ModelCallMessage | None,
+    usage: Usage,
+    truncated: bool,
+    redacted: bool,
+) -> ModelCallEvent:
+    return ModelCallEvent(
+        type="model_call",
+        role=role,
+        visit=visit,
+        model=model,
+        messages=messages,
+        reply=reply,
+        usage=usage,
+        truncated=truncated,
+        redacted=redacted,
+    )
 
 
 def final_event(status: str, answer: str | None, stop_reason: str | None) -> FinalEvent:

@@ -27,9 +27,9 @@ from typing import Any, Literal
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
-from langchain_core.runnables.config import ensure_config
+from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -339,7 +339,12 @@ class ScriptedChatModel(BaseChatModel):
         def answer(value: LanguageModelInput, config: RunnableConfig) -> Any:
             messages = self._convert_input(value).to_messages()
             index, turn = self._turn(messages, "route", config)
+            # A real model's structured call is a chat model call its callbacks see (the
+            # run's record of each model call, tracing); the scripted one reports it alike.
+            manager = get_callback_manager_for_config(config)
+            [call] = manager.on_chat_model_start({"name": self.agent}, [messages])
             raw = self._message(messages, index, turn)
+            call.on_llm_end(LLMResult(generations=[[ChatGeneration(message=raw)]]))
             parsed = dict(turn.route or {})
             return {"raw": raw, "parsed": parsed, "parsing_error": None} if include_raw else parsed
 
