@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
+from pydantic import ValidationError
 
 from relaygraph.events import Usage, event_sink, events_to
 from relaygraph.policies import TeamPolicy
@@ -152,3 +154,15 @@ def test_a_recording_without_messages_keeps_only_the_usage() -> None:
     assert event["redacted"] and event["messages"] == [] and event["reply"] is None
     assert event["usage"]["model_calls"] == 1
     assert "secret" not in repr(event)
+
+
+def test_the_recording_is_set_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relaygraph.runner import RunnerSettings
+
+    monkeypatch.setenv("RELAYGRAPH_MODEL_CALL_MESSAGES", "false")
+    monkeypatch.setenv("RELAYGRAPH_MODEL_CALL_MAX_CHARS", "123")
+    recording = RunnerSettings().model_call_recording()
+    assert (recording.messages, recording.max_chars) == (False, 123)
+    monkeypatch.setenv("RELAYGRAPH_MODEL_CALL_MAX_CHARS", "-1")
+    with pytest.raises(ValidationError, match="model_call_max_chars"):
+        RunnerSettings()

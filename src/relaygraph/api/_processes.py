@@ -254,6 +254,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         pull=True,
         workspace_quota=settings.workspace_quota(),
         quotas=settings.quotas,
+        model_calls=settings.model_call_recording(),
     )
     settle_long_lived()  # as the server does before its first task
     workers.start_pulling()

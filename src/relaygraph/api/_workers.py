@@ -25,7 +25,13 @@ from typing import Any
 from relaygraph.api._task_loop import DEFAULT_SYNC_THREADS, TaskLoop
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
-from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
+from relaygraph.runner import (
+    CONTINUE,
+    DEFAULT_LEASE_SECONDS,
+    ModelCallRecording,
+    TaskRunner,
+    resume_input,
+)
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -79,6 +85,7 @@ class TaskWorkers:
         workspace_quota: WorkspaceQuota | None = None,
         quotas: Quotas | None = None,
         sync_threads: int = DEFAULT_SYNC_THREADS,
+        model_calls: ModelCallRecording | None = None,
     ) -> None:
         """
         Args:
@@ -108,6 +115,8 @@ class TaskWorkers:
             sync_threads: Threads for the runs' sync steps (tools, ledger writes), shared
                 by every task in flight of the process (the first ``TaskWorkers`` of the
                 process sets it: see :meth:`TaskLoop.shared`).
+            model_calls: How much of each model call the ledger keeps (see
+                :class:`~relaygraph.runner.TaskRunner`).
         """
         self.ledger = ledger
         self.workers = workers
@@ -124,6 +133,7 @@ class TaskWorkers:
             policies=policies,
             workspace_quota=workspace_quota,
             quotas=quotas,
+            model_calls=model_calls,
         )
         self._loop = TaskLoop.shared(sync_threads=sync_threads)
         self._slots = asyncio.Semaphore(workers)
