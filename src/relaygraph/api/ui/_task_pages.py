@@ -43,6 +43,7 @@ TASK_SECTIONS = (
     "approvals",
     "violations",
     "budgets",
+    "model_calls",
     "waterfall",
     "timeline",
     "answer",

@@ -17,6 +17,7 @@ from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import ApprovalOut, TaskOut
 from relaygraph.api.ui._audit import TaskAudit, audit_of
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, transfers_of
+from relaygraph.api.ui._model_calls import ModelCallView, model_calls_of
 from relaygraph.api.ui._policy_text import PolicyLine, policy_lines, policy_origin
 from relaygraph.api.ui._queries import (
     ArtifactOut,
@@ -109,6 +110,8 @@ class TaskView:
     traces: tuple[TraceLink, ...]
     """Where the task's runs were traced, latest first; empty when none was."""
     waterfall: Waterfall
+    model_calls: tuple[ModelCallView, ...]
+    """Each model call: what the model saw and answered, and what it spent."""
 
     @property
     def violations(self) -> int:
@@ -158,6 +161,7 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
         refusing_rules=frozenset(rules),
         traces=tuple(trace_links(events).runs),
         waterfall=waterfall(timeline, events, audit.waits),
+        model_calls=model_calls_of(events),
     )
 
 
