@@ -166,3 +166,36 @@ def test_the_recording_is_set_from_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("RELAYGRAPH_MODEL_CALL_MAX_CHARS", "-1")
     with pytest.raises(ValidationError, match="model_call_max_chars"):
         RunnerSettings()
+
+
+def test_the_ledger_shows_a_visits_spend_while_it_runs(home: Path) -> None:
+    """Each event is handed on once the ledger has it: at an agent's first model call,
+    before its visit ends, its usage row already counts the call."""
+    seen_live: list[tuple[int, int]] = []
+    finished: set[str] = set()
+    ledger = _ledger(home)
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "agent_finished":
+            finished.add(event["agent"])
+        if event["type"] != "model_call" or event["role"] != "researcher" or finished:
+            return
+        rows = {u.agent: u for u in ledger.usage(current[0])}
+        seen_live.append((rows["researcher"].model_calls, rows["researcher"].input_tokens))
+
+    current: list[str] = []
+
+    def first(event: dict[str, Any]) -> None:
+        if event["type"] == "run_started":
+            current.append(event["task_id"])
+        on_event(event)
+
+    try:
+        result = run_task("When are checkpoints written?", model=RELAY, on_event=first)
+        final = {u.agent: u for u in ledger.usage(result.task_id)}["researcher"]
+    finally:
+        ledger.close()
+    assert result.status == "succeeded"
+    # Two calls in the researcher's visit: the row grew with each, before the visit ended.
+    assert [calls for calls, _ in seen_live] == [1, 2]
+    assert seen_live[-1] == (final.model_calls, final.input_tokens)
