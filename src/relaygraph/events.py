@@ -38,6 +38,7 @@ __all__ = [
     "ApprovalEvent",
     "ApprovalRequest",
     "Assignment",
+    "CancelRequestedEvent",
     "Event",
     "FinalEvent",
     "Handoff",
@@ -67,6 +68,7 @@ __all__ = [
     "agent_started_event",
     "approval_event",
     "approval_request",
+    "cancel_requested_event",
     "event_sink",
     "events_to",
     "final_event",
@@ -376,6 +378,17 @@ class RunSuspendedEvent(TypedDict):
     reason: str | None
 
 
+class CancelRequestedEvent(TypedDict):
+    """Someone asked to cancel the task: recorded by the ledger as it takes the request,
+    before the run stops (at once when no runner holds the task)."""
+
+    type: Literal["cancel_requested"]
+    by: str
+    """Who asked: the project whose key or dashboard session sent the cancel."""
+    via: str
+    """Where the cancel came from: ``api``, ``dashboard`` or ``cli``."""
+
+
 class RunFinishedEvent(TypedDict):
     type: Literal["run_finished"]
     status: str
@@ -473,6 +486,7 @@ Event = (
     | FinalEvent
     | TokenEvent
     | RunSuspendedEvent
+    | CancelRequestedEvent
     | RunFinishedEvent
     | ModelCallEvent
     | ModelErrorEvent
@@ -805,6 +819,10 @@ def token_event(role: str | None, text: str) -> TokenEvent:
 
 def run_suspended_event(reason: str | None) -> RunSuspendedEvent:
     return RunSuspendedEvent(type="run_suspended", reason=reason)
+
+
+def cancel_requested_event(*, by: str, via: str) -> CancelRequestedEvent:
+    return CancelRequestedEvent(type="cancel_requested", by=by, via=via)
 
 
 def run_finished_event(status: str, stop_reason: str | None) -> RunFinishedEvent:

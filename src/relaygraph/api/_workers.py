@@ -312,8 +312,9 @@ class TaskWorkers:
         self.start(task, resume_input(answers), project=task.project_id, taken=True)
         return True
 
-    def cancel(self, task_id: str) -> Task:
-        """Cancel a task wherever it is (:meth:`Ledger.request_cancel`): at once when no live
+    def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
+        """Cancel a task wherever it is (:meth:`Ledger.request_cancel`, which records ``by``
+        and ``via``: who asked, and where): at once when no live
         runner holds it, else at its runner's next step boundary (here at once; on another
         server when that server next renews its lease). The task enqueued next on its
         thread starts when this one is cancelled.
@@ -321,7 +322,7 @@ class TaskWorkers:
         Returns:
             The task as it is now.
         """
-        task = self.ledger.request_cancel(task_id)
+        task = self.ledger.request_cancel(task_id, by=by, via=via)
         with self._lock:
             held = task_id in self._held
         if held and task.status != "cancelled":
@@ -329,6 +330,7 @@ class TaskWorkers:
             # go and the cancel ends it now (else it would wait for a worker to free up).
             # A run that begins meanwhile finds the cancel at its take and runs nothing.
             self.ledger.release_lease(task_id, self.runner.runner_id)
+            # Who asked is recorded already, by the request above.
             task = self.ledger.request_cancel(task_id)
         if task.status == "cancelled":
             self.start_next(task.thread_id, project_id=task.project_id)

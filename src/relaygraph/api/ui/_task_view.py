@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
@@ -29,6 +29,7 @@ from relaygraph.api.ui._queries import (
     trace_links,
 )
 from relaygraph.api.ui._waterfall import Waterfall, waterfall
+from relaygraph.events import CancelRequestedEvent
 from relaygraph.store import Ledger, Task
 
 SHOWN_BYTES = 64 * 1024
@@ -112,6 +113,8 @@ class TaskView:
     waterfall: Waterfall
     model_calls: tuple[ModelCallView, ...]
     """Each model call: what the model saw and answered, and what it spent."""
+    cancel_request: CancelRequestedEvent | None
+    """Who asked to cancel the task, and where (the first such request); None: nobody."""
 
     @property
     def violations(self) -> int:
@@ -162,6 +165,10 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
         traces=tuple(trace_links(events).runs),
         waterfall=waterfall(timeline, events, audit.waits),
         model_calls=model_calls_of(events),
+        cancel_request=next(
+            (cast(CancelRequestedEvent, e.data) for e in events if e.type == "cancel_requested"),
+            None,
+        ),
     )
 
 
