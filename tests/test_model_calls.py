@@ -5,22 +5,30 @@ own record replaces them when it lands."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
+from langchain_core.tools import tool
 from pydantic import ValidationError
 
+from relaygraph.agents import Agent, builtin
 from relaygraph.events import Usage, event_sink, events_to
 from relaygraph.policies import TeamPolicy
 from relaygraph.runner import run_task
 from relaygraph.runner._model_calls import ModelCallRecorder, ModelCallRecording
-from relaygraph.store import Ledger
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger
+from relaygraph.team import Team
+from relaygraph.topology import Topology
 from tests.conftest import EXAMPLE_RELAY
 
 from .test_events import check
+from .test_team import call, route, say
 
 RELAY = f"scripted:{EXAMPLE_RELAY}"
 
@@ -168,34 +176,59 @@ def test_the_recording_is_set_from_the_environment(monkeypatch: pytest.MonkeyPat
         RunnerSettings()
 
 
-def test_the_ledger_shows_a_visits_spend_while_it_runs(home: Path) -> None:
-    """Each event is handed on once the ledger has it: at an agent's first model call,
-    before its visit ends, its usage row already counts the call."""
-    seen_live: list[tuple[int, int]] = []
-    finished: set[str] = set()
-    ledger = _ledger(home)
+_ENTERED = threading.Event()
+_RELEASE = threading.Event()
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event["type"] == "agent_finished":
-            finished.add(event["agent"])
-        if event["type"] != "model_call" or event["role"] != "researcher" or finished:
-            return
-        rows = {u.agent: u for u in ledger.usage(current[0])}
-        seen_live.append((rows["researcher"].model_calls, rows["researcher"].input_tokens))
 
-    current: list[str] = []
+@tool
+def hold_on(text: str) -> str:
+    """Wait until the test has looked at the ledger."""
+    _ENTERED.set()
+    assert _RELEASE.wait(120), "the test never let the tool go on"
+    return text
 
-    def first(event: dict[str, Any]) -> None:
-        if event["type"] == "run_started":
-            current.append(event["task_id"])
-        on_event(event)
 
+@pytest.mark.parametrize("kind", ["structured", "swarm"])
+def test_the_ledger_shows_a_visits_spend_while_it_runs(
+    home: Path, script: Callable[[dict[str, Any]], str], kind: str
+) -> None:
+    """While an agent's tool runs, mid-visit, its usage row already counts the model call
+    that asked for the tool; the visit's own record replaces it when the visit ends."""
+    _ENTERED.clear()
+    _RELEASE.clear()
+    holder = Agent(name="holder", description="holds", prompt="You hold.", tools=[hold_on])
+    team = Team(agents=[holder, builtin.writer()], name="holders")
+    turns: dict[str, Any] = {"holder": [call("hold_on", text="hi"), say("done")]}
+    if kind == "structured":
+        turns |= {"supervisor": [route("holder"), route("FINISH")], "finalize": [say("done")]}
+    results: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: results.append(
+            run_task("Hold", team=team, model=script(turns), topology=Topology.parse(kind))
+        )
+    )
+    runner.start()
     try:
-        result = run_task("When are checkpoints written?", model=RELAY, on_event=first)
-        final = {u.agent: u for u in ledger.usage(result.task_id)}["researcher"]
+        assert _ENTERED.wait(60), "the tool never ran"
+        with _ledger(home) as ledger:
+            [task], _ = ledger.list_tasks(project_id=LOCAL_PROJECT_ID, status="running")
+            deadline = time.monotonic() + 60
+            rows: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                rows = {u.agent: u for u in ledger.usage(task.id)}
+                if "holder" in rows:
+                    break
+                time.sleep(0.05)
+            finished = [e for e in ledger.events_after(task.id) if e.type == "agent_finished"]
+        assert finished == []  # The visit is still in progress...
+        assert rows["holder"].model_calls == 1  # ...and its first call is counted.
     finally:
-        ledger.close()
-    assert result.status == "succeeded"
-    # Two calls in the researcher's visit: the row grew with each, before the visit ended.
-    assert [calls for calls, _ in seen_live] == [1, 2]
-    assert seen_live[-1] == (final.model_calls, final.input_tokens)
+        _RELEASE.set()
+        runner.join(120)
+    [result] = results
+    assert result.status == "succeeded", result.stop_reason
+    with _ledger(home) as ledger:
+        final = {u.agent: u for u in ledger.usage(result.task_id)}["holder"]
+    # Both calls, once each: the calls' records gave way to the visit's.
+    assert final.model_calls == result.usage["holder"]["model_calls"] == 2
+    assert final.input_tokens == result.usage["holder"]["input_tokens"]

@@ -27,9 +27,9 @@ from typing import Any, Literal
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
-from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
+from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -50,6 +50,9 @@ __all__ = [
 MAX_SCRIPT_BYTES = 1024 * 1024
 """The largest script file read."""
 
+_TURN_KIND = "relaygraph_turn_kind"
+"""The keyword a structured call passes to the chat path (``invoke(...,
+relaygraph_turn_kind="route")``): which kind of turn it plays."""
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}\.json")
 
 
@@ -314,7 +317,8 @@ class ScriptedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        index, turn = self._turn(messages, "chat", run_manager=run_manager)
+        want = "route" if kwargs.get(_TURN_KIND) == "route" else "chat"
+        index, turn = self._turn(messages, want, run_manager=run_manager)
         return ChatResult(
             generations=[ChatGeneration(message=self._message(messages, index, turn))]
         )
@@ -338,14 +342,10 @@ class ScriptedChatModel(BaseChatModel):
     ) -> Runnable[LanguageModelInput, Any]:
         def answer(value: LanguageModelInput, config: RunnableConfig) -> Any:
             messages = self._convert_input(value).to_messages()
-            index, turn = self._turn(messages, "route", config)
-            # A real model's structured call is a chat model call its callbacks see (the
-            # run's record of each model call, tracing); the scripted one reports it alike.
-            manager = get_callback_manager_for_config(config)
-            [call] = manager.on_chat_model_start({"name": self.agent}, [messages])
-            raw = self._message(messages, index, turn)
-            call.on_llm_end(LLMResult(generations=[[ChatGeneration(message=raw)]]))
-            parsed = dict(turn.route or {})
+            # Through the chat model's own path, as a real model's structured call is: the
+            # run's callbacks (the record of each model call, tracing) see it alike.
+            raw = self.invoke(messages, config, relaygraph_turn_kind="route")
+            parsed = dict(json.loads(raw.text or "{}"))
             return {"raw": raw, "parsed": parsed, "parsing_error": None} if include_raw else parsed
 
         return RunnableLambda(answer, name=f"scripted_route_{self.agent}")
