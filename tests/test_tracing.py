@@ -167,17 +167,18 @@ def test_relay_run_spans_nest_as_task_visits_calls_and_tools(home: Path) -> None
         [
             "invoke_workflow relaygraph",
             [
-                "invoke_agent supervisor",
+                # Each supervisor decision is one chat call (its structured route).
+                ["invoke_agent supervisor", [chat]],
                 [
                     "invoke_agent researcher",
                     [chat, "execute_tool search_docs", chat, "execute_tool transfer_to_coder"],
                 ],
                 ["invoke_agent coder", [chat, "execute_tool run_python", chat]],
-                "invoke_agent supervisor",
+                ["invoke_agent supervisor", [chat]],
                 ["invoke_agent writer", [chat, "execute_tool save_artifact", chat]],
                 # The writer's reply is the answer: the supervisor's FINISH ends the run in
                 # its own step (no finalize step, no model call for the answer).
-                "invoke_agent supervisor",
+                ["invoke_agent supervisor", [chat]],
             ],
         ]
     ]

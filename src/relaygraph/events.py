@@ -38,12 +38,15 @@ __all__ = [
     "ApprovalEvent",
     "ApprovalRequest",
     "Assignment",
+    "CancelRequestedEvent",
     "Event",
     "FinalEvent",
     "Handoff",
     "HandoffEvent",
     "HandoffKind",
     "InterruptedEvent",
+    "ModelCallEvent",
+    "ModelCallMessage",
     "ModelErrorEvent",
     "ModelRetryEvent",
     "PingPongRequest",
@@ -65,6 +68,7 @@ __all__ = [
     "agent_started_event",
     "approval_event",
     "approval_request",
+    "cancel_requested_event",
     "event_sink",
     "events_to",
     "final_event",
@@ -73,6 +77,7 @@ __all__ = [
     "handoff_result",
     "interrupted_event",
     "is_carried_out",
+    "model_call_event",
     "moved_work",
     "ping_pong_request",
     "record_handoff",
@@ -373,10 +378,60 @@ class RunSuspendedEvent(TypedDict):
     reason: str | None
 
 
+class CancelRequestedEvent(TypedDict):
+    """Someone asked to cancel the task: recorded by the ledger as it takes the request,
+    before the run stops (at once when no runner holds the task)."""
+
+    type: Literal["cancel_requested"]
+    by: str
+    """Who asked: the project whose key or dashboard session sent the cancel."""
+    via: str
+    """Where the cancel came from: ``api``, ``dashboard`` or ``cli``."""
+
+
 class RunFinishedEvent(TypedDict):
     type: Literal["run_finished"]
     status: str
     stop_reason: str | None
+
+
+class ModelCallMessage(TypedDict):
+    """One message of a model call, as the ``model_call`` event keeps it."""
+
+    role: str
+    """``system``, ``human``, ``ai`` or ``tool`` (LangChain's message type)."""
+    content: str
+    """The message's text, cut to the recording's limit (see ``ModelCallEvent.truncated``)."""
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    """An AI message's tool calls: ``name`` and ``args``."""
+
+
+class ModelCallEvent(TypedDict):
+    """One model call: what the model saw, what it answered, and what the call spent.
+
+    ``usage`` is the call's own :class:`Usage` record (one model call), computed by the one
+    function that computes every usage figure; its ``id`` is the visit's record id plus
+    ``#`` and the call's run id. The ledger stores it beside the visit's records so that a
+    visit in progress shows its spend, and drops it when the visit's own record (the id
+    before ``#``) lands: nothing is counted twice.
+    """
+
+    type: Literal["model_call"]
+    role: str
+    """The role that made the call: an agent, ``supervisor`` or ``finalize``."""
+    visit: str
+    """The usage record id of the node run that made it (``agent:<task id>``)."""
+    model: str
+    """The model's name as the provider reported it (empty when it said none)."""
+    messages: list[ModelCallMessage]
+    """The messages the model saw; empty when the recording keeps no messages."""
+    reply: ModelCallMessage | None
+    """What it answered; None when the recording keeps no messages."""
+    usage: Usage
+    truncated: bool
+    """Some message's text was cut to the recording's limit, or messages were left out."""
+    redacted: bool
+    """The recording keeps no messages (``RELAYGRAPH_MODEL_CALL_MESSAGES=false``)."""
 
 
 class ModelErrorEvent(TypedDict):
@@ -431,7 +486,9 @@ Event = (
     | FinalEvent
     | TokenEvent
     | RunSuspendedEvent
+    | CancelRequestedEvent
     | RunFinishedEvent
+    | ModelCallEvent
     | ModelErrorEvent
     | ModelRetryEvent
     | StructuredMethodEvent
@@ -728,6 +785,30 @@ def interrupted_event(pending: Mapping[str, Any]) -> InterruptedEvent:
     return event
 
 
+def model_call_event(
+    role: str,
+    *,
+    visit: str,
+    model: str,
+    messages: list[ModelCallMessage],
+    reply: ModelCallMessage | None,
+    usage: Usage,
+    truncated: bool,
+    redacted: bool,
+) -> ModelCallEvent:
+    return ModelCallEvent(
+        type="model_call",
+        role=role,
+        visit=visit,
+        model=model,
+        messages=messages,
+        reply=reply,
+        usage=usage,
+        truncated=truncated,
+        redacted=redacted,
+    )
+
+
 def final_event(status: str, answer: str | None, stop_reason: str | None) -> FinalEvent:
     return FinalEvent(type="final", status=status, answer=answer, stop_reason=stop_reason)
 
@@ -738,6 +819,10 @@ def token_event(role: str | None, text: str) -> TokenEvent:
 
 def run_suspended_event(reason: str | None) -> RunSuspendedEvent:
     return RunSuspendedEvent(type="run_suspended", reason=reason)
+
+
+def cancel_requested_event(*, by: str, via: str) -> CancelRequestedEvent:
+    return CancelRequestedEvent(type="cancel_requested", by=by, via=via)
 
 
 def run_finished_event(status: str, stop_reason: str | None) -> RunFinishedEvent:

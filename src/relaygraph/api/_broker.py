@@ -107,11 +107,12 @@ class BrokerDispatch:
         """
         return self._published(f"task {task_id}", lambda: self._workers.resume(task_id, answers))
 
-    def cancel(self, task_id: str) -> Task:
-        """Cancel the task through the ledger (:meth:`Ledger.request_cancel`): at once when
-        no worker runs it, else the worker stops it at its next step boundary. When it is
-        cancelled at once, the task queued next on its thread is published."""
-        task = self.ledger.request_cancel(task_id)
+    def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
+        """Cancel the task through the ledger (:meth:`Ledger.request_cancel`, which records
+        who asked): at once when no worker runs it, else the worker stops it at its next
+        step boundary. When it is cancelled at once, the task queued next on its thread is
+        published."""
+        task = self.ledger.request_cancel(task_id, by=by, via=via)
         if task.status == "cancelled":
             self.queue_next(task)
         return task

@@ -27,5 +27,7 @@ class TaskDispatch(Protocol):
         """Continue the decided task ``task_id`` with ``answers``; False when it no longer
         waits (:func:`~relaygraph.runner.decide_task`'s hand-off)."""
 
-    def cancel(self, task_id: str) -> Task:
-        """Cancel the task wherever it is; returns it as it is now."""
+    def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
+        """Cancel the task wherever it is; returns it as it is now. ``by`` (a project's
+        name) and ``via`` (``api``, ``dashboard``) say who asked: the ledger records them
+        (:meth:`~relaygraph.store.Ledger.request_cancel`)."""

@@ -205,9 +205,10 @@ class TaskProcesses:
         """Continue a decided task in this process (see :meth:`TaskWorkers.resume`)."""
         return self.workers.resume(task_id, answers)
 
-    def cancel(self, task_id: str) -> Task:
-        """Cancel in the ledger, and stop the task at once wherever it runs."""
-        task = self.workers.cancel(task_id)
+    def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
+        """Cancel in the ledger (recording who asked), and stop the task at once wherever
+        it runs."""
+        task = self.workers.cancel(task_id, by=by, via=via)
         if task.status != "cancelled":
             self._tell(f"cancel {task_id}")
         return task
@@ -254,6 +255,7 @@ def serve_tasks(stdin: IO[str]) -> None:
         pull=True,
         workspace_quota=settings.workspace_quota(),
         quotas=settings.quotas,
+        model_calls=settings.model_call_recording(),
     )
     settle_long_lived()  # as the server does before its first task
     workers.start_pulling()

@@ -160,6 +160,7 @@ class ServiceState:
             pull=True,
             workspace_quota=self.settings.workspace_quota(),
             quotas=self.settings.quotas,
+            model_calls=self.settings.model_call_recording(),
         )
         dispatch: TaskWorkers | TaskProcesses = workers
         if spread:

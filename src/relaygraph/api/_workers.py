@@ -25,7 +25,13 @@ from typing import Any
 from relaygraph.api._task_loop import DEFAULT_SYNC_THREADS, TaskLoop
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
-from relaygraph.runner import CONTINUE, DEFAULT_LEASE_SECONDS, TaskRunner, resume_input
+from relaygraph.runner import (
+    CONTINUE,
+    DEFAULT_LEASE_SECONDS,
+    ModelCallRecording,
+    TaskRunner,
+    resume_input,
+)
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -79,6 +85,7 @@ class TaskWorkers:
         workspace_quota: WorkspaceQuota | None = None,
         quotas: Quotas | None = None,
         sync_threads: int = DEFAULT_SYNC_THREADS,
+        model_calls: ModelCallRecording | None = None,
     ) -> None:
         """
         Args:
@@ -108,6 +115,8 @@ class TaskWorkers:
             sync_threads: Threads for the runs' sync steps (tools, ledger writes), shared
                 by every task in flight of the process (the first ``TaskWorkers`` of the
                 process sets it: see :meth:`TaskLoop.shared`).
+            model_calls: How much of each model call the ledger keeps (see
+                :class:`~relaygraph.runner.TaskRunner`).
         """
         self.ledger = ledger
         self.workers = workers
@@ -124,6 +133,7 @@ class TaskWorkers:
             policies=policies,
             workspace_quota=workspace_quota,
             quotas=quotas,
+            model_calls=model_calls,
         )
         self._loop = TaskLoop.shared(sync_threads=sync_threads)
         self._slots = asyncio.Semaphore(workers)
@@ -302,8 +312,9 @@ class TaskWorkers:
         self.start(task, resume_input(answers), project=task.project_id, taken=True)
         return True
 
-    def cancel(self, task_id: str) -> Task:
-        """Cancel a task wherever it is (:meth:`Ledger.request_cancel`): at once when no live
+    def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
+        """Cancel a task wherever it is (:meth:`Ledger.request_cancel`, which records ``by``
+        and ``via``: who asked, and where): at once when no live
         runner holds it, else at its runner's next step boundary (here at once; on another
         server when that server next renews its lease). The task enqueued next on its
         thread starts when this one is cancelled.
@@ -311,7 +322,7 @@ class TaskWorkers:
         Returns:
             The task as it is now.
         """
-        task = self.ledger.request_cancel(task_id)
+        task = self.ledger.request_cancel(task_id, by=by, via=via)
         with self._lock:
             held = task_id in self._held
         if held and task.status != "cancelled":
@@ -319,6 +330,7 @@ class TaskWorkers:
             # go and the cancel ends it now (else it would wait for a worker to free up).
             # A run that begins meanwhile finds the cancel at its take and runs nothing.
             self.ledger.release_lease(task_id, self.runner.runner_id)
+            # Who asked is recorded already, by the request above.
             task = self.ledger.request_cancel(task_id)
         if task.status == "cancelled":
             self.start_next(task.thread_id, project_id=task.project_id)

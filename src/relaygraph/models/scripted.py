@@ -50,6 +50,9 @@ __all__ = [
 MAX_SCRIPT_BYTES = 1024 * 1024
 """The largest script file read."""
 
+_TURN_KIND = "relaygraph_turn_kind"
+"""The keyword a structured call passes to the chat path (``invoke(...,
+relaygraph_turn_kind="route")``): which kind of turn it plays."""
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}\.json")
 
 
@@ -314,7 +317,8 @@ class ScriptedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        index, turn = self._turn(messages, "chat", run_manager=run_manager)
+        want = "route" if kwargs.get(_TURN_KIND) == "route" else "chat"
+        index, turn = self._turn(messages, want, run_manager=run_manager)
         return ChatResult(
             generations=[ChatGeneration(message=self._message(messages, index, turn))]
         )
@@ -338,9 +342,10 @@ class ScriptedChatModel(BaseChatModel):
     ) -> Runnable[LanguageModelInput, Any]:
         def answer(value: LanguageModelInput, config: RunnableConfig) -> Any:
             messages = self._convert_input(value).to_messages()
-            index, turn = self._turn(messages, "route", config)
-            raw = self._message(messages, index, turn)
-            parsed = dict(turn.route or {})
+            # Through the chat model's own path, as a real model's structured call is: the
+            # run's callbacks (the record of each model call, tracing) see it alike.
+            raw = self.invoke(messages, config, relaygraph_turn_kind="route")
+            parsed = dict(json.loads(raw.text or "{}"))
             return {"raw": raw, "parsed": parsed, "parsing_error": None} if include_raw else parsed
 
         return RunnableLambda(answer, name=f"scripted_route_{self.agent}")

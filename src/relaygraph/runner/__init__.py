@@ -32,6 +32,7 @@ from relaygraph.runner._fence import CheckpointFence
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.runner._ledger import ledger_for
 from relaygraph.runner._long_lived import settle_long_lived
+from relaygraph.runner._model_calls import ModelCallRecorder, ModelCallRecording
 from relaygraph.runner._models import (
     ModelGate,
     ModelRules,
@@ -77,6 +78,8 @@ __all__ = [
     "Enqueue",
     "EventHandler",
     "Freed",
+    "ModelCallRecorder",
+    "ModelCallRecording",
     "ModelGate",
     "ModelRules",
     "RefusalKind",

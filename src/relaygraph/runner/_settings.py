@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import ConfigError
+from relaygraph.runner._model_calls import ModelCallRecording
 from relaygraph.store import Quotas
 
 __all__ = ["RunnerSettings", "load_runner_settings", "read_settings"]
@@ -87,6 +88,20 @@ class RunnerSettings(BaseSettings):
     hourly; ``relaygraph gc`` on demand). None (the default): kept for ever."""
     retention_artifacts: bool = False
     """With ``retention_days``: delete those tasks' artifacts too."""
+
+    model_call_messages: bool = True
+    """Keep the messages each model call saw and its reply in the ledger (the task page's
+    *Model calls*); false keeps only each call's model, tokens, cost and latency, for
+    prompts that hold what the ledger must not keep."""
+    model_call_max_chars: int = Field(default=4000, ge=0, le=1_000_000)
+    """Characters kept of each message of a model call; a longer one is cut, and its
+    record says so."""
+
+    def model_call_recording(self) -> ModelCallRecording:
+        """How much of each model call the ledger keeps, as the runner records it."""
+        return ModelCallRecording(
+            messages=self.model_call_messages, max_chars=self.model_call_max_chars
+        )
 
     def workspace_quota(self) -> WorkspaceQuota:
         """The quota of every task's files, as the tools enforce it."""

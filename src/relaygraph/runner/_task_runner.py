@@ -21,6 +21,7 @@ from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
 from relaygraph.runner._checkpoint import async_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
+from relaygraph.runner._model_calls import ModelCallRecorder, ModelCallRecording
 from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures, no_room_reason
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
@@ -64,6 +65,7 @@ class TaskRunner:
         policies: Callable[[Task, TeamPolicy], TeamPolicy] | None = None,
         workspace_quota: WorkspaceQuota | None = None,
         quotas: Quotas | None = None,
+        model_calls: ModelCallRecording | None = None,
     ) -> None:
         """
         Args:
@@ -85,6 +87,8 @@ class TaskRunner:
             quotas: The service's quotas of every project (a project's own over them):
                 a run of a project with a daily budget stops when its spend reaches what
                 the project had left of it when the run began. None: no quota.
+            model_calls: How much of each model call the ledger keeps (the default
+                :class:`ModelCallRecording` when None).
         """
         self.ledger = ledger
         self.home = home
@@ -95,6 +99,7 @@ class TaskRunner:
         self.policies = policies
         self.workspace_quota = workspace_quota or WorkspaceQuota()
         self.quotas = quotas
+        self.model_calls = model_calls or ModelCallRecording()
         database = ledger.database_file
         self.unrecorded_failures = UnrecordedFailures(
             ledger,
@@ -370,6 +375,7 @@ class TaskRunner:
             team, graph_team = self._team_graph(task, team, models, policy, topology)
             context = self._context(task, team, mode)
             config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+            config["callbacks"].append(ModelCallRecorder(policy, self.model_calls))
             day = self._day_budget(task)
             if day is not None:
                 config["configurable"][DAY_BUDGET_KEY] = day

@@ -119,6 +119,15 @@ def add_finish_event(
     """Record the ``run_finished`` event of a task the ledger ended itself (a cancel of a
     task no runner holds, a task abandoned or started too often); returns its sequence
     number (announce it: ``LedgerCore.announce``)."""
+    return add_ledger_event(session, task_id, run_finished_event(status, stop_reason), now)
+
+
+def add_ledger_event(
+    session: Session, task_id: str, event: Mapping[str, Any], now: datetime
+) -> int:
+    """Record an event the ledger writes itself, after the task's last one, even while a
+    runner writes the task's events (the task's row hands out the numbers); returns its
+    sequence number (announce it: ``LedgerCore.announce``)."""
     seq = session.scalar(
         update(TaskRow)
         .where(TaskRow.id == task_id)
@@ -126,7 +135,7 @@ def add_finish_event(
         .returning(TaskRow.last_event_seq)
     )
     assert seq is not None
-    add_events(session.connection(), task_id, seq, [run_finished_event(status, stop_reason)], now)
+    add_events(session.connection(), task_id, seq, [event], now)
     return seq
 
 

@@ -400,6 +400,14 @@ def _usage_record(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
         rows.usage.add_record(usage, where="usage event")
 
 
+def _model_call(rows: BatchRows, seq: int, event: Mapping[str, Any]) -> None:
+    # The call's record stands beside its visit's until the visit's own lands (a live
+    # figure of a visit in progress); add_record drops it then.
+    usage = event.get("usage")
+    if isinstance(usage, Mapping):
+        rows.usage.add_record(usage, where="model_call usage")
+
+
 DERIVERS: dict[str, Deriver] = {
     "route": _transfer,
     "handoff": _transfer,
@@ -409,4 +417,5 @@ DERIVERS: dict[str, Deriver] = {
     "approval": _approval,
     "agent_finished": _agent_finished,
     "usage": _usage_record,
+    "model_call": _model_call,
 }

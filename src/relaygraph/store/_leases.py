@@ -10,10 +10,12 @@ from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
+from relaygraph.events import cancel_requested_event
 from relaygraph.store._base import (
     EARLIER_ACTIVE_ON_THREAD,
     TASK_COLUMNS,
     add_finish_event,
+    add_ledger_event,
     apply_status,
     no_live_lease,
     status_values,
@@ -175,7 +177,14 @@ class LeaseRepository:
             at = session.scalar(select(TaskRow.cancel_requested_at).where(TaskRow.id == task_id))
             return at is not None
 
-    def request_cancel(self, task_id: str, *, reason: str = "cancelled by request") -> Task:
+    def request_cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "cancelled by request",
+        by: str | None = None,
+        via: str = "api",
+    ) -> Task:
         """Cancel the task: at once if no live runner holds it (queued, waiting for a
         person, or running under a lease that lapsed: its runner died); otherwise ask its
         runner, which sees the request at its next lease renewal and stops at the next step
@@ -185,6 +194,10 @@ class LeaseRepository:
         Args:
             task_id: The task.
             reason: Its stop reason when it is cancelled at once.
+            by: Who asked (a project's name): recorded as a ``cancel_requested`` event
+                when the request is new (not for a task already finished or already
+                asked to stop). None: the runner itself stops it (no person asked).
+            via: Where the request came from (``api``, ``dashboard``, ``cli``).
 
         Returns:
             The task as it is now: ``cancelled``, or still running with
@@ -215,6 +228,8 @@ class LeaseRepository:
                 .returning(TaskRow.id)
             )
             if cancelled is not None:
+                if by is not None:
+                    add_ledger_event(session, task_id, cancel_requested_event(by=by, via=via), now)
                 # Its event history ends like any run's, so a stream or an audit sees why.
                 seq = add_finish_event(session, task_id, "cancelled", values["stop_reason"], now)
                 self._core.announce(session, task_id, seq)
@@ -224,6 +239,11 @@ class LeaseRepository:
                 raise RecordNotFound("task", task_id)
             if row.status == "running" and row.cancel_requested_at is None:
                 row.cancel_requested_at = now
+                if by is not None:
+                    event = cancel_requested_event(by=by, via=via)
+                    self._core.announce(
+                        session, task_id, add_ledger_event(session, task_id, event, now)
+                    )
             return task_of_row(row)
 
     def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:

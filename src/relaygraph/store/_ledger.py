@@ -348,8 +348,15 @@ class Ledger:
     def cancel_requested(self, task_id: str) -> bool:
         return self.leases.cancel_requested(task_id)
 
-    def request_cancel(self, task_id: str, *, reason: str = "cancelled by request") -> Task:
-        return self.leases.request_cancel(task_id, reason=reason)
+    def request_cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "cancelled by request",
+        by: str | None = None,
+        via: str = "api",
+    ) -> Task:
+        return self.leases.request_cancel(task_id, reason=reason, by=by, via=via)
 
     def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:
         return self.leases.settle_abandoned(task_id, max_attempts=max_attempts)

@@ -23,6 +23,9 @@ from relaygraph.events import USAGE_COUNTS as COUNTS
 from relaygraph.store import _validate as check
 from relaygraph.store._models import TaskRow, UsageRow
 
+CALL_SEPARATOR = "#"
+"""Between a node run's record id and a call's, in a ``model_call`` event's record id."""
+
 _ADD_ROW = insert(UsageRow)
 _SET_ROW = (
     update(UsageRow)
@@ -95,6 +98,12 @@ class UsageRows:
         if not isinstance(record_id, str) or not record_id:
             # A record without an id (written by hand) is one of its own.
             record_id = f"{role}:{len(records) + 1}"
+        if CALL_SEPARATOR not in record_id:
+            # A node run's own record holds its model calls: the records each call sent
+            # while it ran (``<id>#<call>``, the ``model_call`` events') go.
+            calls = f"{record_id}{CALL_SEPARATOR}"
+            for stale in [key for key in records if key.startswith(calls)]:
+                del records[stale]
         records[record_id] = figures
         self._changed[role] = None
 

@@ -95,6 +95,8 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
         return base
     if kind == "run_suspended":
         return base | {"reason": data.get("reason")}
+    if kind == "cancel_requested":
+        return base | {"by": data.get("by"), "via": data.get("via")}
     if kind == "run_finished":
         return base | {"status": data.get("status"), "stop_reason": data.get("stop_reason")}
     return None
@@ -415,6 +417,8 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
         return f"{when} [yellow]run suspended[/]{reason} {later}"
     if kind == "run_started":
         return f"{when} [dim]run started[/]"
+    if kind == "cancel_requested":
+        return f"{when} [yellow]cancel asked[/] by {_short(node['by'])} (via {node['via']})"
     return f"{when} [dim]{escape(str(kind))}[/]"
 
 

@@ -98,6 +98,7 @@ class WorkerRuntime:
             policies=self.teams.policy_for,
             workspace_quota=settings.workspace_quota(),
             quotas=settings.quotas,
+            model_calls=settings.model_call_recording(),
         )
 
     def close(self) -> None:

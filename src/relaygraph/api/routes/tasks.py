@@ -171,7 +171,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         task = own_task(state.ledger(), task_id, project)
         if task.finished:
             raise ErrorAnswer(409, "task_finished", f"task {task_id} already {task.status}")
-        return TaskOut.of(state.dispatch().cancel(task_id))
+        return TaskOut.of(state.dispatch().cancel(task_id, by=project.name, via="api"))
 
     @router.get("/{task_id}/trace", responses=error_responses(401, 404))
     def trace(task_id: str, project: ProjectDep) -> dict[str, Any]:

@@ -43,6 +43,7 @@ TASK_SECTIONS = (
     "approvals",
     "violations",
     "budgets",
+    "model_calls",
     "waterfall",
     "timeline",
     "answer",
@@ -347,13 +348,13 @@ def _cancel(
     posted = _posted(dashboard, request, task_id, token)
     if isinstance(posted, Response):
         return posted
-    _, task = posted
+    session, task = posted
     if not confirmed:
         # A cancel cannot be undone: the form asks for a tick, and so does the server.
         return _answer(request, 422, "invalid_request", "tick 'Yes, cancel this task'", "confirm")
     if task.finished:
         return _answer(request, 409, "task_finished", f"the task already {task.status}", None)
-    dashboard.workers().cancel(task.id)
+    dashboard.workers().cancel(task.id, by=session.project_name, via="dashboard")
     if _wants_json(request):
         return JSONResponse({"ok": True}, status_code=202, headers=SECURITY_HEADERS)
     return RedirectResponse(f"/ui/tasks/{task_id}", status_code=303, headers=SECURITY_HEADERS)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from relaygraph._names import FINALIZE, SUPERVISOR
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._schemas import ApprovalOut, TaskOut
 from relaygraph.api.ui._audit import TaskAudit, audit_of
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, transfers_of
+from relaygraph.api.ui._model_calls import ModelCallView, model_calls_of
 from relaygraph.api.ui._policy_text import PolicyLine, policy_lines, policy_origin
 from relaygraph.api.ui._queries import (
     ArtifactOut,
@@ -28,6 +29,7 @@ from relaygraph.api.ui._queries import (
     trace_links,
 )
 from relaygraph.api.ui._waterfall import Waterfall, waterfall
+from relaygraph.events import CancelRequestedEvent
 from relaygraph.store import Ledger, Task
 
 SHOWN_BYTES = 64 * 1024
@@ -109,6 +111,10 @@ class TaskView:
     traces: tuple[TraceLink, ...]
     """Where the task's runs were traced, latest first; empty when none was."""
     waterfall: Waterfall
+    model_calls: tuple[ModelCallView, ...]
+    """Each model call: what the model saw and answered, and what it spent."""
+    cancel_request: CancelRequestedEvent | None
+    """Who asked to cancel the task, and where (the first such request); None: nobody."""
 
     @property
     def violations(self) -> int:
@@ -158,6 +164,11 @@ def task_view(ledger: Ledger, home: Path, task: Task) -> TaskView:
         refusing_rules=frozenset(rules),
         traces=tuple(trace_links(events).runs),
         waterfall=waterfall(timeline, events, audit.waits),
+        model_calls=model_calls_of(events),
+        cancel_request=next(
+            (cast(CancelRequestedEvent, e.data) for e in events if e.type == "cancel_requested"),
+            None,
+        ),
     )
 
 

@@ -14,7 +14,7 @@
   const EVENT_TYPES = [
     "run_started", "route", "agent_started", "tool_call", "tool_result", "handoff",
     "agent_finished", "violation", "approval", "interrupted", "final", "run_finished",
-    "run_suspended",
+    "run_suspended", "model_call", "usage", "cancel_requested",
   ];
   const FINISHED = new Set(["succeeded", "degraded", "failed", "cancelled"]);
 
