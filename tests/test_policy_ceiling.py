@@ -26,6 +26,7 @@ from relaygraph.runner import RunnerSettings, ServiceTeams, TaskRequest, submit_
 from relaygraph.store import Ledger
 from relaygraph.team import default_team, parse_team
 
+from ._service import FINISHED
 from .test_registered_teams import serving
 from .test_team import call, route, say
 
@@ -276,7 +277,7 @@ async def test_a_ceiling_tightened_later_holds_for_teams_registered_before(
         assert pushed.status_code == 201, pushed.text
         # Under the ceiling it was registered under, the team does all it asks.
         made = await api.submit(key, input="go", team="greedy", model="scripted:greedy.json")
-        loose = await api.finished(made.json()["id"], key)
+        loose = await api.wait(made.json()["id"], key, FINISHED)
         assert loose["status"] == "succeeded", loose
         assert written(home, loose["id"]) == {f"{n}.txt" for n in FILES}
 
@@ -284,7 +285,7 @@ async def test_a_ceiling_tightened_later_holds_for_teams_registered_before(
     async with serving(home, scripts, policy_file=ops["tight"]) as api:
         made = await api.submit(key, input="go", team="greedy", model="scripted:greedy.json")
         assert made.status_code == 202, made.text
-        task = await api.finished(made.json()["id"], key)
+        task = await api.wait(made.json()["id"], key, FINISHED)
         # It stopped at the operator's caps: 3 tool calls, 1 agent run; not `succeeded`.
         assert written(home, task["id"]) == {"a.txt", "b.txt", "c.txt"}
         assert task["status"] == "degraded", task
@@ -342,7 +343,7 @@ async def test_a_task_queued_under_a_looser_ceiling_runs_under_the_tighter(
     assert queued.policy["agents"]["coder"]["max_tool_calls"] == 50
 
     async with serving(home, scripts, policy_file=ops["tight"]) as api:
-        task = await api.finished(queued.id, key)
+        task = await api.wait(queued.id, key, FINISHED)
         assert written(home, task["id"]) == {"a.txt", "b.txt", "c.txt"}
         assert task["status"] == "degraded", task
 
