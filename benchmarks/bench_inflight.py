@@ -284,6 +284,16 @@ def run(
             log(f"  {level} in flight: relaygraph serve")
             ours = _relaygraph(level, Path(tmp), fake.base_url)
             rows.append((bare, ours))
+            if compare_switch is not None:
+                log(f"  {level} in flight: relaygraph serve, switch interval {compare_switch} s")
+                other = _relaygraph(level, Path(tmp), fake.base_url, switch_seconds=compare_switch)
+                log(
+                    f"    serve at switch interval {compare_switch} s: "
+                    f"{other.tasks_per_second:.1f} tasks/s ({other.of_bound:.0%}), API p99 "
+                    f"{_ms(other.p99_ms)}: POST {_ms(_p99(other.post_ms))}, "
+                    f"GET {_ms(_p99(other.get_ms))}; task loop lag max "
+                    f"{max(other.lag_s, default=0) * 1000:.0f} ms"
+                )
             for who, side in (("bare", bare), ("serve", ours)):
                 log(
                     f"    {who}: {side.tasks_per_second:.1f} tasks/s ({side.of_bound:.0%}), "
@@ -296,16 +306,6 @@ def run(
                 f"{statistics.median(ours.lag_s or [0]) * 1000:.0f} ms; sync steps waiting "
                 f"max {max(ours.sync_waiting, default=0)}"
             )
-            if compare_switch is not None:
-                log(f"  {level} in flight: relaygraph serve, switch interval {compare_switch} s")
-                other = _relaygraph(level, Path(tmp), fake.base_url, switch_seconds=compare_switch)
-                log(
-                    f"    serve at switch interval {compare_switch} s: "
-                    f"{other.tasks_per_second:.1f} tasks/s ({other.of_bound:.0%}), API p99 "
-                    f"{_ms(other.p99_ms)}: POST {_ms(_p99(other.post_ms))}, "
-                    f"GET {_ms(_p99(other.get_ms))}; task loop lag max "
-                    f"{max(other.lag_s, default=0) * 1000:.0f} ms"
-                )
     _report(section, rows, quick)
     return section
 
