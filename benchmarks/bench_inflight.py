@@ -161,9 +161,7 @@ def _bare(level: int, base_url: str, home: Path) -> Side:
     return side
 
 
-def _relaygraph(
-    level: int, root: Path, base_url: str, *, switch_seconds: float | None = None
-) -> Side:
+def _relaygraph(level: int, root: Path, base_url: str) -> Side:
     from tests.worker_cluster import Cluster
 
     from relaygraph.client import Client
@@ -176,10 +174,7 @@ def _relaygraph(
         # Every task is handed over at once: the project's queue must hold them all.
         "RELAYGRAPH_PROJECT_MAX_QUEUED": str(len(jobs)),
     }
-    if switch_seconds is not None:
-        env["RELAYGRAPH_SWITCH_INTERVAL_SECONDS"] = str(switch_seconds)
-    name = f"serve-{level}" + ("" if switch_seconds is None else f"-switch-{switch_seconds}")
-    with Cluster(root / name, database_url=None, broker=None, env=env) as cluster:
+    with Cluster(root / f"serve-{level}", database_url=None, broker=None, env=env) as cluster:
         server = cluster.serve("api", model=MODEL, workers=level, processes=1)
         key = cluster.create_project("bench")
         pid = server.pid
@@ -255,12 +250,7 @@ def _when(value: str) -> float:
     return datetime.fromisoformat(str(value)).timestamp()
 
 
-def run(
-    quick: bool, *, levels: tuple[int, ...] | None = None, compare_switch: float | None = None
-) -> Section:
-    """``compare_switch``: at each level, run ``serve`` once more with this switch interval
-    (``RELAYGRAPH_SWITCH_INTERVAL_SECONDS``; Python's default is 0.005) and log its API
-    latency beside the default's, in the same run."""
+def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
     from tests.openai_server import serve_script
 
     chosen = levels or (QUICK_LEVELS if quick else LEVELS)
@@ -284,16 +274,6 @@ def run(
             log(f"  {level} in flight: relaygraph serve")
             ours = _relaygraph(level, Path(tmp), fake.base_url)
             rows.append((bare, ours))
-            if compare_switch is not None:
-                log(f"  {level} in flight: relaygraph serve, switch interval {compare_switch} s")
-                other = _relaygraph(level, Path(tmp), fake.base_url, switch_seconds=compare_switch)
-                log(
-                    f"    serve at switch interval {compare_switch} s: "
-                    f"{other.tasks_per_second:.1f} tasks/s ({other.of_bound:.0%}), API p99 "
-                    f"{_ms(other.p99_ms)}: POST {_ms(_p99(other.post_ms))}, "
-                    f"GET {_ms(_p99(other.get_ms))}; task loop lag max "
-                    f"{max(other.lag_s, default=0) * 1000:.0f} ms"
-                )
             for who, side in (("bare", bare), ("serve", ours)):
                 log(
                     f"    {who}: {side.tasks_per_second:.1f} tasks/s ({side.of_bound:.0%}), "
@@ -391,18 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", type=int, nargs="+")
-    parser.add_argument(
-        "--compare-switch",
-        type=float,
-        metavar="SECONDS",
-        help="also run serve with this switch interval at each level (0.005: Python's own)",
-    )
     args = parser.parse_args(argv)
-    section = run(
-        args.quick,
-        levels=tuple(args.levels) if args.levels else None,
-        compare_switch=args.compare_switch,
-    )
+    section = run(args.quick, levels=tuple(args.levels) if args.levels else None)
     print("\n".join(section.body))
     for verdict in section.verdicts:
         log(f"  {verdict.benchmark}: {verdict.target}: {verdict.measured} ({verdict.met})")

@@ -11,7 +11,6 @@ from typing import Any
 from pydantic import Field, PrivateAttr
 from pydantic_settings import SettingsConfigDict
 
-from relaygraph.api._task_loop import SHARED_SWITCH_SECONDS
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models import DEFAULT_MODEL, load_model, parse_model_spec
 from relaygraph.models.scripted import ScriptFolder, load_script
@@ -81,11 +80,6 @@ class ServiceSettings(RunnerSettings):
     """How long a running task's lease lasts unrenewed: when a server dies, another server
     on the same ledger continues its tasks after this long (a server that stops cleanly
     lets go at once)."""
-    switch_interval_seconds: float = Field(default=SHARED_SWITCH_SECONDS, gt=0.0, le=0.1)
-    """The interpreter's switch interval while the server runs tasks in its own process: how
-    long, at most, a request's handler waits for the busy task loop after each blocking call
-    (:func:`~relaygraph.api._task_loop.short_turns`). Shorter keeps the API quick under
-    load; longer leaves the loop more of the interpreter (Python's own default is 0.005)."""
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413."""
     project_max_streams: int = Field(default=100, ge=1, le=100_000)

@@ -178,7 +178,7 @@ class ServiceState:
         # The API answers beside this process's task loop: short turns keep a request's
         # waits for the interpreter short while the loop is busy.
         try:
-            with short_turns(self.settings.switch_interval_seconds):
+            with short_turns():
                 yield
         finally:
             # Running tasks stop at their next step boundary and stay `running`, for the
