@@ -201,24 +201,3 @@ def test_tasks_in_flight_past_the_limit_are_refused_by_name(
     with pytest.raises(ConfigError, match="--workers"):
         load_settings(workers=10_001)
     assert load_settings(workers=10_000).workers == 10_000
-
-
-async def test_the_api_beside_a_task_loop_takes_the_interpreter_back_in_short_turns(
-    home: Path,
-) -> None:
-    """A request's handler waits for the interpreter after each blocking call, at most one
-    switch interval each time: while a server runs tasks in its own process, the interval
-    is short, and it is given back when the server stops."""
-    import sys
-
-    from relaygraph.api import ServiceSettings, create_app
-    from relaygraph.api._task_loop import SHARED_SWITCH_SECONDS
-
-    before = sys.getswitchinterval()
-    assert before > SHARED_SWITCH_SECONDS
-    app = create_app(
-        ServiceSettings(default_model=f"scripted:{EXAMPLE_RELAY}", home=home, workers=2)
-    )
-    async with app.router.lifespan_context(app):
-        assert sys.getswitchinterval() == pytest.approx(SHARED_SWITCH_SECONDS)
-    assert sys.getswitchinterval() == pytest.approx(before)

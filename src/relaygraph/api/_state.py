@@ -23,7 +23,6 @@ from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._streams import StreamGate
-from relaygraph.api._task_loop import short_turns
 from relaygraph.api._teams import TeamRegistry
 from relaygraph.api._workers import TaskWorkers, WorkersLoad
 from relaygraph.errors import ConfigError
@@ -175,11 +174,8 @@ class ServiceState:
             workers.start_pulling()
             await to_thread.run_sync(workers.recover)
             workers.sweep()
-        # The API answers beside this process's task loop: short turns keep a request's
-        # waits for the interpreter short while the loop is busy.
         try:
-            with short_turns():
-                yield
+            yield
         finally:
             # Running tasks stop at their next step boundary and stay `running`, for the
             # next start to continue; the ledger closes after their last writes.

@@ -16,25 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
-import sys
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["DEFAULT_SYNC_THREADS", "SHARED_SWITCH_SECONDS", "LoopLoad", "TaskLoop", "short_turns"]
+__all__ = ["DEFAULT_SYNC_THREADS", "LoopLoad", "TaskLoop"]
 
 T = TypeVar("T")
 
 DEFAULT_SYNC_THREADS = 32
 """Threads for the sync steps of every task on the loop (tools, ledger writes): the most
 of them that run at once; the others wait for a thread, not for a task to end."""
-SHARED_SWITCH_SECONDS = 0.001
-"""The interpreter's switch interval (:func:`sys.setswitchinterval`) while a process's API
-shares it with its task loop (:func:`short_turns`)."""
 LAG_PROBE_SECONDS = 0.25
 """How often the loop's lag is measured: how late a timer of this length fires."""
 
@@ -100,25 +95,6 @@ class TaskLoop:
 
     def load(self) -> LoopLoad:
         return LoopLoad(lag_seconds=self._lag, sync_queue=self._executor._work_queue.qsize())
-
-
-@contextlib.contextmanager
-def short_turns(seconds: float = SHARED_SWITCH_SECONDS) -> Iterator[None]:
-    """Shorten the interpreter's switch interval while the block runs (restored after).
-
-    A request's handler, on a thread beside a task loop kept busy by hundreds of runs, takes
-    the interpreter back after each blocking call (a ledger query, a socket's read): it waits
-    for the thread that holds it to let go, at most one switch interval each time, 5 ms by
-    default. A request makes a few dozen such calls, so under load its wait, not its work,
-    sets the API's latency; shorter turns bound each wait for a small cost in switches
-    (benchmarks/bench_inflight.py measures both).
-    """
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 _SHARED: TaskLoop | None = None
