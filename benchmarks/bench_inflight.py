@@ -39,6 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
@@ -65,7 +67,14 @@ class Side:
     failures: list[str] = field(default_factory=list)
     rss_mb: float = 0.0
     idle_rss_mb: float = 0.0
-    api_ms: list[float] = field(default_factory=list)
+    post_ms: list[float] = field(default_factory=list)
+    """Each submission's round trip."""
+    get_ms: list[float] = field(default_factory=list)
+    """Each ``GET`` of a task's round trip while the tasks run."""
+    lag_s: list[float] = field(default_factory=list)
+    """The task loop's lag (``/metrics``), sampled every 0.5 s while the tasks run."""
+    sync_waiting: list[int] = field(default_factory=list)
+    """Sync steps waiting for a thread (``/metrics``), sampled with the lag."""
 
     @property
     def tasks_per_second(self) -> float:
@@ -85,9 +94,20 @@ class Side:
 
     @property
     def p99_ms(self) -> float | None:
-        if len(self.api_ms) < 2:
-            return None
-        return statistics.quantiles(self.api_ms, n=100)[98]
+        return _p99(self.post_ms + self.get_ms)
+
+
+def _p99(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    return statistics.quantiles(values, n=100)[98]
+
+
+def _gauge(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f"relaygraph_{name} "):
+            return float(line.split()[1])
+    return None
 
 
 def _jobs(side: str, level: int) -> list[str]:
@@ -174,19 +194,33 @@ def _relaygraph(level: int, root: Path, base_url: str) -> Side:
             def submit(job: str) -> str:
                 began = time.perf_counter()
                 task_id = str(client.submit(_task_text(job))["id"])
-                side.api_ms.append((time.perf_counter() - began) * 1000)
+                side.post_ms.append((time.perf_counter() - began) * 1000)
                 return task_id
 
             def probe() -> None:
                 while not stop.wait(0.05) and ids:
                     began = time.perf_counter()
                     client.get(ids[0])
-                    side.api_ms.append((time.perf_counter() - began) * 1000)
+                    side.get_ms.append((time.perf_counter() - began) * 1000)
+
+            def watch_loop() -> None:
+                with httpx.Client(base_url=server.url, timeout=60) as http:
+                    while not stop.wait(0.5):
+                        text = http.get("/metrics").text
+                        lag, waiting = (
+                            _gauge(text, "event_loop_lag_seconds"),
+                            _gauge(text, "sync_steps_waiting"),
+                        )
+                        if lag is not None and waiting is not None:
+                            side.lag_s.append(lag)
+                            side.sync_waiting.append(int(waiting))
 
             with ThreadPoolExecutor(max_workers=16) as pool:
                 ids.extend(pool.map(submit, jobs))
             prober = threading.Thread(target=probe, daemon=True)
             prober.start()
+            watcher = threading.Thread(target=watch_loop, daemon=True)
+            watcher.start()
             ledger = cluster.home / "ledger.sqlite"
             deadline = time.monotonic() + WAIT_SECONDS
             while time.monotonic() < deadline:
@@ -199,6 +233,7 @@ def _relaygraph(level: int, root: Path, base_url: str) -> Side:
                     break
             stop.set()
             prober.join()
+            watcher.join()
         sampler.join()
         side.rss_mb = peak[0]
         with sqlite3.connect(ledger) as db:
@@ -244,8 +279,19 @@ def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
                     f"    {who}: {side.tasks_per_second:.1f} tasks/s ({side.of_bound:.0%}), "
                     f"RSS {side.rss_mb:.0f} MB, p99 {side.p99_ms}, failures {len(side.failures)}"
                 )
+            log(
+                f"    serve API p99: POST {_ms(_p99(ours.post_ms))} ({len(ours.post_ms)}), "
+                f"GET {_ms(_p99(ours.get_ms))} ({len(ours.get_ms)}); task loop lag "
+                f"max {max(ours.lag_s, default=0) * 1000:.0f} ms, median "
+                f"{statistics.median(ours.lag_s or [0]) * 1000:.0f} ms; sync steps waiting "
+                f"max {max(ours.sync_waiting, default=0)}"
+            )
     _report(section, rows, quick)
     return section
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f} ms"
 
 
 def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> None:
@@ -257,7 +303,7 @@ def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> Non
     )
 
     def p99(side: Side) -> str:
-        return "—" if side.p99_ms is None else f"{side.p99_ms:.0f} ms"
+        return _ms(side.p99_ms)
 
     section.body += table(
         [
@@ -267,7 +313,7 @@ def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> Non
             "serve ÷ bare",
             "bare RSS",
             "serve RSS (MB per task in flight)",
-            "serve API p99",
+            "serve API p99 (POST / GET)",
             "failures (bare / serve)",
         ],
         [
@@ -278,7 +324,7 @@ def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> Non
                 f"{s.tasks_per_second / b.tasks_per_second:.2f}" if b.tasks_per_second else "—",
                 f"{b.rss_mb:.0f} MB",
                 f"{s.rss_mb:.0f} MB ({s.mb_per_task:.2f})",
-                p99(s),
+                f"{p99(s)} ({_ms(_p99(s.post_ms))} / {_ms(_p99(s.get_ms))})",
                 f"{len(b.failures)} / {len(s.failures)}",
             ]
             for b, s in rows
