@@ -30,6 +30,7 @@ from relaygraph.runner import (
     DEFAULT_LEASE_SECONDS,
     ModelCallRecording,
     TaskRunner,
+    drain_cancelled,
     resume_input,
 )
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
@@ -295,6 +296,7 @@ class TaskWorkers:
             event = self._cancel.get(task_id)
         if event is not None:
             event.set()
+            drain_cancelled(event)
 
     def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
         """Continue the decided task ``task_id`` with ``answers`` when a worker is free: the

@@ -61,7 +61,13 @@ from relaygraph.runner._submit import (
     record_submission,
     submit_task,
 )
-from relaygraph.runner._task_run import CONTINUE, LEASE_LOST, SUSPENDED, EventHandler
+from relaygraph.runner._task_run import (
+    CONTINUE,
+    LEASE_LOST,
+    SUSPENDED,
+    EventHandler,
+    drain_cancelled,
+)
 from relaygraph.runner._task_runner import TaskRunner, policy_digest
 from relaygraph.runner._teams import prepare_knowledge_base, team_of, team_of_record
 
@@ -100,6 +106,7 @@ __all__ = [
     "check_request",
     "collect_garbage",
     "decide_task",
+    "drain_cancelled",
     "ledger_for",
     "load_runner_settings",
     "policy_digest",

@@ -515,6 +515,23 @@ class _DrainWatch:
         with self._lock:
             self._runs.pop(token, None)
 
+    def drain_now(self, cancel: threading.Event) -> int:
+        """Ask every watched run whose cancel event is ``cancel`` (set by the caller) to
+        drain now, in the caller's thread, rather than at the next look: a cancel asked for
+        through the API then reaches the run before the API answers, however busy the
+        machine (the look could come after the step in progress had finished and the run
+        gone on). Returns how many runs were asked."""
+        with self._lock:
+            runs = [(t, run) for t, run in self._runs.items() if run[1] is cancel]
+            for token, _ in runs:
+                self._runs.pop(token, None)
+        for _, (control, _, _) in runs:
+            try:
+                control.request_drain("cancel")
+            except Exception:
+                log.exception("asking a run to drain (cancel) failed")
+        return len(runs)
+
     def _loop(self) -> None:
         while True:
             time.sleep(self.POLL_SECONDS)
@@ -538,4 +555,5 @@ class _DrainWatch:
 
 
 _DRAIN_WATCH = _DrainWatch()
+drain_cancelled = _DRAIN_WATCH.drain_now
 os.register_at_fork(after_in_child=_DRAIN_WATCH.forget)
