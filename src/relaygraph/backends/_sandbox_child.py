@@ -87,12 +87,14 @@ def child_setup(
     cgroup: _cgroup.RunCgroup | None,
     unshare_net: bool,
     file_size_bytes: int | None = None,
+    parent_pid: int | None = None,
 ) -> None:
     """Run in the child between fork and exec: join the cgroup, apply limits, then leave the
     network (with ``unshare_net``; bubblewrap makes its namespaces itself, and the limits
     set here are inherited by the program it starts). What it did goes to ``flags``.
     ``file_size_bytes``: ``RLIMIT_FSIZE`` when it is below ``limits.file_size_mb`` (the
-    room left in the task's workspace quota).
+    room left in the task's workspace quota). ``parent_pid``: the server's pid, read before
+    the fork, so that a server that died before the death signal was asked for is noticed.
     """
     # First, while the child is still the server's user in the host's namespaces: inside a
     # user namespace it could no longer write to the host's cgroup files.
@@ -111,6 +113,10 @@ def child_setup(
         # program dies with it instead of finishing unobserved; a restarted server runs
         # the interrupted step again from its checkpoint.
         _LIBC_PRCTL(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
+        if parent_pid is not None and os.getppid() != parent_pid:
+            # The server died between the fork and the line above: the signal asked for
+            # will never come (the child was re-parented already), so end here.
+            os._exit(1)
     mib = 1024 * 1024
     # The hard CPU limit is one second above the soft one: SIGXCPU comes first, and SIGKILL
     # follows if the program ignores SIGXCPU.

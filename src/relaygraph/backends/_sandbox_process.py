@@ -187,6 +187,7 @@ def run_unisolated(
     lowers ``RLIMIT_FSIZE`` to the room left in it."""
     # The child records in this shared page what it did. The page is shared across fork,
     # and Popen returns only after exec, so the values are final.
+    parent_pid = os.getpid()  # Read here: in the child, before its exec, it is the child's.
     with mmap.mmap(-1, 2) as flags:
         start = time.monotonic()
         with subprocess.Popen(
@@ -198,7 +199,12 @@ def run_unisolated(
             stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=lambda: child_setup(
-                limits, flags, cgroup=cgroup, unshare_net=True, file_size_bytes=file_size_bytes
+                limits,
+                flags,
+                cgroup=cgroup,
+                unshare_net=True,
+                file_size_bytes=file_size_bytes,
+                parent_pid=parent_pid,
             ),
         ) as proc:
             network, joined = flags[FLAG_NET], flags[FLAG_CGROUP]
@@ -230,6 +236,7 @@ def run_in_bubblewrap(
 ) -> Run:
     """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited (see
     :func:`run_unisolated` for ``watch`` and ``file_size_bytes``)."""
+    parent_pid = os.getpid()  # Read here: in the child, before its exec, it is the child's.
     info_read, info_write = os.pipe()
     namespace: _bubblewrap.NamespaceInit | None = None
     try:
@@ -252,6 +259,7 @@ def run_in_bubblewrap(
                     cgroup=cgroup,
                     unshare_net=False,
                     file_size_bytes=file_size_bytes,
+                    parent_pid=parent_pid,
                 ),
             ) as proc:
                 joined = flags[FLAG_CGROUP]
