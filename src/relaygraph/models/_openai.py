@@ -612,7 +612,7 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             return built[method]
 
         def learned() -> StructuredMethod | None:
-            # A method the server took once is no longer probed: a 400 on it now is about
+            # A method the server took once is not probed again: a 400 on it then is about
             # this request (a context too long, a message the server refuses), which every
             # other method would be refused too; it fails the call like any other error,
             # reported once, instead of costing two more requests that hide it.

@@ -3,7 +3,7 @@
 LangChain's ``ModelCallLimitMiddleware`` and ``ToolCallLimitMiddleware`` count calls per
 thread or per run of one agent graph; relaygraph's budgets span all visits of an agent in a
 task, the whole team, tokens, cost and time, so the checks are written here on the same
-hooks (``before_model`` with a jump to the end, ``wrap_tool_call``).
+hooks LangChain's middleware offers (``wrap_model_call``, ``wrap_tool_call``).
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ class PolicyMiddleware(ToolStepsMiddleware):
         # hook: a hook is a node of the agent's graph, so a step of its own, with its own
         # checkpoint and writes (sync durability), before every model call. A spent budget
         # answers with the note instead of the model: a reply without tool calls, which
-        # ends the visit as `jump_to: end` did.
+        # ends the visit as a `jump_to: end` would.
         messages: list[BaseMessage] = list(request.state["messages"])
         note = self._budget_note(messages)
         if note is not None:
