@@ -1,5 +1,5 @@
-"""The structured team's supervisor and finalize nodes, their parts each called alone (the
-whole turn is covered by the team's runs in test_supervisor_plan, test_topologies and
+"""The structured team's nodes (supervisor, agent, finalize), their parts each called alone
+(the whole turn is covered by the team's runs in test_supervisor_plan, test_topologies and
 test_policies)."""
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import ParentCommand
+from langgraph.types import Command
 
 from relaygraph._calls import run_sync
 from relaygraph.events import Assignment, events_to
 from relaygraph.models import ModelCallError
+from relaygraph.supervisor._agent_node import read_visit
 from relaygraph.supervisor._finalize_node import Asked, FinalizeNode
 from relaygraph.supervisor._route import Route, RouteDecision
 from relaygraph.supervisor._state import TeamState, Visit
@@ -167,3 +170,19 @@ def test_finalize_s_tool_call_is_refused_and_leaves_the_run_degraded() -> None:
     assert update["usage"][0]["model_calls"] == 1
     assert "messages" not in update
     assert sent[-1]["type"] == "final"
+
+
+def test_a_visit_read_tells_how_it_ended() -> None:
+    reply = AIMessage(content="Found it.")
+    finished = read_visit({"messages": [reply]}, None, "coder:v1")
+    assert (finished.ended, finished.output) == ("finished", "Found it.")
+    error = ModelCallError(role="coder", model="m", status=503, detail="busy")
+    failed = read_visit({"messages": [reply]}, error, "coder:v1")
+    assert (failed.ended, failed.output) == ("model_error", "Its model call failed: HTTP 503: busy")
+    assert failed.budget_note is None
+
+
+def test_a_command_from_another_graph_is_no_handoff_of_the_visit() -> None:
+    foreign = ParentCommand(Command(graph="other:v9", goto="writer", update={}))
+    with pytest.raises(ParentCommand):
+        read_visit({"messages": [AIMessage(content="")]}, foreign, "coder:v1")
