@@ -1,5 +1,6 @@
-"""The supervisor node's parts, each called alone (the whole turn is covered by the team's
-runs in test_supervisor_plan, test_topologies and test_policies)."""
+"""The structured team's nodes (supervisor, agent, finalize), their parts each called alone
+(the whole turn is covered by the team's runs in test_supervisor_plan, test_topologies and
+test_policies)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ from typing import Any
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import ParentCommand
+from langgraph.types import Command
 
 from relaygraph._calls import run_sync
 from relaygraph.events import Assignment, events_to
+from relaygraph.models import ModelCallError
+from relaygraph.supervisor._agent_node import read_visit
+from relaygraph.supervisor._finalize_node import Asked, FinalizeNode
 from relaygraph.supervisor._route import Route, RouteDecision
 from relaygraph.supervisor._state import TeamState, Visit
 from relaygraph.supervisor._supervisor_node import Availability, Decided, SupervisorNode
@@ -118,3 +125,64 @@ def test_a_refused_route_to_a_spent_agent_is_the_budgets_violation(recorded_befo
             ("supervisor:t:refused:writer", "writer", "budget")
         ]
         assert len(sent) == 1  # the violation's event
+
+
+class FailingCall(GenericFakeChatModel):
+    """A finalize model whose server fails the call."""
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise ModelCallError(role="finalize", model="m", status=500, detail="down")
+
+
+def finalize(model: Any = None) -> FinalizeNode:
+    return FinalizeNode(model or NoCall(messages=iter(())), parse_policy({}))
+
+
+def test_finalize_answers_nothing_when_every_agent_failed_its_model_call() -> None:
+    state = TeamState(turn=1, visits=[visit("researcher", ended="model_error", output="")])
+    sent: list[Any] = []
+    with events_to(sent.append):
+        update = run_sync(finalize().steps(state, CONFIG))
+    assert update == {"answer": None, "status": "failed", "stop_reason": None}
+    assert [(e["type"], e["status"]) for e in sent] == [("final", "failed")]
+
+
+def test_finalize_s_failed_call_is_asked_and_answers_nothing() -> None:
+    state = TeamState(turn=1, request="q", visits=[visit("researcher")])
+    asked = run_sync(finalize(FailingCall(messages=iter(()))).ask(state, CONFIG))
+    assert asked.reply.text == ""
+    assert asked.failed is not None and asked.failed.reason == "HTTP 500: down"
+
+
+def test_finalize_s_tool_call_is_refused_and_leaves_the_run_degraded() -> None:
+    reply = AIMessage(content="", tool_calls=[{"name": "search", "args": {}, "id": "c1"}])
+    state = TeamState(turn=1, visits=[visit("researcher")])
+    sent: list[Any] = []
+    with events_to(sent.append):
+        update = finalize().close(state, CONFIG, "succeeded", Asked(reply, None, 0.5))
+    assert (update["answer"], update["status"]) == (None, "degraded")
+    assert update["stop_reason"] == (
+        "no answer: finalize wrote no text (it called a tool, which it may not)"
+    )
+    assert [(v["id"], v["kind"]) for v in update["violations"]] == [
+        ("supervisor:t:c1:tool_not_allowed", "tool_not_allowed")
+    ]
+    assert update["usage"][0]["model_calls"] == 1
+    assert "messages" not in update
+    assert sent[-1]["type"] == "final"
+
+
+def test_a_visit_read_tells_how_it_ended() -> None:
+    reply = AIMessage(content="Found it.")
+    finished = read_visit({"messages": [reply]}, None, "coder:v1")
+    assert (finished.ended, finished.output) == ("finished", "Found it.")
+    error = ModelCallError(role="coder", model="m", status=503, detail="busy")
+    failed = read_visit({"messages": [reply]}, error, "coder:v1")
+    assert (failed.ended, failed.output) == ("model_error", "Its model call failed: HTTP 503: busy")
+    assert failed.budget_note is None
+
+
+def test_a_command_from_another_graph_is_no_handoff_of_the_visit() -> None:
+    foreign = ParentCommand(Command(graph="other:v9", goto="writer", update={}))
+    with pytest.raises(ParentCommand):
+        read_visit({"messages": [AIMessage(content="")]}, foreign, "coder:v1")

@@ -23,21 +23,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from relaygraph._calls import Call, Steps, run_async, run_sync
+from relaygraph._calls import Call, Steps
 from relaygraph.agents.context import TaskContext, ToolJournal
 from relaygraph.errors import RelaygraphError
 from relaygraph.events import events_to
 from relaygraph.handoffs import handoff_target
+from relaygraph.policies.middleware import ToolStepsMiddleware
 from relaygraph.policies.pingpong import normalize_call
 
 __all__ = ["JOURNAL_KEY", "ToolJournalMiddleware", "call_key", "journal_record", "replay"]
@@ -90,7 +90,7 @@ def replay(record: Mapping[str, Any]) -> Result:
     return result
 
 
-class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
+class ToolJournalMiddleware(ToolStepsMiddleware):
     """Answers a call that completed before from the task's tool journal, and records each
     call that completes, before its result returns into the graph.
 
@@ -99,27 +99,7 @@ class ToolJournalMiddleware(AgentMiddleware[Any, Any, Any]):
     call without an id, and every call of a task whose context has no journal.
     """
 
-    def __init__(self, agent: str) -> None:
-        super().__init__()
-        self.agent = agent
-
-    @property
-    def name(self) -> str:
-        return f"ToolJournal[{self.agent}]"
-
-    def wrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Result],
-    ) -> Result:
-        return run_sync(self._tool_call(request, handler))
-
-    async def awrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Awaitable[Result]],
-    ) -> Result:
-        return await run_async(self._tool_call(request, handler))
+    label = "ToolJournal"
 
     def _tool_call(self, request: ToolCallRequest, handler: Callable[..., Any]) -> Steps[Result]:
         call = request.tool_call

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from relaygraph._calls import Call, Steps, run_async, run_sync
+from relaygraph._calls import Call, Steps
 from relaygraph.backends.sandbox import SandboxUnavailableError
 from relaygraph.errors import ToolInputError
 from relaygraph.events import event_sink, tool_call_event, tool_result_event
 from relaygraph.handoffs import handoff_target
-from relaygraph.policies.middleware import refuse_call, was_run
+from relaygraph.policies.middleware import ToolStepsMiddleware, refuse_call, was_run
 
 
-class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
+class ToolEventsMiddleware(ToolStepsMiddleware):
     """Reports each tool call and its result on the custom stream, and answers refused input.
 
     A :class:`ToolInputError` (a path outside the workspace, an unknown doc id) is a normal
@@ -31,27 +30,7 @@ class ToolEventsMiddleware(AgentMiddleware[Any, Any, Any]):
     (``_journal._own_events``); any other exception still propagates: it is a real failure.
     """
 
-    def __init__(self, agent: str) -> None:
-        super().__init__()
-        self.agent = agent
-
-    @property
-    def name(self) -> str:
-        return f"ToolEvents[{self.agent}]"
-
-    def wrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
-    ) -> ToolMessage | Command[Any]:
-        return run_sync(self._tool_call(request, handler))
-
-    async def awrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
-    ) -> ToolMessage | Command[Any]:
-        return await run_async(self._tool_call(request, handler))
+    label = "ToolEvents"
 
     def _tool_call(
         self, request: ToolCallRequest, handler: Callable[..., Any]

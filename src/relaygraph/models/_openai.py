@@ -19,13 +19,12 @@ import threading
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
-    Awaitable,
     Callable,
     Generator,
     Iterator,
     Mapping,
 )
-from contextlib import aclosing, closing
+from contextlib import aclosing, closing, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import urlsplit
@@ -39,6 +38,7 @@ from langchain_core.runnables.config import ensure_config
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, PrivateAttr
 
+from relaygraph._calls import Call, Steps, run_async, run_sync
 from relaygraph._deadline import seconds_left
 from relaygraph.errors import ConfigError, ModelSpecError
 from relaygraph.events import ModelRetryEvent, StructuredMethodEvent, event_sink
@@ -226,26 +226,20 @@ def _with_raw(model: Runnable[Any, Any], parser: Runnable[Any, Any], *, name: st
     parser in a fallback: work repeated at every supervisor turn for nothing the caller
     uses."""
 
-    def run(value: Any, config: RunnableConfig) -> dict[str, Any]:
-        raw = model.invoke(value, config)
+    def steps(value: Any, config: RunnableConfig) -> Steps[dict[str, Any]]:
+        raw = yield Call.invoke(model, value, config)
         try:
-            return {"raw": raw, "parsed": parser.invoke(raw, config), "parsing_error": None}
+            parsed = yield Call.invoke(parser, raw, config)
         except Exception as exc:  # As ChatOpenAI's fallback: any parser error is reported.
-            return {"raw": raw, "parsed": None, "parsing_error": exc}
-
-    async def arun(value: Any, config: RunnableConfig) -> dict[str, Any]:
-        raw = await model.ainvoke(value, config)
-        try:
-            parsed = await parser.ainvoke(raw, config)
-        except Exception as exc:
             return {"raw": raw, "parsed": None, "parsing_error": exc}
         return {"raw": raw, "parsed": parsed, "parsing_error": None}
 
-    return _Direct(run, arun, name=name)
+    return _Direct(steps, name=name)
 
 
 class _Direct(Runnable[Any, Any]):
-    """A pair of functions (sync, async) as a runnable, called directly.
+    """Steps (:mod:`relaygraph._calls`) as a runnable, called directly: their calls made
+    on the thread under ``invoke``, awaited under ``ainvoke``.
 
     ``RunnableLambda`` inspects its function's signature (``inspect.signature``) and opens a
     callback run of its own at every call, every supervisor turn, for a step whose model
@@ -253,20 +247,14 @@ class _Direct(Runnable[Any, Any]):
     the functions unchanged, so the model's run keeps the caller's callbacks and parent.
     """
 
-    def __init__(
-        self,
-        func: Callable[[Any, RunnableConfig], Any],
-        afunc: Callable[[Any, RunnableConfig], Awaitable[Any]],
-        *,
-        name: str,
-    ) -> None:
-        self._func, self._afunc, self.name = func, afunc, name
+    def __init__(self, steps: Callable[[Any, RunnableConfig], Steps[Any]], *, name: str) -> None:
+        self._steps, self.name = steps, name
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return self._func(input, ensure_config(config))
+        return run_sync(self._steps(input, ensure_config(config)))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return await self._afunc(input, ensure_config(config))
+        return await run_async(self._steps(input, ensure_config(config)))
 
 
 def _structured_key(
@@ -428,35 +416,36 @@ class RelaygraphChatOpenAI(ChatOpenAI):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        try:
-            with reporting_retries(self._retried):
-                result = super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-        except _UNPARSED_ANSWERS as exc:
-            raise _unparsed(exc) from exc
-        except _CALL_ERRORS as exc:
-            raise self._failure(exc) from exc
-        except _MALFORMED_ANSWERS as exc:
-            raise self._malformed(exc) from exc
-        if not result.generations:  # `choices: []`: ChatOpenAI returns an empty result.
-            raise self._malformed(IndexError("no choices"))
-        return _check_json_answer(result, kwargs)
+        with self._call_failures(), reporting_retries(self._retried):
+            result = super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        return self._answer(result, kwargs)
 
     async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
+        with self._call_failures(), reporting_retries(self._retried):
+            result = await super()._agenerate(*args, **kwargs)
+        return self._answer(result, kwargs)
+
+    def _answer(self, result: ChatResult, kwargs: Mapping[str, Any]) -> ChatResult:
+        """A whole answer's checks: it has a choice, and its JSON was not cut."""
+        if not result.generations:  # `choices: []`: ChatOpenAI returns an empty result.
+            raise self._malformed(IndexError("no choices"))
+        return _check_json_answer(result, kwargs)
+
+    @contextmanager
+    def _call_failures(self) -> Iterator[None]:
+        """The SDK's and the HTTP client's exceptions of a call, raised as what they mean
+        to a run: an answer the SDK could not parse, a failed call, a malformed answer."""
         try:
-            with reporting_retries(self._retried):
-                result = await super()._agenerate(*args, **kwargs)
+            yield
         except _UNPARSED_ANSWERS as exc:
             raise _unparsed(exc) from exc
         except _CALL_ERRORS as exc:
             raise self._failure(exc) from exc
         except _MALFORMED_ANSWERS as exc:
             raise self._malformed(exc) from exc
-        if not result.generations:  # `choices: []`: ChatOpenAI returns an empty result.
-            raise self._malformed(IndexError("no choices"))
-        return _check_json_answer(result, kwargs)
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        try:
+        with self._call_failures():
             # ChatOpenAI's stream methods are generators (typed as iterators).
             chunks = cast("Generator[ChatGenerationChunk]", super()._stream(*args, **kwargs))
             assembly = StreamAssembly()
@@ -469,15 +458,9 @@ class RelaygraphChatOpenAI(ChatOpenAI):
                 for chunk in chunks:
                     yield assembly.take(chunk)
             yield from self._stream_end(assembly, stream_messages(args, kwargs), kwargs)
-        except _UNPARSED_ANSWERS as exc:
-            raise _unparsed(exc) from exc
-        except _CALL_ERRORS as exc:
-            raise self._failure(exc) from exc
-        except _MALFORMED_ANSWERS as exc:
-            raise self._malformed(exc) from exc
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        try:
+        with self._call_failures():
             chunks = cast("AsyncGenerator[ChatGenerationChunk]", super()._astream(*args, **kwargs))
             assembly = StreamAssembly()
             async with aclosing(chunks):
@@ -490,12 +473,6 @@ class RelaygraphChatOpenAI(ChatOpenAI):
                     yield assembly.take(chunk)
             for last in self._stream_end(assembly, stream_messages(args, kwargs), kwargs):
                 yield last
-        except _UNPARSED_ANSWERS as exc:
-            raise _unparsed(exc) from exc
-        except _CALL_ERRORS as exc:
-            raise self._failure(exc) from exc
-        except _MALFORMED_ANSWERS as exc:
-            raise self._malformed(exc) from exc
 
     def _stream_end(
         self, assembly: StreamAssembly, messages: list[BaseMessage], kwargs: Mapping[str, Any]
@@ -612,7 +589,7 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             return built[method]
 
         def learned() -> StructuredMethod | None:
-            # A method the server took once is no longer probed: a 400 on it now is about
+            # A method the server took once is not probed again: a 400 on it then is about
             # this request (a context too long, a message the server refuses), which every
             # other method would be refused too; it fails the call like any other error,
             # reported once, instead of costing two more requests that hide it.
@@ -651,16 +628,16 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             self._report(error)
             return error
 
-        def run(value: Any, config: RunnableConfig) -> Any:
+        def steps(value: Any, config: RunnableConfig) -> Steps[Any]:
             known = learned()
             if known is not None:
-                return by(known).invoke(value, config)
+                return (yield Call.invoke(by(known), value, config))
             rejected: dict[str, str] = {}
             last: ModelCallError | None = None
             for method in AUTO_ORDER:
                 token = _probing.set(method)
                 try:
-                    out = by(method).invoke(value, config)
+                    out = yield Call.invoke(by(method), value, config)
                 except ModelCallError as exc:
                     if not rejects(method, exc):
                         raise
@@ -673,29 +650,7 @@ class RelaygraphChatOpenAI(ChatOpenAI):
             assert last is not None
             raise give_up(last)
 
-        async def arun(value: Any, config: RunnableConfig) -> Any:
-            known = learned()
-            if known is not None:
-                return await by(known).ainvoke(value, config)
-            rejected: dict[str, str] = {}
-            last: ModelCallError | None = None
-            for method in AUTO_ORDER:
-                token = _probing.set(method)
-                try:
-                    out = await by(method).ainvoke(value, config)
-                except ModelCallError as exc:
-                    if not rejects(method, exc):
-                        raise
-                    rejected[method], last = exc.reason, exc
-                    continue
-                finally:
-                    _probing.reset(token)
-                settle(method, rejected)
-                return out
-            assert last is not None
-            raise give_up(last)
-
-        return _Direct(run, arun, name="structured_auto")
+        return _Direct(steps, name="structured_auto")
 
 
 def _report_retry(role: str, spec: str, note: RetryNote) -> None:

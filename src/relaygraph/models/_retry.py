@@ -39,11 +39,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx2
 import openai
 
+from relaygraph._calls import Call, Steps, run_async, run_sync
 from relaygraph._deadline import seconds_left
 from relaygraph.models._errors import server_message
 
@@ -212,6 +214,62 @@ def _report(note: RetryNote) -> None:
         on_retry(note)
 
 
+def _attempts(policy: RetryPolicy, request: Any, send: Call, *, stream: bool) -> Steps[Any]:
+    """A request's attempts, written once as steps (:mod:`relaygraph._calls`) for the sync
+    client and the async one: ``send`` sends it once; a failure that may pass on another
+    try is reported and waited for, while the policy and the task's time limit allow.
+
+    Returns the last attempt's response (an error status, when no retry was left or would
+    help: the SDK raises it), or raises the last attempt's failure with no answer
+    (:data:`TRANSIENT_ERRORS`).
+    """
+    attempt = 0
+    while True:
+        attempts_made.set(attempt + 1)
+        last = attempt >= policy.max_retries
+        _within_deadline(request)
+        try:
+            response = yield send
+        except TRANSIENT_ERRORS as exc:
+            if last or not _retry_fits(policy.backoff(attempt)):
+                raise
+            note = RetryNote(
+                attempt=attempt + 1,
+                status=None,
+                error=_no_answer(exc),
+                wait_seconds=policy.backoff(attempt),
+            )
+        else:
+            if last or response.status_code < 400:
+                return response
+            if stream:
+                yield Call(response.read, response.aread)
+            wait, asked = _decide(response, attempt, policy)
+            if wait is None or not _retry_fits(wait):
+                return response
+            note = RetryNote(
+                attempt=attempt + 1,
+                status=response.status_code,
+                error=_describe(response),
+                wait_seconds=wait,
+                retry_after=asked,
+            )
+            yield Call(response.close, response.aclose)
+        _report(note)
+        yield Call(
+            partial(time.sleep, note.wait_seconds), partial(asyncio.sleep, note.wait_seconds)
+        )
+        attempt += 1
+
+
+def _no_sync() -> Any:
+    raise RuntimeError("the async client makes no call on the thread")
+
+
+async def _no_async() -> Any:
+    raise RuntimeError("the sync client makes no call on the event loop")
+
+
 class RetryingClient(openai.DefaultHttpxClient):
     """The SDK's HTTP client, sending a failed request again where that may help, and
     reporting each retry to the caller's :func:`reporting_retries`."""
@@ -228,41 +286,9 @@ class RetryingClient(openai.DefaultHttpxClient):
                 self.close()
 
     def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
-        attempt = 0
-        while True:
-            attempts_made.set(attempt + 1)
-            last = attempt >= self._policy.max_retries
-            _within_deadline(request)
-            try:
-                response = super().send(request, stream=stream, **kwargs)
-            except TRANSIENT_ERRORS as exc:
-                if last or not _retry_fits(self._policy.backoff(attempt)):
-                    raise
-                note = RetryNote(
-                    attempt=attempt + 1,
-                    status=None,
-                    error=_no_answer(exc),
-                    wait_seconds=self._policy.backoff(attempt),
-                )
-            else:
-                if last or response.status_code < 400:
-                    return response
-                if stream:
-                    response.read()
-                wait, asked = _decide(response, attempt, self._policy)
-                if wait is None or not _retry_fits(wait):
-                    return response
-                note = RetryNote(
-                    attempt=attempt + 1,
-                    status=response.status_code,
-                    error=_describe(response),
-                    wait_seconds=wait,
-                    retry_after=asked,
-                )
-                response.close()
-            _report(note)
-            time.sleep(note.wait_seconds)
-            attempt += 1
+        parent = super().send
+        sending = Call(lambda: parent(request, stream=stream, **kwargs), _no_async)
+        return run_sync(_attempts(self._policy, request, sending, stream=stream))
 
 
 class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
@@ -278,41 +304,9 @@ class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
                 asyncio.get_running_loop().create_task(self.aclose())
 
     async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
-        attempt = 0
-        while True:
-            attempts_made.set(attempt + 1)
-            last = attempt >= self._policy.max_retries
-            _within_deadline(request)
-            try:
-                response = await super().send(request, stream=stream, **kwargs)
-            except TRANSIENT_ERRORS as exc:
-                if last or not _retry_fits(self._policy.backoff(attempt)):
-                    raise
-                note = RetryNote(
-                    attempt=attempt + 1,
-                    status=None,
-                    error=_no_answer(exc),
-                    wait_seconds=self._policy.backoff(attempt),
-                )
-            else:
-                if last or response.status_code < 400:
-                    return response
-                if stream:
-                    await response.aread()
-                wait, asked = _decide(response, attempt, self._policy)
-                if wait is None or not _retry_fits(wait):
-                    return response
-                note = RetryNote(
-                    attempt=attempt + 1,
-                    status=response.status_code,
-                    error=_describe(response),
-                    wait_seconds=wait,
-                    retry_after=asked,
-                )
-                await response.aclose()
-            _report(note)
-            await asyncio.sleep(note.wait_seconds)
-            attempt += 1
+        parent = super().send
+        sending = Call(_no_sync, lambda: parent(request, stream=stream, **kwargs))
+        return await run_async(_attempts(self._policy, request, sending, stream=stream))
 
 
 def _environment() -> tuple[Any, ...]:

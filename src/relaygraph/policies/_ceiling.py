@@ -137,20 +137,17 @@ def loosenings(policy: TeamPolicy, ceiling: PolicyCeiling, *, whose: str) -> lis
             new, old = getattr(agent.limits, key), getattr(cap.limits, key)
             if _above(new, old):
                 add(f"agents.{name}.{key}", f"= {_show(new)} is above {whose} {_show(old)}")
-        extra = sorted(set(agent.tools) - set(_allowed_tools(agent.tools, cap, ceiling)))
-        if extra:
-            add(
-                f"agents.{name}.tools",
-                f"adds {extra}, which {whose} policy does not allow "
-                f"(it allows {sorted(cap.tools)})",
-            )
-        extra = sorted(set(agent.handoffs) - set(_allowed_peers(agent.handoffs, cap, top)))
-        if extra:
-            add(
-                f"agents.{name}.handoffs",
-                f"adds {extra}, which {whose} policy does not allow "
-                f"(it allows {sorted(cap.handoffs)})",
-            )
+        for key, asked, allowed, listed in (
+            ("tools", agent.tools, _allowed_tools(agent.tools, cap, ceiling), cap.tools),
+            ("handoffs", agent.handoffs, _allowed_peers(agent.handoffs, cap, top), cap.handoffs),
+        ):
+            extra = sorted(set(asked) - set(allowed))
+            if extra:
+                add(
+                    f"agents.{name}.{key}",
+                    f"adds {extra}, which {whose} policy does not allow "
+                    f"(it allows {sorted(listed)})",
+                )
         dropped = sorted((set(cap.approval) & set(agent.tools)) - set(agent.approval))
         if dropped:
             add(

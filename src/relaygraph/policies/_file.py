@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,6 +27,18 @@ from relaygraph.policies._policy import (
     TeamLimits,
     TeamPolicy,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Value = TypeVar("_Value", bound="DataclassInstance")
+
+
+def _from_section(cls: type[_Value], section: BaseModel) -> _Value:
+    """The frozen value ``cls`` (a dataclass) of a parsed section: each of its fields from
+    the section's key of the same name."""
+    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
+
 
 # Strict: "5" is not a number and true is not 1. Strict floats still accept integers (300).
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -240,28 +252,13 @@ def parse_policy(
             tools=tuple(dict.fromkeys(tools)),
             handoffs=tuple(dict.fromkeys(handoffs)),
             approval=tuple(dict.fromkeys(section.approval)),
-            limits=AgentLimits(
-                max_model_calls=section.max_model_calls,
-                max_tool_calls=section.max_tool_calls,
-                max_tokens=section.max_tokens,
-                max_cost_usd=section.max_cost_usd,
-                max_seconds=section.max_seconds,
-            ),
+            limits=_from_section(AgentLimits, section),
         )
-    team = parsed.team
     return TeamPolicy(
         agents=MappingProxyType(agents),
-        team=TeamLimits(
-            max_agent_runs=team.max_agent_runs,
-            max_tokens=team.max_tokens,
-            max_cost_usd=team.max_cost_usd,
-            max_seconds=team.max_seconds,
-            on_exhausted=team.on_exhausted,
-        ),
-        ping_pong=PingPongPolicy(
-            max_bounces=parsed.ping_pong.max_bounces, on_detect=parsed.ping_pong.on_detect
-        ),
-        finalize=FinalizePolicy(answer=parsed.finalize.answer, citations=parsed.finalize.citations),
+        team=_from_section(TeamLimits, parsed.team),
+        ping_pong=_from_section(PingPongPolicy, parsed.ping_pong),
+        finalize=_from_section(FinalizePolicy, parsed.finalize),
         prices=MappingProxyType(
             {model: Price(input=p.input, output=p.output) for model, p in parsed.prices.items()}
         ),

@@ -3,7 +3,7 @@
 LangChain's ``ModelCallLimitMiddleware`` and ``ToolCallLimitMiddleware`` count calls per
 thread or per run of one agent graph; relaygraph's budgets span all visits of an agent in a
 task, the whole team, tokens, cost and time, so the checks are written here on the same
-hooks (``before_model`` with a jump to the end, ``wrap_tool_call``).
+hooks LangChain's middleware offers (``wrap_model_call``, ``wrap_tool_call``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from langchain.agents.middleware import (
     AgentMiddleware,
-    AgentState,
     ModelRequest,
     ModelResponse,
 )
@@ -62,6 +61,7 @@ __all__ = [
     "NOT_RUN_KEY",
     "VIOLATION_KEY",
     "PolicyMiddleware",
+    "ToolStepsMiddleware",
     "VisitBudget",
     "is_model_output",
     "model_outputs",
@@ -278,19 +278,54 @@ def _unavailable(context: Any, tool: str) -> str | None:
     return context.unavailable_tool(tool) if isinstance(context, ToolAvailability) else None
 
 
-class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
-    """Enforces one agent's policy: budgets, allowlists, repeated calls, approvals."""
+class ToolStepsMiddleware(AgentMiddleware[Any, Any, Any]):
+    """One agent's middleware whose tool-call wrapper is written once as steps
+    (:mod:`relaygraph._calls`, its :meth:`_tool_call`): run on the thread under
+    ``wrap_tool_call``, awaited on the event loop under ``awrap_tool_call``."""
 
-    def __init__(self, agent: str, policy: TeamPolicy) -> None:
+    label: ClassVar[str]
+    """The middleware's name before its agent's (``Policy[coder]``): an agent's
+    middleware names differ."""
+
+    def __init__(self, agent: str) -> None:
         super().__init__()
         self.agent = agent
-        self.policy = policy
-        self.rules: AgentPolicy = policy.agent(agent)
-        self.allowed = set(self.rules.tools) | {f"{HANDOFF_PREFIX}{p}" for p in self.rules.handoffs}
 
     @property
     def name(self) -> str:
-        return f"Policy[{self.agent}]"
+        return f"{self.label}[{self.agent}]"
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
+        return run_sync(self._tool_call(request, handler))
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        return await run_async(self._tool_call(request, handler))
+
+    def _tool_call(
+        self, request: ToolCallRequest, handler: Callable[..., Any]
+    ) -> Steps[ToolMessage | Command[Any]]:
+        """The tool call's steps: ``yield Call.handler(handler, request)`` runs the call."""
+        raise NotImplementedError
+
+
+class PolicyMiddleware(ToolStepsMiddleware):
+    """Enforces one agent's policy: budgets, allowlists, repeated calls, approvals."""
+
+    label = "Policy"
+
+    def __init__(self, agent: str, policy: TeamPolicy) -> None:
+        super().__init__(agent)
+        self.policy = policy
+        self.rules: AgentPolicy = policy.agent(agent)
+        self.allowed = set(self.rules.tools) | {f"{HANDOFF_PREFIX}{p}" for p in self.rules.handoffs}
 
     # -- budgets ----------------------------------------------------------------------
 
@@ -363,7 +398,7 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         # hook: a hook is a node of the agent's graph, so a step of its own, with its own
         # checkpoint and writes (sync durability), before every model call. A spent budget
         # answers with the note instead of the model: a reply without tool calls, which
-        # ends the visit as `jump_to: end` did.
+        # ends the visit as a `jump_to: end` would.
         messages: list[BaseMessage] = list(request.state["messages"])
         note = self._budget_note(messages)
         if note is not None:
@@ -378,20 +413,6 @@ class PolicyMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         return response
 
     # -- tools ------------------------------------------------------------------------
-
-    def wrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
-    ) -> ToolMessage | Command[Any]:
-        return run_sync(self._tool_call(request, handler))
-
-    async def awrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
-    ) -> ToolMessage | Command[Any]:
-        return await run_async(self._tool_call(request, handler))
 
     def _tool_call(
         self, request: ToolCallRequest, handler: Callable[..., Any]

@@ -5,27 +5,27 @@ Every LangGraph loop (the team graph's, and each agent visit's subgraph) opens a
 It hands each step's writes (``put_writes``) and checkpoint (``put``) to that pool, and
 under ``durability="sync"``, which every relaygraph run uses (see ``TaskRun.stream``), the
 loop then waits for the checkpoint before its next step. The save is on the run's path
-either way; the pool only adds to it: a relay task started about 8 threads for its saves,
-and each save was a hand-over to another thread and back, each a wait for the interpreter's
-lock while the process's other runs hold it (profiled on one task at a time: 6.5 ms of a
-task's wall time waiting on save futures and 2.5 ms on thread starts; on a busy in-process
-server each hand-over waits behind the other runs' threads as well).
+either way; the pool only adds to it: a run starts threads for its saves, and each save is a
+hand-over to another thread and back, each a wait for the interpreter's lock while the
+process's other runs hold it (on a busy in-process server, behind the other runs' threads as
+well).
 
 LangGraph offers no setting for it (its executor is made from the run's config, a
 ``ThreadPoolExecutor`` always), so this wraps ``BackgroundExecutor.submit``: inside
 :func:`saves_inline`, a checkpointer's ``put_writes`` and the loop's checkpoint save run at
-once on the calling thread, in a future already done, which the executor tracks as it
-tracks its own (an error is raised where the loop waits for it, and again when the loop
-closes, as before). Anything else a loop submits (a step's parallel tasks, the stream's
-waiter) still goes to the pool, and outside :func:`saves_inline` (a caller's own LangGraph
-graphs in the same process) nothing changes. The order of saves is kept: the loop submits a
-checkpoint after the writes it follows, and each now ends before the next is submitted.
+once on the calling thread, in a future already done, which the executor tracks as it tracks
+its own (an error is raised where the loop waits for it, and again when the loop closes, as
+a pool's future raises it). Anything else a loop submits (a step's parallel tasks, the
+stream's waiter) still goes to the pool, and outside :func:`saves_inline` (a caller's own
+LangGraph graphs in the same process) nothing changes. The order of saves is kept: the loop
+submits a checkpoint after the writes it follows, and each ends before the next is
+submitted.
 
 The wrapper relies on a private method, so pyproject.toml pins LangGraph to the minor it is
 tested with (``<1.3``), and tests/test_inline_saves.py checks the signatures and the
 behaviour it relies on: moving the pin means running those first. Should a LangGraph lack
-the names anyway, :func:`install` leaves it alone and logs a warning once, and runs go on as
-before (the saves on the pool): slower, never wrong.
+the names anyway, :func:`install` leaves it alone and logs a warning once, and runs go on
+with their saves on the pool: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def install() -> bool:
             future.add_done_callback(self.done)
             try:
                 future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # raised where the loop waits for it, as before
+            except BaseException as exc:  # raised where the loop waits for it, as from the pool
                 future.set_exception(exc)
             return future
 

@@ -241,8 +241,7 @@ def submit_task(
             ``lease_seconds``, the length of its lease; not with ``enqueue``): a task that
             may start now is recorded ``running`` under its lease, in the transaction that
             records it (``SubmittedTask.leased``), instead of ``queued`` for a
-            ``take_lease`` after (which cost a run about 3 ms of CPU in the ORM; in Core
-            about 0.5 ms, still a transaction of its own).
+            ``take_lease`` after, which would be a transaction of its own.
         quotas: The server's quotas of every project (``RunnerSettings.quotas``); None:
             none (``run_task`` in a user's own process).
 

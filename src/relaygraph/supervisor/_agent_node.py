@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.config import get_stream_writer
 from langgraph.errors import ParentCommand
@@ -106,10 +106,110 @@ class StructuredExits:
         return outcome.command
 
 
+@dataclass(frozen=True, slots=True)
+class Visiting:
+    """The visit an agent node's call makes: where it runs and the work it was given."""
+
+    agent: str
+    state: TeamState
+    config: RunnableConfig
+    assignment: Assignment
+
+    @property
+    def turn(self) -> int:
+        return self.state.get("turn", 0)
+
+    @property
+    def visit_id(self) -> str:
+        """The task namespace the visit runs in: its records' id."""
+        return task_ns(self.config)
+
+    def exit(self, kind: ExitKind, command: Command[Any], **more: Any) -> Exit:
+        """The node's outcome ``kind``, going on with ``command``."""
+        return Exit(
+            kind=kind,
+            command=command,
+            agent=self.agent,
+            assignment=self.assignment,
+            step=step_of(self.config),
+            **more,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ran:
+    """A visit's subgraph run, read: its transcript and what ended it."""
+
+    transcript: list[AnyMessage]
+    """The visit's messages, a handoff's own among them, every tool call answered."""
+    handoff: dict[str, Any] | None = None
+    """The update of the handoff to a peer that ended the visit, if one did."""
+    target: str | None = None
+    """The peer the handoff goes to."""
+    failed: ModelCallError | None = None
+    """The failed model call that ended the visit, if one did."""
+
+    @property
+    def budget_note(self) -> dict[str, Any] | None:
+        """The budget the agent's middleware found spent (:data:`BUDGET_KEY`): it ended
+        the visit when neither a handoff nor a failed call did."""
+        if self.handoff is not None or self.failed is not None:
+            return None
+        note: dict[str, Any] | None = self.transcript[-1].additional_kwargs.get(BUDGET_KEY)
+        return note
+
+    @property
+    def ended(self) -> VisitEnded:
+        if self.handoff is not None:
+            return "handed_off"
+        if self.failed is not None:
+            return "model_error"
+        return "budget" if self.budget_note else "finished"
+
+    @property
+    def output(self) -> str:
+        """The visit's result as the team sees it."""
+        if self.handoff is not None:
+            return f"Handed off to {self.target}: {self.handoff['handoffs'][0]['task']}"
+        if self.failed is not None:
+            return f"Its model call failed: {self.failed.reason}"
+        last = self.transcript[-1]
+        return last.text if isinstance(last, AIMessage) else ""
+
+
+def read_visit(values: dict[str, Any], stopped: Exception | None, visit_id: str) -> Ran:
+    """The visit's run from its subgraph's latest state and what stopped it early.
+
+    Raises:
+        ParentCommand: A command that is no handoff from this agent's tools: LangGraph
+            routes it.
+    """
+    transcript: list[AnyMessage] = list(values["messages"])
+    if isinstance(stopped, ModelCallError):
+        # The server failed the agent's model call after the client's retries (its
+        # model_error event is sent): the visit ends here and the team goes on without
+        # this agent, as with a spent budget.
+        return Ran(transcript=transcript, failed=stopped)
+    if not isinstance(stopped, ParentCommand):
+        return Ran(transcript=transcript)
+    command = stopped.args[0]
+    if command.graph != visit_id or not isinstance(command.update, dict):
+        raise stopped
+    target = str(command.goto)
+    transcript += command.update.get("messages", [])
+    transcript += answer_unanswered_calls(transcript, carried_out=f"{HANDOFF_PREFIX}{target}")
+    return Ran(transcript=transcript, handoff=command.update, target=target)
+
+
 class AgentNode:
     """An agent's node: one visit of its subgraph per call, written once as steps
     (:mod:`relaygraph._calls`) that run on a thread (``stream``) or on the event loop
-    (``astream``), where the visit's subgraph is awaited and holds no thread."""
+    (``astream``), where the visit's subgraph is awaited and holds no thread.
+
+    Each part a visit goes through can be called alone: the stop before it
+    (:meth:`AgentNode.stopped_before`), the visit's records (:meth:`AgentNode.record`)
+    and where the team goes after it (:meth:`AgentNode.after`, :meth:`AgentNode.hand_off`).
+    """
 
     def __init__(
         self,
@@ -138,187 +238,192 @@ class AgentNode:
         """The node as LangGraph runs it (see :func:`steps_node`)."""
         return steps_node(self.steps, self.name, subgraph=self.graph)
 
-    def steps(self, state: TeamState, config: RunnableConfig) -> Steps[Any]:
-        name, graph, policy, rules = self.name, self.graph, self.policy, self.rules
-        leave, recursion_limit, replays = self.leave, self.recursion_limit, self.replays
+    def visiting(self, state: TeamState, config: RunnableConfig) -> Visiting:
+        """The visit this call makes: the work waiting for the agent, or the request
+        itself for the first agent of a topology without a supervisor."""
         assignment = state.get("assignment") or Assignment(
-            agent=name,
+            agent=self.name,
             task=state.get("request", ""),
             reason="",
-            source=leave.entry_source,
+            source=self.leave.entry_source,
             kind="route",
         )
+        return Visiting(self.name, state, config, assignment)
 
-        def out(kind: ExitKind, command: Command[Any], **more: Any) -> Any:
-            return leave(
-                Exit(
-                    kind=kind,
-                    command=command,
-                    agent=name,
-                    assignment=assignment,
-                    step=step_of(config),
-                    **more,
-                ),
-                state,
-            )
+    def stopped_before(self, visiting: Visiting) -> Exit | None:
+        """The node's outcome when the agent may not run: a team limit is reached, or its
+        own budget is spent (reached through a direct handoff: the supervisor already
+        could not route here)."""
+        state, config = visiting.state, visiting.config
+        if hit := team_stop(state, self.policy, config):
+            return visiting.exit("stop", exhausted(self.policy, hit, state, config))
+        spent = check_agent_budget(
+            self.name, self.rules.limits, turn_usage(state, self.name), before="model"
+        )
+        if spent is None:
+            return None
+        record = violation(
+            f"{visiting.visit_id}:budget", visiting.turn, self.name, "budget", spent.message
+        )
+        update = {
+            "violations": [record],
+            "assignment": None,
+            "barred": add_bar(state, self.name, f"out of budget: {spent.message}"),
+        }
+        return visiting.exit("spent", Command(goto=SUPERVISOR, update=update), hit=spent)
 
-        if hit := team_stop(state, policy, config):
-            return out("stop", exhausted(policy, hit, state, config))
-        turn, visit_id = state.get("turn", 0), task_ns(config)
-        agent_before = turn_usage(state, name)
-        if spent := check_agent_budget(name, rules.limits, agent_before, before="model"):
-            # Reached through a direct handoff: the supervisor already could not route here.
-            record = violation(f"{visit_id}:budget", turn, name, "budget", spent.message)
-            return out(
-                "spent",
-                Command(
-                    goto=SUPERVISOR,
-                    update={
-                        "violations": [record],
-                        "assignment": None,
-                        "barred": add_bar(state, name, f"out of budget: {spent.message}"),
-                    },
-                ),
-                hit=spent,
-            )
-        emit = event_sink() or get_stream_writer()
-        emit(agent_started_event(name, task=assignment["task"], source=assignment["source"]))
-        scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
-        started = time.monotonic()
+    def visit_config(self, visiting: Visiting, started: float) -> RunnableConfig:
+        """The config the visit's subgraph runs with: its budget and recursion limit."""
+        state, config = visiting.state, visiting.config
         budget = VisitBudget(
-            agent_before=agent_before,
+            agent_before=turn_usage(state, self.name),
             team_before=turn_usage(state),
             started=started,
-            earlier_results=earlier_results(state, name),
+            earlier_results=earlier_results(state, self.name),
             step=step_of(config),
-            barred=bars_now(state, name),
+            barred=bars_now(state, self.name),
         )
-        handoff: Command[Any] | None = None
-        failed: ModelCallError | None = None
-        visit_config = call_config(config, state, name, replays=replays, **{BUDGET_KEY: budget})
-        visit_config["recursion_limit"] = recursion_limit
-        values, stopped = yield _visit_call(graph, {"messages": [scoped]}, visit_config)
-        if isinstance(stopped, ParentCommand):
-            command = stopped.args[0]
-            if command.graph != visit_id or not isinstance(command.update, dict):
-                raise stopped  # Not a handoff from this agent's tools: let LangGraph route it.
-            handoff = command
-        elif isinstance(stopped, ModelCallError):
-            # The server failed the agent's model call after the client's retries (its
-            # model_error event is sent): the visit ends here and the team goes on without
-            # this agent, as with a spent budget.
-            failed = stopped
-        transcript: list[BaseMessage] = list(values["messages"])
-        target = str(handoff.goto) if handoff is not None else None
-        if handoff is not None:
-            transcript += handoff.update.get("messages", [])  # type: ignore[union-attr]
-            transcript += answer_unanswered_calls(
-                transcript, carried_out=f"{HANDOFF_PREFIX}{target}"
-            )
-        totals = transcript_usage(transcript, policy, seconds=time.monotonic() - started)
-        usage = usage_record(visit_id, name, turn, totals, model_outputs(transcript))
-        violations = transcript_violations(transcript, name, turn)
-        last = transcript[-1]
-        budget_note = (
-            last.additional_kwargs.get(BUDGET_KEY) if handoff is None and failed is None else None
+        visit_config = call_config(
+            config, state, self.name, replays=self.replays, **{BUDGET_KEY: budget}
         )
-        ended: VisitEnded = (
-            "handed_off"
-            if handoff
-            else "model_error"
-            if failed
-            else "budget"
-            if budget_note
-            else "finished"
-        )
-        output = (
-            f"Handed off to {target}: {handoff.update['handoffs'][0]['task']}"  # type: ignore[index]
-            if handoff is not None
-            else f"Its model call failed: {failed.reason}"
-            if failed is not None
-            else last.text
-            if isinstance(last, AIMessage)
-            else ""
-        )
-        visit = _visit(visit_id, name, turn, assignment, output, ended, transcript)
-        update: dict[str, Any] = {"visits": [visit], "usage": [usage], "violations": violations}
-        emit(agent_finished_event(name, ended=ended, output=output, usage=usage))
-        if failed is not None:
-            why = f"its model call failed: {failed.reason}"
-            update |= {
-                "barred": add_bar(state, name, why),
-                "status": "degraded",
-                "stop_reason": f"model_error: {name}: {failed.reason}",
-            }
-            back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
-            return out("failed", back, visit=visit)
-        if budget_note is not None:
-            hit = BudgetHit(**budget_note)
-            # A tool call refused at the same limit recorded it already (and sent its
-            # event then): one record, one event.
-            kept = [
-                v for v in violations if not (v["kind"] == "budget" and v["detail"] == hit.message)
-            ]
-            fresh = len(kept) == len(violations)
-            update["violations"] = violations = kept
-            if hit.scope == "team":
-                stop = exhausted(policy, hit, state, config, update, announce=fresh)
-                return out("stop", stop, visit=visit)
-            update["violations"] = [
-                *violations,
-                violation(f"{visit_id}:budget", turn, name, "budget", hit.message, announce=fresh),
-            ]
-            update["barred"] = add_bar(state, name, f"out of budget: {hit.message}")
-            back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
-            return out("spent", back, visit=visit, hit=hit)
-        if handoff is None or target is None:
-            back = Command(goto=SUPERVISOR, update={**update, "assignment": None})
-            return out("finished", back, visit=visit)
+        visit_config["recursion_limit"] = self.recursion_limit
+        return visit_config
 
-        sent: Handoff = handoff.update["handoffs"][0]  # type: ignore[index]
-        sent = {**sent, "step": step_of(config), "turn": turn}
+    def record(self, visiting: Visiting, ran: Ran, *, seconds: float) -> dict[str, Any]:
+        """The visit's records: the update with its visit, usage and violations."""
+        transcript, turn = ran.transcript, visiting.turn
+        totals = transcript_usage(transcript, self.policy, seconds=seconds)
+        usage = usage_record(visiting.visit_id, self.name, turn, totals, model_outputs(transcript))
+        visit = Visit(
+            id=visiting.visit_id,
+            agent=self.name,
+            turn=turn,
+            task=visiting.assignment["task"],
+            source=visiting.assignment["source"],
+            output=ran.output,
+            ended=ran.ended,
+            tools=[
+                m.name or ""
+                for m in transcript
+                if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
+            ],
+            messages=transcript,
+        )
+        violations = transcript_violations(transcript, self.name, turn)
+        return {"visits": [visit], "usage": [usage], "violations": violations}
+
+    def after(self, visiting: Visiting, ran: Ran, update: dict[str, Any]) -> Exit:
+        """Where the team goes after the visit: back to the supervisor (the agent's work
+        done, its model call failed, its budget spent), to a stop, or to a peer."""
+        state, name, visit = visiting.state, self.name, update["visits"][0]
+        back = {**update, "assignment": None}
+        if ran.failed is not None:
+            back |= {
+                "barred": add_bar(state, name, f"its model call failed: {ran.failed.reason}"),
+                "status": "degraded",
+                "stop_reason": f"model_error: {name}: {ran.failed.reason}",
+            }
+            return visiting.exit("failed", Command(goto=SUPERVISOR, update=back), visit=visit)
+        if (note := ran.budget_note) is not None:
+            return self.spent(visiting, BudgetHit(**note), update)
+        if ran.handoff is None or ran.target is None:
+            return visiting.exit("finished", Command(goto=SUPERVISOR, update=back), visit=visit)
+        return self.hand_off(visiting, ran.handoff, ran.target, update)
+
+    def spent(self, visiting: Visiting, hit: BudgetHit, update: dict[str, Any]) -> Exit:
+        """The visit ended at a budget: the team's stops the task, the agent's bars it."""
+        state, config, visit = visiting.state, visiting.config, update["visits"][0]
+        violations = update["violations"]
+        # A tool call refused at the same limit recorded it already (and sent its event
+        # then): one record, one event.
+        kept = [v for v in violations if not (v["kind"] == "budget" and v["detail"] == hit.message)]
+        fresh = len(kept) == len(violations)
+        update = {**update, "violations": kept}
+        if hit.scope == "team":
+            stop = exhausted(self.policy, hit, state, config, update, announce=fresh)
+            return visiting.exit("stop", stop, visit=visit)
+        record = violation(
+            f"{visiting.visit_id}:budget",
+            visiting.turn,
+            self.name,
+            "budget",
+            hit.message,
+            announce=fresh,
+        )
+        update |= {
+            "violations": [*kept, record],
+            "barred": add_bar(state, self.name, f"out of budget: {hit.message}"),
+            "assignment": None,
+        }
+        return visiting.exit("spent", Command(goto=SUPERVISOR, update=update), visit=visit, hit=hit)
+
+    def hand_off(
+        self, visiting: Visiting, handoff: dict[str, Any], target: str, update: dict[str, Any]
+    ) -> Exit:
+        """The work the agent's handoff (its command's update) gives the peer ``target``,
+        unless it is a ping-pong the policy stops or turns back."""
+        state, config = visiting.state, visiting.config
+        visit, usage = update["visits"][0], update["usage"][0]
+        sent: Handoff = handoff["handoffs"][0]
+        sent = {**sent, "step": step_of(config), "turn": visiting.turn}
         tokens_so_far = (
-            agent_tokens(state, policy.agents) + usage["input_tokens"] + usage["output_tokens"]
+            agent_tokens(state, self.policy.agents) + usage["input_tokens"] + usage["output_tokens"]
         )
 
         def report(carried_out: bool) -> None:
             # As a route: sent once the handoff is carried out or stopped (a ping-pong); one
             # waiting for a person's decision is reported after it. A stopped handoff moved
             # no work: it is not among the task's handoffs.
-            emit(
-                handoff_event(
-                    sent,
-                    checkpoint_ns=visit_id,
-                    tokens_so_far=tokens_so_far,
-                    carried_out=carried_out,
-                )
+            event = handoff_event(
+                sent,
+                checkpoint_ns=visiting.visit_id,
+                tokens_so_far=tokens_so_far,
+                carried_out=carried_out,
             )
+            (event_sink() or get_stream_writer())(event)
 
         proceed = Command(
-            goto=target,
-            update={"handoffs": [sent], "assignment": handoff.update["assignment"]},  # type: ignore[index]
+            goto=target, update={"handoffs": [sent], "assignment": handoff["assignment"]}
         )
-        visited = [v["agent"] for v in _prompts.turn_visits(state)] + [name]
-        found = detect_ping_pong(visited, target, max_bounces=policy.ping_pong.max_bounces)
-        if found is not None:
-            decided = on_ping_pong(
-                policy, found, state, config, source=name, proceed=proceed, update=update
-            )
-            report(decided.goto == target)
-            kind: ExitKind = (
-                "stop"
-                if decided.goto == FINALIZE
-                else "bounced"
-                if decided.goto == SUPERVISOR
-                else "handoff"
-            )
-            return out(kind, decided, visit=visit)
-        report(True)
-        return out(
-            "handoff",
-            Command(goto=target, update={**update, **(proceed.update or {})}),
-            visit=visit,
+        visited = [v["agent"] for v in _prompts.turn_visits(state)] + [self.name]
+        found = detect_ping_pong(visited, target, max_bounces=self.policy.ping_pong.max_bounces)
+        if found is None:
+            report(True)
+            command = Command(goto=target, update={**update, **(proceed.update or {})})
+            return visiting.exit("handoff", command, visit=visit)
+        decided = on_ping_pong(
+            self.policy, found, state, config, source=self.name, proceed=proceed, update=update
         )
+        report(decided.goto == target)
+        kind: ExitKind = (
+            "stop"
+            if decided.goto == FINALIZE
+            else "bounced"
+            if decided.goto == SUPERVISOR
+            else "handoff"
+        )
+        return visiting.exit(kind, decided, visit=visit)
+
+    def steps(self, state: TeamState, config: RunnableConfig) -> Steps[Any]:
+        """One visit of the agent, handed on as the topology carries out its outcome."""
+        visiting = self.visiting(state, config)
+        if (early := self.stopped_before(visiting)) is not None:
+            return self.leave(early, state)
+        assignment, emit = visiting.assignment, event_sink() or get_stream_writer()
+        emit(agent_started_event(self.name, task=assignment["task"], source=assignment["source"]))
+        scoped = HumanMessage(content=_prompts.agent_input(state, assignment))
+        started = time.monotonic()
+        values, stopped = yield _visit_call(
+            self.graph, {"messages": [scoped]}, self.visit_config(visiting, started)
+        )
+        ran = read_visit(values, stopped, visiting.visit_id)
+        update = self.record(visiting, ran, seconds=time.monotonic() - started)
+        emit(
+            agent_finished_event(
+                self.name, ended=ran.ended, output=ran.output, usage=update["usage"][0]
+            )
+        )
+        return self.leave(self.after(visiting, ran, update), state)
 
 
 def _visit_call(
@@ -348,34 +453,6 @@ def _visit_call(
         return values, None
 
     return Call(sync, async_)
-
-
-def _visit(
-    visit_id: str,
-    agent: str,
-    turn: int,
-    assignment: Assignment,
-    output: str,
-    ended: VisitEnded,
-    transcript: list[BaseMessage],
-) -> Visit:
-    from langchain_core.messages import ToolMessage
-
-    return Visit(
-        id=visit_id,
-        agent=agent,
-        turn=turn,
-        task=assignment["task"],
-        source=assignment["source"],
-        output=output,
-        ended=ended,
-        tools=[
-            m.name or ""
-            for m in transcript
-            if isinstance(m, ToolMessage) and handoff_target(m.name or "") is None
-        ],
-        messages=transcript,  # type: ignore[typeddict-item]
-    )
 
 
 def agent_nodes(

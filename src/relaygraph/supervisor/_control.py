@@ -3,7 +3,7 @@ of the topologies without a finalize model."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -13,7 +13,7 @@ from relaygraph._names import ANSWER_NAME, FINALIZE, NO_RESULT, SUPERVISOR
 from relaygraph.events import event_sink, final_event, ping_pong_request
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_team_budget, day_budget_of
-from relaygraph.policies.pingpong import PingPong
+from relaygraph.policies.pingpong import PingPong, detect_ping_pong
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._node_config import step_of, task_ns
 from relaygraph.supervisor._refusals import add_bar, violation
@@ -90,6 +90,27 @@ def team_stop(
         )
     day = day_budget_of(config.get("configurable", {}))
     return check_team_budget(policy.team, turn_usage(state), day)
+
+
+def route_ping_pong(
+    policy: TeamPolicy, state: TeamState, visits: Sequence[Visit], target: str, task: str
+) -> PingPong | None:
+    """Whether the supervisor's route of ``task`` to ``target`` would be a ping-pong: too
+    many bounces between two agents, or the same task routed to the same agent again in
+    this request (:func:`detect_ping_pong`)."""
+    turn = state.get("turn", 0)
+    routes = [
+        (h["target"], h["task"])
+        for h in state.get("handoffs", [])
+        if h.get("turn") == turn and h["kind"] == "route"
+    ]
+    return detect_ping_pong(
+        [v["agent"] for v in visits],
+        target,
+        max_bounces=policy.ping_pong.max_bounces,
+        task=task,
+        earlier_tasks=routes,
+    )
 
 
 def on_ping_pong(

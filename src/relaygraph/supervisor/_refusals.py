@@ -3,6 +3,8 @@ the next route, and the results of earlier tool calls (a repeat of one is refuse
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph.config import get_stream_writer
 
@@ -39,7 +41,9 @@ def announce_violation(record: Violation) -> None:
     )
 
 
-def transcript_violations(transcript: list[BaseMessage], agent: str, turn: int) -> list[Violation]:
+def transcript_violations(
+    transcript: Sequence[BaseMessage], agent: str, turn: int
+) -> list[Violation]:
     """Violations the agent's middleware recorded on messages (events were sent then)."""
     found = []
     for message in transcript:

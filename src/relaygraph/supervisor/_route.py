@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
@@ -26,6 +26,9 @@ from relaygraph._names import FINISH
 from relaygraph.models import AnswerCut, ModelCallError
 
 __all__ = ["FINISH", "Route", "RouteDecision", "route_model", "route_next_agent", "route_steps"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class Route(BaseModel):
@@ -268,30 +271,6 @@ def _as_text(reply: AIMessage) -> AIMessage:
     return AIMessage(content=text)
 
 
-def route_next_agent(
-    model: BaseChatModel,
-    messages: list[BaseMessage],
-    *,
-    agents: Sequence[str],
-    config: RunnableConfig,
-    may_finish: bool = True,
-    unavailable: Mapping[str, str] | None = None,
-    team: Sequence[str] | None = None,
-) -> RouteDecision:
-    """Ask the model for the next route (see :func:`route_steps`), on this thread."""
-    return run_sync(
-        route_steps(
-            model,
-            messages,
-            agents=agents,
-            config=config,
-            may_finish=may_finish,
-            unavailable=unavailable,
-            team=team,
-        )
-    )
-
-
 def route_steps(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -351,3 +330,22 @@ def route_steps(
         refused=refused,
         call_failed=call_failed,
     )
+
+
+def _on_this_thread(steps: Callable[P, Steps[T]], *, name: str, doc: str) -> Callable[P, T]:
+    """A function ``name`` that runs ``steps`` to their end on this thread, making each
+    call there (:func:`run_sync`), with their parameters."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return run_sync(steps(*args, **kwargs))
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    return run
+
+
+route_next_agent = _on_this_thread(
+    route_steps,
+    name="route_next_agent",
+    doc="Ask the model for the next route (see :func:`route_steps`), on this thread.",
+)

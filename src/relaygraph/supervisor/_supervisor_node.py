@@ -29,9 +29,14 @@ from relaygraph.events import Assignment, event_sink, record_handoff, route_even
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import BudgetHit, check_agent_budget, seconds_left
 from relaygraph.policies.middleware import replies_usage
-from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._control import exhausted, on_ping_pong, team_stop, visits_spent
+from relaygraph.supervisor._control import (
+    exhausted,
+    on_ping_pong,
+    route_ping_pong,
+    team_stop,
+    visits_spent,
+)
 from relaygraph.supervisor._last_reply import last_reply_answer, reply_answered, writes_final_answer
 from relaygraph.supervisor._node import steps_node
 from relaygraph.supervisor._node_config import call_config, replays_by_position, step_of, task_ns
@@ -272,18 +277,7 @@ class SupervisorNode:
             goto=route.next,
             update={"handoffs": [record], "assignment": assignment, "plan": decided.plan},
         )
-        routes = [
-            (h["target"], h["task"])
-            for h in state.get("handoffs", [])
-            if h.get("turn") == turn and h["kind"] == "route"
-        ]
-        found = detect_ping_pong(
-            [v["agent"] for v in visits],
-            route.next,
-            max_bounces=self.policy.ping_pong.max_bounces,
-            task=route.task,
-            earlier_tasks=routes,
-        )
+        found = route_ping_pong(self.policy, state, visits, route.next, route.task)
         if found is not None:
             outcome = on_ping_pong(
                 self.policy,

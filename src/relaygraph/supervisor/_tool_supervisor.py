@@ -51,13 +51,13 @@ from relaygraph.handoffs import (
 from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals, check_agent_budget
 from relaygraph.policies.middleware import replies_usage
-from relaygraph.policies.pingpong import detect_ping_pong
 from relaygraph.supervisor import _prompts
 from relaygraph.supervisor._agent_node import Exit, agent_members
 from relaygraph.supervisor._control import (
     exhausted,
     make_closing,
     on_ping_pong,
+    route_ping_pong,
     team_stop,
     visits_spent,
 )
@@ -260,18 +260,7 @@ def _make_transfer(member: Agent, policy: TeamPolicy) -> BaseTool:
         proceed = _to_parent(
             state, config, target, {"handoffs": [record], "assignment": assignment}, answers
         )
-        routes = [
-            (h["target"], h["task"])
-            for h in state.get("handoffs", [])
-            if h.get("turn") == turn and h["kind"] == "route"
-        ]
-        found = detect_ping_pong(
-            [v["agent"] for v in visits],
-            target,
-            max_bounces=policy.ping_pong.max_bounces,
-            task=task,
-            earlier_tasks=routes,
-        )
+        found = route_ping_pong(policy, state, visits, target, task)
         if found is None:
             _emit_route(config, state, target, task, reason, policy, carried_out=True)
             return proceed

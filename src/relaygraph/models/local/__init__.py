@@ -26,25 +26,20 @@ evaluation that gives bit-identical logits whether or not earlier work was cache
 :meth:`Engine.complete`).
 """
 
-from relaygraph.models.local._chat import (
-    ANSWER_CHARS,
-    LOCAL_WEIGHTS,
-    MAX_TOOL_RESULTS,
+from relaygraph.models.local._chat import LocalChatModel, load_local_model
+from relaygraph.models.local._engine import LOCAL_WEIGHTS, LocalWeights, reusable_prefix
+from relaygraph.models.local._grounding import ungrounded_reason
+from relaygraph.models.local._narrow import (
     NARROW_KEY,
     FromResults,
     Keywords,
-    LocalChatModel,
-    LocalWeights,
     OneOf,
     Quotes,
     ToolNarrowing,
-    build_decision_schema,
-    load_local_model,
     narrowed,
-    reusable_prefix,
-    single_value,
-    ungrounded_reason,
 )
+from relaygraph.models.local._offer import MAX_TOOL_RESULTS
+from relaygraph.models.local._schema import ANSWER_CHARS, build_decision_schema, single_value
 
 __all__ = [
     "ANSWER_CHARS",

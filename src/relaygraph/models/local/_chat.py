@@ -28,22 +28,15 @@ from relaygraph.models.local._engine import (
     SEED,
     Completion,
     Engine,
-    LocalWeights,
     close_llama_devnull,
     load_llama,
-    reusable_prefix,
 )
-from relaygraph.models.local._grounding import ungrounded_reason
 from relaygraph.models.local._narrow import (
     NARROW_KEY,
     FromResults,
-    Keywords,
-    OneOf,
-    Quotes,
     ToolNarrowing,
-    narrowed,
 )
-from relaygraph.models.local._offer import MAX_TOOL_RESULTS, Conversation, Offer, offer, text_of
+from relaygraph.models.local._offer import Conversation, Offer, offer, text_of
 from relaygraph.models.local._prompt import (
     chat_messages,
     decision_instruction,
@@ -52,32 +45,12 @@ from relaygraph.models.local._prompt import (
     with_instruction,
 )
 from relaygraph.models.local._schema import (
-    ANSWER_CHARS,
-    build_decision_schema,
     single_value,
     structured_schema,
 )
 from relaygraph.models.local._team import final_answer, narrow_route, numbered, without_plan
 
-__all__ = [
-    "ANSWER_CHARS",
-    "LOCAL_WEIGHTS",
-    "MAX_TOOL_RESULTS",
-    "NARROW_KEY",
-    "FromResults",
-    "Keywords",
-    "LocalChatModel",
-    "LocalWeights",
-    "OneOf",
-    "Quotes",
-    "ToolNarrowing",
-    "build_decision_schema",
-    "load_local_model",
-    "narrowed",
-    "reusable_prefix",
-    "single_value",
-    "ungrounded_reason",
-]
+__all__ = ["LocalChatModel", "load_local_model"]
 
 
 def load_local_model(name: str, *, spec: str) -> BaseChatModel:

@@ -38,12 +38,13 @@ N_CTX = 4096
 """Context window: SmolLM2 was trained on 8192, but 4096 is plenty for an agent turn and
 halves the KV cache."""
 N_THREADS = 1
-"""One thread: measured steadier (~40 tok/s) than more on these machines."""
+"""One thread: a model this small decodes no steadier on more, and the machine's other
+cores stay free for the server's other work."""
 SEED = 1234
 MAX_TOKENS = 256
 """Generated tokens per call; the string caps keep a decision well inside it."""
 REPEAT_PENALTY = 1.1
-"""Measured: without it strings run away ("2022, 2022, ..."); at 1.2 the model starts
+"""Without it strings run away ("2022, 2022, ..."); much above it (1.2) the model starts
 avoiding the quotes and braces JSON must repeat and writes junk."""
 
 
@@ -156,9 +157,9 @@ class Engine:
         """Greedy completion of ``tokens``, constrained to ``schema`` when one is given.
 
         Reusing the KV cache of an earlier call must not change a single logit, or a run
-        resumed in a fresh process could decide differently. Measured: logits change when
-        the prompt is cut into other batches than a cold run cuts it (one token at a time,
-        or a suffix starting off a batch boundary: differences up to 0.7), and not at all
+        resumed in a fresh process could decide differently. Logits change when the prompt
+        is cut into other batches than a cold run cuts it (one token at a time, or a suffix
+        starting off a batch boundary), and not at all
         when the reused prefix ends on a boundary of ``n_batch`` tokens. So only a prefix
         that is a whole number of batches of an earlier *prompt* is reused (never generated
         tokens, which were evaluated one at a time), and the rest is cut as a cold run cuts

@@ -117,10 +117,10 @@ class TeamInput:
 def quotes_schema(passages: Sequence[Passage], most: int) -> dict[str, Any]:
     """A choice of 1 to ``most`` of ``passages``, by their numbers in the prompt's list.
 
-    By number, not by text: measured on the embedded golden set, SmolLM2-135M choosing
-    among the sentences' texts picked the one that answers 6 times in 20, mostly on how a
-    sentence begins; by number it keeps to the ranking's order unless the sentences give it
-    a reason, and decodes a digit instead of a sentence.
+    By number, not by text: a model as small as SmolLM2-135M, choosing among the sentences'
+    texts, picks mostly on how a sentence begins, not on whether it answers; by number it
+    keeps to the ranking's order unless the sentences give it a reason, and decodes a digit
+    instead of a sentence.
     """
     return {
         "type": "array",
