@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from relaygraph.evals._golden import AgentsMatch, Expectation
@@ -152,29 +153,18 @@ def _tools_not_used(expect: Expectation, observed: Observation) -> Check:
     return _check("tools_not_used", not present, expected, ran, f"{', '.join(present)} ran")
 
 
-def _answer_contains(expect: Expectation, observed: Observation) -> Check:
-    expected = list(expect.answer_contains or ())
+def _answer_parts(expect: Expectation, observed: Observation, *, wanted: bool) -> Check:
+    """``answer_contains`` (``wanted``: each part must be in the answer) or
+    ``answer_not_contains`` (none may be), case aside."""
+    expected = list((expect.answer_contains if wanted else expect.answer_not_contains) or ())
     text = (observed.answer or "").casefold()
-    missing = [part for part in expected if part.casefold() not in text]
+    wrong = [part for part in expected if (part.casefold() in text) != wanted]
     return _check(
-        "answer_contains",
-        not missing,
+        "answer_contains" if wanted else "answer_not_contains",
+        not wrong,
         expected,
         observed.answer,
-        "the answer lacks " + ", ".join(map(repr, missing)),
-    )
-
-
-def _answer_not_contains(expect: Expectation, observed: Observation) -> Check:
-    expected = list(expect.answer_not_contains or ())
-    text = (observed.answer or "").casefold()
-    present = [part for part in expected if part.casefold() in text]
-    return _check(
-        "answer_not_contains",
-        not present,
-        expected,
-        observed.answer,
-        "the answer contains " + ", ".join(map(repr, present)),
+        f"the answer {'lacks' if wanted else 'contains'} " + ", ".join(map(repr, wrong)),
     )
 
 
@@ -239,8 +229,8 @@ _CHECKS: tuple[tuple[str, Callable[[Expectation, Observation], Check]], ...] = (
     ("handoffs", _handoffs),
     ("tools_used", _tools_used),
     ("tools_not_used", _tools_not_used),
-    ("answer_contains", _answer_contains),
-    ("answer_not_contains", _answer_not_contains),
+    ("answer_contains", partial(_answer_parts, wanted=True)),
+    ("answer_not_contains", partial(_answer_parts, wanted=False)),
     ("status", _status),
     ("stop_reason", _stop_reason),
     ("violations", _violations),
