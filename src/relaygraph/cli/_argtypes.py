@@ -127,6 +127,11 @@ def add_json_argument(parser: argparse.ArgumentParser, help: str = JSON_HELP) ->
     parser.add_argument("--json", action="store_true", help=help)
 
 
+def add_policy_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--policy FILE``: a policy file (TOML, docs/policies.md)."""
+    parser.add_argument("--policy", metavar="FILE", type=Path, help=help)
+
+
 def add_model_arguments(
     parser: argparse.ArgumentParser,
     *,

@@ -15,6 +15,7 @@ from relaygraph import __version__
 from relaygraph.cli._argtypes import (
     add_json_argument,
     add_model_arguments,
+    add_policy_argument,
     add_topology_arguments,
     data_folder,
     days,
@@ -87,11 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--thread", metavar="ID", type=utf8_text, help="continue the conversation of this thread"
     )
-    run.add_argument(
-        "--policy",
-        metavar="FILE",
-        type=Path,
-        help="policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)",
+    add_policy_argument(
+        run, "policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)"
     )
     add_topology_arguments(run)
     add_json_argument(run)
@@ -152,9 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="spread the tasks in flight over N processes sharing the ledger, one core "
         "each (default: one per 1000 tasks in flight, so 1 for the default 100)",
     )
-    serve.add_argument(
-        "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"
-    )
+    add_policy_argument(serve, "the built-in team's base policy")
     serve.add_argument(
         "--scripts",
         metavar="DIR",
@@ -331,9 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
     _add_team_argument(graph)
-    graph.add_argument(
-        "--policy", metavar="FILE", type=Path, help="draw the agents and handoffs of this policy"
-    )
+    add_policy_argument(graph, "draw the agents and handoffs of this policy")
     add_topology_arguments(graph)
 
     add_eval_parser(commands)

@@ -12,6 +12,7 @@ from typing import Any
 from relaygraph.cli._argtypes import (
     add_json_argument,
     add_model_arguments,
+    add_policy_argument,
     step_number,
     utf8_text,
 )
@@ -52,9 +53,7 @@ def add_replay_parsers(commands: Any) -> None:
         help="another team file, or a team the task's project registered (its latest "
         "version, or VERSION); the original's by default",
     )
-    replay_parser.add_argument(
-        "--policy", metavar="FILE", type=Path, help="another policy file for the team"
-    )
+    add_policy_argument(replay_parser, "another policy file for the team")
     add_json_argument(replay_parser)
 
     diff_parser = commands.add_parser(
@@ -282,9 +281,7 @@ def add_replay_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from-step", metavar="N", type=step_number, default=0, help="with --replay: from step N"
     )
-    parser.add_argument(
-        "--policy", metavar="FILE", type=Path, help="with --replay: another policy file"
-    )
+    add_policy_argument(parser, "with --replay: another policy file")
     parser.add_argument(
         "--min-same-rate",
         metavar="X",
