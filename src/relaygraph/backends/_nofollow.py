@@ -208,7 +208,7 @@ def _empty_folder(fd: int, top: int) -> list[str]:
 
 def walk_below(
     top: int, *, max_depth: int, max_entries: int | None = None
-) -> Generator[tuple[int, str, os.stat_result]]:
+) -> Generator[tuple[int, str, os.stat_result], None, None]:
     """Every entry below the folder ``top`` (a descriptor, closed here), depth first: its
     folder's descriptor, its name and what it is, without following a symlink.
 
