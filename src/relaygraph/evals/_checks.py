@@ -90,14 +90,7 @@ def check_expectations(expect: Expectation, observed: Observation) -> list[Check
 
 
 def _first_agent(expect: Expectation, observed: Observation) -> Check:
-    actual = observed.first_agent
-    return _check(
-        "first_agent",
-        actual == expect.first_agent,
-        expect.first_agent,
-        actual,
-        f"the first agent was {actual!r}, expected {expect.first_agent!r}",
-    )
+    return _same("first_agent", expect.first_agent, observed.first_agent)
 
 
 def _agents(expect: Expectation, observed: Observation) -> Check:
@@ -169,24 +162,18 @@ def _answer_parts(expect: Expectation, observed: Observation, *, wanted: bool) -
 
 
 def _status(expect: Expectation, observed: Observation) -> Check:
-    return _check(
-        "status",
-        observed.status == expect.status,
-        expect.status,
-        observed.status,
-        f"the status was {observed.status!r}, expected {expect.status!r}"
-        + (f" (stop reason: {observed.stop_reason})" if observed.stop_reason else ""),
-    )
+    note = f" (stop reason: {observed.stop_reason})" if observed.stop_reason else ""
+    return _same("status", expect.status, observed.status, note=note)
 
 
 def _stop_reason(expect: Expectation, observed: Observation) -> Check:
-    return _check(
-        "stop_reason",
-        observed.stop_reason == expect.stop_reason,
-        expect.stop_reason,
-        observed.stop_reason,
-        f"the stop reason was {observed.stop_reason!r}, expected {expect.stop_reason!r}",
-    )
+    return _same("stop_reason", expect.stop_reason, observed.stop_reason)
+
+
+def _same(name: str, expected: Any, actual: Any, *, note: str = "") -> Check:
+    """The check that the run's ``name`` (``first_agent``) is the one expected."""
+    message = f"the {name.replace('_', ' ')} was {actual!r}, expected {expected!r}{note}"
+    return _check(name, actual == expected, expected, actual, message)
 
 
 def _violations(expect: Expectation, observed: Observation) -> Check:
