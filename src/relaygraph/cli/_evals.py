@@ -18,7 +18,7 @@ from relaygraph.cli._argtypes import (
     topology_of,
 )
 from relaygraph.cli._replay import add_replay_eval_arguments, replay_eval_command
-from relaygraph.cli._results import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from relaygraph.cli._results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, report_error
 
 __all__ = ["add_eval_parser", "run_eval_command"]
 
@@ -116,17 +116,17 @@ def run_eval_command(args: argparse.Namespace) -> int:
     regressed against ``--baseline`` or LangSmith failed; 2 for bad input (flags, paths,
     golden lines that could not be read — the other cases still run and are reported).
 
-    Raises:
-        ConfigError: Bad input that stops the command before any case runs; the entry
-            point turns it into exit code 2, as it does for every command.
     """
-    from relaygraph.errors import ConfigError
+    from relaygraph.errors import ConfigError, RelaygraphError
 
-    if args.replay:
-        return replay_eval_command(args)
-    if args.golden is None:
-        raise ConfigError("eval takes a golden file, or --replay (recorded tasks)")
-    return _run(args)
+    try:
+        if args.replay:
+            return replay_eval_command(args)
+        if args.golden is None:
+            raise ConfigError("eval takes a golden file, or --replay (recorded tasks)")
+        return _run(args)
+    except RelaygraphError as exc:
+        return report_error(exc)
 
 
 def _run(args: argparse.Namespace) -> int:

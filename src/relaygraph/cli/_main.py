@@ -13,12 +13,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from relaygraph.cli import _commands
-from relaygraph.cli._commands import EXIT_FAILED, EXIT_USAGE
 from relaygraph.cli._evals import run_eval_command
 from relaygraph.cli._parser import build_parser
 from relaygraph.cli._preflight import check_ledger, data_directory, ledger_url
 from relaygraph.cli._replay import diff, export_command, replay
-from relaygraph.errors import ConfigError, RelaygraphError
+from relaygraph.cli._results import report_error
+from relaygraph.errors import RelaygraphError
 from relaygraph.models import run_doctor
 
 # The commands that write in the data directory, and those of them that use the ledger.
@@ -38,12 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_surroundings(args)
         return _dispatch(args)
-    except ConfigError as exc:
-        print(f"relaygraph: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except RelaygraphError as exc:
-        print(f"relaygraph: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return report_error(exc)
     except KeyboardInterrupt:
         print("relaygraph: interrupted", file=sys.stderr)
         return 130
