@@ -8,6 +8,9 @@ names it in its message.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 __all__ = [
     "ConfigError",
     "ModelNotAllowed",
@@ -19,6 +22,7 @@ __all__ = [
     "ScriptError",
     "TaskBusy",
     "ToolInputError",
+    "read_config_file",
 ]
 
 
@@ -28,6 +32,28 @@ class RelaygraphError(Exception):
 
 class ConfigError(RelaygraphError):
     """The configuration of a run is wrong: fix the input named in the message."""
+
+
+def read_config_file(
+    path: str | os.PathLike[str], what: str, *, error: type[ConfigError] = ConfigError
+) -> tuple[Path, str]:
+    """The path (``~`` expanded) and the UTF-8 text of a file a person named.
+
+    Args:
+        path: The file.
+        what: What the file is, as the refusal names it: ``golden file``, ``team file``.
+        error: The :class:`ConfigError` to raise (a :class:`TeamFileError` for a team file).
+
+    Raises:
+        ConfigError: The file does not exist or cannot be read; the message names it.
+    """
+    file = Path(path).expanduser()
+    try:
+        return file, file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {str(file)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{what} {str(file)!r} cannot be read: {exc}") from None
 
 
 class ModelSpecError(ConfigError):

@@ -92,6 +92,16 @@ def _warn_unisolated() -> None:
     )
 
 
+def _workspace(ctx: TaskContext) -> Workspace:
+    """The task's workspace, its writes counted with its artifacts against its quota."""
+    return Workspace(ctx.workspace, quota=ctx.workspace_quota, counted=(ctx.artifacts,))
+
+
+def _artifact_store(ctx: TaskContext) -> ArtifactStore:
+    """The task's artifacts, their saves counted with its workspace against its quota."""
+    return ArtifactStore(ctx.artifacts, quota=ctx.workspace_quota, counted=(ctx.workspace,))
+
+
 @tool(parse_docstring=True)
 def write_file(path: str, content: str, runtime: ToolRuntime[TaskContext]) -> str:
     """Write a text file in the task's workspace.
@@ -100,9 +110,7 @@ def write_file(path: str, content: str, runtime: ToolRuntime[TaskContext]) -> st
         path: A path relative to the workspace, such as "src/main.py".
         content: The file's full text.
     """
-    ctx = runtime.context
-    workspace = Workspace(ctx.workspace, quota=ctx.workspace_quota, counted=(ctx.artifacts,))
-    written = workspace.write_text(path, content)
+    written = _workspace(runtime.context).write_text(path, content)
     return f"Wrote {len(content)} characters to {path} ({written.name})."
 
 
@@ -113,7 +121,7 @@ def read_file(path: str, runtime: ToolRuntime[TaskContext]) -> str:
     Args:
         path: A path relative to the workspace.
     """
-    return Workspace(runtime.context.workspace).read_text(path)
+    return _workspace(runtime.context).read_text(path)
 
 
 @tool(parse_docstring=True)
@@ -124,16 +132,14 @@ def save_artifact(name: str, content: str, runtime: ToolRuntime[TaskContext]) ->
         name: A plain file name such as "report.md".
         content: The deliverable's full text.
     """
-    ctx = runtime.context
-    store = ArtifactStore(ctx.artifacts, quota=ctx.workspace_quota, counted=(ctx.workspace,))
-    artifact = store.save(name, content)
+    artifact = _artifact_store(runtime.context).save(name, content)
     return f"Saved artifact {artifact.name} ({artifact.size_bytes} bytes)."
 
 
 @tool(parse_docstring=True)
 def list_artifacts(runtime: ToolRuntime[TaskContext]) -> str:
     """List the deliverables saved so far for this task."""
-    artifacts = ArtifactStore(runtime.context.artifacts).list()
+    artifacts = _artifact_store(runtime.context).list()
     if not artifacts:
         return "No artifacts yet."
     return "\n".join(f"{a.name} ({a.size_bytes} bytes)" for a in artifacts)

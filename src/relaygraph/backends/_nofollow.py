@@ -15,7 +15,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 # O_DIRECTORY makes the kernel refuse anything but a folder before opening it, so a FIFO or a
@@ -206,6 +206,56 @@ def _empty_folder(fd: int, top: int) -> list[str]:
     return folders
 
 
+def walk_below(
+    top: int, *, max_depth: int, max_entries: int | None = None
+) -> Generator[tuple[int, str, os.stat_result], None, None]:
+    """Every entry below the folder ``top`` (a descriptor, closed here), depth first: its
+    folder's descriptor, its name and what it is, without following a symlink.
+
+    Walks without recursing, a descriptor and a directory iterator open per level, folders
+    at most ``max_depth`` levels deep, and stops after looking at ``max_entries`` entries
+    (None: all). A folder is gone into after the caller had it, so the caller may give its
+    owner the right to read it first. An entry that went away before it was looked at is
+    passed over. Close the iterator (``contextlib.closing``) when stopping early, so that
+    the descriptors are closed at once.
+    """
+    # The folders being walked, each with its iterator; closed as each is left.
+    levels: list[tuple[int, Any]] = []
+
+    def enter(fd: int) -> None:
+        try:
+            levels.append((fd, os.scandir(fd)))
+        except OSError:
+            os.close(fd)
+
+    def leave() -> None:
+        fd, entries = levels.pop()
+        entries.close()
+        os.close(fd)
+
+    enter(top)
+    seen = 0
+    try:
+        while levels and (max_entries is None or seen < max_entries):
+            fd, entries = levels[-1]
+            entry = next(entries, None)
+            if entry is None:
+                leave()
+                continue
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield fd, entry.name, info
+            if stat.S_ISDIR(info.st_mode) and len(levels) <= max_depth:
+                with contextlib.suppress(OSError):
+                    enter(os.open(entry.name, FOLDER_FLAGS, dir_fd=fd))
+    finally:
+        while levels:
+            leave()
+
+
 SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
 MAX_SCAN_DEPTH = 256
 """Folders deeper than this below the top are not looked into by :func:`clear_set_id_bits`
@@ -231,49 +281,20 @@ def clear_set_id_bits(path: os.PathLike[str] | str) -> int:
         top = os.open(path, FOLDER_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return 0
-    cleared = seen = 0
-    # The folders being walked, each with its iterator; closed as each is left.
-    levels: list[tuple[int, Any]] = []
-
-    def enter(fd: int) -> None:
-        try:
-            levels.append((fd, os.scandir(fd)))
-        except OSError:
-            os.close(fd)
-
-    def leave() -> None:
-        fd, entries = levels.pop()
-        entries.close()
-        os.close(fd)
-
-    enter(top)
-    try:
-        while levels and seen < MAX_SCAN_ENTRIES:
-            fd, entries = levels[-1]
-            entry = next(entries, None)
-            if entry is None:
-                leave()
-                continue
-            seen += 1
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
+    cleared = 0
+    with contextlib.closing(
+        walk_below(top, max_depth=MAX_SCAN_DEPTH, max_entries=MAX_SCAN_ENTRIES)
+    ) as walk:
+        for fd, name, info in walk:
             if stat.S_ISLNK(info.st_mode):
                 continue
-            is_dir = stat.S_ISDIR(info.st_mode)
             mode = stat.S_IMODE(info.st_mode)
             wanted = mode & ~SET_ID_BITS
-            if is_dir and info.st_uid == os.geteuid():
-                wanted |= stat.S_IRWXU  # Its owner may walk it (and remove it) again.
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+                # Its owner may walk it (and remove it) again: before the walk goes in.
+                wanted |= stat.S_IRWXU
             if wanted != mode:
                 with contextlib.suppress(OSError, NotImplementedError):
-                    os.chmod(entry.name, wanted, dir_fd=fd, follow_symlinks=False)
+                    os.chmod(name, wanted, dir_fd=fd, follow_symlinks=False)
                     cleared += bool(mode & SET_ID_BITS)
-            if is_dir and len(levels) <= MAX_SCAN_DEPTH:
-                with contextlib.suppress(OSError):
-                    enter(os.open(entry.name, FOLDER_FLAGS, dir_fd=fd))
-    finally:
-        while levels:
-            leave()
     return cleared

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from relaygraph.backends._nofollow import FOLDER_FLAGS
+from relaygraph.backends._nofollow import FOLDER_FLAGS, walk_below
 from relaygraph.errors import ConfigError, ToolInputError
 
 __all__ = [
@@ -157,38 +155,12 @@ def task_files_usage(folders: Iterable[Path], *, stop_after_files: int) -> TaskF
 def _walk(top: int, usage: TaskFilesUsage, stop_after_files: int) -> TaskFilesUsage:
     """Add what lies below the folder ``top`` (a descriptor, closed here) to ``usage``."""
     total, files = usage.bytes, usage.files
-    # The folders being walked, each with its iterator; closed as each is left.
-    levels: list[tuple[int, Any]] = []
-
-    def enter(fd: int) -> None:
-        try:
-            levels.append((fd, os.scandir(fd)))
-        except OSError:
-            os.close(fd)
-
-    enter(top)
-    try:
-        while levels and files <= stop_after_files:
-            fd, entries = levels[-1]
-            entry = next(entries, None)
-            if entry is None:
-                closing, listing = levels.pop()
-                listing.close()
-                os.close(closing)
-                continue
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
+    with contextlib.closing(walk_below(top, max_depth=MAX_WALK_DEPTH)) as walk:
+        for _, _, info in walk:
+            if files > stop_after_files:
+                break
             files += 1
             total += max(info.st_size, getattr(info, "st_blocks", 0) * 512)
-            if stat.S_ISDIR(info.st_mode) and len(levels) <= MAX_WALK_DEPTH:
-                with contextlib.suppress(OSError):
-                    enter(os.open(entry.name, FOLDER_FLAGS, dir_fd=fd))
-    finally:
-        for fd, listing in levels:
-            listing.close()
-            os.close(fd)
     return TaskFilesUsage(total, files)
 
 

@@ -126,7 +126,50 @@ def _not_a_plain_file(info: os.stat_result) -> str | None:
     return f"is {kind}, not a regular file; only regular files can be read"
 
 
-class Workspace:
+class _TaskFolder:
+    """A folder of a task's files whose writes count against the task's quota: what
+    :class:`Workspace` and :class:`ArtifactStore` share.
+
+    Args:
+        root: The folder; created if missing.
+        quota: What the task's files may hold: a write past it is refused. None: no quota.
+        counted: The task's other folders that count against ``quota``.
+
+    Attributes:
+        root: The folder, fully resolved (symlinks followed).
+    """
+
+    def __init__(
+        self, root: Path, *, quota: WorkspaceQuota | None, counted: Sequence[Path]
+    ) -> None:
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        # The root's own path is the server's to choose, and the sandbox cannot replace it:
+        # there it is the mount point /workspace, and nothing above it is visible.
+        self.root: Path = root.resolve()
+        self.quota = quota
+        self.counted = tuple(counted)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+    def _check_quota(self, what: str, size: int, existing: os.stat_result | None) -> None:
+        """Refuse a write of ``size`` bytes (``what``, in the refusal) over the file
+        ``existing`` (None: a new file) that would take the task's files past their quota.
+
+        Raises:
+            WorkspaceQuotaExceeded: It would.
+        """
+        if self.quota is not None:
+            self.quota.check_write(
+                (self.root, *self.counted),
+                what=what,
+                adding_bytes=size - (existing.st_size if existing else 0),
+                adding_files=0 if existing else 1,
+            )
+
+
+class Workspace(_TaskFolder):
     """The folder a task's coder may read and write; nothing outside it is reachable.
 
     Paths are relative to the folder (absolute ones only if they point inside it). Symlinks
@@ -151,17 +194,8 @@ class Workspace:
         quota: WorkspaceQuota | None = None,
         counted: Sequence[Path] = (),
     ) -> None:
-        root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
-        # The root's own path is the server's to choose, and the sandbox cannot replace it:
-        # there it is the mount point /workspace, and nothing above it is visible.
-        self.root: Path = root.resolve()
+        super().__init__(root, quota=quota, counted=counted)
         self.max_write_bytes = max_write_bytes
-        self.quota = quota
-        self.counted = tuple(counted)
-
-    def __repr__(self) -> str:
-        return f"Workspace({str(self.root)!r})"
 
     def resolve(self, path: str) -> Path:
         """Return where ``path`` (relative to the root) is, if it stays inside without symlinks.
@@ -216,13 +250,7 @@ class Workspace:
                     raise self._folder_error(path)
                 if existing and stat.S_ISLNK(existing.st_mode):
                     raise self._symlink_error(path)
-                if self.quota is not None:
-                    self.quota.check_write(
-                        (self.root, *self.counted),
-                        what=f"write_file {path!r} ({size:,} bytes)",
-                        adding_bytes=size - (existing.st_size if existing else 0),
-                        adding_files=0 if existing else 1,
-                    )
+                self._check_quota(f"write_file {path!r} ({size:,} bytes)", size, existing)
                 # Keep a replaced file's permission bits (an executable script stays one).
                 mode = stat.S_IMODE(existing.st_mode) & 0o777 if existing else None
                 _nofollow.replace_file(folder, names[-1], content.encode("utf-8"), mode=mode)
@@ -466,7 +494,7 @@ class Artifact:
     """Its size on disk, in bytes of UTF-8."""
 
 
-class ArtifactStore:
+class ArtifactStore(_TaskFolder):
     """A flat folder of a task's deliverables, each under a plain file name.
 
     The folder is not mounted in the sandbox, but it is written the same way as the
@@ -488,15 +516,8 @@ class ArtifactStore:
         quota: WorkspaceQuota | None = None,
         counted: Sequence[Path] = (),
     ) -> None:
-        root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
-        self.root: Path = root.resolve()
+        super().__init__(root, quota=quota, counted=counted)
         self.max_bytes = max_bytes
-        self.quota = quota
-        self.counted = tuple(counted)
-
-    def __repr__(self) -> str:
-        return f"ArtifactStore({str(self.root)!r})"
 
     def save(self, name: str, content: str) -> Artifact:
         """Save ``content`` under ``name``, replacing an artifact of the same name.
@@ -519,14 +540,8 @@ class ArtifactStore:
         # The temporary file's hidden name never matches _ARTIFACT_NAME, so list() skips a
         # leftover one.
         with _nofollow.opened_folder(self.root) as folder:
-            if self.quota is not None:
-                existing = _nofollow.entry_at(folder, name)
-                self.quota.check_write(
-                    (self.root, *self.counted),
-                    what=f"save_artifact {name!r} ({size:,} bytes)",
-                    adding_bytes=size - (existing.st_size if existing else 0),
-                    adding_files=0 if existing else 1,
-                )
+            existing = _nofollow.entry_at(folder, name)
+            self._check_quota(f"save_artifact {name!r} ({size:,} bytes)", size, existing)
             _nofollow.replace_file(folder, name, content.encode("utf-8"))
         return Artifact(name=name, path=self.root / name, size_bytes=size)
 

@@ -31,6 +31,13 @@ def positive(value: str) -> int:
     return int(value)
 
 
+def step_number(value: str) -> int:
+    """A step number: a whole number of 0 or more."""
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {value!r}")
+    return int(value)
+
+
 def days(value: str) -> float:
     """A number of days, above 0 (``0.5`` is twelve hours)."""
     try:
@@ -110,6 +117,39 @@ def json_object(value: str) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object of arguments, got {value!r}")
     return parsed
+
+
+JSON_HELP = "print one JSON object on stdout and nothing else"
+
+
+def add_json_argument(parser: argparse.ArgumentParser, help: str = JSON_HELP) -> None:
+    """``--json``: the command prints JSON instead of text."""
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def add_policy_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--policy FILE``: a policy file (TOML, docs/policies.md)."""
+    parser.add_argument("--policy", metavar="FILE", type=Path, help=help)
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model_help: str,
+    agent_model_help: str,
+    agent_metavar: str = "AGENT=SPEC",
+) -> None:
+    """``--model`` and the repeatable ``--agent-model``, for ``run``, ``replay`` and
+    ``eval``."""
+    parser.add_argument("--model", metavar="SPEC", help=model_help)
+    parser.add_argument(
+        "--agent-model",
+        metavar=agent_metavar,
+        type=agent_model,
+        action="append",
+        default=[],
+        help=agent_model_help,
+    )
 
 
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
-from relaygraph.cli._argtypes import add_topology_arguments, agent_model, positive, topology_of
+from relaygraph.cli._argtypes import (
+    add_model_arguments,
+    add_topology_arguments,
+    positive,
+    topology_of,
+)
 from relaygraph.cli._replay import add_replay_eval_arguments, replay_eval_command
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from relaygraph.cli._results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, report_error
 
 __all__ = ["add_eval_parser", "run_eval_command"]
 
@@ -56,18 +59,11 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "team of their own; default: the built-in researcher, coder and writer. With "
         "--replay: a team file, or NAME[@VERSION] of a team the project registered",
     )
-    parser.add_argument(
-        "--model",
-        metavar="SPEC",
-        help="model for every role of every case (default: each case's script, offline)",
-    )
-    parser.add_argument(
-        "--agent-model",
-        metavar="AGENT=SPEC",
-        type=agent_model,
-        action="append",
-        default=[],
-        help="model for one role (an agent of the team, supervisor, finalize); repeatable",
+    add_model_arguments(
+        parser,
+        model_help="model for every role of every case (default: each case's script, offline)",
+        agent_model_help="model for one role (an agent of the team, supervisor, finalize); "
+        "repeatable",
     )
     parser.add_argument(
         "--concurrency", metavar="N", type=positive, default=1, help="runs at once (default 1)"
@@ -119,6 +115,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     0 when the gate passes; 1 when the pass rate is under ``--min-pass-rate``, a case
     regressed against ``--baseline`` or LangSmith failed; 2 for bad input (flags, paths,
     golden lines that could not be read — the other cases still run and are reported).
+
     """
     from relaygraph.errors import ConfigError, RelaygraphError
 
@@ -128,12 +125,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
         if args.golden is None:
             raise ConfigError("eval takes a golden file, or --replay (recorded tasks)")
         return _run(args)
-    except ConfigError as exc:
-        print(f"relaygraph: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except RelaygraphError as exc:
-        print(f"relaygraph: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return report_error(exc)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from relaygraph.cli import _commands
-from relaygraph.cli._commands import EXIT_FAILED, EXIT_USAGE
 from relaygraph.cli._evals import run_eval_command
 from relaygraph.cli._parser import build_parser
 from relaygraph.cli._preflight import check_ledger, data_directory, ledger_url
 from relaygraph.cli._replay import diff, export_command, replay
-from relaygraph.errors import ConfigError, RelaygraphError
+from relaygraph.cli._results import report_error
+from relaygraph.errors import RelaygraphError
 from relaygraph.models import run_doctor
 
 # The commands that write in the data directory, and those of them that use the ledger.
@@ -38,12 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_surroundings(args)
         return _dispatch(args)
-    except ConfigError as exc:
-        print(f"relaygraph: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except RelaygraphError as exc:
-        print(f"relaygraph: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return report_error(exc)
     except KeyboardInterrupt:
         print("relaygraph: interrupted", file=sys.stderr)
         return 130
@@ -70,28 +66,6 @@ def _check_surroundings(args: argparse.Namespace) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Carry out the command ``args`` name; returns the exit code."""
-    if args.command == "run":
-        return _commands.run(args)
-    if args.command == "resume":
-        return _commands.resume(args)
-    if args.command == "replay":
-        return replay(args)
-    if args.command == "diff":
-        return diff(args)
-    if args.command == "evals":
-        return export_command(args)
-    if args.command == "graph":
-        return _commands.graph(args)
-    if args.command == "trace":
-        return _commands.trace(args)
-    if args.command == "eval":
-        return run_eval_command(args)
-    if args.command == "doctor":
-        return run_doctor(args)
-    if args.command == "serve":
-        return _commands.serve(args)
-    if args.command == "worker":
-        return _commands.worker(args)
     if args.command == "projects":
         if args.projects_command == "quota":
             return _commands.project_quota(args)
@@ -107,8 +81,24 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.teams_command == "push":
             return _commands.push_team(args)
         return _commands.check_team(args)
-    if args.command == "db":
-        return _commands.upgrade_db(args)
-    if args.command == "gc":
-        return _commands.collect_garbage(args)
-    return _commands.manage_kb(args)
+    return _COMMANDS[args.command](args)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _commands.run,
+    "resume": _commands.resume,
+    "replay": replay,
+    "diff": diff,
+    "evals": export_command,
+    "graph": _commands.graph,
+    "trace": _commands.trace,
+    "eval": run_eval_command,
+    "doctor": run_doctor,
+    "serve": _commands.serve,
+    "worker": _commands.worker,
+    "db": _commands.upgrade_db,
+    "gc": _commands.collect_garbage,
+    "kb": _commands.manage_kb,
+}
+"""The command each name carries out, for the commands that have no subcommand of their own
+to choose by."""

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from relaygraph import __version__
 from relaygraph.cli._argtypes import (
+    add_json_argument,
+    add_model_arguments,
+    add_policy_argument,
     add_topology_arguments,
-    agent_model,
     data_folder,
     days,
     json_object,
@@ -75,35 +77,22 @@ def build_parser() -> argparse.ArgumentParser:
         "to each other; progress goes to stderr, the answer to stdout.",
     )
     run.add_argument("task", type=utf8_text, help="what the team should do")
-    run.add_argument(
-        "--model",
-        metavar="SPEC",
-        help="model for every role: openai:MODEL, scripted:PATH or local:smollm2 "
+    add_model_arguments(
+        run,
+        model_help="model for every role: openai:MODEL, scripted:PATH or local:smollm2 "
         "(default: local:smollm2, the embedded model)",
-    )
-    run.add_argument(
-        "--agent-model",
-        metavar="AGENT=SPEC",
-        type=agent_model,
-        action="append",
-        default=[],
-        help="model for one role (researcher, coder, writer, supervisor, finalize, as the "
-        "topology has them); repeatable",
+        agent_model_help="model for one role (researcher, coder, writer, supervisor, "
+        "finalize, as the topology has them); repeatable",
     )
     _add_team_argument(run)
     run.add_argument(
         "--thread", metavar="ID", type=utf8_text, help="continue the conversation of this thread"
     )
-    run.add_argument(
-        "--policy",
-        metavar="FILE",
-        type=Path,
-        help="policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)",
+    add_policy_argument(
+        run, "policy TOML: tools, handoffs, budgets, approvals (see docs/policies.md)"
     )
     add_topology_arguments(run)
-    run.add_argument(
-        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
-    )
+    add_json_argument(run)
 
     resume = commands.add_parser(
         "resume",
@@ -130,9 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="the task's team file, when the task does not record where it is",
     )
-    resume.add_argument(
-        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
-    )
+    add_json_argument(resume)
     add_replay_parsers(commands)
     add_evals_parser(commands)
 
@@ -163,9 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="spread the tasks in flight over N processes sharing the ledger, one core "
         "each (default: one per 1000 tasks in flight, so 1 for the default 100)",
     )
-    serve.add_argument(
-        "--policy", metavar="FILE", type=Path, help="the built-in team's base policy"
-    )
+    add_policy_argument(serve, "the built-in team's base policy")
     serve.add_argument(
         "--scripts",
         metavar="DIR",
@@ -239,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         "create", help="create a project and print its API key (once)"
     )
     create.add_argument("name")
-    create.add_argument("--json", action="store_true", help='print {"project": ..., "key": ...}')
+    add_json_argument(create, 'print {"project": ..., "key": ...}')
     quota = project_commands.add_parser(
         "quota",
         help="set a project's quotas over the server's (RELAYGRAPH_PROJECT_*), or show them",
@@ -260,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument(
         "--reset", action="store_true", help="clear the project's quotas before setting any"
     )
-    quota.add_argument("--json", action="store_true", help="print the quotas as one JSON object")
+    add_json_argument(quota, "print the quotas as one JSON object")
 
     teams = commands.add_parser(
         "teams", help="check team files (your own agents and tools) and register them"
@@ -275,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and listed) without calling any model, and print it.",
     )
     check.add_argument("file", type=Path, metavar="FILE")
-    check.add_argument("--json", action="store_true", help="print the team as one JSON object")
+    add_json_argument(check, "print the team as one JSON object")
     push = team_commands.add_parser(
         "push",
         help="register a team file with a task service, for your project's tasks",
@@ -299,12 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get(SERVICE_KEY_ENV),
         help=f"your project's API key (default: ${SERVICE_KEY_ENV})",
     )
-    push.add_argument("--json", action="store_true", help="print the version as one JSON object")
+    add_json_argument(push, "print the version as one JSON object")
     old_create = team_commands.add_parser(
         "create", help="deprecated: use 'relaygraph projects create' (a tenant, not a team)"
     )
     old_create.add_argument("name")
-    old_create.add_argument("--json", action="store_true", help='print {"team": ..., "key": ...}')
+    add_json_argument(old_create, 'print {"team": ..., "key": ...}')
 
     gc = commands.add_parser(
         "gc",
@@ -320,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="days since a task ended (default: RELAYGRAPH_RETENTION_DAYS)",
     )
     gc.add_argument("--artifacts", action="store_true", help="delete their artifacts too")
-    gc.add_argument("--json", action="store_true", help="print what was freed as JSON")
+    add_json_argument(gc, "print what was freed as JSON")
 
     db = commands.add_parser("db", help="manage the ledger database")
     db_commands = db.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
@@ -337,14 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
         "no project a key opens, and get no link.",
     )
     trace.add_argument("task_id", metavar="TASK_ID", type=utf8_text)
-    trace.add_argument("--json", action="store_true", help="print the timeline as one JSON object")
+    add_json_argument(trace, "print the timeline as one JSON object")
 
     graph = commands.add_parser("graph", help="print the team graph's topology")
     graph.add_argument("--ascii", action="store_true", help="ASCII art instead of Mermaid")
     _add_team_argument(graph)
-    graph.add_argument(
-        "--policy", metavar="FILE", type=Path, help="draw the agents and handoffs of this policy"
-    )
+    add_policy_argument(graph, "draw the agents and handoffs of this policy")
     add_topology_arguments(graph)
 
     add_eval_parser(commands)

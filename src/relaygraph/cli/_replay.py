@@ -9,18 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from relaygraph.cli._argtypes import agent_model, utf8_text
+from relaygraph.cli._argtypes import (
+    add_json_argument,
+    add_model_arguments,
+    add_policy_argument,
+    step_number,
+    utf8_text,
+)
 from relaygraph.cli._preflight import ledger_url
 from relaygraph.errors import ConfigError
 
 __all__ = ["add_replay_parsers", "diff", "replay"]
-
-
-def _step(value: str) -> int:
-    """A step number: a whole number of 0 or more."""
-    if not value.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {value!r}")
-    return int(value)
 
 
 def add_replay_parsers(commands: Any) -> None:
@@ -37,18 +36,15 @@ def add_replay_parsers(commands: Any) -> None:
     replay_parser.add_argument(
         "--from-step",
         metavar="N",
-        type=_step,
+        type=step_number,
         default=0,
         help="go on after the original's first N steps (default 0: from its request)",
     )
-    replay_parser.add_argument("--model", metavar="SPEC", help="model for every role")
-    replay_parser.add_argument(
-        "--agent-model",
-        metavar="ROLE=SPEC",
-        type=agent_model,
-        action="append",
-        default=[],
-        help="model for one role; repeatable",
+    add_model_arguments(
+        replay_parser,
+        model_help="model for every role",
+        agent_model_help="model for one role; repeatable",
+        agent_metavar="ROLE=SPEC",
     )
     replay_parser.add_argument(
         "--team",
@@ -57,12 +53,8 @@ def add_replay_parsers(commands: Any) -> None:
         help="another team file, or a team the task's project registered (its latest "
         "version, or VERSION); the original's by default",
     )
-    replay_parser.add_argument(
-        "--policy", metavar="FILE", type=Path, help="another policy file for the team"
-    )
-    replay_parser.add_argument(
-        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
-    )
+    add_policy_argument(replay_parser, "another policy file for the team")
+    add_json_argument(replay_parser)
 
     diff_parser = commands.add_parser(
         "diff",
@@ -72,9 +64,7 @@ def add_replay_parsers(commands: Any) -> None:
     )
     diff_parser.add_argument("task_a", metavar="A", type=utf8_text)
     diff_parser.add_argument("task_b", metavar="B", type=utf8_text)
-    diff_parser.add_argument(
-        "--json", action="store_true", help="print one JSON object on stdout and nothing else"
-    )
+    add_json_argument(diff_parser)
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -83,7 +73,7 @@ def replay(args: argparse.Namespace) -> int:
     and under the operator's policy ceiling (``RELAYGRAPH_*`` settings, as a worker's)."""
     from relaygraph.cli._console import ProgressPrinter
     from relaygraph.cli._results import report_result
-    from relaygraph.runner import ReplayChanges, RequestRefused, ledger_for, replay_task
+    from relaygraph.runner import RequestRefused, ledger_for, replay_task
     from relaygraph.store import LOCAL_PROJECT_ID
 
     ledger = ledger_for(args.home)
@@ -100,14 +90,7 @@ def replay(args: argparse.Namespace) -> int:
             policy = base.policy_from(args.policy)
         except ConfigError as exc:
             raise RequestRefused(str(exc), field="policy", code="invalid_policy") from None
-    changes = ReplayChanges(
-        from_step=args.from_step,
-        model=args.model,
-        agent_models=dict(args.agent_model),
-        team=team,
-        team_version=version,
-        policy=policy,
-    )
+    changes = _changes(args, team, version, policy)
     result = replay_task(
         args.task_id,
         changes,
@@ -118,6 +101,21 @@ def replay(args: argparse.Namespace) -> int:
         policies=None if service is None else service.policy_for,
     )
     return report_result(result, as_json=args.json)
+
+
+def _changes(args: argparse.Namespace, team: Any, version: Any, policy: Any) -> Any:
+    """The :class:`~relaygraph.runner.ReplayChanges` of ``replay`` and ``eval --replay``:
+    their step and models from the arguments, the team and policy already resolved."""
+    from relaygraph.runner import ReplayChanges
+
+    return ReplayChanges(
+        from_step=args.from_step,
+        model=args.model,
+        agent_models=dict(args.agent_model),
+        team=team,
+        team_version=version,
+        policy=policy,
+    )
 
 
 def _service_teams(args: argparse.Namespace, ledger: Any, project_id: str) -> Any:
@@ -281,11 +279,9 @@ def add_replay_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--team/--model/--agent-model/--policy changed, and compare each with its original",
     )
     parser.add_argument(
-        "--from-step", metavar="N", type=_step, default=0, help="with --replay: from step N"
+        "--from-step", metavar="N", type=step_number, default=0, help="with --replay: from step N"
     )
-    parser.add_argument(
-        "--policy", metavar="FILE", type=Path, help="with --replay: another policy file"
-    )
+    add_policy_argument(parser, "with --replay: another policy file")
     parser.add_argument(
         "--min-same-rate",
         metavar="X",
@@ -348,7 +344,7 @@ def export_command(args: argparse.Namespace) -> int:
 def replay_eval_command(args: argparse.Namespace) -> int:
     """``relaygraph eval --replay``: replay the selected tasks and gate on the report."""
     from relaygraph.evals import run_replay_eval
-    from relaygraph.runner import ReplayChanges, ledger_for
+    from relaygraph.runner import ledger_for
 
     if args.golden is not None:
         raise ConfigError(
@@ -371,14 +367,7 @@ def replay_eval_command(args: argparse.Namespace) -> int:
         if team is None:
             raise ConfigError("--policy with --replay needs --team: the policy of which team")
         policy = team.policy_from(args.policy)
-    changes = ReplayChanges(
-        from_step=args.from_step,
-        model=args.model,
-        agent_models=dict(args.agent_model),
-        team=team,
-        team_version=version,
-        policy=policy,
-    )
+    changes = _changes(args, team, version, policy)
     described = {
         "team": None if args.team is None else str(args.team),
         "model": args.model,

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from relaygraph.errors import ConfigError, RelaygraphError
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3
 
 LOCAL_MODEL_NOTE = (
@@ -15,6 +17,13 @@ LOCAL_MODEL_NOTE = (
     "open-ended work use --model openai:gpt-4o-mini with OPENAI_API_KEY "
     "set, or OPENAI_BASE_URL pointing at any Chat Completions server (vLLM, Ollama, LiteLLM)."
 )
+
+
+def report_error(exc: RelaygraphError) -> int:
+    """Print a command's error in one line and return the exit code it earns: 2 for a
+    mistake in the input (:class:`~relaygraph.errors.ConfigError`), 1 for a failure."""
+    print(f"relaygraph: error: {exc}", file=sys.stderr)
+    return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
 
 
 def report_result(result: Any, *, as_json: bool) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from relaygraph.evals._golden import AgentsMatch, Expectation
@@ -89,14 +90,7 @@ def check_expectations(expect: Expectation, observed: Observation) -> list[Check
 
 
 def _first_agent(expect: Expectation, observed: Observation) -> Check:
-    actual = observed.first_agent
-    return _check(
-        "first_agent",
-        actual == expect.first_agent,
-        expect.first_agent,
-        actual,
-        f"the first agent was {actual!r}, expected {expect.first_agent!r}",
-    )
+    return _same("first_agent", expect.first_agent, observed.first_agent)
 
 
 def _agents(expect: Expectation, observed: Observation) -> Check:
@@ -152,51 +146,34 @@ def _tools_not_used(expect: Expectation, observed: Observation) -> Check:
     return _check("tools_not_used", not present, expected, ran, f"{', '.join(present)} ran")
 
 
-def _answer_contains(expect: Expectation, observed: Observation) -> Check:
-    expected = list(expect.answer_contains or ())
+def _answer_parts(expect: Expectation, observed: Observation, *, wanted: bool) -> Check:
+    """``answer_contains`` (``wanted``: each part must be in the answer) or
+    ``answer_not_contains`` (none may be), case aside."""
+    expected = list((expect.answer_contains if wanted else expect.answer_not_contains) or ())
     text = (observed.answer or "").casefold()
-    missing = [part for part in expected if part.casefold() not in text]
+    wrong = [part for part in expected if (part.casefold() in text) != wanted]
     return _check(
-        "answer_contains",
-        not missing,
+        "answer_contains" if wanted else "answer_not_contains",
+        not wrong,
         expected,
         observed.answer,
-        "the answer lacks " + ", ".join(map(repr, missing)),
-    )
-
-
-def _answer_not_contains(expect: Expectation, observed: Observation) -> Check:
-    expected = list(expect.answer_not_contains or ())
-    text = (observed.answer or "").casefold()
-    present = [part for part in expected if part.casefold() in text]
-    return _check(
-        "answer_not_contains",
-        not present,
-        expected,
-        observed.answer,
-        "the answer contains " + ", ".join(map(repr, present)),
+        f"the answer {'lacks' if wanted else 'contains'} " + ", ".join(map(repr, wrong)),
     )
 
 
 def _status(expect: Expectation, observed: Observation) -> Check:
-    return _check(
-        "status",
-        observed.status == expect.status,
-        expect.status,
-        observed.status,
-        f"the status was {observed.status!r}, expected {expect.status!r}"
-        + (f" (stop reason: {observed.stop_reason})" if observed.stop_reason else ""),
-    )
+    note = f" (stop reason: {observed.stop_reason})" if observed.stop_reason else ""
+    return _same("status", expect.status, observed.status, note=note)
 
 
 def _stop_reason(expect: Expectation, observed: Observation) -> Check:
-    return _check(
-        "stop_reason",
-        observed.stop_reason == expect.stop_reason,
-        expect.stop_reason,
-        observed.stop_reason,
-        f"the stop reason was {observed.stop_reason!r}, expected {expect.stop_reason!r}",
-    )
+    return _same("stop_reason", expect.stop_reason, observed.stop_reason)
+
+
+def _same(name: str, expected: Any, actual: Any, *, note: str = "") -> Check:
+    """The check that the run's ``name`` (``first_agent``) is the one expected."""
+    message = f"the {name.replace('_', ' ')} was {actual!r}, expected {expected!r}{note}"
+    return _check(name, actual == expected, expected, actual, message)
 
 
 def _violations(expect: Expectation, observed: Observation) -> Check:
@@ -239,8 +216,8 @@ _CHECKS: tuple[tuple[str, Callable[[Expectation, Observation], Check]], ...] = (
     ("handoffs", _handoffs),
     ("tools_used", _tools_used),
     ("tools_not_used", _tools_not_used),
-    ("answer_contains", _answer_contains),
-    ("answer_not_contains", _answer_not_contains),
+    ("answer_contains", partial(_answer_parts, wanted=True)),
+    ("answer_not_contains", partial(_answer_parts, wanted=False)),
     ("status", _status),
     ("stop_reason", _stop_reason),
     ("violations", _violations),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from relaygraph.errors import ConfigError
+from relaygraph.errors import ConfigError, read_config_file
 from relaygraph.events import VIOLATION_KINDS as VIOLATION_KINDS  # the one list, re-exported
 from relaygraph.events import ViolationKind
 
@@ -215,13 +215,7 @@ def load_golden(path: str | Path, *, team: Team | None = None) -> GoldenSet:
     Raises:
         ConfigError: The file itself is missing or cannot be read.
     """
-    file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"golden file {str(file)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"golden file {str(file)!r} cannot be read: {exc}") from None
+    file, text = read_config_file(path, "golden file")
     cases: list[GoldenCase] = []
     errors: list[InvalidGoldenLine] = []
     seen: dict[str, int] = {}

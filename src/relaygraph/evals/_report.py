@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from relaygraph.errors import ConfigError
+from relaygraph.errors import ConfigError, read_config_file
 from relaygraph.evals._golden import InvalidGoldenLine
 from relaygraph.evals._metrics import EvalMetrics
 from relaygraph.evals._results import CaseResult
@@ -118,12 +118,7 @@ def load_baseline(path: str | Path) -> dict[str, bool]:
     file = Path(path).expanduser()
     if file.is_dir():
         file = file / REPORT_JSON
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"baseline report {str(file)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"baseline report {str(file)!r} cannot be read: {exc}") from None
+    file, text = read_config_file(file, "baseline report")
     try:
         baseline = _Baseline.model_validate_json(text)
     except ValidationError as exc:

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from relaygraph.agents import Agent, to_tool, tool_name
 from relaygraph.agents import builtin as _builtin
-from relaygraph.errors import ConfigError
+from relaygraph.errors import ConfigError, read_config_file
 from relaygraph.team._errors import TeamFileError, located, location_of
 from relaygraph.team._refs import ToolRef, allowed_module, parse_tool_ref, resolve_python_ref
 from relaygraph.team._team import Team
@@ -129,13 +129,7 @@ def load_team(path: str | Path, *, trust: TeamTrust = OPERATOR) -> Team:
         TeamFileError: The file is missing, is not TOML, or anything in it is wrong; the
             message names the file, the table and the key, and so do the error's fields.
     """
-    file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TeamFileError(f"team file {str(file)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TeamFileError(f"team file {str(file)!r} cannot be read: {exc}") from None
+    file, text = read_config_file(path, "team file", error=TeamFileError)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from relaygraph.tracing._config import (
+    TracedTask,
     exporting_provider,
     langsmith_config,
     langsmith_enabled,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LangSmithTracer",
     "OpenTelemetryCallbackHandler",
+    "TracedTask",
     "build_timeline",
     "exporting_provider",
     "langsmith_config",

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 from urllib.parse import urlsplit, urlunsplit
 
 from relaygraph.errors import ConfigError
@@ -109,16 +109,27 @@ def langsmith_enabled() -> bool:
     return bool(tracing_is_enabled())
 
 
+class TracedTask(TypedDict, total=False):
+    """The task a run's traces are labelled with, the same for every tracer."""
+
+    task_id: Required[str]
+    """The ledger's task id."""
+    thread_id: Required[str]
+    """The conversation the task continues."""
+    project: str | None
+    """The project (tenant) the task belongs to."""
+    team: Mapping[str, Any] | None
+    """The team that runs it, as the task records it (name, version, digest)."""
+    policy_source: str | None
+    """Where the team policy came from."""
+    policy_digest: str | None
+    """A digest of the policy the task runs under."""
+    models: Mapping[str, str] | None
+    """The model spec of each role."""
+
+
 def tracing_callbacks(
-    *,
-    task_id: str,
-    thread_id: str,
-    project: str | None = None,
-    team: Mapping[str, Any] | None = None,
-    policy_source: str | None = None,
-    policy_digest: str | None = None,
-    models: Mapping[str, str] | None = None,
-    tracer_provider: Any = None,
+    *, tracer_provider: Any = None, **task: Unpack[TracedTask]
 ) -> list[BaseCallbackHandler]:
     """The callback handlers that trace one task run; empty when tracing is off.
 
@@ -128,15 +139,9 @@ def tracing_callbacks(
     a handoff is recorded as one and not as an error.
 
     Args:
-        task_id: The ledger's task id.
-        thread_id: The conversation the task continues.
-        project: The project (tenant) the task belongs to.
-        team: The team that runs it, as the task records it (name, version, digest).
-        policy_source: Where the team policy came from.
-        policy_digest: A digest of the policy the task runs under.
-        models: The model spec of each role.
         tracer_provider: Send OpenTelemetry spans here instead of to the exporters the
             environment names (an application's own provider, or a test's).
+        **task: The task the run is of (:class:`TracedTask`).
 
     Raises:
         ConfigError: ``OTEL_TRACES_EXPORTER`` names an unknown exporter, or LangSmith
@@ -148,18 +153,7 @@ def tracing_callbacks(
         from relaygraph.tracing._otel import INSTRUMENTATION, OpenTelemetryCallbackHandler
 
         provider = tracer_provider or exporting_provider(exporters)
-        handlers.append(
-            OpenTelemetryCallbackHandler(
-                provider.get_tracer(INSTRUMENTATION),
-                task_id=task_id,
-                thread_id=thread_id,
-                project=project,
-                team=team,
-                policy_source=policy_source,
-                policy_digest=policy_digest,
-                models=models,
-            )
-        )
+        handlers.append(OpenTelemetryCallbackHandler(provider.get_tracer(INSTRUMENTATION), **task))
     if langsmith_enabled():
         from relaygraph.tracing._langsmith import LangSmithTracer
 
@@ -261,16 +255,7 @@ def _run_name(task_id: str, request: str | None) -> str:
 
 
 def langsmith_config(
-    *,
-    task_id: str,
-    thread_id: str,
-    request: str | None = None,
-    project: str | None = None,
-    team: Mapping[str, Any] | None = None,
-    policy_source: str | None = None,
-    policy_digest: str | None = None,
-    models: Mapping[str, str] | None = None,
-    tags: tuple[str, ...] = (),
+    *, request: str | None = None, tags: tuple[str, ...] = (), **task: Unpack[TracedTask]
 ) -> dict[str, Any]:
     """What the task's graph config needs for LangSmith: ``run_name``, ``metadata``, ``tags``.
 
@@ -279,28 +264,23 @@ def langsmith_config(
     groups a thread's tasks by ``thread_id``.
 
     Args:
-        task_id: The ledger's task id.
-        thread_id: The conversation the task continues.
         request: What was asked; the root run is named for it.
-        project: The project (tenant) the task belongs to.
-        team: The team that runs it, as the task records it (name, version, digest).
-        policy_source: Where the team policy came from.
-        policy_digest: A digest of the policy the task runs under.
-        models: The model spec of each role.
         tags: More tags for every run of the task.
+        **task: The task the run is of (:class:`TracedTask`).
     """
     if not langsmith_enabled():
         return {}
+    task_id, project, team = task["task_id"], task.get("project"), task.get("team")
     metadata: dict[str, Any] = {
         "task_id": task_id,
-        "thread_id": thread_id,
+        "thread_id": task["thread_id"],
         "project": project,
         "team_name": (team or {}).get("name"),
         "team_version": (team or {}).get("version"),
         "team_digest": (team or {}).get("digest"),
-        "policy_source": policy_source,
-        "policy_digest": policy_digest,
-        "models": dict(models or {}),
+        "policy_source": task.get("policy_source"),
+        "policy_digest": task.get("policy_digest"),
+        "models": dict(task.get("models") or {}),
     }
     more = [f"project:{project}"] if project else []
     if team and team.get("name"):

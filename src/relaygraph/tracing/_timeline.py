@@ -59,47 +59,25 @@ def _entry(kind: str, data: Mapping[str, Any], at: datetime, seq: int) -> dict[s
             # The limit a budget hit stopped at (scope, agent, limit, used, allowed).
             "budget": data.get("budget"),
         }
-    if kind == "interrupted":
-        return base | {
-            "waits_for": data.get("waits_for"),
-            "agent": data.get("agent"),
-            "tool": data.get("tool"),
-            "detail": data.get("detail"),
-        }
-    if kind == "approval":
-        return base | {
-            "agent": data.get("agent"),
-            "tool": data.get("tool"),
-            "decision": data.get("decision"),
-            "reason": data.get("reason"),
-            "args": data.get("args"),
-        }
-    if kind == "model_retry":
-        return base | {
-            "role": data.get("role"),
-            "model": data.get("model"),
-            "attempt": data.get("attempt"),
-            "status": data.get("status"),
-            "error": data.get("error", ""),
-            "wait_seconds": data.get("wait_seconds"),
-        }
-    if kind == "model_error":
-        return base | {
-            "role": data.get("role"),
-            "model": data.get("model"),
-            "status": data.get("status"),
-            "error": data.get("error", ""),
-            "attempts": data.get("attempts"),
-        }
-    if kind == "run_started":
-        return base
-    if kind == "run_suspended":
-        return base | {"reason": data.get("reason")}
-    if kind == "cancel_requested":
-        return base | {"by": data.get("by"), "via": data.get("via")}
-    if kind == "run_finished":
-        return base | {"status": data.get("status"), "stop_reason": data.get("stop_reason")}
-    return None
+    fields = _COPIED_FIELDS.get(kind)
+    if fields is None:
+        return None
+    return base | {key: data.get(key, default) for key, default in fields.items()}
+
+
+_COPIED_FIELDS: dict[str, dict[str, Any]] = {
+    "interrupted": dict.fromkeys(("waits_for", "agent", "tool", "detail")),
+    "approval": dict.fromkeys(("agent", "tool", "decision", "reason", "args")),
+    "model_retry": dict.fromkeys(("role", "model", "attempt", "status"))
+    | {"error": "", "wait_seconds": None},
+    "model_error": dict.fromkeys(("role", "model", "status")) | {"error": "", "attempts": None},
+    "run_started": {},
+    "run_suspended": {"reason": None},
+    "cancel_requested": {"by": None, "via": None},
+    "run_finished": {"status": None, "stop_reason": None},
+}
+"""The events whose timeline node copies the event's fields as they are: each field, in the
+node's order, with its value when the event has none."""
 
 
 def _transfer(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,14 +7,11 @@ broker, ``relaygraph worker`` to consume them. The ledger's own settings
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
-
-from relaygraph.errors import ConfigError
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["DEFAULT_QUEUE", "WorkerSettings", "load_worker_settings"]
 
@@ -78,26 +75,30 @@ class WorkerSettings(BaseSettings):
     @field_validator("queues")
     @classmethod
     def _queue_names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not _QUEUE.fullmatch(name):
-                raise ValueError(f"{name!r} is not a queue name (letters, digits, _ . : -)")
-        return value
+        return [_named(name, _QUEUE, "a queue name (letters, digits, _ . : -)") for name in value]
 
     @field_validator("control_exchange")
     @classmethod
     def _exchange_name(cls, value: str) -> str:
-        if not _QUEUE.fullmatch(value):
-            raise ValueError(f"{value!r} is not an exchange name (letters, digits, _ . : -)")
-        return value
+        return _named(value, _QUEUE, "an exchange name (letters, digits, _ . : -)")
 
     @field_validator("events_channel")
     @classmethod
     def _channel_name(cls, value: str) -> str:
-        if not _CHANNEL.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is not a PostgreSQL channel name (lower case, digits, _; 63 at most)"
-            )
-        return value
+        return _named(
+            value, _CHANNEL, "a PostgreSQL channel name (lower case, digits, _; 63 at most)"
+        )
+
+
+def _named(value: str, pattern: re.Pattern[str], what: str) -> str:
+    """``value``, if ``pattern`` matches it whole.
+
+    Raises:
+        ValueError: It does not; the message says ``what`` the value is not.
+    """
+    if not pattern.fullmatch(value):
+        raise ValueError(f"{value!r} is not {what}")
+    return value
 
 
 def load_worker_settings(**overrides: Any) -> WorkerSettings:
@@ -107,22 +108,12 @@ def load_worker_settings(**overrides: Any) -> WorkerSettings:
         ConfigError: A setting is invalid; the message names its variable (and flag) and
             the value.
     """
-    try:
-        return WorkerSettings(**overrides)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
-            where = f"RELAYGRAPH_{field.upper()}"
-            if field in _FLAGS:
-                where += f" / {_FLAGS[field]}"
-            problems.append(f"{where} {error['input']!r}: {error['msg']}")
-        raise ConfigError("bad worker setting: " + "; ".join(problems)) from None
-    except SettingsError as exc:
-        # pydantic-settings reads list settings as JSON and names only the field.
-        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
-        name = f"RELAYGRAPH_{field.upper()}"
-        raise ConfigError(
-            f"bad worker setting: {name} {os.environ.get(name)!r} is not valid JSON; "
-            """a list is written as '["relaygraph"]'"""
-        ) from None
+    from relaygraph.runner import read_settings
+
+    return read_settings(
+        WorkerSettings,
+        overrides,
+        role="worker",
+        flags=_FLAGS,
+        list_example=f"""'["{DEFAULT_QUEUE}"]'""",
+    )

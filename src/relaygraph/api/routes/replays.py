@@ -5,14 +5,14 @@ ceiling: its policy may only tighten); another project's task is absent (404).""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends
 from pydantic import Field
 
 from relaygraph.api._auth import own_task
 from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import TaskOut, _RequestBody
 from relaygraph.api._state import ServiceState
-from relaygraph.api.routes.tasks import check_idempotency_key
+from relaygraph.api.routes.tasks import idempotency_key_header
 from relaygraph.errors import ConfigError
 from relaygraph.runner import ReplayChanges, SubmittedTask, submit_replay
 from relaygraph.store import Project, Task
@@ -60,20 +60,11 @@ def replays_router(state: ServiceState) -> APIRouter:
         task_id: str,
         body: ReplayCreate,
         project: ProjectDep,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                min_length=1,
-                max_length=200,
-                description="A retry with the same key and body returns the first replay.",
-            ),
-        ] = None,
+        idempotency_key: Annotated[str | None, idempotency_key_header("replay")],
     ) -> TaskOut:
         """Replay the task as a new task of the project, on a thread of its own (202); the
         task is not changed. The new task records `replay_of` and `from_step`. From a step,
         it starts with a copy of the task's workspace (held to the workspace quota)."""
-        if idempotency_key is not None:
-            check_idempotency_key(idempotency_key)
         original = own_task(state.ledger(), task_id, project)
         submitted = replay_in_project(
             state, project.id, original, body, idempotency_key=idempotency_key

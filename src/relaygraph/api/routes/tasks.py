@@ -13,7 +13,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.runner import TaskRequest, submit_task
 from relaygraph.store import TASK_STATUSES, Project
 
-__all__ = ["check_idempotency_key", "tasks_router"]
+__all__ = ["idempotency_key_header", "tasks_router"]
 
 _TASK_LINKS = {
     link: {"operationId": operation, "parameters": {"task_id": "$response.body#/id"}}
@@ -47,14 +47,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
     def create_task(
         body: TaskCreate,
         project: ProjectDep,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                min_length=1,
-                max_length=200,
-                description="A retry with the same key and body returns the first task.",
-            ),
-        ] = None,
+        idempotency_key: Annotated[str | None, idempotency_key_header("task")],
     ) -> TaskOut:
         """Submit a task (202): it runs when a worker is free.
 
@@ -65,8 +58,6 @@ def tasks_router(state: ServiceState) -> APIRouter:
         published in turn). 503 ``broker_unavailable``: it is recorded but not published; a
         retry with the same ``Idempotency-Key`` publishes it in its turn.
         """
-        if idempotency_key is not None:
-            check_idempotency_key(idempotency_key)
         # A retry of a task already created names the team version the first try ran (a
         # newer one pushed since is not another request).
         first_try = (
@@ -188,7 +179,29 @@ def tasks_router(state: ServiceState) -> APIRouter:
     return router
 
 
-def check_idempotency_key(key: str) -> None:
+def idempotency_key_header(first: str) -> Any:
+    """The ``Idempotency-Key`` header of a submission, checked by
+    :func:`_check_idempotency_key` (a dependency); its documentation says that a retry
+    returns the ``first`` one (``task``, ``replay``)."""
+
+    def header(
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                min_length=1,
+                max_length=200,
+                description=f"A retry with the same key and body returns the first {first}.",
+            ),
+        ] = None,
+    ) -> str | None:
+        if idempotency_key is not None:
+            _check_idempotency_key(idempotency_key)
+        return idempotency_key
+
+    return Depends(header)
+
+
+def _check_idempotency_key(key: str) -> None:
     """Refuse an ``Idempotency-Key`` header that is blank, or that the ledger cannot store
     (a header is Latin-1 text, NUL included)."""
     if not key.strip():

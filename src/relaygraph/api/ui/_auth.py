@@ -7,7 +7,7 @@ import secrets
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, safe_next
+from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, dashboard_router, safe_next
 from relaygraph.api.ui._sessions import COOKIE, LOGIN_COOKIE, same_token
 from relaygraph.api.ui._templates import assets
 
@@ -16,7 +16,7 @@ KEY_PREFIX_CHARS = 10
 
 
 def auth_router(dashboard: Dashboard) -> APIRouter:
-    router = APIRouter(prefix="/ui", include_in_schema=False)
+    router = dashboard_router()
 
     def login_page(
         request: Request, *, status: int = 200, error: str | None = None, next_url: str = "/ui"

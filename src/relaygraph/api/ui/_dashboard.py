@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 
 from relaygraph.api.ui._sessions import COOKIE, DashboardSession, SessionStore
 from relaygraph.api.ui._settings import DashboardSettings
@@ -82,6 +83,18 @@ class Dashboard:
             return None, False
         return session, False
 
+    def signed_in(self, request: Request) -> DashboardSession:
+        """The request's live session (see :meth:`session`).
+
+        Raises:
+            SignInRequired: The request has none; the page's route answers with the
+                sign-in page (:class:`DashboardRoute`).
+        """
+        session, expired = self.session(request)
+        if session is None:
+            raise SignInRequired(expired=expired)
+        return session
+
     def own_task(self, session: DashboardSession, task_id: str) -> Task | None:
         """The session's project's task; None for a missing task or another project's."""
         if "\x00" in task_id or len(task_id) > 64:
@@ -102,6 +115,45 @@ class Dashboard:
 
     def not_found(self, request: Request, session: DashboardSession, what: str) -> HTMLResponse:
         return self.page(request, "not_found.html", session, status=404, what=what, nav="")
+
+
+class SignInRequired(Exception):
+    """A dashboard page was asked for without a live session.
+
+    Attributes:
+        expired: Whether a session ran out of time (the sign-in page says so).
+    """
+
+    def __init__(self, *, expired: bool) -> None:
+        self.expired = expired
+        super().__init__("sign in" + (" again: the session expired" if expired else ""))
+
+
+class DashboardRoute(APIRoute):
+    """A dashboard page's route: a :class:`SignInRequired` its handler raises sends the
+    browser to the sign-in page (:func:`to_sign_in`)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except SignInRequired as exc:
+                return to_sign_in(request, expired=exc.expired)
+
+        return handle
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """The fields of the form a page posted, each as text."""
+    form = await request.form()
+    return {key: str(value) for key, value in form.items()}
+
+
+def dashboard_router() -> APIRouter:
+    """A router of dashboard pages, under ``/ui`` and left out of the OpenAPI document."""
+    return APIRouter(prefix="/ui", include_in_schema=False, route_class=DashboardRoute)
 
 
 def to_sign_in(request: Request, *, expired: bool) -> Response:

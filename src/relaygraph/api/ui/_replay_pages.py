@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api.routes.replays import ReplayCreate
-from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
+from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, dashboard_router, form_fields
 from relaygraph.api.ui._sessions import same_token
 from relaygraph.runner import RequestRefused
 from relaygraph.store import Task
@@ -25,21 +25,18 @@ ReplaySubmit = Callable[[str, Task, ReplayCreate], Task]
 
 def replay_pages_router(dashboard: Dashboard, submit: ReplaySubmit) -> APIRouter:
     """``POST /ui/tasks/{id}/replay`` and ``GET /ui/diff/{a}/{b}``."""
-    router = APIRouter(prefix="/ui", include_in_schema=False)
+    router = dashboard_router()
 
     @router.post("/tasks/{task_id}/replay")
     async def replay(task_id: str, request: Request) -> Response:
-        form = await request.form()
-        fields = {key: str(value) for key, value in form.items()}
+        fields = await form_fields(request)
         return await to_thread.run_sync(_replay, dashboard, submit, request, task_id, fields)
 
     @router.get("/diff/{task_a}/{task_b}")
     def diff(task_a: str, task_b: str, request: Request) -> Response:
         from relaygraph.evals import diff_trajectories, read_trajectory
 
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         a, b = dashboard.own_task(session, task_a), dashboard.own_task(session, task_b)
         for task_id, task in ((task_a, a), (task_b, b)):
             if task is None:
@@ -61,9 +58,7 @@ def _replay(
     task_id: str,
     fields: dict[str, str],
 ) -> Response:
-    session, expired = dashboard.session(request)
-    if session is None:
-        return to_sign_in(request, expired=expired)
+    session = dashboard.signed_in(request)
     if not same_token(fields.get("csrf", ""), session.csrf):
         return _text(403, "The form had expired; reload the page.")
     original = dashboard.own_task(session, task_id)

@@ -12,7 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api.ui._charts import Metric, usage_chart
-from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
+from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, dashboard_router
 from relaygraph.api.ui._queries import EvalRunOut, daily_usage, eval_run, project_me
 from relaygraph.api.ui._sessions import DashboardSession
 from relaygraph.store import EvalCaseRecord, EvalRunRecord
@@ -58,7 +58,7 @@ CHANGE_ORDER = ("regressed", "fixed", "failing", "new", "gone", "passing")
 
 
 def report_router(dashboard: Dashboard) -> APIRouter:
-    router = APIRouter(prefix="/ui", include_in_schema=False)
+    router = dashboard_router()
 
     def cases(session: DashboardSession, run: EvalRunRecord) -> list[CaseResult]:
         by_case: dict[str, list[EvalCaseRecord]] = {}
@@ -81,9 +81,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
 
     @router.get("/evals")
     def evals(request: Request) -> Response:
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         runs = dashboard.ledger().eval_runs(RUNS_SHOWN) if dashboard.settings.show_evals else []
         # The newest run is compared by default with the one before it of the same golden
         # set and topology (or the one before it at all, when there is none such).
@@ -111,9 +109,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
 
     @router.get("/evals/{run_id}")
     def eval_page(run_id: str, request: Request) -> Response:
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         if not dashboard.settings.show_evals:
             return dashboard.not_found(request, session, f"eval run {run_id}")
         try:
@@ -144,9 +140,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
 
     @router.get("/usage")
     def usage(request: Request) -> Response:
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         query = request.query_params
         today = datetime.now(UTC).date()
         error = None

@@ -19,7 +19,12 @@ from relaygraph.api._errors import ErrorAnswer, error_body
 from relaygraph.api._schemas import DecisionIn
 from relaygraph.api._streams import CountedEventSource
 from relaygraph.api._tasks_service import decide, follow_events
-from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, to_sign_in
+from relaygraph.api.ui._dashboard import (
+    SECURITY_HEADERS,
+    Dashboard,
+    dashboard_router,
+    form_fields,
+)
 from relaygraph.api.ui._queries import (
     APPROVAL_FILTERS,
     TaskFilters,
@@ -54,13 +59,11 @@ FILTER_KEYS = ("status", "agent", "team", "approvals", "violation", "since", "un
 
 
 def task_router(dashboard: Dashboard) -> APIRouter:
-    router = APIRouter(prefix="/ui", include_in_schema=False)
+    router = dashboard_router()
 
     @router.get("")
     def tasks(request: Request) -> Response:
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         query = request.query_params
         error = None
         try:
@@ -107,9 +110,7 @@ def task_router(dashboard: Dashboard) -> APIRouter:
 
     @router.get("/tasks/{task_id}")
     def task(task_id: str, request: Request) -> Response:
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         found = dashboard.own_task(session, task_id)
         if found is None:
             if request.query_params.get("fragment"):
@@ -123,9 +124,7 @@ def task_router(dashboard: Dashboard) -> APIRouter:
 
     @router.get("/tasks/{task_id}/events")
     async def events(task_id: str, request: Request) -> Response:
-        session, expired = await to_thread.run_sync(dashboard.session, request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = await to_thread.run_sync(dashboard.signed_in, request)
         found = await to_thread.run_sync(dashboard.own_task, session, task_id)
         if found is None:
             return JSONResponse({"error": {"code": "task_not_found"}}, status_code=404)
@@ -158,22 +157,18 @@ def task_router(dashboard: Dashboard) -> APIRouter:
 
     @router.post("/tasks/{task_id}/approvals/{approval_id}")
     async def decide(task_id: str, approval_id: str, request: Request) -> Response:
-        form = await request.form()
-        fields = {key: str(value) for key, value in form.items()}
+        fields = await form_fields(request)
         return await to_thread.run_sync(_decide, dashboard, request, task_id, approval_id, fields)
 
     @router.post("/tasks/{task_id}/cancel")
     async def cancel(task_id: str, request: Request) -> Response:
-        form = await request.form()
-        token = str(form.get("csrf") or "")
-        confirmed = form.get("confirm") == "yes"
+        fields = await form_fields(request)
+        token, confirmed = fields.get("csrf", ""), fields.get("confirm") == "yes"
         return await to_thread.run_sync(_cancel, dashboard, request, task_id, token, confirmed)
 
     @router.get("/tasks/{task_id}/artifacts/{name}")
     def artifact(task_id: str, name: str, request: Request) -> Response:
-        session, expired = dashboard.session(request)
-        if session is None:
-            return to_sign_in(request, expired=expired)
+        session = dashboard.signed_in(request)
         if dashboard.own_task(session, task_id) is None:
             return dashboard.not_found(request, session, f"task {task_id}")
         try:
@@ -265,9 +260,7 @@ def _posted(
     dashboard: Dashboard, request: Request, task_id: str, token: str
 ) -> tuple[DashboardSession, Task] | Response:
     """The session and task a form post acts on, or the answer that refuses it."""
-    session, expired = dashboard.session(request)
-    if session is None:
-        return to_sign_in(request, expired=expired)
+    session = dashboard.signed_in(request)
     if not same_token(token, session.csrf):
         return _answer(request, 403, "forbidden", "The form had expired; reload the page.", None)
     task = dashboard.own_task(session, task_id)
