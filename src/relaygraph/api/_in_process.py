@@ -435,9 +435,7 @@ class InProcessDispatch:
                 graph_input,
                 cancel=self._cancel[task.id],
                 stop=self._stopping,
-                # `relaygraph_team` is the project's id under its name from before
-                # projects, deprecated: it goes in the next release.
-                identity={"project": project, "team": project},
+                identity={"project": project},
                 only_from=only_from,
             )
         except TaskBusy as exc:

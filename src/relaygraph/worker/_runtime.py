@@ -172,9 +172,7 @@ class WorkerRuntime:
                 task,
                 {"request": task.input} if begun.fresh else CONTINUE,
                 attempt=attempt,
-                # `relaygraph_team` is the project's id under its name from before
-                # projects, deprecated (as for serve's runs).
-                identity={"project": task.project_id, "team": task.project_id},
+                identity={"project": task.project_id},
             )
             return result
         except AttemptSuperseded as exc:
