@@ -276,10 +276,11 @@ async def test_cancel_an_interrupted_task_and_usage(
     # usage is not recorded (visits are accounted when they end).
     assert usage["agents"]["supervisor"]["model_calls"] == 1
     assert usage["tasks"] == 1
-    # The tenant is a project; its id keeps its old key for one release (deprecated).
-    assert usage["project_id"] == usage["team_id"] != ""
+    # The tenant is a project; "team" names only a team, so its old key for the project
+    # is gone.
+    assert usage["project_id"] != "" and "team_id" not in usage
     trace = (await api.client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(key))).json()
-    assert trace["project_id"] == trace["team_id"] == usage["project_id"]
+    assert trace["project_id"] == usage["project_id"] and "team_id" not in trace
 
 
 async def test_health_and_openapi(api: ServiceClient) -> None:

@@ -101,9 +101,9 @@ def _job_of(body: dict[str, Any]) -> str | None:
 def test_a_server_holds_many_tasks_in_flight_on_few_threads(
     ledger: Ledger, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``TaskWorkers`` runs every task in flight on its loop: with a model that takes its
+    """``InProcessDispatch`` runs every task in flight on its loop: with a model that takes its
     time, all of them wait for it at once, on a handful of threads, and ``load()`` says so."""
-    from relaygraph.api._workers import TaskWorkers
+    from relaygraph.api._in_process import InProcessDispatch
     from relaygraph.runner._event_writer import WRITE_THREADS
     from tests.openai_server import serve_script
 
@@ -139,7 +139,7 @@ def test_a_server_holds_many_tasks_in_flight_on_few_threads(
             )
             tasks.append(task)
         before = set(threading.enumerate())
-        workers = TaskWorkers(ledger, home=home, workers=count, sync_threads=4)
+        workers = InProcessDispatch(ledger, home=home, workers=count, sync_threads=4)
         try:
             for task in tasks:
                 workers.enqueue(task)
@@ -178,7 +178,7 @@ def test_a_server_holds_many_tasks_in_flight_on_few_threads(
 def test_metrics_show_the_tasks_in_flight_and_the_loops_lag() -> None:
     from datetime import UTC, datetime
 
-    from relaygraph.api._workers import WorkersLoad
+    from relaygraph.api._in_process import WorkersLoad
     from relaygraph.api.routes.metrics import metrics_text
 
     load = WorkersLoad(

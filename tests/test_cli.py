@@ -224,6 +224,23 @@ def test_serve_refuses_bad_settings_by_name(
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("extra", [(), ("--json",)])
+def test_the_removed_teams_create_is_refused_by_name_with_what_to_use(
+    home: Path, extra: tuple[str, ...]
+) -> None:
+    proc = relaygraph("teams", "create", "acme", *extra, home=home)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("relaygraph: error: 'relaygraph teams create' was removed"), (
+        proc.stderr
+    )
+    assert "use 'relaygraph projects create NAME'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # Nothing was created: the name is still free for the command that makes projects.
+    made = relaygraph("projects", "create", "acme", "--json", home=home)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["project"] == "acme"
+
+
 def test_projects_quota_sets_shows_and_refuses_bad_values_by_name(home: Path) -> None:
     assert relaygraph("projects", "create", "acme", home=home).returncode == 0
     made = relaygraph(

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from relaygraph.api import load_settings
-from relaygraph.api._workers import TaskWorkers
+from relaygraph.api._in_process import InProcessDispatch
 from relaygraph.errors import ConfigError, ModelNotAllowed
 from relaygraph.models.scripted import MAX_SCRIPT_BYTES, ScriptFolder, load_script
 from relaygraph.runner import TaskRunner, run_task
@@ -337,7 +337,7 @@ def test_workers_settle_a_dead_servers_task_instead_of_running_it(
     for runner in ("s1", "s2", "s3"):
         ledger.take_lease(task.id, runner, seconds=30)
         lapse(ledger, task.id, runner)
-    workers = TaskWorkers(ledger, home=tmp_path, workers=1, max_attempts=3)
+    workers = InProcessDispatch(ledger, home=tmp_path, workers=1, max_attempts=3)
     started: list[str] = []
 
     def start(task: Any, graph_input: Any = None, *, project: str) -> None:

@@ -115,9 +115,9 @@ def live_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[str]:
 
 
 def team_key(server_env: dict[str, str]) -> str:
-    """``relaygraph teams create`` in its own process, as an operator would."""
+    """``relaygraph projects create`` in its own process, as an operator would."""
     done = subprocess.run(
-        [sys.executable, "-m", "relaygraph.cli", "teams", "create", "fuzzers", "--json"],
+        [sys.executable, "-m", "relaygraph.cli", "projects", "create", "fuzzers", "--json"],
         env=server_env,
         capture_output=True,
         text=True,

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from relaygraph.api import ServiceSettings, create_app
-from relaygraph.api._workers import TaskWorkers
+from relaygraph.api._in_process import InProcessDispatch
 from relaygraph.client import Client
 from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.store import (
@@ -118,7 +118,9 @@ def test_a_server_with_free_workers_leaves_a_project_at_its_running_quota_queued
     _run(ledger, flood[0])
     _run(ledger, flood[1])
     [mine] = _queue(ledger, a.id, 1, "a")
-    workers = TaskWorkers(ledger, home=tmp_path, workers=2, pull=True, quotas=Quotas(max_running=2))
+    workers = InProcessDispatch(
+        ledger, home=tmp_path, workers=2, pull=True, quotas=Quotas(max_running=2)
+    )
     started = _recording(workers)
     try:
         assert workers.pull() == 1 and started == [mine]

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from relaygraph.api._in_process import InProcessDispatch
 from relaygraph.api._processes import shares
 from relaygraph.api._settings import ServiceSettings, load_settings
-from relaygraph.api._workers import TaskWorkers
 from relaygraph.client import Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
@@ -235,7 +235,7 @@ def test_serve_with_processes_starts_task_processes(
     wait_until(lambda: process_gone(child), DEADLINE, "the task process stopped")
 
 
-def _recording(workers: TaskWorkers) -> list[str]:
+def _recording(workers: InProcessDispatch) -> list[str]:
     """Make ``workers`` record the tasks it starts instead of running them."""
     started: list[str] = []
 
@@ -258,8 +258,8 @@ def test_pulling_processes_take_only_what_their_free_workers_run(
     behind, _ = ledger.create_task(project_id=project.id, input="b", thread_id="t1")
     other, _ = ledger.create_task(project_id=project.id, input="c", thread_id="t2")
     last, _ = ledger.create_task(project_id=project.id, input="d", thread_id="t3")
-    one = TaskWorkers(ledger, home=tmp_path, workers=1, pull=True)
-    two = TaskWorkers(ledger, home=tmp_path, workers=2, pull=True)
+    one = InProcessDispatch(ledger, home=tmp_path, workers=1, pull=True)
+    two = InProcessDispatch(ledger, home=tmp_path, workers=2, pull=True)
     taken_by_one, taken_by_two = _recording(one), _recording(two)
     try:
         assert one.pull() == 1 and taken_by_one == [first.id]  # the oldest, one worker
@@ -290,7 +290,7 @@ def test_tasks_behind_a_paused_thread_do_not_starve_other_threads(
     ]
     victim, _ = ledger.create_project("victim")
     theirs, _ = ledger.create_task(project_id=victim.id, input="v", thread_id="own")
-    workers = TaskWorkers(ledger, home=tmp_path, workers=1, pull=True)
+    workers = InProcessDispatch(ledger, home=tmp_path, workers=1, pull=True)
     started = _recording(workers)
     try:
         assert workers.pull() == 1 and started == [theirs.id]
@@ -308,7 +308,7 @@ def test_a_cancel_between_the_take_and_the_run_ends_the_task(home: Path, script:
     ledger, project, task = one_task(
         home, script({"supervisor": [{"route": {"next": "FINISH", "task": "", "reason": "x"}}]})
     )
-    workers = TaskWorkers(ledger, home=home, workers=1, pull=True)
+    workers = InProcessDispatch(ledger, home=home, workers=1, pull=True)
     try:
         taken = workers.take(task.id, only_from=("queued",))
         assert taken is not None
@@ -329,7 +329,7 @@ def test_a_taken_start_that_another_runner_continued_cancels_nothing(
     start here comes: not cancelled (the start's refused take is no cancel), not run twice."""
 
     ledger, project, task = one_task(home, script(WRITER_TURNS))
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         taken = workers.take(task.id, only_from=("queued",))
         assert taken is not None
@@ -355,7 +355,7 @@ def test_a_taken_start_that_another_runner_continued_cancels_nothing(
     assert ledger.events_after(task.id) == []
 
 
-def _occupy_the_only_slot(workers: TaskWorkers, busy: threading.Event) -> Future[None]:
+def _occupy_the_only_slot(workers: InProcessDispatch, busy: threading.Event) -> Future[None]:
     """A busy worker: hold the room of the workers' one task in flight until ``busy``."""
 
     async def occupy() -> None:
@@ -373,7 +373,7 @@ def test_a_taken_task_waiting_for_a_worker_keeps_its_lease(
     it does not lapse for another server to take."""
 
     ledger, project, task = one_task(home, script(WRITER_TURNS))
-    workers = TaskWorkers(ledger, home=home, workers=1, lease_seconds=2.0)
+    workers = InProcessDispatch(ledger, home=home, workers=1, lease_seconds=2.0)
     busy, renewed = threading.Event(), threading.Event()
     renew = ledger.renew_lease
 
@@ -406,7 +406,7 @@ def test_a_taken_task_waiting_for_a_worker_is_cancelled_at_once(home: Path, scri
     a worker to free up), and its start, when a worker frees, runs nothing."""
 
     ledger, project, task = one_task(home, script(WRITER_TURNS))
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     busy = threading.Event()
     try:
         blocker = _occupy_the_only_slot(workers, busy)
@@ -443,7 +443,7 @@ def test_a_queued_task_whose_record_cannot_be_read_fails_once(
     project, _ = ledger.create_project("t")
     fields = {**runnable(script(WRITER_TURNS)), **record}
     task, _ = ledger.create_task(project_id=project.id, input="x", **fields)
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
         ended = task_end(ledger, task.id, project.id)
@@ -506,7 +506,7 @@ def test_a_worker_takes_a_queued_task_once_and_a_second_start_runs_nothing(
     of it finds the task no longer queued and runs nothing."""
 
     ledger, project, task = one_task(home, script(WRITER_TURNS))
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
         ended = task_end(ledger, task.id, project.id)
@@ -528,7 +528,7 @@ def test_a_queued_task_whose_team_cannot_be_built_fails_on_the_record(
     queued (or running under a lease nobody renews) to be started again and again."""
 
     ledger, project, task = one_task(home, f"scripted:{tmp_path / 'gone.json'}")
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
         ended = task_end(ledger, task.id, project.id)
@@ -560,7 +560,7 @@ def test_a_task_whose_knowledge_base_cannot_be_made_ready_fails_on_the_record(
     if how == "orphaned":
         assert ledger.take_lease(task.id, "dead", seconds=30)
         lapse(ledger, task.id, "dead")
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         if how == "taken":
             held = workers.take(task.id, only_from=("queued",))
@@ -599,7 +599,7 @@ def test_a_start_that_cannot_take_its_task_writes_nothing_of_it(
     )
     assert ledger.request_cancel(task.id).status == "cancelled"
     events = [e.type for e in ledger.events_after(task.id)]
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)  # the start handed over before the cancel
         wait_until(lambda: takes, DEADLINE, "the start tried its take")
@@ -623,7 +623,7 @@ def test_a_start_refused_at_its_take_leaves_the_task_to_a_later_sweep(
     ledger, project, task = one_task(home, script(WRITER_TURNS))
     running = ledger.take_lease(task.id, "other", seconds=30)  # the server that won
     assert running is not None
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         if start == "queued":
             workers.start(task, project=project.id)
@@ -646,7 +646,7 @@ def test_two_starts_of_a_queued_task_waiting_for_one_worker_run_it_once(
     task taken and runs nothing, and the first run's end stands."""
 
     ledger, project, task = one_task(home, script(WRITER_TURNS))
-    workers = TaskWorkers(ledger, home=home, workers=1)
+    workers = InProcessDispatch(ledger, home=home, workers=1)
     try:
         workers.start(task, project=project.id)
         workers.start(task, project=project.id)

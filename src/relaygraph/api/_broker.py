@@ -1,5 +1,6 @@
-"""The worker mode's hand-off: the ledger makes a task ``queued`` with its next dispatch
-number, then only its id and that number go to RabbitMQ, for a ``relaygraph worker``.
+"""The worker mode's hand-off (:class:`~relaygraph.api._dispatch.TaskDispatch`): the ledger
+makes a task ``queued`` with its next dispatch number, then only its id and that number go
+to RabbitMQ, for a ``relaygraph worker``.
 
 Imported only when the server runs in the worker mode: Celery is the ``workers`` extra, and
 a single-machine ``serve`` needs none of it.
@@ -18,7 +19,7 @@ from kombu.exceptions import KombuError
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.runner import Answers
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
-from relaygraph.worker import WorkerDispatch
+from relaygraph.worker import publish_fair, publish_run
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -69,28 +70,27 @@ class BrokerDispatch:
         self.ledger = ledger
         self.celery = celery
         self.republish_after = republish_after
-        self._workers = WorkerDispatch(
-            celery, ledger, publish_ahead=publish_ahead, max_running=max_running
-        )
+        self.publish_ahead = publish_ahead
+        self.max_running = max_running
 
     def enqueue(self, task: Task) -> None:
         """Publish what may be published now, fairly between projects: the new task, or
         another project's that waited, while the workers have enough waiting for them
         (``publish_ahead``); the rest wait in the ledger, ``queued``, for a task to start
-        or end (:meth:`WorkerDispatch.publish_fair`).
+        or end (:func:`~relaygraph.worker.publish_fair`).
 
         Raises:
             ErrorAnswer: 503 ``broker_unavailable``: RabbitMQ did not take the message. The
                 task stays ``queued`` and is published again (:meth:`republish_stale`, or a
                 retry with the same ``Idempotency-Key``).
         """
-        self._published(f"task {task.id}", lambda: self._workers.enqueue(task))
+        self._published(f"task {task.id}", self._publish_fair)
 
     def publish_held(self) -> int:
         """Publish, fairly, the queued tasks that wait in the ledger while the workers have
-        room (``WorkerDispatch.publish_fair``): a sweep's backstop for a task whose trigger
-        (a start, an end, a submission) was lost with its process. Returns how many."""
-        return self._published("queued tasks", self._workers.publish_fair)
+        room (:func:`~relaygraph.worker.publish_fair`): a sweep's backstop for a task whose
+        trigger (a start, an end, a submission) was lost with its process. Returns how many."""
+        return self._published("queued tasks", self._publish_fair)
 
     def resume(self, task_id: str, answers: Answers) -> bool:
         """Queue the decided task for the workers, to continue from its checkpoint.
@@ -105,7 +105,17 @@ class BrokerDispatch:
             ErrorAnswer: 503 ``broker_unavailable`` (the decision is recorded and the task
                 ``queued``; it is published again by :meth:`republish_stale`).
         """
-        return self._published(f"task {task_id}", lambda: self._workers.resume(task_id, answers))
+        return self._published(f"task {task_id}", lambda: self._resume(task_id))
+
+    def _resume(self, task_id: str) -> bool:
+        """Queue the task for the workers again if it waits for a person; False when it
+        no longer does (another decision took it on, or it was cancelled)."""
+        project_id = self.ledger.task_owner(task_id)
+        task = None if project_id is None else self.ledger.get_task(task_id, project_id=project_id)
+        if task is None or task.status != "interrupted":
+            return False
+        self._publish_again(task_id)
+        return True
 
     def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
         """Cancel the task through the ledger (:meth:`Ledger.request_cancel`, which records
@@ -124,10 +134,7 @@ class BrokerDispatch:
         and the waiting task is published again when it has waited too long.
         """
         try:
-            self._published(
-                f"the task queued after {ended.id}",
-                lambda: self._workers.start_next(ended.thread_id, project_id=ended.project_id),
-            )
+            self._published(f"the task queued after {ended.id}", self._publish_fair)
         except ErrorAnswer as exc:
             log.warning("the task after %s stays queued: %s", ended.id, exc.message)
 
@@ -146,8 +153,8 @@ class BrokerDispatch:
             return False
         if first.dispatch == 0:
             # Never published: it waits its fair turn in the ledger, not a place ahead.
-            return self._published(f"task {task.id}", self._workers.publish_fair) > 0
-        self._published(f"task {task.id}", lambda: self._workers.dispatch(task.id))
+            return self._published(f"task {task.id}", self._publish_fair) > 0
+        self._published(f"task {task.id}", lambda: self._publish_again(task.id))
         return True
 
     def republish_stale(self, *, now: datetime | None = None) -> int:
@@ -225,6 +232,26 @@ class BrokerDispatch:
     def close(self) -> None:
         """Close the connections the publishing app holds."""
         self.celery.close()
+
+    def _publish_fair(self) -> int:
+        """Publish what may be published now, fairly between projects; returns how many."""
+        return publish_fair(
+            self.ledger,
+            lambda task_id, dispatch: publish_run(self.celery, task_id, dispatch),
+            publish_ahead=self.publish_ahead,
+            max_running=self.max_running,
+        )
+
+    def _publish_again(self, task_id: str) -> int:
+        """Queue the task for the workers with its next dispatch number and publish it (its
+        earlier message, if any, becomes stale); returns the dispatch number.
+
+        Raises:
+            RecordNotFound: No such task.
+        """
+        dispatch = self.ledger.queue_for_workers(task_id)
+        publish_run(self.celery, task_id, dispatch)
+        return dispatch
 
     def _published(self, what: str, publish: Callable[[], T]) -> T:
         """``publish()`` (a dispatch in the ledger, then its message), with a publish that

@@ -1,8 +1,10 @@
-"""Where the API hands a task on once the ledger has it: to the server's own worker threads
-(:class:`~relaygraph.api._workers.TaskWorkers`), or in the worker mode to RabbitMQ
-(:class:`~relaygraph.api._broker.BrokerDispatch`), for a ``relaygraph worker`` to run.
+"""Where the API hands a task on once the ledger has it: to the server's own task loop
+(:class:`~relaygraph.api._in_process.InProcessDispatch`; with ``serve --processes``,
+:class:`~relaygraph.api._processes.TaskProcesses`, which adds the server's task processes),
+or in the worker mode to RabbitMQ (:class:`~relaygraph.api._broker.BrokerDispatch`), for a
+``relaygraph worker`` to run.
 
-Both answer the same three calls, so the routes and the dashboard submit, decide and
+Each answers the same three calls, so the routes and the dashboard submit, decide and
 cancel the same way in either mode.
 """
 

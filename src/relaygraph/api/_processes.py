@@ -6,11 +6,11 @@ pace (benchmarks/RESULTS.md, section 6). With ``--processes N`` the server proce
 its share of the workers and starts N - 1 task processes (``python -m
 relaygraph.api._task_process``), each with its share, on the same ledger. No broker and no
 new service: the ledger is the queue. A queued task waits in it until a process with a
-free worker takes it under that process's lease (:meth:`TaskWorkers.pull`), so a task
-never runs twice and starts at once wherever a worker frees up.
+free worker takes it under that process's lease (:meth:`InProcessDispatch.pull`), so a
+task never runs twice and starts at once wherever a worker frees up.
 
 The server tells its task processes over their stdin (a line each): ``wake`` when a task
-was queued (they would otherwise find it within :data:`~relaygraph.api._workers.
+was queued (they would otherwise find it within :data:`~relaygraph.api._in_process.
 PULL_IDLE_SECONDS`), ``cancel <id>`` when one was cancelled (its lease keeper would
 otherwise see it only at its next renewal). A task process that reads the end of its stdin
 (the server stopped, or died) stops as the server does: running tasks stop at their next
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from relaygraph.api._in_process import InProcessDispatch
 from relaygraph.api._settings import ServiceSettings
-from relaygraph.api._workers import TaskWorkers
 from relaygraph.runner import Answers, settle_long_lived
 from relaygraph.store import Ledger, Task
 
@@ -127,7 +127,7 @@ class TaskProcesses:
     """
 
     def __init__(
-        self, workers: TaskWorkers, *, settings: ServiceSettings, url: str, home: Path
+        self, workers: InProcessDispatch, *, settings: ServiceSettings, url: str, home: Path
     ) -> None:
         self.workers = workers
         self.ledger = workers.ledger
@@ -202,7 +202,7 @@ class TaskProcesses:
         self._tell("wake")
 
     def resume(self, task_id: str, answers: Answers) -> bool:
-        """Continue a decided task in this process (see :meth:`TaskWorkers.resume`)."""
+        """Continue a decided task in this process (see :meth:`InProcessDispatch.resume`)."""
         return self.workers.resume(task_id, answers)
 
     def cancel(self, task_id: str, *, by: str | None = None, via: str = "api") -> Task:
@@ -243,7 +243,7 @@ def serve_tasks(stdin: IO[str]) -> None:
     home = Path(setup["home"])
     ledger = Ledger(setup["url"])
     teams = ServiceTeams(ledger=ledger, settings=settings, home=home)
-    workers = TaskWorkers(
+    workers = InProcessDispatch(
         ledger,
         home=home,
         workers=int(setup["workers"]),

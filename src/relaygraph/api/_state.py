@@ -20,11 +20,11 @@ from sqlalchemy.engine import make_url
 from relaygraph.api._auth import project_auth
 from relaygraph.api._dispatch import TaskDispatch
 from relaygraph.api._errors import ErrorAnswer
+from relaygraph.api._in_process import InProcessDispatch, WorkersLoad
 from relaygraph.api._processes import TaskProcesses, shares
 from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._streams import StreamGate
 from relaygraph.api._teams import TeamRegistry
-from relaygraph.api._workers import TaskWorkers, WorkersLoad
 from relaygraph.errors import ConfigError
 from relaygraph.runner import RETENTION_SWEEP_SECONDS, ModelRules, collect_garbage
 from relaygraph.store import DATABASE_URL_ENV, Ledger, Project, database_url
@@ -98,7 +98,7 @@ class ServiceState:
         self._ledger: Ledger | None = None
         self._dispatch: TaskDispatch | None = None
         self._broker: BrokerDispatch | None = None
-        self._workers: TaskWorkers | None = None
+        self._workers: InProcessDispatch | None = None
 
     @property
     def worker_mode(self) -> bool:
@@ -146,7 +146,7 @@ class ServiceState:
         await to_thread.run_sync(ledger.upgrade)
         await to_thread.run_sync(self.teams.warn_of_shadowed, ledger)
         spread = self.settings.processes > 1
-        workers = TaskWorkers(
+        workers = InProcessDispatch(
             ledger,
             home=self.home,
             workers=shares(self.settings.workers, self.settings.processes)[0],
@@ -162,7 +162,7 @@ class ServiceState:
             quotas=self.settings.quotas,
             model_calls=self.settings.model_call_recording(),
         )
-        dispatch: TaskWorkers | TaskProcesses = workers
+        dispatch: InProcessDispatch | TaskProcesses = workers
         if spread:
             dispatch = TaskProcesses(
                 workers, settings=self.settings, url=url or database_url(None), home=self.home

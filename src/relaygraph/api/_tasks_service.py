@@ -29,14 +29,14 @@ __all__ = ["decide", "follow_events"]
 def decide(
     *,
     ledger: Ledger,
-    workers: TaskDispatch,
-    team_of: Callable[[Task], Team],
+    dispatch: TaskDispatch,
+    task_team: Callable[[Task], Team],
     task: Task,
     approval_id: str,
     body: DecisionIn,
     decided_by: str,
 ) -> None:
-    """Decide a pending approval of ``task`` and resume the task on ``workers``
+    """Decide a pending approval of ``task`` and resume the task through ``dispatch``
     (:func:`~relaygraph.runner.decide_task`, the one decision path).
 
     An edit's arguments are checked against the tool in the task's team (the built-in tools
@@ -46,8 +46,8 @@ def decide(
 
     Args:
         ledger: The server's ledger.
-        workers: Where the server's tasks run (its workers, or the broker).
-        team_of: The team a task records.
+        dispatch: Where the server hands its tasks on (its task loop, or the broker).
+        task_team: The team a task records.
         task: The task, already checked to be the caller's project's.
         approval_id: The approval to decide.
         body: The decision.
@@ -64,7 +64,7 @@ def decide(
         from relaygraph.agents.tools import BUILTIN_TOOLS
 
         try:
-            return team_of(task).tools
+            return task_team(task).tools
         except ConfigError:  # Its team no longer builds: check against what is known.
             return BUILTIN_TOOLS
 
@@ -76,7 +76,7 @@ def decide(
             tools=tools,
             decided_by=decided_by,
             approval_id=approval_id,
-            resume=workers.resume,
+            resume=dispatch.resume,
         )
     except RequestRefused as exc:
         raise ErrorAnswer.refused(exc) from None

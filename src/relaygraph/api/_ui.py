@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 def ui_router(
     *,
     ledger: Callable[[], Ledger],
-    workers: Callable[[], TaskDispatch],
+    dispatch: Callable[[], TaskDispatch],
     notices: Callable[[], EventListener | None] = lambda: None,
-    team_of: Callable[[Task], Team],
+    task_team: Callable[[Task], Team],
     home: Path,
     settings: DashboardSettings | None = None,
     streams: StreamGate | None = None,
@@ -48,10 +48,11 @@ def ui_router(
 
     Args:
         ledger: Returns the server's ledger (it is opened when the app starts).
-        workers: Returns where the server's tasks run (its own workers, or the broker in
-            the worker mode): a decision resumes its task there, a cancel reaches it.
+        dispatch: Returns where the server hands its tasks on (its own task loop, or the
+            broker in the worker mode): a decision resumes its task there, a cancel
+            reaches it.
         notices: Returns the worker mode's event listener (None in process).
-        team_of: The team a task records (its tools check an edit's arguments).
+        task_team: The team a task records (its tools check an edit's arguments).
         home: The data directory (the tasks' artifacts are under it).
         settings: Idle time, eval runs, refresh; from ``RELAYGRAPH_UI_*`` when None.
         streams: Admits a task page's live event stream, counted with the project's API
@@ -64,9 +65,9 @@ def ui_router(
     settings = settings or DashboardSettings()
     dashboard = Dashboard(
         ledger=ledger,
-        workers=workers,
+        dispatch=dispatch,
         notices=notices,
-        team_of=team_of,
+        task_team=task_team,
         home=home,
         settings=settings,
         sessions=SessionStore(idle_seconds=settings.idle_minutes * 60),

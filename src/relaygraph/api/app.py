@@ -130,9 +130,9 @@ def _include_dashboard(app: FastAPI, state: ServiceState) -> None:
     app.include_router(
         ui_router(
             ledger=state.ledger,
-            workers=state.dispatch,
+            dispatch=state.dispatch,
             notices=lambda: state.listener,
-            team_of=state.teams.resolve,
+            task_team=state.teams.resolve,
             home=state.home,
             settings=dashboard,
             streams=state.streams,

@@ -282,15 +282,15 @@ def _warn_without_isolation(*, unsafe: bool) -> None:
         )
 
 
-def create_project(args: argparse.Namespace, *, key: str) -> int:
-    """``relaygraph projects create`` (and the deprecated ``teams create``)."""
+def create_project(args: argparse.Namespace) -> int:
+    """``relaygraph projects create NAME [--json]``."""
     from relaygraph.store import Ledger
 
     with Ledger(ledger_url(args.home)) as ledger:
         ledger.upgrade()
         project, secret = ledger.create_project(args.name)
     if args.json:
-        print(json.dumps({key: project.name, "key": secret}))
+        print(json.dumps({"project": project.name, "key": secret}))
     else:
         print(f"project {project.name} created. Its API key (shown once, keep it safe):\n{secret}")
     return EXIT_OK

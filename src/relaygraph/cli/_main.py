@@ -1,4 +1,5 @@
-"""The ``relaygraph`` command line's entry point: parse, dispatch, turn errors into exit codes.
+"""The ``relaygraph`` command line's entry point: parse, run the command, turn errors into
+exit codes.
 
 The arguments are read by :mod:`relaygraph.cli._parser` and carried out by
 :mod:`relaygraph.cli._commands`. Heavy modules (LangGraph, LangChain, the model clients) are
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_surroundings(args)
-        return _dispatch(args)
+        return _run_command(args)
     except RelaygraphError as exc:
         return report_error(exc)
     except KeyboardInterrupt:
@@ -57,27 +58,25 @@ def _check_surroundings(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: Naming the directory or the ledger's URL, and why.
     """
-    teams_create = args.command == "teams" and args.teams_command == "create"
-    if args.command in _HOME_COMMANDS or teams_create:
+    if args.command in _HOME_COMMANDS:
         data_directory(args.home)
-    if args.command in _LEDGER_COMMANDS or teams_create:
+    if args.command in _LEDGER_COMMANDS:
         check_ledger(ledger_url(args.home))
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _run_command(args: argparse.Namespace) -> int:
     """Carry out the command ``args`` name; returns the exit code."""
     if args.command == "projects":
         if args.projects_command == "quota":
             return _commands.project_quota(args)
-        return _commands.create_project(args, key="project")
+        return _commands.create_project(args)
     if args.command == "teams":
         if args.teams_command == "create":
-            print(
-                "relaygraph: 'teams create' is deprecated and goes in the next release: "
-                "tenants are now projects, use 'relaygraph projects create'",
-                file=sys.stderr,
+            raise ConfigError(
+                "'relaygraph teams create' was removed: the tenant an API key speaks for is a "
+                "project, and a team is the agents a task runs; use 'relaygraph projects "
+                'create NAME\' (with --json it prints {"project": ..., "key": ...})'
             )
-            return _commands.create_project(args, key="team")
         if args.teams_command == "push":
             return _commands.push_team(args)
         return _commands.check_team(args)

@@ -285,11 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"your project's API key (default: ${SERVICE_KEY_ENV})",
     )
     add_json_argument(push, "print the version as one JSON object")
-    old_create = team_commands.add_parser(
-        "create", help="deprecated: use 'relaygraph projects create' (a tenant, not a team)"
+    # Removed: a tenant is a project. Still parsed, whatever its arguments, so that the old
+    # spelling is refused by name with what to use instead (_main.py), not as an unknown word.
+    removed = team_commands.add_parser(
+        "create", help="removed: use 'relaygraph projects create' (a tenant, not a team)"
     )
-    old_create.add_argument("name")
-    add_json_argument(old_create, 'print {"team": ..., "key": ...}')
+    removed.add_argument("old_arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     gc = commands.add_parser(
         "gc",

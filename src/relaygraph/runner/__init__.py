@@ -69,7 +69,7 @@ from relaygraph.runner._task_run import (
     drain_cancelled,
 )
 from relaygraph.runner._task_runner import TaskRunner, policy_digest
-from relaygraph.runner._teams import prepare_knowledge_base, team_of, team_of_record
+from relaygraph.runner._teams import prepare_knowledge_base, team_from_argument, team_of_record
 
 __all__ = [
     "CONTINUE",
@@ -122,7 +122,7 @@ __all__ = [
     "sqlite_checkpointer",
     "submit_replay",
     "submit_task",
-    "team_of",
+    "team_from_argument",
     "team_of_record",
     "waiting_approvals",
 ]

@@ -405,7 +405,7 @@ def replay_task(
             kind="not_found",
         )
     runner = TaskRunner(ledger=ledger, home=home, teams=teams, policies=policies)
-    team = changes.team if changes.team is not None else runner.team_of(original)
+    team = changes.team if changes.team is not None else runner.recorded_team(original)
     policy = changes.policy
     if policy is None and changes.team is None and original.policy:
         try:

@@ -20,7 +20,7 @@ from relaygraph.runner._result import Decision, RunResult
 from relaygraph.runner._submit import TaskRequest, submit_task
 from relaygraph.runner._task_run import EventHandler
 from relaygraph.runner._task_runner import TaskRunner
-from relaygraph.runner._teams import team_of
+from relaygraph.runner._teams import team_from_argument
 
 if TYPE_CHECKING:
     from relaygraph.policies import TeamPolicy
@@ -75,7 +75,7 @@ def run_task(
             request, unknown thread, bad model spec, a thread of another topology).
             Failures while running are reported as ``failed``.
     """
-    the_team = team_of(team)
+    the_team = team_from_argument(team)
     try:
         team_policy = the_team.policy_from(policy) if policy is not None else None
     except RequestRefused:
@@ -212,7 +212,7 @@ def resume_task(
     # A task that waits for nothing is refused before its team is looked for.
     waiting_approvals(task, ledger=ledger)
     runner = TaskRunner(ledger=ledger, home=home)
-    the_team = runner.team_of(task) if team is None else team_of(team)
+    the_team = runner.recorded_team(task) if team is None else team_from_argument(team)
     answers = decide_task(
         task, decision, ledger=ledger, tools=lambda: the_team.tools, decided_by=decided_by
     )

@@ -148,7 +148,7 @@ class TaskRunner:
                 into graph state.
             callbacks: LangChain callback handlers added to the graph call (tracing).
             team: The task's team (``relaygraph.team.Team``); when None, the team the
-                task records (:meth:`team_of`).
+                task records (:meth:`recorded_team`).
             models: Each role's model spec or chat model, when the process has objects the
                 task's record only names; else the task's ``models``.
             attempt: A worker's attempt at the task (``Ledger.begin_attempt``), which holds
@@ -431,7 +431,7 @@ class TaskRunner:
             spent_elsewhere_usd=self.ledger.spent_today(task.project_id, excluding=task.id),
         )
 
-    def team_of(self, task: Task) -> Team:
+    def recorded_team(self, task: Task) -> Team:
         """The team ``task`` records (see ``teams`` in the constructor).
 
         Raises:
@@ -462,7 +462,7 @@ class TaskRunner:
                 missing or broke, a key was unset).
         """
         specs: dict[str, Any] = dict(models if models is not None else task.models)
-        team = team or self.team_of(task)
+        team = team or self.recorded_team(task)
         return team, team_cache.get(specs, team=team, policy=policy, topology=topology)
 
     def _failed_to_start(self, task: Task, attempt: int | None, exc: RelaygraphError) -> None:

@@ -15,14 +15,14 @@ if TYPE_CHECKING:
     from relaygraph.store import Task
     from relaygraph.team import Team
 
-__all__ = ["prepare_knowledge_base", "team_of", "team_of_record"]
+__all__ = ["prepare_knowledge_base", "team_from_argument", "team_of_record"]
 
 log = logging.getLogger("relaygraph.runner")
 _SKIPS_TOLD: set[tuple[str, str]] = set()
 _SKIPS_LOCK = threading.Lock()
 
 
-def team_of(team: Team | str | Path | None) -> Team:
+def team_from_argument(team: Team | str | Path | None) -> Team:
     """The team a caller names: a :class:`~relaygraph.team.Team`, the path of a team file,
     or None for the built-in team.
 
@@ -40,7 +40,7 @@ def team_of(team: Team | str | Path | None) -> Team:
 
 def team_of_record(task: Task) -> Team:
     """The team a task records, from the process's own knowledge: the built-in team, or
-    the team file it was read from (read again; :meth:`TaskRunner.team_of` checks that it
+    the team file it was read from (read again; :meth:`TaskRunner.recorded_team` checks that it
     is unchanged).
 
     Raises:

@@ -17,8 +17,8 @@ given one :class:`~relaygraph.store._core.LedgerCore` (the engines and their ses
   (``_approvals.ApprovalRepository``);
 - ``ledger.eval_records``: eval runs and their cases (``_eval_runs.EvalRunRepository``);
 - ``ledger.journal_records``: the tool journal (``_journal.ToolJournalRepository``);
-- ``ledger.worker_dispatch``: the worker mode's dispatches and attempts
-  (``_dispatch.WorkerDispatchRepository``);
+- ``ledger.attempts``: the worker mode's attempts and the dispatch numbers that start them
+  (``_attempts.AttemptRepository``);
 - ``ledger.worker_slots``: the worker mode's pool processes and their free slots
   (``_worker_slots.WorkerSlotRepository``).
 
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, Self
 
 from relaygraph.store._approvals import ApprovalRepository
+from relaygraph.store._attempts import AttemptRepository
 from relaygraph.store._base import hash_key
 from relaygraph.store._core import LedgerCore
-from relaygraph.store._dispatch import WorkerDispatchRepository
 from relaygraph.store._eval_runs import EvalRunRepository
 from relaygraph.store._events import EventRepository
 from relaygraph.store._journal import LedgerToolJournal, ToolJournalRepository
@@ -105,7 +105,7 @@ class Ledger:
         self.approval_decisions = ApprovalRepository(self.core)
         self.eval_records = EvalRunRepository(self.core)
         self.journal_records = ToolJournalRepository(self.core)
-        self.worker_dispatch = WorkerDispatchRepository(self.core)
+        self.attempts = AttemptRepository(self.core)
         self.worker_slots = WorkerSlotRepository(self.core)
 
     def __repr__(self) -> str:
@@ -530,29 +530,29 @@ class Ledger:
     def attempt_journal(self, attempt: int) -> LedgerToolJournal:
         return self.journal_records.attempt_journal(attempt)
 
-    # WorkerDispatchRepository (_dispatch.py)
+    # AttemptRepository (_attempts.py)
     def queue_for_workers(self, task_id: str) -> int:
-        return self.worker_dispatch.queue_for_workers(task_id)
+        return self.attempts.queue_for_workers(task_id)
 
     def claim_for_workers(self, task_id: str) -> int | None:
-        return self.worker_dispatch.claim_for_workers(task_id)
+        return self.attempts.claim_for_workers(task_id)
 
     def begin_attempt(
         self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
     ) -> int | None:
-        return self.worker_dispatch.begin_attempt(
+        return self.attempts.begin_attempt(
             task_id, dispatch=dispatch, worker_id=worker_id, max_attempts=max_attempts
         )
 
     def start_attempt(
         self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
     ) -> Attempt | None:
-        return self.worker_dispatch.start_attempt(
+        return self.attempts.start_attempt(
             task_id, dispatch=dispatch, worker_id=worker_id, max_attempts=max_attempts
         )
 
     def attempt_state(self, task_id: str) -> tuple[int, bool] | None:
-        return self.worker_dispatch.attempt_state(task_id)
+        return self.attempts.attempt_state(task_id)
 
     def report_worker_slots(
         self, worker_id: str, *, slots: int, now: datetime | None = None

@@ -276,7 +276,7 @@ class QuotaRepository:
     ) -> list[str]:
         """The ids of the ``queued`` tasks that may start now, up to ``limit``, of every
         project but ``exclude_project``, in the order a server process with workers free
-        takes them (``TaskWorkers.pull``): fair shares between projects
+        takes them (``InProcessDispatch.pull``): fair shares between projects
         (:func:`_fair_queue`), each project's running quota obeyed (its own, else
         ``max_running``; None: no limit). A task is left out while an older task of its
         thread is active (queued, running or waiting for a person): it starts after that

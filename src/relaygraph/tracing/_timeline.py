@@ -274,8 +274,6 @@ def build_timeline(ledger: Ledger, task_id: str, *, project_id: str) -> dict[str
         "kind": "task",
         "task_id": task.id,
         "project_id": task.project_id,
-        # Deprecated: the project's id under its name from before projects (one release).
-        "team_id": task.project_id,
         # Which team definition ran it (name, version, digest, source); None: recorded
         # before teams were, the built-in team.
         "team": task.team,

@@ -22,7 +22,6 @@ from relaygraph.worker._app import (
     run_ledger_task,
     worker_argv,
 )
-from relaygraph.worker._dispatch import WorkerDispatch
 from relaygraph.worker._notify import (
     DEFAULT_CHANNEL,
     EventListener,
@@ -31,6 +30,7 @@ from relaygraph.worker._notify import (
     libpq_url,
     notify,
 )
+from relaygraph.worker._publish import Publish, publish_fair
 from relaygraph.worker._runtime import (
     WorkerRuntime,
     close_worker_runtime,
@@ -53,10 +53,10 @@ __all__ = [
     "RUN_TASK",
     "EventListener",
     "EventNotice",
+    "Publish",
     "RecordHook",
     "RunHook",
     "TaskWatch",
-    "WorkerDispatch",
     "WorkerRuntime",
     "WorkerSettings",
     "WorkerStartError",
@@ -69,6 +69,7 @@ __all__ = [
     "load_worker_settings",
     "notify",
     "prepare_worker",
+    "publish_fair",
     "publish_no_room",
     "publish_run",
     "record_ledger_failure",

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from relaygraph.errors import NoRoomOnDisk, RelaygraphError
 from relaygraph.events import run_finished_event
-from relaygraph.store import LOCAL_PROJECT_ID, WORKER_REPORT_SECONDS, AttemptSuperseded, Ledger
+from relaygraph.store import WORKER_REPORT_SECONDS, AttemptSuperseded, Ledger
+from relaygraph.worker._publish import Publish, publish_fair
 
 if TYPE_CHECKING:
     from relaygraph.runner import RunnerSettings, RunResult, TaskRunner
@@ -38,8 +39,6 @@ log = logging.getLogger("relaygraph.worker")
 WORKER_START_SECONDS = 1.0
 """How long after its start a pool process first reports its slot."""
 
-Publish = Callable[[str, int], None]
-"""Publishes ``(task_id, dispatch)`` for the workers (:func:`relaygraph.worker.publish_run`)."""
 RecordLater = Callable[[str, int, str], None]
 """Hands ``(task_id, attempt, reason)``, the failure of a run stopped on a full disk that
 the ledger did not take, to the broker, to be written when it does
@@ -173,9 +172,7 @@ class WorkerRuntime:
                 task,
                 {"request": task.input} if begun.fresh else CONTINUE,
                 attempt=attempt,
-                # `relaygraph_team` is the project's id under its name from before
-                # projects, deprecated (as for serve's runs).
-                identity={"project": task.project_id, "team": task.project_id},
+                identity={"project": task.project_id},
             )
             return result
         except AttemptSuperseded as exc:
@@ -232,14 +229,12 @@ class WorkerRuntime:
         if self.publish is None:
             return
         try:
-            for waiting in self.ledger.tasks_to_publish(
-                budget=self.publish_ahead,
-                exclude_project=LOCAL_PROJECT_ID,
+            publish_fair(
+                self.ledger,
+                self.publish,
+                publish_ahead=self.publish_ahead,
                 max_running=self.max_running,
-            ):
-                dispatch = self.ledger.claim_for_workers(waiting)
-                if dispatch is not None:  # Else another process published it just now.
-                    self.publish(waiting, dispatch)
+            )
         except Exception:
             log.warning("could not publish the next tasks after %s", after, exc_info=True)
 

@@ -35,8 +35,8 @@ def approvals_router(state: ServiceState) -> APIRouter:
         """Decide a pending approval; the task resumes from its checkpoint."""
         decide_approval(
             ledger=state.ledger(),
-            workers=state.dispatch(),
-            team_of=state.teams.resolve,
+            dispatch=state.dispatch(),
+            task_team=state.teams.resolve,
             task=own_task(state.ledger(), task_id, project),
             approval_id=approval_id,
             body=body,

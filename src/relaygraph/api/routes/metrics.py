@@ -19,8 +19,8 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relaygraph.api._errors import error_body
+from relaygraph.api._in_process import WorkersLoad
 from relaygraph.api._state import ServiceState
-from relaygraph.api._workers import WorkersLoad
 from relaygraph.store import TASK_STATUSES
 
 __all__ = ["CONTENT_TYPE", "MetricsSettings", "metrics_router", "metrics_text"]

@@ -55,8 +55,6 @@ def projects_router(state: ServiceState) -> APIRouter:
                 f"since {since!r} is after until {until!r}",
                 "since",
             )
-        usage = state.ledger().usage_for_project(project.id, start, end)
-        # Deprecated: the project's id under its name from before projects (one release).
-        return {**usage, "team_id": usage["project_id"]}
+        return state.ledger().usage_for_project(project.id, start, end)
 
     return router

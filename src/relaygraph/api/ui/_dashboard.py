@@ -45,9 +45,10 @@ class Dashboard:
 
     Args:
         ledger: Returns the server's ledger (opened when the app starts).
-        workers: Returns where the server's tasks run (its own workers, or the broker in
-            the worker mode): a decision resumes its task there, a cancel reaches it.
-        team_of: The team a task records (the server's registry of teams).
+        dispatch: Returns where the server hands its tasks on (its own task loop, or the
+            broker in the worker mode): a decision resumes its task there, a cancel
+            reaches it.
+        task_team: The team a task records (the server's registry of teams).
         home: The data directory (artifacts live under it).
         settings: The dashboard's settings.
         sessions: Who is signed in.
@@ -57,8 +58,8 @@ class Dashboard:
     """
 
     ledger: Callable[[], Ledger]
-    workers: Callable[[], TaskDispatch]
-    team_of: Callable[[Task], Team]
+    dispatch: Callable[[], TaskDispatch]
+    task_team: Callable[[Task], Team]
     home: Path
     settings: DashboardSettings
     sessions: SessionStore

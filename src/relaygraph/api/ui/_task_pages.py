@@ -280,8 +280,8 @@ def _decide(
         body = _decision(form)
         decide(
             ledger=dashboard.ledger(),
-            workers=dashboard.workers(),
-            team_of=dashboard.team_of,
+            dispatch=dashboard.dispatch(),
+            task_team=dashboard.task_team,
             task=task,
             approval_id=approval_id,
             body=body,
@@ -347,7 +347,7 @@ def _cancel(
         return _answer(request, 422, "invalid_request", "tick 'Yes, cancel this task'", "confirm")
     if task.finished:
         return _answer(request, 409, "task_finished", f"the task already {task.status}", None)
-    dashboard.workers().cancel(task.id, by=session.project_name, via="dashboard")
+    dashboard.dispatch().cancel(task.id, by=session.project_name, via="dashboard")
     if _wants_json(request):
         return JSONResponse({"ok": True}, status_code=202, headers=SECURITY_HEADERS)
     return RedirectResponse(f"/ui/tasks/{task_id}", status_code=303, headers=SECURITY_HEADERS)

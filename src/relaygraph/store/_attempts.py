@@ -1,8 +1,8 @@
-"""The worker mode's side of a task: its dispatches to the workers and their attempts.
+"""The worker mode's attempts at a task, and the dispatch numbers that start them.
 
-An API server hands a task to the workers (:meth:`WorkerDispatchRepository.queue_for_workers`,
+An API server hands a task to the workers (:meth:`AttemptRepository.queue_for_workers`,
 then it publishes the task's id and dispatch number); a worker that receives the message
-begins an attempt (:meth:`WorkerDispatchRepository.begin_attempt`), whose number fences every
+begins an attempt (:meth:`AttemptRepository.begin_attempt`), whose number fences every
 write of its run (``attempt=`` of ``append_events``, ``end_run``, ``set_status``,
 ``record_usage`` and the tool journal): once another attempt began, the old one's writes
 are refused, so a worker that was only frozen cannot overwrite the new attempt's work.
@@ -26,7 +26,7 @@ from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import TaskRow
 from relaygraph.store._records import FINISHED_STATUSES, Attempt
 
-__all__ = ["WorkerDispatchRepository"]
+__all__ = ["AttemptRepository"]
 
 STARTABLE = ("queued", "running")
 """Statuses a worker's attempt may begin from: queued, or running (a message redelivered
@@ -66,8 +66,9 @@ _CLAIM = (
 """A never-published task's first dispatch, taken by one publisher only."""
 
 
-class WorkerDispatchRepository:
-    """Dispatches of tasks to the worker mode's queue, and the attempts that run them."""
+class AttemptRepository:
+    """The worker mode's attempts at each task and their fencing numbers, and the dispatch
+    numbers (one per publish to the workers' queue) that start them."""
 
     def __init__(self, core: LedgerCore) -> None:
         self._core = core

@@ -1,5 +1,6 @@
-"""Runs tasks in the server process on its event loop, up to a number in flight; picks
-unfinished ones up on restart.
+"""The in-process hand-off (:class:`~relaygraph.api._dispatch.TaskDispatch`): runs tasks in
+the server process on its event loop, up to a number in flight; picks unfinished ones up on
+restart.
 
 An event loop (:class:`~relaygraph.api._task_loop.TaskLoop`), not a task queue service: the
 embedded default needs nothing running beside the server, and a task waiting for its model
@@ -63,9 +64,9 @@ class WorkersLoad:
     """Sync steps (tools, ledger writes) waiting for a thread."""
 
 
-class TaskWorkers:
-    """Starts queued tasks, up to ``workers`` runs in flight on the process's task loop,
-    and cancels running ones.
+class InProcessDispatch:
+    """Where a server without a broker hands its tasks: starts queued tasks, up to
+    ``workers`` runs in flight on the process's task loop, and cancels running ones.
 
     Shutting down is not cancelling: running tasks stop at their next step boundary and
     stay ``running`` in the ledger, and :meth:`recover` continues them on the next start.
@@ -114,8 +115,8 @@ class TaskWorkers:
                 project's own, set by the operator, over them): the running quota is
                 obeyed by :meth:`pull`, the daily budget by each run. None: none.
             sync_threads: Threads for the runs' sync steps (tools, ledger writes), shared
-                by every task in flight of the process (the first ``TaskWorkers`` of the
-                process sets it: see :meth:`TaskLoop.shared`).
+                by every task in flight of the process (the first ``InProcessDispatch`` of
+                the process sets it: see :meth:`TaskLoop.shared`).
             model_calls: How much of each model call the ledger keeps (see
                 :class:`~relaygraph.runner.TaskRunner`).
         """
@@ -434,9 +435,7 @@ class TaskWorkers:
                 graph_input,
                 cancel=self._cancel[task.id],
                 stop=self._stopping,
-                # `relaygraph_team` is the project's id under its name from before
-                # projects, deprecated: it goes in the next release.
-                identity={"project": project, "team": project},
+                identity={"project": project},
                 only_from=only_from,
             )
         except TaskBusy as exc:
