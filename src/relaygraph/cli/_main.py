@@ -19,7 +19,7 @@ from relaygraph.cli._parser import build_parser
 from relaygraph.cli._preflight import check_ledger, data_directory, ledger_url
 from relaygraph.cli._replay import diff, export_command, replay
 from relaygraph.cli._results import report_error
-from relaygraph.errors import RelaygraphError
+from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.models import run_doctor
 
 # The commands that write in the data directory, and those of them that use the ledger.
