@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import MAX_PAGE, utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -26,6 +25,7 @@ from relaygraph.store._records import (
     EvalRunRecord,
     snapshot,
 )
+from relaygraph.store._task_rows import utc_now
 
 
 class EvalRunRepository:
@@ -188,8 +188,7 @@ class EvalRunRepository:
         Raises:
             ConfigError: A limit outside 1..200.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
+        check.page_limit(limit)
         query = (
             select(EvalRunRow)
             .order_by(EvalRunRow.started_at.desc(), EvalRunRow.id.desc())

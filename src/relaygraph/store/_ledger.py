@@ -26,7 +26,8 @@ Each public method of a repository is a :class:`forward` line here that names th
 ``append_events = forward("events", EventRepository.append_events)``: ``ledger.append_events``
 is ``ledger.events.append_events``, so grep or "go to definition" lead from the one to the
 other, and a type checker checks every call against the repository method's own signature.
-The repositories never call each other; what two of them share is a function in ``_base``.
+The repositories never call each other; what two of them share is a function in
+``_task_rows``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from relaygraph.store._approvals import ApprovalRepository
-from relaygraph.store._base import hash_key
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._dispatch import WorkerDispatchRepository
 from relaygraph.store._eval_runs import EvalRunRepository
@@ -47,7 +47,7 @@ from relaygraph.store._quotas import QuotaRepository
 from relaygraph.store._task_queries import TaskQueryRepository
 from relaygraph.store._tasks import TaskRepository
 from relaygraph.store._teams import TeamRepository
-from relaygraph.store._tenants import TenantRepository
+from relaygraph.store._tenants import TenantRepository, hash_key
 from relaygraph.store._usage_records import UsageRepository
 from relaygraph.store._worker_slots import WorkerSlotRepository
 

@@ -15,18 +15,6 @@ from sqlalchemy.exc import IntegrityError
 from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
-from relaygraph.store._base import (
-    FINISHED_STATUSES,
-    MAX_PAGE,
-    TASK_COLUMNS,
-    apply_status,
-    check_attempt,
-    no_live_lease,
-    status_values,
-    task_of_mapping,
-    task_of_row,
-    utc_now,
-)
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -36,9 +24,20 @@ from relaygraph.store._models import (
 from relaygraph.store._quotas import refuse_over_quota
 from relaygraph.store._records import (
     ACTIVE_STATUSES,
+    FINISHED_STATUSES,
     TASK_STATUSES,
     Quotas,
     Task,
+)
+from relaygraph.store._task_rows import (
+    TASK_COLUMNS,
+    apply_status,
+    check_attempt,
+    no_live_lease,
+    status_values,
+    task_of_mapping,
+    task_of_row,
+    utc_now,
 )
 
 
@@ -212,8 +211,7 @@ class TaskRepository:
         """
         if status is not None and status not in TASK_STATUSES:
             raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
+        check.page_limit(limit)
         query = select(TaskRow).where(TaskRow.project_id == project_id)
         if status is not None:
             query = query.where(TaskRow.status == status)

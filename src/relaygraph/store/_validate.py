@@ -14,6 +14,8 @@ from relaygraph.errors import ConfigError
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a project's or a registered team's name may be."""
 MAX_KEY_CHARS = 255
+MAX_PAGE = 200
+"""The most records one page of a list holds."""
 MAX_DEPTH = 64
 """How deeply a caller's JSON object may nest (a run's own events are not limited)."""
 NUL = "\x00"
@@ -80,6 +82,13 @@ def scrubbed_object(value: object, field: str) -> dict[str, Any]:
 def whole(value: object, field: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{field} {value!r} must be a whole number of at least {minimum}")
+    return value
+
+
+def page_limit(value: object) -> int:
+    """How many records a page of a list is to hold: from 1 to :data:`MAX_PAGE`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PAGE:
+        raise ConfigError(f"limit {value!r} must be a whole number from 1 to {MAX_PAGE}")
     return value
 
 
