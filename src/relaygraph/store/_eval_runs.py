@@ -116,7 +116,7 @@ class EvalRunRepository:
             passed=passed,
             checks=stored,
             first_failure=next((each for each in stored if not each["passed"]), None),
-            usage=check.scrubbed_object(usage or {}, "usage"),
+            usage=check.json_object(usage or {}, "usage", scrub=True),
             latency_seconds=check.amount(latency_seconds, "latency_seconds"),
             error=None if error is None else str(error).replace(check.NUL, check.REPLACEMENT),
             task_id=check.optional_text(task_id, "task_id", max_chars=36),

@@ -52,11 +52,12 @@ def optional_text(value: object, field: str, *, max_chars: int | None = None) ->
     return None if value is None else text(value, field, max_chars=max_chars)
 
 
-def json_object(value: object, field: str) -> dict[str, Any]:
-    """A JSON object given by the caller, as it will read back (tuples become lists)."""
+def json_object(value: object, field: str, *, scrub: bool = False) -> dict[str, Any]:
+    """A JSON object given by the caller, as it will read back (tuples become lists);
+    ``scrub`` replaces NULs with U+FFFD (for text a run produced)."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{field} {_short(value)!r} must be a JSON object")
-    result = _json_copy(value, field, scrub=False)
+    result = _json_copy(value, field, scrub=scrub)
     assert isinstance(result, dict)
     return result
 
@@ -67,15 +68,6 @@ def json_list(value: object, field: str, *, scrub: bool = False) -> list[Any]:
         raise ConfigError(f"{field} {_short(value)!r} must be a list")
     result = _json_copy(value, field, scrub=scrub)
     assert isinstance(result, list)
-    return result
-
-
-def scrubbed_object(value: object, field: str) -> dict[str, Any]:
-    """A JSON object whose NUL characters become U+FFFD (text a run produced)."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{field} {_short(value)!r} must be a JSON object")
-    result = _json_copy(value, field, scrub=True)
-    assert isinstance(result, dict)
     return result
 
 
