@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Connection, create_engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from relaygraph.errors import ConfigError
@@ -112,20 +112,37 @@ def test_bad_database_urls_are_named(raw: str, expected: str) -> None:
     assert "hunter2" not in str(caught.value)
 
 
+def _insert_task_before_0007(
+    connection: Connection, task_id: str, *, input: str, thread_id: str, last_event_seq: int
+) -> None:
+    """Insert a succeeded task of the local project as revisions before 0007 had them (the
+    ORM writes today's columns)."""
+    connection.execute(
+        text(
+            # The column for the project before 0007 renamed it.
+            "INSERT INTO tasks (id, team_id, input, status, models, thread_id, "
+            "metadata, last_event_seq, created_at, updated_at) VALUES (:id, :project, "
+            ":input, 'succeeded', '{}', :thread_id, '{}', :last_event_seq, :now, :now)"
+        ),
+        {
+            "id": task_id,
+            "project": LOCAL_PROJECT_ID,
+            "input": input,
+            "thread_id": thread_id,
+            "last_event_seq": last_event_seq,
+            "now": datetime.now(UTC),
+        },
+    )
+
+
 def _task_at_0001(url: str) -> str:
-    """Insert a task as revision 0001 had them (the ORM writes today's columns)."""
+    """Insert a task as revision 0001 had them."""
     task_id = "00000000-0000-0000-0000-000000000001"
     engine = create_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    # Revision 0001's column for the project (renamed in 0007).
-                    "INSERT INTO tasks (id, team_id, input, status, models, thread_id, "
-                    "metadata, last_event_seq, created_at, updated_at) VALUES (:id, :project, "
-                    "'kept', 'succeeded', '{}', 'thread-old', '{}', 0, :now, :now)"
-                ),
-                {"id": task_id, "project": LOCAL_PROJECT_ID, "now": datetime.now(UTC)},
+            _insert_task_before_0007(
+                connection, task_id, input="kept", thread_id="thread-old", last_event_seq=0
             )
     finally:
         engine.dispose()
@@ -414,15 +431,7 @@ def test_a_migration_that_copies_tasks_keeps_their_events(url: str) -> None:
     engine = create_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    # Revision 0004's column for the project (renamed in 0007).
-                    "INSERT INTO tasks (id, team_id, input, status, models, thread_id, "
-                    "metadata, last_event_seq, created_at, updated_at) VALUES ('t', 'local', "
-                    "'x', 'succeeded', '{}', 'th', '{}', 1, :now, :now)"
-                ),
-                {"now": datetime.now(UTC)},
-            )
+            _insert_task_before_0007(connection, "t", input="x", thread_id="th", last_event_seq=1)
             connection.execute(
                 text(
                     "INSERT INTO events (task_id, seq, type, data, created_at) "
