@@ -117,6 +117,7 @@ class _Counter:
         self.count = 0
 
     def add(self, step: int, *, times: int = 1) -> int:
+        """Add ``step`` ``times`` times."""
         self.count += step * times
         return self.count
 
@@ -136,6 +137,8 @@ def test_a_forwarded_method_is_bound_on_an_instance_and_callable_on_the_class() 
     assert _Facade.add(facade, 1) == 7
     assert facade.counter.count == 7
     assert repr(vars(_Facade)["add"]) == "forward('counter', _Counter.add)"
+    assert inspect.signature(_Facade.add) == inspect.signature(_Counter.add)
+    assert _Facade.add.__doc__ == _Counter.add.__doc__
 
 
 def test_a_forwarded_method_keeps_its_name() -> None:

@@ -70,12 +70,13 @@ class forward(Generic[P, R]):
         method: The repository class's method, of the same name as the attribute.
     """
 
-    __slots__ = ("method", "name", "repository")
-
     def __init__(self, repository: str, method: Callable[Concatenate[Any, P], R]) -> None:
         self.repository = repository
         self.method = method
         self.name: str = method.__name__
+        # What help() and inspect.signature() show for ``Ledger.name``: the method's own.
+        self.__doc__ = method.__doc__
+        self.__wrapped__ = method
 
     def __set_name__(self, owner: type, name: str) -> None:
         if name != self.name:
