@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, bindparam, func, insert, or_, select
+from sqlalchemy import Connection, Select, Table, and_, bindparam, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.errors import ConfigError
@@ -183,11 +183,7 @@ class TaskRepository:
         """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
         # In SQLAlchemy Core, the statement built once: every served task is read by id
         # when it is handed to a worker, and every poll of a task reads it.
-        with self._core.read_connection() as connection:
-            found = connection.execute(
-                _TASK, {"task_id": task_id, "project_id": project_id}
-            ).first()
-        return None if found is None else task_of_mapping(found._mapping)
+        return self._task_of(_TASK, {"task_id": task_id, "project_id": project_id})
 
     def list_tasks(
         self,
@@ -302,10 +298,12 @@ class TaskRepository:
         """The project's oldest task on the thread that is queued, running or waiting for a
         person."""
         # Core, built once: asked before and after every served task runs.
+        return self._task_of(_ACTIVE_ON_THREAD, {"project_id": project_id, "thread": thread_id})
+
+    def _task_of(self, statement: Select[Any], parameters: Mapping[str, str]) -> Task | None:
+        """The task that ``statement`` (of :data:`TASK_COLUMNS`) selects, if any."""
         with self._core.read_connection() as connection:
-            found = connection.execute(
-                _ACTIVE_ON_THREAD, {"project_id": project_id, "thread": thread_id}
-            ).first()
+            found = connection.execute(statement, parameters).first()
         return None if found is None else task_of_mapping(found._mapping)
 
     def set_status(
