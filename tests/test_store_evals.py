@@ -13,12 +13,7 @@ from typing import Any
 import pytest
 
 from relaygraph.errors import ConfigError
-from relaygraph.store import (
-    LOCAL_PROJECT_ID,
-    Ledger,
-    RecordConflict,
-    RecordNotFound,
-)
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordConflict, RecordNotFound
 
 
 def test_eval_runs_and_their_case_results(ledger: Ledger) -> None:

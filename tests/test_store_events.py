@@ -14,11 +14,7 @@ from typing import Any
 import pytest
 
 from relaygraph.runner import RunResult
-from relaygraph.store import (
-    LOCAL_PROJECT_ID,
-    Ledger,
-    RecordConflict,
-)
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordConflict
 from tests._store import Paused, recorded_task
 
 pytest_plugins = ["tests._store_runs"]

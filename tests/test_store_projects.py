@@ -14,11 +14,7 @@ from pathlib import Path
 import pytest
 
 from relaygraph.errors import ConfigError
-from relaygraph.store import (
-    Ledger,
-    RecordConflict,
-    RecordNotFound,
-)
+from relaygraph.store import Ledger, RecordConflict, RecordNotFound
 from tests._store import ORDERED_AGENTS, all_rows
 
 

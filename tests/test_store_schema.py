@@ -16,13 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from relaygraph.errors import ConfigError
 from relaygraph.runner import RunResult
-from relaygraph.store import (
-    DATABASE_URL_ENV,
-    LOCAL_PROJECT_ID,
-    Ledger,
-    database_url,
-    upgrade,
-)
+from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, Ledger, database_url, upgrade
 from tests._store import ORDERED_AGENTS, TABLES, Paused
 
 pytest_plugins = ["tests._store_runs"]

@@ -12,11 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from relaygraph.errors import ConfigError
-from relaygraph.store import (
-    LOCAL_PROJECT_ID,
-    Ledger,
-    RecordConflict,
-)
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordConflict
 
 
 def test_idempotency_key_returns_the_first_task(ledger: Ledger) -> None:
