@@ -194,7 +194,7 @@ def _breakdown(name: str, home: Path, runs: int) -> tuple[list[list[str]], int, 
         stored[0] += len(events)
         return original_append(self, task_id, events, **kwargs)
 
-    Ledger.append_events = counting  # type: ignore[method-assign]
+    Ledger.append_events = counting  # type: ignore[assignment]
     originals.append((Ledger, "append_events", original_append))
     path = home / f"{name}.json"
     total = 0.0

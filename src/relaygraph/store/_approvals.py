@@ -9,7 +9,6 @@ from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import DECISIONS, utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -19,6 +18,9 @@ from relaygraph.store._records import (
     Approval,
     snapshot,
 )
+from relaygraph.store._task_rows import utc_now
+
+DECISIONS = ("approve", "reject", "edit")
 
 
 class ApprovalRepository:

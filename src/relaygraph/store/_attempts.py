@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from sqlalchemy import bindparam, func, select, update
 
-from relaygraph.store._base import (
+from relaygraph.store._core import LedgerCore
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import TaskRow
+from relaygraph.store._records import FINISHED_STATUSES, Attempt
+from relaygraph.store._task_rows import (
     TASK_COLUMNS,
     add_finish_event,
     apply_status,
@@ -21,10 +25,6 @@ from relaygraph.store._base import (
     task_of_row,
     utc_now,
 )
-from relaygraph.store._core import LedgerCore
-from relaygraph.store._errors import RecordNotFound
-from relaygraph.store._models import TaskRow
-from relaygraph.store._records import FINISHED_STATUSES, Attempt
 
 __all__ = ["AttemptRepository"]
 

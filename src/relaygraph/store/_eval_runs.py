@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._base import MAX_PAGE, utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -26,6 +25,7 @@ from relaygraph.store._records import (
     EvalRunRecord,
     snapshot,
 )
+from relaygraph.store._task_rows import utc_now
 
 
 class EvalRunRepository:
@@ -116,7 +116,7 @@ class EvalRunRepository:
             passed=passed,
             checks=stored,
             first_failure=next((each for each in stored if not each["passed"]), None),
-            usage=check.scrubbed_object(usage or {}, "usage"),
+            usage=check.json_object(usage or {}, "usage", scrub=True),
             latency_seconds=check.amount(latency_seconds, "latency_seconds"),
             error=None if error is None else str(error).replace(check.NUL, check.REPLACEMENT),
             task_id=check.optional_text(task_id, "task_id", max_chars=36),
@@ -188,8 +188,7 @@ class EvalRunRepository:
         Raises:
             ConfigError: A limit outside 1..200.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
+        check.page_limit(limit)
         query = (
             select(EvalRunRow)
             .order_by(EvalRunRow.started_at.desc(), EvalRunRow.id.desc())

@@ -8,7 +8,6 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import add_events, attempt_refusal, utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._models import (
     ApprovalRow,
@@ -24,6 +23,7 @@ from relaygraph.store._records import (
     ToolCall,
     snapshot,
 )
+from relaygraph.store._task_rows import add_events, attempt_refusal, utc_now
 from relaygraph.store._usage_records import RunEnd, end_run_in
 
 _NEXT_SEQS = (

@@ -17,10 +17,10 @@ from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import TaskRow, ToolJournalRow
+from relaygraph.store._task_rows import utc_now
 
 __all__ = ["LedgerToolJournal", "ToolJournalRepository"]
 

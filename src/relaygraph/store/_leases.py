@@ -11,7 +11,17 @@ from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.events import cancel_requested_event
-from relaygraph.store._base import (
+from relaygraph.store._core import LedgerCore
+from relaygraph.store._errors import RecordNotFound
+from relaygraph.store._models import (
+    TaskRow,
+)
+from relaygraph.store._records import (
+    ACTIVE_STATUSES,
+    TASK_STATUSES,
+    Task,
+)
+from relaygraph.store._task_rows import (
     EARLIER_ACTIVE_ON_THREAD,
     TASK_COLUMNS,
     add_finish_event,
@@ -22,16 +32,6 @@ from relaygraph.store._base import (
     task_of_mapping,
     task_of_row,
     utc_now,
-)
-from relaygraph.store._core import LedgerCore
-from relaygraph.store._errors import RecordNotFound
-from relaygraph.store._models import (
-    TaskRow,
-)
-from relaygraph.store._records import (
-    ACTIVE_STATUSES,
-    TASK_STATUSES,
-    Task,
 )
 
 _TAKE_LEASE = (

@@ -22,54 +22,86 @@ given one :class:`~relaygraph.store._core.LedgerCore` (the engines and their ses
 - ``ledger.worker_slots``: the worker mode's pool processes and their free slots
   (``_worker_slots.WorkerSlotRepository``).
 
-Each public method of a repository has a one-line method of the same name and signature
-here that says which repository does the work, so ``ledger.append_events(...)`` leads (by
-grep or "go to definition") to ``EventRepository.append_events``. The repositories never
-call each other; what two of them share is a function in ``_base``.
+Each public method of a repository is a :class:`forward` line here that names the method,
+``append_events = forward("events", EventRepository.append_events)``: ``ledger.append_events``
+is ``ledger.events.append_events``, so grep or "go to definition" lead from the one to the
+other, and a type checker checks every call against the repository method's own signature.
+The repositories never call each other; what two of them share is a function in
+``_task_rows``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from relaygraph.store._approvals import ApprovalRepository
 from relaygraph.store._attempts import AttemptRepository
-from relaygraph.store._base import hash_key
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._eval_runs import EvalRunRepository
 from relaygraph.store._events import EventRepository
 from relaygraph.store._journal import LedgerToolJournal, ToolJournalRepository
 from relaygraph.store._leases import LeaseRepository
 from relaygraph.store._quotas import QuotaRepository
-from relaygraph.store._records import (
-    ACTIVE_STATUSES,
-    AgentUsage,
-    ApiKey,
-    Approval,
-    Attempt,
-    EvalCaseRecord,
-    EvalRunRecord,
-    Event,
-    HandoffEntry,
-    Project,
-    ProjectLoad,
-    QuotaOverrides,
-    Quotas,
-    Task,
-    TeamVersion,
-    ToolCall,
-)
-from relaygraph.store._task_queries import TaskQueryRepository, TaskSelection
+from relaygraph.store._task_queries import TaskQueryRepository
 from relaygraph.store._tasks import TaskRepository
 from relaygraph.store._teams import TeamRepository
-from relaygraph.store._tenants import TenantRepository
-from relaygraph.store._usage_records import RunEnd, UsageRepository
+from relaygraph.store._tenants import TenantRepository, hash_key
+from relaygraph.store._usage_records import UsageRepository
 from relaygraph.store._worker_slots import WorkerSlotRepository
 
 __all__ = ["Ledger", "hash_key"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class forward(Generic[P, R]):
+    """A :class:`Ledger` attribute that is one of its repositories' methods.
+
+    ``name = forward("events", EventRepository.name)`` in the class makes ``ledger.name``
+    the bound ``ledger.events.name``, typed as that method (its parameters, without
+    ``self``, and its return); ``Ledger.name(ledger, ...)`` calls it too, as a method's
+    function would be called on the class.
+
+    Args:
+        repository: The :class:`Ledger` attribute that holds the repository.
+        method: The repository class's method, of the same name as the attribute.
+    """
+
+    def __init__(self, repository: str, method: Callable[Concatenate[Any, P], R]) -> None:
+        self.repository = repository
+        self.method = method
+        self.name: str = method.__name__
+        # What help() and inspect.signature() show for ``Ledger.name``: the method's own.
+        self.__doc__ = method.__doc__
+        self.__wrapped__ = method
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.name:
+            raise TypeError(
+                f"{owner.__name__}.{name} forwards to {self.method.__qualname__}: "
+                "a forwarded method keeps its name"
+            )
+
+    @overload
+    def __get__(self, ledger: None, owner: type | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, ledger: object, owner: type | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, ledger: object | None, owner: type | None = None) -> Self | Callable[P, R]:
+        if ledger is None:
+            return self
+        bound: Callable[P, R] = getattr(getattr(ledger, self.repository), self.name)
+        return bound
+
+    def __call__(self, ledger: object, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.__get__(ledger)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"forward({self.repository!r}, {self.method.__qualname__})"
 
 
 class Ledger:
@@ -138,426 +170,105 @@ class Ledger:
         """The SQLite database's file; None on PostgreSQL or for an in-memory database."""
         return self.core.database_file
 
-    def close(self) -> None:
-        """Close the connection pool; the ledger opens new connections if used again."""
-        self.core.close()
-
-    def upgrade(self, revision: str = "head") -> None:
-        """Apply the shipped migrations up to ``revision``; does nothing when current."""
-        self.core.upgrade(revision)
-
-    def is_current(self) -> bool:
-        """Whether the database has every shipped migration (a readiness check)."""
-        return self.core.is_current()
+    close = forward("core", LedgerCore.close)
+    upgrade = forward("core", LedgerCore.upgrade)
+    is_current = forward("core", LedgerCore.is_current)
 
     # TenantRepository (_tenants.py)
-    def create_project(self, name: str) -> tuple[Project, str]:
-        return self.tenants.create_project(name)
-
-    def create_api_key(self, project_id: str) -> tuple[ApiKey, str]:
-        return self.tenants.create_api_key(project_id)
-
-    def revoke_api_key(self, key_id: str) -> ApiKey:
-        return self.tenants.revoke_api_key(key_id)
-
-    def api_keys(self, project_id: str) -> list[ApiKey]:
-        return self.tenants.api_keys(project_id)
-
-    def authenticate(self, key: str) -> Project | None:
-        return self.tenants.authenticate(key)
-
-    def get_project(self, name: str) -> Project | None:
-        return self.tenants.get_project(name)
-
-    def project_by_id(self, project_id: str) -> Project | None:
-        return self.tenants.project_by_id(project_id)
+    create_project = forward("tenants", TenantRepository.create_project)
+    create_api_key = forward("tenants", TenantRepository.create_api_key)
+    revoke_api_key = forward("tenants", TenantRepository.revoke_api_key)
+    api_keys = forward("tenants", TenantRepository.api_keys)
+    authenticate = forward("tenants", TenantRepository.authenticate)
+    get_project = forward("tenants", TenantRepository.get_project)
+    project_by_id = forward("tenants", TenantRepository.project_by_id)
 
     # TeamRepository (_teams.py)
-    def register_team(
-        self, project_id: str, name: str, *, definition: Mapping[str, Any], digest: str
-    ) -> tuple[TeamVersion, bool]:
-        return self.team_registry.register_team(
-            project_id, name, definition=definition, digest=digest
-        )
-
-    def team_version(
-        self, project_id: str, name: str, version: int | None = None
-    ) -> TeamVersion | None:
-        return self.team_registry.team_version(project_id, name, version)
-
-    def team_versions(self, project_id: str, name: str) -> list[TeamVersion]:
-        return self.team_registry.team_versions(project_id, name)
-
-    def teams(self, project_id: str) -> list[TeamVersion]:
-        return self.team_registry.teams(project_id)
-
-    def projects_with_teams(self, names: Collection[str]) -> list[tuple[str, str, str]]:
-        return self.team_registry.projects_with_teams(names)
+    register_team = forward("team_registry", TeamRepository.register_team)
+    team_version = forward("team_registry", TeamRepository.team_version)
+    team_versions = forward("team_registry", TeamRepository.team_versions)
+    teams = forward("team_registry", TeamRepository.teams)
+    projects_with_teams = forward("team_registry", TeamRepository.projects_with_teams)
 
     # TaskRepository (_tasks.py)
-    def create_task(
-        self,
-        *,
-        project_id: str,
-        input: str,
-        thread_id: str | None = None,
-        policy: Mapping[str, Any] | None = None,
-        models: Mapping[str, str] | None = None,
-        topology: Mapping[str, Any] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
-        team: Mapping[str, Any] | None = None,
-        runner_id: str | None = None,
-        lease_seconds: float | None = None,
-        quotas: Quotas | None = None,
-        replay_of: str | None = None,
-        from_step: int | None = None,
-        task_id: str | None = None,
-    ) -> tuple[Task, bool]:
-        return self.tasks.create_task(
-            project_id=project_id,
-            input=input,
-            thread_id=thread_id,
-            policy=policy,
-            models=models,
-            topology=topology,
-            metadata=metadata,
-            idempotency_key=idempotency_key,
-            team=team,
-            runner_id=runner_id,
-            lease_seconds=lease_seconds,
-            quotas=quotas,
-            replay_of=replay_of,
-            from_step=from_step,
-            task_id=task_id,
-        )
-
-    def get_task(self, task_id: str, *, project_id: str) -> Task | None:
-        return self.tasks.get_task(task_id, project_id=project_id)
-
-    def list_tasks(
-        self,
-        *,
-        project_id: str,
-        status: str | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> tuple[list[Task], str | None]:
-        return self.tasks.list_tasks(
-            project_id=project_id, status=status, limit=limit, cursor=cursor
-        )
-
-    def tasks_ended_before(self, cutoff: datetime) -> list[str]:
-        return self.tasks.tasks_ended_before(cutoff)
-
-    def unfinished_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
-        return self.tasks.unfinished_tasks(exclude_project=exclude_project)
-
-    def task_owner(self, task_id: str) -> str | None:
-        return self.tasks.task_owner(task_id)
-
-    def task_by_idempotency_key(self, project_id: str, key: str) -> Task | None:
-        return self.tasks.task_by_idempotency_key(project_id, key)
-
-    def thread_exists(self, thread_id: str, *, project_id: str) -> bool:
-        return self.tasks.thread_exists(thread_id, project_id=project_id)
-
-    def thread_topology(self, thread_id: str, *, project_id: str) -> dict[str, Any] | None:
-        return self.tasks.thread_topology(thread_id, project_id=project_id)
-
-    def active_task_on_thread(self, thread_id: str, *, project_id: str) -> Task | None:
-        return self.tasks.active_task_on_thread(thread_id, project_id=project_id)
-
-    def set_status(
-        self, task_id: str, status: str, *, attempt: int | None = None, **fields: str | None
-    ) -> Task:
-        return self.tasks.set_status(task_id, status, attempt=attempt, **fields)
-
-    def count_tasks_by_status(self) -> dict[str, int]:
-        return self.tasks.count_tasks_by_status()
-
-    def oldest_queued_at(self) -> datetime | None:
-        return self.tasks.oldest_queued_at()
+    create_task = forward("tasks", TaskRepository.create_task)
+    get_task = forward("tasks", TaskRepository.get_task)
+    list_tasks = forward("tasks", TaskRepository.list_tasks)
+    tasks_ended_before = forward("tasks", TaskRepository.tasks_ended_before)
+    unfinished_tasks = forward("tasks", TaskRepository.unfinished_tasks)
+    task_owner = forward("tasks", TaskRepository.task_owner)
+    task_by_idempotency_key = forward("tasks", TaskRepository.task_by_idempotency_key)
+    thread_exists = forward("tasks", TaskRepository.thread_exists)
+    thread_topology = forward("tasks", TaskRepository.thread_topology)
+    active_task_on_thread = forward("tasks", TaskRepository.active_task_on_thread)
+    set_status = forward("tasks", TaskRepository.set_status)
+    count_tasks_by_status = forward("tasks", TaskRepository.count_tasks_by_status)
+    oldest_queued_at = forward("tasks", TaskRepository.oldest_queued_at)
 
     # TaskQueryRepository (_task_queries.py)
-    def select_tasks(self, selection: TaskSelection) -> list[Task]:
-        return self.task_queries.select_tasks(selection)
-
-    def replays_of(self, task_id: str, *, project_id: str) -> list[Task]:
-        return self.task_queries.replays_of(task_id, project_id=project_id)
+    select_tasks = forward("task_queries", TaskQueryRepository.select_tasks)
+    replays_of = forward("task_queries", TaskQueryRepository.replays_of)
 
     # QuotaRepository (_quotas.py)
-    def set_project_quotas(self, name: str, overrides: QuotaOverrides) -> QuotaOverrides:
-        return self.quotas.set_project_quotas(name, overrides)
-
-    def project_quotas(self, project_id: str) -> QuotaOverrides:
-        return self.quotas.project_quotas(project_id)
-
-    def project_load(self, project_id: str, *, now: datetime | None = None) -> ProjectLoad:
-        return self.quotas.project_load(project_id, now=now)
-
-    def spent_today(
-        self, project_id: str, *, excluding: str | None = None, now: datetime | None = None
-    ) -> float:
-        return self.quotas.spent_today(project_id, excluding=excluding, now=now)
-
-    def queued_tasks(
-        self,
-        *,
-        limit: int,
-        exclude_project: str | None = None,
-        max_running: int | None = None,
-    ) -> list[str]:
-        return self.quotas.queued_tasks(
-            limit=limit, exclude_project=exclude_project, max_running=max_running
-        )
-
-    def tasks_to_publish(
-        self,
-        *,
-        budget: int | None = None,
-        exclude_project: str | None = None,
-        max_running: int | None = None,
-    ) -> list[str]:
-        return self.quotas.tasks_to_publish(
-            budget=budget, exclude_project=exclude_project, max_running=max_running
-        )
+    set_project_quotas = forward("quotas", QuotaRepository.set_project_quotas)
+    project_quotas = forward("quotas", QuotaRepository.project_quotas)
+    project_load = forward("quotas", QuotaRepository.project_load)
+    spent_today = forward("quotas", QuotaRepository.spent_today)
+    queued_tasks = forward("quotas", QuotaRepository.queued_tasks)
+    tasks_to_publish = forward("quotas", QuotaRepository.tasks_to_publish)
 
     # LeaseRepository (_leases.py)
-    def claim(
-        self, task_id: str, status: str = "running", *, only_from: Iterable[str] = ("queued",)
-    ) -> Task | None:
-        return self.leases.claim(task_id, status, only_from=only_from)
-
-    def take_lease(
-        self,
-        task_id: str,
-        runner_id: str,
-        *,
-        seconds: float,
-        only_from: Iterable[str] = ACTIVE_STATUSES,
-    ) -> Task | None:
-        return self.leases.take_lease(task_id, runner_id, seconds=seconds, only_from=only_from)
-
-    def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
-        return self.leases.renew_lease(task_id, runner_id, seconds=seconds)
-
-    def release_lease(self, task_id: str, runner_id: str) -> None:
-        return self.leases.release_lease(task_id, runner_id)
-
-    def cancel_requested(self, task_id: str) -> bool:
-        return self.leases.cancel_requested(task_id)
-
-    def request_cancel(
-        self,
-        task_id: str,
-        *,
-        reason: str = "cancelled by request",
-        by: str | None = None,
-        via: str = "api",
-    ) -> Task:
-        return self.leases.request_cancel(task_id, reason=reason, by=by, via=via)
-
-    def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:
-        return self.leases.settle_abandoned(task_id, max_attempts=max_attempts)
-
-    def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
-        return self.leases.lease_of(task_id)
+    claim = forward("leases", LeaseRepository.claim)
+    take_lease = forward("leases", LeaseRepository.take_lease)
+    renew_lease = forward("leases", LeaseRepository.renew_lease)
+    release_lease = forward("leases", LeaseRepository.release_lease)
+    cancel_requested = forward("leases", LeaseRepository.cancel_requested)
+    request_cancel = forward("leases", LeaseRepository.request_cancel)
+    settle_abandoned = forward("leases", LeaseRepository.settle_abandoned)
+    lease_of = forward("leases", LeaseRepository.lease_of)
 
     # EventRepository (_events.py)
-    def append_event(
-        self, task_id: str, event: Mapping[str, Any], *, attempt: int | None = None
-    ) -> int:
-        return self.events.append_event(task_id, event, attempt=attempt)
-
-    def append_events(
-        self,
-        task_id: str,
-        events: Sequence[Mapping[str, Any]],
-        *,
-        attempt: int | None = None,
-        end: RunEnd | None = None,
-    ) -> list[int]:
-        return self.events.append_events(task_id, events, attempt=attempt, end=end)
-
-    def events_after(
-        self, task_id: str, after_seq: int = 0, *, limit: int | None = None
-    ) -> list[Event]:
-        return self.events.events_after(task_id, after_seq, limit=limit)
-
-    def handoffs(self, task_id: str) -> list[HandoffEntry]:
-        return self.events.handoffs(task_id)
-
-    def tool_calls(self, task_id: str) -> list[ToolCall]:
-        return self.events.tool_calls(task_id)
-
-    def approvals(self, task_id: str) -> list[Approval]:
-        return self.events.approvals(task_id)
+    append_event = forward("events", EventRepository.append_event)
+    append_events = forward("events", EventRepository.append_events)
+    events_after = forward("events", EventRepository.events_after)
+    handoffs = forward("events", EventRepository.handoffs)
+    tool_calls = forward("events", EventRepository.tool_calls)
+    approvals = forward("events", EventRepository.approvals)
 
     # UsageRepository (_usage_records.py)
-    def usage(self, task_id: str) -> list[AgentUsage]:
-        return self.usage_records.usage(task_id)
-
-    def record_usage(
-        self,
-        task_id: str,
-        records: Iterable[Mapping[str, Any]],
-        *,
-        attempt: int | None = None,
-    ) -> None:
-        return self.usage_records.record_usage(task_id, records, attempt=attempt)
-
-    def end_run(
-        self,
-        task_id: str,
-        *,
-        usage: Iterable[Mapping[str, Any]] = (),
-        runner_id: str | None = None,
-        status: str | None = None,
-        attempt: int | None = None,
-        **fields: str | None,
-    ) -> None:
-        return self.usage_records.end_run(
-            task_id, usage=usage, runner_id=runner_id, status=status, attempt=attempt, **fields
-        )
-
-    def usage_for_project(
-        self, project_id: str, since: datetime | None = None, until: datetime | None = None
-    ) -> dict[str, Any]:
-        return self.usage_records.usage_for_project(project_id, since, until)
+    usage = forward("usage_records", UsageRepository.usage)
+    record_usage = forward("usage_records", UsageRepository.record_usage)
+    end_run = forward("usage_records", UsageRepository.end_run)
+    usage_for_project = forward("usage_records", UsageRepository.usage_for_project)
 
     # ApprovalRepository (_approvals.py)
-    def get_approval(self, task_id: str, approval_id: str) -> Approval | None:
-        return self.approval_decisions.get_approval(task_id, approval_id)
-
-    def record_decision(
-        self,
-        task_id: str,
-        approval_id: str,
-        *,
-        decision: str,
-        decided_by: str,
-        reason: str | None = None,
-        args: Mapping[str, Any] | None = None,
-    ) -> Approval:
-        return self.approval_decisions.record_decision(
-            task_id, approval_id, decision=decision, decided_by=decided_by, reason=reason, args=args
-        )
+    get_approval = forward("approval_decisions", ApprovalRepository.get_approval)
+    record_decision = forward("approval_decisions", ApprovalRepository.record_decision)
 
     # EvalRunRepository (_eval_runs.py)
-    def record_eval_run(
-        self,
-        *,
-        golden: str,
-        models: Mapping[str, Any],
-        options: Mapping[str, Any],
-        case_count: int,
-        run_count: int,
-        started_at: datetime | None = None,
-    ) -> str:
-        return self.eval_records.record_eval_run(
-            golden=golden,
-            models=models,
-            options=options,
-            case_count=case_count,
-            run_count=run_count,
-            started_at=started_at,
-        )
-
-    def record_eval_case(
-        self,
-        eval_run_id: str,
-        *,
-        case_id: str,
-        trial: int,
-        passed: bool,
-        checks: Sequence[Mapping[str, Any]],
-        task_id: str | None = None,
-        usage: Mapping[str, Any] | None = None,
-        latency_seconds: float = 0.0,
-        error: str | None = None,
-    ) -> EvalCaseRecord:
-        return self.eval_records.record_eval_case(
-            eval_run_id,
-            case_id=case_id,
-            trial=trial,
-            passed=passed,
-            checks=checks,
-            task_id=task_id,
-            usage=usage,
-            latency_seconds=latency_seconds,
-            error=error,
-        )
-
-    def finish_eval_run(
-        self,
-        eval_run_id: str,
-        *,
-        metrics: Mapping[str, Any],
-        finished_at: datetime | None = None,
-    ) -> EvalRunRecord:
-        return self.eval_records.finish_eval_run(
-            eval_run_id, metrics=metrics, finished_at=finished_at
-        )
-
-    def eval_runs(self, limit: int = 20) -> list[EvalRunRecord]:
-        return self.eval_records.eval_runs(limit)
-
-    def eval_run(self, eval_run_id: str) -> EvalRunRecord:
-        return self.eval_records.eval_run(eval_run_id)
+    record_eval_run = forward("eval_records", EvalRunRepository.record_eval_run)
+    record_eval_case = forward("eval_records", EvalRunRepository.record_eval_case)
+    finish_eval_run = forward("eval_records", EvalRunRepository.finish_eval_run)
+    eval_runs = forward("eval_records", EvalRunRepository.eval_runs)
+    eval_run = forward("eval_records", EvalRunRepository.eval_run)
 
     # ToolJournalRepository (_journal.py)
-    def journaled_call(self, task_id: str, call_id: str) -> dict[str, Any] | None:
-        return self.journal_records.journaled_call(task_id, call_id)
-
-    def check_attempt(self, task_id: str, attempt: int) -> None:
-        return self.journal_records.check_attempt(task_id, attempt)
-
-    def journal_call(
-        self,
-        task_id: str,
-        call_id: str,
-        record: Mapping[str, Any],
-        *,
-        attempt: int | None = None,
-    ) -> dict[str, Any]:
-        return self.journal_records.journal_call(task_id, call_id, record, attempt=attempt)
+    journaled_call = forward("journal_records", ToolJournalRepository.journaled_call)
+    check_attempt = forward("journal_records", ToolJournalRepository.check_attempt)
+    journal_call = forward("journal_records", ToolJournalRepository.journal_call)
+    attempt_journal = forward("journal_records", ToolJournalRepository.attempt_journal)
 
     @property
     def tool_journal(self) -> LedgerToolJournal:
         return self.journal_records.tool_journal
 
-    def attempt_journal(self, attempt: int) -> LedgerToolJournal:
-        return self.journal_records.attempt_journal(attempt)
-
     # AttemptRepository (_attempts.py)
-    def queue_for_workers(self, task_id: str) -> int:
-        return self.attempts.queue_for_workers(task_id)
+    queue_for_workers = forward("attempts", AttemptRepository.queue_for_workers)
+    claim_for_workers = forward("attempts", AttemptRepository.claim_for_workers)
+    begin_attempt = forward("attempts", AttemptRepository.begin_attempt)
+    start_attempt = forward("attempts", AttemptRepository.start_attempt)
+    attempt_state = forward("attempts", AttemptRepository.attempt_state)
 
-    def claim_for_workers(self, task_id: str) -> int | None:
-        return self.attempts.claim_for_workers(task_id)
-
-    def begin_attempt(
-        self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
-    ) -> int | None:
-        return self.attempts.begin_attempt(
-            task_id, dispatch=dispatch, worker_id=worker_id, max_attempts=max_attempts
-        )
-
-    def start_attempt(
-        self, task_id: str, *, dispatch: int, worker_id: str, max_attempts: int
-    ) -> Attempt | None:
-        return self.attempts.start_attempt(
-            task_id, dispatch=dispatch, worker_id=worker_id, max_attempts=max_attempts
-        )
-
-    def attempt_state(self, task_id: str) -> tuple[int, bool] | None:
-        return self.attempts.attempt_state(task_id)
-
-    def report_worker_slots(
-        self, worker_id: str, *, slots: int, now: datetime | None = None
-    ) -> None:
-        return self.worker_slots.report_worker_slots(worker_id, slots=slots, now=now)
-
-    def forget_worker_slots(self, worker_id: str) -> None:
-        return self.worker_slots.forget_worker_slots(worker_id)
+    # WorkerSlotRepository (_worker_slots.py)
+    report_worker_slots = forward("worker_slots", WorkerSlotRepository.report_worker_slots)
+    forget_worker_slots = forward("worker_slots", WorkerSlotRepository.forget_worker_slots)

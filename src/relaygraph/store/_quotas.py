@@ -11,11 +11,11 @@ from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
 from sqlalchemy.orm import aliased
 
 from relaygraph.errors import ConfigError, QuotaExceeded
-from relaygraph.store._base import EARLIER_ACTIVE_ON_THREAD, utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import ProjectRow, TaskRow, UsageRow
 from relaygraph.store._records import ProjectLoad, QuotaOverrides, Quotas
+from relaygraph.store._task_rows import EARLIER_ACTIVE_ON_THREAD, utc_now
 from relaygraph.store._worker_slots import free_worker_slots
 
 __all__ = [

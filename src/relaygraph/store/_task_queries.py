@@ -9,10 +9,10 @@ from datetime import datetime
 from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
-from relaygraph.store._base import task_of_row
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._models import TaskRow
 from relaygraph.store._records import TASK_STATUSES, Task
+from relaygraph.store._task_rows import task_of_row
 
 __all__ = ["TaskQueryRepository", "TaskSelection"]
 

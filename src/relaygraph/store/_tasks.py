@@ -9,24 +9,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, bindparam, func, insert, or_, select
+from sqlalchemy import Connection, Select, Table, and_, bindparam, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
-from relaygraph.store._base import (
-    FINISHED_STATUSES,
-    MAX_PAGE,
-    TASK_COLUMNS,
-    apply_status,
-    check_attempt,
-    no_live_lease,
-    status_values,
-    task_of_mapping,
-    task_of_row,
-    utc_now,
-)
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -36,9 +24,20 @@ from relaygraph.store._models import (
 from relaygraph.store._quotas import refuse_over_quota
 from relaygraph.store._records import (
     ACTIVE_STATUSES,
+    FINISHED_STATUSES,
     TASK_STATUSES,
     Quotas,
     Task,
+)
+from relaygraph.store._task_rows import (
+    TASK_COLUMNS,
+    apply_status,
+    check_attempt,
+    no_live_lease,
+    status_values,
+    task_of_mapping,
+    task_of_row,
+    utc_now,
 )
 
 
@@ -184,11 +183,7 @@ class TaskRepository:
         """The task, if it belongs to ``project_id``; None otherwise, whether or not it exists."""
         # In SQLAlchemy Core, the statement built once: every served task is read by id
         # when it is handed to a worker, and every poll of a task reads it.
-        with self._core.read_connection() as connection:
-            found = connection.execute(
-                _TASK, {"task_id": task_id, "project_id": project_id}
-            ).first()
-        return None if found is None else task_of_mapping(found._mapping)
+        return self._task_of(_TASK, {"task_id": task_id, "project_id": project_id})
 
     def list_tasks(
         self,
@@ -212,8 +207,7 @@ class TaskRepository:
         """
         if status is not None and status not in TASK_STATUSES:
             raise ConfigError(f"status {status!r} is not one of {', '.join(TASK_STATUSES)}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise ConfigError(f"limit {limit!r} must be a whole number from 1 to {MAX_PAGE}")
+        check.page_limit(limit)
         query = select(TaskRow).where(TaskRow.project_id == project_id)
         if status is not None:
             query = query.where(TaskRow.status == status)
@@ -304,10 +298,12 @@ class TaskRepository:
         """The project's oldest task on the thread that is queued, running or waiting for a
         person."""
         # Core, built once: asked before and after every served task runs.
+        return self._task_of(_ACTIVE_ON_THREAD, {"project_id": project_id, "thread": thread_id})
+
+    def _task_of(self, statement: Select[Any], parameters: Mapping[str, str]) -> Task | None:
+        """The task that ``statement`` (of :data:`TASK_COLUMNS`) selects, if any."""
         with self._core.read_connection() as connection:
-            found = connection.execute(
-                _ACTIVE_ON_THREAD, {"project_id": project_id, "thread": thread_id}
-            ).first()
+            found = connection.execute(statement, parameters).first()
         return None if found is None else task_of_mapping(found._mapping)
 
     def set_status(

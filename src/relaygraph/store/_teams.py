@@ -10,7 +10,6 @@ from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _team_versions
 from relaygraph.store import _validate as check
-from relaygraph.store._base import utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
@@ -21,6 +20,7 @@ from relaygraph.store._records import (
     TeamVersion,
     snapshot,
 )
+from relaygraph.store._task_rows import utc_now
 
 
 class TeamRepository:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import uuid
 from datetime import datetime
@@ -11,7 +12,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from relaygraph.store import _validate as check
-from relaygraph.store._base import KEY_DISPLAY_CHARS, KEY_PREFIX, hash_key, utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
@@ -23,6 +23,12 @@ from relaygraph.store._records import (
     Project,
     snapshot,
 )
+from relaygraph.store._task_rows import utc_now
+
+KEY_PREFIX = "rg_"
+"""How every API key the ledger makes begins."""
+KEY_DISPLAY_CHARS = 10
+"""How many of a key's first characters the ledger keeps to show it (``ApiKey.prefix``)."""
 
 _AUTHENTICATE = (
     select(ProjectRow.id, ProjectRow.name, ProjectRow.created_at)
@@ -31,6 +37,11 @@ _AUTHENTICATE = (
     .limit(1)
 )
 """The project of a live key's hash (``key_hash``)."""
+
+
+def hash_key(key: str) -> str:
+    """The SHA-256 hex digest the ledger stores in place of an API key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class TenantRepository:

@@ -13,11 +13,6 @@ from sqlalchemy import Connection, bindparam, select, update
 from relaygraph.errors import ConfigError
 from relaygraph.store import _usage
 from relaygraph.store import _validate as check
-from relaygraph.store._base import (
-    apply_status,
-    status_values,
-    utc_now,
-)
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import AttemptSuperseded, RecordNotFound
 from relaygraph.store._models import (
@@ -27,6 +22,11 @@ from relaygraph.store._models import (
 from relaygraph.store._records import (
     FINISHED_STATUSES,
     AgentUsage,
+)
+from relaygraph.store._task_rows import (
+    apply_status,
+    status_values,
+    utc_now,
 )
 
 

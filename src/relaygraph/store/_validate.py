@@ -14,6 +14,8 @@ from relaygraph.errors import ConfigError
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a project's or a registered team's name may be."""
 MAX_KEY_CHARS = 255
+MAX_PAGE = 200
+"""The most records one page of a list holds."""
 MAX_DEPTH = 64
 """How deeply a caller's JSON object may nest (a run's own events are not limited)."""
 NUL = "\x00"
@@ -50,11 +52,12 @@ def optional_text(value: object, field: str, *, max_chars: int | None = None) ->
     return None if value is None else text(value, field, max_chars=max_chars)
 
 
-def json_object(value: object, field: str) -> dict[str, Any]:
-    """A JSON object given by the caller, as it will read back (tuples become lists)."""
+def json_object(value: object, field: str, *, scrub: bool = False) -> dict[str, Any]:
+    """A JSON object given by the caller, as it will read back (tuples become lists);
+    ``scrub`` replaces NULs with U+FFFD (for text a run produced)."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{field} {_short(value)!r} must be a JSON object")
-    result = _json_copy(value, field, scrub=False)
+    result = _json_copy(value, field, scrub=scrub)
     assert isinstance(result, dict)
     return result
 
@@ -68,18 +71,16 @@ def json_list(value: object, field: str, *, scrub: bool = False) -> list[Any]:
     return result
 
 
-def scrubbed_object(value: object, field: str) -> dict[str, Any]:
-    """A JSON object whose NUL characters become U+FFFD (text a run produced)."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{field} {_short(value)!r} must be a JSON object")
-    result = _json_copy(value, field, scrub=True)
-    assert isinstance(result, dict)
-    return result
-
-
 def whole(value: object, field: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{field} {value!r} must be a whole number of at least {minimum}")
+    return value
+
+
+def page_limit(value: object) -> int:
+    """How many records a page of a list is to hold: from 1 to :data:`MAX_PAGE`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PAGE:
+        raise ConfigError(f"limit {value!r} must be a whole number from 1 to {MAX_PAGE}")
     return value
 
 

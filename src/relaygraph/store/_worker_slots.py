@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 
-from relaygraph.store._base import utc_now
 from relaygraph.store._core import LedgerCore
 from relaygraph.store._models import TaskRow, WorkerSlotRow
+from relaygraph.store._task_rows import utc_now
 
 __all__ = [
     "WORKER_GONE_SECONDS",

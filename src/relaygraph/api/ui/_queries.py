@@ -39,7 +39,6 @@ MAX_SCAN = 1000
 """Most tasks one filtered page looks at before it answers (with the cursor to go on)."""
 MAX_DAYS = 366
 INPUT_CHARS = 280
-ARTIFACT_NAME_CHARS = 100
 
 
 # -- bodies --------------------------------------------------------------------------------

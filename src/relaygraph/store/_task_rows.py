@@ -1,14 +1,14 @@
-"""What several of the ledger's repositories share: constants and the helpers that read and
-write a task's row and its events in a transaction the caller opened."""
+"""The helpers that read and write a task's row and its events inside a transaction the
+caller opened: what several of the ledger's repositories share (each repository opens its
+own transactions, and no repository calls another)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -38,21 +38,12 @@ from relaygraph.store._records import (
     snapshot,
 )
 
-KEY_PREFIX = "rg_"
-KEY_DISPLAY_CHARS = 10
-MAX_PAGE = 200
 STATUS_FIELDS = ("answer", "stop_reason")
-DECISIONS = ("approve", "reject", "edit")
-R = TypeVar("R")
 
 
 def utc_now() -> datetime:
+    """The time the ledger stamps on a row it writes."""
     return datetime.now(UTC)
-
-
-def hash_key(key: str) -> str:
-    """The SHA-256 hex digest the ledger stores in place of an API key."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def no_live_lease(now: datetime) -> ColumnElement[bool]:
