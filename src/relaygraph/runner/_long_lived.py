@@ -3,11 +3,12 @@
 Python's cyclic garbage collector walks every tracked object of the oldest generation in a
 full collection: with LangChain, LangGraph, the OpenAI client and SQLAlchemy imported, about
 a quarter of a million objects, nearly all of them modules' functions, classes and constants
-that live as long as the process. A full collection then took 0.2 to 0.26 s here, every few
-seconds under load, and the interpreter runs nothing else meanwhile: every task of an
-in-process server stalled for it (benchmarks/bench_service.py). ``gc.freeze()`` (the
-standard library's answer for long-lived servers) moves what exists now into a permanent
-generation that collections skip: after it, a full collection took about 0.01-0.02 s.
+that live as long as the process. A full collection takes long in proportion, and the
+interpreter runs nothing else meanwhile: every task of an in-process server stalls for it,
+every few seconds under load (benchmarks/bench_service.py measures it). ``gc.freeze()``
+(the standard library's answer for long-lived servers) moves what exists now into a
+permanent generation that collections skip, which leaves a full collection only the
+objects of the runs.
 
 It is called once by a process that lives to run tasks (``relaygraph serve``, a task process
 of ``serve --processes``, a Celery worker's pool process), after it has imported what its
@@ -21,9 +22,8 @@ collector's reach.
 It also collects the youngest generation less often (:data:`YOUNG_THRESHOLD` allocations
 instead of 700): a run allocates tens of thousands of objects (messages, checkpoints, the
 model client's requests), nearly all gone before the next collection, and every collection
-stops every thread of the process. With 700, a busy in-process server made about 60 young
-collections a second; with 10,000 it spent 2 to 4 ms less CPU per task and ran its tasks
-1 to 2 percent faster (benchmarks/bench_service.py, runs side by side).
+stops every thread of the process. Fewer young collections give a busy in-process server
+less CPU per task (benchmarks/bench_service.py compares them side by side).
 """
 
 from __future__ import annotations

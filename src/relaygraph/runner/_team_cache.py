@@ -62,8 +62,8 @@ def _check_script_keys(models: Mapping[str, Any], policy: TeamPolicy) -> None:
 class TeamCache:
     """Compiled team graphs and their models, least recently used dropped first.
 
-    Compiling the team (three ``create_agent`` subgraphs and the team graph) cost about
-    15 ms per task (benchmarks/RESULTS.md) for the same graph every time. LangGraph's
+    Compiling the team (three ``create_agent`` subgraphs and the team graph) would cost
+    each task the same work for the same graph (benchmarks/RESULTS.md). LangGraph's
     compiled graphs hold no run state, so one serves every task of its key, concurrently
     too; each run binds a copy to its own checkpointer. The key is the topology, the
     policy and each role's model spec, with what else decides the model: a script file's
