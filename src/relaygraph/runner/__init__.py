@@ -68,7 +68,7 @@ from relaygraph.runner._task_run import (
     EventHandler,
     drain_cancelled,
 )
-from relaygraph.runner._task_runner import TaskRunner, policy_digest
+from relaygraph.runner._task_runner import RunOptions, TaskRunner, policy_digest
 from relaygraph.runner._teams import prepare_knowledge_base, team_of, team_of_record
 
 __all__ = [
@@ -93,6 +93,7 @@ __all__ = [
     "RequestRefused",
     "Resume",
     "RoleModels",
+    "RunOptions",
     "RunResult",
     "RunnerSettings",
     "ServiceTeams",
