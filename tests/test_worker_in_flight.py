@@ -164,3 +164,11 @@ def test_a_superseded_attempt_on_the_loop_writes_nothing_of_its_end(
     task = task_of(ledger, task_id)
     assert (task.status, task.attempts) == ("running", 2)
     assert "run_finished" not in event_types(ledger, task_id)
+
+
+def test_the_worker_command_takes_tasks_in_flight() -> None:
+    from relaygraph.cli._parser import build_parser
+
+    args = build_parser().parse_args(["worker", "--tasks-in-flight", "200"])
+    assert args.tasks_in_flight == 200
+    assert build_parser().parse_args(["worker"]).tasks_in_flight is None
