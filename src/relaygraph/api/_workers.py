@@ -1,7 +1,7 @@
 """Runs tasks in the server process on its event loop, up to a number in flight; picks
 unfinished ones up on restart.
 
-An event loop (:class:`~relaygraph.runner._task_loop.TaskLoop`), not a task queue service: the
+An event loop (:class:`~relaygraph.runner.TaskLoop`), not a task queue service: the
 embedded default needs nothing running beside the server, and a task waiting for its model
 holds no thread. The ledger is the queue's source of truth, so a restart loses nothing, and its
 leases let several servers share one ledger: each running task is held by one server,
@@ -27,12 +27,13 @@ from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.runner import (
     CONTINUE,
     DEFAULT_LEASE_SECONDS,
+    DEFAULT_SYNC_THREADS,
     ModelCallRecording,
+    TaskLoop,
     TaskRunner,
     drain_cancelled,
     resume_input,
 )
-from relaygraph.runner._task_loop import DEFAULT_SYNC_THREADS, TaskLoop
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -59,7 +60,7 @@ class WorkersLoad:
     """Tasks in flight at most (``--workers``)."""
     loop_lag_seconds: float
     """How late the task loop's timers fire (see
-    :class:`~relaygraph.runner._task_loop.LoopLoad`)."""
+    :class:`~relaygraph.runner.LoopLoad`)."""
     sync_queue: int
     """Sync steps (tools, ledger writes) waiting for a thread."""
 

@@ -6,19 +6,18 @@ mode (in process or a worker's attempt) the run is in."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from relaygraph.errors import NoRoomOnDisk
-from relaygraph.runner._no_room import no_room_reason
-from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
+from relaygraph.runner._no_room import UnrecordedFailures, no_room_reason
+from relaygraph.runner._run_mode import RunMode
 from relaygraph.runner._task_run import INTERRUPTED, EventHandler, StreamEnd, TaskRun
 from relaygraph.store import LedgerToolJournal, is_disk_full
 
 if TYPE_CHECKING:
     from relaygraph.runner._result import RunResult
-    from relaygraph.runner._task_runner import TaskRunner
-    from relaygraph.store import Task
+    from relaygraph.store import Ledger, Task
     from relaygraph.team import Team
 
 __all__ = ["RunOptions", "RunSteps"]
@@ -74,9 +73,13 @@ class RunSteps:
     ``TaskRunner.run`` and ``TaskRunner.arun``, which differ only in how they wait.
 
     Args:
-        runner: The runner whose run this is.
         task: The ledger's task record.
         options: The run's :class:`RunOptions`.
+        mode: How the run holds the task (in process, or a worker's attempt).
+        prepare: Takes the task and prepares its run: returns the run and the team's
+            compiled graph (``TaskRunner._prepare``).
+        ledger: The runner's ledger.
+        unrecorded_failures: Where a run stopped by a full disk has its failure written.
     """
 
     run: TaskRun
@@ -84,22 +87,23 @@ class RunSteps:
     graph_input: Any
     """What the graph streams from (after :meth:`begin`)."""
 
-    def __init__(self, runner: TaskRunner, task: Task, options: RunOptions) -> None:
-        self.runner = runner
+    def __init__(
+        self,
+        task: Task,
+        options: RunOptions,
+        *,
+        mode: RunMode,
+        prepare: Callable[[Task, RunMode, RunOptions], tuple[TaskRun, Any]],
+        ledger: Ledger,
+        unrecorded_failures: UnrecordedFailures,
+    ) -> None:
         self.task = task
         self.options = options
         self.tokens = options.get("stream_tokens", False)
-        attempt = options.get("attempt")
-        self.mode: RunMode = (
-            InProcessRun(
-                runner.ledger,
-                runner.runner_id,
-                lease_seconds=runner.lease_seconds,
-                only_from=options.get("only_from"),
-            )
-            if attempt is None
-            else WorkerAttempt(runner.ledger, attempt)
-        )
+        self.mode = mode
+        self._prepare = prepare
+        self._ledger = ledger
+        self._unrecorded_failures = unrecorded_failures
         self.ended = False
         """The run's end is written: nothing is let go."""
         self._interrupted = False
@@ -107,13 +111,13 @@ class RunSteps:
         self._graph_team: Any = None
 
     def prepare(self) -> None:
-        """Take the task and prepare the run (``TaskRunner._prepare``): blocking.
+        """Take the task and prepare the run: blocking.
 
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it.
             RelaygraphError: The run could not be prepared; the task failed (recorded).
         """
-        self.run, self._graph_team = self.runner._prepare(self.task, self.mode, self.options)
+        self.run, self._graph_team = self._prepare(self.task, self.mode, self.options)
         self.task = self.run.task
 
     def graph(self, checkpointer: Any) -> Any:
@@ -156,7 +160,7 @@ class RunSteps:
         if not self.ended and not self._no_room:
             self.mode.let_go(self.task)
         if self._interrupted:
-            self.runner.ledger.request_cancel(self.task.id, reason=INTERRUPTED)
+            self._ledger.request_cancel(self.task.id, reason=INTERRUPTED)
 
     def no_room(self, exc: Exception) -> NoRoomOnDisk:
         """The disk the ledger writes to is full (``exc``): the run stopped, its end not
@@ -165,7 +169,7 @@ class RunSteps:
         Returns the error to raise."""
         assert is_disk_full(exc)
         reason = no_room_reason(exc)
-        recorded = self.runner.unrecorded_failures.fail(
+        recorded = self._unrecorded_failures.fail(
             self.task.id, attempt=self.mode.attempt, reason=reason
         )
         return NoRoomOnDisk(self.task.id, recorded=recorded, reason=reason)

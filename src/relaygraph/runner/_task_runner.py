@@ -23,7 +23,7 @@ from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.runner._model_calls import ModelCallRecorder, ModelCallRecording
 from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures
 from relaygraph.runner._result import RunResult
-from relaygraph.runner._run_mode import RunMode
+from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
 from relaygraph.runner._run_steps import RunOptions, RunSteps
 from relaygraph.runner._task_run import TaskRun
 from relaygraph.runner._team_cache import team_cache
@@ -128,7 +128,7 @@ class TaskRunner:
             AttemptSuperseded: The task went on to another attempt than ``attempt``; this
                 run wrote nothing since, and nothing of its end.
         """
-        steps = RunSteps(self, task, options)
+        steps = self._steps(task, options)
         steps.prepare()
         run, mode = steps.run, steps.mode
         try:
@@ -167,15 +167,13 @@ class TaskRunner:
         run) take a thread of the loop's default executor, for as long as each lasts. A
         process holds as many tasks in flight as its loop can drive this way, not one thread
         each: a server in process, a worker with tasks in flight (its attempts, fenced as
-        on a thread). The arguments are :meth:`run`'s (``callbacks``, ``team`` and
-        ``models`` as there, ``interrupt_cancels`` ignored: a loop's run is not stopped by
-        its process's signals).
+        on a thread). The arguments are :meth:`run`'s.
 
         Raises:
             TaskBusy: See :meth:`run`.
             AttemptSuperseded: See :meth:`run`.
         """
-        steps = RunSteps(self, task, options)
+        steps = self._steps(task, options)
         await asyncio.to_thread(steps.prepare)
         run, mode = steps.run, steps.mode
         try:
@@ -209,6 +207,29 @@ class TaskRunner:
             if not is_disk_full(exc):
                 raise
             raise await asyncio.to_thread(steps.no_room, exc) from exc
+
+    def _steps(self, task: Task, options: RunOptions) -> RunSteps:
+        """The steps of a run of ``task``, in its mode: in process under this runner's lease,
+        or a worker's attempt (the ``attempt`` option)."""
+        attempt = options.get("attempt")
+        mode: RunMode = (
+            InProcessRun(
+                self.ledger,
+                self.runner_id,
+                lease_seconds=self.lease_seconds,
+                only_from=options.get("only_from"),
+            )
+            if attempt is None
+            else WorkerAttempt(self.ledger, attempt)
+        )
+        return RunSteps(
+            task,
+            options,
+            mode=mode,
+            prepare=self._prepare,
+            ledger=self.ledger,
+            unrecorded_failures=self.unrecorded_failures,
+        )
 
     def _prepare(self, task: Task, mode: RunMode, options: RunOptions) -> tuple[TaskRun, Any]:
         """Take the task (in process) and prepare its run: its policy, team graph, context,

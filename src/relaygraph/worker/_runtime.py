@@ -24,8 +24,7 @@ from relaygraph.events import run_finished_event
 from relaygraph.store import LOCAL_PROJECT_ID, WORKER_REPORT_SECONDS, AttemptSuperseded, Ledger
 
 if TYPE_CHECKING:
-    from relaygraph.runner import RunnerSettings, RunOptions, RunResult, TaskRunner
-    from relaygraph.runner._task_loop import TaskLoop
+    from relaygraph.runner import RunnerSettings, RunOptions, RunResult, TaskLoop, TaskRunner
     from relaygraph.store import Task
     from relaygraph.worker._settings import WorkerSettings
 
@@ -94,7 +93,7 @@ class WorkerRuntime:
         """The loop its runs are coroutines on, with tasks in flight; None: each message's
         run takes the thread that runs the message (a prefork child's)."""
         if worker.tasks_in_flight is not None:
-            from relaygraph.runner._task_loop import TaskLoop
+            from relaygraph.runner import TaskLoop
 
             self.loop = TaskLoop.shared()
         self._reporter: threading.Thread | None = None
