@@ -10,7 +10,6 @@ generous deadline, never a fixed sleep.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,7 +18,12 @@ import pytest
 from relaygraph.store import Ledger
 from relaygraph.worker import WorkerSettings, celery_config, worker_argv
 
-from .test_worker_fencing import event_types, submitted, task_of
+from .test_worker_fencing import (  # noqa: F401  (worker_env: the fixture, used by name)
+    event_types,
+    submitted,
+    task_of,
+    worker_env,
+)
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 IN_FLIGHT = 20
@@ -50,20 +54,10 @@ def test_a_bad_tasks_in_flight_names_its_flag() -> None:
 
 
 @pytest.fixture
-def in_flight_env(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    """A worker process's environment with tasks in flight (the ledger at ``url``), and its
-    ledger."""
-    from relaygraph.worker import close_worker_runtime
-
-    monkeypatch.setenv("RELAYGRAPH_DATABASE_URL", url)
-    monkeypatch.setenv("RELAYGRAPH_UNSAFE_SANDBOX", "true")
+def in_flight_env(worker_env: Ledger, monkeypatch: pytest.MonkeyPatch) -> Ledger:  # noqa: F811
+    """A worker process's environment (``worker_env``) with tasks in flight, and its ledger."""
     monkeypatch.setenv("RELAYGRAPH_TASKS_IN_FLIGHT", str(IN_FLIGHT))
-    with Ledger(url) as ledger:
-        ledger.upgrade()
-        try:
-            yield ledger
-        finally:
-            close_worker_runtime()
+    return worker_env
 
 
 def test_one_process_holds_its_tasks_in_flight_at_once_on_its_loop(
