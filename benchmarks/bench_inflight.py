@@ -161,6 +161,16 @@ def _bare(level: int, base_url: str, home: Path) -> Side:
     return side
 
 
+def _service_env(base_url: str, jobs: list[str]) -> dict[str, str]:
+    """The environment of relaygraph's processes: the model double, and room for the jobs."""
+    return {
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "bench",
+        # Every task is handed over at once: the project's queue must hold them all.
+        "RELAYGRAPH_PROJECT_MAX_QUEUED": str(len(jobs)),
+    }
+
+
 def _relaygraph(level: int, root: Path, base_url: str) -> Side:
     from tests.worker_cluster import Cluster
 
@@ -168,12 +178,7 @@ def _relaygraph(level: int, root: Path, base_url: str) -> Side:
 
     side = Side(level)
     jobs = _jobs("rg", level)
-    env = {
-        "OPENAI_BASE_URL": base_url,
-        "OPENAI_API_KEY": "bench",
-        # Every task is handed over at once: the project's queue must hold them all.
-        "RELAYGRAPH_PROJECT_MAX_QUEUED": str(len(jobs)),
-    }
+    env = _service_env(base_url, jobs)
     with Cluster(root / f"serve-{level}", database_url=None, broker=None, env=env) as cluster:
         server = cluster.serve("api", model=MODEL, workers=level, processes=1)
         key = cluster.create_project("bench")
@@ -367,12 +372,117 @@ def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> Non
     section.add("")
 
 
+WORKER_MODE_LEVEL = 200
+"""The tasks in flight at which the worker mode is set against serve (issue 44: within 0.8×)."""
+
+
+def _worker_mode(level: int, root: Path, base_url: str) -> Side:
+    """One ``relaygraph worker --tasks-in-flight N`` behind one ``relaygraph serve`` in the
+    worker mode (RabbitMQ, the ledger and checkpoints on a fresh PostgreSQL database), handed
+    ``3 × N`` tasks at once over HTTP; RSS summed over both processes."""
+    from tests.worker_cluster import Cluster, broker_url, fresh_database, postgres_server
+
+    from relaygraph.client import Client
+
+    server_url, problem = postgres_server()
+    if server_url is None:
+        raise RuntimeError(problem)
+    side = Side(level)
+    jobs = _jobs("wk", level)
+    env = {**_service_env(base_url, jobs), "RELAYGRAPH_TASKS_IN_FLIGHT": str(level)}
+    with (
+        fresh_database(server_url, prefix="relaygraph_bench") as url,
+        Cluster(root / f"worker-{level}", database_url=url, broker=broker_url(), env=env) as c,
+    ):
+        server = c.serve("api", model=MODEL)
+        worker = c.worker("w1", traced=False)
+        key = c.create_project("bench")
+        pids = [server.pid, worker.pid]
+        side.idle_rss_mb = _rss_mb([p for pid in pids for p in _tree(pid)])
+        peak = [side.idle_rss_mb]
+        with Client(server.url, key, timeout=60) as client, ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda job: client.submit(_task_text(job)), jobs))
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            peak[0] = max(peak[0], _rss_mb([p for pid in pids for p in _tree(pid)]))
+            [row] = c.sql("SELECT count(*) AS n FROM tasks WHERE status IN ('queued', 'running')")
+            if not row["n"]:
+                break
+        side.rss_mb = peak[0]
+        rows = c.sql("SELECT created_at, finished_at, status, stop_reason FROM tasks")
+    started = min(_when(str(row["created_at"])) for row in rows)
+    side.finished = [_when(str(r["finished_at"])) - started for r in rows if r["finished_at"]]
+    side.failures = sorted({str(r["stop_reason"]) for r in rows if r["status"] != "succeeded"})
+    return side
+
+
+def run_worker_mode(level: int = WORKER_MODE_LEVEL) -> Section:
+    """The worker mode (one worker with ``level`` tasks in flight) against serve in process at
+    the same level, in the same run."""
+    from tests.openai_server import serve_script
+
+    section = Section(f"8b. Tasks in flight: the worker mode against serve at {level}")
+    script: dict[str, list[dict[str, Any]]] = {}
+    for job in [*_jobs("rg", level), *_jobs("wk", level)]:
+        script.update(_turns(job))
+    with (
+        tempfile.TemporaryDirectory(prefix="relaygraph-inflight-worker-") as tmp,
+        serve_script(script, delay_seconds=DELAY_SECONDS, key_from=_job_of) as fake,
+    ):
+        log(f"  {level} in flight: relaygraph serve")
+        serve = _relaygraph(level, Path(tmp), fake.base_url)
+        log(f"  {level} in flight: relaygraph worker --tasks-in-flight {level}")
+        worker = _worker_mode(level, Path(tmp), fake.base_url)
+    ratio = worker.tasks_per_second / serve.tasks_per_second if serve.tasks_per_second else 0.0
+    section.body += table(
+        [
+            "in flight",
+            "serve tasks/s (% of bound)",
+            "worker tasks/s (% of bound)",
+            "worker ÷ serve",
+            "serve RSS",
+            "worker + its server RSS",
+            "failures (serve / worker)",
+        ],
+        [
+            [
+                str(level),
+                f"{serve.tasks_per_second:.1f} ({serve.of_bound:.0%})",
+                f"{worker.tasks_per_second:.1f} ({worker.of_bound:.0%})",
+                f"{ratio:.2f}",
+                f"{serve.rss_mb:.0f} MB",
+                f"{worker.rss_mb:.0f} MB",
+                f"{len(serve.failures)} / {len(worker.failures)}",
+            ]
+        ],
+    )
+    for who, side in (("serve", serve), ("worker", worker)):
+        if side.failures:
+            section.add(f"- {who}: {'; '.join(side.failures[:3])}")
+    section.verdicts.append(
+        Verdict(
+            f"worker mode {level}",
+            "≥ 0.8× serve's tasks/s",
+            f"{ratio:.2f}×",
+            ratio >= 0.8,
+            issue=ISSUE,
+        )
+    )
+    section.add("")
+    return section
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", type=int, nargs="+")
+    parser.add_argument("--worker-mode", action="store_true", help="the worker mode at 200 only")
     args = parser.parse_args(argv)
-    section = run(args.quick, levels=tuple(args.levels) if args.levels else None)
+    if args.worker_mode:
+        section = run_worker_mode()
+    else:
+        section = run(args.quick, levels=tuple(args.levels) if args.levels else None)
     print("\n".join(section.body))
     for verdict in section.verdicts:
         log(f"  {verdict.benchmark}: {verdict.target}: {verdict.measured} ({verdict.met})")

@@ -2,7 +2,7 @@
 the server process on its event loop, up to a number in flight; picks unfinished ones up on
 restart.
 
-An event loop (:class:`~relaygraph.api._task_loop.TaskLoop`), not a task queue service: the
+An event loop (:class:`~relaygraph.runner.TaskLoop`), not a task queue service: the
 embedded default needs nothing running beside the server, and a task waiting for its model
 holds no thread. The ledger is the queue's source of truth, so a restart loses nothing, and its
 leases let several servers share one ledger: each running task is held by one server,
@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relaygraph.api._task_loop import DEFAULT_SYNC_THREADS, TaskLoop
 from relaygraph.backends.workspace import WorkspaceQuota
 from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.runner import (
     CONTINUE,
     DEFAULT_LEASE_SECONDS,
+    DEFAULT_SYNC_THREADS,
     ModelCallRecording,
+    TaskLoop,
     TaskRunner,
     drain_cancelled,
     resume_input,
@@ -59,7 +60,8 @@ class WorkersLoad:
     capacity: int
     """Tasks in flight at most (``--workers``)."""
     loop_lag_seconds: float
-    """How late the task loop's timers fire (see :class:`~relaygraph.api._task_loop.LoopLoad`)."""
+    """How late the task loop's timers fire (see
+    :class:`~relaygraph.runner.LoopLoad`)."""
     sync_queue: int
     """Sync steps (tools, ledger writes) waiting for a thread."""
 

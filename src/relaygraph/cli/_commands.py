@@ -244,6 +244,8 @@ def worker(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.concurrency:
         overrides["concurrency"] = args.concurrency
+    if args.tasks_in_flight:
+        overrides["tasks_in_flight"] = args.tasks_in_flight
     if args.queues is not None:
         overrides["queues"] = [name.strip() for name in args.queues.split(",") if name.strip()]
     if os.environ.get(DATABASE_URL_ENV):  # Unset: prepare_worker says the worker needs it.

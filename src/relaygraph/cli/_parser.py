@@ -188,14 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="run tasks for API servers in the worker mode (Celery on RabbitMQ)",
         description="A Celery worker of the worker mode: it takes the task ids API servers "
         "publish to RabbitMQ (RELAYGRAPH_BROKER_URL) and runs each task from the ledger on "
-        "PostgreSQL (RELAYGRAPH_DATABASE_URL), one task per process at a time. See "
-        "docs/deploy.md.",
+        "PostgreSQL (RELAYGRAPH_DATABASE_URL): one task per process at a time, or with "
+        "--tasks-in-flight many at once in one process. See docs/deploy.md.",
     )
     worker.add_argument(
         "--concurrency",
         type=positive,
         metavar="N",
         help="tasks run at once, one process each (default $RELAYGRAPH_CONCURRENCY or 2)",
+    )
+    worker.add_argument(
+        "--tasks-in-flight",
+        type=positive,
+        metavar="N",
+        help="hold N tasks in flight in this one process instead, each a coroutine on its "
+        "event loop (default $RELAYGRAPH_TASKS_IN_FLIGHT; unset: --concurrency processes)",
     )
     worker.add_argument(
         "--queues",

@@ -11,7 +11,9 @@ process (``_run``); :class:`TaskRunner` is the long-lived form the task service 
 :class:`~relaygraph.runner._task_run.TaskRun` (input, ``run_started``, stream, result, end).
 Around them: the result and a person's decision (``_result``), each role's model
 (``_models``), the team a task runs (``_teams``), the ledger of a data directory
-(``_ledger``), the checkpointer (``_checkpoint``; a worker's, fenced by its attempt, in
+(``_ledger``), the event loop a process runs its tasks in flight on (``_task_loop``), the
+run's keywords and the steps ``run`` and ``arun`` share (``_run_steps``), the checkpointer
+(``_checkpoint``; a worker's, fenced by its attempt, in
 ``_fenced_saver``), the ledger writes behind the graph (``_event_writer``), the runner's hold
 on its task (``_lease``: a lease in process, a worker's attempt in the worker mode), the
 compiled teams per process (``_team_cache``), the honest summary of a run (``_summary``), the
@@ -61,6 +63,7 @@ from relaygraph.runner._submit import (
     record_submission,
     submit_task,
 )
+from relaygraph.runner._task_loop import DEFAULT_SYNC_THREADS, LoopLoad, TaskLoop
 from relaygraph.runner._task_run import (
     CONTINUE,
     LEASE_LOST,
@@ -68,12 +71,13 @@ from relaygraph.runner._task_run import (
     EventHandler,
     drain_cancelled,
 )
-from relaygraph.runner._task_runner import TaskRunner, policy_digest
+from relaygraph.runner._task_runner import RunOptions, TaskRunner, policy_digest
 from relaygraph.runner._teams import prepare_knowledge_base, team_from_argument, team_of_record
 
 __all__ = [
     "CONTINUE",
     "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_SYNC_THREADS",
     "LEASE_LOST",
     "POLICY_SOURCE_KEY",
     "RETENTION_SWEEP_SECONDS",
@@ -84,6 +88,7 @@ __all__ = [
     "Enqueue",
     "EventHandler",
     "Freed",
+    "LoopLoad",
     "ModelCallRecorder",
     "ModelCallRecording",
     "ModelGate",
@@ -93,11 +98,13 @@ __all__ = [
     "RequestRefused",
     "Resume",
     "RoleModels",
+    "RunOptions",
     "RunResult",
     "RunnerSettings",
     "ServiceTeams",
     "Submission",
     "SubmittedTask",
+    "TaskLoop",
     "TaskRequest",
     "TaskRunner",
     "arun_task",

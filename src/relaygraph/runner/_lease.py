@@ -49,7 +49,91 @@ class RunHold(Protocol):
         """Stop looking after the hold: the run is over."""
 
 
-class LeaseKeeper:
+class _WatchedHold:
+    """What :class:`LeaseKeeper` and :class:`AttemptWatch` share: the ``lost`` event, the
+    caller's ``cancel`` and the callbacks of both, and a place in the process's scheduler
+    (:class:`_Renewals`), which calls :meth:`_renew` every ``every`` seconds and
+    :meth:`_lapsing` when ``confirmed_until`` has passed.
+
+    Args:
+        ledger: The ledger the hold is read from.
+        task_id: The task held.
+        every: Seconds between two of the scheduler's rounds for this hold.
+        cancel: Set when the ledger asks for the run to be cancelled; None: not watched.
+    """
+
+    confirmed_until: float
+    """When, on this process's monotonic clock, the hold stops being sure (a lease that was
+    not renewed in time); ``math.inf`` for a hold that does not lapse."""
+
+    def __init__(
+        self, ledger: Any, task_id: str, *, every: float, cancel: threading.Event | None
+    ) -> None:
+        self.lost = threading.Event()
+        self.task_id = task_id
+        self._ledger = ledger
+        self._cancel = cancel
+        self._done = threading.Event()
+        self._on_lost: list[Callable[[], None]] = []
+        self._on_cancel: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        _RENEWALS.add(self, every)
+
+    def _renew(self) -> bool:
+        """The scheduler's round for this hold; False: no more rounds."""
+        raise NotImplementedError
+
+    def _lapsing(self, now: float) -> bool:
+        """Whether the hold went unconfirmed for too long, which loses it. Called by the
+        scheduling thread once ``now`` is past ``confirmed_until``."""
+        return False
+
+    def _lose(self) -> bool:
+        """Set ``lost`` and call the ``when_lost`` callbacks, once; False if it was lost
+        already."""
+        with self._lock:
+            if self.lost.is_set():
+                return False
+            self.lost.set()
+            callbacks = list(self._on_lost)
+        _call_each(callbacks, "hold lost")
+        return True
+
+    def cancelled(self) -> None:
+        """The ledger asks for the run to be cancelled: ``cancel`` is set and the
+        ``when_cancelled`` callbacks run, once."""
+        with self._lock:
+            if self._cancel is None or self._cancel.is_set():
+                return
+            self._cancel.set()
+            callbacks = list(self._on_cancel)
+        _call_each(callbacks, "cancel")
+
+    def when_cancelled(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the ledger asks for the run to be cancelled (at once, if
+        ``cancel`` is set already)."""
+        with self._lock:
+            if self._cancel is None or not self._cancel.is_set():
+                self._on_cancel.append(callback)
+                return
+        callback()
+
+    def when_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the hold is lost (at once, if it already was)."""
+        with self._lock:
+            if not self.lost.is_set():
+                self._on_lost.append(callback)
+                return
+        callback()
+
+    def close(self) -> None:
+        """Stop looking after the hold. A round under way may still finish; none starts
+        after this returns."""
+        self._done.set()
+        _RENEWALS.remove(self)
+
+
+class LeaseKeeper(_WatchedHold):
     """Renews ``runner_id``'s lease on a task every third of its length.
 
     A runner that dies stops renewing, and after ``seconds`` another may take the task
@@ -79,21 +163,13 @@ class LeaseKeeper:
         seconds: float,
         cancel: threading.Event | None = None,
     ) -> None:
-        self.lost = threading.Event()
-        self._cancel = cancel
-        self._ledger = ledger
-        self._task_id = task_id
         self._runner_id = runner_id
         self._seconds = seconds
-        self._done = threading.Event()
-        self._on_lost: list[Callable[[], None]] = []
-        self._on_cancel: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
         self.confirmed_until = time.monotonic() + seconds * CONFIRMED_SHARE
         """When, on this process's monotonic clock, the lease stops being sure (see the
         class): moved on by each renewal that works. The lease was taken just before the
         keeper was made, so the first is counted from now."""
-        _RENEWALS.add(self, seconds / 3)
+        super().__init__(ledger, task_id, every=seconds / 3, cancel=cancel)
 
     def _renew(self) -> bool:
         """Renew the lease once, and look for a cancel; False: renew no more."""
@@ -101,9 +177,9 @@ class LeaseKeeper:
             return False
         began = time.monotonic()
         try:
-            held = self._ledger.renew_lease(self._task_id, self._runner_id, seconds=self._seconds)
+            held = self._ledger.renew_lease(self.task_id, self._runner_id, seconds=self._seconds)
         except Exception:  # A database hiccup: the next renewal may work.
-            log.warning("could not renew the lease on task %s", self._task_id, exc_info=True)
+            log.warning("could not renew the lease on task %s", self.task_id, exc_info=True)
             return True
         if held:
             # Counted from when the renewal began: the ledger's new end is at least that
@@ -113,25 +189,16 @@ class LeaseKeeper:
                     self.confirmed_until, began + self._seconds * CONFIRMED_SHARE
                 )
         if not held:
-            log.warning("task %s: another runner took it over; stopping", self._task_id)
+            log.warning("task %s: another runner took it over; stopping", self.task_id)
             self._lose()
             return False
         if self._cancel is not None and not self._cancel.is_set():
             try:
-                if self._ledger.cancel_requested(self._task_id):
-                    self._cancelled()
+                if self._ledger.cancel_requested(self.task_id):
+                    self.cancelled()
             except Exception:  # As for the renewal: the next round may work.
-                log.warning("could not read task %s's cancel", self._task_id, exc_info=True)
+                log.warning("could not read task %s's cancel", self.task_id, exc_info=True)
         return not self._done.is_set()
-
-    def _lose(self) -> None:
-        """Set ``lost`` and call the ``when_lost`` callbacks, once."""
-        with self._lock:
-            if self.lost.is_set():
-                return
-            self.lost.set()
-            callbacks = list(self._on_lost)
-        _call_each(callbacks, "lease lost")
 
     def _lapsing(self, now: float) -> bool:
         """Whether the lease went unconfirmed for too long (see the class); the run is then
@@ -143,42 +210,11 @@ class LeaseKeeper:
             log.warning(
                 "task %s: its lease was not renewed in time (%.3g s); stopping its run before "
                 "the lease can lapse",
-                self._task_id,
+                self.task_id,
                 self._seconds * CONFIRMED_SHARE,
             )
             self._lose()
         return late
-
-    def _cancelled(self) -> None:
-        with self._lock:
-            if self._cancel is None or self._cancel.is_set():
-                return
-            self._cancel.set()
-            callbacks = list(self._on_cancel)
-        _call_each(callbacks, "cancel")
-
-    def when_cancelled(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when this keeper finds a cancel waiting on the task (at once,
-        if ``cancel`` is set already)."""
-        with self._lock:
-            if self._cancel is None or not self._cancel.is_set():
-                self._on_cancel.append(callback)
-                return
-        callback()
-
-    def when_lost(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when the lease is lost (at once, if it already was)."""
-        with self._lock:
-            if not self.lost.is_set():
-                self._on_lost.append(callback)
-                return
-        callback()
-
-    def close(self) -> None:
-        """Stop renewing (the caller releases the lease). A renewal under way may still
-        finish; none starts after this returns."""
-        self._done.set()
-        _RENEWALS.remove(self)
 
 
 class _Renewals:
@@ -210,7 +246,7 @@ class _Renewals:
         self._due, self._keepers, self._renewing = [], set(), set()
         self._thread, self._pool = None, None
 
-    def add(self, keeper: LeaseKeeper | AttemptWatch, every: float) -> None:
+    def add(self, keeper: _WatchedHold, every: float) -> None:
         with self._changed:
             self._keepers.add(keeper)
             self._push(keeper, every)
@@ -223,7 +259,7 @@ class _Renewals:
                 self._thread.start()
             self._changed.notify()
 
-    def remove(self, keeper: LeaseKeeper | AttemptWatch) -> None:
+    def remove(self, keeper: _WatchedHold) -> None:
         with self._changed:
             self._keepers.discard(keeper)
             self._due = [entry for entry in self._due if entry[2] is not keeper]
@@ -238,9 +274,7 @@ class _Renewals:
                 self._changed.wait()
             self._changed.notify()
 
-    def _push(
-        self, keeper: LeaseKeeper | AttemptWatch, every: float, *, after: float | None = None
-    ) -> None:
+    def _push(self, keeper: _WatchedHold, every: float, *, after: float | None = None) -> None:
         """Make ``keeper`` due ``every`` seconds after ``after`` (now by default), or now if
         that has passed."""
         when = max(time.monotonic(), (time.monotonic() if after is None else after) + every)
@@ -264,7 +298,7 @@ class _Renewals:
                     if self._due:
                         wake.append(self._due[0][0])
                     self._changed.wait(max(0.0, min(wake) - now) if wake else None)
-                due: list[tuple[LeaseKeeper | AttemptWatch, float]] = []
+                due: list[tuple[_WatchedHold, float]] = []
                 while self._due and self._due[0][0] <= now:
                     # A keeper is either due (once) or being renewed, never both.
                     _, _, keeper, every = heapq.heappop(self._due)
@@ -279,13 +313,13 @@ class _Renewals:
             for keeper in lapsing:
                 keeper._lapsing(now)
 
-    def _renew(self, keeper: LeaseKeeper | AttemptWatch, every: float) -> None:
+    def _renew(self, keeper: _WatchedHold, every: float) -> None:
         began = time.monotonic()
         again = False
         try:
             again = keeper._renew()
         except Exception:  # One keeper's failure must not stop every lease's renewals.
-            log.exception("renewing the lease on task %s failed", keeper._task_id)
+            log.exception("renewing the lease on task %s failed", keeper.task_id)
             again = not keeper._done.is_set()
         finally:
             with self._changed:
@@ -359,7 +393,7 @@ def _call_each(callbacks: list[Callable[[], None]], what: str) -> None:
             log.exception("a %s callback failed", what)
 
 
-class AttemptWatch:
+class AttemptWatch(_WatchedHold):
     """Watches a worker's attempt at a task from the ledger: the worker mode's counterpart
     of :class:`LeaseKeeper` (nothing to renew: the broker says when a worker is gone),
     looked after by the same scheduling thread.
@@ -383,22 +417,12 @@ class AttemptWatch:
         poll_seconds: float = 0.5,
         cancel: threading.Event | None = None,
     ) -> None:
-        self.lost = threading.Event()
         self.attempt = attempt
         self.current: int | None = attempt
         """The task's attempt when ``lost`` was set (None: the task is gone)."""
-        self._cancel = cancel
-        self._ledger = ledger
-        self.task_id = task_id
-        self._poll = poll_seconds
-        self._done = threading.Event()
-        self._on_lost: list[Callable[[], None]] = []
-        self._on_cancel: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-        self._task_id = task_id
         self.confirmed_until = math.inf
         """Nothing lapses: the broker, not a lease, says when a worker is gone."""
-        _RENEWALS.add(self, poll_seconds)
+        super().__init__(ledger, task_id, every=poll_seconds, cancel=cancel)
 
     def _renew(self) -> bool:
         """Read the attempt once (the scheduler's round); False: watch no more."""
@@ -411,9 +435,6 @@ class AttemptWatch:
             log.warning("could not read task %s's attempt", self.task_id, exc_info=True)
         return not self._done.is_set()
 
-    def _lapsing(self, now: float) -> bool:
-        return False
-
     def check(self) -> bool:
         """Read the task's attempt and cancel flag now; False when the attempt is superseded
         (``lost`` is then set)."""
@@ -425,52 +446,16 @@ class AttemptWatch:
             self.cancelled()
         return True
 
-    def cancelled(self) -> None:
-        """The ledger asks for the run to be cancelled (read here, or by the run's fenced
-        checkpointer at a write): ``cancel`` is set and the ``when_cancelled`` callbacks run,
-        once."""
-        with self._lock:
-            if self._cancel is None or self._cancel.is_set():
-                return
-            self._cancel.set()
-            callbacks = list(self._on_cancel)
-        _call_each(callbacks, "cancel")
-
-    def when_cancelled(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when the ledger asks for the run to be cancelled (at once, if it
-        already did)."""
-        with self._lock:
-            if self._cancel is None or not self._cancel.is_set():
-                self._on_cancel.append(callback)
-                return
-        callback()
-
     def supersede(self, current: int | None) -> None:
         """Mark the attempt superseded by ``current`` (a refused write says so first)."""
         with self._lock:
             if self.lost.is_set():
                 return
             self.current = current
-            self.lost.set()
-            callbacks = list(self._on_lost)
-        log.warning(
-            "task %s: attempt %s is superseded (now %s); stopping",
-            self.task_id,
-            self.attempt,
-            current,
-        )
-        for callback in callbacks:
-            callback()
-
-    def when_lost(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when the attempt is superseded (at once, if it already was)."""
-        with self._lock:
-            if not self.lost.is_set():
-                self._on_lost.append(callback)
-                return
-        callback()
-
-    def close(self) -> None:
-        """Stop watching."""
-        self._done.set()
-        _RENEWALS.remove(self)
+        if self._lose():
+            log.warning(
+                "task %s: attempt %s is superseded (now %s); stopping",
+                self.task_id,
+                self.attempt,
+                current,
+            )

@@ -8,25 +8,34 @@
   checkpointer is the run's own, fenced by the attempt and checked at each step, and a run
   whose attempt was superseded writes nothing of its end.
 
-``TaskRunner.run`` takes one or the other from its ``attempt`` argument and asks it at each
-point where the two differ (:class:`RunMode`), so that no step of the run tests which it is.
+A run takes one or the other from its ``attempt`` option (``RunSteps``) and asks it at each
+point where the two differ (:class:`RunMode`), so that no step of the run tests which it is:
+on a thread (``TaskRunner.run``) or on an event loop (``TaskRunner.arun``) alike.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from relaygraph.errors import TaskBusy
-from relaygraph.runner._checkpoint import open_checkpointer
+from relaygraph.runner._checkpoint import async_checkpointer, open_checkpointer
 from relaygraph.runner._fence import CheckpointFence
 from relaygraph.runner._lease import AttemptWatch, LeaseKeeper, RunHold
 from relaygraph.store import AttemptSuperseded
 
 if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
     from relaygraph.store import Ledger, LedgerToolJournal, Task
 
 __all__ = ["InProcessRun", "RunMode", "WorkerAttempt"]
@@ -37,6 +46,8 @@ class RunMode(Protocol):
 
     attempt: int | None
     """The fencing number every ledger write of the run carries; None in process."""
+    flushes_before_stream: bool
+    """Whether the run's start is written before its graph runs a step."""
 
     def take(self, task: Task, *, leased: bool) -> Task:
         """Make the task this run's (``leased``: it is already). Returns it as taken.
@@ -55,11 +66,14 @@ class RunMode(Protocol):
     def checkpointer(self, home: Path, *, flush: Callable[[], None]) -> AbstractContextManager[Any]:
         """The run's checkpointer; ``flush`` writes the run's events so far."""
 
+    def acheckpointer(
+        self, home: Path, *, flush: Callable[[], Awaitable[None]]
+    ) -> AbstractAsyncContextManager[Any]:
+        """The run's checkpointer for a run on the running event loop (its async methods);
+        ``flush`` writes the run's events so far."""
+
     def on_write_error(self, error: BaseException) -> None:
         """A ledger write of the run failed with ``error``."""
-
-    def before_stream(self, flush: Callable[[], None]) -> None:
-        """Called once the run's start is queued, before its graph runs a step."""
 
     def after_stream(self, task: Task) -> None:
         """Called once the graph stopped, before anything of the run's end is written.
@@ -80,6 +94,7 @@ class InProcessRun:
     """A run under this runner's lease on the task, renewed while it runs."""
 
     attempt: int | None = None
+    flushes_before_stream = False
     hold: RunHold
 
     def __init__(
@@ -139,10 +154,13 @@ class InProcessRun:
         # The process's open checkpointer: the lease keeps the task to this run.
         return open_checkpointer(home, shared=True)
 
-    def on_write_error(self, error: BaseException) -> None:
-        pass
+    def acheckpointer(
+        self, home: Path, *, flush: Callable[[], Awaitable[None]]
+    ) -> AbstractAsyncContextManager[Any]:
+        # The loop's open checkpointer, as on a thread.
+        return async_checkpointer(home)
 
-    def before_stream(self, flush: Callable[[], None]) -> None:
+    def on_write_error(self, error: BaseException) -> None:
         pass
 
     def after_stream(self, task: Task) -> None:
@@ -160,6 +178,9 @@ class WorkerAttempt:
     no lease is taken, and the run stops at once when the task goes on to another attempt."""
 
     hold: AttemptWatch
+    flushes_before_stream = True
+    """A worker whose attempt was superseded already (it froze before it began) learns it
+    when its start is written, before its graph runs a step."""
 
     def __init__(self, ledger: Ledger, attempt: int) -> None:
         self.ledger = ledger
@@ -176,30 +197,42 @@ class WorkerAttempt:
     def tool_journal(self) -> LedgerToolJournal:
         return self.ledger.attempt_journal(self.number)
 
+    def _fence(self) -> CheckpointFence:
+        hold = self.hold
+        return CheckpointFence(task_id=hold.task_id, attempt=hold.attempt, on_cancel=hold.cancelled)
+
     @contextmanager
     def _checkpointer(self, home: Path, flush: Callable[[], None]) -> Iterator[Any]:
         # The run's own checkpointer, fenced by its attempt (on PostgreSQL each write
         # checks it in its own transaction) and checked at each step.
-        hold = self.hold
-        fence = CheckpointFence(
-            task_id=hold.task_id, attempt=hold.attempt, on_cancel=hold.cancelled
-        )
-        with open_checkpointer(home, shared=False, fence=fence) as checkpointer:
-            _check_at_each_step(checkpointer, hold, flush=flush)
+        with open_checkpointer(home, shared=False, fence=self._fence()) as checkpointer:
+            _check_at_each_step(checkpointer, self.hold, flush=flush)
             yield checkpointer
 
     def checkpointer(self, home: Path, *, flush: Callable[[], None]) -> AbstractContextManager[Any]:
         return self._checkpointer(home, flush)
 
+    @asynccontextmanager
+    async def _acheckpointer(
+        self, home: Path, flush: Callable[[], Awaitable[None]]
+    ) -> AsyncIterator[Any]:
+        # A saver of the run's own on the loop's shared connections, fenced by its attempt
+        # (on PostgreSQL each write checks it in its own transaction, on a connection of the
+        # pool held for that write only) and checked at each step.
+        async with async_checkpointer(home) as shared:
+            checkpointer = _fenced_on_loop(shared, self._fence())
+            _acheck_at_each_step(checkpointer, self.hold, flush=flush)
+            yield checkpointer
+
+    def acheckpointer(
+        self, home: Path, *, flush: Callable[[], Awaitable[None]]
+    ) -> AbstractAsyncContextManager[Any]:
+        return self._acheckpointer(home, flush)
+
     def on_write_error(self, error: BaseException) -> None:
         # A write the ledger refused for a superseded attempt stops the run at once.
         if isinstance(error, AttemptSuperseded):
             self.hold.supersede(error.current)
-
-    def before_stream(self, flush: Callable[[], None]) -> None:
-        # A worker whose attempt was superseded already (it froze before it began) learns
-        # it here, before its graph runs a step.
-        flush()
 
     def after_stream(self, task: Task) -> None:
         if self.hold.lost.is_set():
@@ -244,3 +277,40 @@ def _check_at_each_step(
         return save(config, checkpoint, metadata, new_versions)
 
     checkpointer.put = put
+
+
+def _fenced_on_loop(shared: Any, fence: CheckpointFence) -> Any:
+    """A saver of one attempt's own on the connections of the loop's ``shared`` saver: on
+    PostgreSQL an ``AsyncFencedPostgresSaver`` on its pool; else (SQLite, where nothing is
+    fenced) a saver of the same kind on the same connection and lock, whose ``aput`` the
+    run may wrap without touching the other runs' saver."""
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
+
+    if isinstance(shared, AsyncPostgresSaver):
+        # The loop's savers are made on a pool (checkpoint._open_async_postgres).
+        return AsyncFencedPostgresSaver(cast("AsyncConnectionPool[Any]", shared.conn), fence=fence)
+    own = type(shared)(shared.conn)
+    own.lock = shared.lock
+    own.is_setup = True
+    return own
+
+
+def _acheck_at_each_step(
+    checkpointer: Any, hold: AttemptWatch, *, flush: Callable[[], Awaitable[None]]
+) -> None:
+    """:func:`_check_at_each_step` for a run on the event loop (the saver's ``aput``); an
+    unfenced saver's check reads the ledger off the loop."""
+    from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
+
+    save = checkpointer.aput
+    fenced = isinstance(checkpointer, AsyncFencedPostgresSaver)
+
+    async def aput(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        await flush()
+        if not fenced and not await asyncio.to_thread(hold.check):
+            raise AttemptSuperseded(hold.task_id, hold.attempt, hold.current)
+        return await save(config, checkpoint, metadata, new_versions)
+
+    checkpointer.aput = aput

@@ -12,23 +12,23 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from relaygraph.backends.workspace import WorkspaceQuota
-from relaygraph.errors import ConfigError, NoRoomOnDisk, RelaygraphError
+from relaygraph.errors import ConfigError, RelaygraphError
 from relaygraph.events import run_finished_event
 from relaygraph.policies.budget import DAY_BUDGET_KEY, ProjectDayBudget
-from relaygraph.runner._checkpoint import async_checkpointer
 from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._lease import DEFAULT_LEASE_SECONDS
 from relaygraph.runner._model_calls import ModelCallRecorder, ModelCallRecording
-from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures, no_room_reason
+from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
-from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
+from relaygraph.runner._run_steps import RunOptions, RunSteps
+from relaygraph.runner._task_run import TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
-from relaygraph.store import AttemptSuperseded, LedgerToolJournal, Quotas, is_disk_full
+from relaygraph.store import AttemptSuperseded, Quotas, is_disk_full
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from relaygraph.store import Ledger, Task
     from relaygraph.team import Team
 
-__all__ = ["TaskRunner", "policy_digest"]
+__all__ = ["RunOptions", "TaskRunner", "policy_digest"]
 
 
 def policy_digest(policy: Mapping[str, Any] | None) -> str:
@@ -112,62 +112,15 @@ class TaskRunner:
         not taken yet: written by :meth:`UnrecordedFailures.record` once it does; their
         tasks must not be started again meanwhile."""
 
-    def run(
-        self,
-        task: Task,
-        graph_input: Any,
-        *,
-        on_event: EventHandler | None = None,
-        stream_tokens: bool = False,
-        cancel: threading.Event | None = None,
-        stop: threading.Event | None = None,
-        identity: Mapping[str, str] | None = None,
-        callbacks: list[Any] | None = None,
-        team: Team | None = None,
-        models: Mapping[str, Any] | None = None,
-        attempt: int | None = None,
-        leased: bool = False,
-        only_from: tuple[str, ...] | None = None,
-        interrupt_cancels: bool = False,
-    ) -> RunResult:
-        """Run (or continue) ``task`` with ``graph_input``.
+    def run(self, task: Task, graph_input: Any, **options: Unpack[RunOptions]) -> RunResult:
+        """Run (or continue) ``task`` with ``graph_input`` on this thread.
 
         Args:
             task: The ledger's task record.
             graph_input: ``{"request": ...}`` to start, a ``Command(resume=...)`` after a
                 decision, or :data:`~relaygraph.runner.CONTINUE` after a restart: on from
                 the task's last checkpoint if it made one, else from the start.
-            on_event: Also called with each event, after the ledger has it.
-            stream_tokens: Emit ``token`` events (not stored in the ledger).
-            cancel: When set, the run stops at the next step boundary, status ``cancelled``.
-            stop: When set (the server is shutting down), the run stops at the next step
-                boundary and stays ``running``, so that a restarted server continues it
-                (:data:`~relaygraph.runner.CONTINUE`); the result's status is then
-                ``running``.
-            identity: Who asked (project, user): goes into ``config["configurable"]``, never
-                into graph state.
-            callbacks: LangChain callback handlers added to the graph call (tracing).
-            team: The task's team (``relaygraph.team.Team``); when None, the team the
-                task records (:meth:`recorded_team`).
-            models: Each role's model spec or chat model, when the process has objects the
-                task's record only names; else the task's ``models``.
-            attempt: A worker's attempt at the task (``Ledger.begin_attempt``), which holds
-                it already: no lease is taken; every ledger write of the run (events, usage,
-                status, the tool journal) carries the attempt, and the run stops at once
-                when the task is on another attempt. The ledger's cancel flag is watched
-                (the run stops at the next step boundary, ``cancelled``). None: the run
-                takes the task's lease (in process).
-            leased: ``task`` was just recorded under this runner's lease
-                (``submit_task(runner_id=...)``, ``SubmittedTask.leased``), and nothing ran
-                it since: the run does not take the lease again.
-            only_from: The statuses the task may have when the run takes its lease (in
-                process): ``("queued",)`` for a task that must not have started yet (a
-                server's worker starting a queued task: one take, not a check and a take),
-                and that is its thread's oldest active task (see ``Ledger.take_lease``).
-            interrupt_cancels: A ``KeyboardInterrupt`` or ``SystemExit`` that stops the run
-                (the process it runs in is being stopped: ``relaygraph run`` stopped twice)
-                ends the task ``cancelled``, saying so, instead of leaving it ``running``
-                with no runner to continue it. In process only.
+            options: How to run it (:class:`RunOptions`).
 
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it (in
@@ -175,166 +128,110 @@ class TaskRunner:
             AttemptSuperseded: The task went on to another attempt than ``attempt``; this
                 run wrote nothing since, and nothing of its end.
         """
-        mode = self._mode(attempt, only_from)
-        run, graph_team = self._prepare(
-            task,
-            mode,
-            on_event=on_event,
-            cancel=cancel,
-            identity=identity,
-            callbacks=callbacks,
-            team=team,
-            models=models,
-            leased=leased,
-            stop=stop,
-        )
-        task, context = run.task, run.context
+        steps = self._steps(task, options)
+        steps.prepare()
+        run, mode = steps.run, steps.mode
         try:
-            ended = interrupted = no_room = False
             try:
                 with mode.checkpointer(self.home, flush=run.writer.flush) as checkpointer:
-                    graph = graph_team.copy({"checkpointer": checkpointer})
-                    graph_input = run.graph_input(graph, graph_input)
-                    if isinstance(graph_input, Mapping) and "request" in graph_input:
-                        # The run starts the task from its request: the ledger has no record
-                        # of its tool calls (see LedgerToolJournal), so the journal reads none.
-                        journal = context.tool_journal
-                        if isinstance(journal, LedgerToolJournal):
-                            journal.starts_empty(task.id)
-                    run.writer.put(run.started_event())
-                    mode.before_stream(run.writer.flush)
-                    end = run.stream(graph, graph_input, stream_tokens=stream_tokens)
-                mode.after_stream(task)
-                result = run.result(end)
+                    graph = steps.graph(checkpointer)
+                    steps.begin(run.graph_input(graph, graph_input))
+                    if mode.flushes_before_stream:
+                        run.writer.flush()
+                    end = run.stream(graph, steps.graph_input, stream_tokens=steps.tokens)
+                result = steps.result(end)
                 run.record_end(end, result)
-                ended = True
+                steps.ended = True
                 return result
-            except (KeyboardInterrupt, SystemExit):
-                interrupted = mode.cancels_on_interrupt(interrupt_cancels)
-                raise
-            except Exception as exc:
-                no_room = is_disk_full(exc)
+            except BaseException as exc:
+                steps.failed(exc)
                 raise
             finally:
                 run.lease.close()
                 try:
                     run.writer.close()
                 except AttemptSuperseded:
-                    if ended:
+                    if steps.ended:
                         raise
                     # The error the run is leaving with (or the superseded attempt) says it.
                 finally:
-                    if not ended and not no_room:
-                        # Failed on the way: let another take it. A run stopped by a full
-                        # disk keeps its lease until its failure is written (below).
-                        mode.let_go(task)
-                    if interrupted:  # After the run's last events, so that its end comes last.
-                        self.ledger.request_cancel(task.id, reason=INTERRUPTED)
+                    steps.let_go()
         except Exception as exc:
             if not is_disk_full(exc):
                 raise
-            # The disk the ledger writes to is full: the run stopped, its end not written.
-            # Continued once room came back, it would run its step again (the program that
-            # filled the disk would fill it again): it fails, now or once there is room.
-            reason = no_room_reason(exc)
-            recorded = self.unrecorded_failures.fail(task.id, attempt=attempt, reason=reason)
-            raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
+            raise steps.no_room(exc) from exc
 
-    async def arun(
-        self,
-        task: Task,
-        graph_input: Any,
-        *,
-        on_event: EventHandler | None = None,
-        stream_tokens: bool = False,
-        cancel: threading.Event | None = None,
-        stop: threading.Event | None = None,
-        identity: Mapping[str, str] | None = None,
-        only_from: tuple[str, ...] | None = None,
-    ) -> RunResult:
-        """:meth:`run` in process, on the running event loop: the graph runs with
-        ``astream``, its models are awaited, and only its sync steps (tools, the ledger's
-        reads and writes around the run) take a thread of the loop's default executor, for
-        as long as each lasts. A server holds as many tasks in flight as its loop can drive
-        this way, not one thread each. The arguments are :meth:`run`'s.
+    async def arun(self, task: Task, graph_input: Any, **options: Unpack[RunOptions]) -> RunResult:
+        """:meth:`run` on the running event loop: the graph runs with ``astream``, its models
+        are awaited, and only its sync steps (tools, the ledger's reads and writes around the
+        run) take a thread of the loop's default executor, for as long as each lasts. A
+        process holds as many tasks in flight as its loop can drive this way, not one thread
+        each: a server in process, a worker with tasks in flight (its attempts, fenced as
+        on a thread). The arguments are :meth:`run`'s.
 
         Raises:
-            TaskBusy: Another runner holds the task's lease, or a cancel waits on it.
+            TaskBusy: See :meth:`run`.
+            AttemptSuperseded: See :meth:`run`.
         """
-        mode = self._mode(None, only_from)
-        run, graph_team = await asyncio.to_thread(
-            self._prepare,
-            task,
-            mode,
-            on_event=on_event,
-            cancel=cancel,
-            identity=identity,
-            callbacks=None,
-            team=None,
-            models=None,
-            leased=False,
-            stop=stop,
-        )
-        task = run.task
+        steps = self._steps(task, options)
+        await asyncio.to_thread(steps.prepare)
+        run, mode = steps.run, steps.mode
         try:
-            ended = no_room = False
             try:
-                async with async_checkpointer(self.home) as checkpointer:
-                    graph = graph_team.copy({"checkpointer": checkpointer})
-                    graph_input = await run.agraph_input(graph, graph_input)
-                    if isinstance(graph_input, Mapping) and "request" in graph_input:
-                        journal = run.context.tool_journal
-                        if isinstance(journal, LedgerToolJournal):  # See run().
-                            journal.starts_empty(task.id)
-                    run.writer.put(run.started_event())
-                    end = await run.astream(graph, graph_input, stream_tokens=stream_tokens)
-                result = run.result(end)
+                async with mode.acheckpointer(self.home, flush=run.writer.aflush) as checkpointer:
+                    graph = steps.graph(checkpointer)
+                    steps.begin(await run.agraph_input(graph, graph_input))
+                    if mode.flushes_before_stream:
+                        await run.writer.aflush()
+                    end = await run.astream(graph, steps.graph_input, stream_tokens=steps.tokens)
+                result = steps.result(end)
                 # Its reads (a ping-pong's approvals) and its end's write, off the loop.
                 await asyncio.to_thread(run.record_end, end, result)
-                ended = True
+                steps.ended = True
                 return result
-            except Exception as exc:
-                no_room = is_disk_full(exc)
+            except BaseException as exc:
+                steps.failed(exc)
                 raise
             finally:
                 # Closing waits for a renewal under way: off the loop.
                 await asyncio.to_thread(run.lease.close)
                 try:
                     await run.writer.aclose()
+                except AttemptSuperseded:
+                    if steps.ended:
+                        raise
+                    # The error the run is leaving with (or the superseded attempt) says it.
                 finally:
-                    if not ended and not no_room:  # Failed on the way: let another take it.
-                        await asyncio.to_thread(mode.let_go, task)
+                    await asyncio.to_thread(steps.let_go)
         except Exception as exc:
             if not is_disk_full(exc):
                 raise
-            reason = no_room_reason(exc)  # See run().
-            recorded = await asyncio.to_thread(
-                self.unrecorded_failures.fail, task.id, attempt=None, reason=reason
-            )
-            raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
+            raise await asyncio.to_thread(steps.no_room, exc) from exc
 
-    def _mode(self, attempt: int | None, only_from: tuple[str, ...] | None) -> RunMode:
-        """The run's mode: in process under this runner's lease, or a worker's attempt."""
-        if attempt is None:
-            return InProcessRun(
-                self.ledger, self.runner_id, lease_seconds=self.lease_seconds, only_from=only_from
+    def _steps(self, task: Task, options: RunOptions) -> RunSteps:
+        """The steps of a run of ``task``, in its mode: in process under this runner's lease,
+        or a worker's attempt (the ``attempt`` option)."""
+        attempt = options.get("attempt")
+        mode: RunMode = (
+            InProcessRun(
+                self.ledger,
+                self.runner_id,
+                lease_seconds=self.lease_seconds,
+                only_from=options.get("only_from"),
             )
-        return WorkerAttempt(self.ledger, attempt)
+            if attempt is None
+            else WorkerAttempt(self.ledger, attempt)
+        )
+        return RunSteps(
+            task,
+            options,
+            mode=mode,
+            prepare=self._prepare,
+            ledger=self.ledger,
+            unrecorded_failures=self.unrecorded_failures,
+        )
 
-    def _prepare(
-        self,
-        task: Task,
-        mode: RunMode,
-        *,
-        on_event: EventHandler | None,
-        cancel: threading.Event | None,
-        identity: Mapping[str, str] | None,
-        callbacks: list[Any] | None,
-        team: Team | None,
-        models: Mapping[str, Any] | None,
-        leased: bool,
-        stop: threading.Event | None,
-    ) -> tuple[TaskRun, Any]:
+    def _prepare(self, task: Task, mode: RunMode, options: RunOptions) -> tuple[TaskRun, Any]:
         """Take the task (in process) and prepare its run: its policy, team graph, context,
         config, hold and event writer. Returns the run and the team's compiled graph.
 
@@ -352,9 +249,10 @@ class TaskRunner:
         # The task is this runner's before anything is written of it (a failure to start
         # included), and its lease is renewed from here on, through the set-up (a team's
         # first compile, its knowledge base made ready) as through the run.
-        task = mode.take(task, leased=leased)
+        task = mode.take(task, leased=options.get("leased", False))
         attempt = mode.attempt
         # A cancel asked for on another server reaches this run through the ledger.
+        cancel = options.get("cancel")
         watch_cancel = cancel is not None
         cancel = cancel or threading.Event()
         if task.cancel_requested_at is not None:
@@ -372,9 +270,16 @@ class TaskRunner:
                 # paused before it, and for a worker as for the server.
                 policy = self.policies(task, policy)
             topology = Topology.from_mapping(task.topology)
-            team, graph_team = self._team_graph(task, team, models, policy, topology)
+            team, graph_team = self._team_graph(
+                task, options.get("team"), options.get("models"), policy, topology
+            )
             context = self._context(task, team, mode)
-            config = self._config(task, identity, callbacks, recursion_limit=policy.recursion_limit)
+            config = self._config(
+                task,
+                options.get("identity"),
+                options.get("callbacks"),
+                recursion_limit=policy.recursion_limit,
+            )
             config["callbacks"].append(ModelCallRecorder(policy, self.model_calls))
             day = self._day_budget(task)
             if day is not None:
@@ -390,6 +295,7 @@ class TaskRunner:
             hold.close()
             mode.let_go(task)  # Let another take it.
             raise
+        on_event = options.get("on_event")
         run = TaskRun(
             ledger=self.ledger,
             runner_id=self.runner_id,
@@ -401,7 +307,7 @@ class TaskRunner:
             config=config,
             cancel=cancel,
             watch_cancel=watch_cancel,
-            stop=stop,
+            stop=options.get("stop"),
             lease=hold,
             # The ledger's writes happen behind the graph (see EventWriter), in order; a
             # worker's write refused for a superseded attempt stops the run at once.

@@ -119,9 +119,11 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         # A worker that was frozen (SIGSTOP, a paused VM) loses its connection after missed
         # heartbeats and its task goes to another worker; when it resumes, kill the child
-        # still running the old attempt instead of letting it run to the end (measured: the
-        # old child is gone 0.12 s after SIGCONT; without this it ran its whole task).
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # still running the old attempt instead of letting it run to the end. The threads
+        # pool of tasks in flight cannot kill one run (Celery's threads pool refuses to):
+        # there the old attempt's watch (AttemptWatch) and its fenced writes stop it at its
+        # next step boundary, or at its next write.
+        "worker_cancel_long_running_tasks_on_connection_loss": settings.tasks_in_flight is None,
         "broker_url": settings.broker_url,
         "broker_heartbeat": settings.broker_heartbeat,
         "broker_connection_retry_on_startup": True,
@@ -187,14 +189,20 @@ def create_celery_app(
             raise self.retry(countdown=NO_ROOM_RETRY_SECONDS)
 
     if run is run_ledger_task:
-        _prepare_children(app)
+        _prepare_children(app, in_flight=settings.tasks_in_flight is not None)
     return app
 
 
-def _prepare_children(app: Celery) -> None:
-    """Make each prefork child's ledger and runner as the child starts, after the fork, and
-    let its runs publish the task queued next on their thread through ``app``."""
-    from celery.signals import worker_process_init, worker_process_shutdown
+def _prepare_children(app: Celery, *, in_flight: bool) -> None:
+    """Make each prefork child's ledger and runner as the child starts, after the fork (or,
+    with tasks ``in_flight``, the worker process's own once it is ready), and let its runs
+    publish the task queued next on their thread through ``app``."""
+    from celery.signals import (
+        worker_process_init,
+        worker_process_shutdown,
+        worker_ready,
+        worker_shutdown,
+    )
 
     from relaygraph.worker._runtime import close_worker_runtime, worker_runtime
 
@@ -216,8 +224,12 @@ def _prepare_children(app: Celery) -> None:
     def stop(**_: Any) -> None:
         close_worker_runtime()
 
-    worker_process_init.connect(start, weak=False)
-    worker_process_shutdown.connect(stop, weak=False)
+    if in_flight:  # One process, no pool of children: no fork to wait for.
+        worker_ready.connect(start, weak=False)
+        worker_shutdown.connect(stop, weak=False)
+    else:
+        worker_process_init.connect(start, weak=False)
+        worker_process_shutdown.connect(stop, weak=False)
 
 
 def publish_run(app: Celery, task_id: str, dispatch: int) -> None:
@@ -250,14 +262,19 @@ def worker_argv(settings: WorkerSettings, *, hostname: str | None = None) -> lis
     """The arguments of ``app.start`` for a ``relaygraph worker`` process.
 
     Args:
-        settings: Its queues and concurrency.
+        settings: Its queues and concurrency (prefork children, or threads each waiting for
+            a task in flight: ``tasks_in_flight``).
         hostname: The worker's node name (``name@host``); two workers on one host need
             different names. :func:`default_node_name` when None.
     """
+    in_flight = settings.tasks_in_flight
+    pool = ["--pool=prefork", f"--concurrency={settings.concurrency}"]
+    if in_flight is not None:
+        # With prefetch 1, the worker reserves as many messages as its pool has threads.
+        pool = ["--pool=threads", f"--concurrency={in_flight}"]
     argv = [
         "worker",
-        "--pool=prefork",
-        f"--concurrency={settings.concurrency}",
+        *pool,
         f"--queues={','.join(settings.queues)}",
         # Mingle (revoked ids from the other workers at start) and gossip (events between
         # workers) serve Celery's revoke and clock sync; the ledger carries cancels, and

@@ -3,11 +3,14 @@
 A prefork child builds its :class:`WorkerRuntime` after the fork (Celery's
 ``worker_process_init``; else at its first task): its own ledger connections, its own
 ``TaskRunner``, its own compiled teams. Nothing of it is made before the fork, where
-connections and threads would be shared by every child.
+connections and threads would be shared by every child. A worker with tasks in flight
+(``--tasks-in-flight``) has no children: its one process builds the runtime once ready, and
+runs every message's task as a coroutine on its task loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -22,7 +25,7 @@ from relaygraph.store import WORKER_REPORT_SECONDS, AttemptSuperseded, Ledger
 from relaygraph.worker._publish import Publish, publish_fair
 
 if TYPE_CHECKING:
-    from relaygraph.runner import RunnerSettings, RunResult, TaskRunner
+    from relaygraph.runner import RunnerSettings, RunOptions, RunResult, TaskLoop, TaskRunner
     from relaygraph.store import Task
     from relaygraph.worker._settings import WorkerSettings
 
@@ -83,6 +86,15 @@ class WorkerRuntime:
         self.publish_ahead = worker.publish_ahead
         self.max_running = settings.project_max_running
         self.ledger = Ledger(settings.database_url, notify_channel=worker.events_channel)
+        self.slots = worker.tasks_in_flight or 1
+        """The tasks this process runs at once, as it reports them to the publishers."""
+        self.loop: TaskLoop | None = None
+        """The loop its runs are coroutines on, with tasks in flight; None: each message's
+        run takes the thread that runs the message (a prefork child's)."""
+        if worker.tasks_in_flight is not None:
+            from relaygraph.runner import TaskLoop
+
+            self.loop = TaskLoop.shared()
         self._reporter: threading.Thread | None = None
         self._stop_reporting = threading.Event()
         if not self.ledger.is_current():  # As serve does: a first start needs no set-up step.
@@ -116,7 +128,8 @@ class WorkerRuntime:
         publishers keep as many tasks waiting in the broker as the live workers can take
         (``Ledger.tasks_to_publish``); each report also publishes what the free slots can
         take now (a slot new since the last submission or end, or a publish lost with its
-        process). A worker's main process does not report: each child runs one task."""
+        process). A prefork pool's main process does not report: each child runs one task;
+        a process with tasks in flight reports them all (:attr:`slots`)."""
         if self._reporter is not None:
             return
 
@@ -126,7 +139,7 @@ class WorkerRuntime:
                 return
             while True:
                 try:
-                    self.ledger.report_worker_slots(self.worker_id, slots=1)
+                    self.ledger.report_worker_slots(self.worker_id, slots=self.slots)
                 except Exception:  # The database may be away for a moment.
                     log.warning("could not report this worker's slot", exc_info=True)
                 else:
@@ -140,7 +153,8 @@ class WorkerRuntime:
     def run(self, task_id: str, dispatch: int) -> RunResult | None:
         """Run the task of the message ``(task_id, dispatch)``: begin the next attempt, then
         run the task with it from where the ledger and its checkpoints say, until it ends,
-        pauses for a person or is cancelled.
+        pauses for a person or is cancelled. With tasks in flight the run is a coroutine on
+        :attr:`loop`, and the caller's thread (the message's) waits for it.
 
         The task starts from its request when it has no checkpoint of its own, continues
         from its last checkpoint when an earlier attempt was cut short (a worker that died),
@@ -150,6 +164,38 @@ class WorkerRuntime:
             The run's result; None when the message was dropped (stale, or the task must
             not run: see ``Ledger.begin_attempt``) or the attempt was superseded.
         """
+        if self.loop is not None:
+            return self.loop.submit(self.arun(task_id, dispatch)).result()
+        begun = self._begin(task_id, dispatch)
+        if begun is None:
+            return None
+        task, attempt, graph_input, options = begun
+        try:
+            return self.runner.run(task, graph_input, **options)
+        except Exception as exc:
+            self._run_failed(task, attempt, exc)
+            return None
+        finally:
+            self._publish_fair(f"task {task_id}")
+
+    async def arun(self, task_id: str, dispatch: int) -> RunResult | None:
+        """:meth:`run` on the running event loop: many of them hold one process's tasks in
+        flight."""
+        begun = await asyncio.to_thread(self._begin, task_id, dispatch)
+        if begun is None:
+            return None
+        task, attempt, graph_input, options = begun
+        try:
+            return await self.runner.arun(task, graph_input, **options)
+        except Exception as exc:
+            await asyncio.to_thread(self._run_failed, task, attempt, exc)
+            return None
+        finally:
+            await asyncio.to_thread(self._publish_fair, f"task {task_id}")
+
+    def _begin(self, task_id: str, dispatch: int) -> tuple[Task, int, Any, RunOptions] | None:
+        """Begin the message's attempt (see :meth:`run`); returns the task, the attempt, the
+        graph's input and the run's options, or None when the message is dropped."""
         from relaygraph.runner import CONTINUE
 
         begun = self.ledger.start_attempt(
@@ -163,37 +209,30 @@ class WorkerRuntime:
         log.info("task %s: attempt %s (dispatch %s) starts", task_id, attempt, dispatch)
         # It no longer waits for a worker: the next may be published in its place.
         self._publish_fair(f"task {task_id}")
-        result: RunResult | None = None
-        try:
-            # The runner fences the run's ledger writes and checkpoints by the attempt. A
-            # task that never ran starts from its request: it has no checkpoint to go on
-            # from, and asking the thread's checkpoints (CONTINUE) cost a read of them.
-            result = self.runner.run(
-                task,
-                {"request": task.input} if begun.fresh else CONTINUE,
-                attempt=attempt,
-                identity={"project": task.project_id},
-            )
-            return result
-        except AttemptSuperseded as exc:
+        # The runner fences the run's ledger writes and checkpoints by the attempt. A task
+        # that never ran starts from its request: it has no checkpoint to go on from, and
+        # asking the thread's checkpoints (CONTINUE) cost a read of them.
+        graph_input = {"request": task.input} if begun.fresh else CONTINUE
+        options: RunOptions = {
+            "attempt": attempt,
+            "identity": {"project": task.project_id},
+        }
+        return task, attempt, graph_input, options
+
+    def _run_failed(self, task: Task, attempt: int, exc: Exception) -> None:
+        """The run of the task's ``attempt`` left with ``exc``: say so, and fail the task
+        where the runner could not have (a bug guard)."""
+        if isinstance(exc, AttemptSuperseded):
             log.warning("%s", exc)
-            return None
-        except NoRoomOnDisk as exc:  # The run stopped on a full disk: it fails, once.
+        elif isinstance(exc, NoRoomOnDisk):  # The run stopped on a full disk: it fails, once.
             log.warning("%s", exc)
             if not exc.recorded:
                 self._record_later(exc, attempt)
-            return None
-        except RelaygraphError as exc:  # Recorded by the runner: the task failed to start.
-            log.warning("task %s could not start: %s", task_id, exc)
-            return None
-        except Exception as exc:  # The runner reports task failures itself: a bug guard.
-            log.exception("task %s crashed its worker", task_id)
+        elif isinstance(exc, RelaygraphError):  # Recorded by the runner: it failed to start.
+            log.warning("task %s could not start: %s", task.id, exc)
+        else:  # The runner reports task failures itself.
+            log.error("task %s crashed its worker", task.id, exc_info=exc)
             self._fail(task, attempt, f"error: worker crashed: {type(exc).__name__}: {exc}")
-            return None
-        finally:
-            # The task queued next on its thread may start now, and its project has one
-            # running less.
-            self._publish_fair(f"task {task_id}")
 
     def _record_later(self, stopped: NoRoomOnDisk, attempt: int) -> None:
         """The ledger's disk is full: its failure goes to the broker, which keeps it (across

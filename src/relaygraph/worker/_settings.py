@@ -18,7 +18,11 @@ __all__ = ["DEFAULT_QUEUE", "WorkerSettings", "load_worker_settings"]
 DEFAULT_QUEUE = "relaygraph"
 """The queue API servers publish task ids to and workers consume, unless told otherwise."""
 
-_FLAGS = {"concurrency": "--concurrency", "queues": "--queues"}
+_FLAGS = {
+    "concurrency": "--concurrency",
+    "queues": "--queues",
+    "tasks_in_flight": "--tasks-in-flight",
+}
 # RabbitMQ takes any UTF-8 name up to 255 bytes; we keep to names that read well in
 # `rabbitmqctl list_queues` and in a shell.
 _QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
@@ -43,7 +47,17 @@ class WorkerSettings(BaseSettings):
     concurrency: int = Field(default=2, ge=1, le=64)
     """Tasks one worker runs at once: prefork child processes, one task each (``worker
     --concurrency``). A graph run is mostly waiting on models, but a child per task keeps a
-    crash (the embedded model, a tool's native code) to that one task."""
+    crash (the embedded model, a tool's native code) to that one task. Ignored when
+    ``tasks_in_flight`` is set."""
+    tasks_in_flight: int | None = Field(default=None, ge=1, le=10_000)
+    """Tasks one worker process holds in flight at once (``worker --tasks-in-flight``): its
+    runs are coroutines on one event loop (``TaskRunner.arun``), each message's run handed
+    to it by a thread of Celery's ``threads`` pool that waits for it (so that the message is
+    acknowledged when its run returns, as in the prefork pool). A run holds no thread or
+    process while it waits for a model, so one process holds hundreds; a crash of the
+    process (the OOM killer, native code) then gives every task it held to another worker.
+    The process reports this many slots to the publishers. None (the default): the prefork
+    pool of ``concurrency`` processes, one task each."""
     broker_heartbeat: float = Field(default=10.0, ge=2.0, le=60.0)
     """AMQP heartbeat in seconds. It decides how soon RabbitMQ gives a *frozen* worker's task
     (SIGSTOP, a stalled VM) to another: measured on RabbitMQ 3.10, about 2.9 times this value

@@ -1,5 +1,6 @@
-"""The event loop a server process runs its tasks on, on a thread of its own: one per
-process (:meth:`TaskLoop.shared`), for as long as the process lives.
+"""The event loop a process runs its tasks on (a server's, or a worker's with tasks in
+flight), on a thread of its own: one per process (:meth:`TaskLoop.shared`), for as long as
+the process lives.
 
 Agent tasks spend nearly all their time waiting for a model. A run on the loop
 (``TaskRunner.arun``) holds no thread while it waits, so one process holds as many tasks
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import os
 import threading
 from collections.abc import Coroutine
@@ -32,8 +32,6 @@ DEFAULT_SYNC_THREADS = 32
 of them that run at once; the others wait for a thread, not for a task to end."""
 LAG_PROBE_SECONDS = 0.25
 """How often the loop's lag is measured: how late a timer of this length fires."""
-
-log = logging.getLogger("relaygraph.api")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
