@@ -347,15 +347,16 @@ class TaskWorkers:
         when it ends, as they would have without the restart.
         """
         started = 0
-        # The CLI's own tasks (`relaygraph run`) are its process's, not the server's.
-        for task in self.ledger.unfinished_tasks(exclude_project=LOCAL_PROJECT_ID):
+        # The CLI's own tasks (`relaygraph run`) are its process's, not the server's. Pulling,
+        # the queued ones are taken by whichever process has a worker free (pull): only the
+        # running ones no runner holds are read, not every queued task at every sweep.
+        unfinished = self.ledger.abandoned_tasks if self.pulling else self.ledger.unfinished_tasks
+        for task in unfinished(exclude_project=LOCAL_PROJECT_ID):
             with self._lock:
                 if task.id in self._cancel:
                     continue  # Already started here.
             if task.id in self.runner.unrecorded_failures:
                 continue  # It failed for lack of room on disk: its failure waits for room.
-            if self.pulling and task.status == "queued":
-                continue  # Taken by whichever process has a worker free (pull).
             if task.status == "running":
                 # A task no live runner holds that must not run again (cancelled meanwhile,
                 # or its runner died on it too often) ends here instead.

@@ -293,6 +293,19 @@ class LeaseRepository:
             session.refresh(row)
             return task_of_row(row)
 
+    def abandoned_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
+        """``running`` tasks that no live runner holds (their runner's lease lapsed, or none
+        holds them), of every project but ``exclude_project``, oldest first: what a server
+        whose workers pull their queued tasks (``TaskWorkers.recover``) picks up from time to
+        time. Unlike ``unfinished_tasks`` it reads no queued task: a server holding hundreds
+        of tasks in flight may have thousands queued."""
+        query = select(*TASK_COLUMNS).where(TaskRow.status == "running", no_live_lease(utc_now()))
+        if exclude_project is not None:
+            query = query.where(TaskRow.project_id != exclude_project)
+        with self._core.read_connection() as connection:
+            rows = connection.execute(query.order_by(TaskRow.created_at, TaskRow.id))
+            return [task_of_mapping(row._mapping) for row in rows]
+
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
         """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""
         with self._core.read() as session:

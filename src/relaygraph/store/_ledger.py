@@ -361,6 +361,9 @@ class Ledger:
     def settle_abandoned(self, task_id: str, *, max_attempts: int) -> Task | None:
         return self.leases.settle_abandoned(task_id, max_attempts=max_attempts)
 
+    def abandoned_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
+        return self.leases.abandoned_tasks(exclude_project=exclude_project)
+
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
         return self.leases.lease_of(task_id)
 
