@@ -28,9 +28,9 @@ from relaygraph.errors import NoRoomOnDisk, RelaygraphError, TaskBusy
 from relaygraph.runner import (
     CONTINUE,
     DEFAULT_LEASE_SECONDS,
+    DrainSignal,
     ModelCallRecording,
     TaskRunner,
-    drain_cancelled,
     resume_input,
 )
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
@@ -140,7 +140,8 @@ class TaskWorkers:
         self._slots = asyncio.Semaphore(workers)
         """Room for the tasks in flight (bound to the task loop by its first use)."""
         self._running = 0
-        self._cancel: dict[str, threading.Event] = {}
+        self._cancel: dict[str, DrainSignal] = {}
+        """Each task's cancel, which drains its run as it is set."""
         self._starts: dict[str, int] = {}
         """Each task's starts handed to the pool and not yet over: its cancel entry lives as
         long as one of them (a refused start included), and no longer, so that a task none
@@ -151,7 +152,8 @@ class TaskWorkers:
         """Tasks this server took (:meth:`pull`, :meth:`resume`) whose run has not begun:
         a decided task may wait here for a worker longer than a lease, so the sweeper
         renews their leases (:meth:`renew_held`) until their runs' keepers take over."""
-        self._stopping = threading.Event()
+        self._stopping = DrainSignal()
+        """Set on shutdown: drains every run here at its next step boundary."""
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Event()
         self._puller: threading.Thread | None = None
@@ -203,7 +205,7 @@ class TaskWorkers:
         """Run ``task`` (queued, or interrupted with a decision) when a worker is free;
         ``taken``: this server took its lease already (:meth:`pull`, :meth:`resume`)."""
         with self._lock:
-            self._cancel.setdefault(task.id, threading.Event())
+            self._cancel.setdefault(task.id, DrainSignal())
             self._starts[task.id] = self._starts.get(task.id, 0) + 1
             if taken:
                 self._held.add(task.id)
@@ -295,8 +297,7 @@ class TaskWorkers:
         with self._lock:
             event = self._cancel.get(task_id)
         if event is not None:
-            event.set()
-            drain_cancelled(event)
+            event.set()  # Its run drains now, in this thread (see DrainSignal).
 
     def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
         """Continue the decided task ``task_id`` with ``answers`` when a worker is free: the

@@ -65,8 +65,8 @@ from relaygraph.runner._task_run import (
     CONTINUE,
     LEASE_LOST,
     SUSPENDED,
+    DrainSignal,
     EventHandler,
-    drain_cancelled,
 )
 from relaygraph.runner._task_runner import TaskRunner, policy_digest
 from relaygraph.runner._teams import prepare_knowledge_base, team_of, team_of_record
@@ -81,6 +81,7 @@ __all__ = [
     "Answers",
     "CheckpointFence",
     "Decision",
+    "DrainSignal",
     "Enqueue",
     "EventHandler",
     "Freed",
@@ -106,7 +107,6 @@ __all__ = [
     "check_request",
     "collect_garbage",
     "decide_task",
-    "drain_cancelled",
     "ledger_for",
     "load_runner_settings",
     "policy_digest",
