@@ -17,7 +17,10 @@ Tasks per second is counted over the last two waves (finishes ``N`` to ``3N``: t
 wave pays the start); % of bound is that ÷ ``N / 6 s``. RSS is the peak resident memory,
 summed over the service's processes (sampled every 0.5 s for relaygraph; the bare process's
 own peak). MB per task in flight is (RSS − the idle server's RSS) ÷ ``N``. The API's p99 is
-over the submissions and a ``GET`` of a task every 50 ms while the tasks run.
+over the submissions and a ``GET`` of a task every 50 ms while the tasks run. CPU per task is
+the CPU time the side's processes spent while its tasks ran (from the first submission to the
+last finish; the bare process's own count) ÷ ``3 × N``: on a machine shared with other work,
+tasks/s follows what the others leave, and this is what a side costs.
 
 Run alone: ``.venv/bin/python benchmarks/bench_inflight.py [--quick] [--levels 50 200]``.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import statistics
 import subprocess
@@ -75,6 +79,8 @@ class Side:
     """The task loop's lag (``/metrics``), sampled every 0.5 s while the tasks run."""
     sync_waiting: list[int] = field(default_factory=list)
     """Sync steps waiting for a thread (``/metrics``), sampled with the lag."""
+    cpu_seconds: float = 0.0
+    """CPU time of the side's processes while its tasks ran."""
 
     @property
     def tasks_per_second(self) -> float:
@@ -91,6 +97,10 @@ class Side:
     @property
     def mb_per_task(self) -> float:
         return max(0.0, self.rss_mb - self.idle_rss_mb) / self.level
+
+    @property
+    def cpu_ms_per_task(self) -> float:
+        return 1000 * self.cpu_seconds / (WAVES * self.level)
 
     @property
     def p99_ms(self) -> float | None:
@@ -126,6 +136,18 @@ def _rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time of ``pids`` so far (from /proc)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants (from /proc)."""
     parents: dict[int, int] = {}
@@ -158,6 +180,7 @@ def _bare(level: int, base_url: str, home: Path) -> Side:
         raise RuntimeError(f"the bare process failed: {done.stderr[-2000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     side.finished, side.failures, side.rss_mb = out["finished"], out["failures"], out["rss_mb"]
+    side.cpu_seconds = out["cpu_seconds"]
     return side
 
 
@@ -185,11 +208,15 @@ def _relaygraph(level: int, root: Path, base_url: str) -> Side:
         pid = server.pid
         side.idle_rss_mb = _rss_mb(_tree(pid))
         peak = [side.idle_rss_mb]
+        cpu_at_start = _cpu_seconds(_tree(pid))
+        cpu = [cpu_at_start]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.5):
-                peak[0] = max(peak[0], _rss_mb(_tree(pid)))
+                tree = _tree(pid)
+                peak[0] = max(peak[0], _rss_mb(tree))
+                cpu[0] = max(cpu[0], _cpu_seconds(tree))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -241,6 +268,7 @@ def _relaygraph(level: int, root: Path, base_url: str) -> Side:
             watcher.join()
         sampler.join()
         side.rss_mb = peak[0]
+        side.cpu_seconds = max(cpu[0], _cpu_seconds(_tree(pid))) - cpu_at_start
         with sqlite3.connect(ledger) as db:
             rows = list(
                 db.execute("SELECT created_at, finished_at, status, stop_reason FROM tasks")
@@ -282,7 +310,8 @@ def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
             for who, side in (("bare", bare), ("serve", ours)):
                 log(
                     f"    {who}: {side.tasks_per_second:.1f} tasks/s ({side.of_bound:.0%}), "
-                    f"RSS {side.rss_mb:.0f} MB, p99 {side.p99_ms}, failures {len(side.failures)}"
+                    f"RSS {side.rss_mb:.0f} MB, CPU {side.cpu_ms_per_task:.0f} ms a task, "
+                    f"p99 {side.p99_ms}, failures {len(side.failures)}"
                 )
             log(
                 f"    serve API p99: POST {_ms(_p99(ours.post_ms))} ({len(ours.post_ms)}), "
@@ -319,6 +348,7 @@ def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> Non
             "bare RSS",
             "serve RSS (MB per task in flight)",
             "serve API p99 (POST / GET)",
+            "CPU per task (bare / serve)",
             "failures (bare / serve)",
         ],
         [
@@ -330,6 +360,7 @@ def _report(section: Section, rows: list[tuple[Side, Side]], quick: bool) -> Non
                 f"{b.rss_mb:.0f} MB",
                 f"{s.rss_mb:.0f} MB ({s.mb_per_task:.2f})",
                 f"{p99(s)} ({_ms(_p99(s.post_ms))} / {_ms(_p99(s.get_ms))})",
+                f"{b.cpu_ms_per_task:.0f} / {s.cpu_ms_per_task:.0f} ms",
                 f"{len(b.failures)} / {len(s.failures)}",
             ]
             for b, s in rows

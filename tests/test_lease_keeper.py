@@ -151,6 +151,36 @@ def test_a_drain_request_that_raises_stops_no_other_runs_watch() -> None:
         assert good.asked.wait(30)
 
 
+def test_a_drain_signal_drains_its_runs_as_it_is_set() -> None:
+    """A server's cancel and stop events ask their runs to drain in the thread that sets
+    them, before ``set`` returns (no look from the drain watch's thread); one set before
+    the run was watched asks it as it is watched."""
+    from relaygraph.runner import DrainSignal
+    from relaygraph.runner._task_run import _drain_when
+
+    class Control:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        def request_drain(self, why: str) -> None:
+            self.asked.append(why)
+
+    cancelled, stopped, early = Control(), Control(), Control()
+    cancel, stop, set_early = DrainSignal(), DrainSignal(), DrainSignal()
+    set_early.set()
+    with (
+        _drain_when(cancelled, cancel=cancel, stop=stop),
+        _drain_when(stopped, cancel=DrainSignal(), stop=stop),
+        _drain_when(early, cancel=set_early, stop=None),
+    ):
+        assert early.asked == ["cancel"]
+        cancel.set()
+        assert cancelled.asked == ["cancel"]
+        assert stopped.asked == []
+        stop.set()
+        assert (cancelled.asked, stopped.asked) == (["cancel"], ["shutdown"])
+
+
 def test_a_forked_child_renews_its_own_leases() -> None:
     """A Celery pool process is forked from a process that may hold leases: the child starts
     a renewal thread of its own (the parent's is not copied) for the leases it takes.

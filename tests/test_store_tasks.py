@@ -161,6 +161,22 @@ def test_a_lease_keeps_a_task_to_one_runner_until_it_lapses(ledger: Ledger) -> N
         ledger.take_lease(task.id, "c", seconds=30, only_from=("nope",))
 
 
+def test_abandoned_tasks_are_the_running_ones_no_live_runner_holds(ledger: Ledger) -> None:
+    """What a pulling server's sweep picks up: no queued task (however many wait), no task
+    a live lease holds, and a running one whose lease lapsed."""
+    queued, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="q", thread_id="t-aq")
+    held, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="h", thread_id="t-ah")
+    lapsed, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="l", thread_id="t-al")
+    assert ledger.take_lease(held.id, "a", seconds=30) is not None
+    assert ledger.take_lease(lapsed.id, "a", seconds=30) is not None
+    assert ledger.renew_lease(lapsed.id, "a", seconds=-1)
+    found = ledger.abandoned_tasks()
+    assert [(t.id, t.status) for t in found] == [(lapsed.id, "running")]
+    assert found[0].input == "l"  # The whole task, as unfinished_tasks reads it.
+    assert {t.id for t in ledger.unfinished_tasks()} == {queued.id, lapsed.id}
+    assert ledger.abandoned_tasks(exclude_project=LOCAL_PROJECT_ID) == []
+
+
 def test_a_queued_task_is_taken_only_as_its_threads_oldest_active_task(ledger: Ledger) -> None:
     """A start (a take from ``queued``) of a task enqueued behind another on its thread is
     refused while the earlier one is active, in the take itself; other threads, and a take

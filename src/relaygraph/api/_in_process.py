@@ -29,10 +29,10 @@ from relaygraph.runner import (
     CONTINUE,
     DEFAULT_LEASE_SECONDS,
     DEFAULT_SYNC_THREADS,
+    DrainSignal,
     ModelCallRecording,
     TaskLoop,
     TaskRunner,
-    drain_cancelled,
     resume_input,
 )
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Quotas, Task, is_disk_full
@@ -143,7 +143,8 @@ class InProcessDispatch:
         self._slots = asyncio.Semaphore(workers)
         """Room for the tasks in flight (bound to the task loop by its first use)."""
         self._running = 0
-        self._cancel: dict[str, threading.Event] = {}
+        self._cancel: dict[str, DrainSignal] = {}
+        """Each task's cancel, which drains its run as it is set."""
         self._starts: dict[str, int] = {}
         """Each task's starts handed to the pool and not yet over: its cancel entry lives as
         long as one of them (a refused start included), and no longer, so that a task none
@@ -154,7 +155,8 @@ class InProcessDispatch:
         """Tasks this server took (:meth:`pull`, :meth:`resume`) whose run has not begun:
         a decided task may wait here for a worker longer than a lease, so the sweeper
         renews their leases (:meth:`renew_held`) until their runs' keepers take over."""
-        self._stopping = threading.Event()
+        self._stopping = DrainSignal()
+        """Set on shutdown: drains every run here at its next step boundary."""
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Event()
         self._puller: threading.Thread | None = None
@@ -206,7 +208,7 @@ class InProcessDispatch:
         """Run ``task`` (queued, or interrupted with a decision) when a worker is free;
         ``taken``: this server took its lease already (:meth:`pull`, :meth:`resume`)."""
         with self._lock:
-            self._cancel.setdefault(task.id, threading.Event())
+            self._cancel.setdefault(task.id, DrainSignal())
             self._starts[task.id] = self._starts.get(task.id, 0) + 1
             if taken:
                 self._held.add(task.id)
@@ -298,8 +300,7 @@ class InProcessDispatch:
         with self._lock:
             event = self._cancel.get(task_id)
         if event is not None:
-            event.set()
-            drain_cancelled(event)
+            event.set()  # Its run drains now, in this thread (see DrainSignal).
 
     def resume(self, task_id: str, answers: Mapping[str, Mapping[str, Any]]) -> bool:
         """Continue the decided task ``task_id`` with ``answers`` when a worker is free: the
@@ -350,15 +351,16 @@ class InProcessDispatch:
         when it ends, as they would have without the restart.
         """
         started = 0
-        # The CLI's own tasks (`relaygraph run`) are its process's, not the server's.
-        for task in self.ledger.unfinished_tasks(exclude_project=LOCAL_PROJECT_ID):
+        # The CLI's own tasks (`relaygraph run`) are its process's, not the server's. Pulling,
+        # the queued ones are taken by whichever process has a worker free (pull): only the
+        # running ones no runner holds are read, not every queued task at every sweep.
+        unfinished = self.ledger.abandoned_tasks if self.pulling else self.ledger.unfinished_tasks
+        for task in unfinished(exclude_project=LOCAL_PROJECT_ID):
             with self._lock:
                 if task.id in self._cancel:
                     continue  # Already started here.
             if task.id in self.runner.unrecorded_failures:
                 continue  # It failed for lack of room on disk: its failure waits for room.
-            if self.pulling and task.status == "queued":
-                continue  # Taken by whichever process has a worker free (pull).
             if task.status == "running":
                 # A task no live runner holds that must not run again (cancelled meanwhile,
                 # or its runner died on it too often) ends here instead.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -278,7 +279,7 @@ def _unavailable(context: Any, tool: str) -> str | None:
     return context.unavailable_tool(tool) if isinstance(context, ToolAvailability) else None
 
 
-class ToolStepsMiddleware(AgentMiddleware[Any, Any, Any]):
+class ToolStepsMiddleware(AgentMiddleware[Any, Any, Any], ABC):
     """One agent's middleware whose tool-call wrapper is written once as steps
     (:mod:`relaygraph._calls`, its :meth:`_tool_call`): run on the thread under
     ``wrap_tool_call``, awaited on the event loop under ``awrap_tool_call``."""
@@ -309,11 +310,11 @@ class ToolStepsMiddleware(AgentMiddleware[Any, Any, Any]):
     ) -> ToolMessage | Command[Any]:
         return await run_async(self._tool_call(request, handler))
 
+    @abstractmethod
     def _tool_call(
         self, request: ToolCallRequest, handler: Callable[..., Any]
     ) -> Steps[ToolMessage | Command[Any]]:
         """The tool call's steps: ``yield Call.handler(handler, request)`` runs the call."""
-        raise NotImplementedError
 
 
 class PolicyMiddleware(ToolStepsMiddleware):

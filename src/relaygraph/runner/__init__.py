@@ -68,8 +68,8 @@ from relaygraph.runner._task_run import (
     CONTINUE,
     LEASE_LOST,
     SUSPENDED,
+    DrainSignal,
     EventHandler,
-    drain_cancelled,
 )
 from relaygraph.runner._task_runner import RunOptions, TaskRunner, policy_digest
 from relaygraph.runner._teams import prepare_knowledge_base, team_from_argument, team_of_record
@@ -85,6 +85,7 @@ __all__ = [
     "Answers",
     "CheckpointFence",
     "Decision",
+    "DrainSignal",
     "Enqueue",
     "EventHandler",
     "Freed",
@@ -113,7 +114,6 @@ __all__ = [
     "check_request",
     "collect_garbage",
     "decide_task",
-    "drain_cancelled",
     "ledger_for",
     "load_runner_settings",
     "policy_digest",

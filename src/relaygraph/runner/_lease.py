@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -49,7 +50,7 @@ class RunHold(Protocol):
         """Stop looking after the hold: the run is over."""
 
 
-class _WatchedHold:
+class _WatchedHold(ABC):
     """What :class:`LeaseKeeper` and :class:`AttemptWatch` share: the ``lost`` event, the
     caller's ``cancel`` and the callbacks of both, and a place in the process's scheduler
     (:class:`_Renewals`), which calls :meth:`_renew` every ``every`` seconds and
@@ -79,9 +80,9 @@ class _WatchedHold:
         self._lock = threading.Lock()
         _RENEWALS.add(self, every)
 
+    @abstractmethod
     def _renew(self) -> bool:
         """The scheduler's round for this hold; False: no more rounds."""
-        raise NotImplementedError
 
     def _lapsing(self, now: float) -> bool:
         """Whether the hold went unconfirmed for too long, which loses it. Called by the
@@ -226,12 +227,22 @@ class _Renewals:
     keeper whose lease went unconfirmed too long (:meth:`LeaseKeeper._lapsing`), even while
     that keeper's renewal hangs. A keeper whose renewal is still under way when it is due
     again is not renewed twice at once; it is due again one period later.
+
+    Both the renewals due and the leases' confirmed ends are heaps, so that each round
+    costs the scheduler the keepers it acts on, not every keeper of the process: a server
+    holding hundreds of tasks in flight has a renewal due many times a second. A closed
+    keeper's entries are left in the heaps and dropped when they come up.
     """
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._due: list[tuple[float, int, Any, float]] = []
         """A heap: (when, order, keeper, every)."""
+        self._scheduled: set[Any] = set()
+        """The keepers with an entry in ``_due`` (one each at most)."""
+        self._confirmed: list[tuple[float, int, Any]] = []
+        """A heap: (a keeper's ``confirmed_until`` when pushed, order, keeper); an entry
+        that comes up after its keeper was renewed is pushed again at the new end."""
         self._order = itertools.count()
         self._keepers: set[Any] = set()
         """Every keeper not closed: the ones whose lease the scheduler watches."""
@@ -243,13 +254,15 @@ class _Renewals:
         """In a forked child: none of the parent's leases or threads are here, and its
         lock may have been copied held."""
         self._changed = threading.Condition()
-        self._due, self._keepers, self._renewing = [], set(), set()
+        self._due, self._confirmed = [], []
+        self._scheduled, self._keepers, self._renewing = set(), set(), set()
         self._thread, self._pool = None, None
 
     def add(self, keeper: _WatchedHold, every: float) -> None:
         with self._changed:
             self._keepers.add(keeper)
             self._push(keeper, every)
+            self._watch_confirmed(keeper)
             if self._pool is None:
                 self._pool = _DaemonPool(RENEWAL_THREADS, "relaygraph-renewal")
             if self._thread is None:
@@ -262,8 +275,7 @@ class _Renewals:
     def remove(self, keeper: _WatchedHold) -> None:
         with self._changed:
             self._keepers.discard(keeper)
-            self._due = [entry for entry in self._due if entry[2] is not keeper]
-            heapq.heapify(self._due)
+            self._scheduled.discard(keeper)
             # A renewal of this keeper under way finishes before close returns, unless close
             # is called on a thread of the renewals (a callback: a lost lease's, a
             # cancel's): waiting there could wait for itself, or hold up every other lease;
@@ -279,29 +291,60 @@ class _Renewals:
         that has passed."""
         when = max(time.monotonic(), (time.monotonic() if after is None else after) + every)
         heapq.heappush(self._due, (when, next(self._order), keeper, every))
+        self._scheduled.add(keeper)
+
+    def _watch_confirmed(self, keeper: _WatchedHold) -> None:
+        """Watch for ``keeper``'s lease going unconfirmed too long, if it still may."""
+        watched = keeper in self._keepers and not (keeper.lost.is_set() or keeper._done.is_set())
+        if watched and keeper.confirmed_until < math.inf:
+            entry = (keeper.confirmed_until, next(self._order), keeper)
+            heapq.heappush(self._confirmed, entry)
+
+    def _lapsing(self, now: float) -> list[_WatchedHold]:
+        """The watched keepers whose lease went unconfirmed until ``now``; the others whose
+        entries came up are watched again at their new confirmed ends."""
+        lapsing: list[_WatchedHold] = []
+        renewed: list[_WatchedHold] = []
+        while self._confirmed and self._confirmed[0][0] <= now:
+            _, _, keeper = heapq.heappop(self._confirmed)
+            (lapsing if now >= keeper.confirmed_until else renewed).append(keeper)
+        for keeper in renewed:
+            self._watch_confirmed(keeper)
+        return [
+            k for k in lapsing if k in self._keepers and not (k.lost.is_set() or k._done.is_set())
+        ]
+
+    def _next_due(self) -> float | None:
+        """When the first renewal still scheduled is due (None: none is), dropping the
+        entries of closed keepers that come first."""
+        while self._due and self._due[0][2] not in self._scheduled:
+            heapq.heappop(self._due)
+        return self._due[0][0] if self._due else None
 
     def _loop(self) -> None:
         while True:
             with self._changed:
                 while True:
-                    if not self._due and not self._renewing:
+                    if not self._scheduled and not self._renewing:
                         self._thread = None
+                        self._due, self._confirmed = [], []
                         return
                     now = time.monotonic()
-                    watched = [
-                        k for k in self._keepers if not (k.lost.is_set() or k._done.is_set())
-                    ]
-                    lapsing = [k for k in watched if now >= k.confirmed_until]
-                    if lapsing or (self._due and self._due[0][0] <= now):
+                    lapsing = self._lapsing(now)
+                    next_due = self._next_due()
+                    if lapsing or (next_due is not None and next_due <= now):
                         break
-                    wake = [k.confirmed_until for k in watched if k.confirmed_until < math.inf]
-                    if self._due:
-                        wake.append(self._due[0][0])
+                    wake = [] if next_due is None else [next_due]
+                    if self._confirmed:
+                        wake.append(self._confirmed[0][0])
                     self._changed.wait(max(0.0, min(wake) - now) if wake else None)
                 due: list[tuple[_WatchedHold, float]] = []
                 while self._due and self._due[0][0] <= now:
                     # A keeper is either due (once) or being renewed, never both.
                     _, _, keeper, every = heapq.heappop(self._due)
+                    if keeper not in self._scheduled:
+                        continue  # Closed.
+                    self._scheduled.discard(keeper)
                     self._renewing.add(keeper)
                     due.append((keeper, every))
                 pool = self._pool
@@ -312,6 +355,10 @@ class _Renewals:
             # when a lapse must still be told. The callbacks only ask a run to stop.
             for keeper in lapsing:
                 keeper._lapsing(now)
+            if lapsing:
+                with self._changed:
+                    for keeper in lapsing:  # Renewed meanwhile: watched at its new end.
+                        self._watch_confirmed(keeper)
 
     def _renew(self, keeper: _WatchedHold, every: float) -> None:
         began = time.monotonic()

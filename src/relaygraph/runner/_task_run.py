@@ -47,7 +47,15 @@ if TYPE_CHECKING:
     from relaygraph.store import Ledger, Task
     from relaygraph.topology import Topology
 
-__all__ = ["CONTINUE", "LEASE_LOST", "SUSPENDED", "EventHandler", "StreamEnd", "TaskRun"]
+__all__ = [
+    "CONTINUE",
+    "LEASE_LOST",
+    "SUSPENDED",
+    "DrainSignal",
+    "EventHandler",
+    "StreamEnd",
+    "TaskRun",
+]
 
 log = logging.getLogger(__name__)
 
@@ -459,7 +467,8 @@ def _drain_when(
 ) -> Iterator[None]:
     """While in the block, ask ``control`` to drain as soon as ``cancel`` or ``stop`` is set.
 
-    Watched from a thread, so that the request reaches LangGraph before its next step
+    A :class:`DrainSignal` asks as it is set, in the thread that sets it; a plain event is
+    watched from a thread, so that the request reaches LangGraph before its next step
     boundary even when the step in progress emits no event (a long model or tool call):
     one thread for every run of the process (:class:`_DrainWatch`), not one per run.
     """
@@ -473,87 +482,116 @@ def _drain_when(
         _DRAIN_WATCH.unwatch(token)
 
 
+class DrainSignal(threading.Event):
+    """A cancel or stop event that, once set, asks every run watching it to drain at once,
+    in the thread that sets it (:meth:`_DrainWatch.drain_now`): no thread looks at it
+    again and again. A server's task workers make their runs' events this way: with
+    hundreds of tasks in flight, looking at every run's event 20 times a second held the
+    interpreter from the runs."""
+
+    def set(self) -> None:
+        super().set()
+        _DRAIN_WATCH.drain_now(self)
+
+
+_Watched = tuple[Any, threading.Event | None, threading.Event | None]
+
+
 class _DrainWatch:
-    """The cancel and stop events of every run of the process, looked at every
-    :data:`POLL_SECONDS` by one thread, which ends while no run is watched.
+    """The cancel and stop events of every run of the process: a :class:`DrainSignal`
+    drains its runs as it is set; the plain events are looked at every
+    :data:`POLL_SECONDS` by one thread, which ends while none is watched.
 
     A thread per run cost each run a thread's start and end on its own path, and each of
     them woke the interpreter twenty times a second: with 8 runs at once, 160 times a
-    second, each time taking the interpreter from a run that was working. The events are
-    plain ``threading.Event`` objects that callers own (``TaskRunner.run``'s ``cancel``
-    and ``stop``), which cannot call back when set: hence a look every 50 ms.
+    second, each time taking the interpreter from a run that was working. Plain
+    ``threading.Event`` objects that callers own (``TaskRunner.run``'s ``cancel`` and
+    ``stop``) cannot call back when set: hence a look every 50 ms at those.
     """
 
     POLL_SECONDS = 0.05
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[object, tuple[Any, threading.Event | None, threading.Event | None]]
-        self._runs = {}
+        self._runs: dict[object, _Watched] = {}
+        self._polled: dict[object, _Watched] = {}
+        """The runs with a plain event, which the thread looks at."""
         self._thread: threading.Thread | None = None
 
     def forget(self) -> None:
         """In a forked child: none of the parent's runs or its thread are here, and its
         lock may have been copied held."""
         self._lock = threading.Lock()
-        self._runs, self._thread = {}, None
+        self._runs, self._polled, self._thread = {}, {}, None
 
     def watch(
         self, control: Any, cancel: threading.Event | None, stop: threading.Event | None
     ) -> object:
         token = object()
+        run = (control, cancel, stop)
         with self._lock:
-            self._runs[token] = (control, cancel, stop)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="relaygraph-drain", daemon=True
-                )
-                self._thread.start()
+            self._runs[token] = run
+            if any(e is not None and not isinstance(e, DrainSignal) for e in (cancel, stop)):
+                self._polled[token] = run
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="relaygraph-drain", daemon=True
+                    )
+                    self._thread.start()
+        # An event set before the run was watched here asked no one: ask now. One set
+        # after finds the run watched (drain_now reads under the lock taken above).
+        why = _why(cancel, stop)
+        if why is not None:
+            self._drain(token, control, why)
         return token
 
     def unwatch(self, token: object) -> None:
         with self._lock:
             self._runs.pop(token, None)
+            self._polled.pop(token, None)
 
-    def drain_now(self, cancel: threading.Event) -> int:
-        """Ask every watched run whose cancel event is ``cancel`` (set by the caller) to
-        drain now, in the caller's thread, rather than at the next look: a cancel asked for
-        through the API then reaches the run before the API answers, however busy the
-        machine (the look could come after the step in progress had finished and the run
-        gone on). Returns how many runs were asked."""
+    def drain_now(self, event: threading.Event) -> int:
+        """Ask every watched run whose cancel or stop event is ``event`` (set by the
+        caller) to drain now, in the caller's thread, rather than at the next look: a
+        cancel asked for through the API then reaches the run before the API answers,
+        however busy the machine (the look could come after the step in progress had
+        finished and the run gone on). Returns how many runs were asked."""
         with self._lock:
-            runs = [(t, run) for t, run in self._runs.items() if run[1] is cancel]
-            for token, _ in runs:
-                self._runs.pop(token, None)
-        for _, (control, _, _) in runs:
-            try:
-                control.request_drain("cancel")
-            except Exception:
-                log.exception("asking a run to drain (cancel) failed")
+            runs = [(t, run) for t, run in self._runs.items() if event in (run[1], run[2])]
+        for token, (control, cancel, _) in runs:
+            self._drain(token, control, "cancel" if cancel is event else "shutdown")
         return len(runs)
+
+    def _drain(self, token: object, control: Any, why: str) -> None:
+        """Ask one run to drain (once: it is watched no more)."""
+        self.unwatch(token)
+        try:
+            control.request_drain(why)
+        except Exception:  # One run's must not stop every run's watch.
+            log.exception("asking a run to drain (%s) failed", why)
 
     def _loop(self) -> None:
         while True:
             time.sleep(self.POLL_SECONDS)
             with self._lock:
-                if not self._runs:
+                if not self._polled:
                     self._thread = None
                     return
-                runs = list(self._runs.items())
+                runs = list(self._polled.items())
             for token, (control, cancel, stop) in runs:
-                if cancel is not None and cancel.is_set():
-                    why = "cancel"
-                elif stop is not None and stop.is_set():
-                    why = "shutdown"
-                else:
-                    continue
-                self.unwatch(token)
-                try:
-                    control.request_drain(why)
-                except Exception:  # One run's must not stop every run's watch.
-                    log.exception("asking a run to drain (%s) failed", why)
+                why = _why(cancel, stop)
+                if why is not None:
+                    self._drain(token, control, why)
+
+
+def _why(cancel: threading.Event | None, stop: threading.Event | None) -> str | None:
+    """Why a run watching ``cancel`` and ``stop`` drains now (None: it does not)."""
+    if cancel is not None and cancel.is_set():
+        return "cancel"
+    if stop is not None and stop.is_set():
+        return "shutdown"
+    return None
 
 
 _DRAIN_WATCH = _DrainWatch()
-drain_cancelled = _DRAIN_WATCH.drain_now
 os.register_at_fork(after_in_child=_DRAIN_WATCH.forget)

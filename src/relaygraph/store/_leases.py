@@ -64,6 +64,13 @@ _TAKE_LEASE = (
     )
     .returning(*TASK_COLUMNS)
 )
+_RENEW_LEASE = (
+    update(TaskRow)
+    .where(TaskRow.id == bindparam("row_id"), TaskRow.runner_id == bindparam("runner"))
+    .values(lease_until=bindparam("until"))
+    .returning(TaskRow.id)
+)
+_CANCEL_REQUESTED_AT = select(TaskRow.cancel_requested_at).where(TaskRow.id == bindparam("row_id"))
 _TAKE_QUEUED = _TAKE_LEASE.where(
     # A queued task starts only as its thread's oldest active task: one enqueued behind
     # another waits for it (and two submitted at once on a new thread do not both start).
@@ -151,14 +158,13 @@ class LeaseRepository:
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
-        now = utc_now()
-        with self._core.write() as session:
-            renewed = session.scalar(
-                update(TaskRow)
-                .where(TaskRow.id == task_id, TaskRow.runner_id == runner_id)
-                .values(lease_until=now + timedelta(seconds=seconds))
-                .returning(TaskRow.id)
-            )
+        # In SQLAlchemy Core, built once: every running task's keeper renews every third of
+        # a lease, so a server with hundreds of tasks in flight renews many times a second.
+        until = utc_now() + timedelta(seconds=seconds)
+        with self._core.write_connection() as connection:
+            renewed = connection.execute(
+                _RENEW_LEASE, {"row_id": task_id, "runner": runner_id, "until": until}
+            ).first()
         return renewed is not None
 
     def release_lease(self, task_id: str, runner_id: str) -> None:
@@ -172,10 +178,11 @@ class LeaseRepository:
             )
 
     def cancel_requested(self, task_id: str) -> bool:
-        """Whether a cancel waits for the task's runner to act on it."""
-        with self._core.read() as session:
-            at = session.scalar(select(TaskRow.cancel_requested_at).where(TaskRow.id == task_id))
-            return at is not None
+        """Whether a cancel waits for the task's runner to act on it (read with each lease
+        renewal: Core, built once, as :meth:`renew_lease`)."""
+        with self._core.read_connection() as connection:
+            at = connection.execute(_CANCEL_REQUESTED_AT, {"row_id": task_id}).scalar()
+        return at is not None
 
     def request_cancel(
         self,
@@ -285,6 +292,19 @@ class LeaseRepository:
             self._core.announce(session, task_id, seq)
             session.refresh(row)
             return task_of_row(row)
+
+    def abandoned_tasks(self, *, exclude_project: str | None = None) -> list[Task]:
+        """``running`` tasks that no live runner holds (their runner's lease lapsed, or none
+        holds them), of every project but ``exclude_project``, oldest first: what a server
+        whose workers pull their queued tasks (``TaskWorkers.recover``) picks up from time to
+        time. Unlike ``unfinished_tasks`` it reads no queued task: a server holding hundreds
+        of tasks in flight may have thousands queued."""
+        query = select(*TASK_COLUMNS).where(TaskRow.status == "running", no_live_lease(utc_now()))
+        if exclude_project is not None:
+            query = query.where(TaskRow.project_id != exclude_project)
+        with self._core.read_connection() as connection:
+            rows = connection.execute(query.order_by(TaskRow.created_at, TaskRow.id))
+            return [task_of_mapping(row._mapping) for row in rows]
 
     def lease_of(self, task_id: str) -> tuple[str | None, datetime | None]:
         """Who holds the task's lease and until when: ``(runner_id, lease_until)``."""

@@ -225,6 +225,7 @@ class Ledger:
     cancel_requested = forward("leases", LeaseRepository.cancel_requested)
     request_cancel = forward("leases", LeaseRepository.request_cancel)
     settle_abandoned = forward("leases", LeaseRepository.settle_abandoned)
+    abandoned_tasks = forward("leases", LeaseRepository.abandoned_tasks)
     lease_of = forward("leases", LeaseRepository.lease_of)
 
     # EventRepository (_events.py)

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Connection,
     and_,
     exists,
+    func,
     insert,
     or_,
     select,
@@ -159,13 +160,20 @@ def task_of_row(row: TaskRow) -> Task:
 
 
 _EARLIER = aliased(TaskRow)
+# The earlier task's status and creation time, as terms no index is chosen for: SQLite's
+# planner (no statistics) otherwise looks the earlier tasks up by the index on (project,
+# status, creation time) and reads every earlier active task of the project for each task
+# asked about, not the few of its thread (the index on (project, thread)). The fair queue
+# asks about every queued task, so its read grew with the square of the queue.
+_EARLIER_STATUS = func.coalesce(_EARLIER.status, _EARLIER.status)
+_EARLIER_CREATED_AT = func.coalesce(_EARLIER.created_at, _EARLIER.created_at)
 EARLIER_ACTIVE_ON_THREAD = exists().where(
     _EARLIER.project_id == TaskRow.project_id,
     _EARLIER.thread_id == TaskRow.thread_id,
-    _EARLIER.status.in_(ACTIVE_STATUSES),
+    _EARLIER_STATUS.in_(ACTIVE_STATUSES),
     or_(
-        _EARLIER.created_at < TaskRow.created_at,
-        and_(_EARLIER.created_at == TaskRow.created_at, _EARLIER.id < TaskRow.id),
+        TaskRow.created_at > _EARLIER_CREATED_AT,
+        and_(TaskRow.created_at == _EARLIER_CREATED_AT, _EARLIER.id < TaskRow.id),
     ),
 )
 """The task row has an earlier active task on its thread (created before it; the id breaks
