@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from relaygraph.store import background_writes
-
 __all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper", "RunHold"]
 
 DEFAULT_LEASE_SECONDS = 30.0
@@ -285,10 +283,7 @@ class _Renewals:
         began = time.monotonic()
         again = False
         try:
-            # Behind the writes a request waits on, yet not for long: a background write
-            # takes its turn after a few urgent ones (store.background_writes).
-            with background_writes():
-                again = keeper._renew()
+            again = keeper._renew()
         except Exception:  # One keeper's failure must not stop every lease's renewals.
             log.exception("renewing the lease on task %s failed", keeper._task_id)
             again = not keeper._done.is_set()
