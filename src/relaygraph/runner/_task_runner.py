@@ -28,13 +28,7 @@ from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
 from relaygraph.runner._task_run import INTERRUPTED, EventHandler, TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
-from relaygraph.store import (
-    AttemptSuperseded,
-    LedgerToolJournal,
-    Quotas,
-    background_writes,
-    is_disk_full,
-)
+from relaygraph.store import AttemptSuperseded, LedgerToolJournal, Quotas, is_disk_full
 from relaygraph.topology import Topology
 
 if TYPE_CHECKING:
@@ -267,59 +261,57 @@ class TaskRunner:
         Raises:
             TaskBusy: Another runner holds the task's lease, or a cancel waits on it.
         """
-        # Its ledger writes (its take, its end) wait behind a request's, as its events do.
-        with background_writes():
-            mode = self._mode(None, only_from)
-            run, graph_team = await asyncio.to_thread(
-                self._prepare,
-                task,
-                mode,
-                on_event=on_event,
-                cancel=cancel,
-                identity=identity,
-                callbacks=None,
-                team=None,
-                models=None,
-                leased=False,
-                stop=stop,
-            )
-            task = run.task
+        mode = self._mode(None, only_from)
+        run, graph_team = await asyncio.to_thread(
+            self._prepare,
+            task,
+            mode,
+            on_event=on_event,
+            cancel=cancel,
+            identity=identity,
+            callbacks=None,
+            team=None,
+            models=None,
+            leased=False,
+            stop=stop,
+        )
+        task = run.task
+        try:
+            ended = no_room = False
             try:
-                ended = no_room = False
-                try:
-                    async with async_checkpointer(self.home) as checkpointer:
-                        graph = graph_team.copy({"checkpointer": checkpointer})
-                        graph_input = await run.agraph_input(graph, graph_input)
-                        if isinstance(graph_input, Mapping) and "request" in graph_input:
-                            journal = run.context.tool_journal
-                            if isinstance(journal, LedgerToolJournal):  # See run().
-                                journal.starts_empty(task.id)
-                        run.writer.put(run.started_event())
-                        end = await run.astream(graph, graph_input, stream_tokens=stream_tokens)
-                    result = run.result(end)
-                    # Its reads (a ping-pong's approvals) and its end's write, off the loop.
-                    await asyncio.to_thread(run.record_end, end, result)
-                    ended = True
-                    return result
-                except Exception as exc:
-                    no_room = is_disk_full(exc)
-                    raise
-                finally:
-                    # Closing waits for a renewal under way: off the loop.
-                    await asyncio.to_thread(run.lease.close)
-                    try:
-                        await run.writer.aclose()
-                    finally:
-                        if not ended and not no_room:  # Failed on the way: let another take it.
-                            await asyncio.to_thread(mode.let_go, task)
+                async with async_checkpointer(self.home) as checkpointer:
+                    graph = graph_team.copy({"checkpointer": checkpointer})
+                    graph_input = await run.agraph_input(graph, graph_input)
+                    if isinstance(graph_input, Mapping) and "request" in graph_input:
+                        journal = run.context.tool_journal
+                        if isinstance(journal, LedgerToolJournal):  # See run().
+                            journal.starts_empty(task.id)
+                    run.writer.put(run.started_event())
+                    end = await run.astream(graph, graph_input, stream_tokens=stream_tokens)
+                result = run.result(end)
+                # Its reads (a ping-pong's approvals) and its end's write, off the loop.
+                await asyncio.to_thread(run.record_end, end, result)
+                ended = True
+                return result
             except Exception as exc:
-                if not is_disk_full(exc):
-                    raise
-                reason = no_room_reason(exc)  # See run().
-                recorded = await asyncio.to_thread(
-                    self.unrecorded_failures.fail, task.id, attempt=None, reason=reason
-                )
-                raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
+                no_room = is_disk_full(exc)
+                raise
+            finally:
+                # Closing waits for a renewal under way: off the loop.
+                await asyncio.to_thread(run.lease.close)
+                try:
+                    await run.writer.aclose()
+                finally:
+                    if not ended and not no_room:  # Failed on the way: let another take it.
+                        await asyncio.to_thread(mode.let_go, task)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            reason = no_room_reason(exc)  # See run().
+            recorded = await asyncio.to_thread(
+                self.unrecorded_failures.fail, task.id, attempt=None, reason=reason
+            )
+            raise NoRoomOnDisk(task.id, recorded=recorded, reason=reason) from exc
 
     def _mode(self, attempt: int | None, only_from: tuple[str, ...] | None) -> RunMode:
         """The run's mode: in process under this runner's lease, or a worker's attempt."""

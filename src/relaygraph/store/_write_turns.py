@@ -1,14 +1,14 @@
 """Whose turn it is to write to a SQLite ledger: a request someone waits on before the runs.
 
 SQLite has one writer at a time, and a process hands its one write connection to one
-thread at a time. With hundreds of tasks in flight, the runs' own writes (their event
-batches, their takes and ends) keep a queue of threads waiting for it; a submission that
-joined the back of that queue would wait for all of them. Writes made under
-:func:`background_writes` (the runs mark their own) therefore wait behind the others, which
-are a person's (a submission, a cancel, a decision) or keep a run alive (a lease's renewal,
-which a run that misses for too long stops on) and go first; and so that a stream of requests
-cannot hold the runs' writes up for good, one background write takes its turn after at most
-:data:`URGENT_TURNS_IN_A_ROW` urgent ones while it waits.
+thread at a time. With hundreds of tasks in flight, the runs' event batches keep a queue of
+threads waiting for it; a submission that joined the back of that queue would wait for all
+of them. Writes made under :func:`background_writes` (the runs' event batches) therefore
+wait behind the others, which are a person's (a submission, a cancel, a decision) or hold a
+run's lease (a take, a renewal: a lease that lapses while its take or renewal waits lets the
+task start twice) and go first; and so that a stream of requests cannot hold the events up
+for good, one background write takes its turn after at most :data:`URGENT_TURNS_IN_A_ROW`
+urgent ones while it waits.
 """
 
 from __future__ import annotations
