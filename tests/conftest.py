@@ -179,6 +179,16 @@ def ledger(url: str) -> Iterator[Any]:
         yield ledger
 
 
+@pytest.fixture
+def sqlite_ledger(tmp_path: Path) -> Iterator[Any]:
+    """An upgraded ledger in a fresh SQLite file."""
+    from relaygraph.store import Ledger
+
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
+        ledger.upgrade()
+        yield ledger
+
+
 SCRIPT_ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
 """The roles of a script that :func:`over_http` plays, each on a model of its own."""
 

@@ -4,8 +4,6 @@ test_run_plumbing, test_lease_keeper and test_worker_checkpoint_fence)."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,13 +11,6 @@ from relaygraph.errors import TaskBusy
 from relaygraph.runner._lease import AttemptWatch, LeaseKeeper
 from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
 from relaygraph.store import LOCAL_PROJECT_ID, AttemptSuperseded, Ledger
-
-
-@pytest.fixture
-def sqlite_ledger(tmp_path: Path) -> Any:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        ledger.upgrade()
-        yield ledger
 
 
 def test_in_process_a_run_takes_the_lease_and_lets_it_go(sqlite_ledger: Ledger) -> None:

@@ -7,7 +7,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,15 +23,6 @@ from relaygraph.team import default_team
 from relaygraph.topology import Topology
 from tests.builtin_team import default_policy
 from tests.conftest import EXAMPLE_RELAY
-
-
-@pytest.fixture
-def sqlite_ledger(tmp_path: Path) -> Iterator[Ledger]:
-    sqlite_ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    sqlite_ledger.upgrade()
-    yield sqlite_ledger
-    sqlite_ledger.close()
-
 
 Relay = tuple[list[dict[str, Any]], RunResult, Path]
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -230,13 +230,6 @@ def _effects(context: TaskContext) -> Counter[str]:
 def counted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Workspace, "write_text", Workspace.write_text)
     monkeypatch.setattr(ArtifactStore, "save", ArtifactStore.save)
-
-
-@pytest.fixture
-def sqlite_ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as ledger:
-        ledger.upgrade()
-        yield ledger
 
 
 def _graph(

@@ -19,6 +19,7 @@ from typing import Any
 
 from relaygraph.events import Event
 from relaygraph.runner._lease import _DaemonPool
+from relaygraph.store import background_writes
 
 __all__ = ["EventWriter"]
 
@@ -236,7 +237,10 @@ class EventWriter:
                 stored = [e for e in events if e.get("type") not in self._unstored]
                 given = self._fence if finish is None else {**self._fence, "end": finish.end}
                 if stored or finish is not None:
-                    self._ledger.append_events(self._task_id, stored, **given)
+                    # Behind the writes a request waits on (a submission): a run's events
+                    # wait for their turn in batches, which grow while they wait.
+                    with background_writes():
+                        self._ledger.append_events(self._task_id, stored, **given)
                 for event in events:
                     self._on_written(event)
                 self._handed += len(events)

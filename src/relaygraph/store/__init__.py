@@ -47,6 +47,7 @@ from relaygraph.store._task_queries import TaskSelection
 from relaygraph.store._tasks import new_checkpoint_thread
 from relaygraph.store._usage_records import RunEnd
 from relaygraph.store._worker_slots import WORKER_GONE_SECONDS, WORKER_REPORT_SECONDS
+from relaygraph.store._write_turns import background_writes
 
 __all__ = [
     "DATABASE_URL_ENV",
@@ -80,6 +81,7 @@ __all__ = [
     "TaskStatus",
     "TeamVersion",
     "ToolCall",
+    "background_writes",
     "database_url",
     "day_start",
     "hash_key",

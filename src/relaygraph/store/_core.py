@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Select, bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from relaygraph.store._engine import database_url, display_url, make_engine
+from relaygraph.store._engine import SQLITE_BUSY_SECONDS, database_url, display_url, make_engine
 from relaygraph.store._migrate import current_revision, head_revision, upgrade_engine
 from relaygraph.store._notices import EventNotice
 from relaygraph.store._records import snapshot
+from relaygraph.store._write_turns import WriteTurns
 
 R = TypeVar("R")
 
@@ -44,6 +45,12 @@ class LedgerCore:
             make_engine(self._url, immediate=True) if self.dialect == "sqlite" else self.engine
         )
         """The engine of writes."""
+        self.write_turns = (
+            WriteTurns(timeout=SQLITE_BUSY_SECONDS) if self.dialect == "sqlite" else None
+        )
+        """On SQLite, who writes next among this process's writers: a request someone
+        waits on before the runs' own writes (see :mod:`relaygraph.store._write_turns`).
+        None on PostgreSQL, whose pool holds a connection for each writer."""
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = sessionmaker(self.write_engine, expire_on_commit=False)
 
@@ -81,7 +88,7 @@ class LedgerCore:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A write transaction in an ORM session."""
-        with self._writer() as session, session.begin():
+        with self._write_turn(), self._writer() as session, session.begin():
             yield session
 
     @contextmanager
@@ -93,8 +100,11 @@ class LedgerCore:
     @contextmanager
     def write_connection(self) -> Iterator[Connection]:
         """A write transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
-        with self.write_engine.begin() as connection:
+        with self._write_turn(), self.write_engine.begin() as connection:
             yield connection
+
+    def _write_turn(self) -> AbstractContextManager[None]:
+        return nullcontext() if self.write_turns is None else self.write_turns.turn()
 
     @contextmanager
     def read_connection(self) -> Iterator[Connection]:

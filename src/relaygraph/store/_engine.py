@@ -95,7 +95,8 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
     # where two connections would have it wait in SQLite's busy handler, which polls with
     # growing sleeps, so a writer may sleep long after the lock is free
     # (benchmarks/bench_service.py measures it). Other processes still wait in the busy
-    # handler.
+    # handler. Which of this process's writers goes next is LedgerCore's WriteTurns' to
+    # say (a request's write before the runs'), not the pool's first come, first served.
     pool = {"pool_size": 1, "max_overflow": 0, "pool_timeout": SQLITE_BUSY_SECONDS}
     engine = create_engine(
         parsed,
