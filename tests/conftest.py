@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated data directory and no way to reach a real model by accident."""
+"""Shared fixtures: an isolated data directory and no way to reach a real model by accident;
+the task service in process (``api``) and as a process (``start_server``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
+
+from ._service import ENDED, ServiceClient, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RELAY = REPO / "examples" / "scripts" / "relay.json"
@@ -218,11 +221,37 @@ def kb(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
+async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
+    """The task service in process (``httpx.ASGITransport``) as a :class:`ServiceClient`,
+    on this test's home and scripts folder, waiting for a task until it ends or pauses."""
+    import httpx
+
+    from relaygraph.api import ServiceSettings, create_app
+
+    settings = ServiceSettings(
+        # The operator's own default may be a script anywhere; requests name only
+        # scripts of the scripts folder, by file name.
+        default_model=f"scripted:{EXAMPLE_RELAY}",
+        scripts_dir=scripts,
+        home=home,
+        workers=2,
+        max_body_bytes=4096,
+        # These tests follow approvals and cancels of the coder's program, not its
+        # isolation: where bubblewrap is missing it runs unisolated (a fresh machine).
+        unsafe_sandbox=isolation_missing(),
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield ServiceClient(client, f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
+
+
+@pytest.fixture
 def start_server(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Any]]:
     """Start ``relaygraph serve`` on this test's home: ``start(scripts, **env)`` writes the
     scripts (file name to turns) into its scripts folder and adds ``env`` to its
     environment. Every server still running is killed at the end of the test."""
-    from ._service import free_port
     from .test_server import Server, _env
 
     started: list[Server] = []

@@ -14,31 +14,10 @@ import pytest
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import Ledger
 
-from ._service import ENDED, ServiceClient, auth
-from .conftest import EXAMPLE_RELAY, isolation_missing
+from ._scripts import call, one_visit, say
+from ._service import ServiceClient, auth
 
 Script = Callable[[dict[str, Any]], str]
-
-
-@pytest.fixture
-async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
-    settings = ServiceSettings(
-        # The operator's own default may be a script anywhere; requests name only
-        # scripts of the scripts folder, by file name.
-        default_model=f"scripted:{EXAMPLE_RELAY}",
-        scripts_dir=scripts,
-        home=home,
-        workers=2,
-        max_body_bytes=4096,
-        # These tests follow approvals and cancels of the coder's program, not its
-        # isolation: where bubblewrap is missing it runs unisolated (a fresh machine).
-        unsafe_sandbox=isolation_missing(),
-    )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield ServiceClient(client, f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
 
 
 async def test_submit_follow_and_replay(api: ServiceClient) -> None:
@@ -174,16 +153,13 @@ async def test_approval_resumes_and_busy_thread_is_409(
 ) -> None:
     key = api.key("acme")
     spec = served_script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {"tool_calls": [{"name": "run_python", "args": {"code": "print(6*7)"}}]},
-                {"content": "The answer is 42."},
-            ],
-        }
+        one_visit(
+            "coder",
+            "compute",
+            "math",
+            call("run_python", code="print(6*7)"),
+            say("The answer is 42."),
+        )
     )
     body = {
         "input": "6*7?",

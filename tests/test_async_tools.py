@@ -26,6 +26,8 @@ from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import Team
 from relaygraph.topology import Topology
 
+from ._scripts import call, say
+
 Script = Callable[[dict[str, Any]], str]
 
 SEEN: list[str] = []
@@ -86,14 +88,6 @@ async def _shout_coroutine(text: str) -> str:
 coroutine_only = StructuredTool.from_function(
     coroutine=_shout_coroutine, name="shout", description="Shout a text."
 )
-
-
-def call(name: str, **args: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "args": args}]}
-
-
-def say(text: str) -> dict[str, Any]:
-    return {"content": text}
 
 
 def route(next: str) -> dict[str, Any]:

@@ -29,22 +29,20 @@ from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
+from ._scripts import call, one_visit, say
 from ._service import FINISHED, auth
 from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
 
 HTML = {"Accept": "text/html"}
-REFUSING = {
-    "supervisor": [
-        {"route": {"next": "researcher", "task": "Look it up", "reason": "facts first"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "researcher": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]},
-        {"content": "I may not run code; checkpoints are written after each super-step."},
-    ],
-    "finalize": [{"content": "Checkpoints are written after every super-step."}],
-}
+REFUSING = one_visit(
+    "researcher",
+    "Look it up",
+    "facts first",
+    call("run_python", code="print(1)"),
+    say("I may not run code; checkpoints are written after each super-step."),
+    final="Checkpoints are written after every super-step.",
+)
 """A task in which the researcher calls a tool it is not allowed: one violation."""
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
@@ -522,21 +520,14 @@ async def test_a_task_the_server_traced_shows_its_root_spans_trace_id(
 async def test_artifacts_are_served_as_text_or_downloads_never_as_html(dash: Dash) -> None:
     key = dash.key("acme")
     html = "<script>alert(1)</script>"
-    script = {
-        "supervisor": [
-            {"route": {"next": "writer", "task": "Write it", "reason": "a page"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "writer": [
-            {
-                "tool_calls": [
-                    {"name": "save_artifact", "args": {"name": "x.html", "content": html}}
-                ]
-            },
-            {"content": "Saved."},
-        ],
-        "finalize": [{"content": "Done."}],
-    }
+    script = one_visit(
+        "writer",
+        "Write it",
+        "a page",
+        call("save_artifact", name="x.html", content=html),
+        say("Saved."),
+        final="Done.",
+    )
     task = await dash.submit(key, input="a page", model=dash.script("page.json", script))
     await dash.wait(key, task["id"], FINISHED)
     async with dash.client() as client:
@@ -1029,17 +1020,15 @@ async def test_an_edit_is_checked_against_a_registered_teams_own_tool(
                 "/v1/teams/docs-review", json={"toml": REVIEW_TEAM}, headers=auth(key)
             )
             assert pushed.status_code == 201, pushed.text
-        script = {
-            "supervisor": [
-                {"route": {"next": "reviewer", "task": "count", "reason": "a draft exists"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "counted"}},
-            ],
-            "reviewer": [
-                {"tool_calls": [{"name": "word_count", "args": {"text": "x y z"}}]},
-                {"content": "Counted."},
-            ],
-            "finalize": [{"content": "Done."}],
-        }
+        script = one_visit(
+            "reviewer",
+            "count",
+            "a draft exists",
+            call("word_count", text="x y z"),
+            say("Counted."),
+            finished="counted",
+            final="Done.",
+        )
         task = await dash.submit(
             key,
             input="count",

@@ -28,6 +28,7 @@ import pytest
 from relaygraph.client import Client
 from relaygraph.store import Ledger
 
+from ._scripts import call, one_visit, say
 from ._service import free_port
 from .conftest import EXAMPLE_RELAY
 
@@ -43,17 +44,15 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SHOTS_ENV = "RELAYGRAPH_DASHBOARD_SHOTS"
-REFUSING = {
-    "supervisor": [
-        {"route": {"next": "researcher", "task": "Look it up", "reason": "facts first"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "the researcher answered"}},
-    ],
-    "researcher": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": "print(6 * 7)"}}]},
-        {"content": "I may not run code here; the docs say a checkpoint follows each super-step."},
-    ],
-    "finalize": [{"content": "A checkpoint is written after every super-step."}],
-}
+REFUSING = one_visit(
+    "researcher",
+    "Look it up",
+    "facts first",
+    call("run_python", code="print(6 * 7)"),
+    say("I may not run code here; the docs say a checkpoint follows each super-step."),
+    finished="the researcher answered",
+    final="A checkpoint is written after every super-step.",
+)
 """The researcher calls ``run_python``, which it is not allowed: a refused tool."""
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 

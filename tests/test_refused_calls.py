@@ -27,8 +27,9 @@ from relaygraph.supervisor import FINALIZE, FINISH
 from relaygraph.topology import Topology
 from relaygraph.tracing import build_timeline
 
+from ._scripts import one_visit, route, say
 from .builtin_team import parse_policy
-from .test_team import final_state, route, say
+from .test_team import final_state
 
 Script = Callable[[dict[str, Any]], str]
 STRUCTURED = Topology.parse("structured")
@@ -465,16 +466,13 @@ def test_run_python_that_needs_approval_is_refused_without_asking_where_it_canno
     does not pause (it asked, recorded the approval, then refused the call)."""
     policy = tmp_path / "policy.toml"
     policy.write_text('[agents.coder]\napproval = ["run_python"]\n', encoding="utf-8")
-    turns = {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "run it", "reason": "code"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            calls(("run_python", "needs-ok", {"code": "print(1)"})),
-            say("could not run code"),
-        ],
-    }
+    turns = one_visit(
+        "coder",
+        "run it",
+        "code",
+        calls(("run_python", "needs-ok", {"code": "print(1)"})),
+        say("could not run code"),
+    )
     result = run_task("go", model=script(turns), policy=policy)
     assert result.status == "succeeded", result.stop_reason
     assert [v["kind"] for v in result.violations] == ["tool_unavailable"]

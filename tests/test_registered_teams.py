@@ -23,6 +23,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
+from ._scripts import call, one_visit, say
 from ._service import ENDED, ServiceClient, auth
 from .conftest import EXAMPLE_RELAY, REPO
 
@@ -563,17 +564,15 @@ async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
 ) -> None:
     key = api.key("acme")
     assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
-    script = {
-        "supervisor": [
-            {"route": {"next": "reviewer", "task": "count", "reason": "a draft exists"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "counted"}},
-        ],
-        "reviewer": [
-            {"tool_calls": [{"name": "word_count", "args": {"text": "x y z"}}]},
-            {"content": "Counted."},
-        ],
-        "finalize": [{"content": "Done."}],
-    }
+    script = one_visit(
+        "reviewer",
+        "count",
+        "a draft exists",
+        call("word_count", text="x y z"),
+        say("Counted."),
+        finished="counted",
+        final="Done.",
+    )
     (scripts / "approve.json").write_text(json.dumps(script), encoding="utf-8")
     made = await api.submit(
         key,
@@ -771,17 +770,15 @@ async def test_the_operators_mcp_servers_serve_each_project_in_its_own_session(
     mcp_file.write_text(
         '[mcp.counter]\ncommand = ["python", "counter_server.py"]\n', encoding="utf-8"
     )
-    script = {
-        "supervisor": [
-            {"route": {"next": "asker", "task": "ask", "reason": "its job"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "asked"}},
-        ],
-        "asker": [
-            {"tool_calls": [{"name": "counter_session_id", "args": {}}]},
-            {"content": "Asked."},
-        ],
-        "finalize": [{"content": "Done."}],
-    }
+    script = one_visit(
+        "asker",
+        "ask",
+        "its job",
+        call("counter_session_id"),
+        say("Asked."),
+        finished="asked",
+        final="Done.",
+    )
     (scripts / "counter.json").write_text(json.dumps(script), encoding="utf-8")
 
     async def session_of(api: Api, key: str) -> str:

@@ -20,6 +20,7 @@ from relaygraph.client import ApiError, Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
+from ._scripts import call, one_visit, say
 from ._service import free_port
 from .conftest import EXAMPLE_RELAY, unsafe_sandbox_env
 
@@ -63,16 +64,13 @@ until the sandbox's wall-clock limit (``SandboxLimits.wall_seconds``) ends it.""
 def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, Any]:
     """A task where the coder runs a slow program once, then the team finishes."""
     code = code if code is not None else SLEEPY_CODE.format(seconds=seconds)
-    return {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "compute slowly", "reason": "math"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            {"tool_calls": [{"name": "run_python", "args": {"code": code}}]},
-            {"content": "Done: it slept."},
-        ],
-    }
+    return one_visit(
+        "coder",
+        "compute slowly",
+        "math",
+        call("run_python", code=code),
+        say("Done: it slept."),
+    )
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -284,20 +282,13 @@ def test_approval_round_trip(
     server = serve()
     key = create_project(home, "acme")
     spec = served_script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {
-                    "tool_calls": [
-                        {"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=0)}}
-                    ]
-                },
-                {"content": "Done, with approval."},
-            ],
-        }
+        one_visit(
+            "coder",
+            "compute",
+            "math",
+            call("run_python", code=SLEEPY_CODE.format(seconds=0)),
+            say("Done, with approval."),
+        )
     )
     with Client(server.url, key) as client:
         task = client.submit(

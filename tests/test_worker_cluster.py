@@ -41,6 +41,7 @@ from sqlalchemy import create_engine, text
 from relaygraph.agents._journal import replay
 from relaygraph.client import Client
 
+from ._scripts import one_visit, say
 from ._service import FINISHED
 from .conftest import EXAMPLE_RELAY
 from .worker_cluster import (
@@ -64,48 +65,43 @@ Script = Callable[[dict[str, Any]], str]
 
 # Each finalize turn repeats the last agent's reply: finalize answers with that reply without
 # a model call unless the policy asks for one, and either way the answer is the same.
-ARTIFACT_TEAM = {
-    "supervisor": [
-        {"route": {"next": "writer", "task": "write the report", "reason": "a deliverable"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
-    ],
-    "writer": [
-        {
-            "tool_calls": [
-                {
-                    "name": "save_artifact",
-                    "args": {"name": "report.md", "content": "# Report\n"},
-                    "id": "save",
-                }
-            ]
-        },
-        {"content": "Saved report.md."},
-    ],
-    "finalize": [{"content": "Saved report.md."}],
-}
+ARTIFACT_TEAM = one_visit(
+    "writer",
+    "write the report",
+    "a deliverable",
+    {
+        "tool_calls": [
+            {
+                "name": "save_artifact",
+                "args": {"name": "report.md", "content": "# Report\n"},
+                "id": "save",
+            }
+        ]
+    },
+    say("Saved report.md."),
+    finished="written",
+    final="Saved report.md.",
+)
 
 APPROVED_CODE = "with open('effects.txt', 'a') as f:\n    f.write('ran\\n')\nprint('ran')"
-APPROVAL_TEAM = {
-    "supervisor": [
-        {"route": {"next": "coder", "task": "compute", "reason": "code to run"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "coder": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": APPROVED_CODE}, "id": "ask"}]},
-        {"content": "It ran."},
-    ],
-    "finalize": [{"content": "It ran."}],
-}
+APPROVAL_TEAM = one_visit(
+    "coder",
+    "compute",
+    "code to run",
+    {"tool_calls": [{"name": "run_python", "args": {"code": APPROVED_CODE}, "id": "ask"}]},
+    say("It ran."),
+    final="It ran.",
+)
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
-PLAIN_TEAM = {
-    "supervisor": [
-        {"route": {"next": "writer", "task": "write a line", "reason": "a deliverable"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
-    ],
-    "writer": [{"content": "A line."}],
-    "finalize": [{"content": "A line."}],
-}
+PLAIN_TEAM = one_visit(
+    "writer",
+    "write a line",
+    "a deliverable",
+    say("A line."),
+    finished="written",
+    final="A line.",
+)
 
 
 # Services and the cluster
@@ -735,17 +731,15 @@ async def shout(text: str) -> str:
     return f"{text.upper()}! (pid {os.getpid()}, {threading.current_thread().name})"
 '''
 
-ASYNC_TEAM = {
-    "supervisor": [
-        {"route": {"next": "shouter", "task": "shout it", "reason": "shouting"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "shouted"}},
-    ],
-    "shouter": [
-        {"tool_calls": [{"name": "shout", "args": {"text": "hi"}, "id": "shout"}]},
-        {"content": "Shouted."},
-    ],
-    "finalize": [{"content": "Shouted."}],
-}
+ASYNC_TEAM = one_visit(
+    "shouter",
+    "shout it",
+    "shouting",
+    {"tool_calls": [{"name": "shout", "args": {"text": "hi"}, "id": "shout"}]},
+    say("Shouted."),
+    finished="shouted",
+    final="Shouted.",
+)
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from kombu import Connection
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from ._scripts import one_visit, say
 from ._service import free_port
 from .conftest import POSTGRES_URL_ENV, POSTGRES_URLS, unsafe_sandbox_env
 
@@ -78,14 +79,14 @@ def gated_coder(*, first: bool = False) -> dict[str, Any]:
     calls.append(
         {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]}
     )
-    return {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "compute slowly", "reason": "code to run"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [*calls, {"content": "It ran."}],
-        "finalize": [{"content": "It ran."}],
-    }
+    return one_visit(
+        "coder",
+        "compute slowly",
+        "code to run",
+        *calls,
+        say("It ran."),
+        final="It ran.",
+    )
 
 
 def broker_url() -> str:
