@@ -23,9 +23,9 @@ def route(next: str, task: str = "do it", reason: str = "because") -> Turn:
     return {"route": {"next": next, "task": task if next != FINISH else "", "reason": reason}}
 
 
-def call(name: str, **args: Any) -> Turn:
-    """A turn calling the tool ``name`` with ``args``."""
-    return {"tool_calls": [{"name": name, "args": args}]}
+def call(tool: str, /, **args: Any) -> Turn:
+    """A turn calling ``tool`` with ``args``."""
+    return {"tool_calls": [{"name": tool, "args": args}]}
 
 
 def say(text: str) -> Turn:

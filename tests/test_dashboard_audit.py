@@ -78,6 +78,32 @@ def _attr(html: str, name: str) -> str:
     return found.group(1)
 
 
+async def paused_for_approval(dash: Dash, key: str) -> dict[str, Any]:
+    """A task of the project ``key`` whose coder's program waits for a person's approval."""
+    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+    await dash.wait(key, task["id"], ("interrupted",))
+    return task
+
+
+async def decide_on_page(
+    dash: Dash, key: str, task_id: str, *, decision: str, reason: str | None = None
+) -> str:
+    """Decide the approval the task's page waits for, through the page's form signed in
+    with ``key`` (with ``reason``, when given); returns the page as it was."""
+    async with dash.browser(key) as client:
+        waiting = (await client.get(f"/ui/tasks/{task_id}", headers=HTML)).text
+        form = {"csrf": csrf_of(waiting), "decision": decision}
+        if reason is not None:
+            form["reason"] = reason
+        decided = await client.post(
+            f"/ui/tasks/{task_id}/approvals/{_attr(waiting, 'data-approval')}",
+            data=form,
+            headers={"Accept": "application/json"},
+        )
+    assert decided.status_code == 202, decided.text
+    return waiting
+
+
 async def test_costs_per_role_with_supervisor_and_finalize_add_up_to_the_total(
     priced: Dash,
 ) -> None:
@@ -120,18 +146,9 @@ async def test_costs_per_role_with_supervisor_and_finalize_add_up_to_the_total(
 
 async def test_a_wait_for_approval_is_no_blown_time_and_labels_follow_the_run(priced: Dash) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await priced.wait(key, task["id"], ("interrupted",))
-    async with priced.browser(key) as client:
-        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        assert "waiting for a person" in waiting
-        approval = _attr(waiting, "data-approval")
-        decided = await client.post(
-            f"/ui/tasks/{task['id']}/approvals/{approval}",
-            data={"csrf": csrf_of(waiting), "decision": "approve"},
-            headers={"Accept": "application/json"},
-        )
-        assert decided.status_code == 202, decided.text
+    task = await paused_for_approval(priced, key)
+    waiting = await decide_on_page(priced, key, task["id"], decision="approve")
+    assert "waiting for a person" in waiting
     await priced.wait(key, task["id"], FINISHED)
     page, _, trace, summary = await _pages(priced, key, task["id"])
     team = page[page.index('data-budget="team"') :]
@@ -212,16 +229,8 @@ async def test_refusals_name_their_rule_and_the_policy_shows_as_text(
 
 async def test_a_rejected_call_is_rejected_not_a_plain_success(priced: Dash) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await priced.wait(key, task["id"], ("interrupted",))
-    async with priced.browser(key) as client:
-        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        decided = await client.post(
-            f"/ui/tasks/{task['id']}/approvals/{_attr(waiting, 'data-approval')}",
-            data={"csrf": csrf_of(waiting), "decision": "reject", "reason": "no code today"},
-            headers={"Accept": "application/json"},
-        )
-        assert decided.status_code == 202, decided.text
+    task = await paused_for_approval(priced, key)
+    await decide_on_page(priced, key, task["id"], decision="reject", reason="no code today")
     await priced.wait(key, task["id"], FINISHED)
     page, listed, _, summary = await _pages(priced, key, task["id"])
     assert summary["rejected"] == 1
@@ -340,17 +349,10 @@ async def test_eval_runs_show_their_topology_and_compare_like_with_like(
 
 async def test_an_approval_takes_a_note(priced: Dash) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await priced.wait(key, task["id"], ("interrupted",))
+    task = await paused_for_approval(priced, key)
+    await decide_on_page(priced, key, task["id"], decision="approve", reason="checked: harmless")
+    await priced.wait(key, task["id"], FINISHED)
     async with priced.browser(key) as client:
-        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        decided = await client.post(
-            f"/ui/tasks/{task['id']}/approvals/{_attr(waiting, 'data-approval')}",
-            data={"csrf": csrf_of(waiting), "decision": "approve", "reason": "checked: harmless"},
-            headers={"Accept": "application/json"},
-        )
-        assert decided.status_code == 202, decided.text
-        await priced.wait(key, task["id"], FINISHED)
         approvals = await client.get(f"/v1/tasks/{task['id']}/approvals", headers=bearer(key))
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
     assert approvals.json()["approvals"][0]["reason"] == "checked: harmless"
@@ -404,9 +406,8 @@ def test_a_seven_agent_teams_names_fit_when_the_row_has_room() -> None:
 async def test_the_list_filters_by_team_and_approvals(priced: Dash) -> None:
     key = priced.key("acme")
     relay = await priced.submit(key, input="When are checkpoints written?")
-    asked = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+    asked = await paused_for_approval(priced, key)
     await priced.wait(key, relay["id"], FINISHED)
-    await priced.wait(key, asked["id"], ("interrupted",))
     async with priced.client() as client:
 
         async def ids(**query: str) -> list[str]:

@@ -475,12 +475,7 @@ def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
     return ledger, project, task
 
 
-WRITER_TURNS: dict[str, Any] = one_visit(
-    "writer",
-    "write it",
-    "x",
-    say("Written."),
-)
+WRITER_TURNS: dict[str, Any] = one_visit("writer", "write it", "x", say("Written."))
 """A task that runs and succeeds: the writer's one reply, then FINISH."""
 
 

@@ -65,11 +65,7 @@ def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, An
     """A task where the coder runs a slow program once, then the team finishes."""
     code = code if code is not None else SLEEPY_CODE.format(seconds=seconds)
     return one_visit(
-        "coder",
-        "compute slowly",
-        "math",
-        call("run_python", code=code),
-        say("Done: it slept."),
+        "coder", "compute slowly", "math", call("run_python", code=code), say("Done: it slept.")
     )
 
 

@@ -21,11 +21,7 @@ from ._scripts import call, one_visit, say
 from .test_server import SLEEPY_CODE, create_project
 
 PAUSED_TEAM = one_visit(
-    "coder",
-    "compute",
-    "math",
-    call("run_python", code=SLEEPY_CODE.format(seconds=0)),
-    say("Done."),
+    "coder", "compute", "math", call("run_python", code=SLEEPY_CODE.format(seconds=0)), say("Done.")
 )
 """B's task (``scripted:paused.json``): it pauses for an approval that never comes, so its
 streams stay open."""

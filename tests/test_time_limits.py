@@ -27,13 +27,7 @@ STALL = 90.0
 MARGIN = 45.0
 """How long past the limit a run may end here: a loaded machine's slack, well below STALL."""
 
-SCRIPT = one_visit(
-    "researcher",
-    "look it up",
-    "facts",
-    say("Found it."),
-    final="Found it.",
-)
+SCRIPT = one_visit("researcher", "look it up", "facts", say("Found it."), final="Found it.")
 ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
 
 

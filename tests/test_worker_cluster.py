@@ -95,12 +95,7 @@ APPROVAL_TEAM = one_visit(
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
 PLAIN_TEAM = one_visit(
-    "writer",
-    "write a line",
-    "a deliverable",
-    say("A line."),
-    finished="written",
-    final="A line.",
+    "writer", "write a line", "a deliverable", say("A line."), finished="written", final="A line."
 )
 
 

@@ -80,12 +80,7 @@ def gated_coder(*, first: bool = False) -> dict[str, Any]:
         {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]}
     )
     return one_visit(
-        "coder",
-        "compute slowly",
-        "code to run",
-        *calls,
-        say("It ran."),
-        final="It ran.",
+        "coder", "compute slowly", "code to run", *calls, say("It ran."), final="It ran."
     )
 
 
