@@ -9,11 +9,10 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import create_engine
 
 from ._service import ENDED, ServiceClient, free_port
 
@@ -25,6 +24,7 @@ POSTGRES_URLS = (
 )
 POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
 REQUIRE_POSTGRES_ENV = "RELAYGRAPH_REQUIRE_POSTGRES"
+REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 
 
 @pytest.fixture(autouse=True)
@@ -123,29 +123,39 @@ def script(tmp_path: Path) -> Callable[[dict[str, Any]], str]:
     return write
 
 
-# PostgreSQL: CI requires it (RELAYGRAPH_REQUIRE_POSTGRES=1); elsewhere it is skipped.
+# PostgreSQL and RabbitMQ: CI requires them (RELAYGRAPH_REQUIRE_POSTGRES=1,
+# RELAYGRAPH_REQUIRE_RABBITMQ=1); elsewhere a test that needs one is skipped without it.
+
+
+def require(problem: str, env: str) -> NoReturn:
+    """Skip the test for ``problem`` (a service it needs is missing), or fail it where the
+    environment variable ``env`` is ``1`` (CI, where the service must be there)."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{problem} (and {env}=1 requires it)", pytrace=False)
+    pytest.skip(f"{problem}; set {env}=1 to make this a failure")
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> str:
     """A URL of the PostgreSQL server that answers (``$RELAYGRAPH_TEST_POSTGRES_URL`` first)."""
-    override = os.environ.get(POSTGRES_URL_ENV)
-    problems = []
-    for url in [override] if override else POSTGRES_URLS:
-        engine = create_engine(url, connect_args={"connect_timeout": 3})
-        try:
-            with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            return url
-        except SQLAlchemyError as exc:
-            reason = getattr(exc, "orig", None) or exc  # DBAPIError carries the driver's own
-            problems.append(f"{url}: {str(reason).strip().splitlines()[0]}")
-        finally:
-            engine.dispose()
-    message = "PostgreSQL is not reachable: " + "; ".join(problems)
-    if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
-        pytest.fail(f"{message} (and {REQUIRE_POSTGRES_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{message}; set {REQUIRE_POSTGRES_ENV}=1 to make this a failure")
+    from .worker_cluster import postgres_server as reachable_postgres
+
+    url, problem = reachable_postgres()
+    if url is None:
+        require(problem, REQUIRE_POSTGRES_ENV)
+    return url
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> str:
+    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
+    from .worker_cluster import broker_problem, broker_url
+
+    url = broker_url()
+    problem = broker_problem(url)
+    if problem is not None:
+        require(problem, REQUIRE_RABBITMQ_ENV)
+    return url
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import threading
 import time
@@ -47,10 +46,8 @@ from relaygraph.worker import RUN_TASK, WorkerSettings
 
 from ._service import auth
 from .conftest import EXAMPLE_RELAY
+from .worker_cluster import DEFAULT_BROKER_URL
 
-RABBITMQ_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
-REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
-DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 HUGE = 3600.0
 """A poll interval no test waits out: what arrives sooner was woken by a notice."""
 
@@ -92,7 +89,7 @@ def test_the_broker_url_comes_from_the_environment(
 ) -> None:
     # Without a broker: the server runs tasks itself, as on a single machine.
     assert not create_app(service_settings(home)).state.service.worker_mode
-    monkeypatch.setenv("RELAYGRAPH_BROKER_URL", DEFAULT_RABBITMQ_URL)
+    monkeypatch.setenv("RELAYGRAPH_BROKER_URL", DEFAULT_BROKER_URL)
     with pytest.raises(ConfigError, match=r"worker mode .* needs the ledger on PostgreSQL"):
         create_app(service_settings(home))
 
@@ -144,21 +141,6 @@ async def test_metrics_answer_loopback_or_the_operators_token(
 
 
 # On RabbitMQ and PostgreSQL.
-
-
-@pytest.fixture(scope="session")
-def rabbitmq() -> str:
-    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
-    url = os.environ.get(RABBITMQ_URL_ENV, DEFAULT_RABBITMQ_URL)
-    try:
-        with Connection(url, connect_timeout=3) as connection:
-            connection.ensure_connection(max_retries=1)
-        return url
-    except Exception as exc:
-        message = f"RabbitMQ is not reachable at {url}: {exc}"
-    if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
-        pytest.fail(f"{message} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{message}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
 
 
 @pytest.fixture

@@ -47,8 +47,6 @@ from .conftest import EXAMPLE_RELAY
 from .worker_cluster import (
     Cluster,
     Run,
-    broker_problem,
-    broker_url,
     free_port,
     fresh_database,
     gated_coder,
@@ -56,7 +54,6 @@ from .worker_cluster import (
     wait_until,
 )
 
-REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 DEADLINE = 180.0
 """Seconds any one wait may take before the test fails (generous: a loaded 2-core machine)."""
 DEFAULT_MODEL = f"scripted:{EXAMPLE_RELAY}"
@@ -100,18 +97,6 @@ PLAIN_TEAM = one_visit(
 
 
 # Services and the cluster
-
-
-@pytest.fixture(scope="session")
-def rabbitmq() -> str:
-    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
-    url = broker_url()
-    problem = broker_problem(url)
-    if problem is None:
-        return url
-    if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
-        pytest.fail(f"{problem} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{problem}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ import httpx
 from kombu import Connection
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from ._scripts import one_visit, say
 from ._service import free_port
@@ -109,8 +110,9 @@ def postgres_server() -> tuple[str | None, str]:
             with engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
             return url, ""
-        except Exception as exc:
-            problems.append(f"{url}: {str(exc).strip().splitlines()[0]}")
+        except SQLAlchemyError as exc:
+            reason = getattr(exc, "orig", None) or exc  # DBAPIError carries the driver's own
+            problems.append(f"{url}: {str(reason).strip().splitlines()[0]}")
         finally:
             engine.dispose()
     return None, "PostgreSQL is not reachable: " + "; ".join(problems)
