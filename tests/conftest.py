@@ -77,6 +77,16 @@ def unsafe_sandbox_env() -> dict[str, str]:
     return {UNSAFE_SANDBOX_ENV: "true"} if isolation_missing() else {}
 
 
+@pytest.fixture(params=["bubblewrap", "none"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test inside bubblewrap, then again in the fallback without it."""
+    if request.param == "none":
+        monkeypatch.setenv("RELAYGRAPH_BWRAP", "")
+    elif isolation_missing():
+        pytest.skip("bubblewrap (bwrap) is missing or cannot create namespaces here")
+    return str(request.param)
+
+
 @pytest.fixture
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Model retries back off briefly and reach the local fake server with no proxy between

@@ -18,7 +18,6 @@ import pytest
 from relaygraph.backends._quota import task_files_usage
 from relaygraph.backends.sandbox import (
     SandboxLimits,
-    filesystem_isolation,
     run_python_sandboxed,
 )
 from relaygraph.backends.workspace import (
@@ -34,16 +33,6 @@ from ._scripts import call, one_visit, say
 from .test_server import create_project
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(params=["bubblewrap", "none"])
-def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test inside bubblewrap, then again in the fallback without it."""
-    if request.param == "none":
-        monkeypatch.setenv("RELAYGRAPH_BWRAP", "")
-    elif filesystem_isolation() is None:
-        pytest.skip("bubblewrap (bwrap) is missing or cannot create namespaces here")
-    return str(request.param)
 
 
 @pytest.fixture
