@@ -1,5 +1,6 @@
-"""What the tests of the task service share: bearer headers, a free loopback port, and a
-client that makes projects in the ledger and waits for a task's end over HTTP.
+"""What the tests of the task service share: bearer headers, a free loopback port, a
+server process's start and stop, and a client that makes projects in the ledger and waits
+for a task's end over HTTP.
 
 A test file builds its own app or server and hands its ``httpx.AsyncClient`` to
 :class:`ServiceClient` (or a subclass adding that file's own requests); the ``scripts``
@@ -10,14 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from relaygraph.store import Ledger, QuotaOverrides
 
-__all__ = ["ENDED", "FINISHED", "ServiceClient", "auth", "free_port"]
+__all__ = [
+    "ENDED",
+    "FINISHED",
+    "ServiceClient",
+    "auth",
+    "free_port",
+    "stop_process",
+    "wait_answering",
+]
 
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 """The statuses a task ends in."""
@@ -40,6 +52,40 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def wait_answering(
+    process: subprocess.Popen[bytes],
+    url: str,
+    log: Path,
+    *,
+    seconds: float,
+    name: str = "the server",
+    pause: float = 0.1,
+) -> None:
+    """Wait until ``url`` answers 200; the test fails, showing the process's ``log``, if the
+    process exits first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{name} exited early:\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(pause)
+    pytest.fail(f"{name} did not answer {url} in {seconds} s:\n{log.read_text(errors='replace')}")
+
+
+def stop_process(process: subprocess.Popen[bytes], seconds: float = 30) -> None:
+    """Ask ``process`` to end (SIGTERM) and wait for it; killed if it takes ``seconds``."""
+    process.terminate()
+    try:
+        process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(seconds)
 
 
 class ServiceClient:

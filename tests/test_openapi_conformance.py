@@ -18,12 +18,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from relaygraph.store import DATABASE_URL_ENV
 
-from ._service import free_port
+from ._service import free_port, stop_process, wait_answering
 
 pytestmark = pytest.mark.slow
 
@@ -90,26 +89,10 @@ def live_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited early:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server was not ready in 60 s:\n{log.read_text()}")
-            time.sleep(0.1)
+        wait_answering(process, f"{url}/readyz", log, seconds=60)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     # A stream that broke after its 200, or any error the answers hid, is in the log.
     assert "Traceback" not in log.read_text(), log.read_text()
 

@@ -21,7 +21,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
 from ._scripts import call, one_visit, say
-from ._service import free_port
+from ._service import free_port, wait_answering
 from .conftest import EXAMPLE_RELAY, unsafe_sandbox_env
 
 Script = Callable[[dict[str, Any]], str]
@@ -106,17 +106,7 @@ class Server:
             )
 
     def wait_ready(self, timeout: float = START_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"the server exited early:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"the server did not answer /healthz in {timeout} s:\n{self.log.read_text()}")
+        wait_answering(self.process, f"{self.url}/healthz", self.log, seconds=timeout, pause=0.05)
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = START_SECONDS) -> int:
         """Send ``sig`` and wait for the process to exit; returns its exit code."""
