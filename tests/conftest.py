@@ -269,21 +269,29 @@ async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
 
 @pytest.fixture
 def start_server(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Any]]:
-    """Start ``relaygraph serve`` on this test's home: ``start(scripts, **env)`` writes the
-    scripts (file name to turns) into its scripts folder and adds ``env`` to its
-    environment. Every server still running is killed at the end of the test."""
+    """Start ``relaygraph serve`` on this test's home: ``start(scripts, model=, port=,
+    **env)`` writes the scripts (file name to turns) into its scripts folder, serves
+    ``model`` by default (the example relay) on ``port`` (by default a free one) and adds
+    ``env`` to its environment. Every server still running is killed at the end of the
+    test."""
     from .test_server import Server, _env
 
     started: list[Server] = []
     folder = scripts
 
-    def start(scripts: dict[str, Any] | None = None, **env: str) -> Server:
+    def start(
+        scripts: dict[str, Any] | None = None,
+        *,
+        model: str = f"scripted:{EXAMPLE_RELAY}",
+        port: int | None = None,
+        **env: str,
+    ) -> Server:
         for name, turns in (scripts or {}).items():
             (folder / name).write_text(json.dumps(turns), encoding="utf-8")
         server = Server(
             home,
-            f"scripted:{EXAMPLE_RELAY}",
-            free_port(),
+            model,
+            port or free_port(),
             tmp_path / "serve.log",
             folder,
             env={**_env(home), **env},

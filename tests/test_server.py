@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,22 +121,15 @@ class Server:
 
 
 @pytest.fixture
-def serve(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Server]]:
-    """Start servers on this test's home; every one still running is killed at the end."""
-    started: list[Server] = []
+def serve(start_server: Callable[..., Server]) -> Callable[..., Server]:
+    """Start servers on this test's home (``start_server``), on one port unless told
+    another: a restart is a new server on the same port."""
     default_port = free_port()
 
     def start(model: str = f"scripted:{EXAMPLE_RELAY}", *, port: int | None = None) -> Server:
-        server = Server(home, model, port or default_port, tmp_path / "serve.log", scripts)
-        started.append(server)
-        server.wait_ready()
-        return server
+        return start_server(model=model, port=port or default_port)
 
-    yield start
-    for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
+    return start
 
 
 def create_project(home: Path, name: str) -> str:
