@@ -13,6 +13,9 @@ from relaygraph.models.scripted import ScriptTurn, estimate_tokens, load_script,
 from ._openai_profiles import OPENAI, ServerProfile
 from ._openai_requests import _bad_request, _forced_function
 
+Json = dict[str, Any]
+"""A JSON object of the protocol: a request, a message, an answer or a chunk."""
+
 MODEL_PREFIX = "script-"
 """A request for model ``script-<key>`` is answered by the script's ``<key>`` turns."""
 
@@ -107,12 +110,8 @@ def _check_turn(
 
 
 def _chunks(
-    head: dict[str, Any],
-    message: dict[str, Any],
-    finish: str,
-    usage: dict[str, int],
-    include_usage: bool,
-) -> list[dict[str, Any]]:
+    head: Json, message: Json, finish: str, usage: dict[str, int], include_usage: bool
+) -> list[Json]:
     """The ``chat.completion.chunk`` objects of a streamed answer, as OpenAI sends them."""
     base = {**head, "object": "chat.completion.chunk"}
     if include_usage:
@@ -152,12 +151,8 @@ def _chunks(
 
 
 def _llama_cpp_chunks(
-    head: dict[str, Any],
-    message: dict[str, Any],
-    finish: str,
-    usage: dict[str, int],
-    include_usage: bool,
-) -> list[dict[str, Any]]:
+    head: Json, message: Json, finish: str, usage: dict[str, int], include_usage: bool
+) -> list[Json]:
     """A streamed answer as llama-cpp-python sends it: a tool call's every chunk repeats
     its id, type and name, and a legacy ``function_call`` beside it; other answers as
     OpenAI's (:func:`_chunks`)."""

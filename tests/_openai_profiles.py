@@ -4,7 +4,7 @@ refuses (tests/openai_server.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ._openai_requests import _APIError, _bad_request
@@ -51,14 +51,7 @@ LLAMA_CPP_PYTHON = ServerProfile(
     stream_usage=False,
     repeats_tool_call_fields=True,
 )
-LITELLM_LLAMA_CPP_PYTHON = ServerProfile(
-    name="litellm-llama-cpp-python",
-    json_schema=False,
-    null_tool_call_content=False,
-    stream_usage=False,
-    repeats_tool_call_fields=True,
-    litellm=True,
-)
+LITELLM_LLAMA_CPP_PYTHON = replace(LLAMA_CPP_PYTHON, name="litellm-llama-cpp-python", litellm=True)
 VLLM_NO_TOOL_PARSER = ServerProfile(name="vllm-no-tool-parser", auto_tool_choice=False)
 OLLAMA = ServerProfile(name="ollama", honours_tool_choice=False)
 STRICT_FIELDS = ServerProfile(name="strict-fields", parallel_tool_calls_field=False)

@@ -20,6 +20,12 @@ from ._openai_requests import _APIError, _bad_request
 if TYPE_CHECKING:
     from .openai_server import FakeOpenAI
 
+_SERVER_ERRORS = {
+    "500": "The server had an error while processing your request. Sorry about that!",
+    "503": "The engine is currently overloaded, please try again later.",
+}
+"""The message of each server-error fault, in OpenAI's words."""
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -138,20 +144,10 @@ class _Handler(BaseHTTPRequestHandler):
                 code="rate_limit_exceeded",
             )
             self._send_json(429, err.body, {"Retry-After": f"{faults.retry_after:g}"})
-        elif fault == "500":
-            err = _APIError(
-                500,
-                "The server had an error while processing your request. Sorry about that!",
-                type_="server_error",
-            )
-            self._send_json(500, err.body)
-        elif fault == "503":
-            err = _APIError(
-                503,
-                "The engine is currently overloaded, please try again later.",
-                type_="server_error",
-            )
-            self._send_json(503, err.body)
+        elif fault in _SERVER_ERRORS:
+            status = int(fault)
+            err = _APIError(status, _SERVER_ERRORS[fault], type_="server_error")
+            self._send_json(status, err.body)
         elif fault == "timeout":
             time.sleep(faults.stall_seconds)
             self._hang_up()
