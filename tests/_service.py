@@ -13,13 +13,18 @@ import asyncio
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from relaygraph.store import Ledger, QuotaOverrides
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 __all__ = [
     "ENDED",
@@ -27,6 +32,8 @@ __all__ = [
     "ServiceClient",
     "auth",
     "free_port",
+    "in_process",
+    "in_process_service",
     "stop_process",
     "wait_answering",
 ]
@@ -147,3 +154,31 @@ class ServiceClient:
                 return got
             await asyncio.sleep(0.05)
         raise AssertionError(f"task {task_id} did not reach {wanted}")
+
+
+@asynccontextmanager
+async def in_process(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``app`` in process (``httpx.ASGITransport``), within the app's lifespan
+    (run by hand: its task loop and workers start and stop around the block)."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+@asynccontextmanager
+async def in_process_service(
+    home: Path, *, ends: tuple[str, ...] = ENDED, **settings: Any
+) -> AsyncIterator[ServiceClient]:
+    """The task service on ``home`` with ``settings`` (``ServiceSettings``; by default it
+    serves the example relay script), in process; its ledger is ``database_url`` when given,
+    else the SQLite file of ``home``. :meth:`ServiceClient.wait` stops at ``ends``."""
+    from relaygraph.api import ServiceSettings, create_app
+
+    from .conftest import EXAMPLE_RELAY
+
+    settings.setdefault("default_model", f"scripted:{EXAMPLE_RELAY}")
+    ledger_url = settings.get("database_url") or f"sqlite:///{home / 'ledger.sqlite'}"
+    app = create_app(ServiceSettings(home=home, **settings))
+    async with in_process(app) as client:
+        yield ServiceClient(client, ledger_url, ends=ends)

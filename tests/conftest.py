@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import pytest
 from sqlalchemy import create_engine
 
-from ._service import ENDED, ServiceClient, free_port
+from ._service import ServiceClient, free_port, in_process_service
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RELAY = REPO / "examples" / "scripts" / "relay.json"
@@ -244,27 +244,18 @@ def kb(tmp_path: Path) -> Iterator[Any]:
 async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
     """The task service in process (``httpx.ASGITransport``) as a :class:`ServiceClient`,
     on this test's home and scripts folder, waiting for a task until it ends or pauses."""
-    import httpx
-
-    from relaygraph.api import ServiceSettings, create_app
-
-    settings = ServiceSettings(
-        # The operator's own default may be a script anywhere; requests name only
-        # scripts of the scripts folder, by file name.
-        default_model=f"scripted:{EXAMPLE_RELAY}",
+    # The operator's own default (the example relay) may be a script anywhere; requests
+    # name only scripts of the scripts folder, by file name. These tests follow approvals
+    # and cancels of the coder's program, not its isolation: where bubblewrap is missing it
+    # runs unisolated (a fresh machine).
+    async with in_process_service(
+        home,
         scripts_dir=scripts,
-        home=home,
         workers=2,
         max_body_bytes=4096,
-        # These tests follow approvals and cancels of the coder's program, not its
-        # isolation: where bubblewrap is missing it runs unisolated (a fresh machine).
         unsafe_sandbox=isolation_missing(),
-    )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield ServiceClient(client, f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
+    ) as service:
+        yield service
 
 
 @pytest.fixture

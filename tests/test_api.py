@@ -8,14 +8,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import Ledger
 
 from ._scripts import call, one_visit, say
-from ._service import ServiceClient, auth
+from ._service import ServiceClient, auth, in_process
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -284,25 +283,21 @@ async def test_scripted_models_are_refused_unless_the_server_allows_them(
 ) -> None:
     settings = ServiceSettings(home=home, allowed_models=["openai:*"])
     app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
-                key = ledger.create_project("acme")[1]
-            spec = served_script({"supervisor": []})
-            got = await client.post(
-                "/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key)
-            )
-            assert got.status_code == 422
-            assert got.json()["error"]["code"] == "model_not_allowed"
-            assert got.json()["error"]["field"] == "model"
-            other = await client.post(
-                "/v1/tasks",
-                json={"input": "x", "model": "openai:gpt-4o", "agent_models": {"coder": spec}},
-                headers=auth(key),
-            )
-            assert other.status_code == 422
-            assert other.json()["error"]["field"] == "agent_models.coder"
+    async with in_process(app) as client:
+        with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+            key = ledger.create_project("acme")[1]
+        spec = served_script({"supervisor": []})
+        got = await client.post("/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key))
+        assert got.status_code == 422
+        assert got.json()["error"]["code"] == "model_not_allowed"
+        assert got.json()["error"]["field"] == "model"
+        other = await client.post(
+            "/v1/tasks",
+            json={"input": "x", "model": "openai:gpt-4o", "agent_models": {"coder": spec}},
+            headers=auth(key),
+        )
+        assert other.status_code == 422
+        assert other.json()["error"]["field"] == "agent_models.coder"
 
 
 async def test_topology_in_the_body(api: ServiceClient, served_script: Script) -> None:

@@ -44,7 +44,7 @@ from relaygraph.events import (
 from relaygraph.store import Ledger
 from relaygraph.worker import RUN_TASK, WorkerSettings
 
-from ._service import auth
+from ._service import auth, in_process
 from .conftest import EXAMPLE_RELAY
 from .worker_cluster import DEFAULT_BROKER_URL
 
@@ -201,10 +201,8 @@ async def broker_api(
     home: Path, ledger_url: str, settings: WorkerSettings, **options: Any
 ) -> AsyncIterator[BrokerApi]:
     app = create_app(service_settings(home, ledger_url), worker_settings=settings, **options)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield BrokerApi(app, client, ledger_url, settings)
+    async with in_process(app) as client:
+        yield BrokerApi(app, client, ledger_url, settings)
 
 
 @pytest.fixture

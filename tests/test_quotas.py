@@ -32,7 +32,7 @@ from relaygraph.store import (
 )
 from relaygraph.store._quotas import UNREPORTED_PUBLISH_AHEAD
 
-from ._service import FINISHED, ServiceClient, auth
+from ._service import FINISHED, ServiceClient, auth, in_process
 from .conftest import EXAMPLE_RELAY
 from .openai_server import serve_script
 from .test_serve_processes import _recording
@@ -278,10 +278,8 @@ async def _service(home: Path, policy: Path, *, start_workers: bool) -> AsyncIte
         policy_file=policy,
     )
     app = create_app(settings, start_workers=start_workers)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Service(client, f"sqlite:///{home / 'ledger.sqlite'}", seconds=DEADLINE)
+    async with in_process(app) as client:
+        yield Service(client, f"sqlite:///{home / 'ledger.sqlite'}", seconds=DEADLINE)
 
 
 @pytest.fixture

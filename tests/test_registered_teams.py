@@ -24,7 +24,7 @@ from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
 from ._scripts import call, one_visit, say
-from ._service import ENDED, ServiceClient, auth
+from ._service import ENDED, ServiceClient, auth, in_process
 from .conftest import EXAMPLE_RELAY, REPO
 
 TOOLS_MODULE = "rg_review_tools"
@@ -132,10 +132,8 @@ async def serving(home: Path, scripts: Path, **settings: Any) -> AsyncIterator[A
             **settings,
         )
     )
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Api(client, app, home, settings.get("database_url"))
+    async with in_process(app) as client:
+        yield Api(client, app, home, settings.get("database_url"))
 
 
 @pytest.fixture
