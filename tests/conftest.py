@@ -258,6 +258,43 @@ async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
         yield service
 
 
+# The audit dashboard in process (tests/test_dashboard.py's ``Dash``).
+
+
+@pytest.fixture
+async def dash(home: Path, scripts: Path) -> AsyncIterator[Any]:
+    """The task service with its dashboard, started on this test's home and scripts."""
+    from .test_dashboard import running
+
+    async with running(home, scripts) as started:
+        yield started
+
+
+@pytest.fixture
+def priced_policy(tmp_path: Path) -> Path:
+    """A policy file that prices the scripted models, in a folder of the server's own."""
+    from .test_dashboard_audit import PRICE
+
+    folder = tmp_path / "server-only" / "policies"
+    folder.mkdir(parents=True)
+    path = folder / "priced.toml"
+    path.write_text(
+        f'[prices."relay.json"]\ninput = {PRICE["input"]}\noutput = {PRICE["output"]}\n'
+        f'[prices."refusing.json"]\ninput = {PRICE["input"]}\noutput = {PRICE["output"]}\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.fixture
+async def priced(home: Path, scripts: Path, priced_policy: Path) -> AsyncIterator[Any]:
+    """The service with its dashboard, the scripted models priced."""
+    from .test_dashboard import running
+
+    async with running(home, scripts, policy_file=priced_policy) as started:
+        yield started
+
+
 @pytest.fixture
 def start_server(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Any]]:
     """Start ``relaygraph serve`` on this test's home: ``start(scripts, model=, port=,
