@@ -58,17 +58,12 @@ ANSWER_AT_ONCE = {
 """The server's default model: tasks the run creates end at once, without tools."""
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, home: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{home / 'ledger.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 @pytest.fixture
-def server_env(home: Path, database_url: str) -> dict[str, str]:
-    env = dict(os.environ)  # conftest: no API key, a dead OpenAI endpoint.
-    env.update({"RELAYGRAPH_HOME": str(home), DATABASE_URL_ENV: database_url})
+def server_env(home: Path, url: str) -> dict[str, str]:
+    """The server's environment: its ledger at ``url`` (conftest: once SQLite, once
+    PostgreSQL), no API key and a dead OpenAI endpoint (conftest)."""
+    env = dict(os.environ)
+    env.update({"RELAYGRAPH_HOME": str(home), DATABASE_URL_ENV: url})
     return env
 
 
