@@ -202,6 +202,19 @@ def ledger(url: str) -> Iterator[Any]:
         yield ledger
 
 
+@pytest.fixture
+def postgres_ledger(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """An upgraded ledger on PostgreSQL, whose database the runs' checkpointers use too
+    (``RELAYGRAPH_DATABASE_URL``); their code runs unisolated where bubblewrap is missing."""
+    from relaygraph.store import DATABASE_URL_ENV, Ledger
+
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url)
+    monkeypatch.setenv(UNSAFE_SANDBOX_ENV, "true")
+    with Ledger(postgres_url) as made:
+        made.upgrade()
+        yield made
+
+
 SCRIPT_ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
 """The roles of a script that :func:`over_http` plays, each on a model of its own."""
 
