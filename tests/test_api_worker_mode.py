@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -189,6 +189,13 @@ class BrokerApi:
         with Ledger(self.ledger_url) as ledger:
             return ledger.create_project(name)[1]
 
+    async def submitted(self) -> httpx.Response:
+        """The answer to a task ("When?") of a new project ``acme``, accepted."""
+        key = self.key("acme")
+        made = await self.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
+        assert made.status_code == 202, made.text
+        return made
+
     def task(self, task_id: str) -> Any:
         with Ledger(self.ledger_url) as ledger:
             project = ledger.task_owner(task_id)
@@ -317,9 +324,7 @@ async def test_a_server_that_starts_publishes_again_what_waited_too_long(
     home: Path, postgres_url: str, worker_settings: WorkerSettings
 ) -> None:
     async with broker_api(home, postgres_url, worker_settings) as api:
-        key = api.key("acme")
-        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
-        task_id = made.json()["id"]
+        task_id = (await api.submitted()).json()["id"]
         assert published(worker_settings) == [(task_id, 1)]
         broker = api.app.state.service.broker()
         assert broker.republish_stale() == 0  # Queued a moment ago: its message is there.
@@ -332,9 +337,7 @@ async def test_a_running_server_publishes_again_what_lost_its_message(
     home: Path, postgres_url: str, worker_settings: WorkerSettings
 ) -> None:
     async with broker_api(home, postgres_url, worker_settings) as api:
-        key = api.key("acme")
-        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
-        task_id = made.json()["id"]
+        task_id = (await api.submitted()).json()["id"]
         broker = api.app.state.service.broker()
         later = datetime.now(UTC) + broker.republish_after + timedelta(seconds=1)
         # Its message waits in the queue: a task queued that long is only behind others.
@@ -354,9 +357,7 @@ async def test_the_sweep_runs_while_the_server_runs(
 
     monkeypatch.setattr(_state, "SWEEP_SECONDS", 0.1)
     async with broker_api(home, postgres_url, worker_settings) as api:
-        key = api.key("acme")
-        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
-        task_id = made.json()["id"]
+        task_id = (await api.submitted()).json()["id"]
         assert published(worker_settings) == [(task_id, 1)]  # Taken: lost.
         api.app.state.service.broker().republish_after = timedelta(0)
         deadline = time.monotonic() + 60
@@ -440,6 +441,11 @@ def live(
     server.stop()
 
 
+def soon(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Call ``call`` on a thread of its own in 0.3 s: once the stream waits for it."""
+    threading.Timer(0.3, call, args=args, kwargs=kwargs).start()
+
+
 def frames(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
     """``(id, event)`` of each Server-Sent Event, as it arrives."""
     seq, kind = None, None
@@ -480,12 +486,7 @@ def test_a_stream_wakes_on_a_notice_and_replays_from_the_ledger(
             arriving = frames(stream.iter_lines())
             assert next(arriving) == (1, "token")
             written = time.monotonic()
-            threading.Timer(
-                0.3,
-                worker.append_events,
-                args=(task_id, [token_event("supervisor", "two")]),
-                kwargs={"attempt": attempt},
-            ).start()
+            soon(worker.append_events, task_id, [token_event("supervisor", "two")], attempt=attempt)
             assert next(arriving) == (2, "token")
             assert time.monotonic() - written < 5  # Woken, not polled (the poll is an hour).
 
@@ -495,7 +496,7 @@ def test_a_stream_wakes_on_a_notice_and_replays_from_the_ledger(
                 )
                 worker.end_run(task_id, usage={}, status="succeeded", attempt=attempt)
 
-            threading.Timer(0.3, finish).start()
+            soon(finish)
             assert list(arriving) == [(3, "run_finished")]  # And the stream closes.
     # A reconnect replays exactly what came after its Last-Event-ID, from the ledger.
     again = httpx.get(url, headers={**auth(key), "Last-Event-ID": "1"}, timeout=10)
@@ -517,10 +518,5 @@ def test_a_stream_polls_while_the_listener_is_down(
         with httpx.stream("GET", url, headers=auth(key), timeout=10) as stream:
             arriving = frames(stream.iter_lines())
             # Written without a notice: only polling finds it.
-            threading.Timer(
-                0.3,
-                ledger.append_events,
-                args=(task_id, [token_event("supervisor", "one")]),
-                kwargs={"attempt": attempt},
-            ).start()
+            soon(ledger.append_events, task_id, [token_event("supervisor", "one")], attempt=attempt)
             assert next(arriving) == (1, "token")
