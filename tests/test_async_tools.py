@@ -300,17 +300,24 @@ async def shout(text: str) -> str:
 '''
 
 
-async def test_an_async_tool_of_a_team_file_runs_on_the_service(home: Path, tmp_path: Path) -> None:
-    import json
-
-    (tmp_path / "tools.py").write_text(TOOLS_PY, encoding="utf-8")
-    team_file = tmp_path / "team.toml"
+def shouters_team(folder: Path, tools: str) -> Path:
+    """The team file ``shouters`` in ``folder``: the built-in writer and a shouter whose
+    tool is ``shout`` of ``tools``, a module's source written beside it as ``tools.py``."""
+    (folder / "tools.py").write_text(tools, encoding="utf-8")
+    team_file = folder / "team.toml"
     team_file.write_text(
         'name = "shouters"\n[agents.writer]\nuse = "builtin:writer"\n'
         '[agents.shouter]\ndescription = "shouts"\nprompt = "You shout."\n'
         'tools = ["./tools.py:shout"]\n',
         encoding="utf-8",
     )
+    return team_file
+
+
+async def test_an_async_tool_of_a_team_file_runs_on_the_service(home: Path, tmp_path: Path) -> None:
+    import json
+
+    team_file = shouters_team(tmp_path, TOOLS_PY)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "s.json").write_text(

@@ -176,22 +176,24 @@ def _service(
     )
 
 
-async def _summed(api: ServiceClient, spec: str) -> tuple[str, dict[str, Any]]:
-    """A project ``acme`` and its task of ``spec`` summing the numbers, which succeeded: the
-    project's key and the task."""
+async def _summed(
+    api: ServiceClient, served_script: Callable[[dict[str, Any]], str]
+) -> tuple[str, dict[str, Any], str]:
+    """A project ``acme`` and its task summing the numbers (:data:`READS_EARLIER_FILE`),
+    which succeeded: the project's key, the task and the spec of its script."""
+    spec = served_script(READS_EARLIER_FILE)
     key = api.key("acme")
     made = await api.submit(key, input="Sum the numbers", model=spec)
     original = await api.wait(made.json()["id"], key)
     assert original["status"] == "succeeded", original
-    return key, original
+    return key, original, spec
 
 
 async def test_replay_over_the_api_honours_an_idempotency_key(
     home: Path, scripts: Path, served_script: Callable[[dict[str, Any]], str]
 ) -> None:
-    spec = served_script(READS_EARLIER_FILE)
     async with _service(home, scripts) as api:
-        key, original = await _summed(api, spec)
+        key, original, spec = await _summed(api, served_script)
         url = f"/v1/tasks/{original['id']}/replay"
 
         async def replay(body: dict[str, Any], idempotency: str) -> httpx.Response:
@@ -236,9 +238,8 @@ async def test_replay_over_the_api_honours_an_idempotency_key(
 async def test_replay_over_the_api_refuses_a_workspace_past_the_quota(
     home: Path, scripts: Path, served_script: Callable[[dict[str, Any]], str]
 ) -> None:
-    spec = served_script(READS_EARLIER_FILE)
     async with _service(home, scripts) as api:
-        key, original = await _summed(api, spec)
+        key, original, _ = await _summed(api, served_script)
     # The operator lowers the quota: the original's data/ and data/numbers.txt pass it.
     async with _service(home, scripts, workspace_max_files=1) as api:
         refused = await api.client.post(

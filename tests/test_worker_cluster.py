@@ -44,6 +44,7 @@ from relaygraph.client import Client
 from ._scripts import one_visit, say
 from ._service import FINISHED
 from .conftest import EXAMPLE_RELAY
+from .test_async_tools import shouters_team
 from .worker_cluster import (
     Cluster,
     Run,
@@ -729,14 +730,7 @@ def test_an_async_tool_of_an_operators_team_file_runs_on_a_worker(
     """An operator's team file (RELAYGRAPH_TEAM_FILES, set alike for the server and the
     worker) with an ``async def`` tool: the worker's pool process runs its coroutine on the
     process's tool loop, and the ledger records the call."""
-    (tmp_path / "tools.py").write_text(ASYNC_TOOLS_PY, encoding="utf-8")
-    team_file = tmp_path / "team.toml"
-    team_file.write_text(
-        'name = "shouters"\n[agents.writer]\nuse = "builtin:writer"\n'
-        '[agents.shouter]\ndescription = "shouts"\nprompt = "You shout."\n'
-        'tools = ["./tools.py:shout"]\n',
-        encoding="utf-8",
-    )
+    team_file = shouters_team(tmp_path, ASYNC_TOOLS_PY)
     env = {"RELAYGRAPH_TEAM_FILES": json.dumps([str(team_file)])}
     server = cluster.serve("api", model=DEFAULT_MODEL, env=env)
     cluster.worker("w1", env=env)
