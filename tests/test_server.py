@@ -23,6 +23,7 @@ from relaygraph.store import Ledger
 from ._scripts import call, one_visit, say
 from ._service import free_port, wait_answering
 from .conftest import EXAMPLE_RELAY, unsafe_sandbox_env
+from .test_cli import relaygraph
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -134,14 +135,8 @@ def serve(start_server: Callable[..., Server]) -> Callable[..., Server]:
 
 def create_project(home: Path, name: str) -> str:
     """``relaygraph projects create NAME --json`` in its own process; returns the key."""
-    done = subprocess.run(
-        [sys.executable, "-m", "relaygraph.cli", "projects", "create", name, "--json"],
-        env=_env(home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = relaygraph("projects", "create", name, "--json", home=home, env=_env(home))
+    assert done.returncode == 0, done.stderr
     made = json.loads(done.stdout)
     assert made["project"] == name
     key: str = made["key"]
