@@ -12,7 +12,7 @@ from typing import Any
 
 from relaygraph.supervisor import FINISH
 
-__all__ = ["Turn", "call", "one_visit", "route", "say"]
+__all__ = ["COUNTED_BY_THE_REVIEWER", "Turn", "call", "one_visit", "route", "say"]
 
 Turn = dict[str, Any]
 """One turn of a role's model in a script."""
@@ -49,3 +49,15 @@ def one_visit(
     if final is not None:
         script["finalize"] = [say(final)]
     return script
+
+
+COUNTED_BY_THE_REVIEWER = one_visit(
+    "reviewer",
+    "count",
+    "a draft exists",
+    call("word_count", text="x y z"),
+    say("Counted."),
+    finished="counted",
+    final="Done.",
+)
+"""A reviewer (of a team that gives it a ``word_count`` tool) counts the words of a draft."""

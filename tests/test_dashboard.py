@@ -28,7 +28,7 @@ from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
-from ._scripts import call, one_visit, say
+from ._scripts import COUNTED_BY_THE_REVIEWER, call, one_visit, say
 from ._service import FINISHED, auth
 from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
@@ -1007,15 +1007,7 @@ async def test_an_edit_is_checked_against_a_registered_teams_own_tool(
                 "/v1/teams/docs-review", json={"toml": REVIEW_TEAM}, headers=auth(key)
             )
             assert pushed.status_code == 201, pushed.text
-        script = one_visit(
-            "reviewer",
-            "count",
-            "a draft exists",
-            call("word_count", text="x y z"),
-            say("Counted."),
-            finished="counted",
-            final="Done.",
-        )
+        script = COUNTED_BY_THE_REVIEWER
         task = await dash.submit(
             key,
             input="count",

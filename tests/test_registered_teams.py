@@ -23,7 +23,7 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
-from ._scripts import call, one_visit, say
+from ._scripts import COUNTED_BY_THE_REVIEWER, call, one_visit, say
 from ._service import ENDED, ServiceClient, auth, in_process
 from .conftest import EXAMPLE_RELAY, REPO
 
@@ -562,15 +562,7 @@ async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
 ) -> None:
     key = api.key("acme")
     assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
-    script = one_visit(
-        "reviewer",
-        "count",
-        "a draft exists",
-        call("word_count", text="x y z"),
-        say("Counted."),
-        finished="counted",
-        final="Done.",
-    )
+    script = COUNTED_BY_THE_REVIEWER
     (scripts / "approve.json").write_text(json.dumps(script), encoding="utf-8")
     made = await api.submit(
         key,
