@@ -1,5 +1,7 @@
 """Shared fixtures: an isolated data directory and no way to reach a real model by accident;
-the task service in process (``api``) and as a process (``start_server``)."""
+the services a test needs (PostgreSQL, RabbitMQ, bubblewrap or its fallback); the task
+service in process (``api``, the dashboard's ``dash`` and ``priced``) and as a process
+(``start_server``)."""
 
 from __future__ import annotations
 
