@@ -34,8 +34,6 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordNotFound
 from relaygraph.team import Team
 
-from ._scripts import one_visit, say
-
 EFFECTS = "effects.txt"
 """Each side effect of a tool appends one line to this file of the task's workspace."""
 RUN_PYTHON = {
@@ -173,14 +171,14 @@ class CrashingJournal:
 
 
 def _script(*turns: list[Mapping[str, Any]]) -> dict[str, Any]:
-    return one_visit(
-        "coder",
-        "do the work",
-        "code",
-        *({"tool_calls": list(calls)} for calls in turns),
-        say("Done."),
-        final="The work is done.",
-    )
+    return {
+        "supervisor": [
+            {"route": {"next": "coder", "task": "do the work", "reason": "code"}},
+            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
+        ],
+        "coder": [*({"tool_calls": list(calls)} for calls in turns), {"content": "Done."}],
+        "finalize": [{"content": "The work is done."}],
+    }
 
 
 def _team(policy: Mapping[str, Any] | None = None, *, writer: bool = False) -> Team:
