@@ -1,5 +1,6 @@
-"""What the tests of the task service share: bearer headers, a free loopback port, and a
-client that makes projects in the ledger and waits for a task's end over HTTP.
+"""What the tests of the task service share: bearer headers, a free loopback port, a
+server process's start and stop, and a client that makes projects in the ledger and waits
+for a task's end over HTTP.
 
 A test file builds its own app or server and hands its ``httpx.AsyncClient`` to
 :class:`ServiceClient` (or a subclass adding that file's own requests); the ``scripts``
@@ -10,14 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from relaygraph.store import Ledger, QuotaOverrides
 
-__all__ = ["ENDED", "FINISHED", "ServiceClient", "auth", "free_port"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = [
+    "ENDED",
+    "FINISHED",
+    "ServiceClient",
+    "auth",
+    "free_port",
+    "in_process",
+    "in_process_service",
+    "stop_process",
+    "wait_answering",
+]
 
 FINISHED = ("succeeded", "degraded", "failed", "cancelled")
 """The statuses a task ends in."""
@@ -40,6 +59,40 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def wait_answering(
+    process: subprocess.Popen[bytes],
+    url: str,
+    log: Path,
+    *,
+    seconds: float,
+    name: str = "the server",
+    pause: float = 0.1,
+) -> None:
+    """Wait until ``url`` answers 200; the test fails, showing the process's ``log``, if the
+    process exits first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{name} exited early:\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(pause)
+    pytest.fail(f"{name} did not answer {url} in {seconds} s:\n{log.read_text(errors='replace')}")
+
+
+def stop_process(process: subprocess.Popen[bytes], seconds: float = 30) -> None:
+    """Ask ``process`` to end (SIGTERM) and wait for it; killed if it takes ``seconds``."""
+    process.terminate()
+    try:
+        process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(seconds)
 
 
 class ServiceClient:
@@ -101,3 +154,31 @@ class ServiceClient:
                 return got
             await asyncio.sleep(0.05)
         raise AssertionError(f"task {task_id} did not reach {wanted}")
+
+
+@asynccontextmanager
+async def in_process(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``app`` in process (``httpx.ASGITransport``), within the app's lifespan
+    (run by hand: its task loop and workers start and stop around the block)."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+@asynccontextmanager
+async def in_process_service(
+    home: Path, *, ends: tuple[str, ...] = ENDED, **settings: Any
+) -> AsyncIterator[ServiceClient]:
+    """The task service on ``home`` with ``settings`` (``ServiceSettings``; by default it
+    serves the example relay script), in process; its ledger is ``database_url`` when given,
+    else the SQLite file of ``home``. :meth:`ServiceClient.wait` stops at ``ends``."""
+    from relaygraph.api import ServiceSettings, create_app
+
+    from .conftest import EXAMPLE_RELAY
+
+    settings.setdefault("default_model", f"scripted:{EXAMPLE_RELAY}")
+    ledger_url = settings.get("database_url") or f"sqlite:///{home / 'ledger.sqlite'}"
+    app = create_app(ServiceSettings(home=home, **settings))
+    async with in_process(app) as client:
+        yield ServiceClient(client, ledger_url, ends=ends)

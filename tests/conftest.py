@@ -1,4 +1,7 @@
-"""Shared fixtures: an isolated data directory and no way to reach a real model by accident."""
+"""Shared fixtures: an isolated data directory and no way to reach a real model by accident;
+the services a test needs (PostgreSQL, RabbitMQ, bubblewrap or its fallback); the task
+service in process (``api``, the dashboard's ``dash`` and ``priced``) and as a process
+(``start_server``)."""
 
 from __future__ import annotations
 
@@ -6,13 +9,14 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import create_engine
+
+from ._service import ServiceClient, free_port, in_process_service
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RELAY = REPO / "examples" / "scripts" / "relay.json"
@@ -22,6 +26,7 @@ POSTGRES_URLS = (
 )
 POSTGRES_URL_ENV = "RELAYGRAPH_TEST_POSTGRES_URL"
 REQUIRE_POSTGRES_ENV = "RELAYGRAPH_REQUIRE_POSTGRES"
+REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +79,16 @@ def unsafe_sandbox_env() -> dict[str, str]:
     return {UNSAFE_SANDBOX_ENV: "true"} if isolation_missing() else {}
 
 
+@pytest.fixture(params=["bubblewrap", "none"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test inside bubblewrap, then again in the fallback without it."""
+    if request.param == "none":
+        monkeypatch.setenv("RELAYGRAPH_BWRAP", "")
+    elif isolation_missing():
+        pytest.skip("bubblewrap (bwrap) is missing or cannot create namespaces here")
+    return str(request.param)
+
+
 @pytest.fixture
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Model retries back off briefly and reach the local fake server with no proxy between
@@ -120,29 +135,39 @@ def script(tmp_path: Path) -> Callable[[dict[str, Any]], str]:
     return write
 
 
-# PostgreSQL: CI requires it (RELAYGRAPH_REQUIRE_POSTGRES=1); elsewhere it is skipped.
+# PostgreSQL and RabbitMQ: CI requires them (RELAYGRAPH_REQUIRE_POSTGRES=1,
+# RELAYGRAPH_REQUIRE_RABBITMQ=1); elsewhere a test that needs one is skipped without it.
+
+
+def require(problem: str, env: str) -> NoReturn:
+    """Skip the test for ``problem`` (a service it needs is missing), or fail it where the
+    environment variable ``env`` is ``1`` (CI, where the service must be there)."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{problem} (and {env}=1 requires it)", pytrace=False)
+    pytest.skip(f"{problem}; set {env}=1 to make this a failure")
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> str:
     """A URL of the PostgreSQL server that answers (``$RELAYGRAPH_TEST_POSTGRES_URL`` first)."""
-    override = os.environ.get(POSTGRES_URL_ENV)
-    problems = []
-    for url in [override] if override else POSTGRES_URLS:
-        engine = create_engine(url, connect_args={"connect_timeout": 3})
-        try:
-            with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            return url
-        except SQLAlchemyError as exc:
-            reason = getattr(exc, "orig", None) or exc  # DBAPIError carries the driver's own
-            problems.append(f"{url}: {str(reason).strip().splitlines()[0]}")
-        finally:
-            engine.dispose()
-    message = "PostgreSQL is not reachable: " + "; ".join(problems)
-    if os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
-        pytest.fail(f"{message} (and {REQUIRE_POSTGRES_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{message}; set {REQUIRE_POSTGRES_ENV}=1 to make this a failure")
+    from .worker_cluster import postgres_server as reachable_postgres
+
+    url, problem = reachable_postgres()
+    if url is None:
+        require(problem, REQUIRE_POSTGRES_ENV)
+    return url
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> str:
+    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
+    from .worker_cluster import broker_problem, broker_url
+
+    url = broker_url()
+    problem = broker_problem(url)
+    if problem is not None:
+        require(problem, REQUIRE_RABBITMQ_ENV)
+    return url
 
 
 @pytest.fixture
@@ -189,6 +214,19 @@ def sqlite_ledger(tmp_path: Path) -> Iterator[Any]:
         yield ledger
 
 
+@pytest.fixture
+def postgres_ledger(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """An upgraded ledger on PostgreSQL, whose database the runs' checkpointers use too
+    (``RELAYGRAPH_DATABASE_URL``); their code runs unisolated where bubblewrap is missing."""
+    from relaygraph.store import DATABASE_URL_ENV, Ledger
+
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url)
+    monkeypatch.setenv(UNSAFE_SANDBOX_ENV, "true")
+    with Ledger(postgres_url) as made:
+        made.upgrade()
+        yield made
+
+
 SCRIPT_ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
 """The roles of a script that :func:`over_http` plays, each on a model of its own."""
 
@@ -228,23 +266,85 @@ def kb(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
+async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
+    """The task service in process (``httpx.ASGITransport``) as a :class:`ServiceClient`,
+    on this test's home and scripts folder, waiting for a task until it ends or pauses."""
+    # The operator's own default (the example relay) may be a script anywhere; requests
+    # name only scripts of the scripts folder, by file name. These tests follow approvals
+    # and cancels of the coder's program, not its isolation: where bubblewrap is missing it
+    # runs unisolated (a fresh machine).
+    async with in_process_service(
+        home,
+        scripts_dir=scripts,
+        workers=2,
+        max_body_bytes=4096,
+        unsafe_sandbox=isolation_missing(),
+    ) as service:
+        yield service
+
+
+# The audit dashboard in process (tests/test_dashboard.py's ``Dash``).
+
+
+@pytest.fixture
+async def dash(home: Path, scripts: Path) -> AsyncIterator[Any]:
+    """The task service with its dashboard, started on this test's home and scripts."""
+    from .test_dashboard import running
+
+    async with running(home, scripts) as started:
+        yield started
+
+
+@pytest.fixture
+def priced_policy(tmp_path: Path) -> Path:
+    """A policy file that prices the scripted models, in a folder of the server's own."""
+    from .test_dashboard_audit import PRICE
+
+    folder = tmp_path / "server-only" / "policies"
+    folder.mkdir(parents=True)
+    path = folder / "priced.toml"
+    path.write_text(
+        f'[prices."relay.json"]\ninput = {PRICE["input"]}\noutput = {PRICE["output"]}\n'
+        f'[prices."refusing.json"]\ninput = {PRICE["input"]}\noutput = {PRICE["output"]}\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.fixture
+async def priced(home: Path, scripts: Path, priced_policy: Path) -> AsyncIterator[Any]:
+    """The service with its dashboard, the scripted models priced."""
+    from .test_dashboard import running
+
+    async with running(home, scripts, policy_file=priced_policy) as started:
+        yield started
+
+
+@pytest.fixture
 def start_server(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Any]]:
-    """Start ``relaygraph serve`` on this test's home: ``start(scripts, **env)`` writes the
-    scripts (file name to turns) into its scripts folder and adds ``env`` to its
-    environment. Every server still running is killed at the end of the test."""
-    from ._service import free_port
+    """Start ``relaygraph serve`` on this test's home: ``start(scripts, model=, port=,
+    **env)`` writes the scripts (file name to turns) into its scripts folder, serves
+    ``model`` by default (the example relay) on ``port`` (by default a free one) and adds
+    ``env`` to its environment. Every server still running is killed at the end of the
+    test."""
     from .test_server import Server, _env
 
     started: list[Server] = []
     folder = scripts
 
-    def start(scripts: dict[str, Any] | None = None, **env: str) -> Server:
+    def start(
+        scripts: dict[str, Any] | None = None,
+        *,
+        model: str = f"scripted:{EXAMPLE_RELAY}",
+        port: int | None = None,
+        **env: str,
+    ) -> Server:
         for name, turns in (scripts or {}).items():
             (folder / name).write_text(json.dumps(turns), encoding="utf-8")
         server = Server(
             home,
-            f"scripted:{EXAMPLE_RELAY}",
-            free_port(),
+            model,
+            port or free_port(),
             tmp_path / "serve.log",
             folder,
             env={**_env(home), **env},

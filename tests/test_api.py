@@ -8,37 +8,15 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import Ledger
 
-from ._service import ENDED, ServiceClient, auth
-from .conftest import EXAMPLE_RELAY, isolation_missing
+from ._scripts import call, one_visit, say
+from ._service import ServiceClient, auth, in_process
 
 Script = Callable[[dict[str, Any]], str]
-
-
-@pytest.fixture
-async def api(home: Path, scripts: Path) -> AsyncIterator[ServiceClient]:
-    settings = ServiceSettings(
-        # The operator's own default may be a script anywhere; requests name only
-        # scripts of the scripts folder, by file name.
-        default_model=f"scripted:{EXAMPLE_RELAY}",
-        scripts_dir=scripts,
-        home=home,
-        workers=2,
-        max_body_bytes=4096,
-        # These tests follow approvals and cancels of the coder's program, not its
-        # isolation: where bubblewrap is missing it runs unisolated (a fresh machine).
-        unsafe_sandbox=isolation_missing(),
-    )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield ServiceClient(client, f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
 
 
 async def test_submit_follow_and_replay(api: ServiceClient) -> None:
@@ -174,16 +152,13 @@ async def test_approval_resumes_and_busy_thread_is_409(
 ) -> None:
     key = api.key("acme")
     spec = served_script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {"tool_calls": [{"name": "run_python", "args": {"code": "print(6*7)"}}]},
-                {"content": "The answer is 42."},
-            ],
-        }
+        one_visit(
+            "coder",
+            "compute",
+            "math",
+            call("run_python", code="print(6*7)"),
+            say("The answer is 42."),
+        )
     )
     body = {
         "input": "6*7?",
@@ -309,25 +284,21 @@ async def test_scripted_models_are_refused_unless_the_server_allows_them(
 ) -> None:
     settings = ServiceSettings(home=home, allowed_models=["openai:*"])
     app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
-                key = ledger.create_project("acme")[1]
-            spec = served_script({"supervisor": []})
-            got = await client.post(
-                "/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key)
-            )
-            assert got.status_code == 422
-            assert got.json()["error"]["code"] == "model_not_allowed"
-            assert got.json()["error"]["field"] == "model"
-            other = await client.post(
-                "/v1/tasks",
-                json={"input": "x", "model": "openai:gpt-4o", "agent_models": {"coder": spec}},
-                headers=auth(key),
-            )
-            assert other.status_code == 422
-            assert other.json()["error"]["field"] == "agent_models.coder"
+    async with in_process(app) as client:
+        with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
+            key = ledger.create_project("acme")[1]
+        spec = served_script({"supervisor": []})
+        got = await client.post("/v1/tasks", json={"input": "x", "model": spec}, headers=auth(key))
+        assert got.status_code == 422
+        assert got.json()["error"]["code"] == "model_not_allowed"
+        assert got.json()["error"]["field"] == "model"
+        other = await client.post(
+            "/v1/tasks",
+            json={"input": "x", "model": "openai:gpt-4o", "agent_models": {"coder": spec}},
+            headers=auth(key),
+        )
+        assert other.status_code == 422
+        assert other.json()["error"]["field"] == "agent_models.coder"
 
 
 async def test_topology_in_the_body(api: ServiceClient, served_script: Script) -> None:

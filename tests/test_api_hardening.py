@@ -13,10 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from relaygraph.api import ServiceSettings, create_app
 from relaygraph.store import DATABASE_URL_ENV, Ledger
 
-from ._service import ENDED, ServiceClient, auth
+from ._service import ServiceClient, auth, in_process_service
 from .conftest import EXAMPLE_RELAY
 
 
@@ -46,19 +45,10 @@ def ledger_url(request: pytest.FixtureRequest, home: Path, monkeypatch: pytest.M
 
 @pytest.fixture
 async def api(home: Path, ledger_url: str, scripts: Path) -> AsyncIterator[ServiceClient]:
-    settings = ServiceSettings(
-        default_model=f"scripted:{EXAMPLE_RELAY}",
-        scripts_dir=scripts,
-        home=home,
-        database_url=ledger_url,
-        workers=1,
-        max_body_bytes=64 * 1024,
-    )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield ServiceClient(client, ledger_url, ends=ENDED)
+    async with in_process_service(
+        home, scripts_dir=scripts, database_url=ledger_url, workers=1, max_body_bytes=64 * 1024
+    ) as service:
+        yield service
 
 
 # Text the ledger cannot store: the JSON escapes \udfff (a lone surrogate) and \u0000 (NUL).

@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,12 +44,10 @@ from relaygraph.events import (
 from relaygraph.store import Ledger
 from relaygraph.worker import RUN_TASK, WorkerSettings
 
-from ._service import auth
+from ._service import auth, in_process
 from .conftest import EXAMPLE_RELAY
+from .worker_cluster import DEFAULT_BROKER_URL
 
-RABBITMQ_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
-REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
-DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 HUGE = 3600.0
 """A poll interval no test waits out: what arrives sooner was woken by a notice."""
 
@@ -92,7 +89,7 @@ def test_the_broker_url_comes_from_the_environment(
 ) -> None:
     # Without a broker: the server runs tasks itself, as on a single machine.
     assert not create_app(service_settings(home)).state.service.worker_mode
-    monkeypatch.setenv("RELAYGRAPH_BROKER_URL", DEFAULT_RABBITMQ_URL)
+    monkeypatch.setenv("RELAYGRAPH_BROKER_URL", DEFAULT_BROKER_URL)
     with pytest.raises(ConfigError, match=r"worker mode .* needs the ledger on PostgreSQL"):
         create_app(service_settings(home))
 
@@ -146,21 +143,6 @@ async def test_metrics_answer_loopback_or_the_operators_token(
 # On RabbitMQ and PostgreSQL.
 
 
-@pytest.fixture(scope="session")
-def rabbitmq() -> str:
-    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
-    url = os.environ.get(RABBITMQ_URL_ENV, DEFAULT_RABBITMQ_URL)
-    try:
-        with Connection(url, connect_timeout=3) as connection:
-            connection.ensure_connection(max_retries=1)
-        return url
-    except Exception as exc:
-        message = f"RabbitMQ is not reachable at {url}: {exc}"
-    if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
-        pytest.fail(f"{message} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{message}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
-
-
 @pytest.fixture
 def worker_settings(rabbitmq: str) -> Iterator[WorkerSettings]:
     """The worker mode on a queue, a control exchange and a notice channel of the test's
@@ -207,6 +189,13 @@ class BrokerApi:
         with Ledger(self.ledger_url) as ledger:
             return ledger.create_project(name)[1]
 
+    async def submitted(self) -> httpx.Response:
+        """The answer to a task ("When?") of a new project ``acme``, accepted."""
+        key = self.key("acme")
+        made = await self.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
+        assert made.status_code == 202, made.text
+        return made
+
     def task(self, task_id: str) -> Any:
         with Ledger(self.ledger_url) as ledger:
             project = ledger.task_owner(task_id)
@@ -219,10 +208,8 @@ async def broker_api(
     home: Path, ledger_url: str, settings: WorkerSettings, **options: Any
 ) -> AsyncIterator[BrokerApi]:
     app = create_app(service_settings(home, ledger_url), worker_settings=settings, **options)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield BrokerApi(app, client, ledger_url, settings)
+    async with in_process(app) as client:
+        yield BrokerApi(app, client, ledger_url, settings)
 
 
 @pytest.fixture
@@ -337,9 +324,7 @@ async def test_a_server_that_starts_publishes_again_what_waited_too_long(
     home: Path, postgres_url: str, worker_settings: WorkerSettings
 ) -> None:
     async with broker_api(home, postgres_url, worker_settings) as api:
-        key = api.key("acme")
-        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
-        task_id = made.json()["id"]
+        task_id = (await api.submitted()).json()["id"]
         assert published(worker_settings) == [(task_id, 1)]
         broker = api.app.state.service.broker()
         assert broker.republish_stale() == 0  # Queued a moment ago: its message is there.
@@ -352,9 +337,7 @@ async def test_a_running_server_publishes_again_what_lost_its_message(
     home: Path, postgres_url: str, worker_settings: WorkerSettings
 ) -> None:
     async with broker_api(home, postgres_url, worker_settings) as api:
-        key = api.key("acme")
-        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
-        task_id = made.json()["id"]
+        task_id = (await api.submitted()).json()["id"]
         broker = api.app.state.service.broker()
         later = datetime.now(UTC) + broker.republish_after + timedelta(seconds=1)
         # Its message waits in the queue: a task queued that long is only behind others.
@@ -374,9 +357,7 @@ async def test_the_sweep_runs_while_the_server_runs(
 
     monkeypatch.setattr(_state, "SWEEP_SECONDS", 0.1)
     async with broker_api(home, postgres_url, worker_settings) as api:
-        key = api.key("acme")
-        made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
-        task_id = made.json()["id"]
+        task_id = (await api.submitted()).json()["id"]
         assert published(worker_settings) == [(task_id, 1)]  # Taken: lost.
         api.app.state.service.broker().republish_after = timedelta(0)
         deadline = time.monotonic() + 60
@@ -460,6 +441,11 @@ def live(
     server.stop()
 
 
+def soon(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Call ``call`` on a thread of its own in 0.3 s: once the stream waits for it."""
+    threading.Timer(0.3, call, args=args, kwargs=kwargs).start()
+
+
 def frames(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
     """``(id, event)`` of each Server-Sent Event, as it arrives."""
     seq, kind = None, None
@@ -500,12 +486,7 @@ def test_a_stream_wakes_on_a_notice_and_replays_from_the_ledger(
             arriving = frames(stream.iter_lines())
             assert next(arriving) == (1, "token")
             written = time.monotonic()
-            threading.Timer(
-                0.3,
-                worker.append_events,
-                args=(task_id, [token_event("supervisor", "two")]),
-                kwargs={"attempt": attempt},
-            ).start()
+            soon(worker.append_events, task_id, [token_event("supervisor", "two")], attempt=attempt)
             assert next(arriving) == (2, "token")
             assert time.monotonic() - written < 5  # Woken, not polled (the poll is an hour).
 
@@ -515,7 +496,7 @@ def test_a_stream_wakes_on_a_notice_and_replays_from_the_ledger(
                 )
                 worker.end_run(task_id, usage={}, status="succeeded", attempt=attempt)
 
-            threading.Timer(0.3, finish).start()
+            soon(finish)
             assert list(arriving) == [(3, "run_finished")]  # And the stream closes.
     # A reconnect replays exactly what came after its Last-Event-ID, from the ledger.
     again = httpx.get(url, headers={**auth(key), "Last-Event-ID": "1"}, timeout=10)
@@ -537,10 +518,5 @@ def test_a_stream_polls_while_the_listener_is_down(
         with httpx.stream("GET", url, headers=auth(key), timeout=10) as stream:
             arriving = frames(stream.iter_lines())
             # Written without a notice: only polling finds it.
-            threading.Timer(
-                0.3,
-                ledger.append_events,
-                args=(task_id, [token_event("supervisor", "one")]),
-                kwargs={"attempt": attempt},
-            ).start()
+            soon(ledger.append_events, task_id, [token_event("supervisor", "one")], attempt=attempt)
             assert next(arriving) == (1, "token")

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, ToolMessage
 
+from ._scripts import call, route, say
 from .test_cli import relaygraph
-from .test_team import call, final_state, route, say
+from .test_team import final_state
 
 Script = Callable[[dict[str, Any]], str]
 

@@ -14,17 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from langchain_core.tools import StructuredTool
 
 from relaygraph import arun_task
 from relaygraph.agents import Agent, builtin
-from relaygraph.api import ServiceSettings, create_app
 from relaygraph.runner import run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import Team
 from relaygraph.topology import Topology
+
+from ._scripts import call, say
+from ._service import in_process_service
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -86,14 +87,6 @@ async def _shout_coroutine(text: str) -> str:
 coroutine_only = StructuredTool.from_function(
     coroutine=_shout_coroutine, name="shout", description="Shout a text."
 )
-
-
-def call(name: str, **args: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "args": args}]}
-
-
-def say(text: str) -> dict[str, Any]:
-    return {"content": text}
 
 
 def route(next: str) -> dict[str, Any]:
@@ -307,47 +300,39 @@ async def shout(text: str) -> str:
 '''
 
 
-async def test_an_async_tool_of_a_team_file_runs_on_the_service(home: Path, tmp_path: Path) -> None:
-    import json
-
-    (tmp_path / "tools.py").write_text(TOOLS_PY, encoding="utf-8")
-    team_file = tmp_path / "team.toml"
+def shouters_team(folder: Path, tools: str) -> Path:
+    """The team file ``shouters`` in ``folder``: the built-in writer and a shouter whose
+    tool is ``shout`` of ``tools``, a module's source written beside it as ``tools.py``."""
+    (folder / "tools.py").write_text(tools, encoding="utf-8")
+    team_file = folder / "team.toml"
     team_file.write_text(
         'name = "shouters"\n[agents.writer]\nuse = "builtin:writer"\n'
         '[agents.shouter]\ndescription = "shouts"\nprompt = "You shout."\n'
         'tools = ["./tools.py:shout"]\n',
         encoding="utf-8",
     )
+    return team_file
+
+
+async def test_an_async_tool_of_a_team_file_runs_on_the_service(home: Path, tmp_path: Path) -> None:
+    import json
+
+    team_file = shouters_team(tmp_path, TOOLS_PY)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "s.json").write_text(
         json.dumps(turns("structured", call("shout", text="hi"))), encoding="utf-8"
     )
-    settings = ServiceSettings(
+    async with in_process_service(
+        home,
         default_model=f"scripted:{scripts / 's.json'}",
         scripts_dir=scripts,
-        home=home,
         team_files=[team_file],
-    )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
-                key = ledger.create_project("acme")[1]
-            headers = {"Authorization": f"Bearer {key}"}
-            made = await client.post(
-                "/v1/tasks",
-                json={"input": "Shout", "team": "shouters", "model": "scripted:s.json"},
-                headers=headers,
-            )
-            assert made.status_code == 202, made.text
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                task = (await client.get(f"/v1/tasks/{made.json()['id']}", headers=headers)).json()
-                if task["status"] not in ("queued", "running"):
-                    break
-                await asyncio.sleep(0.05)
+    ) as api:
+        key = api.key("acme")
+        made = await api.submit(key, input="Shout", team="shouters", model="scripted:s.json")
+        assert made.status_code == 202, made.text
+        task = await api.wait(made.json()["id"], key)
     assert task["status"] == "succeeded", task
     [recorded] = tool_results(home, task["id"])
     assert "HI!" in (recorded.result_preview or "")

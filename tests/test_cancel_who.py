@@ -9,7 +9,7 @@ from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 
 from ._service import FINISHED
 from ._service import auth as bearer
-from .test_dashboard import APPROVAL_POLICY, HTML, Dash, csrf_of, dash  # noqa: F401 (fixture)
+from .test_dashboard import HTML, Dash, csrf_of
 
 
 def _requests(service: Dash, task_id: str) -> list[dict]:
@@ -17,12 +17,9 @@ def _requests(service: Dash, task_id: str) -> list[dict]:
         return [e.data for e in ledger.events_after(task_id) if e.type == "cancel_requested"]
 
 
-async def test_a_cancel_through_the_api_records_the_projects_name(
-    dash: Dash,  # noqa: F811
-) -> None:
+async def test_a_cancel_through_the_api_records_the_projects_name(dash: Dash) -> None:
     key = dash.key("acme")
-    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await dash.wait(key, task["id"], ("interrupted",))
+    task = await dash.paused(key)
     async with dash.browser(key) as client:
         done = await client.post(f"/v1/tasks/{task['id']}/cancel", headers=bearer(key))
         assert done.status_code == 202, done.text
@@ -33,12 +30,9 @@ async def test_a_cancel_through_the_api_records_the_projects_name(
     assert 'data-kind="cancel_requested" data-cancelled-by="acme"' in page  # the timeline
 
 
-async def test_a_cancel_from_the_page_records_the_sessions_project(
-    dash: Dash,  # noqa: F811
-) -> None:
+async def test_a_cancel_from_the_page_records_the_sessions_project(dash: Dash) -> None:
     key = dash.key("globex")
-    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await dash.wait(key, task["id"], ("interrupted",))
+    task = await dash.paused(key)
     async with dash.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         confirmed = {"csrf": csrf_of(page), "confirm": "yes"}

@@ -17,8 +17,13 @@ from .conftest import EXAMPLE_RELAY
 Script = Callable[[dict[str, Any]], str]
 
 
-def relaygraph(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RELAYGRAPH_HOME": str(home), "COLUMNS": "200"}
+def relaygraph(
+    *args: str, home: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``relaygraph ARGS`` in a process of its own on ``home``, in ``env`` (by default this
+    process's environment, with wide columns)."""
+    if env is None:
+        env = {**os.environ, "RELAYGRAPH_HOME": str(home), "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "relaygraph.cli", *args],
         capture_output=True,

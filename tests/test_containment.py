@@ -30,6 +30,8 @@ from relaygraph.runner import TaskRunner, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordConflict
 from tests.conftest import EXAMPLE_RELAY
 
+from ._scripts import call, one_visit, say
+
 SCRIPTS = EXAMPLE_RELAY.parent
 
 
@@ -236,18 +238,15 @@ def _two_slow_programs(script: Any) -> str:
     slow = "import time\ntime.sleep(3)\nprint('slept')"
     return str(
         script(
-            {
-                "supervisor": [
-                    {"route": {"next": "coder", "task": "compute", "reason": "code"}},
-                    {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-                ],
-                "coder": [
-                    {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
-                    {"tool_calls": [{"name": "run_python", "args": {"code": slow}}]},
-                    {"content": "done"},
-                ],
-                "finalize": [{"content": "done"}],
-            }
+            one_visit(
+                "coder",
+                "compute",
+                "code",
+                call("run_python", code=slow),
+                call("run_python", code=slow),
+                say("done"),
+                final="done",
+            )
         )
     )
 

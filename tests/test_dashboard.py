@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,22 +28,20 @@ from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
+from ._scripts import COUNTED_BY_THE_REVIEWER, call, one_visit, say
 from ._service import FINISHED, auth
 from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
 
 HTML = {"Accept": "text/html"}
-REFUSING = {
-    "supervisor": [
-        {"route": {"next": "researcher", "task": "Look it up", "reason": "facts first"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "researcher": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]},
-        {"content": "I may not run code; checkpoints are written after each super-step."},
-    ],
-    "finalize": [{"content": "Checkpoints are written after every super-step."}],
-}
+REFUSING = one_visit(
+    "researcher",
+    "Look it up",
+    "facts first",
+    call("run_python", code="print(1)"),
+    say("I may not run code; checkpoints are written after each super-step."),
+    final="Checkpoints are written after every super-step.",
+)
 """A task in which the researcher calls a tool it is not allowed: one violation."""
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
@@ -78,11 +75,25 @@ class Dash:
         (self.scripts / name).write_text(json.dumps(turns), encoding="utf-8")
         return f"scripted:{name}"
 
+    async def paused(self, key: str) -> dict[str, Any]:
+        """A task of the project ``key`` whose coder's program waits for a person's
+        approval (:data:`APPROVAL_POLICY`)."""
+        task = await self.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+        await self.wait(key, task["id"], ("interrupted",))
+        return task
+
+    async def finished(self, key: str, **body: Any) -> dict[str, Any]:
+        """The task of ``body`` submitted as the project ``key``, once it has finished
+        (as :meth:`submit` answered it)."""
+        task = await self.submit(key, **body)
+        await self.wait(key, task["id"], FINISHED)
+        return task
+
     async def submit(self, key: str, **body: Any) -> dict[str, Any]:
         async with self.client() as client:
             made = await client.post("/v1/tasks", json=body, headers=auth(key))
             assert made.status_code == 202, made.text
-            return made.json()  # type: ignore[no-any-return]
+            return made.json()
 
     async def wait(self, key: str, task_id: str, statuses: tuple[str, ...]) -> dict[str, Any]:
         deadline = time.monotonic() + 60
@@ -90,7 +101,7 @@ class Dash:
             while time.monotonic() < deadline:
                 task = (await client.get(f"/v1/tasks/{task_id}", headers=auth(key))).json()
                 if task["status"] in statuses:
-                    return task  # type: ignore[no-any-return]
+                    return task
                 await asyncio.sleep(0.05)
         raise AssertionError(f"task {task_id} did not reach {statuses}")
 
@@ -106,15 +117,6 @@ async def sign_in(client: httpx.AsyncClient, key: str, next_url: str = "/ui") ->
     return await client.post(
         "/ui/login", data={"key": key, "csrf": csrf_of(form.text), "next": next_url}
     )
-
-
-def scripts_folder(tmp_path: Path) -> Path:
-    """A folder of scripted models for the server (``--scripts``), with the example relay
-    as ``relay.json``."""
-    folder = tmp_path / "scripts"
-    folder.mkdir()
-    shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
-    return folder
 
 
 @asynccontextmanager
@@ -135,12 +137,6 @@ async def running(
     app = create_app(settings, start_workers=start_workers)
     async with app.router.lifespan_context(app):
         yield Dash(app, f"sqlite:///{home / 'ledger.sqlite'}", scripts)
-
-
-@pytest.fixture
-async def dash(home: Path, scripts: Path) -> AsyncIterator[Dash]:
-    async with running(home, scripts) as started:
-        yield started
 
 
 # -- signing in and sessions ------------------------------------------------------------
@@ -262,7 +258,7 @@ async def test_task_summaries_count_and_filter(dash: Dash) -> None:
         async def page(**query: str) -> dict[str, Any]:
             got = await client.get("/v1/task-summaries", params=query, headers=auth(key))
             assert got.status_code == 200, got.text
-            return got.json()  # type: ignore[no-any-return]
+            return got.json()
 
         every = {t["id"]: t for t in (await page())["tasks"]}
         assert list(every) == [refused["id"], relay["id"]]  # newest first
@@ -310,8 +306,7 @@ async def test_the_empty_list_says_how_to_submit_a_task(dash: Dash) -> None:
 
 async def test_another_projects_task_is_not_found(dash: Dash) -> None:
     mine, theirs = dash.key("acme"), dash.key("globex")
-    task = await dash.submit(mine, input="When are checkpoints written?")
-    await dash.wait(mine, task["id"], FINISHED)
+    task = await dash.finished(mine, input="When are checkpoints written?")
     async with dash.browser(theirs) as client:
         page = await client.get(f"/ui/tasks/{task['id']}", headers=HTML)
         assert page.status_code == 404 and "Not found" in page.text
@@ -331,8 +326,7 @@ async def test_another_projects_task_is_not_found(dash: Dash) -> None:
 
 async def test_task_page_shows_the_trace_the_graph_and_the_budgets(dash: Dash) -> None:
     key = dash.key("acme")
-    task = await dash.submit(key, input="When are checkpoints written?")
-    await dash.wait(key, task["id"], FINISHED)
+    task = await dash.finished(key, input="When are checkpoints written?")
     async with dash.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         trace = (await client.get(f"/v1/tasks/{task['id']}/trace", headers=auth(key))).json()
@@ -405,8 +399,7 @@ def trace_section(page: str) -> str:
 
 async def test_the_task_page_shows_where_each_run_was_traced(dash: Dash) -> None:
     mine, theirs = dash.key("acme"), dash.key("globex")
-    task = await dash.submit(mine, input="When are checkpoints written?")
-    await dash.wait(mine, task["id"], FINISHED)
+    task = await dash.finished(mine, input="When are checkpoints written?")
     links_url = f"/v1/tasks/{task['id']}/trace-links"
     async with dash.browser(mine) as client:
         untraced = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
@@ -461,8 +454,7 @@ async def test_the_task_page_shows_where_each_run_was_traced(dash: Dash) -> None
 
 async def test_trace_links_keep_only_ids_and_web_addresses(dash: Dash) -> None:
     key = dash.key("acme")
-    task = await dash.submit(key, input="When are checkpoints written?")
-    await dash.wait(key, task["id"], FINISHED)
+    task = await dash.finished(key, input="When are checkpoints written?")
     with Ledger(dash.ledger_url) as ledger:
         ledger.append_event(
             task["id"],
@@ -508,8 +500,7 @@ async def test_a_task_the_server_traced_shows_its_root_spans_trace_id(
     monkeypatch.setattr(tracing_config, "exporting_provider", lambda exporters: provider)
     async with running(home, scripts) as dash:
         key = dash.key("acme")
-        task = await dash.submit(key, input="When are checkpoints written?")
-        await dash.wait(key, task["id"], FINISHED)
+        task = await dash.finished(key, input="When are checkpoints written?")
         async with dash.browser(key) as client:
             page = trace_section((await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text)
     [root] = [s for s in exporter.get_finished_spans() if s.parent is None]
@@ -522,23 +513,15 @@ async def test_a_task_the_server_traced_shows_its_root_spans_trace_id(
 async def test_artifacts_are_served_as_text_or_downloads_never_as_html(dash: Dash) -> None:
     key = dash.key("acme")
     html = "<script>alert(1)</script>"
-    script = {
-        "supervisor": [
-            {"route": {"next": "writer", "task": "Write it", "reason": "a page"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "writer": [
-            {
-                "tool_calls": [
-                    {"name": "save_artifact", "args": {"name": "x.html", "content": html}}
-                ]
-            },
-            {"content": "Saved."},
-        ],
-        "finalize": [{"content": "Done."}],
-    }
-    task = await dash.submit(key, input="a page", model=dash.script("page.json", script))
-    await dash.wait(key, task["id"], FINISHED)
+    script = one_visit(
+        "writer",
+        "Write it",
+        "a page",
+        call("save_artifact", name="x.html", content=html),
+        say("Saved."),
+        final="Done.",
+    )
+    task = await dash.finished(key, input="a page", model=dash.script("page.json", script))
     async with dash.client() as client:
         listed = await client.get(f"/v1/tasks/{task['id']}/artifacts", headers=auth(key))
         assert listed.json() == {"artifacts": [{"name": "x.html", "size_bytes": len(html)}]}
@@ -558,8 +541,7 @@ async def test_artifacts_are_served_as_text_or_downloads_never_as_html(dash: Das
 
 async def test_decisions_from_the_page_check_arguments_and_resume(dash: Dash) -> None:
     key = dash.key("acme")
-    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await dash.wait(key, task["id"], ("interrupted",))
+    task = await dash.paused(key)
     async with dash.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         assert "waiting for you" in page and "run_python" in page
@@ -594,8 +576,7 @@ async def test_decisions_from_the_page_check_arguments_and_resume(dash: Dash) ->
 
 async def test_the_event_stream_of_the_page_replays_and_closes(dash: Dash) -> None:
     key = dash.key("acme")
-    task = await dash.submit(key, input="When are checkpoints written?")
-    await dash.wait(key, task["id"], FINISHED)
+    task = await dash.finished(key, input="When are checkpoints written?")
     async with dash.browser(key) as client:
         stream = await client.get(f"/ui/tasks/{task['id']}/events?after=2")
         ids = [int(i) for i in re.findall(r"^id: (\d+)", stream.text, re.M)]
@@ -689,8 +670,7 @@ async def test_eval_runs_are_hidden_from_projects_unless_the_operator_shows_them
 
 async def test_usage_per_day_and_agent(dash: Dash) -> None:
     key, other = dash.key("acme"), dash.key("globex")
-    task = await dash.submit(key, input="When are checkpoints written?")
-    await dash.wait(key, task["id"], FINISHED)
+    await dash.finished(key, input="When are checkpoints written?")
     today = datetime.now(UTC).date()
     async with dash.client() as client:
         daily = (await client.get("/v1/usage/daily", headers=auth(key))).json()
@@ -949,8 +929,7 @@ async def test_the_openapi_document_lists_the_dashboards_endpoints_not_its_pages
 
 async def test_cancel_from_the_page(dash: Dash) -> None:
     key = dash.key("acme")
-    task = await dash.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await dash.wait(key, task["id"], ("interrupted",))
+    task = await dash.paused(key)
     async with dash.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         assert "Cancel task" in page
@@ -992,8 +971,7 @@ async def test_the_agent_filter_suggests_the_agents_of_the_projects_own_tasks(
     mine, theirs = dash.key("acme"), dash.key("globex")
     async with dash.browser(mine) as browser:
         assert agent_suggestions((await browser.get("/ui", headers=HTML)).text) == []
-    task = await dash.submit(theirs, input="When are checkpoints written?")
-    await dash.wait(theirs, task["id"], FINISHED)
+    await dash.finished(theirs, input="When are checkpoints written?")
     async with dash.browser(theirs) as browser:
         shown = agent_suggestions((await browser.get("/ui", headers=HTML)).text)
         assert shown == ["coder", "researcher", "writer"]  # no supervisor, no finalize
@@ -1029,17 +1007,7 @@ async def test_an_edit_is_checked_against_a_registered_teams_own_tool(
                 "/v1/teams/docs-review", json={"toml": REVIEW_TEAM}, headers=auth(key)
             )
             assert pushed.status_code == 201, pushed.text
-        script = {
-            "supervisor": [
-                {"route": {"next": "reviewer", "task": "count", "reason": "a draft exists"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "counted"}},
-            ],
-            "reviewer": [
-                {"tool_calls": [{"name": "word_count", "args": {"text": "x y z"}}]},
-                {"content": "Counted."},
-            ],
-            "finalize": [{"content": "Done."}],
-        }
+        script = COUNTED_BY_THE_REVIEWER
         task = await dash.submit(
             key,
             input="count",

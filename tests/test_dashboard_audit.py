@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,38 +21,15 @@ from relaygraph.store import Ledger
 from ._service import FINISHED
 from ._service import auth as bearer
 from .test_dashboard import (
-    APPROVAL_POLICY,
     HTML,
     REFUSING,
     Dash,
     csrf_of,
     running,
-    scripts_folder,
 )
 
 PRICE = {"input": 2.0, "output": 8.0}
 """US dollars per million tokens of every scripted model, so that every role costs."""
-
-
-@pytest.fixture
-def priced_policy(tmp_path: Path) -> Path:
-    """A policy file that prices the scripted models, in a folder of the server's own."""
-    folder = tmp_path / "server-only" / "policies"
-    folder.mkdir(parents=True)
-    path = folder / "priced.toml"
-    path.write_text(
-        f'[prices."relay.json"]\ninput = {PRICE["input"]}\noutput = {PRICE["output"]}\n'
-        f'[prices."refusing.json"]\ninput = {PRICE["input"]}\noutput = {PRICE["output"]}\n',
-        encoding="utf-8",
-    )
-    return path
-
-
-@pytest.fixture
-async def priced(home: Path, tmp_path: Path, priced_policy: Path) -> AsyncIterator[Dash]:
-    """The service with its dashboard, the scripted models priced."""
-    async with running(home, scripts_folder(tmp_path), policy_file=priced_policy) as started:
-        yield started
 
 
 async def _pages(dash: Dash, key: str, task_id: str) -> tuple[str, str, dict, dict]:
@@ -76,6 +52,25 @@ def _attr(html: str, name: str) -> str:
     found = re.search(rf'{name}="([^"]*)"', html)
     assert found, f"no {name} in the page"
     return found.group(1)
+
+
+async def decide_on_page(
+    dash: Dash, key: str, task_id: str, *, decision: str, reason: str | None = None
+) -> str:
+    """Decide the approval the task's page waits for, through the page's form signed in
+    with ``key`` (with ``reason``, when given); returns the page as it was."""
+    async with dash.browser(key) as client:
+        waiting = (await client.get(f"/ui/tasks/{task_id}", headers=HTML)).text
+        form = {"csrf": csrf_of(waiting), "decision": decision}
+        if reason is not None:
+            form["reason"] = reason
+        decided = await client.post(
+            f"/ui/tasks/{task_id}/approvals/{_attr(waiting, 'data-approval')}",
+            data=form,
+            headers={"Accept": "application/json"},
+        )
+    assert decided.status_code == 202, decided.text
+    return waiting
 
 
 async def test_costs_per_role_with_supervisor_and_finalize_add_up_to_the_total(
@@ -120,18 +115,9 @@ async def test_costs_per_role_with_supervisor_and_finalize_add_up_to_the_total(
 
 async def test_a_wait_for_approval_is_no_blown_time_and_labels_follow_the_run(priced: Dash) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await priced.wait(key, task["id"], ("interrupted",))
-    async with priced.browser(key) as client:
-        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        assert "waiting for a person" in waiting
-        approval = _attr(waiting, "data-approval")
-        decided = await client.post(
-            f"/ui/tasks/{task['id']}/approvals/{approval}",
-            data={"csrf": csrf_of(waiting), "decision": "approve"},
-            headers={"Accept": "application/json"},
-        )
-        assert decided.status_code == 202, decided.text
+    task = await priced.paused(key)
+    waiting = await decide_on_page(priced, key, task["id"], decision="approve")
+    assert "waiting for a person" in waiting
     await priced.wait(key, task["id"], FINISHED)
     page, _, trace, summary = await _pages(priced, key, task["id"])
     team = page[page.index('data-budget="team"') :]
@@ -212,16 +198,8 @@ async def test_refusals_name_their_rule_and_the_policy_shows_as_text(
 
 async def test_a_rejected_call_is_rejected_not_a_plain_success(priced: Dash) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await priced.wait(key, task["id"], ("interrupted",))
-    async with priced.browser(key) as client:
-        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        decided = await client.post(
-            f"/ui/tasks/{task['id']}/approvals/{_attr(waiting, 'data-approval')}",
-            data={"csrf": csrf_of(waiting), "decision": "reject", "reason": "no code today"},
-            headers={"Accept": "application/json"},
-        )
-        assert decided.status_code == 202, decided.text
+    task = await priced.paused(key)
+    await decide_on_page(priced, key, task["id"], decision="reject", reason="no code today")
     await priced.wait(key, task["id"], FINISHED)
     page, listed, _, summary = await _pages(priced, key, task["id"])
     assert summary["rejected"] == 1
@@ -309,10 +287,10 @@ def _eval_run(ledger_url: str, *, topology: str, passed: bool, task_id: str | No
 
 
 async def test_eval_runs_show_their_topology_and_compare_like_with_like(
-    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, scripts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RELAYGRAPH_UI_SHOW_EVALS", "true")
-    async with running(home, scripts_folder(tmp_path)) as dash:
+    async with running(home, scripts) as dash:
         key = dash.key("acme")
         task = await dash.submit(key, input="When are checkpoints written?")
         older = _eval_run(dash.ledger_url, topology="structured", passed=True, task_id=None)
@@ -340,17 +318,10 @@ async def test_eval_runs_show_their_topology_and_compare_like_with_like(
 
 async def test_an_approval_takes_a_note(priced: Dash) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
-    await priced.wait(key, task["id"], ("interrupted",))
+    task = await priced.paused(key)
+    await decide_on_page(priced, key, task["id"], decision="approve", reason="checked: harmless")
+    await priced.wait(key, task["id"], FINISHED)
     async with priced.browser(key) as client:
-        waiting = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
-        decided = await client.post(
-            f"/ui/tasks/{task['id']}/approvals/{_attr(waiting, 'data-approval')}",
-            data={"csrf": csrf_of(waiting), "decision": "approve", "reason": "checked: harmless"},
-            headers={"Accept": "application/json"},
-        )
-        assert decided.status_code == 202, decided.text
-        await priced.wait(key, task["id"], FINISHED)
         approvals = await client.get(f"/v1/tasks/{task['id']}/approvals", headers=bearer(key))
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
     assert approvals.json()["approvals"][0]["reason"] == "checked: harmless"
@@ -404,9 +375,8 @@ def test_a_seven_agent_teams_names_fit_when_the_row_has_room() -> None:
 async def test_the_list_filters_by_team_and_approvals(priced: Dash) -> None:
     key = priced.key("acme")
     relay = await priced.submit(key, input="When are checkpoints written?")
-    asked = await priced.submit(key, input="Compute it", policy=APPROVAL_POLICY)
+    asked = await priced.paused(key)
     await priced.wait(key, relay["id"], FINISHED)
-    await priced.wait(key, asked["id"], ("interrupted",))
     async with priced.client() as client:
 
         async def ids(**query: str) -> list[str]:

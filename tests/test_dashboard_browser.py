@@ -16,19 +16,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from relaygraph.client import Client
 from relaygraph.store import Ledger
 
-from ._service import free_port
+from ._scripts import call, one_visit, say
+from ._service import free_port, stop_process, wait_answering
 from .conftest import EXAMPLE_RELAY
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -43,17 +42,15 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SHOTS_ENV = "RELAYGRAPH_DASHBOARD_SHOTS"
-REFUSING = {
-    "supervisor": [
-        {"route": {"next": "researcher", "task": "Look it up", "reason": "facts first"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "the researcher answered"}},
-    ],
-    "researcher": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": "print(6 * 7)"}}]},
-        {"content": "I may not run code here; the docs say a checkpoint follows each super-step."},
-    ],
-    "finalize": [{"content": "A checkpoint is written after every super-step."}],
-}
+REFUSING = one_visit(
+    "researcher",
+    "Look it up",
+    "facts first",
+    call("run_python", code="print(6 * 7)"),
+    say("I may not run code here; the docs say a checkpoint follows each super-step."),
+    finished="the researcher answered",
+    final="A checkpoint is written after every super-step.",
+)
 """The researcher calls ``run_python``, which it is not allowed: a refused tool."""
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
@@ -169,25 +166,11 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"relaygraph serve did not start:\n{log.read_text()}")
-            time.sleep(0.1)
+        wait_answering(server, f"{url}/healthz", log, seconds=30, name="relaygraph serve")
         print(f"\ndashboard screenshots: {shots}")
         yield Stage(url, home, keys, shots)
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, 20)
         assert key_never_logged(log, keys), "an API key appeared in the server's log"
 
 

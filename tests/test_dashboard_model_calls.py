@@ -10,10 +10,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from ._service import FINISHED
 from ._service import auth as bearer
-from .test_dashboard import HTML, running, scripts_folder
-from .test_dashboard_audit import Dash, priced, priced_policy  # noqa: F401 (fixtures)
+from .test_dashboard import HTML, Dash, running
 
 REQUEST = "When are checkpoints written?"
 
@@ -23,11 +21,10 @@ def _section(page: str) -> str:
 
 
 async def test_each_model_call_shows_what_it_saw_and_adds_up_to_the_budgets(
-    priced: Dash,  # noqa: F811
+    priced: Dash,
 ) -> None:
     key = priced.key("acme")
-    task = await priced.submit(key, input=REQUEST, model="scripted:relay.json")
-    await priced.wait(key, task["id"], FINISHED)
+    task = await priced.finished(key, input=REQUEST, model="scripted:relay.json")
     async with priced.browser(key) as client:
         page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
         trace = (await client.get(f"/v1/tasks/{task['id']}/trace", headers=bearer(key))).json()
@@ -61,12 +58,11 @@ async def test_each_model_call_shows_what_it_saw_and_adds_up_to_the_budgets(
 
 
 async def test_a_server_that_keeps_no_messages_shows_only_the_figures(
-    home: Path, tmp_path: Path
+    home: Path, scripts: Path
 ) -> None:
-    async with running(home, scripts_folder(tmp_path), model_call_messages=False) as dash:
+    async with running(home, scripts, model_call_messages=False) as dash:
         key = dash.key("acme")
-        task = await dash.submit(key, input=REQUEST, model="scripted:relay.json")
-        await dash.wait(key, task["id"], FINISHED)
+        task = await dash.finished(key, input=REQUEST, model="scripted:relay.json")
         async with dash.browser(key) as client:
             page = (await client.get(f"/ui/tasks/{task['id']}", headers=HTML)).text
     calls = _section(page)

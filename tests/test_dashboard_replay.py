@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from ._service import FINISHED
-from .test_dashboard import HTML, Dash, csrf_of, dash  # noqa: F401
+from .test_dashboard import HTML, Dash, csrf_of
 
 
-async def test_replay_from_the_task_page_and_read_the_diff(dash: Dash) -> None:  # noqa: F811
+async def test_replay_from_the_task_page_and_read_the_diff(dash: Dash) -> None:
     mine, theirs = dash.key("acme"), dash.key("globex")
-    task = await dash.submit(mine, input="When are checkpoints written?")
-    await dash.wait(mine, task["id"], FINISHED)
+    task = await dash.finished(mine, input="When are checkpoints written?")
     async with dash.browser(mine) as client:
         page = await client.get(f"/ui/tasks/{task['id']}", headers=HTML)
         assert f'action="/ui/tasks/{task["id"]}/replay"' in page.text

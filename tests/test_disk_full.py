@@ -22,6 +22,7 @@ from relaygraph.client import ApiError, Client
 from relaygraph.runner._no_room import RESERVE_BYTES, RoomReserve, UnrecordedFailures
 from relaygraph.store import is_disk_full
 
+from ._scripts import call, one_visit, say
 from .test_server import create_project
 
 
@@ -121,20 +122,13 @@ def test_a_task_that_fills_the_disk_fails_once_with_the_reason(
     project's task runs."""
     home = small_disk / "home"
     monkeypatch.setenv("RELAYGRAPH_HOME", str(home))
-    filler = {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "fill the disk", "reason": "attack"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            {
-                "tool_calls": [
-                    {"name": "run_python", "args": {"code": textwrap.dedent(DISK_FILLING_PROGRAM)}}
-                ]
-            },
-            {"content": "The disk is full."},
-        ],
-    }
+    filler = one_visit(
+        "coder",
+        "fill the disk",
+        "attack",
+        call("run_python", code=textwrap.dedent(DISK_FILLING_PROGRAM)),
+        say("The disk is full."),
+    )
     server = start_server(
         {"filler.json": filler},
         RELAYGRAPH_HOME=str(home),
@@ -215,20 +209,13 @@ def test_the_failure_is_on_the_record_while_the_disk_is_full_and_a_restart_runs_
 
 
 def _filling_script() -> dict[str, Any]:
-    return {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "fill the disk", "reason": "attack"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            {
-                "tool_calls": [
-                    {"name": "run_python", "args": {"code": textwrap.dedent(DISK_FILLING_PROGRAM)}}
-                ]
-            },
-            {"content": "The disk is full."},
-        ],
-    }
+    return one_visit(
+        "coder",
+        "fill the disk",
+        "attack",
+        call("run_python", code=textwrap.dedent(DISK_FILLING_PROGRAM)),
+        say("The disk is full."),
+    )
 
 
 class _FullLedger:

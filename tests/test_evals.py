@@ -313,9 +313,9 @@ def test_model_flag_overrides_the_scripts(home: Path, tmp_path: Path) -> None:
     assert report.model == spec
 
 
-def test_a_case_that_cannot_run_fails_and_the_others_run(
-    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def crashing_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task whose request says "crash" raises (its provider exploded); the others run."""
     import relaygraph.runner
 
     real = relaygraph.runner.run_task
@@ -326,6 +326,10 @@ def test_a_case_that_cannot_run_fails_and_the_others_run(
         return real(request, **kwargs)
 
     monkeypatch.setattr(relaygraph.runner, "run_task", flaky)
+
+
+@pytest.mark.usefixtures("crashing_provider")
+def test_a_case_that_cannot_run_fails_and_the_others_run(home: Path, tmp_path: Path) -> None:
     path = write_golden(tmp_path, case("crash"), case("fine", first_agent="coder"))
     report = run_eval(path, home=home)
     crash, fine = report.cases
@@ -798,20 +802,10 @@ def test_a_langsmith_failure_is_reported_beside_the_results(
     assert report["langsmith"]["error"]
 
 
-def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(
-    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import relaygraph.runner
+@pytest.mark.usefixtures("crashing_provider")
+def test_an_eval_run_is_recorded_in_the_ledger_with_its_tasks(home: Path, tmp_path: Path) -> None:
     from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 
-    real = relaygraph.runner.run_task
-
-    def flaky(request: str, **kwargs: Any) -> Any:
-        if "crash" in request:
-            raise RuntimeError("provider exploded")
-        return real(request, **kwargs)
-
-    monkeypatch.setattr(relaygraph.runner, "run_task", flaky)
     path = write_golden(
         tmp_path,
         case("fine", first_agent="coder", tags=["smoke"]),

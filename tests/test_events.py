@@ -24,7 +24,7 @@ from relaygraph.topology import Topology
 from tests.builtin_team import parse_policy
 from tests.conftest import EXAMPLE_RELAY
 
-from .test_team import call, route, say
+from ._scripts import call, route, say
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "relaygraph"
 Events = list[dict[str, Any]]

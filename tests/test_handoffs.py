@@ -8,6 +8,8 @@ from typing import Any
 from relaygraph.handoffs import handoff_target, merge_by_id
 from relaygraph.runner import run_task
 
+from ._scripts import call, one_visit, say
+
 
 def rec(id: str, task: str = "t") -> dict[str, Any]:
     return {"id": id, "task": task}
@@ -29,17 +31,14 @@ def test_handoff_target() -> None:
 
 def test_empty_handoff_task_is_refused_and_the_agent_goes_on(home: Path, script: Any) -> None:
     spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "researcher", "task": "look", "reason": "r"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "researcher": [
-                {"tool_calls": [{"name": "transfer_to_writer", "args": {"task": "  "}}]},
-                {"content": "did it myself"},
-            ],
-            "finalize": [{"content": "ok"}],
-        }
+        one_visit(
+            "researcher",
+            "look",
+            "r",
+            call("transfer_to_writer", task="  "),
+            say("did it myself"),
+            final="ok",
+        )
     )
     result = run_task("go", model=spec)
     assert result.status == "succeeded"
@@ -49,18 +48,15 @@ def test_empty_handoff_task_is_refused_and_the_agent_goes_on(home: Path, script:
 
 def test_refused_tool_input_is_answered_not_fatal(home: Path, script: Any) -> None:
     spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "read a file", "reason": "r"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {"tool_calls": [{"name": "read_file", "args": {"path": "../../../etc/passwd"}}]},
-                {"tool_calls": [{"name": "read_doc", "args": {"doc_id": "x"}}]},
-                {"content": "could not read it"},
-            ],
-            "finalize": [{"content": "ok"}],
-        }
+        one_visit(
+            "coder",
+            "read a file",
+            "r",
+            call("read_file", path="../../../etc/passwd"),
+            call("read_doc", doc_id="x"),
+            say("could not read it"),
+            final="ok",
+        )
     )
     events: list[dict[str, Any]] = []
     result = run_task("go", model=spec, on_event=events.append)

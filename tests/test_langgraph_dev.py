@@ -17,19 +17,17 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from relaygraph.errors import ConfigError
 
-from ._service import free_port
+from ._service import free_port, wait_answering
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -111,20 +109,9 @@ def _langgraph_dev(tmp_path: Path, venv: Path, **settings: str) -> Iterator[_Ser
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"langgraph dev exited early:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"langgraph dev did not answer in {DEADLINE_SECONDS} s:\n{log.read_text()}"
-                )
-            time.sleep(0.2)
+        wait_answering(
+            process, f"{url}/ok", log, seconds=DEADLINE_SECONDS, name="langgraph dev", pause=0.2
+        )
         yield _Server(url=url, home=home)
     finally:
         os.killpg(process.pid, signal.SIGTERM)

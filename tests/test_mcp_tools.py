@@ -31,6 +31,8 @@ from relaygraph.errors import ConfigError
 from relaygraph.team import TeamFileError, load_team
 from relaygraph.team._mcp import McpServer, close_mcp_servers, mcp_tools
 
+from ._scripts import one_visit
+
 DEADLINE = 60.0
 
 LINT_SERVER = """
@@ -580,17 +582,14 @@ def test_the_reference_time_server_from_pypi_lists_and_runs_its_tools_in_a_team(
         encoding="utf-8",
     )
     convert = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
-    turns = {
-        "supervisor": [
-            {"route": {"next": "clock", "task": "convert", "reason": "a time"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "clock": [
-            {"tool_calls": [{"name": "time_convert_time", "args": convert, "id": "c"}]},
-            {"content": "21:00 in Tokyo."},
-        ],
-        "finalize": [{"content": "21:00 in Tokyo."}],
-    }
+    turns = one_visit(
+        "clock",
+        "convert",
+        "a time",
+        {"tool_calls": [{"name": "time_convert_time", "args": convert, "id": "c"}]},
+        {"content": "21:00 in Tokyo."},
+        final="21:00 in Tokyo.",
+    )
     try:
         team = load_team(tmp_path / "team.toml")
         assert {"time_get_current_time", "time_convert_time"} <= set(team.tools)

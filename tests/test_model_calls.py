@@ -27,8 +27,8 @@ from relaygraph.team import Team
 from relaygraph.topology import Topology
 from tests.conftest import EXAMPLE_RELAY
 
+from ._scripts import call, route, say
 from .test_events import check
-from .test_team import call, route, say
 
 RELAY = f"scripted:{EXAMPLE_RELAY}"
 

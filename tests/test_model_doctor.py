@@ -77,6 +77,13 @@ def doctor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         context.__exit__(None, None, None)
 
 
+def doctor_args(*argv: str) -> argparse.Namespace:
+    """``relaygraph doctor`` with ``argv``, parsed as the command line parses it."""
+    parser = argparse.ArgumentParser(prog="relaygraph")
+    add_doctor_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["doctor", *argv])
+
+
 def statuses(report: Any) -> dict[str, str]:
     return {p.name: p.status for p in report.probes}
 
@@ -157,11 +164,9 @@ def test_a_server_refusing_parallel_tool_calls_gets_omit(doctor: Any) -> None:
 def test_cli_json_and_exit_codes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser(prog="relaygraph")
-    add_doctor_parser(parser.add_subparsers(dest="command"))
     with serve_script(probes_script(routes=2), profile=LLAMA_CPP_PYTHON) as server:
-        args = parser.parse_args(
-            ["doctor", "--model", "openai:script-doctor", "--base-url", server.base_url, "--json"]
+        args = doctor_args(
+            "--model", "openai:script-doctor", "--base-url", server.base_url, "--json"
         )
         monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # --base-url wins
         assert run_doctor(args) == 0
@@ -172,9 +177,7 @@ def test_cli_json_and_exit_codes(
     assert [p["name"] for p in out["probes"]][:2] == ["chat", "structured: json_schema"]
 
     # Nothing listens: plain chat fails, the rest is skipped, exit code 1.
-    args = parser.parse_args(
-        ["doctor", "--model", "openai:m?max_retries=0", "--base-url", "http://127.0.0.1:9/v1"]
-    )
+    args = doctor_args("--model", "openai:m?max_retries=0", "--base-url", "http://127.0.0.1:9/v1")
     assert run_doctor(args) == 1
     text = capsys.readouterr().out
     assert "could not reach http://127.0.0.1:9/v1" in text
@@ -255,12 +258,8 @@ def test_broken_streaming_is_not_usable(doctor: Any) -> None:
 def test_the_printed_spec_is_quoted_for_the_shell(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser(prog="relaygraph")
-    add_doctor_parser(parser.add_subparsers(dest="command"))
     with serve_script(probes_script(routes=2), profile=LLAMA_CPP_PYTHON) as server:
-        args = parser.parse_args(
-            ["doctor", "--model", "openai:script-doctor", "--base-url", server.base_url]
-        )
+        args = doctor_args("--model", "openai:script-doctor", "--base-url", server.base_url)
         monkeypatch.setenv("COLUMNS", "200")
         assert run_doctor(args) == 0
     out = capsys.readouterr().out

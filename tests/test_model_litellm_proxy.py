@@ -15,13 +15,12 @@ import os
 import secrets
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from ._service import stop_process, wait_answering
 from .test_model_llama_cpp_server import MODEL_ALIAS, SPEC, UsageProxy, _honest, _llama
 
 pytestmark = pytest.mark.slow
@@ -86,28 +85,13 @@ def litellm_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             )
         base_url = f"http://127.0.0.1:{port}/v1"
         try:
-            deadline = time.monotonic() + READY_SECONDS
-            while True:
-                if process.poll() is not None:
-                    pytest.fail(f"litellm exited early:\n{log.read_text(errors='replace')}")
-                try:
-                    if httpx.get(
-                        f"http://127.0.0.1:{port}/health/liveliness", timeout=2
-                    ).is_success:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"litellm did not start:\n{log.read_text(errors='replace')}")
-                time.sleep(0.5)
+            liveliness = f"http://127.0.0.1:{port}/health/liveliness"
+            wait_answering(
+                process, liveliness, log, seconds=READY_SECONDS, name="litellm", pause=0.5
+            )
             yield base_url
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=20)
+            stop_process(process, 20)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import importlib.resources
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ._service import free_port
+from ._service import free_port, stop_process, wait_answering
 
 pytestmark = pytest.mark.slow
 
@@ -72,31 +71,17 @@ def _llama(tmp_path_factory: pytest.TempPathFactory, chat_format: str | None) ->
         )
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_ready(process, base_url, log)
+        wait_answering(
+            process,
+            f"{base_url}/models",
+            log,
+            seconds=READY_SECONDS,
+            name="llama_cpp.server",
+            pause=0.5,
+        )
         yield base_url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=20)
-
-
-def _wait_ready(process: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
-    deadline = time.monotonic() + READY_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"llama_cpp.server exited early:\n{log.read_text(errors='replace')}")
-        try:
-            if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(
-        f"llama_cpp.server did not answer in {READY_SECONDS} s:\n{log.read_text(errors='replace')}"
-    )
+        stop_process(process, 20)
 
 
 @pytest.fixture

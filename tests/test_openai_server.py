@@ -20,10 +20,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ValidationError
 
-try:  # tests/ as a package (tests/__init__.py) or as a plain rootdir directory
-    from .openai_server import FakeOpenAI, serve_script
-except ImportError:
-    from openai_server import FakeOpenAI, serve_script  # type: ignore[no-redef]
+from .openai_server import FakeOpenAI, serve_script
 
 _ENV_TO_CLEAR = (
     "HTTP_PROXY",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from relaygraph.runner import run_task
+from relaygraph.runner import RunResult, run_task
 
 from .conftest import EXAMPLE_RELAY
 from .openai_server import (
@@ -29,6 +29,47 @@ def openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+
+
+def _specs(roles: tuple[str, ...], options: str = "") -> dict[str, str]:
+    return {role: f"openai:script-{role}{options}" for role in roles}
+
+
+def tools_relay(
+    monkeypatch: pytest.MonkeyPatch, **kwargs: Any
+) -> tuple[RunResult, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The tool-calling supervisor's relay (``tools-relay.json``) over HTTP
+    (:func:`served_run`)."""
+    from relaygraph.topology import Topology
+
+    return served_run(
+        monkeypatch,
+        {r: f"openai:script-{r}" for r in ("supervisor", "researcher", "writer")},
+        script=EXAMPLE_RELAY.parent / "tools-relay.json",
+        task="When are checkpoints written? Write a report.",
+        model="openai:script-coder",
+        topology=Topology.parse("supervisor-tools"),
+        **kwargs,
+    )
+
+
+def served_run(
+    monkeypatch: pytest.MonkeyPatch,
+    specs: dict[str, str],
+    *,
+    profile: ServerProfile = OPENAI,
+    script: Path = EXAMPLE_RELAY,
+    task: str = "When are checkpoints written?",
+    **kwargs: Any,
+) -> tuple[RunResult, list[dict[str, Any]], list[dict[str, Any]]]:
+    """``task`` run with each role on its model of ``specs`` (and ``kwargs``) against the
+    local server playing ``script`` as ``profile``'s server would: the result, its events
+    and every request body the server got."""
+    events: list[dict[str, Any]] = []
+    with serve_script(json.loads(script.read_text()), profile=profile) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        result = run_task(task, agent_models=specs, on_event=events.append, **kwargs)
+        return result, events, list(server.requests)
 
 
 @pytest.mark.parametrize("stream_tokens", [False, True])
@@ -110,18 +151,8 @@ def test_tool_supervisor_over_http_asks_for_one_transfer_at_a_time(
 ) -> None:
     """langgraph-supervisor loses agents when a model sends parallel transfers (its #230):
     the tool-calling supervisor's requests turn parallel tool calls off."""
-    from relaygraph.topology import Topology
 
-    script = json.loads((EXAMPLE_RELAY.parent / "tools-relay.json").read_text())
-    with serve_script(script) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        result = run_task(
-            "When are checkpoints written? Write a report.",
-            agent_models={r: f"openai:script-{r}" for r in ("supervisor", "researcher", "writer")},
-            model="openai:script-coder",
-            topology=Topology.parse("supervisor-tools"),
-        )
-        requests = list(server.requests)
+    result, _, requests = tools_relay(monkeypatch)
     assert result.status == "succeeded", result.stop_reason
     assert result.agents_run == ["researcher", "writer"]
     routes = [r for r in requests if r["model"] == "script-supervisor"]
@@ -137,20 +168,8 @@ def test_tool_supervisor_tokens_are_labelled_supervisor(
 ) -> None:
     """Its model runs in langgraph-supervisor's node ``agent``; its tokens are the
     supervisor's."""
-    from relaygraph.topology import Topology
 
-    script = json.loads((EXAMPLE_RELAY.parent / "tools-relay.json").read_text())
-    events: list[dict[str, Any]] = []
-    with serve_script(script) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        result = run_task(
-            "When are checkpoints written? Write a report.",
-            agent_models={r: f"openai:script-{r}" for r in ("supervisor", "researcher", "writer")},
-            model="openai:script-coder",
-            topology=Topology.parse("supervisor-tools"),
-            on_event=events.append,
-            stream_tokens=True,
-        )
+    result, events, _ = tools_relay(monkeypatch, stream_tokens=True)
     assert result.status == "succeeded", result.stop_reason
     tokens = [e for e in events if e["type"] == "token"]
     roles = {e["role"] for e in tokens}
@@ -161,10 +180,6 @@ def test_tool_supervisor_tokens_are_labelled_supervisor(
 
 
 # -- the team on other servers' behaviour (tests/openai_server.py profiles) ------------------
-
-
-def _specs(roles: tuple[str, ...], options: str = "") -> dict[str, str]:
-    return {role: f"openai:script-{role}{options}" for role in roles}
 
 
 @pytest.mark.parametrize(
@@ -183,16 +198,9 @@ def test_structured_team_on_each_server(
     profile: ServerProfile,
     options: str,
 ) -> None:
-    script = json.loads(EXAMPLE_RELAY.read_text())
-    events: list[dict[str, Any]] = []
-    with serve_script(script, profile=profile) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        result = run_task(
-            "When are checkpoints written?",
-            agent_models=_specs(ROLES, options),
-            on_event=events.append,
-        )
-        requests = list(server.requests)
+    result, events, requests = served_run(
+        monkeypatch, profile=profile, specs=_specs(ROLES, options)
+    )
     assert result.status == "succeeded", result.stop_reason
     assert result.agents_run == ["researcher", "coder", "writer"]
     assert [h["kind"] for h in result.handoffs] == ["route", "direct", "route"]
@@ -248,15 +256,7 @@ def test_an_agents_failed_call_is_reported_with_the_servers_words(
     options: str,
     error: str,
 ) -> None:
-    script = json.loads(EXAMPLE_RELAY.read_text())
-    events: list[dict[str, Any]] = []
-    with serve_script(script, profile=profile) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        result = run_task(
-            "When are checkpoints written?",
-            agent_models=_specs(ROLES, options),
-            on_event=events.append,
-        )
+    result, events, _ = served_run(monkeypatch, profile=profile, specs=_specs(ROLES, options))
     assert result.status != "succeeded"
     assert error in (result.stop_reason or "")
     failed = [e for e in events if e["type"] == "model_error"]
@@ -280,16 +280,10 @@ def test_the_team_goes_on_after_an_agents_failed_call(
     the supervisor routes on to the writer (whose spec sends content ""), which is not
     given the failure as the researcher's result; the writer's work stands, and the task
     ends degraded, saying why. When every agent's call fails, the task failed."""
-    script = json.loads(EXAMPLE_RELAY.read_text())
-    events: list[dict[str, Any]] = []
-    with serve_script(script, profile=LLAMA_CPP_PYTHON) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        specs = _specs(ROLES) | {"writer": "openai:script-writer?tool_call_content=empty"}
-        result = run_task(
-            "When are checkpoints written?", agent_models=specs, on_event=events.append
-        )
-        writer = [r for r in server.requests if r["model"] == "script-writer"]
-        supervisor = [r for r in server.requests if r["model"] == "script-supervisor"]
+    specs = _specs(ROLES) | {"writer": "openai:script-writer?tool_call_content=empty"}
+    result, events, requests = served_run(monkeypatch, profile=LLAMA_CPP_PYTHON, specs=specs)
+    writer = [r for r in requests if r["model"] == "script-writer"]
+    supervisor = [r for r in requests if r["model"] == "script-supervisor"]
     assert result.status == "degraded", result.stop_reason
     assert (result.stop_reason or "").startswith("model_error: researcher: HTTP 500: ")
     assert result.agents_run[:2] == ["researcher", "writer"]
@@ -302,9 +296,7 @@ def test_the_team_goes_on_after_an_agents_failed_call(
     assert "model call failed" not in json.dumps(writer[0]["messages"]).lower()
     assert any("(no result: Its model call failed: HTTP 500" in json.dumps(r) for r in supervisor)
 
-    with serve_script(script, profile=LLAMA_CPP_PYTHON) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        failed = run_task("When are checkpoints written?", agent_models=_specs(ROLES))
+    failed, _, _ = served_run(monkeypatch, profile=LLAMA_CPP_PYTHON, specs=_specs(ROLES))
     assert failed.status == "failed"
     assert failed.answer is None
     assert (failed.stop_reason or "").startswith("model_error: ")

@@ -18,12 +18,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from relaygraph.store import DATABASE_URL_ENV
 
-from ._service import free_port
+from ._service import free_port, stop_process, wait_answering
 
 pytestmark = pytest.mark.slow
 
@@ -59,17 +58,12 @@ ANSWER_AT_ONCE = {
 """The server's default model: tasks the run creates end at once, without tools."""
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, home: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{home / 'ledger.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 @pytest.fixture
-def server_env(home: Path, database_url: str) -> dict[str, str]:
-    env = dict(os.environ)  # conftest: no API key, a dead OpenAI endpoint.
-    env.update({"RELAYGRAPH_HOME": str(home), DATABASE_URL_ENV: database_url})
+def server_env(home: Path, url: str) -> dict[str, str]:
+    """The server's environment: its ledger at ``url`` (conftest: once SQLite, once
+    PostgreSQL), no API key and a dead OpenAI endpoint (conftest)."""
+    env = dict(os.environ)
+    env.update({"RELAYGRAPH_HOME": str(home), DATABASE_URL_ENV: url})
     return env
 
 
@@ -90,26 +84,10 @@ def live_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited early:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server was not ready in 60 s:\n{log.read_text()}")
-            time.sleep(0.1)
+        wait_answering(process, f"{url}/readyz", log, seconds=60)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     # A stream that broke after its 200, or any error the answers hid, is in the log.
     assert "Traceback" not in log.read_text(), log.read_text()
 

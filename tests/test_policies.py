@@ -19,8 +19,9 @@ from relaygraph.runner import Decision, RunResult, resume_task, run_task
 from relaygraph.supervisor import FINISH
 from tests.builtin_team import parse_policy
 
+from ._scripts import call, route, say
 from .openai_server import serve_script
-from .test_team import call, final_state, route, say
+from .test_team import final_state
 
 Script = Callable[[dict[str, Any]], str]
 Events = list[dict[str, Any]]

@@ -26,9 +26,9 @@ from relaygraph.runner import RunnerSettings, ServiceTeams, TaskRequest, submit_
 from relaygraph.store import Ledger
 from relaygraph.team import default_team, parse_team
 
+from ._scripts import call, route, say
 from ._service import FINISHED
 from .test_registered_teams import serving
-from .test_team import call, route, say
 
 BUILTIN = default_team()
 

@@ -16,22 +16,11 @@ from relaygraph.policies import FinalizePolicy, policy_to_mapping, tighten
 from relaygraph.runner import run_task
 from relaygraph.supervisor import FINISH
 
+from ._scripts import call, route, say
 from .builtin_team import default_policy, parse_policy
 
 Script = Callable[[dict[str, Any]], str]
 ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
-
-
-def route(next: str, task: str = "do it", reason: str = "because") -> dict[str, Any]:
-    return {"route": {"next": next, "task": task if next != FINISH else "", "reason": reason}}
-
-
-def call(tool: str, **args: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": tool, "args": args}]}
-
-
-def say(text: str) -> dict[str, Any]:
-    return {"content": text}
 
 
 RELAY = {

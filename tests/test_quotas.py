@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -33,15 +32,14 @@ from relaygraph.store import (
 )
 from relaygraph.store._quotas import UNREPORTED_PUBLISH_AHEAD
 
-from ._service import FINISHED, ServiceClient, auth
+from ._service import FINISHED, ServiceClient, auth, in_process
 from .conftest import EXAMPLE_RELAY
 from .openai_server import serve_script
 from .test_serve_processes import _recording
-from .worker_cluster import Cluster, broker_problem, broker_url, fresh_database, wait_until
+from .worker_cluster import Cluster, fresh_database, wait_until
 
 DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
-REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 
 
 def _queue(ledger: Ledger, project_id: str, count: int, label: str) -> list[str]:
@@ -282,10 +280,8 @@ async def _service(home: Path, policy: Path, *, start_workers: bool) -> AsyncIte
         policy_file=policy,
     )
     app = create_app(settings, start_workers=start_workers)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Service(client, f"sqlite:///{home / 'ledger.sqlite'}", seconds=DEADLINE)
+    async with in_process(app) as client:
+        yield Service(client, f"sqlite:///{home / 'ledger.sqlite'}", seconds=DEADLINE)
 
 
 @pytest.fixture
@@ -467,17 +463,6 @@ def test_a_flood_by_one_project_does_not_hold_back_another_with_processes(
         ahead=2,  # one per worker: a worker freed as A's task was being recorded
         ledger_url=f"sqlite:///{flood_cluster.home / 'ledger.sqlite'}",
     )
-
-
-@pytest.fixture(scope="module")
-def rabbitmq() -> str:
-    url = broker_url()
-    problem = broker_problem(url)
-    if problem is not None:
-        if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
-            pytest.fail(f"{problem} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
-        pytest.skip(f"{problem}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
-    return url
 
 
 def test_a_flood_by_one_project_does_not_hold_back_another_in_the_worker_mode(

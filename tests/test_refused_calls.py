@@ -27,8 +27,9 @@ from relaygraph.supervisor import FINALIZE, FINISH
 from relaygraph.topology import Topology
 from relaygraph.tracing import build_timeline
 
+from ._scripts import one_visit, route, say
 from .builtin_team import parse_policy
-from .test_team import final_state, route, say
+from .test_team import final_state
 
 Script = Callable[[dict[str, Any]], str]
 STRUCTURED = Topology.parse("structured")
@@ -99,6 +100,44 @@ def assert_recorded(
     return answers[0]
 
 
+def supervisor_refusal(result: RunResult, home: Path, kind: str) -> ToolMessage:
+    """The tool-calling supervisor's refused call ``sup-bad``, recorded as a violation of
+    ``kind`` (:func:`assert_recorded`); returns the answer it got."""
+    messages = final_state(home, result.thread_id)["messages"]
+    return assert_recorded(
+        result, home, agent="supervisor", kind=kind, call_id="sup-bad", messages=messages
+    )
+
+
+def agent_refusal(result: RunResult, home: Path, agent: str, kind: str) -> ToolMessage:
+    """The refused call ``agent-bad`` of ``agent``, recorded as a violation of ``kind``
+    (:func:`assert_recorded`); returns the answer it got."""
+    messages = transcript_of(home, result)
+    return assert_recorded(
+        result, home, agent=agent, kind=kind, call_id="agent-bad", messages=messages
+    )
+
+
+def supervised(
+    script: Script,
+    *turns: dict[str, Any],
+    answer: str = "done",
+    agent: str = "researcher",
+    reply: str = "facts",
+) -> RunResult:
+    """The run in which the tool-calling supervisor makes its ``turns`` of calls, then
+    writes ``answer``; ``agent``, handed work, says ``reply``."""
+    spec = script({"supervisor": [*turns, say(answer)], agent: [say(reply)]})
+    return succeeded(spec, TOOLS)
+
+
+def succeeded(spec: str, topology: Topology, **kwargs: Any) -> RunResult:
+    """The run of ``spec`` in ``topology``, which went on past its refusals and succeeded."""
+    result = run_task("go", model=spec, topology=topology, **kwargs)
+    assert result.status == "succeeded", result.stop_reason
+    return result
+
+
 def tool_results(result: RunResult, home: Path, call_id: str) -> list[tuple[str, bool]]:
     """``(status, ran)`` of each ``tool_result`` event of the call."""
     with ledger_of(home) as ledger:
@@ -122,57 +161,31 @@ def transcript_of(home: Path, result: RunResult) -> list[BaseMessage]:
 def test_supervisor_calling_a_tool_it_does_not_have_is_refused_and_recorded(
     home: Path, script: Script, tool: str
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                calls((tool, "sup-bad", {"code": "open('pwned.txt', 'w').write('x')"})),
-                calls(("transfer_to_researcher", "sup-ok", {"task": "find the facts"})),
-                say("I answer without it."),
-            ],
-            "researcher": [say("facts")],
-        }
+    result = supervised(
+        script,
+        calls((tool, "sup-bad", {"code": "open('pwned.txt', 'w').write('x')"})),
+        calls(("transfer_to_researcher", "sup-ok", {"task": "find the facts"})),
+        answer="I answer without it.",
     )
-    result = run_task("go", model=spec, topology=TOOLS)
-    assert result.status == "succeeded", result.stop_reason
     # Told why, the supervisor went on with its own tools.
     assert result.agents_run == ["researcher"]
     assert result.answer == "I answer without it."
-    state = final_state(home, result.thread_id)
-    answer = assert_recorded(
-        result,
-        home,
-        agent="supervisor",
-        kind="tool_not_allowed",
-        call_id="sup-bad",
-        messages=state["messages"],
-    )
+    answer = supervisor_refusal(result, home, "tool_not_allowed")
     assert f"Not run: '{tool}' is not a tool of the supervisor" in answer.text
     assert "transfer_to_researcher" in answer.text  # It is told what it may call.
     assert tool in result.violations[0]["detail"]
 
 
 def test_supervisor_transfer_to_no_agent_of_the_team_is_refused(home: Path, script: Script) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                calls(("transfer_to_reviewer", "sup-bad", {"task": "review it"})),
-                calls(("transfer_to_writer", "sup-ok", {"task": "review it"})),
-                say("answered"),
-            ],
-            "writer": [say("reviewed")],
-        }
+    result = supervised(
+        script,
+        calls(("transfer_to_reviewer", "sup-bad", {"task": "review it"})),
+        calls(("transfer_to_writer", "sup-ok", {"task": "review it"})),
+        answer="answered",
+        agent="writer",
+        reply="reviewed",
     )
-    result = run_task("go", model=spec, topology=TOOLS)
-    assert result.status == "succeeded", result.stop_reason
-    state = final_state(home, result.thread_id)
-    answer = assert_recorded(
-        result,
-        home,
-        agent="supervisor",
-        kind="handoff_not_allowed",
-        call_id="sup-bad",
-        messages=state["messages"],
-    )
+    answer = supervisor_refusal(result, home, "handoff_not_allowed")
     assert "'transfer_to_reviewer' is not a tool of the supervisor" in answer.text
     assert [(h["from"], h["to"]) for h in result.handoffs] == [("supervisor", "writer")]
 
@@ -180,31 +193,17 @@ def test_supervisor_transfer_to_no_agent_of_the_team_is_refused(home: Path, scri
 def test_supervisor_tool_beside_a_transfer_is_recorded_and_the_transfer_runs(
     home: Path, script: Script
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                calls(
-                    ("transfer_to_researcher", "sup-ok", {"task": "find the facts"}),
-                    ("run_python", "sup-bad", {"code": "print(1)"}),
-                ),
-                say("done"),
-            ],
-            "researcher": [say("facts")],
-        }
+    result = supervised(
+        script,
+        calls(
+            ("transfer_to_researcher", "sup-ok", {"task": "find the facts"}),
+            ("run_python", "sup-bad", {"code": "print(1)"}),
+        ),
     )
-    result = run_task("go", model=spec, topology=TOOLS)
-    assert result.status == "succeeded", result.stop_reason
     assert result.agents_run == ["researcher"]
-    state = final_state(home, result.thread_id)
-    assert_recorded(
-        result,
-        home,
-        agent="supervisor",
-        kind="tool_not_allowed",
-        call_id="sup-bad",
-        messages=state["messages"],
-    )
-    answered = [m.tool_call_id for m in state["messages"] if isinstance(m, ToolMessage)]
+    supervisor_refusal(result, home, "tool_not_allowed")
+    messages = final_state(home, result.thread_id)["messages"]
+    answered = [m.tool_call_id for m in messages if isinstance(m, ToolMessage)]
     assert (answered.count("sup-ok"), answered.count("sup-bad")) == (1, 1)
 
 
@@ -212,27 +211,12 @@ def test_supervisor_tool_beside_a_transfer_is_recorded_and_the_transfer_runs(
 def test_supervisor_transfer_with_invalid_arguments_is_refused_and_recorded(
     home: Path, script: Script, args: dict[str, Any], problem: str
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                calls(("transfer_to_researcher", "sup-bad", args)),
-                calls(("transfer_to_researcher", "sup-ok", {"task": "find the facts"})),
-                say("done"),
-            ],
-            "researcher": [say("facts")],
-        }
+    result = supervised(
+        script,
+        calls(("transfer_to_researcher", "sup-bad", args)),
+        calls(("transfer_to_researcher", "sup-ok", {"task": "find the facts"})),
     )
-    result = run_task("go", model=spec, topology=TOOLS)
-    assert result.status == "succeeded", result.stop_reason
-    state = final_state(home, result.thread_id)
-    answer = assert_recorded(
-        result,
-        home,
-        agent="supervisor",
-        kind="invalid_arguments",
-        call_id="sup-bad",
-        messages=state["messages"],
-    )
+    answer = supervisor_refusal(result, home, "invalid_arguments")
     assert answer.text.startswith("Not carried out: the arguments of transfer_to_researcher")
     assert problem in answer.text
     assert problem in result.violations[0]["detail"]
@@ -246,33 +230,33 @@ def test_supervisor_transfer_with_invalid_arguments_is_refused_and_recorded(
 def test_supervisor_invalid_transfer_does_not_block_the_next_one_in_its_message(
     home: Path, script: Script
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                calls(
-                    ("transfer_to_researcher", "sup-bad", {"reason": "no task"}),
-                    ("transfer_to_writer", "sup-ok", {"task": "write it"}),
-                ),
-                say("done"),
-            ],
-            "writer": [say("written")],
-        }
+    result = supervised(
+        script,
+        calls(
+            ("transfer_to_researcher", "sup-bad", {"reason": "no task"}),
+            ("transfer_to_writer", "sup-ok", {"task": "write it"}),
+        ),
+        agent="writer",
+        reply="written",
     )
-    result = run_task("go", model=spec, topology=TOOLS)
-    assert result.status == "succeeded", result.stop_reason
     assert result.agents_run == ["writer"]
-    state = final_state(home, result.thread_id)
-    assert_recorded(
-        result,
-        home,
-        agent="supervisor",
-        kind="invalid_arguments",
-        call_id="sup-bad",
-        messages=state["messages"],
-    )
+    supervisor_refusal(result, home, "invalid_arguments")
 
 
 # -- an agent's transfer, in every topology ---------------------------------------------------
+
+
+def researcher_run(
+    script: Script,
+    topology: Topology,
+    *turns: dict[str, Any],
+    policy: Path | None = None,
+    **agents: list[dict[str, Any]],
+) -> RunResult:
+    """The run in ``topology`` in which the researcher, given the task, plays ``turns`` and
+    the other ``agents`` theirs."""
+    spec = script(with_roles(topology, {"researcher": list(turns), **agents}))
+    return succeeded(spec, topology, policy=policy)
 
 
 def with_roles(topology: Topology, agents: dict[str, list[Any]]) -> dict[str, Any]:
@@ -295,28 +279,14 @@ def with_roles(topology: Topology, agents: dict[str, list[Any]]) -> dict[str, An
 def test_agent_transfer_with_invalid_arguments_is_refused_and_recorded(
     home: Path, script: Script, topology: Topology, args: dict[str, Any], problem: str
 ) -> None:
-    turns = with_roles(
+    result = researcher_run(
+        script,
         topology,
-        {
-            "researcher": [
-                calls(("transfer_to_coder", "agent-bad", args)),
-                calls(("transfer_to_coder", "agent-ok", {"task": "count them"})),
-            ],
-            "coder": [say("41")],
-        },
+        calls(("transfer_to_coder", "agent-bad", args)),
+        calls(("transfer_to_coder", "agent-ok", {"task": "count them"})),
+        coder=[say("41")],
     )
-    result = run_task("go", model=script(turns), topology=topology)
-    assert result.status == "succeeded", result.stop_reason
-    state = final_state(home, result.thread_id)
-    transcript = [m for visit in state["visits"] for m in visit["messages"]]
-    answer = assert_recorded(
-        result,
-        home,
-        agent="researcher",
-        kind="invalid_arguments",
-        call_id="agent-bad",
-        messages=transcript,
-    )
+    answer = agent_refusal(result, home, "researcher", "invalid_arguments")
     assert answer.text.startswith("Not run: the arguments of transfer_to_coder do not fit")
     assert problem in answer.text
     # Told why, the agent handed off again with a task; only that handoff moved work.
@@ -324,13 +294,7 @@ def test_agent_transfer_with_invalid_arguments_is_refused_and_recorded(
         ("direct", "researcher", "coder", "count them")
     ]
     assert result.agents_run == ["researcher", "coder"]
-    with ledger_of(home) as ledger:
-        results = [
-            e.data
-            for e in ledger.events_after(result.task_id)
-            if e.type == "tool_result" and e.data["tool_call_id"] == "agent-bad"
-        ]
-    assert [(r["status"], r["ran"]) for r in results] == [("error", False)]
+    assert tool_results(result, home, "agent-bad") == [("error", False)]
 
 
 # -- one transfer per message, and alone --------------------------------------------------------
@@ -339,29 +303,14 @@ def test_agent_transfer_with_invalid_arguments_is_refused_and_recorded(
 def test_supervisor_second_transfer_in_one_message_is_refused_and_recorded(
     home: Path, script: Script
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                calls(
-                    ("transfer_to_researcher", "sup-ok", {"task": "find the facts"}),
-                    ("transfer_to_writer", "sup-bad", {"task": "write it"}),
-                ),
-                say("done"),
-            ],
-            "researcher": [say("facts")],
-        }
+    result = supervised(
+        script,
+        calls(
+            ("transfer_to_researcher", "sup-ok", {"task": "find the facts"}),
+            ("transfer_to_writer", "sup-bad", {"task": "write it"}),
+        ),
     )
-    result = run_task("go", model=spec, topology=TOOLS)
-    assert result.status == "succeeded", result.stop_reason
-    state = final_state(home, result.thread_id)
-    answer = assert_recorded(
-        result,
-        home,
-        agent="supervisor",
-        kind="handoff_not_allowed",
-        call_id="sup-bad",
-        messages=state["messages"],
-    )
+    answer = supervisor_refusal(result, home, "handoff_not_allowed")
     assert "only one transfer per message is carried out" in answer.text
     assert "'transfer_to_researcher' came first" in answer.text
     assert "transfer_to_writer" in result.violations[0]["detail"]
@@ -373,28 +322,16 @@ def test_supervisor_second_transfer_in_one_message_is_refused_and_recorded(
 def test_agent_second_transfer_in_one_message_is_refused_and_recorded(
     home: Path, script: Script, topology: Topology
 ) -> None:
-    turns = with_roles(
+    result = researcher_run(
+        script,
         topology,
-        {
-            "researcher": [
-                calls(
-                    ("transfer_to_coder", "agent-ok", {"task": "count them"}),
-                    ("transfer_to_writer", "agent-bad", {"task": "write it"}),
-                )
-            ],
-            "coder": [say("41")],
-        },
+        calls(
+            ("transfer_to_coder", "agent-ok", {"task": "count them"}),
+            ("transfer_to_writer", "agent-bad", {"task": "write it"}),
+        ),
+        coder=[say("41")],
     )
-    result = run_task("go", model=script(turns), topology=topology)
-    assert result.status == "succeeded", result.stop_reason
-    answer = assert_recorded(
-        result,
-        home,
-        agent="researcher",
-        kind="handoff_not_allowed",
-        call_id="agent-bad",
-        messages=transcript_of(home, result),
-    )
+    answer = agent_refusal(result, home, "researcher", "handoff_not_allowed")
     assert "only one handoff per message is carried out" in answer.text
     assert "'transfer_to_coder' came first" in answer.text
     assert tool_results(result, home, "agent-bad") == [("error", False)]
@@ -408,29 +345,17 @@ def test_agent_second_transfer_in_one_message_is_refused_and_recorded(
 def test_agent_transfer_beside_a_work_tool_is_refused_and_recorded(
     home: Path, script: Script, topology: Topology
 ) -> None:
-    turns = with_roles(
+    result = researcher_run(
+        script,
         topology,
-        {
-            "researcher": [
-                calls(
-                    ("search_docs", "work", {"query": "checkpoint"}),
-                    ("transfer_to_coder", "agent-bad", {"task": "count them"}),
-                ),
-                calls(("transfer_to_coder", "agent-ok", {"task": "count them"})),
-            ],
-            "coder": [say("41")],
-        },
+        calls(
+            ("search_docs", "work", {"query": "checkpoint"}),
+            ("transfer_to_coder", "agent-bad", {"task": "count them"}),
+        ),
+        calls(("transfer_to_coder", "agent-ok", {"task": "count them"})),
+        coder=[say("41")],
     )
-    result = run_task("go", model=script(turns), topology=topology)
-    assert result.status == "succeeded", result.stop_reason
-    answer = assert_recorded(
-        result,
-        home,
-        agent="researcher",
-        kind="handoff_not_allowed",
-        call_id="agent-bad",
-        messages=transcript_of(home, result),
-    )
+    answer = agent_refusal(result, home, "researcher", "handoff_not_allowed")
     assert "hand off in a message of its own" in answer.text
     assert tool_results(result, home, "agent-bad") == [("error", False)]
     # The work tool beside it ran, and counts; the refused transfer does not.
@@ -448,29 +373,18 @@ def test_approval_tool_beside_another_call_is_refused_and_recorded(
 ) -> None:
     policy = tmp_path / "approve-read-doc.toml"
     policy.write_text('[agents.researcher]\napproval = ["read_doc"]\n', encoding="utf-8")
-    turns = with_roles(
-        topology,
-        {
-            "researcher": [
-                calls(
-                    ("search_docs", "work", {"query": "checkpoint"}),
-                    ("read_doc", "agent-bad", {"doc_id": "checkpoints"}),
-                ),
-                say("facts"),
-            ],
-        },
-    )
-    result = run_task("go", model=script(turns), topology=topology, policy=policy)
     # Refused, not paused: nothing waits for a person.
-    assert result.status == "succeeded", result.stop_reason
-    answer = assert_recorded(
-        result,
-        home,
-        agent="researcher",
-        kind="tool_not_allowed",
-        call_id="agent-bad",
-        messages=transcript_of(home, result),
+    result = researcher_run(
+        script,
+        topology,
+        calls(
+            ("search_docs", "work", {"query": "checkpoint"}),
+            ("read_doc", "agent-bad", {"doc_id": "checkpoints"}),
+        ),
+        say("facts"),
+        policy=policy,
     )
+    answer = agent_refusal(result, home, "researcher", "tool_not_allowed")
     assert "read_doc needs a person's approval, so call it in a message of its own" in answer.text
     assert "approval" in result.violations[0]["detail"]
     assert tool_results(result, home, "agent-bad") == [("error", False)]
@@ -481,18 +395,13 @@ def test_approval_tool_beside_another_call_is_refused_and_recorded(
 def test_work_tool_with_invalid_arguments_is_refused_and_recorded(
     home: Path, script: Script, topology: Topology
 ) -> None:
-    turns = with_roles(
+    result = researcher_run(
+        script,
         topology,
-        {
-            "researcher": [
-                calls(("search_docs", "agent-bad", {"k": 3})),
-                calls(("read_doc", "agent-bad-2", {"doc_id": 5})),
-                say("facts"),
-            ],
-        },
+        calls(("search_docs", "agent-bad", {"k": 3})),
+        calls(("read_doc", "agent-bad-2", {"doc_id": 5})),
+        say("facts"),
     )
-    result = run_task("go", model=script(turns), topology=topology)
-    assert result.status == "succeeded", result.stop_reason
     transcript = transcript_of(home, result)
     found = [v for v in result.violations if v["kind"] == "invalid_arguments"]
     assert [v["agent"] for v in found] == ["researcher", "researcher"]
@@ -540,16 +449,8 @@ def test_run_python_refused_without_isolation_is_recorded(
             ],
         },
     )
-    result = run_task("go", model=script(turns), topology=topology)
-    assert result.status == "succeeded", result.stop_reason
-    answer = assert_recorded(
-        result,
-        home,
-        agent="coder",
-        kind="tool_unavailable",
-        call_id="agent-bad",
-        messages=transcript_of(home, result),
-    )
+    result = succeeded(script(turns), topology)
+    answer = agent_refusal(result, home, "coder", "tool_unavailable")
     assert answer.text.startswith("Not run: run_python is refused on this server")
     assert "bubblewrap" in result.violations[0]["detail"]
     assert tool_results(result, home, "agent-bad") == [("error", False)]
@@ -565,16 +466,13 @@ def test_run_python_that_needs_approval_is_refused_without_asking_where_it_canno
     does not pause (it asked, recorded the approval, then refused the call)."""
     policy = tmp_path / "policy.toml"
     policy.write_text('[agents.coder]\napproval = ["run_python"]\n', encoding="utf-8")
-    turns = {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "run it", "reason": "code"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            calls(("run_python", "needs-ok", {"code": "print(1)"})),
-            say("could not run code"),
-        ],
-    }
+    turns = one_visit(
+        "coder",
+        "run it",
+        "code",
+        calls(("run_python", "needs-ok", {"code": "print(1)"})),
+        say("could not run code"),
+    )
     result = run_task("go", model=script(turns), policy=policy)
     assert result.status == "succeeded", result.stop_reason
     assert [v["kind"] for v in result.violations] == ["tool_unavailable"]

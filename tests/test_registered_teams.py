@@ -23,7 +23,8 @@ from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 from relaygraph.tracing import build_timeline, render_timeline
 
-from ._service import ENDED, ServiceClient, auth
+from ._scripts import COUNTED_BY_THE_REVIEWER, call, one_visit, say
+from ._service import ENDED, ServiceClient, auth, in_process
 from .conftest import EXAMPLE_RELAY, REPO
 
 TOOLS_MODULE = "rg_review_tools"
@@ -131,10 +132,8 @@ async def serving(home: Path, scripts: Path, **settings: Any) -> AsyncIterator[A
             **settings,
         )
     )
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Api(client, app, home, settings.get("database_url"))
+    async with in_process(app) as client:
+        yield Api(client, app, home, settings.get("database_url"))
 
 
 @pytest.fixture
@@ -563,17 +562,7 @@ async def test_an_approval_of_a_custom_tool_is_checked_against_its_arguments(
 ) -> None:
     key = api.key("acme")
     assert (await api.push(key, "docs-review", toml=TEAM_TOML)).status_code == 201
-    script = {
-        "supervisor": [
-            {"route": {"next": "reviewer", "task": "count", "reason": "a draft exists"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "counted"}},
-        ],
-        "reviewer": [
-            {"tool_calls": [{"name": "word_count", "args": {"text": "x y z"}}]},
-            {"content": "Counted."},
-        ],
-        "finalize": [{"content": "Done."}],
-    }
+    script = COUNTED_BY_THE_REVIEWER
     (scripts / "approve.json").write_text(json.dumps(script), encoding="utf-8")
     made = await api.submit(
         key,
@@ -771,17 +760,15 @@ async def test_the_operators_mcp_servers_serve_each_project_in_its_own_session(
     mcp_file.write_text(
         '[mcp.counter]\ncommand = ["python", "counter_server.py"]\n', encoding="utf-8"
     )
-    script = {
-        "supervisor": [
-            {"route": {"next": "asker", "task": "ask", "reason": "its job"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "asked"}},
-        ],
-        "asker": [
-            {"tool_calls": [{"name": "counter_session_id", "args": {}}]},
-            {"content": "Asked."},
-        ],
-        "finalize": [{"content": "Done."}],
-    }
+    script = one_visit(
+        "asker",
+        "ask",
+        "its job",
+        call("counter_session_id"),
+        say("Asked."),
+        finished="asked",
+        final="Done.",
+    )
     (scripts / "counter.json").write_text(json.dumps(script), encoding="utf-8")
 
     async def session_of(api: Api, key: str) -> str:

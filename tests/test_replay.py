@@ -17,7 +17,6 @@ from relaygraph.team import load_team
 from ._service import ServiceClient as Api
 from ._service import auth
 from .conftest import EXAMPLE_RELAY
-from .test_api import api  # noqa: F401  (fixture)
 
 RELAY = f"scripted:{EXAMPLE_RELAY}"
 
@@ -52,6 +51,32 @@ handoffs = {handoffs}
 [agents.writer]
 use = "builtin:writer"
 """
+
+
+def team_versions(folder: Path) -> tuple[Path, Path]:
+    """The handback team's two versions as files: in v1 the researcher may hand work to the
+    writer, in v2 it may not."""
+    v1, v2 = folder / "v1.toml", folder / "v2.toml"
+    v1.write_text(TEAM.format(handoffs='["writer"]'), encoding="utf-8")
+    v2.write_text(TEAM.format(handoffs="[]"), encoding="utf-8")
+    return v1, v2
+
+
+async def registered_handback(api: Api, scripts: Path) -> tuple[str, dict[str, Any]]:
+    """A project ``acme`` with both versions of the handback team registered (as 1 and 2),
+    and a task of it on version 1 that succeeded: its key and the task."""
+    key = api.key("acme")
+    for handoffs in ('["writer"]', "[]"):
+        pushed = await api.client.put(
+            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
+        )
+        assert pushed.status_code == 201, pushed.text
+    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
+    spec = "scripted:handback.json"
+    made = await api.submit(key, input="Write the note", team="handback", version=1, model=spec)
+    original = await api.wait(made.json()["id"], key)
+    assert original["status"] == "succeeded", original
+    return key, original
 
 
 def _steps(ledger: Any, task_id: str) -> list[tuple[str, str | None]]:
@@ -120,9 +145,7 @@ def test_a_step_past_the_end_is_refused_naming_it(home: Path) -> None:
 def test_another_team_version_parts_where_the_handoff_changed(
     home: Path, tmp_path: Path, script: Any
 ) -> None:
-    v1, v2 = tmp_path / "v1.toml", tmp_path / "v2.toml"
-    v1.write_text(TEAM.format(handoffs='["writer"]'), encoding="utf-8")
-    v2.write_text(TEAM.format(handoffs="[]"), encoding="utf-8")
+    v1, v2 = team_versions(tmp_path)
     model = script(HANDBACK)
     original = run_task("Write the note", team=v1, model=model, home=home)
     assert original.status == "succeeded", original.stop_reason
@@ -146,7 +169,7 @@ def test_another_team_version_parts_where_the_handoff_changed(
     assert not diff.answer_same
 
 
-async def test_replay_and_diff_over_the_api(api: Api) -> None:  # noqa: F811
+async def test_replay_and_diff_over_the_api(api: Api) -> None:
     key, other = api.key("acme"), api.key("globex")
     made = await api.client.post("/v1/tasks", json={"input": "When?"}, headers=auth(key))
     original = await api.wait(made.json()["id"], key)
@@ -181,9 +204,7 @@ def test_eval_replay_reports_where_each_task_parts_and_gates(
 ) -> None:
     from relaygraph.cli import main
 
-    v1, v2 = tmp_path / "v1.toml", tmp_path / "v2.toml"
-    v1.write_text(TEAM.format(handoffs='["writer"]'), encoding="utf-8")
-    v2.write_text(TEAM.format(handoffs="[]"), encoding="utf-8")
+    v1, v2 = team_versions(tmp_path)
     model = script(HANDBACK)
     ran = [run_task(f"Write note {i}", team=v1, model=model, home=home) for i in range(2)]
     assert {r.status for r in ran} == {"succeeded"}
@@ -258,24 +279,10 @@ def test_bad_flags_are_refused_naming_the_value(
 
 
 async def test_a_replay_on_a_registered_version_parts_where_its_handoffs_changed(
-    api: Api,  # noqa: F811
+    api: Api,
     scripts: Path,
 ) -> None:
-    key = api.key("acme")
-    for handoffs in ('["writer"]', "[]"):
-        pushed = await api.client.put(
-            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
-        )
-        assert pushed.status_code == 201, pushed.text
-    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
-    spec = "scripted:handback.json"
-    made = await api.client.post(
-        "/v1/tasks",
-        json={"input": "Write the note", "team": "handback", "version": 1, "model": spec},
-        headers=auth(key),
-    )
-    original = await api.wait(made.json()["id"], key)
-    assert original["status"] == "succeeded", original
+    key, original = await registered_handback(api, scripts)
     # Version 2 of the same team, from step 1: the writer's draft stands.
     replayed = await api.client.post(
         f"/v1/tasks/{original['id']}/replay", json={"version": 2, "from_step": 1}, headers=auth(key)
@@ -301,7 +308,7 @@ async def test_a_replay_on_a_registered_version_parts_where_its_handoffs_changed
 
 
 async def test_the_operator_replays_a_projects_task_on_a_registered_version(
-    api: Api,  # noqa: F811
+    api: Api,
     scripts: Path,
     home: Path,
     tmp_path: Path,
@@ -309,18 +316,7 @@ async def test_the_operator_replays_a_projects_task_on_a_registered_version(
 ) -> None:
     from relaygraph.cli import main
 
-    key = api.key("acme")
-    for handoffs in ('["writer"]', "[]"):
-        await api.client.put(
-            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
-        )
-    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
-    body = {"input": "Write the note", "team": "handback", "version": 1}
-    made = await api.client.post(
-        "/v1/tasks", json={**body, "model": "scripted:handback.json"}, headers=auth(key)
-    )
-    original = await api.wait(made.json()["id"], key)
-    assert original["status"] == "succeeded", original
+    key, original = await registered_handback(api, scripts)
     at = ["--home", str(home)]
     # One task, forked after step 1 onto version 2 of the project's team, in its project.
     code = main(
@@ -392,7 +388,7 @@ def test_a_queued_replay_is_on_its_fork_when_any_runner_takes_it(home: Path) -> 
 
 
 async def test_eval_replay_takes_a_registered_team_version(
-    api: Api,  # noqa: F811
+    api: Api,
     scripts: Path,
     home: Path,
     tmp_path: Path,
@@ -400,18 +396,7 @@ async def test_eval_replay_takes_a_registered_team_version(
 ) -> None:
     from relaygraph.cli import main
 
-    key = api.key("acme")
-    for handoffs in ('["writer"]', "[]"):
-        await api.client.put(
-            "/v1/teams/handback", json={"toml": TEAM.format(handoffs=handoffs)}, headers=auth(key)
-        )
-    (scripts / "handback.json").write_text(json.dumps(HANDBACK), encoding="utf-8")
-    body = {"input": "Write the note", "team": "handback", "version": 1}
-    made = await api.client.post(
-        "/v1/tasks", json={**body, "model": "scripted:handback.json"}, headers=auth(key)
-    )
-    original = await api.wait(made.json()["id"], key)
-    assert original["status"] == "succeeded", original
+    key, original = await registered_handback(api, scripts)
     common = ["--home", str(home), "eval", "--replay", "--project", "acme"]
     common += ["--of-team", "handback@1"]
     # Version 2 of the project's team, named as `relaygraph replay --team` names it: the

@@ -16,7 +16,6 @@ from .test_worker_cluster import (  # noqa: F401  (fixtures)
     cluster,
     database,
     journal,
-    rabbitmq,
     tool_rows,
 )
 

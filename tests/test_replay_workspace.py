@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from relaygraph._home import TASKS_FOLDER
-from relaygraph.api import ServiceSettings, create_app
 from relaygraph.backends.workspace import WorkspaceQuota, WorkspaceTooLarge, copy_workspace
 from relaygraph.evals import diff_trajectories, read_trajectory
 from relaygraph.runner import (
@@ -29,8 +28,8 @@ from relaygraph.runner import (
 from relaygraph.runner._checkpoint import open_checkpointer
 from relaygraph.store import LOCAL_PROJECT_ID, Task
 
-from ._service import ENDED, ServiceClient, auth
-from .conftest import EXAMPLE_RELAY, isolation_missing
+from ._service import ServiceClient, auth, in_process_service
+from .conftest import isolation_missing
 
 SUM = "print('sum', sum(int(n) for n in open('data/numbers.txt').read().split()))"
 
@@ -169,33 +168,32 @@ def test_a_workspace_past_the_quota_is_refused_naming_it_and_leaves_nothing(
     assert threads == {original.checkpoint_thread}
 
 
-@asynccontextmanager
-async def _service(home: Path, scripts: Path, **settings: Any) -> AsyncIterator[ServiceClient]:
-    app = create_app(
-        ServiceSettings(
-            default_model=f"scripted:{EXAMPLE_RELAY}",
-            scripts_dir=scripts,
-            home=home,
-            workers=2,
-            unsafe_sandbox=isolation_missing(),
-            **settings,
-        )
+def _service(
+    home: Path, scripts: Path, **settings: Any
+) -> AbstractAsyncContextManager[ServiceClient]:
+    return in_process_service(
+        home, scripts_dir=scripts, workers=2, unsafe_sandbox=isolation_missing(), **settings
     )
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield ServiceClient(client, f"sqlite:///{home / 'ledger.sqlite'}", ends=ENDED)
+
+
+async def _summed(
+    api: ServiceClient, served_script: Callable[[dict[str, Any]], str]
+) -> tuple[str, dict[str, Any], str]:
+    """A project ``acme`` and its task summing the numbers (:data:`READS_EARLIER_FILE`),
+    which succeeded: the project's key, the task and the spec of its script."""
+    spec = served_script(READS_EARLIER_FILE)
+    key = api.key("acme")
+    made = await api.submit(key, input="Sum the numbers", model=spec)
+    original = await api.wait(made.json()["id"], key)
+    assert original["status"] == "succeeded", original
+    return key, original, spec
 
 
 async def test_replay_over_the_api_honours_an_idempotency_key(
     home: Path, scripts: Path, served_script: Callable[[dict[str, Any]], str]
 ) -> None:
-    spec = served_script(READS_EARLIER_FILE)
     async with _service(home, scripts) as api:
-        key = api.key("acme")
-        made = await api.submit(key, input="Sum the numbers", model=spec)
-        original = await api.wait(made.json()["id"], key)
-        assert original["status"] == "succeeded", original
+        key, original, spec = await _summed(api, served_script)
         url = f"/v1/tasks/{original['id']}/replay"
 
         async def replay(body: dict[str, Any], idempotency: str) -> httpx.Response:
@@ -240,12 +238,8 @@ async def test_replay_over_the_api_honours_an_idempotency_key(
 async def test_replay_over_the_api_refuses_a_workspace_past_the_quota(
     home: Path, scripts: Path, served_script: Callable[[dict[str, Any]], str]
 ) -> None:
-    spec = served_script(READS_EARLIER_FILE)
     async with _service(home, scripts) as api:
-        key = api.key("acme")
-        made = await api.submit(key, input="Sum the numbers", model=spec)
-        original = await api.wait(made.json()["id"], key)
-        assert original["status"] == "succeeded", original
+        key, original, _ = await _summed(api, served_script)
     # The operator lowers the quota: the original's data/ and data/numbers.txt pass it.
     async with _service(home, scripts, workspace_max_files=1) as api:
         refused = await api.client.post(

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +15,7 @@ from relaygraph.runner import collect_garbage, run_task
 from relaygraph.store import Ledger
 
 from .conftest import EXAMPLE_RELAY
+from .test_cli import relaygraph
 from .test_server import _env
 
 
@@ -73,37 +72,17 @@ def test_gc_deletes_old_workspaces_only_and_never_follows_a_planted_symlink(
 def test_gc_command_deletes_what_ended_before_the_days_given_and_prints_it(home: Path) -> None:
     old, recent = _ended_task(home), _ended_task(home)
     _ended_days_ago(home, old, 8)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "relaygraph.cli",
-            "gc",
-            "--older-than",
-            "7",
-            "--artifacts",
-            "--json",
-        ],
-        env=_env(home),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    gc = ("gc", "--older-than", "7", "--artifacts", "--json")
+    done = relaygraph(*gc, home=home, env=_env(home))
+    assert done.returncode == 0, done.stderr
     freed = json.loads(done.stdout)
     assert freed["task_ids"] == [old]
     assert freed["tasks"] == 1 and freed["bytes"] >= 10_000 and freed["files"] >= 3
     assert not (home / "tasks" / old / "workspace").exists()
     assert not (home / "tasks" / old / "artifacts").exists()
     assert (home / "tasks" / recent / "workspace" / "data.bin").is_file()
-    refused = subprocess.run(
-        [sys.executable, "-m", "relaygraph.cli", "gc"],
-        env={k: v for k, v in _env(home).items() if k != "RELAYGRAPH_RETENTION_DAYS"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    unset = {k: v for k, v in _env(home).items() if k != "RELAYGRAPH_RETENTION_DAYS"}
+    refused = relaygraph("gc", home=home, env=unset)
     assert refused.returncode != 0
     assert "--older-than DAYS" in refused.stderr
 

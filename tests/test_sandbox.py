@@ -27,7 +27,6 @@ from relaygraph.backends import _cgroup, _sandbox_child
 from relaygraph.backends.sandbox import (
     SandboxLimits,
     SandboxResult,
-    filesystem_isolation,
     run_python_sandboxed,
 )
 from relaygraph.errors import ConfigError
@@ -35,16 +34,8 @@ from relaygraph.errors import ConfigError
 MiB = 1024 * 1024
 
 
-@pytest.fixture(autouse=True, params=["bubblewrap", "none"])
-def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test inside bubblewrap, then again in the fallback without it."""
-    if request.param == "none":
-        monkeypatch.setenv("RELAYGRAPH_BWRAP", "")
-    elif filesystem_isolation() is None:
-        pytest.skip("bubblewrap (bwrap) is missing or cannot create namespaces here")
-    return str(request.param)
-
-
+pytestmark = pytest.mark.usefixtures("isolation")
+"""Every test runs inside bubblewrap, then again in the fallback without it."""
 fallback_only = pytest.mark.parametrize("isolation", ["none"], indirect=True)
 """For tests of the fallback's own network namespace (bubblewrap makes its own)."""
 
@@ -416,6 +407,24 @@ def test_a_run_that_could_not_join_its_cgroup_says_so(
     assert "memory and processes were limited per process only" in result.to_text()
 
 
+def killed(
+    exit_code: int, *, duration_seconds: float = 0.5, limits: SandboxLimits | None = None
+) -> SandboxResult:
+    """The result of a program in bubblewrap that a signal ended (``exit_code`` below 0),
+    with no output."""
+    return SandboxResult(
+        exit_code=exit_code,
+        stdout="",
+        stderr="",
+        timed_out=False,
+        truncated=False,
+        network_isolated=True,
+        isolation="bubblewrap",
+        duration_seconds=duration_seconds,
+        limits=limits or SandboxLimits(),
+    )
+
+
 def _fake_cgroup(folder: Path, controllers: str) -> Path:
     folder.mkdir(parents=True)
     (folder / "cgroup.controllers").write_text(controllers + "\n")
@@ -423,36 +432,53 @@ def _fake_cgroup(folder: Path, controllers: str) -> Path:
 
 
 @fallback_only
-def test_cgroup_v2_is_preferred_when_it_offers_memory_and_pids(tmp_path: Path) -> None:
-    own = _fake_cgroup(tmp_path / "unified" / "system.slice" / "relaygraph.service", "memory pids")
-    mountinfo = (
-        f"30 1 0:26 / {tmp_path}/unified rw,nosuid - cgroup2 cgroup2 rw\n"
-        f"31 1 0:27 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n"
-    )
-    proc = "4:memory:/system.slice\n0::/system.slice/relaygraph.service\n"
+@pytest.mark.parametrize(
+    ("cgroups", "mounts", "proc", "folders"),
+    [
+        pytest.param(
+            {"unified/system.slice/relaygraph.service": "memory pids"},
+            [
+                "30 1 0:26 / {root}/unified rw,nosuid - cgroup2 cgroup2 rw",
+                "31 1 0:27 / {root}/memory rw - cgroup cgroup rw,memory",
+            ],
+            "4:memory:/system.slice\n0::/system.slice/relaygraph.service\n",
+            (
+                "v2",
+                "unified/system.slice/relaygraph.service",
+                "unified/system.slice/relaygraph.service",
+            ),
+            id="v2-preferred-when-it-offers-memory-and-pids",
+        ),
+        # This host's layout: cgroup2 mounted beside the v1 hierarchies, which own the
+        # controllers.
+        pytest.param(
+            {"unified": "hugetlb", "memory/process_api/abc": "", "pids": ""},
+            [
+                "30 1 0:26 / {root}/unified rw - cgroup2 cgroup2 rw",
+                "31 1 0:27 / {root}/memory rw - cgroup cgroup rw,memory",
+                "32 1 0:28 / {root}/pids rw - cgroup cgroup rw,pids",
+            ],
+            "8:pids:/\n4:memory:/process_api/abc\n0::/\n",
+            ("v1", "memory/process_api/abc", "pids"),
+            id="v1-hierarchies-when-v2-has-no-controllers",
+        ),
+    ],
+)
+def test_the_cgroup_that_offers_memory_and_pids_is_found(
+    tmp_path: Path,
+    cgroups: dict[str, str],
+    mounts: list[str],
+    proc: str,
+    folders: tuple[str, str, str],
+) -> None:
+    for folder, controllers in cgroups.items():
+        _fake_cgroup(tmp_path / folder, controllers)
+    mountinfo = "".join(line.format(root=tmp_path) + "\n" for line in mounts)
     parent, problem = _cgroup.find_parent(None, proc, mountinfo)
     assert problem is None
+    version, memory, pids = folders
     assert parent == _cgroup.CgroupParent(
-        "v2", own / _cgroup.PARENT_NAME, own / _cgroup.PARENT_NAME
-    )
-
-
-@fallback_only
-def test_cgroup_v1_hierarchies_are_used_when_v2_has_no_controllers(tmp_path: Path) -> None:
-    # This host's layout: cgroup2 mounted beside the v1 hierarchies, which own the controllers.
-    _fake_cgroup(tmp_path / "unified", "hugetlb")
-    memory = _fake_cgroup(tmp_path / "memory" / "process_api" / "abc", "")
-    pids = _fake_cgroup(tmp_path / "pids", "")
-    mountinfo = (
-        f"30 1 0:26 / {tmp_path}/unified rw - cgroup2 cgroup2 rw\n"
-        f"31 1 0:27 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n"
-        f"32 1 0:28 / {tmp_path}/pids rw - cgroup cgroup rw,pids\n"
-    )
-    proc = "8:pids:/\n4:memory:/process_api/abc\n0::/\n"
-    parent, problem = _cgroup.find_parent(None, proc, mountinfo)
-    assert problem is None
-    assert parent == _cgroup.CgroupParent(
-        "v1", memory / _cgroup.PARENT_NAME, pids / _cgroup.PARENT_NAME
+        version, tmp_path / memory / _cgroup.PARENT_NAME, tmp_path / pids / _cgroup.PARENT_NAME
     )
 
 
@@ -593,17 +619,7 @@ def test_cpu_limit_kills_a_busy_loop(tmp_path: Path) -> None:
 def test_sigkill_without_timeout_is_explained() -> None:
     # What a program that ignores SIGXCPU gets one second later (the hard limit is checked in
     # test_resource_limits_are_applied_in_the_child; running it would cost two CPU seconds).
-    result = SandboxResult(
-        exit_code=-signal.SIGKILL,
-        stdout="",
-        stderr="",
-        timed_out=False,
-        truncated=False,
-        network_isolated=True,
-        isolation="bubblewrap",
-        duration_seconds=2.0,
-        limits=SandboxLimits(cpu_seconds=1),
-    )
+    result = killed(-signal.SIGKILL, duration_seconds=2.0, limits=SandboxLimits(cpu_seconds=1))
     assert "killed by SIGKILL: the CPU time limit (1 s)" in result.to_text()
 
 
@@ -857,17 +873,7 @@ def test_default_limits() -> None:
 
 
 def test_to_text_of_an_unusual_signal() -> None:
-    result = SandboxResult(
-        exit_code=-signal.SIGABRT,
-        stdout="",
-        stderr="",
-        timed_out=False,
-        truncated=False,
-        network_isolated=True,
-        isolation="bubblewrap",
-        duration_seconds=0.5,
-        limits=SandboxLimits(memory_mb=64),
-    )
+    result = killed(-signal.SIGABRT, limits=SandboxLimits(memory_mb=64))
     text = result.to_text()
     assert "killed by signal SIGABRT" in text
     assert "memory limit of 64 MB" in text
@@ -890,16 +896,7 @@ def test_file_size_signal_is_explained(tmp_path: Path) -> None:
 
 
 def test_to_text_of_an_unknown_signal_number() -> None:
-    result = SandboxResult(
-        exit_code=-200,
-        stdout="",
-        stderr="",
-        timed_out=False,
-        truncated=False,
-        network_isolated=True,
-        isolation="bubblewrap",
-        duration_seconds=0.5,
-    )
+    result = killed(-200)
     assert "killed by signal 200" in result.to_text()
 
 

@@ -27,6 +27,7 @@ from relaygraph.client import Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
+from ._scripts import one_visit, say
 from ._service import FINISHED
 from .openai_server import serve_script
 from .test_containment import lapse, runnable
@@ -474,13 +475,7 @@ def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
     return ledger, project, task
 
 
-WRITER_TURNS: dict[str, Any] = {
-    "supervisor": [
-        {"route": {"next": "writer", "task": "write it", "reason": "x"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "writer": [{"content": "Written."}],
-}
+WRITER_TURNS: dict[str, Any] = one_visit("writer", "write it", "x", say("Written."))
 """A task that runs and succeeds: the writer's one reply, then FINISH."""
 
 

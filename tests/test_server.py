@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,10 @@ from relaygraph.client import ApiError, Client
 from relaygraph.errors import ConfigError
 from relaygraph.store import Ledger
 
-from ._service import free_port
+from ._scripts import call, one_visit, say
+from ._service import free_port, wait_answering
 from .conftest import EXAMPLE_RELAY, unsafe_sandbox_env
+from .test_cli import relaygraph
 
 Script = Callable[[dict[str, Any]], str]
 
@@ -63,16 +65,9 @@ until the sandbox's wall-clock limit (``SandboxLimits.wall_seconds``) ends it.""
 def sleepy_coder(seconds: float = 3, *, code: str | None = None) -> dict[str, Any]:
     """A task where the coder runs a slow program once, then the team finishes."""
     code = code if code is not None else SLEEPY_CODE.format(seconds=seconds)
-    return {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "compute slowly", "reason": "math"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            {"tool_calls": [{"name": "run_python", "args": {"code": code}}]},
-            {"content": "Done: it slept."},
-        ],
-    }
+    return one_visit(
+        "coder", "compute slowly", "math", call("run_python", code=code), say("Done: it slept.")
+    )
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -112,17 +107,7 @@ class Server:
             )
 
     def wait_ready(self, timeout: float = START_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"the server exited early:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"the server did not answer /healthz in {timeout} s:\n{self.log.read_text()}")
+        wait_answering(self.process, f"{self.url}/healthz", self.log, seconds=timeout, pause=0.05)
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = START_SECONDS) -> int:
         """Send ``sig`` and wait for the process to exit; returns its exit code."""
@@ -137,34 +122,21 @@ class Server:
 
 
 @pytest.fixture
-def serve(home: Path, tmp_path: Path, scripts: Path) -> Iterator[Callable[..., Server]]:
-    """Start servers on this test's home; every one still running is killed at the end."""
-    started: list[Server] = []
+def serve(start_server: Callable[..., Server]) -> Callable[..., Server]:
+    """Start servers on this test's home (``start_server``), on one port unless told
+    another: a restart is a new server on the same port."""
     default_port = free_port()
 
     def start(model: str = f"scripted:{EXAMPLE_RELAY}", *, port: int | None = None) -> Server:
-        server = Server(home, model, port or default_port, tmp_path / "serve.log", scripts)
-        started.append(server)
-        server.wait_ready()
-        return server
+        return start_server(model=model, port=port or default_port)
 
-    yield start
-    for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
+    return start
 
 
 def create_project(home: Path, name: str) -> str:
     """``relaygraph projects create NAME --json`` in its own process; returns the key."""
-    done = subprocess.run(
-        [sys.executable, "-m", "relaygraph.cli", "projects", "create", name, "--json"],
-        env=_env(home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = relaygraph("projects", "create", name, "--json", home=home, env=_env(home))
+    assert done.returncode == 0, done.stderr
     made = json.loads(done.stdout)
     assert made["project"] == name
     key: str = made["key"]
@@ -284,20 +256,13 @@ def test_approval_round_trip(
     server = serve()
     key = create_project(home, "acme")
     spec = served_script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {
-                    "tool_calls": [
-                        {"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=0)}}
-                    ]
-                },
-                {"content": "Done, with approval."},
-            ],
-        }
+        one_visit(
+            "coder",
+            "compute",
+            "math",
+            call("run_python", code=SLEEPY_CODE.format(seconds=0)),
+            say("Done, with approval."),
+        )
     )
     with Client(server.url, key) as client:
         task = client.submit(

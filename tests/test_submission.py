@@ -28,6 +28,8 @@ from relaygraph.store import Ledger
 from relaygraph.team import default_team
 from relaygraph.topology import Topology
 
+from ._scripts import call, one_visit, say
+
 Script = Callable[[dict[str, Any]], str]
 
 FINISH_AT_ONCE = {
@@ -168,17 +170,14 @@ def test_a_submission_is_handed_to_enqueue_unless_its_thread_is_busy(
 
 def paused_task(home: Path, script: Script) -> Any:
     spec = script(
-        {
-            "supervisor": [
-                {"route": {"next": "coder", "task": "compute", "reason": "math"}},
-                {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-            ],
-            "coder": [
-                {"tool_calls": [{"name": "run_python", "args": {"code": "print(1)"}}]},
-                {"content": "It ran."},
-            ],
-            "finalize": [{"content": "Done."}],
-        }
+        one_visit(
+            "coder",
+            "compute",
+            "math",
+            call("run_python", code="print(1)"),
+            say("It ran."),
+            final="Done.",
+        )
     )
     policy = default_team().policy_from(APPROVAL_POLICY)
     paused = run_task("compute", model=spec, policy=policy, home=home)

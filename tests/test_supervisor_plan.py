@@ -15,20 +15,14 @@ from relaygraph.models.local._team import without_plan
 from relaygraph.supervisor import FINISH
 from relaygraph.supervisor._route import route_json_schema, route_model
 
+from ._scripts import call, say
+
 
 def route(next: str, task: str = "", reason: str = "because", then: Any = None) -> dict[str, Any]:
     body: dict[str, Any] = {"next": next, "task": task, "reason": reason}
     if then is not None:
         body["then"] = then
     return {"route": body}
-
-
-def call(tool: str, **args: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": tool, "args": args}]}
-
-
-def say(text: str) -> dict[str, Any]:
-    return {"content": text}
 
 
 RESEARCH = [

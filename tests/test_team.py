@@ -13,21 +13,10 @@ from relaygraph.runner import run_task, sqlite_checkpointer
 from relaygraph.supervisor import FINISH
 from relaygraph.team import default_team
 
+from ._scripts import call, route, say
 from .conftest import EXAMPLE_RELAY
 
 Script = Callable[[dict[str, Any]], str]
-
-
-def route(next: str, task: str = "do it", reason: str = "because") -> dict[str, Any]:
-    return {"route": {"next": next, "task": task if next != FINISH else "", "reason": reason}}
-
-
-def call(name: str, **args: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "args": args}]}
-
-
-def say(text: str) -> dict[str, Any]:
-    return {"content": text}
 
 
 def final_state(home: Path, thread_id: str) -> dict[str, Any]:

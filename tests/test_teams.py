@@ -21,6 +21,8 @@ from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import Team, default_team, load_team
 from relaygraph.topology import Topology
 
+from ._scripts import call, say
+
 REPO = Path(__file__).resolve().parents[1]
 COUNTED: list[str] = []
 
@@ -52,14 +54,6 @@ def four() -> Team:
         agents=[builtin.researcher(), builtin.coder(), builtin.writer(), reviewer()],
         name="docs-review",
     )
-
-
-def call(name: str, **args: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "args": args}]}
-
-
-def say(text: str) -> dict[str, Any]:
-    return {"content": text}
 
 
 def route(next: str) -> dict[str, Any]:

@@ -17,18 +17,12 @@ import pytest
 
 from relaygraph.client import ApiError, Client
 
+from ._scripts import call, one_visit, say
 from .test_server import SLEEPY_CODE, create_project
 
-PAUSED_TEAM = {
-    "supervisor": [
-        {"route": {"next": "coder", "task": "compute", "reason": "math"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "coder": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": SLEEPY_CODE.format(seconds=0)}}]},
-        {"content": "Done."},
-    ],
-}
+PAUSED_TEAM = one_visit(
+    "coder", "compute", "math", call("run_python", code=SLEEPY_CODE.format(seconds=0)), say("Done.")
+)
 """B's task (``scripted:paused.json``): it pauses for an approval that never comes, so its
 streams stay open."""
 APPROVE_CODE = {"agents": {"coder": {"approval": ["run_python"]}}}

@@ -18,6 +18,7 @@ import pytest
 
 from relaygraph.runner import run_task
 
+from ._scripts import one_visit, say
 from .openai_server import Faults, quick_retries, serve_script
 
 LIMIT = 3.0
@@ -26,14 +27,7 @@ STALL = 90.0
 MARGIN = 45.0
 """How long past the limit a run may end here: a loaded machine's slack, well below STALL."""
 
-SCRIPT = {
-    "supervisor": [
-        {"route": {"next": "researcher", "task": "look it up", "reason": "facts"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "researcher": [{"content": "Found it."}],
-    "finalize": [{"content": "Found it."}],
-}
+SCRIPT = one_visit("researcher", "look it up", "facts", say("Found it."), final="Found it.")
 ROLES = ("supervisor", "researcher", "coder", "writer", "finalize")
 
 

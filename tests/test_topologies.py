@@ -15,8 +15,9 @@ from relaygraph.runner import Decision, RunResult, ledger_for, resume_task, run_
 from relaygraph.topology import Topology
 from tests.builtin_team import parse_policy
 
+from ._scripts import call, say
 from .test_cli import relaygraph
-from .test_team import call, final_state, say
+from .test_team import final_state
 
 Script = Callable[[dict[str, Any]], str]
 SWARM = Topology.parse("swarm")

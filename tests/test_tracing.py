@@ -33,8 +33,8 @@ from relaygraph.runner import RunResult, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger, RecordNotFound
 from tests.builtin_team import parse_policy
 
+from ._scripts import call, route, say
 from .conftest import EXAMPLE_RELAY
-from .test_team import call, route, say
 
 Script = Callable[[dict[str, Any]], str]
 RELAY = f"scripted:{EXAMPLE_RELAY}"

@@ -39,9 +39,6 @@ from relaygraph.worker import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-RABBITMQ_URL_ENV = "RELAYGRAPH_TEST_BROKER_URL"
-REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
-DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 KILLED_WORKER_HEARTBEAT = 60.0
 """The workers' heartbeat where a test tells a killed worker's socket close from a missed
@@ -291,21 +288,6 @@ def test_worker_argv() -> None:
 
 
 # Real workers on RabbitMQ.
-
-
-@pytest.fixture(scope="session")
-def rabbitmq() -> str:
-    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
-    url = os.environ.get(RABBITMQ_URL_ENV, DEFAULT_RABBITMQ_URL)
-    try:
-        with Connection(url, connect_timeout=3) as connection:
-            connection.ensure_connection(max_retries=1)
-        return url
-    except Exception as exc:
-        message = f"RabbitMQ is not reachable at {url}: {exc}"
-    if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
-        pytest.fail(f"{message} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{message}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
 
 
 class Workers:

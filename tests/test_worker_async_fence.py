@@ -10,14 +10,12 @@ for an event under a generous deadline; nothing sleeps for a fixed time.
 from __future__ import annotations
 
 import asyncio
-import operator
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
 from langchain_core.runnables import RunnableConfig
-from langgraph.graph import END, START, StateGraph
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -28,16 +26,17 @@ from relaygraph.store import AttemptSuperseded, Ledger
 
 from .test_worker_checkpoint_fence import (
     DEADLINE,
+    Steps,
     begin,
     checkpoint_rows,
     conninfo,
-    postgres_ledger,  # noqa: F401  (the fixture, used by name)
     running_task,
+    two_step_graph,
 )
 
 
 @pytest.fixture
-async def pool(postgres_ledger: Ledger, home: Path) -> AsyncIterator[AsyncConnectionPool[Any]]:  # noqa: F811
+async def pool(postgres_ledger: Ledger, home: Path) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """A pool as the async checkpointers' (autocommit, dict rows), on the saver's tables,
     of one connection: a saver that held it for a whole run would stop every other run."""
     with open_checkpointer(home):  # The saver's tables.
@@ -57,10 +56,6 @@ async def pool(postgres_ledger: Ledger, home: Path) -> AsyncIterator[AsyncConnec
         await made.close()
 
 
-class Steps(TypedDict):
-    steps: Annotated[list[str], operator.add]
-
-
 def two_steps(saver: Any, by: str, frozen: asyncio.Event | None = None) -> Any:
     """first → second (which, given ``frozen``, waits for it: the worker froze mid-step)."""
     entered = asyncio.Event()
@@ -74,19 +69,11 @@ def two_steps(saver: Any, by: str, frozen: asyncio.Event | None = None) -> Any:
     async def first(state: Steps) -> Steps:
         return {"steps": [f"first by {by}"]}
 
-    builder = StateGraph(Steps)
-    builder.add_node("first", first)
-    builder.add_node("second", second)
-    builder.add_edge(START, "first")
-    builder.add_edge("first", "second")
-    builder.add_edge("second", END)
-    graph = builder.compile(checkpointer=saver)
-    graph.entered = entered  # type: ignore[attr-defined]
-    return graph
+    return two_step_graph(saver, first, second, entered)
 
 
 async def test_a_stale_attempt_on_the_loop_saves_nothing_on_the_new_attempts_thread(
-    postgres_ledger: Ledger,  # noqa: F811
+    postgres_ledger: Ledger,
     pool: AsyncConnectionPool[Any],
 ) -> None:
     task_id, dispatch = running_task(postgres_ledger)
@@ -129,7 +116,7 @@ async def test_a_stale_attempt_on_the_loop_saves_nothing_on_the_new_attempts_thr
 
 
 async def test_an_async_write_tells_the_fence_of_a_cancel_asked_for(
-    postgres_ledger: Ledger,  # noqa: F811
+    postgres_ledger: Ledger,
     pool: AsyncConnectionPool[Any],
 ) -> None:
     task_id, _ = running_task(postgres_ledger)
@@ -151,7 +138,7 @@ async def test_an_async_write_tells_the_fence_of_a_cancel_asked_for(
 
 
 async def test_an_async_write_of_an_unknown_task_is_refused(
-    postgres_ledger: Ledger,  # noqa: F811
+    postgres_ledger: Ledger,
     pool: AsyncConnectionPool[Any],
 ) -> None:
     config: RunnableConfig = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import operator
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -37,16 +37,6 @@ from .worker_cluster import gated_coder, wait_until
 DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
 WORKER = "worker-test-1"
-
-
-@pytest.fixture
-def postgres_ledger(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    """A ledger on PostgreSQL, whose database the runs' checkpointers use too."""
-    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url)
-    monkeypatch.setenv("RELAYGRAPH_UNSAFE_SANDBOX", "true")
-    with Ledger(postgres_url) as made:
-        made.upgrade()
-        yield made
 
 
 def conninfo() -> str:
@@ -141,8 +131,14 @@ def two_steps(saver: Any, by: str, frozen: threading.Event | None = None) -> Any
             assert frozen.wait(DEADLINE)
         return {"steps": [f"second by {by}"]}
 
+    return two_step_graph(saver, lambda state: {"steps": [f"first by {by}"]}, second, entered)
+
+
+def two_step_graph(saver: Any, first: Any, second: Any, entered: Any) -> Any:
+    """The graph of nodes ``first`` → ``second`` on ``saver``, holding as ``entered`` the
+    event that ``second`` sets when it starts."""
     builder = StateGraph(Steps)
-    builder.add_node("first", lambda state: {"steps": [f"first by {by}"]})
+    builder.add_node("first", first)
     builder.add_node("second", second)
     builder.add_edge(START, "first")
     builder.add_edge("first", "second")

@@ -41,13 +41,13 @@ from sqlalchemy import create_engine, text
 from relaygraph.agents._journal import replay
 from relaygraph.client import Client
 
+from ._scripts import one_visit, say
 from ._service import FINISHED
 from .conftest import EXAMPLE_RELAY
+from .test_async_tools import shouters_team
 from .worker_cluster import (
     Cluster,
     Run,
-    broker_problem,
-    broker_url,
     free_port,
     fresh_database,
     gated_coder,
@@ -55,7 +55,6 @@ from .worker_cluster import (
     wait_until,
 )
 
-REQUIRE_RABBITMQ_ENV = "RELAYGRAPH_REQUIRE_RABBITMQ"
 DEADLINE = 180.0
 """Seconds any one wait may take before the test fails (generous: a loaded 2-core machine)."""
 DEFAULT_MODEL = f"scripted:{EXAMPLE_RELAY}"
@@ -64,63 +63,41 @@ Script = Callable[[dict[str, Any]], str]
 
 # Each finalize turn repeats the last agent's reply: finalize answers with that reply without
 # a model call unless the policy asks for one, and either way the answer is the same.
-ARTIFACT_TEAM = {
-    "supervisor": [
-        {"route": {"next": "writer", "task": "write the report", "reason": "a deliverable"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
-    ],
-    "writer": [
-        {
-            "tool_calls": [
-                {
-                    "name": "save_artifact",
-                    "args": {"name": "report.md", "content": "# Report\n"},
-                    "id": "save",
-                }
-            ]
-        },
-        {"content": "Saved report.md."},
-    ],
-    "finalize": [{"content": "Saved report.md."}],
-}
+ARTIFACT_TEAM = one_visit(
+    "writer",
+    "write the report",
+    "a deliverable",
+    {
+        "tool_calls": [
+            {
+                "name": "save_artifact",
+                "args": {"name": "report.md", "content": "# Report\n"},
+                "id": "save",
+            }
+        ]
+    },
+    say("Saved report.md."),
+    finished="written",
+    final="Saved report.md.",
+)
 
 APPROVED_CODE = "with open('effects.txt', 'a') as f:\n    f.write('ran\\n')\nprint('ran')"
-APPROVAL_TEAM = {
-    "supervisor": [
-        {"route": {"next": "coder", "task": "compute", "reason": "code to run"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-    ],
-    "coder": [
-        {"tool_calls": [{"name": "run_python", "args": {"code": APPROVED_CODE}, "id": "ask"}]},
-        {"content": "It ran."},
-    ],
-    "finalize": [{"content": "It ran."}],
-}
+APPROVAL_TEAM = one_visit(
+    "coder",
+    "compute",
+    "code to run",
+    {"tool_calls": [{"name": "run_python", "args": {"code": APPROVED_CODE}, "id": "ask"}]},
+    say("It ran."),
+    final="It ran.",
+)
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
-PLAIN_TEAM = {
-    "supervisor": [
-        {"route": {"next": "writer", "task": "write a line", "reason": "a deliverable"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "written"}},
-    ],
-    "writer": [{"content": "A line."}],
-    "finalize": [{"content": "A line."}],
-}
+PLAIN_TEAM = one_visit(
+    "writer", "write a line", "a deliverable", say("A line."), finished="written", final="A line."
+)
 
 
 # Services and the cluster
-
-
-@pytest.fixture(scope="session")
-def rabbitmq() -> str:
-    """The URL of the RabbitMQ that answers (``$RELAYGRAPH_TEST_BROKER_URL`` first)."""
-    url = broker_url()
-    problem = broker_problem(url)
-    if problem is None:
-        return url
-    if os.environ.get(REQUIRE_RABBITMQ_ENV) == "1":
-        pytest.fail(f"{problem} (and {REQUIRE_RABBITMQ_ENV}=1 requires it)", pytrace=False)
-    pytest.skip(f"{problem}; set {REQUIRE_RABBITMQ_ENV}=1 to make this a failure")
 
 
 @pytest.fixture
@@ -735,17 +712,15 @@ async def shout(text: str) -> str:
     return f"{text.upper()}! (pid {os.getpid()}, {threading.current_thread().name})"
 '''
 
-ASYNC_TEAM = {
-    "supervisor": [
-        {"route": {"next": "shouter", "task": "shout it", "reason": "shouting"}},
-        {"route": {"next": "FINISH", "task": "", "reason": "shouted"}},
-    ],
-    "shouter": [
-        {"tool_calls": [{"name": "shout", "args": {"text": "hi"}, "id": "shout"}]},
-        {"content": "Shouted."},
-    ],
-    "finalize": [{"content": "Shouted."}],
-}
+ASYNC_TEAM = one_visit(
+    "shouter",
+    "shout it",
+    "shouting",
+    {"tool_calls": [{"name": "shout", "args": {"text": "hi"}, "id": "shout"}]},
+    say("Shouted."),
+    finished="shouted",
+    final="Shouted.",
+)
 
 
 @pytest.mark.slow
@@ -755,14 +730,7 @@ def test_an_async_tool_of_an_operators_team_file_runs_on_a_worker(
     """An operator's team file (RELAYGRAPH_TEAM_FILES, set alike for the server and the
     worker) with an ``async def`` tool: the worker's pool process runs its coroutine on the
     process's tool loop, and the ledger records the call."""
-    (tmp_path / "tools.py").write_text(ASYNC_TOOLS_PY, encoding="utf-8")
-    team_file = tmp_path / "team.toml"
-    team_file.write_text(
-        'name = "shouters"\n[agents.writer]\nuse = "builtin:writer"\n'
-        '[agents.shouter]\ndescription = "shouts"\nprompt = "You shout."\n'
-        'tools = ["./tools.py:shout"]\n',
-        encoding="utf-8",
-    )
+    team_file = shouters_team(tmp_path, ASYNC_TOOLS_PY)
     env = {"RELAYGRAPH_TEAM_FILES": json.dumps([str(team_file)])}
     server = cluster.serve("api", model=DEFAULT_MODEL, env=env)
     cluster.worker("w1", env=env)

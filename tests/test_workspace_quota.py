@@ -18,7 +18,6 @@ import pytest
 from relaygraph.backends._quota import task_files_usage
 from relaygraph.backends.sandbox import (
     SandboxLimits,
-    filesystem_isolation,
     run_python_sandboxed,
 )
 from relaygraph.backends.workspace import (
@@ -30,19 +29,10 @@ from relaygraph.backends.workspace import (
 from relaygraph.client import Client
 from relaygraph.errors import ConfigError
 
+from ._scripts import call, one_visit, say
 from .test_server import create_project
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(params=["bubblewrap", "none"])
-def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test inside bubblewrap, then again in the fallback without it."""
-    if request.param == "none":
-        monkeypatch.setenv("RELAYGRAPH_BWRAP", "")
-    elif filesystem_isolation() is None:
-        pytest.skip("bubblewrap (bwrap) is missing or cannot create namespaces here")
-    return str(request.param)
 
 
 @pytest.fixture
@@ -226,25 +216,14 @@ def test_a_task_past_its_quota_is_told_which_quota_and_goes_on(
     """The attack through the service: the coder's program fills its workspace in a loop,
     then the coder writes a big file; both are refused with the quota named, and the task
     ends honestly (here: it goes on and succeeds)."""
-    filler = {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "fill the disk", "reason": "attack"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [
-            {
-                "tool_calls": [
-                    {"name": "run_python", "args": {"code": textwrap.dedent(FILLING_LOOP)}}
-                ]
-            },
-            {
-                "tool_calls": [
-                    {"name": "write_file", "args": {"path": "more.txt", "content": "m" * 600_000}}
-                ]
-            },
-            {"content": "The workspace is full."},
-        ],
-    }
+    filler = one_visit(
+        "coder",
+        "fill the disk",
+        "attack",
+        call("run_python", code=textwrap.dedent(FILLING_LOOP)),
+        call("write_file", path="more.txt", content="m" * 600_000),
+        say("The workspace is full."),
+    )
     server = start_server(
         {"filler.json": filler},
         RELAYGRAPH_WORKSPACE_MAX_MB="2",

@@ -34,7 +34,9 @@ import httpx
 from kombu import Connection
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from ._scripts import one_visit, say
 from ._service import free_port
 from .conftest import POSTGRES_URL_ENV, POSTGRES_URLS, unsafe_sandbox_env
 
@@ -78,14 +80,9 @@ def gated_coder(*, first: bool = False) -> dict[str, Any]:
     calls.append(
         {"tool_calls": [{"name": "run_python", "args": {"code": GATED_CODE}, "id": "gated"}]}
     )
-    return {
-        "supervisor": [
-            {"route": {"next": "coder", "task": "compute slowly", "reason": "code to run"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ],
-        "coder": [*calls, {"content": "It ran."}],
-        "finalize": [{"content": "It ran."}],
-    }
+    return one_visit(
+        "coder", "compute slowly", "code to run", *calls, say("It ran."), final="It ran."
+    )
 
 
 def broker_url() -> str:
@@ -113,8 +110,9 @@ def postgres_server() -> tuple[str | None, str]:
             with engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
             return url, ""
-        except Exception as exc:
-            problems.append(f"{url}: {str(exc).strip().splitlines()[0]}")
+        except SQLAlchemyError as exc:
+            reason = getattr(exc, "orig", None) or exc  # DBAPIError carries the driver's own
+            problems.append(f"{url}: {str(reason).strip().splitlines()[0]}")
         finally:
             engine.dispose()
     return None, "PostgreSQL is not reachable: " + "; ".join(problems)
