@@ -491,7 +491,11 @@ def test_two_servers_on_one_ledger_run_a_task_once(
     # wall-clock limit at the latest, so the coder runs one after another: the task stays
     # running while the second server starts, however slowly.
     turns = sleepy_coder(code=GATED_CODE)
-    turns["coder"][:1] = [turns["coder"][0]] * GATED_CALLS
+    # Each program differs (a comment): the same call again would be refused by the
+    # policy's repeated-call check, and the task would end after the first program.
+    turns["coder"][:1] = [
+        call("run_python", code=f"{GATED_CODE}\n# program {n}") for n in range(GATED_CALLS)
+    ]
     spec = served_script(turns)
     first = serve()
     key = create_project(home, "acme")

@@ -23,7 +23,6 @@ from .test_worker_cluster import (  # noqa: F401  (fixtures)
     cluster,
     database,
     lines,
-    rabbitmq,
     release,
     started,
     tool_rows,
