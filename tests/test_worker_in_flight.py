@@ -166,3 +166,15 @@ def test_the_worker_command_takes_tasks_in_flight() -> None:
     args = build_parser().parse_args(["worker", "--tasks-in-flight", "200"])
     assert args.tasks_in_flight == 200
     assert build_parser().parse_args(["worker"]).tasks_in_flight is None
+
+
+def test_the_worker_command_refuses_both_pools_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """--concurrency (prefork processes) and --tasks-in-flight (one process's loop) choose
+    the pool: given both, one would be ignored, so the command says so instead."""
+    from relaygraph.cli._parser import build_parser
+
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["worker", "--concurrency", "3", "--tasks-in-flight", "5"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tasks-in-flight" in err and "--concurrency" in err, err

@@ -191,13 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
         "PostgreSQL (RELAYGRAPH_DATABASE_URL): one task per process at a time, or with "
         "--tasks-in-flight many at once in one process. See docs/deploy.md.",
     )
-    worker.add_argument(
+    # One pool or the other: given both, the worker would silently ignore --concurrency.
+    pool = worker.add_mutually_exclusive_group()
+    pool.add_argument(
         "--concurrency",
         type=positive,
         metavar="N",
         help="tasks run at once, one process each (default $RELAYGRAPH_CONCURRENCY or 2)",
     )
-    worker.add_argument(
+    pool.add_argument(
         "--tasks-in-flight",
         type=positive,
         metavar="N",
