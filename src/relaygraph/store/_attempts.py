@@ -18,6 +18,7 @@ from relaygraph.store._models import TaskRow
 from relaygraph.store._records import FINISHED_STATUSES, Attempt
 from relaygraph.store._task_rows import (
     TASK_COLUMNS,
+    abandoned_end,
     add_finish_event,
     apply_status,
     status_values,
@@ -167,20 +168,10 @@ class AttemptRepository:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None or row.dispatch != dispatch or row.status not in STARTABLE:
                 return None
-            if row.cancel_requested_at is not None:
-                values = status_values("cancelled", {"stop_reason": "cancelled by request"})
-            elif row.dispatch_attempts >= max_attempts:
-                values = status_values(
-                    "failed",
-                    {
-                        "stop_reason": (
-                            f"error: the task was started {row.dispatch_attempts} times and its "
-                            "worker stopped without finishing it each time (attempt limit "
-                            f"{max_attempts}, RELAYGRAPH_MAX_ATTEMPTS); it is not run again"
-                        )
-                    },
-                )
-            else:
+            values = abandoned_end(
+                row, started=row.dispatch_attempts, max_attempts=max_attempts, runner="worker"
+            )
+            if values is None:
                 fresh = row.started_at is None  # stamped the first time the task runs
                 row.attempts += 1
                 row.dispatch_attempts += 1

@@ -24,6 +24,7 @@ from relaygraph.store._records import (
 from relaygraph.store._task_rows import (
     EARLIER_ACTIVE_ON_THREAD,
     TASK_COLUMNS,
+    abandoned_end,
     add_finish_event,
     add_ledger_event,
     apply_status,
@@ -270,20 +271,10 @@ class LeaseRepository:
                 return None
             if row.runner_id is not None and (row.lease_until is None or row.lease_until >= now):
                 return None  # A live lease, or a worker's attempt (which never lapses here).
-            if row.cancel_requested_at is not None:
-                values = status_values("cancelled", {"stop_reason": "cancelled by request"})
-            elif row.attempts >= max_attempts:
-                values = status_values(
-                    "failed",
-                    {
-                        "stop_reason": (
-                            f"error: the task was started {row.attempts} times and its runner "
-                            f"stopped without ending it each time (attempt limit "
-                            f"{max_attempts}, RELAYGRAPH_MAX_ATTEMPTS); it is not run again"
-                        )
-                    },
-                )
-            else:
+            values = abandoned_end(
+                row, started=row.attempts, max_attempts=max_attempts, runner="runner"
+            )
+            if values is None:
                 return None
             apply_status(row, values)
             row.runner_id = row.lease_until = None

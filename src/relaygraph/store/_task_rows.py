@@ -146,6 +146,25 @@ def status_values(status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {"status": status, "updated_at": utc_now(), **fields}
 
 
+def abandoned_end(
+    row: TaskRow, *, started: int, max_attempts: int, runner: str
+) -> dict[str, Any] | None:
+    """How a task ends whose ``runner`` (a server, a worker) stopped without ending it: the
+    status values that make it ``cancelled`` when a cancel waits, or ``failed`` once it was
+    started ``max_attempts`` times; None when it may run again. The lease sweep and a worker's
+    attempt share it, so both end such a task alike."""
+    if row.cancel_requested_at is not None:
+        return status_values("cancelled", {"stop_reason": "cancelled by request"})
+    if started < max_attempts:
+        return None
+    reason = (
+        f"error: the task was started {started} times and its {runner} stopped without "
+        f"finishing it each time (attempt limit {max_attempts}, RELAYGRAPH_MAX_ATTEMPTS); "
+        "it is not run again"
+    )
+    return status_values("failed", {"stop_reason": reason})
+
+
 def apply_status(row: TaskRow | SimpleNamespace, values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         setattr(row, name, value)
