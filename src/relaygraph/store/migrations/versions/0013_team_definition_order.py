@@ -24,6 +24,7 @@ Create Date: 2026-12-15
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -34,28 +35,30 @@ down_revision: str | Sequence[str] | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+_JSON = sa.JSON(none_as_null=True)
+_JSONB = postgresql.JSONB(none_as_null=True, astext_type=sa.Text())
+
 
 def upgrade() -> None:
-    if op.get_context().dialect.name != "postgresql":
-        return
-    op.alter_column(
-        "team_versions",
-        "definition",
-        type_=sa.JSON(none_as_null=True),
-        existing_type=postgresql.JSONB(none_as_null=True, astext_type=sa.Text()),
-        existing_nullable=False,
-        postgresql_using="definition::json",
-    )
+    _retype_definition(_JSON, was=_JSONB, cast="json")
 
 
 def downgrade() -> None:
+    _retype_definition(_JSONB, was=_JSON, cast="jsonb")
+
+
+def _retype_definition(
+    type_: sa.types.TypeEngine[Any], *, was: sa.types.TypeEngine[Any], cast: str
+) -> None:
+    """Make ``team_versions.definition`` a ``type_`` on PostgreSQL, its values cast to
+    ``cast``; SQLite stores the text as given either way."""
     if op.get_context().dialect.name != "postgresql":
         return
     op.alter_column(
         "team_versions",
         "definition",
-        type_=postgresql.JSONB(none_as_null=True, astext_type=sa.Text()),
-        existing_type=sa.JSON(none_as_null=True),
+        type_=type_,
+        existing_type=was,
         existing_nullable=False,
-        postgresql_using="definition::jsonb",
+        postgresql_using=f"definition::{cast}",
     )
