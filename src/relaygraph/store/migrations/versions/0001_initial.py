@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import (
+    belongs_to_task,
+    json_type,
+    references,
+    row_id,
+    timestamp,
+)
 
 revision: str = "0001"
 down_revision: str | Sequence[str] | None = None
@@ -23,35 +29,12 @@ depends_on: str | Sequence[str] | None = None
 LOCAL_TEAM_ID = "local"
 
 
-def _json() -> sa.types.TypeEngine[Any]:
-    return sa.JSON(none_as_null=True).with_variant(
-        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-    )
-
-
-def _when(name: str, *, nullable: bool = False) -> sa.Column[datetime]:
-    return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
-
-
-def _row_id() -> sa.Column[int]:
-    kind = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-    return sa.Column("id", kind, autoincrement=True, nullable=False)
-
-
-def _task_id(table: str) -> tuple[sa.Column[str], sa.ForeignKeyConstraint]:
-    column = sa.Column("task_id", sa.String(length=36), nullable=False)
-    foreign = sa.ForeignKeyConstraint(
-        ["task_id"], ["tasks.id"], name=op.f(f"fk_{table}_task_id_tasks"), ondelete="CASCADE"
-    )
-    return column, foreign
-
-
 def upgrade() -> None:
     teams = op.create_table(
         "teams",
         sa.Column("id", sa.String(length=36), nullable=False),
         sa.Column("name", sa.String(length=64), nullable=False),
-        _when("created_at"),
+        timestamp("created_at"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_teams")),
         sa.UniqueConstraint("name", name=op.f("uq_teams_name")),
     )
@@ -61,11 +44,9 @@ def upgrade() -> None:
         sa.Column("team_id", sa.String(length=36), nullable=False),
         sa.Column("key_hash", sa.String(length=64), nullable=False),
         sa.Column("prefix", sa.String(length=16), nullable=False),
-        _when("created_at"),
-        _when("revoked_at", nullable=True),
-        sa.ForeignKeyConstraint(
-            ["team_id"], ["teams.id"], name=op.f("fk_api_keys_team_id_teams"), ondelete="CASCADE"
-        ),
+        timestamp("created_at"),
+        timestamp("revoked_at", nullable=True),
+        references("api_keys", "team_id", "teams", ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_keys")),
         sa.UniqueConstraint("key_hash", name=op.f("uq_api_keys_key_hash")),
     )
@@ -79,19 +60,17 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("answer", sa.Text(), nullable=True),
         sa.Column("stop_reason", sa.Text(), nullable=True),
-        sa.Column("policy", _json(), nullable=True),
-        sa.Column("models", _json(), nullable=False),
+        sa.Column("policy", json_type(), nullable=True),
+        sa.Column("models", json_type(), nullable=False),
         sa.Column("thread_id", sa.String(length=255), nullable=False),
         sa.Column("idempotency_key", sa.String(length=255), nullable=True),
-        sa.Column("metadata", _json(), nullable=False),
+        sa.Column("metadata", json_type(), nullable=False),
         sa.Column("last_event_seq", sa.Integer(), nullable=False),
-        _when("created_at"),
-        _when("started_at", nullable=True),
-        _when("finished_at", nullable=True),
-        _when("updated_at"),
-        sa.ForeignKeyConstraint(
-            ["team_id"], ["teams.id"], name=op.f("fk_tasks_team_id_teams"), ondelete="CASCADE"
-        ),
+        timestamp("created_at"),
+        timestamp("started_at", nullable=True),
+        timestamp("finished_at", nullable=True),
+        timestamp("updated_at"),
+        references("tasks", "team_id", "teams", ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_tasks")),
         sa.UniqueConstraint(
             "team_id", "idempotency_key", name=op.f("uq_tasks_team_id_idempotency_key")
@@ -110,20 +89,20 @@ def upgrade() -> None:
     op.create_index(op.f("ix_tasks_status_created_at"), "tasks", ["status", "created_at"])
     op.create_index(op.f("ix_tasks_thread_id"), "tasks", ["thread_id"])
 
-    task_id, task_fk = _task_id("events")
+    task_id, task_fk = belongs_to_task("events")
     op.create_table(
         "events",
         task_id,
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("type", sa.String(length=32), nullable=False),
         sa.Column("agent", sa.String(length=64), nullable=True),
-        sa.Column("data", _json(), nullable=False),
-        _when("created_at"),
+        sa.Column("data", json_type(), nullable=False),
+        timestamp("created_at"),
         task_fk,
         sa.PrimaryKeyConstraint("task_id", "seq", name=op.f("pk_events")),
     )
 
-    task_id, task_fk = _task_id("handoffs")
+    task_id, task_fk = belongs_to_task("handoffs")
     op.create_table(
         "handoffs",
         task_id,
@@ -137,26 +116,26 @@ def upgrade() -> None:
         sa.Column("step", sa.Integer(), nullable=True),
         sa.Column("checkpoint_ns", sa.String(length=255), nullable=True),
         sa.Column("tokens_so_far", sa.Integer(), nullable=False),
-        _when("created_at"),
+        timestamp("created_at"),
         sa.CheckConstraint("kind IN ('route', 'direct')", name=op.f("ck_handoffs_kind")),
         task_fk,
         sa.PrimaryKeyConstraint("task_id", "seq", name=op.f("pk_handoffs")),
     )
 
-    task_id, task_fk = _task_id("tool_calls")
+    task_id, task_fk = belongs_to_task("tool_calls")
     op.create_table(
         "tool_calls",
-        _row_id(),
+        row_id(),
         task_id,
         sa.Column("event_seq", sa.Integer(), nullable=False),
         sa.Column("agent", sa.String(length=64), nullable=False),
         sa.Column("tool", sa.String(length=128), nullable=False),
         sa.Column("tool_call_id", sa.String(length=255), nullable=True),
-        sa.Column("args", _json(), nullable=True),
+        sa.Column("args", json_type(), nullable=True),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("result_preview", sa.Text(), nullable=True),
-        _when("created_at"),
-        _when("finished_at", nullable=True),
+        timestamp("created_at"),
+        timestamp("finished_at", nullable=True),
         task_fk,
         sa.PrimaryKeyConstraint("id", name=op.f("pk_tool_calls")),
     )
@@ -164,25 +143,25 @@ def upgrade() -> None:
         op.f("ix_tool_calls_task_id_tool_call_id"), "tool_calls", ["task_id", "tool_call_id"]
     )
 
-    task_id, task_fk = _task_id("approvals")
+    task_id, task_fk = belongs_to_task("approvals")
     op.create_table(
         "approvals",
-        _row_id(),
+        row_id(),
         task_id,
         sa.Column("interrupt_id", sa.String(length=128), nullable=True),
         sa.Column("kind", sa.String(length=32), nullable=False),
         sa.Column("agent", sa.String(length=64), nullable=True),
         sa.Column("tool", sa.String(length=128), nullable=True),
         sa.Column("tool_call_id", sa.String(length=255), nullable=True),
-        sa.Column("args", _json(), nullable=True),
-        sa.Column("request", _json(), nullable=False),
-        _when("requested_at"),
+        sa.Column("args", json_type(), nullable=True),
+        sa.Column("request", json_type(), nullable=False),
+        timestamp("requested_at"),
         sa.Column("decision", sa.String(length=16), nullable=True),
         sa.Column("decided_by", sa.String(length=255), nullable=True),
-        _when("decided_at", nullable=True),
+        timestamp("decided_at", nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
-        sa.Column("edited_args", _json(), nullable=True),
-        _when("applied_at", nullable=True),
+        sa.Column("edited_args", json_type(), nullable=True),
+        timestamp("applied_at", nullable=True),
         task_fk,
         sa.PrimaryKeyConstraint("id", name=op.f("pk_approvals")),
         sa.UniqueConstraint(
@@ -190,7 +169,7 @@ def upgrade() -> None:
         ),
     )
 
-    task_id, task_fk = _task_id("usage")
+    task_id, task_fk = belongs_to_task("usage")
     op.create_table(
         "usage",
         task_id,
@@ -202,8 +181,8 @@ def upgrade() -> None:
         sa.Column("cost_usd", sa.Float(), nullable=False),
         sa.Column("seconds", sa.Float(), nullable=False),
         sa.Column("estimated", sa.Boolean(), nullable=False),
-        sa.Column("visits", _json(), nullable=False),
-        _when("updated_at"),
+        sa.Column("visits", json_type(), nullable=False),
+        timestamp("updated_at"),
         task_fk,
         sa.PrimaryKeyConstraint("task_id", "agent", name=op.f("pk_usage")),
     )

@@ -8,11 +8,11 @@ Create Date: 2026-12-06
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import json_type, references, row_id, timestamp
 
 revision: str = "0002"
 down_revision: str | Sequence[str] | None = "0001"
@@ -20,66 +20,41 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _json() -> sa.types.TypeEngine[Any]:
-    return sa.JSON(none_as_null=True).with_variant(
-        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-    )
-
-
-def _when(name: str, *, nullable: bool = False) -> sa.Column[Any]:
-    return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
-
-
 def upgrade() -> None:
     op.create_table(
         "eval_runs",
         sa.Column("id", sa.String(length=36), nullable=False),
         sa.Column("golden", sa.Text(), nullable=False),
-        sa.Column("models", _json(), nullable=False),
-        sa.Column("options", _json(), nullable=False),
+        sa.Column("models", json_type(), nullable=False),
+        sa.Column("options", json_type(), nullable=False),
         sa.Column("case_count", sa.Integer(), nullable=False),
         sa.Column("run_count", sa.Integer(), nullable=False),
         sa.Column("passed_case_count", sa.Integer(), nullable=True),
         sa.Column("passed_run_count", sa.Integer(), nullable=True),
         sa.Column("pass_rate", sa.Float(), nullable=True),
-        sa.Column("metrics", _json(), nullable=True),
-        _when("started_at"),
-        _when("finished_at", nullable=True),
+        sa.Column("metrics", json_type(), nullable=True),
+        timestamp("started_at"),
+        timestamp("finished_at", nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_eval_runs")),
     )
     op.create_index(op.f("ix_eval_runs_started_at_id"), "eval_runs", ["started_at", "id"])
 
     op.create_table(
         "eval_case_results",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
+        row_id(),
         sa.Column("eval_run_id", sa.String(length=36), nullable=False),
         sa.Column("case_id", sa.String(length=255), nullable=False),
         sa.Column("trial", sa.Integer(), nullable=False),
         sa.Column("passed", sa.Boolean(), nullable=False),
-        sa.Column("checks", _json(), nullable=False),
-        sa.Column("first_failure", _json(), nullable=True),
-        sa.Column("usage", _json(), nullable=False),
+        sa.Column("checks", json_type(), nullable=False),
+        sa.Column("first_failure", json_type(), nullable=True),
+        sa.Column("usage", json_type(), nullable=False),
         sa.Column("latency_seconds", sa.Float(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("task_id", sa.String(length=36), nullable=True),
-        _when("created_at"),
-        sa.ForeignKeyConstraint(
-            ["eval_run_id"],
-            ["eval_runs.id"],
-            name=op.f("fk_eval_case_results_eval_run_id_eval_runs"),
-            ondelete="CASCADE",
-        ),
-        sa.ForeignKeyConstraint(
-            ["task_id"],
-            ["tasks.id"],
-            name=op.f("fk_eval_case_results_task_id_tasks"),
-            ondelete="SET NULL",
-        ),
+        timestamp("created_at"),
+        references("eval_case_results", "eval_run_id", "eval_runs", ondelete="CASCADE"),
+        references("eval_case_results", "task_id", "tasks", ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_eval_case_results")),
         sa.UniqueConstraint(
             "eval_run_id",

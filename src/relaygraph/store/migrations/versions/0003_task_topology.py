@@ -8,11 +8,10 @@ Create Date: 2026-11-29
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import sqlalchemy as sa
-from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import add_columns, drop_columns, json_type
 
 revision: str = "0003"
 down_revision: str | Sequence[str] | None = "0002"
@@ -20,18 +19,10 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _json() -> sa.types.TypeEngine[Any]:
-    return sa.JSON(none_as_null=True).with_variant(
-        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-    )
-
-
 def upgrade() -> None:
     # Nullable: tasks recorded before this revision ran the structured team.
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(sa.Column("topology", _json(), nullable=True))
+    add_columns("tasks", sa.Column("topology", json_type(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_column("topology")
+    drop_columns("tasks", "topology")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+
+from relaygraph.store.migrations._ops import add_columns, drop_columns, timestamp
 
 revision: str = "0004"
 down_revision: str | Sequence[str] | None = "0003"
@@ -21,12 +22,12 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     # Nullable: a task without a lease (finished, waiting, or recorded before this revision)
     # is held by nobody.
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(sa.Column("runner_id", sa.String(length=64), nullable=True))
-        batch.add_column(sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True))
+    add_columns(
+        "tasks",
+        sa.Column("runner_id", sa.String(length=64), nullable=True),
+        timestamp("lease_until", nullable=True),
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_column("lease_until")
-        batch.drop_column("runner_id")
+    drop_columns("tasks", "lease_until", "runner_id")

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from relaygraph.store.migrations._ops import add_columns, timestamp
+
 revision: str = "0005"
 down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
@@ -31,15 +33,13 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(sa.Column("checkpoint_thread", sa.String(length=300), nullable=True))
-        batch.add_column(sa.Column("request_digest", sa.String(length=64), nullable=True))
-        batch.add_column(
-            sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0"))
-        )
-        batch.add_column(
-            sa.Column("cancel_requested_at", sa.DateTime(timezone=True), nullable=True)
-        )
+    add_columns(
+        "tasks",
+        sa.Column("checkpoint_thread", sa.String(length=300), nullable=True),
+        sa.Column("request_digest", sa.String(length=64), nullable=True),
+        sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+        timestamp("cancel_requested_at", nullable=True),
+    )
     op.execute("UPDATE tasks SET checkpoint_thread = thread_id")
     with op.batch_alter_table("tasks") as batch:
         batch.alter_column("checkpoint_thread", existing_type=sa.String(length=300), nullable=False)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import add_columns, drop_columns, json_type
 
 revision: str = "0006"
 down_revision: str | Sequence[str] | None = "0005"
@@ -23,11 +23,8 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    json_type = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(sa.Column("team", json_type, nullable=True))
+    add_columns("tasks", sa.Column("team", json_type(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_column("team")
+    drop_columns("tasks", "team")

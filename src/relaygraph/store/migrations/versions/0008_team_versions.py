@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import json_type, references, row_id, timestamp
 
 revision: str = "0008"
 down_revision: str | Sequence[str] | None = "0007"
@@ -24,24 +25,16 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    json_type = sa.JSON(none_as_null=True).with_variant(
-        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-    )
     op.create_table(
         "team_versions",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True),
+        row_id(),
         sa.Column("project_id", sa.String(length=36), nullable=False),
         sa.Column("name", sa.String(length=64), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
-        sa.Column("definition", json_type, nullable=False),
+        sa.Column("definition", json_type(), nullable=False),
         sa.Column("digest", sa.String(length=100), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["project_id"],
-            ["projects.id"],
-            name=op.f("fk_team_versions_project_id_projects"),
-            ondelete="CASCADE",
-        ),
+        timestamp("created_at"),
+        references("team_versions", "project_id", "projects", ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_team_versions")),
         sa.UniqueConstraint(
             "project_id", "name", "version", name=op.f("uq_team_versions_project_id_name_version")

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import belongs_to_task, json_type, timestamp
 
 revision: str = "0009"
 down_revision: str | Sequence[str] | None = "0008"
@@ -25,21 +26,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    json_type = sa.JSON(none_as_null=True).with_variant(
-        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-    )
+    task_id, task_fk = belongs_to_task("tool_journal")
     op.create_table(
         "tool_journal",
-        sa.Column("task_id", sa.String(length=36), nullable=False),
+        task_id,
         sa.Column("call_id", sa.String(length=255), nullable=False),
-        sa.Column("record", json_type, nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["task_id"],
-            ["tasks.id"],
-            name=op.f("fk_tool_journal_task_id_tasks"),
-            ondelete="CASCADE",
-        ),
+        sa.Column("record", json_type(), nullable=False),
+        timestamp("created_at"),
+        task_fk,
         sa.PrimaryKeyConstraint("task_id", "call_id", name=op.f("pk_tool_journal")),
     )
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+
+from relaygraph.store.migrations._ops import add_columns, drop_columns
 
 revision: str = "0010"
 down_revision: str | Sequence[str] | None = "0009"
@@ -25,18 +26,12 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(
-            sa.Column("dispatch", sa.Integer(), nullable=False, server_default=sa.text("0"))
-        )
-        batch.add_column(
-            sa.Column(
-                "dispatch_attempts", sa.Integer(), nullable=False, server_default=sa.text("0")
-            )
-        )
+    add_columns(
+        "tasks",
+        sa.Column("dispatch", sa.Integer(), nullable=False, server_default=sa.text("0")),
+        sa.Column("dispatch_attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_column("dispatch_attempts")
-        batch.drop_column("dispatch")
+    drop_columns("tasks", "dispatch_attempts", "dispatch")

@@ -14,11 +14,11 @@ Create Date: 2026-12-11
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from relaygraph.store.migrations._ops import add_columns, json_type
 
 revision: str = "0011"
 down_revision: str | Sequence[str] | None = "0010"
@@ -28,12 +28,6 @@ depends_on: str | Sequence[str] | None = None
 _FIGURES = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "cost_usd", "seconds")
 
 
-def _json() -> Any:
-    return sa.JSON(none_as_null=True).with_variant(
-        postgresql.JSONB(none_as_null=True, astext_type=sa.Text()), "postgresql"
-    )
-
-
 def _usage(*columns: str) -> sa.TableClause:
     return sa.table(
         "usage",
@@ -41,13 +35,12 @@ def _usage(*columns: str) -> sa.TableClause:
         sa.column("agent", sa.String()),
         *(sa.column(name) for name in _FIGURES),
         sa.column("estimated", sa.Boolean()),
-        *(sa.column(name, _json()) for name in columns),
+        *(sa.column(name, json_type()) for name in columns),
     )
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("usage") as batch:
-        batch.add_column(sa.Column("records", _json(), nullable=True))
+    add_columns("usage", sa.Column("records", json_type(), nullable=True))
     usage = _usage("records")
     connection = op.get_bind()
     for row in connection.execute(sa.select(usage)).mappings().all():
@@ -58,13 +51,12 @@ def upgrade() -> None:
             .values(records={f"{row['agent']}:before-0011": figures})
         )
     with op.batch_alter_table("usage") as batch:
-        batch.alter_column("records", existing_type=_json(), nullable=False)
+        batch.alter_column("records", existing_type=json_type(), nullable=False)
         batch.drop_column("visits")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("usage") as batch:
-        batch.add_column(sa.Column("visits", _json(), nullable=True))
+    add_columns("usage", sa.Column("visits", json_type(), nullable=True))
     usage = _usage("records", "visits")
     connection = op.get_bind()
     for row in connection.execute(sa.select(usage)).mappings().all():
@@ -74,5 +66,5 @@ def downgrade() -> None:
             .values(visits=sorted(row["records"] or {}))
         )
     with op.batch_alter_table("usage") as batch:
-        batch.alter_column("visits", existing_type=_json(), nullable=False)
+        batch.alter_column("visits", existing_type=json_type(), nullable=False)
         batch.drop_column("records")

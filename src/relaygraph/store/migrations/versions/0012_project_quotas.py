@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from relaygraph.store.migrations._ops import add_columns, drop_columns
+
 revision: str = "0012"
 down_revision: str | Sequence[str] | None = "0011"
 branch_labels: str | Sequence[str] | None = None
@@ -24,10 +26,12 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("projects") as batch:
-        batch.add_column(sa.Column("max_running", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("max_queued", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("daily_cost_usd", sa.Float(), nullable=True))
+    add_columns(
+        "projects",
+        sa.Column("max_running", sa.Integer(), nullable=True),
+        sa.Column("max_queued", sa.Integer(), nullable=True),
+        sa.Column("daily_cost_usd", sa.Float(), nullable=True),
+    )
     op.create_index(
         "ix_tasks_project_id_started_at", "tasks", ["project_id", "started_at"], unique=False
     )
@@ -35,7 +39,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_tasks_project_id_started_at", table_name="tasks")
-    with op.batch_alter_table("projects") as batch:
-        batch.drop_column("daily_cost_usd")
-        batch.drop_column("max_queued")
-        batch.drop_column("max_running")
+    drop_columns("projects", "daily_cost_usd", "max_queued", "max_running")

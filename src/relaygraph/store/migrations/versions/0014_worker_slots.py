@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from relaygraph.store.migrations._ops import timestamp
+
 revision: str = "0014"
 down_revision: str | Sequence[str] | None = "0013"
 branch_labels: str | Sequence[str] | None = None
@@ -29,7 +31,7 @@ def upgrade() -> None:
         "worker_slots",
         sa.Column("worker_id", sa.String(length=64), nullable=False),
         sa.Column("slots", sa.Integer(), nullable=False),
-        sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False),
+        timestamp("seen_at"),
         sa.PrimaryKeyConstraint("worker_id", name=op.f("pk_worker_slots")),
     )
     op.create_index(op.f("ix_worker_slots_seen_at"), "worker_slots", ["seen_at"], unique=False)

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from relaygraph.store.migrations._ops import add_columns, drop_columns
+
 revision: str = "0015"
 down_revision: str | Sequence[str] | None = "0014"
 branch_labels: str | Sequence[str] | None = None
@@ -23,14 +25,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(sa.Column("replay_of", sa.String(36), nullable=True))
-        batch.add_column(sa.Column("from_step", sa.Integer(), nullable=True))
-        batch.create_index("ix_tasks_replay_of", ["replay_of"])
+    add_columns(
+        "tasks",
+        sa.Column("replay_of", sa.String(36), nullable=True),
+        sa.Column("from_step", sa.Integer(), nullable=True),
+    )
+    op.create_index("ix_tasks_replay_of", "tasks", ["replay_of"])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_index("ix_tasks_replay_of")
-        batch.drop_column("from_step")
-        batch.drop_column("replay_of")
+    op.drop_index("ix_tasks_replay_of", table_name="tasks")
+    drop_columns("tasks", "from_step", "replay_of")
