@@ -1,9 +1,4 @@
-"""The ledger's first schema: teams, keys, tasks, events and what is derived from events.
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-29
-"""
+"""The ledger's first schema: teams, keys, tasks, events and what is derived from events."""
 
 from __future__ import annotations
 
@@ -23,8 +18,6 @@ from relaygraph.store.migrations._ops import (
 
 revision: str = "0001"
 down_revision: str | Sequence[str] | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 LOCAL_TEAM_ID = "local"
 

@@ -1,9 +1,4 @@
-"""Eval runs and the result of each run of each case, linked to the case's task.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-12-06
-"""
+"""Eval runs and the result of each run of each case, linked to the case's task."""
 
 from __future__ import annotations
 
@@ -16,8 +11,6 @@ from relaygraph.store.migrations._ops import json_type, references, row_id, time
 
 revision: str = "0002"
 down_revision: str | Sequence[str] | None = "0001"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

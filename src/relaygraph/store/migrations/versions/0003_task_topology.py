@@ -1,9 +1,4 @@
-"""Tasks record their topology (structured, swarm, supervisor-tools) and its options.
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-29
-"""
+"""Tasks record their topology (structured, swarm, supervisor-tools) and its options."""
 
 from __future__ import annotations
 
@@ -15,8 +10,6 @@ from relaygraph.store.migrations._ops import add_columns, drop_columns, json_typ
 
 revision: str = "0003"
 down_revision: str | Sequence[str] | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,4 @@
-"""Tasks carry a lease: which runner runs them, and until when.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-01
-"""
+"""Tasks carry a lease: which runner runs them, and until when."""
 
 from __future__ import annotations
 
@@ -15,8 +10,6 @@ from relaygraph.store.migrations._ops import add_columns, drop_columns, timestam
 
 revision: str = "0004"
 down_revision: str | Sequence[str] | None = "0003"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

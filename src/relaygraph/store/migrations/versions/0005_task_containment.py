@@ -11,10 +11,6 @@ their attempts and a cancel request.
   runner every time is failed after a bounded number.
 - ``cancel_requested_at``: a cancel asked for while another runner holds the task; the
   holder sees it at its next lease renewal.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ from relaygraph.store.migrations._ops import add_columns, timestamp
 
 revision: str = "0005"
 down_revision: str | Sequence[str] | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

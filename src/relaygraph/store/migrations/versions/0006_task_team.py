@@ -2,10 +2,6 @@
 
 An audit can then answer "which prompt and which tools did the coder have on that run".
 NULL on tasks recorded before: they ran the built-in team.
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ from relaygraph.store.migrations._ops import add_columns, drop_columns, json_typ
 
 revision: str = "0006"
 down_revision: str | Sequence[str] | None = "0005"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

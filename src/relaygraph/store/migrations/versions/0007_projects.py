@@ -9,10 +9,6 @@ PostgreSQL renames in place. SQLite renames the table and its columns in place t
 copies ``projects``, ``api_keys`` and ``tasks`` to rename their inline constraints (with
 foreign keys off, see ``relaygraph.store._migrate.migrating``: the copy of ``tasks`` keeps
 every event, handoff, tool call, approval and usage row).
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-12-02
 """
 
 from __future__ import annotations
@@ -23,8 +19,6 @@ from alembic import op
 
 revision: str = "0007"
 down_revision: str | Sequence[str] | None = "0006"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 TASK_INDEXES = (
     ("created_at", "id"),

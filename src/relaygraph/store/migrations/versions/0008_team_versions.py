@@ -3,10 +3,6 @@
 A row is one version of a project's team: the definition as pushed (the team file's content
 as JSON) and its digest. Versions count from 1 per project and name; a push whose digest is
 the latest's adds nothing.
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-02
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from relaygraph.store.migrations._ops import json_type, references, row_id, time
 
 revision: str = "0008"
 down_revision: str | Sequence[str] | None = "0007"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -4,10 +4,6 @@ A row is one call of one task, keyed by the task and the call's id: the result t
 received, written before the result returned into the graph, so that a step re-run after
 a crash (a worker killed, a task redelivered) answers the call from here instead of running
 the tool again.
-
-Revision ID: 0009
-Revises: 0008
-Create Date: 2026-12-09
 """
 
 from __future__ import annotations
@@ -21,8 +17,6 @@ from relaygraph.store.migrations._ops import belongs_to_task, json_type, timesta
 
 revision: str = "0009"
 down_revision: str | Sequence[str] | None = "0008"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

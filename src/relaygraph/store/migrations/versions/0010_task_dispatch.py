@@ -5,10 +5,6 @@ submission, then each decision that continues it): a message carries the dispatc
 published for, and one of an earlier dispatch is stale. ``dispatch_attempts`` counts the
 workers' starts of the current dispatch, for the attempt limit (``attempts`` is the fencing
 number and never goes back in the worker mode).
-
-Revision ID: 0010
-Revises: 0009
-Create Date: 2026-12-10
 """
 
 from __future__ import annotations
@@ -21,8 +17,6 @@ from relaygraph.store.migrations._ops import add_columns, drop_columns
 
 revision: str = "0010"
 down_revision: str | Sequence[str] | None = "0009"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -5,10 +5,6 @@ figures; the row's totals are their sum. A record sent again replaces the one of
 id (its node ran again, a tool-calling supervisor's record grew, a visit in progress when
 the run stopped finished later), so the ledger stores what the graph recorded and never
 re-derives it. A row written before this revision keeps its totals as one record.
-
-Revision ID: 0011
-Revises: 0010
-Create Date: 2026-12-11
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ from relaygraph.store.migrations._ops import add_columns, json_type
 
 revision: str = "0011"
 down_revision: str | Sequence[str] | None = "0010"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 _FIGURES = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "cost_usd", "seconds")
 

@@ -4,10 +4,6 @@
 same names (``RELAYGRAPH_PROJECT_MAX_RUNNING`` and the like) for one project; NULL: the
 setting applies. Tasks get an index by project and start time: the fair queue goes first
 to the project whose last task started longest ago among those with as many running.
-
-Revision ID: 0012
-Revises: 0011
-Create Date: 2026-12-14
 """
 
 from __future__ import annotations
@@ -21,8 +17,6 @@ from relaygraph.store.migrations._ops import add_columns, drop_columns
 
 revision: str = "0012"
 down_revision: str | Sequence[str] | None = "0011"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

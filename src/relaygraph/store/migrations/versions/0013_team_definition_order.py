@@ -15,10 +15,6 @@ the team as pushed, before the upgrade, is refused as before: that team cannot b
 The row's ``digest`` stays the pushed team's, so pushing the same file again is not taken
 for no change: the ledger also compares the agents' order (``TeamRepository.register_team``),
 and the push makes a new version that keeps it.
-
-Revision ID: 0013
-Revises: 0012
-Create Date: 2026-12-15
 """
 
 from __future__ import annotations
@@ -32,8 +28,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0013"
 down_revision: str | Sequence[str] | None = "0012"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 _JSON = sa.JSON(none_as_null=True)
 _JSONB = postgresql.JSONB(none_as_null=True, astext_type=sa.Text())

@@ -5,10 +5,6 @@ lives; the publishers (API servers and workers) keep as many tasks waiting in Ra
 live children have free (``Ledger.tasks_to_publish``), instead of a fixed number set by the
 operator, so a project's task never waits in the broker behind more of another project's
 tasks than the workers can start at once.
-
-Revision ID: 0014
-Revises: 0013
-Create Date: 2026-12-16
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ from relaygraph.store.migrations._ops import timestamp
 
 revision: str = "0014"
 down_revision: str | Sequence[str] | None = "0013"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

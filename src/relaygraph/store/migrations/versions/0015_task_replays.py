@@ -3,10 +3,6 @@ step of the original's trajectory the replay went on from (0: from its request).
 
 The original is never changed: a replay is a new task of the same project, on a thread of
 its own. The index answers "which replays has this task" without a scan.
-
-Revision ID: 0015
-Revises: 0014
-Create Date: 2026-12-06
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from relaygraph.store.migrations._ops import add_columns, drop_columns
 
 revision: str = "0015"
 down_revision: str | Sequence[str] | None = "0014"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
