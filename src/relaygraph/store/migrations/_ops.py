@@ -1,9 +1,8 @@
 """The column types, keys and table changes that the ledger's revisions share.
 
-Every revision, old ones included, builds its schema from these, so a change here changes
-what each of them builds: a released revision must build the same schema for ever, so a
-helper here changes only in ways that leave every revision's DDL as it is, and a revision
-that needs something else says it itself.
+Released revisions build their schema from these too, and a released revision must build
+the same schema for ever: a helper here may change only in ways that leave every revision's
+DDL as it is, and a revision that needs something else says it itself.
 """
 
 from __future__ import annotations
