@@ -18,10 +18,10 @@ the ledger and the tracers included, may import it.
 
 # No ``from __future__ import annotations`` here: on Python 3.11 a TypedDict sees
 # ``NotRequired`` only in an evaluated annotation.
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Literal, NotRequired, TypedDict, get_args, get_type_hints
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar, cast, get_args, get_type_hints
 
 from relaygraph._names import FINISH, SUPERVISOR
 
@@ -533,6 +533,48 @@ INTERRUPT_TYPES = ("approval", "ping_pong")
 """What an ``interrupted`` event may wait for."""
 
 
+# -- building an event -----------------------------------------------------------------
+
+_Shape = TypeVar("_Shape")
+
+
+def _layout(shape: type) -> tuple[str, tuple[str, ...]]:
+    """A shape's ``type`` tag and its other fields, in the order it declares them."""
+    hints = get_type_hints(shape)
+    return get_args(hints["type"])[0], tuple(key for key in hints if key != "type")
+
+
+_LAYOUTS: Mapping[type, tuple[str, tuple[str, ...]]] = {
+    shape: _layout(shape) for shape in (*get_args(Event), ApprovalRequest, PingPongRequest)
+}
+"""Each shape a constructor builds: its tag and its fields (worked out once, not per event)."""
+
+
+def _event(
+    shape: type[_Shape], fields: Mapping[str, Any], *, omit_none: Collection[str] = ()
+) -> _Shape:
+    """The event (or interrupt request) of ``shape`` that holds ``fields``: its ``type`` tag
+    first, then each field the shape declares that ``fields`` has, in the order the shape
+    declares them, so that every event's keys come in one order.
+
+    A constructor passes its arguments (``locals()``), which are named as the shape's
+    fields: the shape alone says which keys an event has and in what order, and a
+    constructor says only how an argument differs from its field.
+
+    Args:
+        shape: The event's ``TypedDict``.
+        fields: Its values, by field name; names the shape does not declare are not read.
+        omit_none: Optional (``NotRequired``) fields that the event leaves out, rather than
+            holding None, when ``fields`` has None for them.
+    """
+    tag, keys = _LAYOUTS[shape]
+    event: dict[str, Any] = {"type": tag}
+    for key in keys:
+        if key in fields and not (key in omit_none and fields[key] is None):
+            event[key] = fields[key]
+    return cast(_Shape, event)
+
+
 # -- handoffs --------------------------------------------------------------------------
 
 
@@ -583,18 +625,8 @@ def moved_work(event: Mapping[str, Any]) -> Handoff | None:
 def handoff_event(
     handoff: Handoff, *, checkpoint_ns: str, tokens_so_far: int, carried_out: bool
 ) -> HandoffEvent:
-    """The ``handoff`` event of an agent's own handoff."""
-    return HandoffEvent(
-        type="handoff",
-        step=handoff["step"],
-        checkpoint_ns=checkpoint_ns,
-        source=handoff["source"],
-        target=handoff["target"],
-        task=handoff["task"],
-        reason=handoff["reason"],
-        tokens_so_far=tokens_so_far,
-        carried_out=carried_out,
-    )
+    """The ``handoff`` event of an agent's own handoff: the handoff's fields and these."""
+    return _event(HandoffEvent, {**handoff, **locals()})
 
 
 def route_event(
@@ -611,19 +643,7 @@ def route_event(
     error: str | None = None,
 ) -> RouteEvent:
     """The ``route`` event of a supervisor's decision (to an agent, or ``FINISH``)."""
-    return RouteEvent(
-        type="route",
-        step=step,
-        checkpoint_ns=checkpoint_ns,
-        next=next,
-        task=task,
-        reason=reason,
-        repaired=repaired,
-        fallback=fallback,
-        error=error,
-        tokens_so_far=tokens_so_far,
-        carried_out=carried_out,
-    )
+    return _event(RouteEvent, locals())
 
 
 def record_handoff(
@@ -680,55 +700,37 @@ def run_started_event(
     topology: dict[str, Any],
     trace: TraceLinks | None = None,
 ) -> RunStartedEvent:
-    event = RunStartedEvent(
-        type="run_started",
-        task_id=task_id,
-        thread_id=thread_id,
-        models=models,
-        topology=topology,
-    )
-    if trace:
-        event["trace"] = trace
-    return event
+    """The ``run_started`` event; ``trace`` only when some tracer traces the run (an empty
+    one says nothing)."""
+    trace = trace or None
+    return _event(RunStartedEvent, locals(), omit_none=("trace",))
 
 
 def agent_started_event(agent: str, *, task: str, source: str) -> AgentStartedEvent:
-    return AgentStartedEvent(type="agent_started", agent=agent, task=task, source=source)
+    return _event(AgentStartedEvent, locals())
 
 
 def agent_finished_event(
     agent: str, *, ended: VisitEnded, output: str, usage: Usage
 ) -> AgentFinishedEvent:
-    return AgentFinishedEvent(
-        type="agent_finished", agent=agent, ended=ended, output=output, usage=usage
-    )
+    return _event(AgentFinishedEvent, locals())
 
 
 def usage_event(usage: Usage) -> UsageEvent:
-    return UsageEvent(type="usage", usage=usage)
+    return _event(UsageEvent, locals())
 
 
 def tool_call_event(
     agent: str, *, tool: str, args: dict[str, Any], tool_call_id: str | None
 ) -> ToolCallEvent:
-    return ToolCallEvent(
-        type="tool_call", agent=agent, tool=tool, args=args, tool_call_id=tool_call_id
-    )
+    return _event(ToolCallEvent, locals())
 
 
 def tool_result_event(
     agent: str, *, tool: str, tool_call_id: str | None, status: str, ran: bool, result: str
 ) -> ToolResultEvent:
     """The event of a tool's result, its text cut to :data:`PREVIEW_CHARS`."""
-    return ToolResultEvent(
-        type="tool_result",
-        agent=agent,
-        tool=tool,
-        tool_call_id=tool_call_id,
-        status=status,
-        ran=ran,
-        preview=result[:PREVIEW_CHARS],
-    )
+    return _event(ToolResultEvent, {**locals(), "preview": result[:PREVIEW_CHARS]})
 
 
 def violation_event(
@@ -738,22 +740,18 @@ def violation_event(
     *,
     budget: dict[str, Any] | None = None,
 ) -> ViolationEvent:
-    event = ViolationEvent(type="violation", agent=agent, kind=kind, detail=detail)
-    if budget is not None:
-        event["budget"] = budget
-    return event
+    """The ``violation`` event; ``budget`` only for a refusal at a limit."""
+    return _event(ViolationEvent, locals(), omit_none=("budget",))
 
 
 def approval_request(
     agent: str, *, tool: str, args: dict[str, Any], tool_call_id: str | None, step: int | None
 ) -> ApprovalRequest:
-    return ApprovalRequest(
-        type="approval", agent=agent, tool=tool, args=args, tool_call_id=tool_call_id, step=step
-    )
+    return _event(ApprovalRequest, locals())
 
 
 def ping_pong_request(*, detail: str, agents: list[str], next: str, source: str) -> PingPongRequest:
-    return PingPongRequest(type="ping_pong", detail=detail, agents=agents, next=next, source=source)
+    return _event(PingPongRequest, locals())
 
 
 def approval_event(
@@ -766,17 +764,7 @@ def approval_event(
     args: dict[str, Any] | None = None,
 ) -> ApprovalEvent:
     """The ``approval`` event; ``args`` only for an edit (the arguments the call ran with)."""
-    event = ApprovalEvent(
-        type="approval",
-        agent=agent,
-        tool=tool,
-        decision=decision,
-        reason=reason,
-        tool_call_id=tool_call_id,
-    )
-    if args is not None:
-        event["args"] = args
-    return event
+    return _event(ApprovalEvent, locals(), omit_none=("args",))
 
 
 def interrupted_event(pending: Mapping[str, Any]) -> InterruptedEvent:
@@ -796,37 +784,27 @@ def model_call_event(
     truncated: bool,
     redacted: bool,
 ) -> ModelCallEvent:
-    return ModelCallEvent(
-        type="model_call",
-        role=role,
-        visit=visit,
-        model=model,
-        messages=messages,
-        reply=reply,
-        usage=usage,
-        truncated=truncated,
-        redacted=redacted,
-    )
+    return _event(ModelCallEvent, locals())
 
 
 def final_event(status: str, answer: str | None, stop_reason: str | None) -> FinalEvent:
-    return FinalEvent(type="final", status=status, answer=answer, stop_reason=stop_reason)
+    return _event(FinalEvent, locals())
 
 
 def token_event(role: str | None, text: str) -> TokenEvent:
-    return TokenEvent(type="token", role=role, text=text)
+    return _event(TokenEvent, locals())
 
 
 def run_suspended_event(reason: str | None) -> RunSuspendedEvent:
-    return RunSuspendedEvent(type="run_suspended", reason=reason)
+    return _event(RunSuspendedEvent, locals())
 
 
 def cancel_requested_event(*, by: str, via: str) -> CancelRequestedEvent:
-    return CancelRequestedEvent(type="cancel_requested", by=by, via=via)
+    return _event(CancelRequestedEvent, locals())
 
 
 def run_finished_event(status: str, stop_reason: str | None) -> RunFinishedEvent:
-    return RunFinishedEvent(type="run_finished", status=status, stop_reason=stop_reason)
+    return _event(RunFinishedEvent, locals())
 
 
 _SINK: ContextVar[Callable[[Any], None] | None] = ContextVar("relaygraph_event_sink", default=None)

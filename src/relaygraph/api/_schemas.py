@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -14,6 +14,8 @@ from pydantic_core import PydanticCustomError
 from relaygraph.events import EVENT_TYPES
 from relaygraph.runner import POLICY_SOURCE_KEY
 from relaygraph.store import Approval, HandoffEntry, Task
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 MAX_BODY_DEPTH = 32
 """How deeply a request body may nest (``metadata``, ``policy``, an edit's ``args``)."""
@@ -34,6 +36,21 @@ def _unstorable(text: str) -> str | None:
     if LONE_SURROGATE.search(text):
         return "contains a lone UTF-16 surrogate, which is not Unicode text"
     return None
+
+
+def _read_record(model: type[_Model], record: object, **overrides: Any) -> _Model:
+    """The ledger's ``record`` as the API answers it: each field of ``model`` read from the
+    record's attribute of the same name, but those the API shows otherwise (``overrides``).
+
+    The ledger's records (``relaygraph.store``) are frozen dataclasses the API may not
+    expose as they are: the response models are the HTTP contract, and they name, leave
+    out or reshape some fields.
+    """
+    values = {
+        field.alias or name: overrides[name] if name in overrides else getattr(record, name)
+        for name, field in model.model_fields.items()
+    }
+    return model.model_validate(values)
 
 
 def _refuse(field: str, problem: str) -> PydanticCustomError:
@@ -310,25 +327,13 @@ class TaskOut(BaseModel):
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
-        return cls(
-            id=task.id,
-            status=task.status,
-            input=task.input,
-            answer=task.answer,
-            stop_reason=task.stop_reason,
-            thread_id=task.thread_id,
-            models=task.models,
+        return _read_record(
+            cls,
+            task,
             topology=task.topology or {"kind": "structured"},
             team=TeamRecord.of(task.team),
             metadata={k: v for k, v in task.metadata.items() if k != POLICY_SOURCE_KEY},
             policy_source=without_paths(task.metadata.get(POLICY_SOURCE_KEY)),
-            created_at=task.created_at,
-            started_at=task.started_at,
-            finished_at=task.finished_at,
-            last_event_seq=task.last_event_seq,
-            cancel_requested_at=task.cancel_requested_at,
-            replay_of=task.replay_of,
-            from_step=task.from_step,
         )
 
 
@@ -355,20 +360,8 @@ class ApprovalOut(BaseModel):
 
     @classmethod
     def of(cls, approval: Approval) -> ApprovalOut:
-        return cls(
-            id=approval.interrupt_id,
-            kind=approval.kind,
-            agent=approval.agent,
-            tool=approval.tool,
-            args=approval.args,
-            requested_at=approval.requested_at,
-            decision=approval.decision,
-            decided_by=approval.decided_by,
-            decided_at=approval.decided_at,
-            reason=approval.reason,
-            edited_args=approval.edited_args,
-            applied_at=approval.applied_at,
-        )
+        # The API's approval id is LangGraph's interrupt id (the id to resume with).
+        return _read_record(cls, approval, id=approval.interrupt_id)
 
 
 class ApprovalList(BaseModel):
@@ -399,24 +392,7 @@ class HandoffList(BaseModel):
 
     @classmethod
     def of(cls, handoffs: list[HandoffEntry]) -> HandoffList:
-        return cls(
-            handoffs=[
-                HandoffOut.model_validate(
-                    {
-                        "kind": h.kind,
-                        "from": h.source,
-                        "to": h.target,
-                        "task": h.task,
-                        "reason": h.reason,
-                        "step": h.step,
-                        "checkpoint_ns": h.checkpoint_ns,
-                        "tokens_so_far": h.tokens_so_far,
-                        "at": h.created_at,
-                    }
-                )
-                for h in handoffs
-            ]
-        )
+        return cls(handoffs=[_read_record(HandoffOut, h, at=h.created_at) for h in handoffs])
 
 
 class Status(BaseModel):

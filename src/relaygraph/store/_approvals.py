@@ -9,7 +9,6 @@ from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ApprovalRow,
@@ -18,16 +17,14 @@ from relaygraph.store._records import (
     Approval,
     snapshot,
 )
+from relaygraph.store._repository import Repository
 from relaygraph.store._task_rows import utc_now
 
 DECISIONS = ("approve", "reject", "edit")
 
 
-class ApprovalRepository:
+class ApprovalRepository(Repository):
     """Approvals: the decision on a paused tool call."""
-
-    def __init__(self, core: LedgerCore) -> None:
-        self._core = core
 
     def get_approval(self, task_id: str, approval_id: str) -> Approval | None:
         """The task's pause with interrupt id ``approval_id``."""

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from relaygraph.errors import ConfigError
 from relaygraph.store import _validate as check
-from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     EvalCaseRow,
@@ -25,14 +24,12 @@ from relaygraph.store._records import (
     EvalRunRecord,
     snapshot,
 )
+from relaygraph.store._repository import Repository
 from relaygraph.store._task_rows import utc_now
 
 
-class EvalRunRepository:
+class EvalRunRepository(Repository):
     """Eval runs and their cases."""
-
-    def __init__(self, core: LedgerCore) -> None:
-        self._core = core
 
     def record_eval_run(
         self,

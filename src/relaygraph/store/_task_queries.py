@@ -9,9 +9,9 @@ from datetime import datetime
 from sqlalchemy import select
 
 from relaygraph.errors import ConfigError
-from relaygraph.store._core import LedgerCore
 from relaygraph.store._models import TaskRow
 from relaygraph.store._records import TASK_STATUSES, Task
+from relaygraph.store._repository import Repository
 from relaygraph.store._task_rows import task_of_row
 
 __all__ = ["TaskQueryRepository", "TaskSelection"]
@@ -56,11 +56,8 @@ class TaskSelection:
             )
 
 
-class TaskQueryRepository:
+class TaskQueryRepository(Repository):
     """Selections of recorded tasks, newest first."""
-
-    def __init__(self, core: LedgerCore) -> None:
-        self._core = core
 
     def select_tasks(self, selection: TaskSelection) -> list[Task]:
         """The tasks ``selection`` matches, newest first, at most its ``limit``.

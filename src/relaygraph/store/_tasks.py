@@ -15,7 +15,6 @@ from sqlalchemy.exc import IntegrityError
 from relaygraph.errors import ConfigError
 from relaygraph.store import _cursor
 from relaygraph.store import _validate as check
-from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordConflict, RecordNotFound
 from relaygraph.store._models import (
     ProjectRow,
@@ -29,6 +28,7 @@ from relaygraph.store._records import (
     Quotas,
     Task,
 )
+from relaygraph.store._repository import Repository
 from relaygraph.store._task_rows import (
     TASK_COLUMNS,
     apply_status,
@@ -41,11 +41,8 @@ from relaygraph.store._task_rows import (
 )
 
 
-class TaskRepository:
+class TaskRepository(Repository):
     """Tasks and threads: creating a task (idempotently), reading and listing them, their status."""
-
-    def __init__(self, core: LedgerCore) -> None:
-        self._core = core
 
     def create_task(
         self,

@@ -10,7 +10,6 @@ from sqlalchemy.exc import IntegrityError
 
 from relaygraph.store import _team_versions
 from relaygraph.store import _validate as check
-from relaygraph.store._core import LedgerCore
 from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import (
     ProjectRow,
@@ -20,14 +19,12 @@ from relaygraph.store._records import (
     TeamVersion,
     snapshot,
 )
+from relaygraph.store._repository import Repository
 from relaygraph.store._task_rows import utc_now
 
 
-class TeamRepository:
+class TeamRepository(Repository):
     """Registered teams: each project's own named team definitions, versioned."""
-
-    def __init__(self, core: LedgerCore) -> None:
-        self._core = core
 
     def register_team(
         self, project_id: str, name: str, *, definition: Mapping[str, Any], digest: str
