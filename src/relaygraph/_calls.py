@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Call", "Steps", "run_async", "run_sync"]
 
@@ -60,31 +60,46 @@ Steps = Generator[Call, Any, T]
 """A node's logic: yields the calls it makes, returns the node's result."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Returned(Generic[T]):
+    """What the steps returned: they ask for no more calls."""
+
+    value: T
+
+
+def _resume(
+    steps: Steps[T], answer: Any = None, error: Exception | None = None
+) -> Call | _Returned[T]:
+    """Hand ``steps`` the answer of the call they asked for, or throw in the call's
+    ``error`` at their ``yield``: the next call they ask for, or what they returned.
+    With neither, the steps start."""
+    try:
+        return steps.send(answer) if error is None else steps.throw(error)
+    except StopIteration as stop:
+        return _Returned(stop.value)
+
+
 def run_sync(steps: Steps[T]) -> T:
     """Run ``steps``, making each call on this thread."""
-    try:
-        call = next(steps)
-        while True:
-            try:
-                answer = call.sync()
-            except Exception as exc:
-                call = steps.throw(exc)
-            else:
-                call = steps.send(answer)
-    except StopIteration as stop:
-        return stop.value
+    step = _resume(steps)
+    while isinstance(step, Call):
+        try:
+            answer = step.sync()
+        except Exception as exc:
+            step = _resume(steps, error=exc)
+        else:
+            step = _resume(steps, answer)
+    return step.value
 
 
 async def run_async(steps: Steps[T]) -> T:
     """Run ``steps``, awaiting each call on the running event loop."""
-    try:
-        call = next(steps)
-        while True:
-            try:
-                answer = await call.async_()
-            except Exception as exc:
-                call = steps.throw(exc)
-            else:
-                call = steps.send(answer)
-    except StopIteration as stop:
-        return stop.value
+    step = _resume(steps)
+    while isinstance(step, Call):
+        try:
+            answer = await step.async_()
+        except Exception as exc:
+            step = _resume(steps, error=exc)
+        else:
+            step = _resume(steps, answer)
+    return step.value

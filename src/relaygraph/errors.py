@@ -4,11 +4,17 @@
 broken script file, an unknown agent); fix the input and run again. ``RunError`` means
 something failed while a task ran. Every error carries its context as attributes and
 names it in its message.
+
+An error that a team graph's node may raise is no dataclass: LangGraph's checkpointer
+stores a failed node's exception, a dataclass by its fields (rebuilt, with a warning, when
+the checkpoint is read) and any other by its ``repr``. An error only the edges raise (a
+refused submission, a conflicting write) may declare its context as dataclass fields.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
@@ -135,6 +141,7 @@ class ToolInputError(RelaygraphError):
     """
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class QuotaExceeded(RelaygraphError):
     """A project's submission refused by one of its quotas: it may submit again later.
 
@@ -146,18 +153,17 @@ class QuotaExceeded(RelaygraphError):
         retry_after_seconds: When a retry may succeed, at the soonest.
     """
 
-    def __init__(
-        self, *, project: str, quota: str, limit: float, used: float, retry_after_seconds: int
-    ) -> None:
-        self.project = project
-        self.quota = quota
-        self.limit = limit
-        self.used = used
-        self.retry_after_seconds = retry_after_seconds
+    project: str
+    quota: str
+    limit: float
+    used: float
+    retry_after_seconds: int
+
+    def __post_init__(self) -> None:
         what = {"max_queued": "tasks queued", "daily_cost_usd": "USD spent today (UTC)"}
         super().__init__(
-            f"project {project!r} has {used:g} {what.get(quota, quota)}, its quota {quota} "
-            f"is {limit:g}: retry after {retry_after_seconds} s"
+            f"project {self.project!r} has {self.used:g} {what.get(self.quota, self.quota)}, "
+            f"its quota {self.quota} is {self.limit:g}: retry after {self.retry_after_seconds} s"
         )
 
     @property

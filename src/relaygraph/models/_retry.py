@@ -270,13 +270,18 @@ async def _no_async() -> Any:
     raise RuntimeError("the sync client makes no call on the event loop")
 
 
-class RetryingClient(openai.DefaultHttpxClient):
-    """The SDK's HTTP client, sending a failed request again where that may help, and
-    reporting each retry to the caller's :func:`reporting_retries`."""
+class _WithRetryPolicy:
+    """What the sync client and the async one share: the policy their attempts follow,
+    given beside the SDK client's own arguments."""
 
     def __init__(self, *, policy: RetryPolicy, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._policy = policy
+
+
+class RetryingClient(_WithRetryPolicy, openai.DefaultHttpxClient):
+    """The SDK's HTTP client, sending a failed request again where that may help, and
+    reporting each retry to the caller's :func:`reporting_retries`."""
 
     def __del__(self) -> None:
         # A client dropped with its model (one not shared) closes its connections, as the
@@ -291,12 +296,8 @@ class RetryingClient(openai.DefaultHttpxClient):
         return run_sync(_attempts(self._policy, request, sending, stream=stream))
 
 
-class RetryingAsyncClient(openai.DefaultAsyncHttpxClient):
+class RetryingAsyncClient(_WithRetryPolicy, openai.DefaultAsyncHttpxClient):
     """:class:`RetryingClient` for the SDK's async client."""
-
-    def __init__(self, *, policy: RetryPolicy, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._policy = policy
 
     def __del__(self) -> None:
         with suppress(Exception):

@@ -4,6 +4,7 @@ superseded attempt's write (``AttemptSuperseded``)."""
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 
 from relaygraph.errors import ConfigError, RunError
 
@@ -22,19 +23,22 @@ class RecordNotFound(ConfigError):
         super().__init__(f"no {kind} {key!r} in the ledger")
 
 
+@dataclass(eq=False, repr=False)
 class RecordConflict(ConfigError):
     """The write contradicts a record that exists (the HTTP API answers 409).
 
     Attributes:
         kind: The kind of record: ``project``, ``team``, ``task`` or ``approval``.
         key: The record's name or id.
+        problem: How the write contradicts it.
     """
 
-    def __init__(self, kind: str, key: str, problem: str) -> None:
-        self.kind = kind
-        self.key = key
-        self.problem = problem
-        super().__init__(f"{kind} {key!r}: {problem}")
+    kind: str
+    key: str
+    problem: str
+
+    def __post_init__(self) -> None:
+        super().__init__(f"{self.kind} {self.key!r}: {self.problem}")
 
 
 class AttemptSuperseded(RunError):

@@ -15,6 +15,7 @@ import re
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 from uuid import UUID
 
@@ -56,6 +57,7 @@ def _langsmith_ancestors() -> list[UUID]:
     return [UUID(found) for found in _UUID.findall(order)] if isinstance(order, str) else []
 
 
+@dataclass(eq=False, repr=False)
 class OpenTelemetryCallbackHandler(BaseCallbackHandler):
     """Turns one task's LangChain callbacks into OpenTelemetry GenAI spans.
 
@@ -78,26 +80,17 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
     raise_error = False
     run_inline = True
 
-    def __init__(
-        self,
-        tracer: trace.Tracer,
-        *,
-        task_id: str,
-        thread_id: str,
-        project: str | None = None,
-        team: Mapping[str, Any] | None = None,
-        policy_source: str | None = None,
-        policy_digest: str | None = None,
-        models: Mapping[str, str] | None = None,
-    ) -> None:
-        self.tracer = tracer
-        self.policy_digest = policy_digest
-        self.task_id = task_id
-        self.thread_id = thread_id
-        self.project = project
-        self.team = dict(team or {})
-        self.policy_source = policy_source
-        self.models = dict(models or {})
+    tracer: trace.Tracer
+    _: KW_ONLY
+    task_id: str
+    thread_id: str
+    project: str | None = None
+    team: Mapping[str, Any] | None = None
+    policy_source: str | None = None
+    policy_digest: str | None = None
+    models: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
         self._runs = RunTree()
         self._task_span: Span | None = None
         """The task's span, once opened (by the task's run, or earlier by :meth:`task_trace_id`)."""
@@ -125,6 +118,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
 
     def _start_task_span(self) -> Span:
         """Open the task's span (``invoke_workflow relaygraph``), the root of its trace."""
+        team = self.team or {}
         self._task_span = self.tracer.start_span(
             f"invoke_workflow {WORKFLOW}",
             context=None,
@@ -135,12 +129,12 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                     "gen_ai.conversation.id": self.thread_id,
                     "relaygraph.task_id": self.task_id,
                     "relaygraph.project": self.project,
-                    "relaygraph.team.name": self.team.get("name"),
-                    "relaygraph.team.version": self.team.get("version"),
-                    "relaygraph.team.digest": self.team.get("digest"),
+                    "relaygraph.team.name": team.get("name"),
+                    "relaygraph.team.version": team.get("version"),
+                    "relaygraph.team.digest": team.get("digest"),
                     "relaygraph.policy.source": self.policy_source,
                     "relaygraph.policy.digest": self.policy_digest,
-                    "relaygraph.models": self.models or None,
+                    "relaygraph.models": dict(self.models or {}) or None,
                 }
             ),
         )
@@ -265,7 +259,7 @@ class OpenTelemetryCallbackHandler(BaseCallbackHandler):
                     "gen_ai.operation.name": "invoke_agent",
                     "gen_ai.agent.name": name,
                     "gen_ai.conversation.id": self.thread_id,
-                    "gen_ai.request.model": self.models.get(name),
+                    "gen_ai.request.model": (self.models or {}).get(name),
                     "relaygraph.task_id": self.task_id,
                     "relaygraph.role": role,
                     "relaygraph.step": meta.get("langgraph_step"),
