@@ -146,17 +146,10 @@ def _postgres_pool(conninfo: str) -> Iterator[Any]:
     connection is checked before it is lent (a restarted server costs no run) and kept
     while used (``max_idle``). The options are ``from_conn_string``'s.
     """
-    from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
 
     with ConnectionPool(
-        conninfo,
-        min_size=0,
-        max_size=POSTGRES_POOL_SIZE,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        check=ConnectionPool.check_connection,
-        name="relaygraph-checkpoints",
-        open=True,
+        conninfo, **_pool_options(ConnectionPool, "relaygraph-checkpoints"), open=True
     ) as pool:
         yield pool
 
@@ -164,6 +157,22 @@ def _postgres_pool(conninfo: str) -> Iterator[Any]:
 POSTGRES_POOL_SIZE = 64
 """Connections at most in a process's pool for one database: runs at once beyond it wait
 (psycopg_pool's timeout, 30 s) for one to come back."""
+
+
+def _pool_options(pool_class: Any, name: str) -> dict[str, Any]:
+    """The options of a pool of checkpointer connections, ``ConnectionPool`` or
+    ``AsyncConnectionPool`` (``pool_class``): the sync runs' pool and an event loop's are
+    alike but for the name they go by (see :func:`_postgres_pool`)."""
+    from psycopg.rows import dict_row
+
+    return {
+        "min_size": 0,
+        "max_size": POSTGRES_POOL_SIZE,
+        "kwargs": {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        "check": pool_class.check_connection,
+        "name": name,
+    }
+
 
 _KEPT: _Kept[Any] = _Kept(lambda path: sqlite_checkpointer(Path(path)))
 _POOLS: _Kept[Any] = _Kept(_postgres_pool)
@@ -334,20 +343,13 @@ async def _open_async_sqlite(path: Path) -> tuple[Any, Callable[[], Awaitable[No
 
 async def _open_async_postgres(conninfo: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-    from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
     if conninfo not in _SETUP_DONE:
         # The saver's migrations, as the sync path runs them (one process at a time).
         await asyncio.to_thread(_setup_postgres, conninfo)
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        conninfo,
-        min_size=0,
-        max_size=POSTGRES_POOL_SIZE,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        check=AsyncConnectionPool.check_connection,
-        name="relaygraph-checkpoints-async",
-        open=False,
+        conninfo, **_pool_options(AsyncConnectionPool, "relaygraph-checkpoints-async"), open=False
     )
     await pool.open()
     return AsyncPostgresSaver(pool), pool.close

@@ -40,6 +40,22 @@ and hold off, any change of the row (``begin_attempt`` locks it FOR UPDATE, and 
 UPDATE of the attempts would take only FOR NO KEY UPDATE)."""
 
 
+def _check_attempt(fence: CheckpointFence, row: DictRow | None) -> None:
+    """Let a write go on only while the task is on ``fence.attempt``: ``row`` is the task's,
+    as :data:`ATTEMPT_FENCE_SQL` read it in the write's transaction (None: no such task).
+    A cancel that waits on the task is told to ``fence.on_cancel``.
+
+    Raises:
+        AttemptSuperseded: The task is on another attempt, or gone; the write's transaction
+            rolls back.
+    """
+    current = None if row is None else int(row["attempts"])
+    if current != fence.attempt:
+        raise AttemptSuperseded(fence.task_id, fence.attempt, current)
+    if row is not None and row["cancel"] and fence.on_cancel is not None:
+        fence.on_cancel()
+
+
 class FencedPostgresSaver(PostgresSaver):
     """A ``PostgresSaver`` that saves only while ``fence.attempt`` is the task's attempt.
 
@@ -88,11 +104,7 @@ class FencedPostgresSaver(PostgresSaver):
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
             row = cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,)).fetchone()
-            current = None if row is None else int(row["attempts"])
-            if current != self.fence.attempt:
-                raise AttemptSuperseded(self.fence.task_id, self.fence.attempt, current)
-            if row is not None and row["cancel"] and self.fence.on_cancel is not None:
-                self.fence.on_cancel()
+            _check_attempt(self.fence, row)
             yield cur
 
 
@@ -134,10 +146,5 @@ class AsyncFencedPostgresSaver(AsyncPostgresSaver):
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
             await cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,))
-            row = await cur.fetchone()
-            current = None if row is None else int(row["attempts"])
-            if current != self.fence.attempt:
-                raise AttemptSuperseded(self.fence.task_id, self.fence.attempt, current)
-            if row is not None and row["cancel"] and self.fence.on_cancel is not None:
-                self.fence.on_cancel()
+            _check_attempt(self.fence, await cur.fetchone())
             yield cur

@@ -423,13 +423,6 @@ def replay_task(
         lease_seconds=runner.lease_seconds,
         workspace_quota=runner.workspace_quota,
     )
-    return runner.run(
-        submitted.task,
-        {"request": original.input},
-        on_event=on_event,
-        team=team,
-        models=submitted.submission.models.chosen,
-        leased=submitted.leased,
-        cancel=cancel,
-        interrupt_cancels=True,
+    return runner.run_submitted(
+        submitted, {"request": original.input}, on_event=on_event, team=team, cancel=cancel
     )

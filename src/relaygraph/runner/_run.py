@@ -102,17 +102,14 @@ def run_task(
         runner_id=runner.runner_id,
         lease_seconds=runner.lease_seconds,
     )
-    return runner.run(
-        submitted.task,
+    return runner.run_submitted(
+        submitted,
         {"request": request},
         on_event=on_event,
         stream_tokens=stream_tokens,
         callbacks=callbacks,
         team=the_team,
-        models=submitted.submission.models.chosen,
-        leased=submitted.leased,
         cancel=cancel,
-        interrupt_cancels=True,
     )
 
 

@@ -34,6 +34,7 @@ from relaygraph.topology import Topology
 if TYPE_CHECKING:
     from relaygraph.agents.context import TaskContext
     from relaygraph.policies import TeamPolicy
+    from relaygraph.runner._submit import SubmittedTask
     from relaygraph.store import Ledger, Task
     from relaygraph.team import Team
 
@@ -160,6 +161,28 @@ class TaskRunner:
             if not is_disk_full(exc):
                 raise
             raise steps.no_room(exc) from exc
+
+    def run_submitted(
+        self, submitted: SubmittedTask, graph_input: Any, **options: Unpack[RunOptions]
+    ) -> RunResult:
+        """Run, at once and on this thread, a task this process just submitted under this
+        runner's lease (``submit_task(runner_id=self.runner_id)``, as ``run_task`` and
+        ``replay_task`` do): on the chat models its submission chose, without taking the
+        lease again, and ended ``cancelled`` by a ``KeyboardInterrupt`` that stops it
+        (``interrupt_cancels``: the process is the task's only runner).
+
+        Args:
+            submitted: What the submission recorded.
+            graph_input: See :meth:`run`.
+            options: How to run it (:class:`RunOptions`), but for what the submission says.
+        """
+        submitted_options: RunOptions = {
+            **options,
+            "models": submitted.submission.models.chosen,
+            "leased": submitted.leased,
+            "interrupt_cancels": True,
+        }
+        return self.run(submitted.task, graph_input, **submitted_options)
 
     async def arun(self, task: Task, graph_input: Any, **options: Unpack[RunOptions]) -> RunResult:
         """:meth:`run` on the running event loop: the graph runs with ``astream``, its models
