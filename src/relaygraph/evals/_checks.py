@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from relaygraph.evals._golden import AgentsMatch, Expectation
+from relaygraph.evals._json import fields_json
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,19 +35,7 @@ class Observation:
     cost_usd: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "answer": self.answer,
-            "stop_reason": self.stop_reason,
-            "first_agent": self.first_agent,
-            "agents": list(self.agents),
-            "handoffs": [list(pair) for pair in self.handoffs],
-            "tools": list(self.tools),
-            "refused_tools": list(self.refused_tools),
-            "violations": list(self.violations),
-            "tokens": self.tokens,
-            "cost_usd": self.cost_usd,
-        }
+        return fields_json(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,17 +52,9 @@ class Check:
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "name": self.name,
-            "passed": self.passed,
-            "expected": self.expected,
-            "actual": self.actual,
-        }
-        if self.message:
-            data["message"] = self.message
-        if self.details:
-            data["details"] = self.details
-        return data
+        """Its fields; ``message`` and ``details`` only when they say something."""
+        empty = {name for name in ("message", "details") if not getattr(self, name)}
+        return fields_json(self, leave_out=empty)
 
 
 def check_expectations(expect: Expectation, observed: Observation) -> list[Check]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relaygraph.errors import ConfigError, read_config_file
+from relaygraph.evals._json import fields_json
 from relaygraph.events import VIOLATION_KINDS as VIOLATION_KINDS  # the one list, re-exported
 from relaygraph.events import ViolationKind
 
@@ -113,26 +114,8 @@ class Expectation:
 
     def to_json(self) -> dict[str, Any]:
         """The given keys, as the golden file writes them."""
-        values = {
-            "first_agent": self.first_agent,
-            "agents": _list(self.agents),
-            "agents_match": self.agents_match,
-            "handoffs": [list(pair) for pair in self.handoffs or ()],
-            "tools_used": _list(self.tools_used),
-            "tools_not_used": _list(self.tools_not_used),
-            "answer_contains": _list(self.answer_contains),
-            "answer_not_contains": _list(self.answer_not_contains),
-            "status": self.status,
-            "stop_reason": self.stop_reason,
-            "violations": _list(self.violations),
-            "max_tokens": self.max_tokens,
-            "max_cost_usd": self.max_cost_usd,
-        }
+        values = fields_json(self, leave_out={"given"})
         return {key: values[key] for key in EXPECT_KEYS if key in self.given}
-
-
-def _list(values: tuple[Any, ...] | None) -> list[Any] | None:
-    return None if values is None else list(values)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -316,25 +299,14 @@ def _parse_line(
         line=number,
         expect=Expectation(
             given=frozenset(expect.model_fields_set),
-            first_agent=expect.first_agent,
-            agents=_tuple(expect.agents),
-            agents_match=expect.agents_match,
-            handoffs=None if expect.handoffs is None else tuple(expect.handoffs),
-            tools_used=_tuple(expect.tools_used),
-            tools_not_used=_tuple(expect.tools_not_used),
-            answer_contains=_tuple(expect.answer_contains),
-            answer_not_contains=_tuple(expect.answer_not_contains),
-            status=expect.status,
-            stop_reason=expect.stop_reason,
-            violations=_tuple(expect.violations),
-            max_tokens=expect.max_tokens,
-            max_cost_usd=expect.max_cost_usd,
+            # The parsed lists become tuples: an expectation is a frozen value.
+            **{key: _tuple(getattr(expect, key)) for key in EXPECT_KEYS},
         ),
     )
 
 
-def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
-    return None if values is None else tuple(values)
+def _tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _resolve(folder: Path, value: str | None, *, what: str, case: str) -> Path | None:

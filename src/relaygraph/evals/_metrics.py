@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaygraph.evals._json import fields_json
 from relaygraph.evals._results import CaseResult, TrialResult
 
 # Each aspect metric is the share of runs whose checks of these keys all passed, among the
@@ -53,19 +54,8 @@ class EvalMetrics:
     """With ``repeat`` K > 1, for k = 1..K: chance that all k runs of a case pass (pass^k)."""
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "cases": self.cases,
-            "runs": self.runs,
-            "passed_runs": self.passed_runs,
-            "pass_rate": self.pass_rate,
-            **{name: getattr(self, name) for name in _ASPECTS},
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "total_tokens": self.total_tokens,
-            "total_cost_usd": self.total_cost_usd,
-            "latency_p50": self.latency_p50,
-            "latency_p95": self.latency_p95,
-        }
+        """Its fields; the pass@k estimates (keyed by k as a string) only with ``repeat`` > 1."""
+        data = fields_json(self, leave_out={"pass_at_k", "pass_hat_k"})
         if self.pass_at_k:
             data["pass_at_k"] = {str(k): v for k, v in self.pass_at_k.items()}
             data["pass_hat_k"] = {str(k): v for k, v in self.pass_hat_k.items()}

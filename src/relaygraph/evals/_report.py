@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from relaygraph.errors import ConfigError, read_config_file
 from relaygraph.evals._golden import InvalidGoldenLine
+from relaygraph.evals._json import fields_json
 from relaygraph.evals._metrics import EvalMetrics
 from relaygraph.evals._results import CaseResult
 
@@ -22,14 +23,18 @@ REPORT_MD = "report.md"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvalReport:
-    """The outcome of ``relaygraph eval``: every case, the metrics, and what regressed."""
+    """The outcome of ``relaygraph eval``: every case, the metrics, and what regressed.
 
+    The fields are ``report.json``'s keys, in its order.
+    """
+
+    eval_run_id: str | None = None
+    """The ledger's record of this run (``Ledger.eval_run``), with every case result."""
     golden: str
     """The golden file's path."""
-    cases: tuple[CaseResult, ...]
-    metrics: EvalMetrics
-    invalid_lines: tuple[InvalidGoldenLine, ...] = ()
-    """Lines of the golden file that could not be read; the other cases ran."""
+    started_at: str = ""
+    """ISO 8601, UTC."""
+    seconds: float = 0.0
     model: str | None = None
     agent_models: dict[str, str] = field(default_factory=dict)
     topology: dict[str, Any] = field(default_factory=lambda: {"kind": "structured"})
@@ -41,19 +46,18 @@ class EvalReport:
     repeat: int = 1
     concurrency: int = 1
     tags: tuple[str, ...] = ()
-    started_at: str = ""
-    """ISO 8601, UTC."""
-    seconds: float = 0.0
+    metrics: EvalMetrics
     baseline: str | None = None
     """The earlier report compared with, if any."""
     regressions: tuple[str, ...] = ()
     """Ids of cases that passed in the baseline and fail now."""
     fixed: tuple[str, ...] = ()
     """Ids of cases that failed in the baseline and pass now."""
+    invalid_lines: tuple[InvalidGoldenLine, ...] = ()
+    """Lines of the golden file that could not be read; the other cases ran."""
     langsmith: dict[str, Any] | None = None
     """The LangSmith dataset and experiment, with ``--langsmith-dataset``."""
-    eval_run_id: str | None = None
-    """The ledger's record of this run (``Ledger.eval_run``), with every case result."""
+    cases: tuple[CaseResult, ...]
 
     @property
     def failed(self) -> tuple[CaseResult, ...]:
@@ -76,26 +80,7 @@ class EvalReport:
         return reasons
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "eval_run_id": self.eval_run_id,
-            "golden": self.golden,
-            "started_at": self.started_at,
-            "seconds": self.seconds,
-            "model": self.model,
-            "agent_models": self.agent_models,
-            "topology": self.topology,
-            "team": self.team,
-            "repeat": self.repeat,
-            "concurrency": self.concurrency,
-            "tags": list(self.tags),
-            "metrics": self.metrics.to_json(),
-            "baseline": self.baseline,
-            "regressions": list(self.regressions),
-            "fixed": list(self.fixed),
-            "invalid_lines": [{"line": e.line, "message": e.message} for e in self.invalid_lines],
-            "langsmith": self.langsmith,
-            "cases": [case.to_json() for case in self.cases],
-        }
+        return fields_json(self)
 
 
 class _BaselineCase(BaseModel):

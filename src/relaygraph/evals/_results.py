@@ -8,49 +8,39 @@ from typing import Any
 
 from relaygraph.evals._checks import Check, Observation
 from relaygraph.evals._golden import Expectation
+from relaygraph.evals._json import fields_json
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialResult:
-    """One run of one case."""
+    """One run of one case. The fields after ``case_id`` are its JSON, in this order."""
 
     case_id: str
     trial: int
     """Which run of the case, from 1 (``--repeat``)."""
     passed: bool
-    checks: tuple[Check, ...]
-    observed: Observation | None = None
-    """What the run did; None when it could not run (see :attr:`error`)."""
     task_id: str | None = None
     """The ledger's task: ``relaygraph trace TASK_ID`` shows its timeline."""
     thread_id: str | None = None
+    model: str | None = None
+    """The model spec the run used for roles without their own (``scripted:...`` offline)."""
     latency_seconds: float = 0.0
+    error: str | None = None
+    """Why the case could not run at all (a bad model spec, a crash)."""
+    checks: tuple[Check, ...]
+    observed: Observation | None = None
+    """What the run did; None when it could not run (see :attr:`error`)."""
     usage: dict[str, Any] = field(default_factory=dict)
     """The team's totals: model and tool calls, tokens, cost, seconds, agent runs."""
     usage_by_role: dict[str, dict[str, Any]] = field(default_factory=dict)
-    model: str | None = None
-    """The model spec the run used for roles without their own (``scripted:...`` offline)."""
-    error: str | None = None
-    """Why the case could not run at all (a bad model spec, a crash)."""
 
     @property
     def first_failure(self) -> Check | None:
         return next((check for check in self.checks if not check.passed), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "trial": self.trial,
-            "passed": self.passed,
-            "task_id": self.task_id,
-            "thread_id": self.thread_id,
-            "model": self.model,
-            "latency_seconds": self.latency_seconds,
-            "error": self.error,
-            "checks": [check.to_json() for check in self.checks],
-            "observed": None if self.observed is None else self.observed.to_json(),
-            "usage": self.usage,
-            "usage_by_role": self.usage_by_role,
-        }
+        # A case's JSON holds its trials, so each trial's own case id would say it again.
+        return fields_json(self, leave_out={"case_id"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,12 +48,12 @@ class CaseResult:
     """Every run of one case. The case passes when all its runs pass."""
 
     id: str
-    input: str
-    expect: Expectation
-    tags: tuple[str, ...] = ()
     line: int = 0
+    input: str
     team: str | None = None
     """The name of the team the case ran with."""
+    tags: tuple[str, ...] = ()
+    expect: Expectation
     trials: tuple[TrialResult, ...] = ()
 
     @property
@@ -84,13 +74,9 @@ class CaseResult:
         return None
 
     def to_json(self) -> dict[str, Any]:
+        """Its fields up to ``expect``, the verdict, then every run."""
         return {
-            "id": self.id,
-            "line": self.line,
-            "input": self.input,
-            "team": self.team,
-            "tags": list(self.tags),
-            "expect": self.expect.to_json(),
+            **fields_json(self, leave_out={"trials"}),
             "passed": self.passed,
             "passes": self.passes,
             "runs": len(self.trials),

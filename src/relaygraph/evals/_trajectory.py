@@ -18,10 +18,11 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relaygraph._names import FINISH
+from relaygraph.evals._json import fields_json, json_value
 from relaygraph.events import transfer_of
 
 if TYPE_CHECKING:
@@ -350,8 +351,8 @@ class TrajectoryDiff:
                 {
                     "step": s.number,
                     "differences": list(s.differences),
-                    "a": None if s.a is None else _step_json(s.a),
-                    "b": None if s.b is None else _step_json(s.b),
+                    "a": json_value(s.a),
+                    "b": json_value(s.b),
                 }
                 for s in self.steps
             ],
@@ -360,23 +361,9 @@ class TrajectoryDiff:
         }
 
 
-def _step_json(step: TrajectoryStep) -> dict[str, Any]:
-    data = asdict(step)
-    data["tool_calls"] = [asdict(call) for call in step.tool_calls]
-    return data
-
-
 def _trajectory_json(t: Trajectory) -> dict[str, Any]:
-    return {
-        "task_id": t.task_id,
-        "status": t.status,
-        "answer": t.answer,
-        "finish_reason": t.finish_reason,
-        "violations": list(t.violations),
-        "replay_of": t.replay_of,
-        "from_step": t.from_step,
-        "routes": list(t.routes),
-    }
+    """The trajectory without its steps and usage (the diff shows both side by side)."""
+    return {**fields_json(t, leave_out={"steps", "per_agent"}), "routes": list(t.routes)}
 
 
 def _differences(a: TrajectoryStep | None, b: TrajectoryStep | None) -> tuple[str, ...]:

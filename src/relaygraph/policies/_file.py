@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from relaygraph.errors import ConfigError
+from relaygraph.errors import ConfigError, read_config_file
 from relaygraph.policies._policy import (
     AgentLimits,
     AgentPolicy,
@@ -283,13 +283,9 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
     Raises:
         ConfigError: The file is missing or is not valid TOML.
     """
-    file = Path(path).expanduser()
+    file, text = read_config_file(path, "policy file")
     try:
-        return tomllib.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"policy file {str(file)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"policy file {str(file)!r} cannot be read: {exc}") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"policy file {str(file)!r} is not valid TOML: {exc}") from None
 

@@ -8,7 +8,7 @@ of this process, so a re-run super-step cannot count anything twice.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from relaygraph.policies._policy import AgentLimits, Price, TeamLimits, TeamPolicy
@@ -101,13 +101,8 @@ class BudgetHit:
         return f"{who} used {_num(self.used)} of {_num(self.allowed)} {what}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "agent": self.agent,
-            "limit": self.limit,
-            "used": self.used,
-            "allowed": self.allowed,
-        }
+        """Its fields, as the refusal's message and the violation record carry them."""
+        return asdict(self)
 
 
 def _num(value: float) -> str:
