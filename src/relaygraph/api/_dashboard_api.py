@@ -25,6 +25,7 @@ from fastapi.responses import Response
 from relaygraph.api._auth import own_task, project_auth
 from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import ErrorBody
+from relaygraph.api.routes.tasks import PageCursor, PageLimit
 from relaygraph.api.ui._queries import (
     ANY_VIOLATION,
     APPROVAL_FILTERS,
@@ -122,10 +123,8 @@ def dashboard_api_router(
                 description="Text in the request, answer, stop reason, id or metadata.",
             ),
         ] = None,
-        limit: Annotated[int, Query(ge=1, le=200)] = 50,
-        cursor: Annotated[
-            str | None, Query(description="`next_cursor` of the page before.")
-        ] = None,
+        limit: PageLimit = 50,
+        cursor: PageCursor = None,
     ) -> TaskSummaryPage:
         """The project's tasks as the dashboard lists them, newest first, filtered."""
         if violation and violation not in (ANY_VIOLATION, *VIOLATION_KINDS):
@@ -198,7 +197,7 @@ def dashboard_api_router(
         return trace_links(ledger().events_after(task_id))
 
     @router.get("/evals", response_model=EvalRunList, responses=error_responses(401, 422))
-    def evals(project: ProjectDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> EvalRunList:
+    def evals(project: ProjectDep, limit: PageLimit = 20) -> EvalRunList:
         """The latest eval runs in the ledger, newest first, without their cases; none
         unless the operator shows them (`RELAYGRAPH_UI_SHOW_EVALS=true`)."""
         if not show_evals:

@@ -75,21 +75,18 @@ def events_router(state: ServiceState) -> APIRouter:
         resumed = _event_id(last_event_id)  # Checked even when `after` is given.
         start = after if after is not None else resumed
         slot = state.streams.admit(project.id, project.name)
-        if state.listener is None:
-            return CountedEventSource(
-                follow_events(
-                    state.ledger, task, after=start, request=request, poll_seconds=SSE_POLL_SECONDS
-                ),
-                slot=slot,
-            )
+        notices = state.listener
+        # With the worker mode's notices, polling is only what the stream falls back on
+        # while the listener's connection is down.
+        poll_seconds = SSE_POLL_SECONDS if notices is None else SSE_FALLBACK_POLL_SECONDS
         return CountedEventSource(
             follow_events(
                 state.ledger,
                 task,
                 after=start,
                 request=request,
-                poll_seconds=SSE_FALLBACK_POLL_SECONDS,
-                notices=state.listener,
+                poll_seconds=poll_seconds,
+                notices=notices,
                 notice_timeout_seconds=SSE_NOTICE_TIMEOUT_SECONDS,
             ),
             slot=slot,

@@ -12,7 +12,11 @@ from relaygraph.api._auth import own_task
 from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import TaskOut, _RequestBody
 from relaygraph.api._state import ServiceState
-from relaygraph.api.routes.tasks import idempotency_key_header
+from relaygraph.api.routes.tasks import (
+    SUBMISSION_ERRORS,
+    idempotency_key_header,
+    submitted_task_out,
+)
 from relaygraph.errors import ConfigError
 from relaygraph.runner import ReplayChanges, SubmittedTask, submit_replay
 from relaygraph.store import Project, Task
@@ -54,7 +58,7 @@ def replays_router(state: ServiceState) -> APIRouter:
         "/{task_id}/replay",
         status_code=202,
         response_model=TaskOut,
-        responses=error_responses(401, 404, 409, 413, 422, 429, 503, 507),
+        responses=SUBMISSION_ERRORS,
     )
     def replay(
         task_id: str,
@@ -69,11 +73,7 @@ def replays_router(state: ServiceState) -> APIRouter:
         submitted = replay_in_project(
             state, project.id, original, body, idempotency_key=idempotency_key
         )
-        if not submitted.created and state.worker_mode and submitted.task.status == "queued":
-            # As POST /v1/tasks: a retry of a submission whose publish may have failed.
-            state.broker().republish(submitted.task)
-            return TaskOut.of(own_task(state.ledger(), submitted.task.id, project))
-        return TaskOut.of(submitted.task)
+        return submitted_task_out(state, submitted, project)
 
     @router.get("/{task_a}/diff/{task_b}", responses=error_responses(401, 404))
     def diff(task_a: str, task_b: str, project: ProjectDep) -> dict[str, Any]:

@@ -10,10 +10,25 @@ from relaygraph.api._errors import ErrorAnswer, error_responses
 from relaygraph.api._schemas import HandoffList, TaskCreate, TaskOut, TaskPage, TeamRecord
 from relaygraph.api._state import ServiceState
 from relaygraph.errors import ConfigError
-from relaygraph.runner import TaskRequest, submit_task
+from relaygraph.runner import SubmittedTask, TaskRequest, submit_task
 from relaygraph.store import TASK_STATUSES, Project
 
-__all__ = ["idempotency_key_header", "tasks_router"]
+__all__ = [
+    "SUBMISSION_ERRORS",
+    "PageCursor",
+    "PageLimit",
+    "idempotency_key_header",
+    "submitted_task_out",
+    "tasks_router",
+]
+
+SUBMISSION_ERRORS = error_responses(401, 404, 409, 413, 422, 429, 503, 507)
+"""What a submission, of a task or of a replay, may be answered instead of 202."""
+
+PageLimit = Annotated[int, Query(ge=1, le=200)]
+"""``limit``: how many items a page of a list holds at most."""
+PageCursor = Annotated[str | None, Query(description="`next_cursor` of the page before.")]
+"""``cursor``: where a page of a list goes on from."""
 
 _TASK_LINKS = {
     link: {"operationId": operation, "parameters": {"task_id": "$response.body#/id"}}
@@ -41,7 +56,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
         response_model=TaskOut,
         responses={
             202: {"description": "The task, `queued` or `running`.", "links": _TASK_LINKS},
-            **error_responses(401, 404, 409, 413, 422, 429, 503, 507),
+            **SUBMISSION_ERRORS,
         },
     )
     def create_task(
@@ -97,12 +112,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
             enqueue=state.dispatch().enqueue,
             quotas=state.settings.quotas,
         )
-        if not submitted.created and state.worker_mode and submitted.task.status == "queued":
-            # A retry of a submission whose publish may have failed (503): publishing again
-            # is safe, the earlier message (if any) is stale once the task's dispatch moves.
-            state.broker().republish(submitted.task)
-            return TaskOut.of(own_task(state.ledger(), submitted.task.id, project))
-        return TaskOut.of(submitted.task)
+        return submitted_task_out(state, submitted, project)
 
     @router.get("", response_model=TaskPage, responses=error_responses(401, 422))
     def list_tasks(
@@ -115,10 +125,8 @@ def tasks_router(state: ServiceState) -> APIRouter:
                 json_schema_extra={"enum": list(TASK_STATUSES)},
             ),
         ] = None,
-        limit: Annotated[int, Query(ge=1, le=200)] = 50,
-        cursor: Annotated[
-            str | None, Query(description="`next_cursor` of the page before.")
-        ] = None,
+        limit: PageLimit = 50,
+        cursor: PageCursor = None,
     ) -> TaskPage:
         """The project's tasks, newest first."""
         if status is not None and status not in TASK_STATUSES:
@@ -177,6 +185,18 @@ def tasks_router(state: ServiceState) -> APIRouter:
         return timeline
 
     return router
+
+
+def submitted_task_out(state: ServiceState, submitted: SubmittedTask, project: Project) -> TaskOut:
+    """The 202 answer to a submission (of a task or of a replay).
+
+    A retry of a submission whose publish may have failed (503) publishes the task again:
+    that is safe, the earlier message (if any) is stale once the task's dispatch moves.
+    """
+    if not submitted.created and state.worker_mode and submitted.task.status == "queued":
+        state.broker().republish(submitted.task)
+        return TaskOut.of(own_task(state.ledger(), submitted.task.id, project))
+    return TaskOut.of(submitted.task)
 
 
 def idempotency_key_header(first: str) -> Any:

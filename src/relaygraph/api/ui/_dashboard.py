@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -150,6 +151,22 @@ async def form_fields(request: Request) -> dict[str, str]:
     """The fields of the form a page posted, each as text."""
     form = await request.form()
     return {key: str(value) for key, value in form.items()}
+
+
+def form_day(text: str | None, field: str | None = None) -> date | None:
+    """The day a date field of a page's query gives (``2026-01-31``); None when it is empty.
+
+    Raises:
+        ValueError: Text that is not such a day, in words for the page (naming ``field``,
+            the field's label, when given).
+    """
+    if not text:
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        named = f"{field} " if field else ""
+        raise ValueError(f"{named}{text[:40]!r} is not a date like 2026-01-31") from None
 
 
 def dashboard_router() -> APIRouter:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -12,7 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api.ui._charts import Metric, usage_chart
-from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, dashboard_router
+from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, dashboard_router, form_day
 from relaygraph.api.ui._queries import EvalRunOut, daily_usage, eval_run, project_me
 from relaygraph.api.ui._sessions import DashboardSession
 from relaygraph.store import EvalCaseRecord, EvalRunRecord
@@ -145,8 +145,8 @@ def report_router(dashboard: Dashboard) -> APIRouter:
         today = datetime.now(UTC).date()
         error = None
         try:
-            first = _day(query.get("since")) or today - timedelta(days=DEFAULT_DAYS - 1)
-            last = _day(query.get("until")) or today
+            first = form_day(query.get("since")) or today - timedelta(days=DEFAULT_DAYS - 1)
+            last = form_day(query.get("until")) or today
             if first > last:
                 raise ValueError("the 'from' day is after the 'to' day")
             if (last - first).days >= MAX_DAYS:
@@ -181,15 +181,6 @@ def report_router(dashboard: Dashboard) -> APIRouter:
         )
 
     return router
-
-
-def _day(text: str | None) -> date | None:
-    if not text:
-        return None
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{text[:40]!r} is not a date like 2026-01-31") from None
 
 
 def _alike(run: EvalRunRecord, other: EvalRunRecord) -> bool:

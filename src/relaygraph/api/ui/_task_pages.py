@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from time import monotonic
 from typing import Any
 from urllib.parse import urlencode
@@ -23,6 +23,7 @@ from relaygraph.api.ui._dashboard import (
     SECURITY_HEADERS,
     Dashboard,
     dashboard_router,
+    form_day,
     form_fields,
 )
 from relaygraph.api.ui._queries import (
@@ -191,15 +192,6 @@ def _violation_kinds() -> tuple[str, ...]:
     return tuple(VIOLATION_KINDS)
 
 
-def _day(text: str | None, field: str) -> date | None:
-    if not text:
-        return None
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{field} {text[:40]!r} is not a date like 2026-01-31") from None
-
-
 def _filters(query: Any) -> TaskFilters:
     """The list's filters from its query string; dates are whole UTC days, both included.
 
@@ -209,7 +201,7 @@ def _filters(query: Any) -> TaskFilters:
     status = query.get("status") or None
     if status is not None and status not in TASK_STATUSES:
         raise ValueError(f"status {status[:40]!r} is not one of {', '.join(TASK_STATUSES)}")
-    since, until = _day(query.get("since"), "from"), _day(query.get("until"), "to")
+    since, until = form_day(query.get("since"), "from"), form_day(query.get("until"), "to")
     if since and until and since > until:
         raise ValueError("the 'from' day is after the 'to' day")
     approvals = query.get("approvals") or None
