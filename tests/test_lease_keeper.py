@@ -19,33 +19,26 @@ class _Ledger:
     def cancel_requested(self, task_id: str) -> bool:
         return self.cancel.is_set()
 
-
-def test_a_cancel_found_in_the_ledger_calls_back_once() -> None:
-    ledger = _Ledger()
-    cancel = threading.Event()
-    heard = threading.Event()
-    calls: list[str] = []
-    keeper = LeaseKeeper(ledger, "task-1", "runner-1", seconds=0.03, cancel=cancel)
-    try:
-        keeper.when_cancelled(lambda: (calls.append("cancel"), heard.set()))
-        ledger.cancel.set()
-        assert heard.wait(2)
-        assert cancel.is_set()
-    finally:
-        keeper.close()
-    assert calls == ["cancel"]
+    def renew_leases(
+        self, task_ids: list[str], runner_id: str, *, seconds: float, wait: bool = False
+    ) -> dict[str, bool | None]:
+        """As the ledger's: one call for every lease due in a round, by way of this fake's
+        :meth:`renew_lease` and :meth:`cancel_requested` for each."""
+        return _renew_each(self, task_ids, runner_id, seconds, wait)
 
 
-def test_a_cancel_set_before_is_told_at_once() -> None:
-    cancel = threading.Event()
-    cancel.set()
-    keeper = LeaseKeeper(_Ledger(), "task-1", "runner-1", seconds=30, cancel=cancel)
-    calls: list[str] = []
-    try:
-        keeper.when_cancelled(lambda: calls.append("cancel"))
-    finally:
-        keeper.close()
-    assert calls == ["cancel"]
+def _renew_each(
+    ledger: Any, task_ids: list[str], runner_id: str, seconds: float, wait: bool
+) -> dict[str, bool | None]:
+    """A fake ledger's ``renew_leases``; a task in its ``stuck`` (a row locked elsewhere)
+    is passed over unless ``wait``, as PostgreSQL's ``SKIP LOCKED`` does."""
+    held: dict[str, bool | None] = {}
+    for task_id in task_ids:
+        if not wait and task_id in getattr(ledger, "stuck", ()):
+            held[task_id] = None
+        elif ledger.renew_lease(task_id, runner_id, seconds=seconds):
+            held[task_id] = bool(ledger.cancel_requested(task_id))
+    return held
 
 
 class _Counting(_Ledger):
@@ -288,6 +281,22 @@ class _InFlight:
     def cancel_requested(self, task_id: str) -> bool:
         return bool(self.ledger.cancel_requested(task_id))
 
+    def renew_leases(
+        self, task_ids: list[str], runner_id: str, *, seconds: float, wait: bool = False
+    ) -> dict[str, bool | None]:
+        with self.changed:
+            self.busy += 1
+        held: dict[str, bool | None] = {}
+        try:
+            held = dict(self.ledger.renew_leases(task_ids, runner_id, seconds=seconds, wait=wait))
+            return held
+        finally:
+            with self.changed:
+                self.busy -= 1
+                for task_id, cancel in held.items():
+                    self.held[task_id] = self.held.get(task_id, 0) + (cancel is not None)
+                self.changed.notify_all()
+
     def renewed(self, task_id: str) -> bool:
         """Wait (60 s at most) until a renewal of ``task_id`` has come back holding it."""
         with self.changed:
@@ -424,3 +433,79 @@ def test_one_slow_failed_renewal_is_forgiven() -> None:
         assert not keeper.lost.is_set()
     finally:
         keeper.close()
+
+
+def test_the_leases_due_together_are_renewed_in_one_round() -> None:
+    """Keepers due about the same time are renewed in one call (one statement on the real
+    ledger), not one each: a server with hundreds of tasks in flight makes a few renewals
+    a period."""
+
+    class Rounds(_Counting):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[int] = []
+
+        def renew_leases(
+            self, task_ids: list[str], runner_id: str, *, seconds: float, wait: bool = False
+        ) -> dict[str, bool | None]:
+            with self.lock:
+                self.calls.append(len(task_ids))
+            return _renew_each(self, task_ids, runner_id, seconds, wait)
+
+    ledger = Rounds()
+    keepers = [LeaseKeeper(ledger, f"task-{n}", "runner-1", seconds=3.0) for n in range(40)]
+    try:
+        assert all(_renewed(ledger, f"task-{n}", 1) for n in range(40))
+        with ledger.lock:
+            calls = list(ledger.calls)
+        # Made within a few ms, all 40 fall in the first round (a quarter period wide);
+        # a loaded machine may split them, never into one round each.
+        assert len(calls) < 20 and max(calls) > 1, calls
+    finally:
+        for keeper in keepers:
+            keeper.close()
+
+
+def test_the_ledger_renews_many_leases_and_reads_their_cancels_in_one_call(
+    url: str, ledger: Any
+) -> None:
+    """``Ledger.renew_leases``: the leases still this runner's, each with whether a cancel
+    waits; another runner's is left out. On PostgreSQL a row locked elsewhere is passed
+    over at once (None) unless the call waits for it; ``attempt_states`` reads many."""
+    from sqlalchemy import create_engine, text
+
+    from relaygraph.store import LOCAL_PROJECT_ID
+
+    mine, cancelled, other, locked = (
+        ledger.create_task(project_id=LOCAL_PROJECT_ID, input=name)[0]
+        for name in ("mine", "cancelled", "other", "locked")
+    )
+    for task in (mine, cancelled, locked):
+        assert ledger.take_lease(task.id, "runner-1", seconds=30) is not None
+    assert ledger.take_lease(other.id, "runner-2", seconds=30) is not None
+    ledger.request_cancel(cancelled.id, by="tester", via="api")
+    ids = [mine.id, cancelled.id, other.id, locked.id]
+    assert ledger.renew_leases(ids, "runner-1", seconds=30) == {
+        mine.id: False,
+        cancelled.id: True,
+        locked.id: False,
+    }
+    states = ledger.attempt_states([*ids, "no-such-task"])
+    assert set(states) == set(ids) and states[cancelled.id][1] and not states[mine.id][1]
+    if ledger.dialect != "postgresql":
+        return
+    holder = create_engine(url)
+    try:
+        with holder.connect() as connection:
+            connection.execute(
+                text("SELECT id FROM tasks WHERE id = :id FOR UPDATE"), {"id": locked.id}
+            )
+            held = ledger.renew_leases(ids, "runner-1", seconds=30)
+            assert held == {mine.id: False, cancelled.id: True, locked.id: None}
+            assert ledger.attempt_states([locked.id])  # A read: the lock holds it up not.
+            connection.rollback()
+        assert ledger.renew_leases([locked.id], "runner-1", seconds=30, wait=True) == {
+            locked.id: False
+        }
+    finally:
+        holder.dispose()

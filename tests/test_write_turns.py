@@ -118,13 +118,12 @@ def test_a_runs_events_are_background_writes_and_its_lease_renewals_are_not() ->
             marked["events"] = _BACKGROUND.get()
             return []
 
-        def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
+        def renew_leases(
+            self, task_ids: list[str], runner_id: str, **_: Any
+        ) -> dict[str, bool | None]:
             marked["lease"] = _BACKGROUND.get()
             renewed.set()
-            return True
-
-        def cancel_requested(self, task_id: str) -> bool:
-            return False
+            return dict.fromkeys(task_ids, False)
 
     writer = EventWriter(Ledger(), "task-1", lambda e: None, linger_seconds=0)
     writer.put({"type": "run_started"})

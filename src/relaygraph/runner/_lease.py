@@ -26,6 +26,10 @@ one failed renewal is forgiven, a second is not, and the run has the last sixth 
 the default 30) to reach a step boundary before the lease can lapse."""
 RENEWAL_THREADS = 4
 """Threads that renew leases at once: one renewal that hangs leaves the others theirs."""
+EARLY_SHARE = 1 / 4
+"""A hold due within this share of its period after the first one due is looked after in the
+same round, so that the holds of a process fall into a few rounds a period, each one
+statement for all of its holds (``Ledger.renew_leases``, ``Ledger.attempt_states``)."""
 POOL_IDLE_SECONDS = 60.0
 """A renewal thread with nothing to do for this long ends (the next lease starts one)."""
 
@@ -53,8 +57,9 @@ class RunHold(Protocol):
 class _WatchedHold(ABC):
     """What :class:`LeaseKeeper` and :class:`AttemptWatch` share: the ``lost`` event, the
     caller's ``cancel`` and the callbacks of both, and a place in the process's scheduler
-    (:class:`_Renewals`), which calls :meth:`_renew` every ``every`` seconds and
-    :meth:`_lapsing` when ``confirmed_until`` has passed.
+    (:class:`_Renewals`), which looks after the hold every ``every`` seconds
+    (:meth:`_renew_all`, with the other holds of the same :meth:`_round_key` due about then)
+    and calls :meth:`_lapsing` when ``confirmed_until`` has passed.
 
     Args:
         ledger: The ledger the hold is read from.
@@ -75,14 +80,27 @@ class _WatchedHold(ABC):
         self._ledger = ledger
         self._cancel = cancel
         self._done = threading.Event()
+        self._gone = False
+        """The ledger said the hold is no more (the lease another's, the attempt superseded):
+        no more rounds. A lease that only went unconfirmed is still renewed."""
         self._on_lost: list[Callable[[], None]] = []
         self._on_cancel: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         _RENEWALS.add(self, every)
 
     @abstractmethod
-    def _renew(self) -> bool:
-        """The scheduler's round for this hold; False: no more rounds."""
+    def _round_key(self) -> tuple[Any, ...]:
+        """Holds with the same key are looked after in one round: one statement for all."""
+
+    @classmethod
+    @abstractmethod
+    def _renew_all(cls, holds: list[Any], *, alone: bool) -> list[Any]:
+        """The scheduler's round for ``holds`` (of this class and one :meth:`_round_key`,
+        none closed when the round began); ``alone``: one hold, passed over in a round
+        before. Each is looked after again a period later, unless it is closed or gone by
+        then. Returns the holds the round passed over (a row locked elsewhere), each to be
+        looked after at once in a round of its own, which may wait. An error is logged and
+        the holds wait for their next round."""
 
     def _lapsing(self, now: float) -> bool:
         """Whether the hold went unconfirmed for too long, which loses it. Called by the
@@ -145,8 +163,9 @@ class LeaseKeeper(_WatchedHold):
 
     Every keeper of the process is scheduled from one thread (:class:`_Renewals`), not one
     thread each: a thread per run cost each run a thread's start and end on its own path.
-    The renewals themselves run on a few threads of a pool, so one that hangs (a row
-    lock, a connection that stopped answering) holds up no other lease.
+    The keepers due about the same time are renewed in one statement (a round, see
+    :data:`EARLY_SHARE`), and the rounds run on a few threads of a pool, so one that hangs
+    (a row lock, a connection that stopped answering) holds up no other round.
 
     A keeper whose lease has not been renewed for :data:`CONFIRMED_SHARE` of its length
     (counted from the start of the last renewal that worked, or from the keeper's start)
@@ -172,34 +191,50 @@ class LeaseKeeper(_WatchedHold):
         keeper was made, so the first is counted from now."""
         super().__init__(ledger, task_id, every=seconds / 3, cancel=cancel)
 
-    def _renew(self) -> bool:
-        """Renew the lease once, and look for a cancel; False: renew no more."""
-        if self._done.is_set():
-            return False
+    def _round_key(self) -> tuple[Any, ...]:
+        return (LeaseKeeper, id(self._ledger), self._runner_id, self._seconds)
+
+    @classmethod
+    def _renew_all(cls, holds: list[Any], *, alone: bool) -> list[Any]:
+        """Renew the leases in one statement, which also reads whether a cancel waits on
+        each task; a lease whose row is locked elsewhere is passed over, and renewed alone
+        (waiting for the lock)."""
+        first: LeaseKeeper = holds[0]
         began = time.monotonic()
         try:
-            held = self._ledger.renew_lease(self.task_id, self._runner_id, seconds=self._seconds)
-        except Exception:  # A database hiccup: the next renewal may work.
-            log.warning("could not renew the lease on task %s", self.task_id, exc_info=True)
-            return True
-        if held:
-            # Counted from when the renewal began: the ledger's new end is at least that
-            # late (its clock is read in the renewal).
-            with self._lock:
-                self.confirmed_until = max(
-                    self.confirmed_until, began + self._seconds * CONFIRMED_SHARE
-                )
-        if not held:
+            held = first._ledger.renew_leases(
+                [keeper.task_id for keeper in holds],
+                first._runner_id,
+                seconds=first._seconds,
+                wait=alone,
+            )
+        except Exception:  # A database hiccup: the next round may work.
+            log.warning("could not renew the leases of %d task(s)", len(holds), exc_info=True)
+            return []
+        passed = []
+        for keeper in holds:
+            if keeper.task_id in held and held[keeper.task_id] is None:
+                passed.append(keeper)
+            else:
+                keeper._renewed(began, held.get(keeper.task_id))
+        return passed
+
+    def _renewed(self, began: float, cancel: bool | None) -> None:
+        """A renewal that began at ``began`` came back: ``cancel`` says whether a cancel
+        waits on the task; None: the lease is no longer this runner's."""
+        if cancel is None:
             log.warning("task %s: another runner took it over; stopping", self.task_id)
+            self._gone = True
             self._lose()
-            return False
-        if self._cancel is not None and not self._cancel.is_set():
-            try:
-                if self._ledger.cancel_requested(self.task_id):
-                    self.cancelled()
-            except Exception:  # As for the renewal: the next round may work.
-                log.warning("could not read task %s's cancel", self.task_id, exc_info=True)
-        return not self._done.is_set()
+            return
+        # Counted from when the renewal began: the ledger's new end is at least that late
+        # (its clock is read in the renewal).
+        with self._lock:
+            self.confirmed_until = max(
+                self.confirmed_until, began + self._seconds * CONFIRMED_SHARE
+            )
+        if cancel:
+            self.cancelled()
 
     def _lapsing(self, now: float) -> bool:
         """Whether the lease went unconfirmed for too long (see the class); the run is then
@@ -222,8 +257,11 @@ class _Renewals:
     """The process's lease keepers, each renewed every ``every`` seconds.
 
     One thread schedules them and ends while there is none (it is started again with the
-    next); the renewals run on a pool of :data:`RENEWAL_THREADS`, so one that hangs holds up
-    no other keeper. The scheduling thread never waits on the ledger: it also tells each
+    next). The keepers due within :data:`EARLY_SHARE` of their period of the first one due
+    are looked after in one round, a statement for each :meth:`_WatchedHold._round_key`
+    (a process with hundreds of tasks in flight makes a few statements a period, not one or
+    two per task); the rounds run on a pool of :data:`RENEWAL_THREADS`, so one that hangs
+    holds up no other round. The scheduling thread never waits on the ledger: it also tells each
     keeper whose lease went unconfirmed too long (:meth:`LeaseKeeper._lapsing`), even while
     that keeper's renewal hangs. A keeper whose renewal is still under way when it is due
     again is not renewed twice at once; it is due again one period later.
@@ -338,19 +376,20 @@ class _Renewals:
                     if self._confirmed:
                         wake.append(self._confirmed[0][0])
                     self._changed.wait(max(0.0, min(wake) - now) if wake else None)
-                due: list[tuple[_WatchedHold, float]] = []
-                while self._due and self._due[0][0] <= now:
+                rounds: dict[tuple[Any, ...], list[tuple[_WatchedHold, float]]] = {}
+                # The first due and those due soon after it (EARLY_SHARE), by round key.
+                while self._due and self._due[0][0] <= now + self._due[0][3] * EARLY_SHARE:
                     # A keeper is either due (once) or being renewed, never both.
                     _, _, keeper, every = heapq.heappop(self._due)
                     if keeper not in self._scheduled:
                         continue  # Closed.
                     self._scheduled.discard(keeper)
                     self._renewing.add(keeper)
-                    due.append((keeper, every))
+                    rounds.setdefault(keeper._round_key(), []).append((keeper, every))
                 pool = self._pool
             assert pool is not None
-            for keeper, every in due:
-                pool.submit(self._renew, keeper, every)
+            for due in rounds.values():
+                pool.submit(self._renew, due)
             # On this thread, not the pool's: every renewal thread may be hung, which is
             # when a lapse must still be told. The callbacks only ask a run to stop.
             for keeper in lapsing:
@@ -360,22 +399,33 @@ class _Renewals:
                     for keeper in lapsing:  # Renewed meanwhile: watched at its new end.
                         self._watch_confirmed(keeper)
 
-    def _renew(self, keeper: _WatchedHold, every: float) -> None:
+    def _renew(self, due: list[tuple[_WatchedHold, float]], alone: bool = False) -> None:
         began = time.monotonic()
-        again = False
+        holds = [keeper for keeper, _ in due if not keeper._done.is_set()]
+        passed: list[_WatchedHold] = []
         try:
-            again = keeper._renew()
-        except Exception:  # One keeper's failure must not stop every lease's renewals.
-            log.exception("renewing the lease on task %s failed", keeper.task_id)
-            again = not keeper._done.is_set()
+            if holds:
+                passed = type(holds[0])._renew_all(holds, alone=alone)
+        except Exception:  # One round's failure must not stop every lease's renewals.
+            log.exception("renewing the leases of %d task(s) failed", len(holds))
         finally:
             with self._changed:
-                self._renewing.discard(keeper)
-                if again and not keeper._done.is_set() and keeper in self._keepers:
-                    # Counted from when this renewal began, not when it came back: a slow
-                    # failed renewal (a connect timeout) must not use up the next one's time.
-                    self._push(keeper, every, after=began)
+                for keeper, every in due:
+                    if keeper in passed:
+                        continue  # Still being renewed: in a round of its own, next.
+                    self._renewing.discard(keeper)
+                    again = not (keeper._done.is_set() or keeper._gone)
+                    if again and keeper in self._keepers:
+                        # Counted from when this round began, not when it came back: a slow
+                        # failed renewal (a connect timeout) must not use up the next one's
+                        # time.
+                        self._push(keeper, every, after=began)
                 self._changed.notify_all()
+                pool = self._pool
+            assert pool is not None
+            for keeper, every in due:
+                if keeper in passed:
+                    pool.submit(self._renew, [(keeper, every)], True)
 
 
 def _on_lease_thread() -> bool:
@@ -471,22 +521,33 @@ class AttemptWatch(_WatchedHold):
         """Nothing lapses: the broker, not a lease, says when a worker is gone."""
         super().__init__(ledger, task_id, every=poll_seconds, cancel=cancel)
 
-    def _renew(self) -> bool:
-        """Read the attempt once (the scheduler's round); False: watch no more."""
-        if self._done.is_set():
-            return False
+    def _round_key(self) -> tuple[Any, ...]:
+        return (AttemptWatch, id(self._ledger))
+
+    @classmethod
+    def _renew_all(cls, holds: list[Any], *, alone: bool) -> list[Any]:
+        """Read the attempts of the watched tasks in one statement (a read: no row lock
+        holds it up)."""
+        first: AttemptWatch = holds[0]
         try:
-            if not self.check():
-                return False
+            states = first._ledger.attempt_states([watch.task_id for watch in holds])
         except Exception:  # A database hiccup: the next round may work.
-            log.warning("could not read task %s's attempt", self.task_id, exc_info=True)
-        return not self._done.is_set()
+            log.warning("could not read the attempts of %d task(s)", len(holds), exc_info=True)
+            return []
+        for watch in holds:
+            watch._seen(states.get(watch.task_id))
+        return []
 
     def check(self) -> bool:
         """Read the task's attempt and cancel flag now; False when the attempt is superseded
         (``lost`` is then set)."""
-        state = self._ledger.attempt_state(self.task_id)
+        return self._seen(self._ledger.attempt_state(self.task_id))
+
+    def _seen(self, state: tuple[int, bool] | None) -> bool:
+        """The task's attempt and cancel flag as read (None: the task is gone); False when
+        the attempt is superseded (``lost`` is then set)."""
         if state is None or state[0] != self.attempt:
+            self._gone = True
             self.supersede(None if state is None else state[0])
             return False
         if state[1]:

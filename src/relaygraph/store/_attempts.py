@@ -10,6 +10,8 @@ are refused, so a worker that was only frozen cannot overwrite the new attempt's
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import bindparam, func, select, update
 
 from relaygraph.store._core import LedgerCore
@@ -17,6 +19,7 @@ from relaygraph.store._errors import RecordNotFound
 from relaygraph.store._models import TaskRow
 from relaygraph.store._records import FINISHED_STATUSES, Attempt
 from relaygraph.store._task_rows import (
+    IDS_PER_STATEMENT,
     TASK_COLUMNS,
     abandoned_end,
     add_finish_event,
@@ -29,6 +32,9 @@ from relaygraph.store._task_rows import (
 
 __all__ = ["AttemptRepository"]
 
+_ATTEMPT_STATES = select(TaskRow.id, TaskRow.attempts, TaskRow.cancel_requested_at).where(
+    TaskRow.id.in_(bindparam("row_ids", expanding=True))
+)
 STARTABLE = ("queued", "running")
 """Statuses a worker's attempt may begin from: queued, or running (a message redelivered
 after the worker that ran it died or froze)."""
@@ -187,8 +193,19 @@ class AttemptRepository:
     def attempt_state(self, task_id: str) -> tuple[int, bool] | None:
         """The task's latest attempt, and whether a cancel waits on it; None when there is no
         such task. What a worker's run watches (one indexed read)."""
-        with self._core.read() as session:
-            row = session.execute(
-                select(TaskRow.attempts, TaskRow.cancel_requested_at).where(TaskRow.id == task_id)
-            ).first()
-        return None if row is None else (int(row[0]), row[1] is not None)
+        return self.attempt_states([task_id]).get(task_id)
+
+    def attempt_states(self, task_ids: Iterable[str]) -> dict[str, tuple[int, bool]]:
+        """:meth:`attempt_state` of each task, in one read for every
+        :data:`~relaygraph.store._task_rows.IDS_PER_STATEMENT` of them (a task that is gone is
+        left out): a worker holding hundreds of attempts watches all that fall due together
+        in one read (``runner._lease``)."""
+        ids = list(dict.fromkeys(task_ids))
+        states: dict[str, tuple[int, bool]] = {}
+        with self._core.read_connection() as connection:
+            for start in range(0, len(ids), IDS_PER_STATEMENT):
+                rows = connection.execute(
+                    _ATTEMPT_STATES, {"row_ids": ids[start : start + IDS_PER_STATEMENT]}
+                )
+                states.update((row[0], (int(row[1]), row[2] is not None)) for row in rows)
+        return states

@@ -23,6 +23,7 @@ from relaygraph.store._records import (
 )
 from relaygraph.store._task_rows import (
     EARLIER_ACTIVE_ON_THREAD,
+    IDS_PER_STATEMENT,
     TASK_COLUMNS,
     abandoned_end,
     add_finish_event,
@@ -65,12 +66,28 @@ _TAKE_LEASE = (
     )
     .returning(*TASK_COLUMNS)
 )
-_RENEW_LEASE = (
-    update(TaskRow)
-    .where(TaskRow.id == bindparam("row_id"), TaskRow.runner_id == bindparam("runner"))
-    .values(lease_until=bindparam("until"))
-    .returning(TaskRow.id)
+_HELD_BY_RUNNER = and_(
+    TaskRow.id.in_(bindparam("row_ids", expanding=True)), TaskRow.runner_id == bindparam("runner")
 )
+_RENEW_LEASES = (
+    update(TaskRow)
+    .where(_HELD_BY_RUNNER)
+    .values(lease_until=bindparam("until"))
+    .returning(TaskRow.id, TaskRow.cancel_requested_at)
+)
+_RENEW_UNLOCKED_LEASES = (
+    update(TaskRow)
+    # On PostgreSQL a row another transaction holds locked is passed over, not waited for:
+    # one such row must not hold up the renewal of every other lease of the statement.
+    # (SQLite has no row locks: the clause is left out there.)
+    .where(
+        TaskRow.id.in_(select(TaskRow.id).where(_HELD_BY_RUNNER).with_for_update(skip_locked=True))
+    )
+    .values(lease_until=bindparam("until"))
+    .returning(TaskRow.id, TaskRow.cancel_requested_at)
+)
+_STILL_HELD = select(TaskRow.id).where(_HELD_BY_RUNNER)
+
 _CANCEL_REQUESTED_AT = select(TaskRow.cancel_requested_at).where(TaskRow.id == bindparam("row_id"))
 _TAKE_QUEUED = _TAKE_LEASE.where(
     # A queued task starts only as its thread's oldest active task: one enqueued behind
@@ -159,14 +176,38 @@ class LeaseRepository:
 
     def renew_lease(self, task_id: str, runner_id: str, *, seconds: float) -> bool:
         """Extend ``runner_id``'s lease on the task; False if it no longer holds it."""
-        # In SQLAlchemy Core, built once: every running task's keeper renews every third of
-        # a lease, so a server with hundreds of tasks in flight renews many times a second.
+        return task_id in self.renew_leases([task_id], runner_id, seconds=seconds, wait=True)
+
+    def renew_leases(
+        self, task_ids: Iterable[str], runner_id: str, *, seconds: float, wait: bool = False
+    ) -> dict[str, bool | None]:
+        """Extend ``runner_id``'s leases on the tasks, in one statement for every
+        :data:`IDS_PER_STATEMENT` of them. Each task whose lease it still holds maps to
+        whether a cancel waits on it (read in the same statement); a task it no longer
+        holds is left out. Unless ``wait``, a task whose row another transaction holds
+        locked (PostgreSQL) is not waited for: it maps to None, not renewed, for the caller
+        to renew on its own (``wait=True``).
+
+        A server holding hundreds of tasks in flight renews all the leases that fall due
+        together at once (``runner._lease``): one write per round, not two statements per
+        task, so the renewals keep up however many tasks run."""
+        ids = list(dict.fromkeys(task_ids))
         until = utc_now() + timedelta(seconds=seconds)
+        statement = _RENEW_LEASES if wait else _RENEW_UNLOCKED_LEASES
+        held: dict[str, bool | None] = {}
         with self._core.write_connection() as connection:
-            renewed = connection.execute(
-                _RENEW_LEASE, {"row_id": task_id, "runner": runner_id, "until": until}
-            ).first()
-        return renewed is not None
+            for start in range(0, len(ids), IDS_PER_STATEMENT):
+                batch = ids[start : start + IDS_PER_STATEMENT]
+                values = {"row_ids": batch, "runner": runner_id, "until": until}
+                held.update(
+                    (row[0], row[1] is not None) for row in connection.execute(statement, values)
+                )
+                passed = [task_id for task_id in batch if task_id not in held]
+                if passed and not wait:
+                    # Passed over: no longer this runner's, or locked (still its own).
+                    rows = connection.execute(_STILL_HELD, {"row_ids": passed, "runner": runner_id})
+                    held.update((row[0], None) for row in rows)
+        return held
 
     def release_lease(self, task_id: str, runner_id: str) -> None:
         """Give up ``runner_id``'s lease on the task (if it holds it): another runner may

@@ -221,6 +221,7 @@ class Ledger:
     claim = forward("leases", LeaseRepository.claim)
     take_lease = forward("leases", LeaseRepository.take_lease)
     renew_lease = forward("leases", LeaseRepository.renew_lease)
+    renew_leases = forward("leases", LeaseRepository.renew_leases)
     release_lease = forward("leases", LeaseRepository.release_lease)
     cancel_requested = forward("leases", LeaseRepository.cancel_requested)
     request_cancel = forward("leases", LeaseRepository.request_cancel)
@@ -269,6 +270,7 @@ class Ledger:
     begin_attempt = forward("attempts", AttemptRepository.begin_attempt)
     start_attempt = forward("attempts", AttemptRepository.start_attempt)
     attempt_state = forward("attempts", AttemptRepository.attempt_state)
+    attempt_states = forward("attempts", AttemptRepository.attempt_states)
 
     # WorkerSlotRepository (_worker_slots.py)
     report_worker_slots = forward("worker_slots", WorkerSlotRepository.report_worker_slots)

@@ -40,6 +40,9 @@ from relaygraph.store._records import (
 )
 
 STATUS_FIELDS = ("answer", "stop_reason")
+IDS_PER_STATEMENT = 500
+"""The most task ids one statement binds (a batch of lease renewals, of attempt reads): well
+under the bound parameters SQLite allows."""
 
 
 def utc_now() -> datetime:
