@@ -61,6 +61,7 @@ __all__ = [
     "TraceLinks",
     "Usage",
     "UsageEvent",
+    "UsageFigures",
     "ViolationEvent",
     "ViolationKind",
     "VisitEnded",
@@ -146,31 +147,46 @@ class Handoff(TypedDict):
     """Which request of the thread it belongs to (set by the team graph)."""
 
 
-class Usage(TypedDict):
-    """Model and tool usage of one node execution (an agent visit, a routing decision).
+class UsageFigures(TypedDict):
+    """What was spent: the figures a :class:`Usage` record carries.
 
-    Computed once, where the team graph records it (``relaygraph.supervisor``); the run's
-    result, the ledger's usage rows, the ``agent_finished`` event and the trace spans all
-    read this record.
+    ``relaygraph.policies.budget.UsageTotals`` sums them and gives its sum back as one
+    (``UsageTotals.figures``), so a record is made from a sum without naming each figure.
     """
 
-    id: str
-    """The LangGraph task namespace that spent it: a re-run writes the same record again."""
-    agent: str
-    turn: int
     model_calls: int
     tool_calls: int
     input_tokens: int
     output_tokens: int
     cost_usd: float
     seconds: float
+    """Wall-clock seconds spent running (waiting for a person's approval is not counted)."""
+
+
+class Usage(UsageFigures):
+    """Model and tool usage of one node execution (an agent visit, a routing decision).
+
+    Computed once, where the team graph records it (``relaygraph.supervisor``); the run's
+    result, the ledger's usage rows, the ``agent_finished`` event and the trace spans all
+    read this record. Its keys come in the order ``id``, ``agent``, ``turn``, the figures,
+    ``estimated``: the order its makers write them in.
+    """
+
+    id: str
+    """The LangGraph task namespace that spent it: a re-run writes the same record again."""
+    agent: str
+    turn: int
     estimated: bool
     """True when some tokens were estimated because the provider reported none."""
 
 
-USAGE_COUNTS = ("model_calls", "tool_calls", "input_tokens", "output_tokens")
+USAGE_COUNTS: tuple[str, ...] = tuple(
+    name for name, kind in get_type_hints(UsageFigures).items() if kind is int
+)
 """The whole-number fields of a :class:`Usage` record."""
-USAGE_AMOUNTS = ("cost_usd", "seconds")
+USAGE_AMOUNTS: tuple[str, ...] = tuple(
+    name for name, kind in get_type_hints(UsageFigures).items() if kind is float
+)
 """The fractional fields of a :class:`Usage` record (USD, wall-clock seconds)."""
 
 ViolationKind = Literal[

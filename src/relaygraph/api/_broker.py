@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -40,6 +41,7 @@ T = TypeVar("T")
 log = logging.getLogger("relaygraph.api")
 
 
+@dataclass(eq=False)
 class BrokerDispatch:
     """The worker mode's hand-off: the ledger makes the task ``queued`` with its next dispatch
     number, then only its id and that number go to RabbitMQ.
@@ -47,31 +49,21 @@ class BrokerDispatch:
     The ledger is the truth, and RabbitMQ carries only "run task X for dispatch N": a message
     whose dispatch is no longer the task's is stale and a worker drops it, so publishing a
     task again (after a failed publish, or when it waited too long) never runs it twice.
-
-    Args:
-        ledger: The ledger every API server and worker shares (PostgreSQL).
-        celery: The worker mode's Celery app (:func:`relaygraph.worker.create_celery_app`),
-            used only to publish.
-        republish_after: See :meth:`republish_stale`.
-        publish_ahead: Published tasks that may wait for a worker; the others wait in the
-            ledger and are published fairly between projects (``WorkerSettings``).
-        max_running: A project's running quota unless the operator set its own.
     """
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        celery: Celery,
-        *,
-        republish_after: timedelta = DEFAULT_REPUBLISH_AFTER,
-        publish_ahead: int | None = None,
-        max_running: int | None = None,
-    ) -> None:
-        self.ledger = ledger
-        self.celery = celery
-        self.republish_after = republish_after
-        self.publish_ahead = publish_ahead
-        self.max_running = max_running
+    ledger: Ledger
+    """The ledger every API server and worker shares (PostgreSQL)."""
+    celery: Celery
+    """The worker mode's Celery app (:func:`relaygraph.worker.create_celery_app`), used only
+    to publish."""
+    _: KW_ONLY
+    republish_after: timedelta = DEFAULT_REPUBLISH_AFTER
+    """See :meth:`republish_stale`."""
+    publish_ahead: int | None = None
+    """Published tasks that may wait for a worker; the others wait in the ledger and are
+    published fairly between projects (``WorkerSettings``)."""
+    max_running: int | None = None
+    """A project's running quota unless the operator set its own."""
 
     def enqueue(self, task: Task) -> None:
         """Publish what may be published now, fairly between projects: the new task, or

@@ -13,29 +13,17 @@ from pydantic_core import PydanticCustomError
 
 from relaygraph.events import EVENT_TYPES
 from relaygraph.runner import POLICY_SOURCE_KEY
-from relaygraph.store import Approval, HandoffEntry, Task
+from relaygraph.store import Approval, HandoffEntry, Task, unstorable
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
 MAX_BODY_DEPTH = 32
 """How deeply a request body may nest (``metadata``, ``policy``, an edit's ``args``)."""
-NUL = "\x00"
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-"""A UTF-16 surrogate on its own. JSON's ``\\udfff`` escape parses to one; it is not Unicode
-text, and neither the ledger (UTF-8) nor a JSON response can hold it."""
 
 
 def shown(text: str) -> str:
     """``text`` as an error message may quote it: a lone surrogate becomes its escape."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _unstorable(text: str) -> str | None:
-    if NUL in text:
-        return "contains a NUL character"
-    if LONE_SURROGATE.search(text):
-        return "contains a lone UTF-16 surrogate, which is not Unicode text"
-    return None
 
 
 def _read_record(model: type[_Model], record: object, **overrides: Any) -> _Model:
@@ -70,7 +58,7 @@ def check_json_text(value: Any, field: str = "", depth: int = 0) -> None:
     """
     where = field or "body"
     if isinstance(value, str):
-        if (problem := _unstorable(value)) is not None:
+        if (problem := unstorable(value)) is not None:
             raise _refuse(where, f"{where} {shown(repr(value))[:120]} {problem}")
     elif isinstance(value, float) and not math.isfinite(value):
         raise _refuse(where, f"{where} is {value!r}, not a finite number")
@@ -78,7 +66,7 @@ def check_json_text(value: Any, field: str = "", depth: int = 0) -> None:
         raise _refuse(where, f"{where} nests deeper than {MAX_BODY_DEPTH} levels")
     elif isinstance(value, dict):
         for key, item in value.items():
-            if (problem := _unstorable(key)) is not None:
+            if (problem := unstorable(key)) is not None:
                 raise _refuse(
                     where, f"{where} has the key {shown(repr(key))[:120]}, which {problem}"
                 )

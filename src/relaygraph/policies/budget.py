@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from relaygraph.events import UsageFigures
 from relaygraph.policies._policy import AgentLimits, Price, TeamLimits, TeamPolicy
 
 __all__ = [
@@ -45,6 +46,10 @@ class UsageTotals:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    def figures(self) -> UsageFigures:
+        """Its figures, as a :class:`~relaygraph.events.Usage` record carries them."""
+        return cast(UsageFigures, asdict(self))
 
     def __add__(self, other: UsageTotals) -> UsageTotals:
         return UsageTotals(

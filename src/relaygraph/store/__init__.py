@@ -46,6 +46,7 @@ from relaygraph.store._records import (
 from relaygraph.store._task_queries import TaskSelection
 from relaygraph.store._tasks import new_checkpoint_thread
 from relaygraph.store._usage_records import RunEnd
+from relaygraph.store._validate import unstorable
 from relaygraph.store._worker_slots import WORKER_GONE_SECONDS, WORKER_REPORT_SECONDS
 from relaygraph.store._write_turns import background_writes
 
@@ -87,6 +88,7 @@ __all__ = [
     "hash_key",
     "is_disk_full",
     "new_checkpoint_thread",
+    "unstorable",
     "upgrade",
 ]
 

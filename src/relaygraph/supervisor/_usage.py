@@ -51,12 +51,7 @@ def usage_record(
         id=id,
         agent=role,
         turn=turn,
-        model_calls=totals.model_calls,
-        tool_calls=totals.tool_calls,
-        input_tokens=totals.input_tokens,
-        output_tokens=totals.output_tokens,
-        cost_usd=totals.cost_usd,
-        seconds=totals.seconds,
+        **totals.figures(),
         estimated=usage_estimated(replies),
     )
 
