@@ -11,8 +11,9 @@ task's timeline from the ledger for ``relaygraph trace`` and ``GET /v1/tasks/{id
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from relaygraph._lazy import lazy_imports
 from relaygraph.tracing._config import (
     TracedTask,
     exporting_provider,
@@ -46,15 +47,10 @@ __all__ = [
 
 # The tracers import LangChain's tracer and OpenTelemetry; loaded on first use, so that
 # importing this package (the CLI's `trace`, the API) costs neither.
-_LAZY = {
-    "LangSmithTracer": "relaygraph.tracing._langsmith",
-    "OpenTelemetryCallbackHandler": "relaygraph.tracing._otel",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_imports(
+    __name__,
+    {
+        "LangSmithTracer": "._langsmith",
+        "OpenTelemetryCallbackHandler": "._otel",
+    },
+)
