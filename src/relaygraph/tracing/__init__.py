@@ -7,6 +7,8 @@ Both tracers are LangChain callback handlers made per task run by
 trace id, its LangSmith run), for the run's ``run_started`` event.
 A handoff is shown as a handoff, never as an error. :func:`build_timeline` rebuilds a
 task's timeline from the ledger for ``relaygraph trace`` and ``GET /v1/tasks/{id}/trace``.
+:func:`model_call_markup` says a model call's retry or failure alike there and in a
+run's live progress.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from relaygraph.tracing._config import (
     trace_reference,
     tracing_callbacks,
 )
-from relaygraph.tracing._timeline import build_timeline, render_timeline
+from relaygraph.tracing._timeline import build_timeline, model_call_markup, render_timeline
 
 if TYPE_CHECKING:
     from relaygraph.tracing._langsmith import LangSmithTracer
@@ -39,6 +41,7 @@ __all__ = [
     "langsmith_config",
     "langsmith_enabled",
     "langsmith_project_url",
+    "model_call_markup",
     "otel_exporters",
     "render_timeline",
     "trace_reference",
