@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "relaygraph"
 
 # The bottom: stdlib only (the shared names and typed records every layer may read).
-BASE = ("errors", "_names", "events", "_deadline", "_calls")
+BASE = ("errors", "_names", "events", "_deadline", "_calls", "_lazy")
 MODEL_FREE = (*BASE, "_home", "topology")
 
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -26,6 +26,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "_home": (),
     "_deadline": (),
     "_calls": (),
+    "_lazy": (),
     "topology": BASE,
     "client": BASE,
     "backends": BASE,
@@ -132,7 +133,7 @@ def test_the_drawing_has_no_circle() -> None:
         visit(layer, ())
 
 
-@pytest.mark.parametrize("module", ["errors", "_names", "events", "_home", "_deadline"])
+@pytest.mark.parametrize("module", ["errors", "_names", "events", "_home", "_deadline", "_lazy"])
 def test_the_base_is_stdlib_only(module: str) -> None:
     path = SRC / f"{module}.py"
     third_party = [

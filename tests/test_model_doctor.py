@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from relaygraph.cli._doctor import add_doctor_parser
 from relaygraph.errors import ModelSpecError
-from relaygraph.models._doctor import add_doctor_parser, diagnose, run_doctor
+from relaygraph.models._doctor import diagnose, run_doctor
 
 from .openai_server import (
     LITELLM_LLAMA_CPP_PYTHON,

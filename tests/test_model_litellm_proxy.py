@@ -135,7 +135,8 @@ def test_doctor_through_litellm_sends_empty_content_and_says_why(
     """LiteLLM drops ``content: null`` beside tool calls and llama-cpp-python then fails
     with a bare 500: the doctor knows the proxy by its headers, probes with ``""`` and
     recommends ``tool_call_content=empty``; the team can run on it."""
-    from relaygraph.models._doctor import add_doctor_parser, run_doctor
+    from relaygraph.cli._doctor import add_doctor_parser
+    from relaygraph.models._doctor import run_doctor
 
     monkeypatch.setenv("OPENAI_BASE_URL", litellm_proxy)
     parser = argparse.ArgumentParser(prog="relaygraph")

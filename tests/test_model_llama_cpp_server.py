@@ -135,7 +135,8 @@ def test_swarm_runs_on_llama_cpp_server(home: Path, on_llama: str) -> None:
 
 
 def test_doctor_on_llama_cpp_server(on_llama: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from relaygraph.models._doctor import add_doctor_parser, run_doctor
+    from relaygraph.cli._doctor import add_doctor_parser
+    from relaygraph.models._doctor import run_doctor
 
     parser = argparse.ArgumentParser(prog="relaygraph")
     add_doctor_parser(parser.add_subparsers(dest="command"))

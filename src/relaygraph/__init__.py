@@ -6,8 +6,9 @@ team = Team(agents=[builtin.researcher(), builtin.writer(), my_agent])
 result = run_task("...", team=team, model="openai:gpt-4o-mini")
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from relaygraph._lazy import lazy_imports
 from relaygraph.errors import (
     ConfigError,
     ModelSpecError,
@@ -43,21 +44,13 @@ __all__ = [
 
 # Imported on first use: ``import relaygraph`` (the CLI's first line) stays free of
 # LangChain and LangGraph until a team is actually built.
-_LAZY = {
-    "Agent": "relaygraph.agents",
-    "Team": "relaygraph.team",
-    "arun_task": "relaygraph.runner",
-    "builtin": "relaygraph.agents",
-    "run_task": "relaygraph.runner",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(_LAZY[name])
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'relaygraph' has no attribute {name!r}")
+__getattr__ = lazy_imports(
+    __name__,
+    {
+        "Agent": ".agents",
+        "Team": ".team",
+        "arun_task": ".runner",
+        "builtin": ".agents",
+        "run_task": ".runner",
+    },
+)

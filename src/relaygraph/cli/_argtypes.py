@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,26 +39,38 @@ def step_number(value: str) -> int:
     return int(value)
 
 
-def days(value: str) -> float:
-    """A number of days, above 0 (``0.5`` is twelve hours)."""
+def _number(value: str, accepts: Callable[[float], bool], expected: str) -> float:
+    """``value`` as a finite number that ``accepts``; the error says what was ``expected``.
+
+    ``nan`` and ``inf`` parse as floats but are refused: no limit, amount or share is one.
+    """
     try:
         number = float(value)
     except ValueError:
-        number = -1.0
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of days above 0, got {value!r}")
+        number = math.nan
+    if not (math.isfinite(number) and accepts(number)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
     return number
+
+
+def days(value: str) -> float:
+    """A number of days, above 0 (``0.5`` is twelve hours)."""
+    return _number(value, lambda number: number > 0, "a number of days above 0")
+
+
+def seconds(value: str) -> float:
+    """A number of seconds, above 0 (a timeout of none fails for nothing)."""
+    return _number(value, lambda number: number > 0, "a number of seconds above 0")
 
 
 def usd(value: str) -> float:
     """An amount of US dollars, 0 or more (``0.5``, ``12``)."""
-    try:
-        amount = float(value)
-    except ValueError:
-        amount = math.nan
-    if not math.isfinite(amount) or amount < 0:
-        raise argparse.ArgumentTypeError(f"expected an amount of USD, 0 or more, got {value!r}")
-    return amount
+    return _number(value, lambda number: number >= 0, "an amount of USD, 0 or more")
+
+
+def share(value: str) -> float:
+    """A share from 0 to 1 (``0.9`` is 90%)."""
+    return _number(value, lambda number: 0 <= number <= 1, "a share between 0 and 1 (0.9 for 90%)")
 
 
 def port(value: str) -> int:

@@ -11,6 +11,7 @@ from rich.markup import escape
 from relaygraph._names import FINISH
 from relaygraph.events import is_carried_out
 from relaygraph.runner import RunResult
+from relaygraph.tracing import model_call_markup
 
 _ARGS_CHARS = 120
 # How a visit that did not simply finish ended (events.VisitEnded), said after its figures.
@@ -23,6 +24,11 @@ _ENDED_NOTES = {
 def _args(args: Any) -> str:
     text = json.dumps(args, ensure_ascii=False)
     return text if len(text) <= _ARGS_CHARS else text[:_ARGS_CHARS] + "…"
+
+
+def _whole(value: Any) -> str:
+    """A field's text as markup, uncut (the timeline shortens it)."""
+    return escape(str(value))
 
 
 class ProgressPrinter:
@@ -94,17 +100,8 @@ class ProgressPrinter:
                 )
             else:
                 say(f"[bold yellow]waiting for a decision:[/] {escape(str(event.get('detail')))}")
-        elif kind == "model_retry":
-            wait = event.get("wait_seconds") or 0
-            say(
-                f"    [yellow]retry[/] {event.get('role')}'s model call (attempt "
-                f"{event.get('attempt')}, {escape(str(event.get('error')))}; waiting {wait:g} s)"
-            )
-        elif kind == "model_error":
-            say(
-                f"    [bold red]model call failed[/] ({event.get('role')}, "
-                f"{escape(str(event.get('model')))}): {escape(str(event.get('error')))}"
-            )
+        elif kind in ("model_retry", "model_error"):
+            say(f"    {model_call_markup(kind, event, text=_whole)}")
         elif kind == "structured_method":
             say(
                 f"    {escape(str(event.get('model')))} answers structured output with "

@@ -7,7 +7,6 @@ so ``relaygraph --help`` stays quick.
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +14,13 @@ from relaygraph.cli._argtypes import (
     add_model_arguments,
     add_topology_arguments,
     positive,
+    share,
     topology_of,
 )
 from relaygraph.cli._replay import add_replay_eval_arguments, replay_eval_command
 from relaygraph.cli._results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, report_error
 
 __all__ = ["add_eval_parser", "run_eval_command"]
-
-
-def _rate(value: str) -> float:
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = math.nan
-    if not 0.0 <= rate <= 1.0:
-        raise argparse.ArgumentTypeError(
-            f"expected a share between 0 and 1 (0.9 for 90%), got {value!r}"
-        )
-    return rate
 
 
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -88,7 +76,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--min-pass-rate",
         metavar="X",
-        type=_rate,
+        type=share,
         help="fail the command when the pass rate is under X (0 to 1)",
     )
     parser.add_argument(

@@ -26,9 +26,9 @@ from relaygraph.cli._argtypes import (
     usd,
     utf8_text,
 )
+from relaygraph.cli._doctor import add_doctor_parser
 from relaygraph.cli._evals import add_eval_parser
 from relaygraph.cli._replay import add_evals_parser, add_replay_parsers
-from relaygraph.models import add_doctor_parser
 
 __all__ = ["SERVICE_KEY_ENV", "SERVICE_URL_ENV", "build_parser"]
 

@@ -15,7 +15,9 @@ the API runs and scores each run on what it did, not only on its final text::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from relaygraph._lazy import lazy_imports
 
 if TYPE_CHECKING:
     from relaygraph.evals._checks import Check, Observation, agents_match, check_expectations
@@ -100,51 +102,46 @@ __all__ = [
 
 # Loaded on first use: ``relaygraph --help`` imports the eval command's parser from this
 # package and should not pay for pydantic, LangGraph or agentevals.
-_LAZY = {
-    "AGENTS_MATCH_MODES": "_golden",
-    "VIOLATION_KINDS": "_golden",
-    "AgentsMatch": "_golden",
-    "Expectation": "_golden",
-    "GoldenCase": "_golden",
-    "InvalidGoldenLine": "_golden",
-    "GoldenSet": "_golden",
-    "load_golden": "_golden",
-    "Check": "_checks",
-    "Observation": "_checks",
-    "agents_match": "_checks",
-    "check_expectations": "_checks",
-    "EvalMetrics": "_metrics",
-    "compute_metrics": "_metrics",
-    "pass_at_k": "_metrics",
-    "pass_hat_k": "_metrics",
-    "case_outcome": "_report",
-    "load_baseline": "_report",
-    "metric_rows": "_report",
-    "render_markdown": "_report",
-    "write_report": "_report",
-    "CaseResult": "_results",
-    "EvalReport": "_report",
-    "TrialResult": "_results",
-    "run_case": "_runner",
-    "run_eval": "_runner",
-    "ReplayCase": "_replay_eval",
-    "ReplayEvalReport": "_replay_eval",
-    "export_golden": "_replay_eval",
-    "golden_case_of": "_replay_eval",
-    "run_replay_eval": "_replay_eval",
-    "StepDiff": "_trajectory",
-    "ToolCallRecord": "_trajectory",
-    "Trajectory": "_trajectory",
-    "TrajectoryDiff": "_trajectory",
-    "TrajectoryStep": "_trajectory",
-    "diff_trajectories": "_trajectory",
-    "read_trajectory": "_trajectory",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"relaygraph.evals.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_imports(
+    __name__,
+    {
+        "AGENTS_MATCH_MODES": "._golden",
+        "VIOLATION_KINDS": "._golden",
+        "AgentsMatch": "._golden",
+        "Expectation": "._golden",
+        "GoldenCase": "._golden",
+        "InvalidGoldenLine": "._golden",
+        "GoldenSet": "._golden",
+        "load_golden": "._golden",
+        "Check": "._checks",
+        "Observation": "._checks",
+        "agents_match": "._checks",
+        "check_expectations": "._checks",
+        "EvalMetrics": "._metrics",
+        "compute_metrics": "._metrics",
+        "pass_at_k": "._metrics",
+        "pass_hat_k": "._metrics",
+        "case_outcome": "._report",
+        "load_baseline": "._report",
+        "metric_rows": "._report",
+        "render_markdown": "._report",
+        "write_report": "._report",
+        "CaseResult": "._results",
+        "EvalReport": "._report",
+        "TrialResult": "._results",
+        "run_case": "._runner",
+        "run_eval": "._runner",
+        "ReplayCase": "._replay_eval",
+        "ReplayEvalReport": "._replay_eval",
+        "export_golden": "._replay_eval",
+        "golden_case_of": "._replay_eval",
+        "run_replay_eval": "._replay_eval",
+        "StepDiff": "._trajectory",
+        "ToolCallRecord": "._trajectory",
+        "Trajectory": "._trajectory",
+        "TrajectoryDiff": "._trajectory",
+        "TrajectoryStep": "._trajectory",
+        "diff_trajectories": "._trajectory",
+        "read_trajectory": "._trajectory",
+    },
+)

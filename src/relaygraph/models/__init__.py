@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relaygraph.models._doctor import add_doctor_parser, run_doctor
+from relaygraph.models._doctor import run_doctor
 from relaygraph.models._errors import AnswerCut, ModelCallError
 from relaygraph.models._options import (
     STRUCTURED_ENV,
@@ -38,7 +38,6 @@ __all__ = [
     "ModelSpec",
     "OpenAIOptions",
     "StructuredMethod",
-    "add_doctor_parser",
     "load_model",
     "parse_model_spec",
     "run_doctor",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import shlex
 import sys
@@ -30,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-__all__ = ["DoctorReport", "Probe", "add_doctor_parser", "diagnose", "run_doctor"]
+__all__ = ["DoctorReport", "Probe", "diagnose", "run_doctor"]
 
 EXIT_OK, EXIT_UNUSABLE = 0, 1
 ProbeStatus = Literal["ok", "weak", "rejected", "error", "skipped"]
@@ -122,49 +121,6 @@ class DoctorReport:
 
 
 _METHODS = ("json_schema", "function_calling", "json_mode")
-
-
-def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``doctor`` command to ``relaygraph``'s sub-commands; returns its parser."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "doctor",
-        help="check what a Chat Completions server supports",
-        description="Probe the server behind an openai: model spec (OPENAI_BASE_URL, or "
-        "--base-url) with the requests a team sends, print what works and the spec "
-        "options to use. Exit code 0 when a team can run on it, 1 when it cannot.",
-    )
-    parser.add_argument(
-        "--model",
-        metavar="SPEC",
-        required=True,
-        help="the model to probe: openai:MODEL, with its options if it has any",
-    )
-    parser.add_argument(
-        "--base-url",
-        metavar="URL",
-        help="the server's base URL, for example http://localhost:8080/v1 "
-        "(default: $OPENAI_BASE_URL, else OpenAI)",
-    )
-    parser.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        type=_positive_seconds,
-        default=120.0,
-        help="seconds each probe may take, unless the spec sets timeout (default 120)",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser
-
-
-def _positive_seconds(value: str) -> float:
-    """``--timeout``: a number of seconds above 0 (a probe with none fails for nothing)."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
-    return seconds
 
 
 def run_doctor(args: argparse.Namespace) -> int:

@@ -10,8 +10,9 @@ built-in researcher, coder and writer, made through the same public path. :func:
 is a team file's ``[mcp.NAME]`` in Python: ``Agent(tools=[mcp_server("lint", ...)])``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from relaygraph._lazy import lazy_imports
 from relaygraph.team._bounds import TeamBounds, check_bounds, check_tool_counts, read_toml
 from relaygraph.team._errors import TeamFileError
 from relaygraph.team._file import OPERATOR, TeamTrust, load_mcp_file, load_team, parse_team
@@ -42,14 +43,7 @@ __all__ = [
 
 # Imported on first use: the mcp package is a good part of a team's import time, and most
 # teams use no MCP server.
-_LAZY_MCP = ("McpServer", "close_mcp_servers", "mcp_server")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_MCP:
-        from relaygraph.team import _mcp
-
-        value = getattr(_mcp, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'relaygraph.team' has no attribute {name!r}")
+__getattr__ = lazy_imports(
+    __name__,
+    dict.fromkeys(("McpServer", "close_mcp_servers", "mcp_server"), "._mcp"),
+)

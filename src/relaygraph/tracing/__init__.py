@@ -7,12 +7,15 @@ Both tracers are LangChain callback handlers made per task run by
 trace id, its LangSmith run), for the run's ``run_started`` event.
 A handoff is shown as a handoff, never as an error. :func:`build_timeline` rebuilds a
 task's timeline from the ledger for ``relaygraph trace`` and ``GET /v1/tasks/{id}/trace``.
+:func:`model_call_markup` says a model call's retry or failure alike there and in a
+run's live progress.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from relaygraph._lazy import lazy_imports
 from relaygraph.tracing._config import (
     TracedTask,
     exporting_provider,
@@ -23,7 +26,7 @@ from relaygraph.tracing._config import (
     trace_reference,
     tracing_callbacks,
 )
-from relaygraph.tracing._timeline import build_timeline, render_timeline
+from relaygraph.tracing._timeline import build_timeline, model_call_markup, render_timeline
 
 if TYPE_CHECKING:
     from relaygraph.tracing._langsmith import LangSmithTracer
@@ -38,6 +41,7 @@ __all__ = [
     "langsmith_config",
     "langsmith_enabled",
     "langsmith_project_url",
+    "model_call_markup",
     "otel_exporters",
     "render_timeline",
     "trace_reference",
@@ -46,15 +50,10 @@ __all__ = [
 
 # The tracers import LangChain's tracer and OpenTelemetry; loaded on first use, so that
 # importing this package (the CLI's `trace`, the API) costs neither.
-_LAZY = {
-    "LangSmithTracer": "relaygraph.tracing._langsmith",
-    "OpenTelemetryCallbackHandler": "relaygraph.tracing._otel",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_imports(
+    __name__,
+    {
+        "LangSmithTracer": "._langsmith",
+        "OpenTelemetryCallbackHandler": "._otel",
+    },
+)

@@ -8,7 +8,7 @@ so the timeline needs no tracer: ``relaygraph trace TASK_ID`` and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -310,6 +310,36 @@ def _short(text: Any, limit: int = _TEXT_CHARS) -> str:
     return escape(value if len(value) <= limit else value[: limit - 1] + "…")
 
 
+def model_call_markup(
+    kind: str, fields: Mapping[str, Any], text: Callable[[Any], str] = _short
+) -> str:
+    """A model call's retry (``model_retry``) or failure (``model_error``) in rich markup,
+    so that ``relaygraph trace`` and a run's live progress say it in the same words.
+
+    Args:
+        kind: ``model_retry`` or ``model_error``.
+        fields: The event, or its timeline node: ``role``, ``model``, ``attempt``,
+            ``error``, ``wait_seconds``.
+        text: Makes a free-text field (the model, the error) safe markup; by default
+            shortened on one line, as the timeline shows it.
+
+    Raises:
+        ValueError: ``kind`` is neither.
+    """
+    if kind == "model_retry":
+        wait = fields.get("wait_seconds") or 0
+        return (
+            f"[yellow]retry[/] {fields.get('role')}'s model call (attempt "
+            f"{fields.get('attempt')}, {text(fields.get('error'))}; waiting {wait:g} s)"
+        )
+    if kind == "model_error":
+        return (
+            f"[bold red]model call failed[/] ({fields.get('role')}, "
+            f"{text(fields.get('model'))}): {text(fields.get('error'))}"
+        )
+    raise ValueError(f"not a model call's retry or failure: {kind!r}")
+
+
 def _offset(start: datetime | None, at: str | None) -> str:
     if start is None or at is None:
         return "      "
@@ -374,17 +404,8 @@ def _label(node: Mapping[str, Any], start: datetime | None) -> str:
         return (
             f"{when} approval of {node['agent']}'s {node['tool']}: {node['decision']}{ran}{reason}"
         )
-    if kind == "model_retry":
-        wait = node.get("wait_seconds") or 0
-        return (
-            f"{when} [yellow]retry[/] {node['role']}'s model call (attempt {node['attempt']}, "
-            f"{_short(node['error'])}; waiting {wait:g} s)"
-        )
-    if kind == "model_error":
-        return (
-            f"{when} [bold red]model call failed[/] ({node['role']}, "
-            f"{_short(node['model'])}): {_short(node['error'])}"
-        )
+    if kind in ("model_retry", "model_error"):
+        return f"{when} {model_call_markup(kind, node)}"
     if kind == "run_finished":
         return f"{when} [dim]run finished: {node['status']}[/]"
     if kind == "run_suspended":
