@@ -15,6 +15,7 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,32 @@ _POLL_SECONDS = 0.02
 
 _MARKER_RESERVE = 64
 """Characters kept free for the truncation marker, so a stream never exceeds the limit."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunBounds:
+    """What holds a run in, however it is started: the child sets these limits on itself
+    between fork and exec, and the parent watches the wall clock and the quota."""
+
+    limits: SandboxLimits
+    cgroup: _cgroup.RunCgroup | None
+    """The run's cgroup, which the child joins; None where the host offers none."""
+    watch: QuotaWatch | None = None
+    """Stops the run when the task's files pass their quota; None: no quota."""
+    file_size_bytes: int | None = None
+    """``RLIMIT_FSIZE`` lowered to the room left in the quota; None: the limits' own."""
+
+    def child_setup(self, flags: mmap.mmap, *, unshare_net: bool) -> Callable[[], None]:
+        """The ``preexec_fn`` that sets these bounds in the child, reporting in ``flags``."""
+        parent_pid = os.getpid()  # Read here: in the child, before its exec, it is the child's.
+        return lambda: child_setup(
+            self.limits,
+            flags,
+            cgroup=self.cgroup,
+            unshare_net=unshare_net,
+            file_size_bytes=self.file_size_bytes,
+            parent_pid=parent_pid,
+        )
 
 
 class CappedStream:
@@ -104,17 +131,16 @@ def _kill_run(proc: subprocess.Popen[bytes], namespace: _bubblewrap.NamespaceIni
 
 def _collect(
     proc: subprocess.Popen[bytes],
-    limits: SandboxLimits,
+    bounds: RunBounds,
     start: float,
     namespace: _bubblewrap.NamespaceInit | None,
-    watch: QuotaWatch | None,
 ) -> tuple[CappedStream, CappedStream, bool]:
     """Drain stdout and stderr until the program ends; kill it at the wall limit, or when
-    ``watch`` finds the task's files past their quota."""
+    the bounds' ``watch`` finds the task's files past their quota."""
     assert proc.stdout is not None and proc.stderr is not None
-    out = CappedStream(limits.max_output_chars)
-    err = CappedStream(limits.max_output_chars)
-    deadline = start + limits.wall_seconds
+    out = CappedStream(bounds.limits.max_output_chars)
+    err = CappedStream(bounds.limits.max_output_chars)
+    deadline = start + bounds.limits.wall_seconds
     timed_out = False
     exited_at: float | None = None
     sinks: list[tuple[int, CappedStream | _bubblewrap.NamespaceInit]] = [
@@ -134,7 +160,7 @@ def _collect(
             if exited_at is None and not timed_out and now >= deadline:
                 _kill_run(proc, namespace)
                 timed_out = True
-            if exited_at is None and watch is not None and watch.over(now=now):
+            if exited_at is None and bounds.watch is not None and bounds.watch.over(now=now):
                 # Many files, each below the room left (RLIMIT_FSIZE): no write of them
                 # failed, so the run is stopped here.
                 _kill_run(proc, namespace)
@@ -177,17 +203,11 @@ def run_unisolated(
     *,
     env: dict[str, str],
     workspace: Path,
-    limits: SandboxLimits,
-    cgroup: _cgroup.RunCgroup | None,
-    watch: QuotaWatch | None = None,
-    file_size_bytes: int | None = None,
+    bounds: RunBounds,
 ) -> Run:
-    """Run with resource limits and (when permitted) a network namespace, nothing more.
-    ``watch`` stops the run when the task's files pass their quota; ``file_size_bytes``
-    lowers ``RLIMIT_FSIZE`` to the room left in it."""
+    """Run with resource limits and (when permitted) a network namespace, nothing more."""
     # The child records in this shared page what it did. The page is shared across fork,
     # and Popen returns only after exec, so the values are final.
-    parent_pid = os.getpid()  # Read here: in the child, before its exec, it is the child's.
     with mmap.mmap(-1, 2) as flags:
         start = time.monotonic()
         with subprocess.Popen(
@@ -198,26 +218,19 @@ def run_unisolated(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=lambda: child_setup(
-                limits,
-                flags,
-                cgroup=cgroup,
-                unshare_net=True,
-                file_size_bytes=file_size_bytes,
-                parent_pid=parent_pid,
-            ),
+            preexec_fn=bounds.child_setup(flags, unshare_net=True),
         ) as proc:
             network, joined = flags[FLAG_NET], flags[FLAG_CGROUP]
             try:
-                out, err, timed_out = _collect(proc, limits, start, None, watch)
+                out, err, timed_out = _collect(proc, bounds, start, None)
             finally:
                 # Reached on any exception too, e.g. KeyboardInterrupt in the parent:
                 # never leave the program running.
                 _kill_group(proc.pid)
-                if cgroup is not None:
+                if bounds.cgroup is not None:
                     # Children that left the process group with setsid() are still in
                     # the run's cgroup.
-                    cgroup.kill_all()
+                    bounds.cgroup.kill_all()
             returncode = proc.wait()
         duration = time.monotonic() - start
     return Run(returncode, out, err, timed_out, network != NET_NONE, joined == 1, duration)
@@ -229,14 +242,9 @@ def run_in_bubblewrap(
     env: dict[str, str],
     launch: _bubblewrap.BwrapLaunch,
     program: bytes,
-    limits: SandboxLimits,
-    cgroup: _cgroup.RunCgroup | None,
-    watch: QuotaWatch | None = None,
-    file_size_bytes: int | None = None,
+    bounds: RunBounds,
 ) -> Run:
-    """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited (see
-    :func:`run_unisolated` for ``watch`` and ``file_size_bytes``)."""
-    parent_pid = os.getpid()  # Read here: in the child, before its exec, it is the child's.
+    """Run inside bubblewrap's namespaces; the limits are set on bwrap and inherited."""
     info_read, info_write = os.pipe()
     namespace: _bubblewrap.NamespaceInit | None = None
     try:
@@ -253,14 +261,7 @@ def run_in_bubblewrap(
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=(*launch.pass_fds, info_write),
-                preexec_fn=lambda: child_setup(
-                    limits,
-                    flags,
-                    cgroup=cgroup,
-                    unshare_net=False,
-                    file_size_bytes=file_size_bytes,
-                    parent_pid=parent_pid,
-                ),
+                preexec_fn=bounds.child_setup(flags, unshare_net=False),
             ) as proc:
                 joined = flags[FLAG_CGROUP]
                 os.close(info_write)
@@ -268,7 +269,7 @@ def run_in_bubblewrap(
                 namespace = _bubblewrap.NamespaceInit(info_read, proc.pid)
                 info_read = -1
                 try:
-                    out, err, timed_out = _collect(proc, limits, start, namespace, watch)
+                    out, err, timed_out = _collect(proc, bounds, start, namespace)
                 finally:
                     _kill_run(proc, namespace)
                 returncode = proc.wait()

@@ -42,7 +42,7 @@ from relaygraph.backends import _bubblewrap, _cgroup, _nofollow
 from relaygraph.backends._cgroup import CgroupVersion
 from relaygraph.backends._quota import QuotaWatch, WorkspaceQuota
 from relaygraph.backends._sandbox_limits import Isolation, SandboxLimits, SandboxResult
-from relaygraph.backends._sandbox_process import run_in_bubblewrap, run_unisolated
+from relaygraph.backends._sandbox_process import RunBounds, run_in_bubblewrap, run_unisolated
 from relaygraph.errors import ToolInputError
 
 log = logging.getLogger("relaygraph.backends.sandbox")
@@ -171,10 +171,9 @@ def run_python_sandboxed(
                 [*interpreter, str(folder / "main.py")],
                 env=env,
                 workspace=workspace,
-                limits=limits,
-                cgroup=cgroup,
-                watch=watch,
-                file_size_bytes=file_size,
+                bounds=RunBounds(
+                    limits=limits, cgroup=cgroup, watch=watch, file_size_bytes=file_size
+                ),
             )
         else:
             env = _environment(home=Path(_bubblewrap.WORKSPACE), tmp=Path("/tmp"))
@@ -192,10 +191,9 @@ def run_python_sandboxed(
                 env=env,
                 launch=launch,
                 program=program,
-                limits=limits,
-                cgroup=cgroup,
-                watch=watch,
-                file_size_bytes=file_size,
+                bounds=RunBounds(
+                    limits=limits, cgroup=cgroup, watch=watch, file_size_bytes=file_size
+                ),
             )
         version: CgroupVersion | None = None
         memory_hit = processes_hit = False

@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import HumanMessage
-from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer
@@ -17,27 +15,12 @@ from relaygraph.agents import TaskContext
 from relaygraph.errors import ConfigError
 from relaygraph.policies import TeamPolicy
 from relaygraph.supervisor._agent_node import agent_nodes
+from relaygraph.supervisor._begin_node import begin_turn
 from relaygraph.supervisor._finalize_node import FinalizeNode
-from relaygraph.supervisor._node_config import step_of
+from relaygraph.supervisor._prebuilt import PrebuiltTeam
 from relaygraph.supervisor._state import TeamState
 from relaygraph.supervisor._supervisor_node import SupervisorNode
 from relaygraph.topology import Topology
-
-
-def _begin(state: TeamState, config: RunnableConfig) -> dict[str, Any]:
-    return {
-        "turn": state.get("turn", 0) + 1,
-        # LangGraph numbers a thread's steps on from request to request, while its
-        # recursion limit holds per request: the step guard counts from here.
-        "turn_step": step_of(config) or 0,
-        "messages": [HumanMessage(content=state.get("request", ""))],
-        "assignment": None,
-        "plan": [],
-        "barred": [],
-        "answer": None,
-        "status": None,
-        "stop_reason": None,
-    }
 
 
 def build_team(
@@ -71,14 +54,8 @@ def build_team(
             from relaygraph.supervisor._tool_supervisor import (
                 build_tool_supervisor_team as build,
             )
-        return build(
-            dict(models),
-            team=team,
-            policy=policy,
-            topology=topology,
-            checkpointer=checkpointer,
-            begin=_begin,
-        )
+        parts = PrebuiltTeam(models=dict(models), team=team, policy=policy, topology=topology)
+        return build(parts).compile(checkpointer=checkpointer, name="relaygraph")
     return _structured_team(models, team, policy, checkpointer)
 
 
@@ -113,7 +90,7 @@ def _structured_team(
     members = {agent.name: agent for agent in team.agents}
     agents = tuple(policy.agents)
     builder = StateGraph(TeamState, context_schema=TaskContext)
-    builder.add_node(BEGIN, _begin)
+    builder.add_node(BEGIN, begin_turn)
     builder.add_node(
         SUPERVISOR,
         SupervisorNode(

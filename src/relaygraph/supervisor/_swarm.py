@@ -14,18 +14,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
-from langgraph.graph import END, START
-from langgraph.types import Checkpointer, Command
+from langgraph.graph import START, StateGraph
+from langgraph.types import Command
 
 from relaygraph._names import BEGIN, FINALIZE
 from relaygraph.agents import TaskContext
 from relaygraph.handoffs import Assignment
 from relaygraph.policies import TeamPolicy
-from relaygraph.supervisor._agent_node import Exit, agent_members
-from relaygraph.supervisor._control import make_closing
+from relaygraph.supervisor._agent_node import Exit
+from relaygraph.supervisor._begin_node import begin_turn
+from relaygraph.supervisor._prebuilt import PrebuiltTeam
 from relaygraph.supervisor._state import SwarmTeamState, TeamState
-from relaygraph.topology import Topology
 
 USER = "user"
 
@@ -65,22 +64,14 @@ class SwarmExits:
         return Command(goto=FINALIZE, update=update)
 
 
-def build_swarm_team(
-    models: dict[str, BaseChatModel],
-    *,
-    team: Any,
-    policy: TeamPolicy,
-    topology: Topology,
-    checkpointer: Checkpointer,
-    begin: Any,
-) -> Any:
+def build_swarm_team(parts: PrebuiltTeam) -> StateGraph[Any, Any, Any, Any]:
+    """The swarm's graph over the team's agents, ready to compile."""
     from langgraph_swarm import create_swarm
 
-    agents = tuple(policy.agents)
-    members = agent_members(models, team, policy, SwarmExits(policy))
+    members = parts.members(SwarmExits(parts.policy))
     builder = create_swarm(
         members,  # type: ignore[arg-type]  # Any named runnable serves as a member.
-        default_active_agent=topology.start_agent or agents[0],
+        default_active_agent=parts.topology.start_agent or parts.agents[0],
         state_schema=SwarmTeamState,
         context_schema=TaskContext,
     )
@@ -89,14 +80,12 @@ def build_swarm_team(
     # moves behind it, unchanged.
     builder.branches[BEGIN] = builder.branches.pop(START)
     # The router reads what ``begin`` reads: the swarm's state, ``active_agent`` included.
-    builder.add_node(BEGIN, begin, input_schema=SwarmTeamState)
+    builder.add_node(BEGIN, begin_turn, input_schema=SwarmTeamState)
     builder.add_edge(START, BEGIN)
-    for name in agents:
+    for name in parts.agents:
         # The members return Command(goto=...) themselves; declaring where they may go
         # draws the handoff edges (create_swarm finds them only in a member's ToolNode).
         builder.nodes[name] = replace(
-            builder.nodes[name], ends=(*policy.agents[name].handoffs, FINALIZE)
+            builder.nodes[name], ends=(*parts.policy.agents[name].handoffs, FINALIZE)
         )
-    builder.add_node(FINALIZE, make_closing())
-    builder.add_edge(FINALIZE, END)
-    return builder.compile(checkpointer=checkpointer, name="relaygraph")
+    return parts.close(builder)

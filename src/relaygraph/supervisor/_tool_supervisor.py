@@ -30,14 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.config import get_stream_writer
-from langgraph.graph import END, START
+from langgraph.graph import START, StateGraph
 from langgraph.prebuilt import ToolRuntime
-from langgraph.types import Checkpointer, Command
+from langgraph.types import Command
 
 from relaygraph._names import BEGIN, FINALIZE, FINISH, HANDOFF_PREFIX, SUPERVISOR
 from relaygraph.agents import Agent, TaskContext
@@ -52,21 +51,21 @@ from relaygraph.policies import TeamPolicy
 from relaygraph.policies.budget import UsageTotals, check_agent_budget
 from relaygraph.policies.middleware import replies_usage
 from relaygraph.supervisor import _prompts
-from relaygraph.supervisor._agent_node import Exit, agent_members
+from relaygraph.supervisor._agent_node import Exit
+from relaygraph.supervisor._begin_node import begin_turn
 from relaygraph.supervisor._control import (
     exhausted,
-    make_closing,
     on_ping_pong,
     route_ping_pong,
     team_stop,
     visits_spent,
 )
 from relaygraph.supervisor._node_config import task_ns
+from relaygraph.supervisor._prebuilt import PrebuiltTeam
 from relaygraph.supervisor._refusals import bars_now, violation
 from relaygraph.supervisor._state import TeamState, ToolsTeamState, Violation
 from relaygraph.supervisor._usage import agent_tokens, announce_usage, turn_usage, usage_record
 from relaygraph.supervisor._verdict import non_answer
-from relaygraph.topology import Topology
 
 # langgraph_supervisor's marker for a handoff tool (langgraph_supervisor.handoff
 # METADATA_KEY_HANDOFF_DESTINATION): with one such tool per agent, create_supervisor uses
@@ -389,24 +388,17 @@ def _make_hooks(policy: TeamPolicy, agents: tuple[str, ...]) -> tuple[Any, Any]:
     return before_model, after_model
 
 
-def build_tool_supervisor_team(
-    models: dict[str, BaseChatModel],
-    *,
-    team: Any,
-    policy: TeamPolicy,
-    topology: Topology,
-    checkpointer: Checkpointer,
-    begin: Any,
-) -> Any:
+def build_tool_supervisor_team(parts: PrebuiltTeam) -> StateGraph[Any, Any, Any, Any]:
+    """The tool supervisor's graph over the team's agents, ready to compile."""
     from langgraph_supervisor import create_supervisor
 
-    agents = tuple(policy.agents)
+    team, policy, agents = parts.team, parts.policy, parts.agents
     members = {a.name: a for a in team.agents}
-    workers = agent_members(models, team, policy, ToolsExits())
+    workers = parts.members(ToolsExits())
     before_model, after_model = _make_hooks(policy, agents)
     builder = create_supervisor(
         workers,  # type: ignore[arg-type]  # Any named runnable serves as a worker.
-        model=models[SUPERVISOR],
+        model=parts.models[SUPERVISOR],
         tools=[_make_transfer(members[name], policy) for name in agents],
         prompt=_prompts.tool_supervisor_prompt(
             [members[a] for a in agents], extra=team.supervisor_prompt
@@ -416,17 +408,15 @@ def build_tool_supervisor_team(
         parallel_tool_calls=False,
         state_schema=ToolsTeamState,
         context_schema=TaskContext,
-        output_mode=topology.mode,
+        output_mode=parts.topology.mode,
         supervisor_name=SUPERVISOR,
     )
     # A new request first goes through ``begin`` (a new turn: fresh per-request fields).
     builder.edges.discard((START, SUPERVISOR))
-    builder.add_node(BEGIN, begin)
+    builder.add_node(BEGIN, begin_turn)
     builder.add_edge(START, BEGIN)
     builder.add_edge(BEGIN, SUPERVISOR)
     # Its hooks and tools leave for finalize (not END) with a command to this graph;
     # declaring it draws the edge.
     builder.nodes[SUPERVISOR] = replace(builder.nodes[SUPERVISOR], ends=(*agents, FINALIZE))
-    builder.add_node(FINALIZE, make_closing())
-    builder.add_edge(FINALIZE, END)
-    return builder.compile(checkpointer=checkpointer, name="relaygraph")
+    return parts.close(builder)
