@@ -300,9 +300,9 @@ def test_a_run_whose_renewals_hang_stops_before_its_lease_can_lapse(
     spec = _two_slow_programs(script)
     task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="x", **runnable(spec))
     calling, answering = threading.Event(), threading.Event()
-    renew = ledger.renew_lease
+    renew = ledger.renew_leases
 
-    def hanging_renewal(*args: Any, **kwargs: Any) -> bool:
+    def hanging_renewal(*args: Any, **kwargs: Any) -> Any:
         # The ledger stops answering once the first program runs (not before: a slow
         # start on a loaded machine must not stop the run ahead of that step).
         if calling.is_set():
@@ -313,7 +313,7 @@ def test_a_run_whose_renewals_hang_stops_before_its_lease_can_lapse(
         if event.get("type") == "tool_call":
             calling.set()
 
-    monkeypatch.setattr(ledger, "renew_lease", hanging_renewal)
+    monkeypatch.setattr(ledger, "renew_leases", hanging_renewal)
     runner = TaskRunner(ledger=ledger, home=home, lease_seconds=1.0)
     try:
         result = runner.run(task, {"request": "x"}, on_event=on_event)
