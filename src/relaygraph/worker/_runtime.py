@@ -97,6 +97,10 @@ class WorkerRuntime:
             self.loop = TaskLoop.shared()
         self._reporter: threading.Thread | None = None
         self._stop_reporting = threading.Event()
+        self._publishing = threading.Lock()
+        """Held while this process publishes: one publish at a time (:meth:`_publish_fair`)."""
+        self._publish_asked = threading.Event()
+        """A publish was asked for while one ran: that one goes round once more."""
         if not self.ledger.is_current():  # As serve does: a first start needs no set-up step.
             self.ledger.upgrade()
         self.teams = ServiceTeams(ledger=self.ledger, settings=settings, home=home)
@@ -264,18 +268,29 @@ class WorkerRuntime:
     def _publish_fair(self, after: str) -> None:
         """Publish the queued tasks to publish now, fairly between projects, up to
         :attr:`publish_ahead` waiting for a worker (None: the live workers' free slots;
-        ``Ledger.tasks_to_publish``)."""
+        ``Ledger.tasks_to_publish``).
+
+        One publish at a time per process: one asked for while another runs here is left
+        to that one, which goes round once more when it is done, reading the queue after
+        every change that asked for it. A worker with hundreds of tasks in flight starts
+        and ends many a second, each asking; publishing for each, at once, read the fair
+        queue many times over for the same answer."""
         if self.publish is None:
             return
-        try:
-            publish_fair(
-                self.ledger,
-                self.publish,
-                publish_ahead=self.publish_ahead,
-                max_running=self.max_running,
-            )
-        except Exception:
-            log.warning("could not publish the next tasks after %s", after, exc_info=True)
+        self._publish_asked.set()
+        while self._publish_asked.is_set() and self._publishing.acquire(blocking=False):
+            try:
+                self._publish_asked.clear()  # Before the read: a change during it asks again.
+                publish_fair(
+                    self.ledger,
+                    self.publish,
+                    publish_ahead=self.publish_ahead,
+                    max_running=self.max_running,
+                )
+            except Exception:
+                log.warning("could not publish the next tasks after %s", after, exc_info=True)
+            finally:
+                self._publishing.release()
 
 
 _RUNTIME: WorkerRuntime | None = None
