@@ -287,7 +287,7 @@ def run(quick: bool, *, levels: tuple[int, ...] | None = None) -> Section:
     from tests.openai_server import serve_script
 
     chosen = levels or (QUICK_LEVELS if quick else LEVELS)
-    section = Section("8. Tasks in flight: serve against bare LangGraph on one event loop")
+    section = Section("9. Tasks in flight: serve against bare LangGraph on one event loop")
     script: dict[str, list[dict[str, Any]]] = {}
     for level in chosen:
         for job in _jobs("bare", level):
@@ -452,8 +452,15 @@ def run_worker_mode(level: int = WORKER_MODE_LEVEL) -> Section:
     """The worker mode (one worker with ``level`` tasks in flight) against serve in process at
     the same level, in the same run."""
     from tests.openai_server import serve_script
+    from tests.worker_cluster import broker_problem, broker_url, postgres_server
 
-    section = Section(f"8b. Tasks in flight: the worker mode against serve at {level}")
+    section = Section(f"9b. Tasks in flight: the worker mode against serve at {level}")
+    server_url, why = postgres_server()
+    problem = broker_problem(broker_url()) or (why if server_url is None else None)
+    if problem is not None:
+        log(f"  worker mode not measured: {problem}")
+        section.add(f"Not measured: {problem}")
+        return section
     script: dict[str, list[dict[str, Any]]] = {}
     for job in [*_jobs("rg", level), *_jobs("wk", level)]:
         script.update(_turns(job))

@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             import bench_inflight
 
             sections.append(bench_inflight.run(args.quick))
+            if not args.quick:
+                log("9b. tasks in flight: the worker mode against serve")
+                sections.append(bench_inflight.run_worker_mode())
     text = _render(
         sections,
         command=command,
