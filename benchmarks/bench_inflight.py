@@ -407,10 +407,11 @@ WORKER_MODE_LEVEL = 200
 """The tasks in flight at which the worker mode is set against serve (issue 44: within 0.8×)."""
 
 
-def _worker_mode(level: int, root: Path, base_url: str) -> Side:
-    """One ``relaygraph worker --tasks-in-flight N`` behind one ``relaygraph serve`` in the
-    worker mode (RabbitMQ, the ledger and checkpoints on a fresh PostgreSQL database), handed
-    ``3 × N`` tasks at once over HTTP; RSS summed over both processes."""
+def _worker_mode(level: int, root: Path, base_url: str, processes: int = 1) -> Side:
+    """``processes`` workers with ``N ÷ processes`` tasks in flight each
+    (``relaygraph worker --tasks-in-flight``) behind one ``relaygraph serve`` in the worker
+    mode (RabbitMQ, the ledger and checkpoints on a fresh PostgreSQL database), handed
+    ``3 × N`` tasks at once over HTTP; RSS summed over all the processes."""
     from tests.worker_cluster import Cluster, broker_url, fresh_database, postgres_server
 
     from relaygraph.client import Client
@@ -420,15 +421,16 @@ def _worker_mode(level: int, root: Path, base_url: str) -> Side:
         raise RuntimeError(problem)
     side = Side(level)
     jobs = _jobs("wk", level)
-    env = {**_service_env(base_url, jobs), "RELAYGRAPH_TASKS_IN_FLIGHT": str(level)}
+    each = str(level // processes)
+    env = {**_service_env(base_url, jobs), "RELAYGRAPH_TASKS_IN_FLIGHT": each}
     with (
         fresh_database(server_url, prefix="relaygraph_bench") as url,
         Cluster(root / f"worker-{level}", database_url=url, broker=broker_url(), env=env) as c,
     ):
         server = c.serve("api", model=MODEL)
-        worker = c.worker("w1", traced=False)
+        workers = [c.worker(f"w{n + 1}", traced=False) for n in range(processes)]
         key = c.create_project("bench")
-        pids = [server.pid, worker.pid]
+        pids = [server.pid, *(worker.pid for worker in workers)]
         side.idle_rss_mb = _rss_mb([p for pid in pids for p in _tree(pid)])
         peak = [side.idle_rss_mb]
         with Client(server.url, key, timeout=60) as client, ThreadPoolExecutor(16) as pool:
@@ -448,7 +450,7 @@ def _worker_mode(level: int, root: Path, base_url: str) -> Side:
     return side
 
 
-def run_worker_mode(level: int = WORKER_MODE_LEVEL) -> Section:
+def run_worker_mode(level: int = WORKER_MODE_LEVEL, processes: int = 1) -> Section:
     """The worker mode (one worker with ``level`` tasks in flight) against serve in process at
     the same level, in the same run."""
     from tests.openai_server import serve_script
@@ -470,8 +472,8 @@ def run_worker_mode(level: int = WORKER_MODE_LEVEL) -> Section:
     ):
         log(f"  {level} in flight: relaygraph serve")
         serve = _relaygraph(level, Path(tmp), fake.base_url)
-        log(f"  {level} in flight: relaygraph worker --tasks-in-flight {level}")
-        worker = _worker_mode(level, Path(tmp), fake.base_url)
+        log(f"  {level} in flight: {processes} × relaygraph worker --tasks-in-flight {level // processes}")
+        worker = _worker_mode(level, Path(tmp), fake.base_url, processes)
     ratio = worker.tasks_per_second / serve.tasks_per_second if serve.tasks_per_second else 0.0
     section.body += table(
         [
@@ -516,9 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", type=int, nargs="+")
     parser.add_argument("--worker-mode", action="store_true", help="the worker mode at 200 only")
+    parser.add_argument("--worker-processes", type=int, default=1, help="workers sharing the 200")
     args = parser.parse_args(argv)
     if args.worker_mode:
-        section = run_worker_mode()
+        section = run_worker_mode(processes=args.worker_processes)
     else:
         section = run(args.quick, levels=tuple(args.levels) if args.levels else None)
     print("\n".join(section.body))

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -17,11 +18,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relaygraph.api._schemas import ErrorBody, shown
 from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.runner import RequestRefused
-from relaygraph.store import is_disk_full
+from relaygraph.store import is_database_unavailable, is_disk_full
 
 log = logging.getLogger("relaygraph.api")
 
 DISK_FULL_RETRY_SECONDS = 60
+DATABASE_RETRY_SECONDS = 5
+"""``Retry-After`` of a request the database could not serve (``database_unavailable``)."""
 """The ``Retry-After`` of a 507: room comes back when an operator (or the retention sweep)
 frees some."""
 
@@ -45,9 +48,11 @@ ERROR_CODES: dict[int, str] = {
     503: "`server_busy`: the server is near its limit of open files and keeps the rest for "
     "running tasks, so it opens no new event stream now (`Retry-After`); `not_ready`: "
     "the database is unreachable or not migrated (with a broker: or the broker, or the "
-    "event listener, is unreachable); `broker_unavailable` (with a broker): "
-    "the task is recorded `queued` but the broker did not take its message; it is published "
-    "again later.",
+    "event listener, is unreachable); `database_unavailable`: the database could not serve "
+    "this request now (down, restarting, at its connection limit, or every connection of "
+    "this server's pool busy): try again after `Retry-After`; "
+    "`broker_unavailable` (with a broker): the task is recorded `queued` but the broker did "
+    "not take its message; it is published again later.",
     507: "`insufficient_storage`: the server's disk is full (the ledger's database or the "
     "data directory): nothing of the request was recorded; try again later (`Retry-After`).",
 }
@@ -237,6 +242,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OSError)
     @app.exception_handler(SQLAlchemyError)
+    @app.exception_handler(psycopg.Error)  # The checkpoints' pool (psycopg_pool).
     async def _storage(request: Request, exc: Exception) -> JSONResponse:
         # Registered by class, so answered here rather than by Starlette's last-resort
         # handler, which logs a traceback per request: a full disk is a state of the
@@ -251,6 +257,18 @@ def install_error_handlers(app: FastAPI) -> None:
                 ),
                 status_code=507,
                 headers={"Retry-After": str(DISK_FULL_RETRY_SECONDS)},
+            )
+        if is_database_unavailable(exc):
+            # Like a full disk, a state of the database, not a bug: a line, no traceback.
+            where = f"{request.method} {request.url.path}"
+            log.error("%s: the database is unavailable: %s", where, exc)
+            return JSONResponse(
+                error_body(
+                    "database_unavailable",
+                    "the database could not serve this request now; try again later",
+                ),
+                status_code=503,
+                headers={"Retry-After": str(DATABASE_RETRY_SECONDS)},
             )
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return await _bug(request, exc)

@@ -26,6 +26,8 @@ from contextlib import (
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from relaygraph.store import database_pool_size
+
 if TYPE_CHECKING:
     from relaygraph.runner._fence import CheckpointFence
 
@@ -154,11 +156,6 @@ def _postgres_pool(conninfo: str) -> Iterator[Any]:
         yield pool
 
 
-POSTGRES_POOL_SIZE = 64
-"""Connections at most in a process's pool for one database: runs at once beyond it wait
-(psycopg_pool's timeout, 30 s) for one to come back."""
-
-
 def _pool_options(pool_class: Any, name: str) -> dict[str, Any]:
     """The options of a pool of checkpointer connections, ``ConnectionPool`` or
     ``AsyncConnectionPool`` (``pool_class``): the sync runs' pool and an event loop's are
@@ -167,7 +164,8 @@ def _pool_options(pool_class: Any, name: str) -> dict[str, Any]:
 
     return {
         "min_size": 0,
-        "max_size": POSTGRES_POOL_SIZE,
+        # Runs at once beyond it wait (psycopg_pool's timeout, 30 s) for one to come back.
+        "max_size": database_pool_size(),
         "kwargs": {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
         "check": pool_class.check_connection,
         "name": name,

@@ -11,11 +11,17 @@ package: run ``relaygraph db upgrade`` (:func:`upgrade`) or :meth:`Ledger.upgrad
     ledger.append_event(task.id, {"type": "route", "next": "researcher", ...})
 """
 
-from relaygraph.store._engine import DATABASE_URL_ENV, database_url
+from relaygraph.store._engine import (
+    DATABASE_POOL_ENV,
+    DATABASE_URL_ENV,
+    database_pool_size,
+    database_url,
+)
 from relaygraph.store._errors import (
     AttemptSuperseded,
     RecordConflict,
     RecordNotFound,
+    is_database_unavailable,
     is_disk_full,
 )
 from relaygraph.store._journal import LedgerToolJournal
@@ -51,6 +57,7 @@ from relaygraph.store._worker_slots import WORKER_GONE_SECONDS, WORKER_REPORT_SE
 from relaygraph.store._write_turns import background_writes
 
 __all__ = [
+    "DATABASE_POOL_ENV",
     "DATABASE_URL_ENV",
     "DEFAULT_CHANNEL",
     "FINISHED_STATUSES",
@@ -83,9 +90,11 @@ __all__ = [
     "TeamVersion",
     "ToolCall",
     "background_writes",
+    "database_pool_size",
     "database_url",
     "day_start",
     "hash_key",
+    "is_database_unavailable",
     "is_disk_full",
     "new_checkpoint_thread",
     "unstorable",

@@ -20,6 +20,12 @@ from relaygraph.errors import ConfigError
 DATABASE_URL_ENV = "RELAYGRAPH_DATABASE_URL"
 LEDGER_FILE = "ledger.sqlite"
 SQLITE_BUSY_SECONDS = 30.0
+DATABASE_POOL_ENV = "RELAYGRAPH_DATABASE_POOL_SIZE"
+DEFAULT_DATABASE_POOL_SIZE = 10
+"""PostgreSQL connections a process opens at most for the ledger, and as many again for its
+checkpoints (docs/deploy.md, *Scaling*): a process with hundreds of tasks in flight shares
+them, and PostgreSQL's ``max_connections`` (100 by default) bounds their sum over every
+process of the deployment."""
 PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
 
 
@@ -74,6 +80,30 @@ def _parse(raw: str) -> URL:
     return url
 
 
+def database_pool_size() -> int:
+    """``$RELAYGRAPH_DATABASE_POOL_SIZE``, else :data:`DEFAULT_DATABASE_POOL_SIZE`: the
+    connections to PostgreSQL of each of a process's pools (the ledger's, and each database's
+    checkpoints'). A run that finds its pool's connections all in use waits for one (30 s at
+    most) rather than opening another.
+
+    Raises:
+        ConfigError: The value is not a whole number from 1 to 1,000.
+    """
+    raw = os.environ.get(DATABASE_POOL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DATABASE_POOL_SIZE
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= 1000:
+        raise ConfigError(
+            f"{DATABASE_POOL_ENV}={raw!r}: give the connections of a pool, a whole number "
+            "from 1 to 1000"
+        )
+    return size
+
+
 def make_engine(url: str, *, immediate: bool = False) -> Engine:
     """An engine for ``url``: SQLite in WAL mode with foreign keys, or PostgreSQL via psycopg.
 
@@ -87,7 +117,15 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
     parsed = _parse(url)
     serializer = functools.partial(json.dumps, ensure_ascii=False, allow_nan=False)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, json_serializer=serializer, pool_pre_ping=True)
+        # A fixed pool, no overflow: the process's connections are what the operator sized
+        # (database_pool_size), however many of its threads write at once; the others wait.
+        return create_engine(
+            parsed,
+            json_serializer=serializer,
+            pool_pre_ping=True,
+            pool_size=database_pool_size(),
+            max_overflow=0,
+        )
     assert parsed.database is not None
     Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     # SQLite has one writer at a time. The write engine hands its one connection to one

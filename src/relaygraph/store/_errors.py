@@ -4,6 +4,7 @@ superseded attempt's write (``AttemptSuperseded``)."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from relaygraph.errors import ConfigError, RunError
@@ -72,10 +73,9 @@ _POSTGRES_DISK_FULL = "53100"
 _NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc``, or an error it was raised from, says the disk had no room: SQLite's
-    ``SQLITE_FULL``, PostgreSQL's ``disk_full``, or an ``OSError`` with ``ENOSPC`` (a full
-    disk), ``EDQUOT`` (a user's disk quota) or ``EFBIG`` (a file-size limit)."""
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every error it was raised from: the driver's (``orig``), the cause and
+    the context, each once."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -83,6 +83,15 @@ def is_disk_full(exc: BaseException) -> bool:
         if error is None or id(error) in seen:
             continue
         seen.add(id(error))
+        yield error
+        pending += [getattr(error, "orig", None), error.__cause__, error.__context__]
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, says the disk had no room: SQLite's
+    ``SQLITE_FULL``, PostgreSQL's ``disk_full``, or an ``OSError`` with ``ENOSPC`` (a full
+    disk), ``EDQUOT`` (a user's disk quota) or ``EFBIG`` (a file-size limit)."""
+    for error in _causes(exc):
         if isinstance(error, OSError) and error.errno in _NO_ROOM_ERRNOS:
             return True
         if getattr(error, "sqlite_errorcode", None) == _SQLITE_FULL:
@@ -91,5 +100,35 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         if "database or disk is full" in str(error):
             return True  # SQLite's message, from a driver that does not give its code.
-        pending += [getattr(error, "orig", None), error.__cause__, error.__context__]
+    return False
+
+
+_SQLITE_BUSY = 5
+"""SQLite's result code for a lock that another process held past the busy timeout."""
+_POSTGRES_UNAVAILABLE = ("08", "53300", "57P01", "57P02", "57P03")
+"""PostgreSQL's SQLSTATEs (a class, or one code) of a server that cannot serve a connection
+now: ``connection_exception``, ``too_many_connections``, ``admin_shutdown``,
+``crash_shutdown``, ``cannot_connect_now``."""
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, says the database cannot serve the
+    request now, though the request itself was fine: no connection could be opened (the
+    server is down, restarting, or at its ``max_connections``), the process's pool had none
+    free in time, or SQLite's lock stayed taken past the busy timeout. Trying again later
+    may succeed (a connection lost mid-commit leaves unsaid whether the write was kept)."""
+    import psycopg
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    for error in _causes(exc):
+        if isinstance(error, PoolTimeout) or type(error).__name__ == "PoolTimeout":
+            return True  # SQLAlchemy's pool, or psycopg_pool's (the checkpoints').
+        if getattr(error, "sqlite_errorcode", None) == _SQLITE_BUSY:
+            return True
+        if isinstance(error, psycopg.OperationalError):
+            state = getattr(error, "sqlstate", None)
+            # No SQLSTATE: the client's own failure to connect (refused, or the server's
+            # FATAL before a session began).
+            if state is None or state.startswith(_POSTGRES_UNAVAILABLE):
+                return True
     return False

@@ -10,6 +10,7 @@ numbers behind them were measured on RabbitMQ 3.10 (docs/deploy.md).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -19,9 +20,11 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from relaygraph.errors import ConfigError
+from relaygraph.store import is_database_unavailable
 from relaygraph.worker._settings import WorkerSettings
 
 __all__ = [
+    "DATABASE_RETRY_SECONDS",
     "NO_ROOM_RETRY_SECONDS",
     "RECORD_NO_ROOM",
     "RUN_TASK",
@@ -50,6 +53,11 @@ RecordHook = Callable[[str, int, str], bool]
 while the ledger has no room."""
 NO_ROOM_RETRY_SECONDS = 2.0
 """How soon a failure the ledger refused for lack of room is tried again."""
+DATABASE_RETRY_SECONDS = 5.0
+"""How long a task's message waits before it is tried again when the database could not
+begin its run (down, restarting, or at its connection limit)."""
+
+log = logging.getLogger(__name__)
 
 
 def record_ledger_failure(task_id: str, attempt: int, reason: str) -> bool:
@@ -175,10 +183,20 @@ def create_celery_app(
 
     # shared=False: a shared task (Celery's default) is added to every app finalized later
     # in the process, so a second app would run the first app's hook.
-    @app.task(name=RUN_TASK, shared=False)
-    def run_task(task_id: str, dispatch: int) -> None:
-        """Run the ledger's task ``task_id`` for its dispatch ``dispatch`` (see ``run``)."""
-        run(task_id, dispatch)
+    @app.task(name=RUN_TASK, shared=False, bind=True, max_retries=None)
+    def run_task(self: Any, task_id: str, dispatch: int) -> None:
+        """Run the ledger's task ``task_id`` for its dispatch ``dispatch`` (see ``run``);
+        again later, as a new message, while the database cannot begin it."""
+        try:
+            run(task_id, dispatch)
+        except Exception as exc:
+            # The run itself records its failures; what comes out is its start (the ledger's
+            # begin_attempt). Acknowledged as failed, the message would leave the task queued
+            # and published until an API server found it stale with the queue empty.
+            if not is_database_unavailable(exc):
+                raise
+            log.warning("task %s: the database is unavailable, tried again later: %s", task_id, exc)
+            raise self.retry(countdown=DATABASE_RETRY_SECONDS) from exc
 
     # The message is acknowledged once written (late acknowledgement): a worker that dies
     # before leaves it to another. Each retry is a new message, with its countdown.
