@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from relaygraph.events import Event
-from relaygraph.runner._lease import _DaemonPool
+from relaygraph.runner._daemon import DueScheduler
 from relaygraph.store import background_writes
 
 __all__ = ["EventWriter"]
@@ -253,35 +253,26 @@ class EventWriter:
                 item.set()
 
 
-class _Writes:
+class _Writes(DueScheduler):
     """The process's writers' due batches: one thread waits for the next one due and hands
     it to a pool of :data:`WRITE_THREADS`, and ends while none is due (it is started again
     with the next)."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        super().__init__(
+            pool_size=WRITE_THREADS, pool_name="relaygraph-writes", thread_name="relaygraph-events"
+        )
         self._due: list[tuple[float, int, EventWriter]] = []
         self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._pool: _DaemonPool | None = None
 
     def forget(self) -> None:
-        """In a forked child: none of the parent's writers or threads are here, and its
-        lock may have been copied held."""
-        self._changed = threading.Condition()
-        self._due, self._thread, self._pool = [], None, None
+        super().forget()
+        self._due = []
 
     def due(self, writer: EventWriter, when: float) -> None:
         with self._changed:
             heapq.heappush(self._due, (when, next(self._order), writer))
-            if self._pool is None:
-                self._pool = _DaemonPool(WRITE_THREADS, "relaygraph-writes")
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="relaygraph-events", daemon=True
-                )
-                self._thread.start()
-            self._changed.notify()
+            self._start()
 
     def _loop(self) -> None:
         while True:

@@ -8,12 +8,13 @@ import itertools
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from relaygraph.runner._daemon import DueScheduler
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "AttemptWatch", "LeaseKeeper", "RunHold"]
 
@@ -30,8 +31,6 @@ EARLY_SHARE = 1 / 4
 """A hold due within this share of its period after the first one due is looked after in the
 same round, so that the holds of a process fall into a few rounds a period, each one
 statement for all of its holds (``Ledger.renew_leases``, ``Ledger.attempt_states``)."""
-POOL_IDLE_SECONDS = 60.0
-"""A renewal thread with nothing to do for this long ends (the next lease starts one)."""
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +252,7 @@ class LeaseKeeper(_WatchedHold):
         return late
 
 
-class _Renewals:
+class _Renewals(DueScheduler):
     """The process's lease keepers, each renewed every ``every`` seconds.
 
     One thread schedules them and ends while there is none (it is started again with the
@@ -273,7 +272,11 @@ class _Renewals:
     """
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        super().__init__(
+            pool_size=RENEWAL_THREADS,
+            pool_name="relaygraph-renewal",
+            thread_name="relaygraph-leases",
+        )
         self._due: list[tuple[float, int, Any, float]] = []
         """A heap: (when, order, keeper, every)."""
         self._scheduled: set[Any] = set()
@@ -285,30 +288,18 @@ class _Renewals:
         self._keepers: set[Any] = set()
         """Every keeper not closed: the ones whose lease the scheduler watches."""
         self._renewing: set[Any] = set()
-        self._thread: threading.Thread | None = None
-        self._pool: _DaemonPool | None = None
 
     def forget(self) -> None:
-        """In a forked child: none of the parent's leases or threads are here, and its
-        lock may have been copied held."""
-        self._changed = threading.Condition()
+        super().forget()
         self._due, self._confirmed = [], []
         self._scheduled, self._keepers, self._renewing = set(), set(), set()
-        self._thread, self._pool = None, None
 
     def add(self, keeper: _WatchedHold, every: float) -> None:
         with self._changed:
             self._keepers.add(keeper)
             self._push(keeper, every)
             self._watch_confirmed(keeper)
-            if self._pool is None:
-                self._pool = _DaemonPool(RENEWAL_THREADS, "relaygraph-renewal")
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="relaygraph-leases", daemon=True
-                )
-                self._thread.start()
-            self._changed.notify()
+            self._start()
 
     def remove(self, keeper: _WatchedHold) -> None:
         with self._changed:
@@ -431,49 +422,6 @@ class _Renewals:
 def _on_lease_thread() -> bool:
     """Whether this thread is the scheduler's or a renewal's."""
     return threading.current_thread().name.startswith(("relaygraph-leases", "relaygraph-renewal"))
-
-
-class _DaemonPool:
-    """Up to ``size`` daemon threads that run the calls submitted, started as they are needed.
-
-    Not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined when the
-    interpreter exits, so one renewal that hangs (a dead connection) would keep a finished
-    ``relaygraph run`` or a stopped server from exiting. A call must handle its own errors.
-    """
-
-    def __init__(self, size: int, name: str) -> None:
-        self._size, self._name = size, name
-        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]]
-        self._work = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = self._idle = self._pending = 0
-
-    def submit(self, call: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            self._pending += 1
-            self._work.put((call, args))
-            if self._pending > self._idle and self._threads < self._size:
-                self._threads += 1
-                name = f"{self._name}_{self._threads}"
-                threading.Thread(target=self._loop, name=name, daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            try:
-                call, args = self._work.get(timeout=POOL_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    self._idle -= 1
-                    if self._pending <= self._idle:  # No call waits without a thread.
-                        self._threads -= 1
-                        return
-                continue
-            with self._lock:
-                self._idle -= 1
-                self._pending -= 1
-            call(*args)
 
 
 _RENEWALS = _Renewals()
