@@ -157,7 +157,7 @@ def test_a_server_holds_many_tasks_in_flight_on_few_threads(
                 for t in set(threading.enumerate()) - before
                 if t.name.startswith("relaygraph")
             ]
-            sync = workers._loop.loop._default_executor._max_workers  # type: ignore[union-attr]
+            sync = workers._loop._executor._max_workers  # The loop's default executor.
             bound = sync + WRITE_THREADS + 4  # The loop, lease and cancel watchers.
             assert bound < count
             assert len(ours) <= bound, ours
@@ -207,3 +207,30 @@ def test_tasks_in_flight_past_the_limit_are_refused_by_name(
     with pytest.raises(ConfigError, match="--workers"):
         load_settings(workers=10_001)
     assert load_settings(workers=10_000).workers == 10_000
+
+
+def test_the_task_loop_runs_on_uvloop_unless_told_asyncio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvloop (a dependency) is the task loop's and the HTTP server's by default;
+    ``RELAYGRAPH_EVENT_LOOP=asyncio`` keeps asyncio's own loop, and a value that is neither
+    is refused by name."""
+    import uvloop
+
+    from relaygraph.errors import ConfigError
+    from relaygraph.runner import EVENT_LOOP_ENV, TaskLoop, event_loop_kind
+
+    def loop_type() -> type:
+        tasks = TaskLoop(sync_threads=1, name="kind")
+        return type(tasks.loop)  # The loop is left to its daemon thread, as a process's is.
+
+    monkeypatch.delenv(EVENT_LOOP_ENV, raising=False)
+    assert event_loop_kind() == "auto"
+    assert issubclass(loop_type(), uvloop.Loop)
+    monkeypatch.setenv(EVENT_LOOP_ENV, "asyncio")
+    assert not issubclass(loop_type(), uvloop.Loop)
+    monkeypatch.setenv(EVENT_LOOP_ENV, "uvloop")
+    assert issubclass(loop_type(), uvloop.Loop)
+    monkeypatch.setenv(EVENT_LOOP_ENV, "trio")
+    with pytest.raises(ConfigError, match=r"RELAYGRAPH_EVENT_LOOP='trio'"):
+        event_loop_kind()

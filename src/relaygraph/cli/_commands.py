@@ -180,8 +180,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relaygraph.api import create_app, load_settings, raise_open_file_limit
-    from relaygraph.runner import settle_long_lived
+    from relaygraph.runner import event_loop_kind, settle_long_lived
 
+    loop = event_loop_kind()  # Checked before anything starts.
     overrides: dict[str, Any] = {"home": args.home}
     if args.model:
         overrides["default_model"] = args.model
@@ -219,7 +220,8 @@ def serve(args: argparse.Namespace) -> int:
         "OpenAPI at /openapi.json)",
         file=sys.stderr,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # The HTTP server's loop is of the task loop's kind (uvloop where installed).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop=loop)
     return EXIT_OK
 
 

@@ -63,7 +63,13 @@ from relaygraph.runner._submit import (
     record_submission,
     submit_task,
 )
-from relaygraph.runner._task_loop import DEFAULT_SYNC_THREADS, LoopLoad, TaskLoop
+from relaygraph.runner._task_loop import (
+    DEFAULT_SYNC_THREADS,
+    EVENT_LOOP_ENV,
+    LoopLoad,
+    TaskLoop,
+    event_loop_kind,
+)
 from relaygraph.runner._task_run import (
     CONTINUE,
     LEASE_LOST,
@@ -78,6 +84,7 @@ __all__ = [
     "CONTINUE",
     "DEFAULT_LEASE_SECONDS",
     "DEFAULT_SYNC_THREADS",
+    "EVENT_LOOP_ENV",
     "LEASE_LOST",
     "POLICY_SOURCE_KEY",
     "RETENTION_SWEEP_SECONDS",
@@ -114,6 +121,7 @@ __all__ = [
     "check_request",
     "collect_garbage",
     "decide_task",
+    "event_loop_kind",
     "ledger_for",
     "load_runner_settings",
     "policy_digest",
