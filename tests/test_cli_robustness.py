@@ -348,3 +348,21 @@ def test_an_unknown_flag_shows_its_commands_usage_and_names_the_flag(
     assert err.startswith(usage), err
     command = usage.removeprefix("usage: ").strip()
     assert error_line(err) == f"{command}: error: unrecognized arguments: --bogus"
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "value"),
+    [
+        ("serve", "RELAYGRAPH_EVENT_LOOP", "trio"),
+        ("serve", "RELAYGRAPH_DATABASE_POOL_SIZE", "0"),
+        ("worker", "RELAYGRAPH_EVENT_LOOP", "gevent"),
+        ("worker", "RELAYGRAPH_DATABASE_POOL_SIZE", "lots"),
+    ],
+)
+def test_a_bad_loop_or_pool_setting_stops_serve_and_worker_before_they_start(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, command: str, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    code, _, err = cli(command)
+    assert code == 2
+    assert error_line(err).startswith(f"relaygraph: error: {variable}={value!r}: ")

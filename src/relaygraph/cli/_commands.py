@@ -181,8 +181,10 @@ def serve(args: argparse.Namespace) -> int:
 
     from relaygraph.api import create_app, load_settings, raise_open_file_limit
     from relaygraph.runner import event_loop_kind, settle_long_lived
+    from relaygraph.store import database_pool_size
 
     loop = event_loop_kind()  # Checked before anything starts.
+    database_pool_size()
     overrides: dict[str, Any] = {"home": args.home}
     if args.model:
         overrides["default_model"] = args.model
@@ -229,8 +231,8 @@ def worker(args: argparse.Namespace) -> int:
     """``relaygraph worker``: run a Celery worker of the worker mode."""
     from celery.utils.nodenames import default_nodename, host_format
 
-    from relaygraph.runner import load_runner_settings
-    from relaygraph.store import DATABASE_URL_ENV
+    from relaygraph.runner import event_loop_kind, load_runner_settings
+    from relaygraph.store import DATABASE_URL_ENV, database_pool_size
     from relaygraph.worker import (
         check_broker,
         create_celery_app,
@@ -239,6 +241,10 @@ def worker(args: argparse.Namespace) -> int:
         start_worker,
         worker_argv,
     )
+
+    # Read where its tasks are begun, not on the command line: checked before anything starts.
+    event_loop_kind()
+    database_pool_size()
 
     if args.home is not None:
         # The worker's processes read their settings from the environment.
