@@ -22,8 +22,7 @@ from fastapi import FastAPI
 from relaygraph.api import ServiceSettings, _ui, create_app
 from relaygraph.api.ui._charts import usage_chart
 from relaygraph.api.ui._graph import HandoffGraph, Transfer, layout, text_width, transfers_of
-from relaygraph.api.ui._queries import DailyUsage, DayUsage
-from relaygraph.api.ui._report_pages import DEFAULT_DAYS
+from relaygraph.api.ui._queries import DEFAULT_USAGE_DAYS, DailyUsage, DayUsage
 from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
@@ -696,7 +695,7 @@ async def test_usage_per_day_and_agent(dash: Dash) -> None:
         assert 'class="chart"' in page and "writer" in page
         # The chart's figures as a table too, a row per day, today's with the task.
         table = page[page.index("data-usage-days") : page.index("</table>")]
-        assert table.count("<tr data-day=") == DEFAULT_DAYS  # the page's default range
+        assert table.count("<tr data-day=") == DEFAULT_USAGE_DAYS  # the page's default range
         row = re.search(rf'<tr data-day="{today.isoformat()}">(.*?)</tr>', table)
         assert row is not None and '<td class="num">1</td>' in row.group(1)
         total = daily["days"][-1]["total"]

@@ -24,11 +24,13 @@ from fastapi.responses import Response
 
 from relaygraph.api._auth import own_task, project_auth
 from relaygraph.api._errors import ErrorAnswer, error_responses
+from relaygraph.api._params import time_query
 from relaygraph.api._schemas import ErrorBody
 from relaygraph.api.routes.tasks import PageCursor, PageLimit
 from relaygraph.api.ui._queries import (
     ANY_VIOLATION,
     APPROVAL_FILTERS,
+    DEFAULT_USAGE_DAYS,
     ArtifactList,
     DailyUsage,
     EvalRunList,
@@ -48,10 +50,6 @@ from relaygraph.api.ui._queries import (
 from relaygraph.errors import ConfigError
 from relaygraph.events import VIOLATION_KINDS
 from relaygraph.store import Ledger, Project
-
-_TIME_KW: dict[str, Any] = {"json_schema_extra": {"format": "date-time"}}
-"""Documents a query parameter as a time (schemathesis then sends times)."""
-
 
 # -- the endpoints --------------------------------------------------------------------------
 
@@ -110,11 +108,10 @@ def dashboard_api_router(
             ),
         ] = None,
         since: Annotated[
-            str | None,
-            Query(description="Created at or after; ISO 8601 with a time zone.", **_TIME_KW),
+            str | None, time_query("Created at or after; ISO 8601 with a time zone.")
         ] = None,
         until: Annotated[
-            str | None, Query(description="Created before; ISO 8601 with a time zone.", **_TIME_KW)
+            str | None, time_query("Created before; ISO 8601 with a time zone.")
         ] = None,
         q: Annotated[
             str | None,
@@ -221,15 +218,13 @@ def dashboard_api_router(
         project: ProjectDep,
         since: Annotated[
             str | None,
-            Query(description="ISO 8601 with a time zone; default 14 days ago.", **_TIME_KW),
+            time_query(f"ISO 8601 with a time zone; default {DEFAULT_USAGE_DAYS} days ago."),
         ] = None,
-        until: Annotated[
-            str | None, Query(description="ISO 8601 with a time zone; default now.", **_TIME_KW)
-        ] = None,
+        until: Annotated[str | None, time_query("ISO 8601 with a time zone; default now.")] = None,
     ) -> DailyUsage:
         """The project's usage per UTC day and role, over the tasks created in the range."""
         end = utc_time(until, "until") or datetime.now(UTC)
-        start = utc_time(since, "since") or end - timedelta(days=14)
+        start = utc_time(since, "since") or end - timedelta(days=DEFAULT_USAGE_DAYS)
         return daily_usage(ledger(), project.id, start, end)
 
     return router

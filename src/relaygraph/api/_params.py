@@ -1,10 +1,19 @@
 """Query parameters that several routes take, parsed once, with errors that name them."""
 
 from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Query
 
 from relaygraph.api._errors import ErrorAnswer
 
-__all__ = ["in_utc"]
+__all__ = ["in_utc", "time_query"]
+
+
+def time_query(description: str) -> Any:
+    """A query parameter that takes a time (read it with :func:`in_utc`), documented as
+    ``date-time`` in the OpenAPI document, so that schemathesis sends times."""
+    return Query(description=description, json_schema_extra={"format": "date-time"})
 
 
 def in_utc(text: str | None, field: str) -> datetime | None:

@@ -307,17 +307,12 @@ def add_evals_parser(commands: Any) -> None:
 
 
 def _selection(args: argparse.Namespace, ledger: Any) -> Any:
-    from relaygraph.store import LOCAL_PROJECT_ID, TaskSelection
+    """The :class:`~relaygraph.store.TaskSelection` of :func:`add_selection_arguments`."""
+    from relaygraph.store import TaskSelection
 
-    project_id = LOCAL_PROJECT_ID
-    if args.project is not None:
-        project = ledger.get_project(args.project)
-        if project is None:
-            raise ConfigError(f"--project {args.project!r}: no such project in {ledger.url}")
-        project_id = project.id
     team, version = args.of_team or (None, None)
     selection = TaskSelection(
-        project_id=project_id,
+        project_id=_project_id(args.project, ledger),
         team=team,
         version=version,
         since=args.since,
@@ -327,6 +322,18 @@ def _selection(args: argparse.Namespace, ledger: Any) -> Any:
     )
     selection.check()
     return selection
+
+
+def _project_id(name: str | None, ledger: Any) -> str:
+    """The id of the project ``--project`` names; ``relaygraph run``'s own without it."""
+    from relaygraph.store import LOCAL_PROJECT_ID
+
+    if name is None:
+        return LOCAL_PROJECT_ID
+    project = ledger.get_project(name)
+    if project is None:
+        raise ConfigError(f"--project {name!r}: no such project in {ledger.url}")
+    return project.id
 
 
 def export_command(args: argparse.Namespace) -> int:

@@ -3,18 +3,16 @@ and what it uses now."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends
 
 from relaygraph.api._errors import ErrorAnswer, error_responses
-from relaygraph.api._params import in_utc
+from relaygraph.api._params import in_utc, time_query
 from relaygraph.api._schemas import ProjectMe
 from relaygraph.api._state import ServiceState
 from relaygraph.api.ui._queries import project_me
 from relaygraph.store import Project
 
 __all__ = ["projects_router"]
-
-_TIME: dict[str, Any] = {"format": "date-time"}
 
 
 def projects_router(state: ServiceState) -> APIRouter:
@@ -37,14 +35,8 @@ def projects_router(state: ServiceState) -> APIRouter:
     @router.get("/v1/usage", responses=error_responses(401, 422))
     def usage(
         project: ProjectDep,
-        since: Annotated[
-            str | None,
-            Query(description="ISO 8601 with a time zone; inclusive.", json_schema_extra=_TIME),
-        ] = None,
-        until: Annotated[
-            str | None,
-            Query(description="ISO 8601 with a time zone; exclusive.", json_schema_extra=_TIME),
-        ] = None,
+        since: Annotated[str | None, time_query("ISO 8601 with a time zone; inclusive.")] = None,
+        until: Annotated[str | None, time_query("ISO 8601 with a time zone; exclusive.")] = None,
     ) -> dict[str, Any]:
         """The project's usage per role over the tasks created in ``[since, until)``."""
         start, end = in_utc(since, "since"), in_utc(until, "until")

@@ -37,7 +37,6 @@ def auth_router(dashboard: Dashboard) -> APIRouter:
             error=error,
             notice=notice,
             next_url=next_url,
-            nav="",
         )
         _set_cookie(request, response, LOGIN_COOKIE, token, path="/ui/login")
         return response

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from relaygraph.api.ui._queries import DailyUsage
 
@@ -60,11 +60,14 @@ class DayRow:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UsageChart:
+    # The drawing's size and axes are the layout's, the same for every chart.
+    width: ClassVar[int] = WIDTH
+    height: ClassVar[int] = HEIGHT
+    left: ClassVar[int] = LEFT
+    """Where the bars start: the value axis's labels are to its left."""
+    bottom: ClassVar[int] = HEIGHT - BOTTOM
+    """The bars' base line."""
     metric: Metric
-    width: int
-    height: int
-    left: int
-    bottom: float
     segments: tuple[Segment, ...]
     ticks: tuple[Tick, ...]
     labels: tuple[DayLabel, ...]
@@ -98,7 +101,7 @@ def usage_chart(daily: DailyUsage, metric: Metric) -> UsageChart:
     plot_w, plot_h = WIDTH - LEFT - 8, HEIGHT - BOTTOM - TOP
     slot = plot_w / max(len(daily.days), 1)
     bar_w = max(1.0, slot * 0.7)
-    base = HEIGHT - BOTTOM
+    base = UsageChart.bottom
     segments = []
     for i, day in enumerate(daily.days):
         x = LEFT + i * slot + (slot - bar_w) / 2
@@ -136,10 +139,6 @@ def usage_chart(daily: DailyUsage, metric: Metric) -> UsageChart:
     ticks = tuple(Tick(value=top * k / 4, y=base - plot_h * k / 4) for k in range(5))
     return UsageChart(
         metric=metric,
-        width=WIDTH,
-        height=HEIGHT,
-        left=LEFT,
-        bottom=base,
         segments=tuple(segments),
         ticks=ticks,
         labels=labels,

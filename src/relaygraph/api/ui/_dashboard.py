@@ -110,13 +110,16 @@ class Dashboard:
         session: DashboardSession | None,
         *,
         status: int = 200,
+        nav: str = "",
         **context: Any,
     ) -> HTMLResponse:
-        html = render(template, request=request, session=session, **context)
+        """``template`` as a page; ``nav`` is the section the navigation bar marks as the
+        current one (``tasks``, ``evals``, ``usage``), none for the sign-in and error pages."""
+        html = render(template, request=request, session=session, nav=nav, **context)
         return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
     def not_found(self, request: Request, session: DashboardSession, what: str) -> HTMLResponse:
-        return self.page(request, "not_found.html", session, status=404, what=what, nav="")
+        return self.page(request, "not_found.html", session, status=404, what=what)
 
 
 class SignInRequired(Exception):

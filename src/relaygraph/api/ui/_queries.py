@@ -38,6 +38,9 @@ from relaygraph.store import (
 MAX_SCAN = 1000
 """Most tasks one filtered page looks at before it answers (with the cursor to go on)."""
 MAX_DAYS = 366
+"""The most days one usage range covers (the usage page's and ``GET /v1/usage/daily``'s)."""
+DEFAULT_USAGE_DAYS = 14
+"""The days a usage range covers, up to now, when it names no start."""
 INPUT_CHARS = 280
 
 

@@ -13,13 +13,18 @@ from fastapi.responses import RedirectResponse, Response
 from relaygraph.api._errors import ErrorAnswer
 from relaygraph.api.ui._charts import Metric, usage_chart
 from relaygraph.api.ui._dashboard import SECURITY_HEADERS, Dashboard, dashboard_router, form_day
-from relaygraph.api.ui._queries import EvalRunOut, daily_usage, eval_run, project_me
+from relaygraph.api.ui._queries import (
+    DEFAULT_USAGE_DAYS,
+    MAX_DAYS,
+    EvalRunOut,
+    daily_usage,
+    eval_run,
+    project_me,
+)
 from relaygraph.api.ui._sessions import DashboardSession
 from relaygraph.store import EvalCaseRecord, EvalRunRecord
 
 RUNS_SHOWN = 50
-DEFAULT_DAYS = 14
-MAX_DAYS = 366
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,7 +150,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
         today = datetime.now(UTC).date()
         error = None
         try:
-            first = form_day(query.get("since")) or today - timedelta(days=DEFAULT_DAYS - 1)
+            first = form_day(query.get("since")) or today - timedelta(days=DEFAULT_USAGE_DAYS - 1)
             last = form_day(query.get("until")) or today
             if first > last:
                 raise ValueError("the 'from' day is after the 'to' day")
@@ -153,7 +158,7 @@ def report_router(dashboard: Dashboard) -> APIRouter:
                 raise ValueError(f"choose at most {MAX_DAYS} days")
         except ValueError as exc:
             error = str(exc)
-            first, last = today - timedelta(days=DEFAULT_DAYS - 1), today
+            first, last = today - timedelta(days=DEFAULT_USAGE_DAYS - 1), today
         since = datetime.combine(first, time(), UTC)
         until = datetime.combine(last + timedelta(days=1), time(), UTC)
         daily = daily_usage(dashboard.ledger(), session.project_id, since, until)
