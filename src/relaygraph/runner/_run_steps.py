@@ -144,6 +144,12 @@ class RunSteps:
         self.mode.after_stream(self.task)
         return self.run.result(end)
 
+    def record_end(self, end: StreamEnd, result: RunResult) -> None:
+        """Write the run's end (``result``, from :meth:`result`): blocking. From then on
+        nothing is let go (:attr:`ended`)."""
+        self.run.record_end(end, result)
+        self.ended = True
+
     def failed(self, exc: BaseException) -> None:
         """The run is leaving with ``exc``, its end not written."""
         if isinstance(exc, KeyboardInterrupt | SystemExit):

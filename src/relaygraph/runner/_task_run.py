@@ -147,13 +147,7 @@ class TaskRun:
         control = self._control()
         drained, error = False, None
         try:
-            stream = graph.stream(
-                graph_input,
-                self.config,
-                context=self.context,
-                **self._options(control, stream_tokens),
-            )
-            self._drain_on_hold(control)
+            stream = self._opened(graph.stream, graph_input, control, stream_tokens)
             # The saves on this thread (see _inline_saves): sync durability waits for
             # each anyway.
             with self._watched(control, stream_tokens), saves_inline():
@@ -169,13 +163,7 @@ class TaskRun:
         control = self._control()
         drained, error = False, None
         try:
-            stream = graph.astream(
-                graph_input,
-                self.config,
-                context=self.context,
-                **self._options(control, stream_tokens),
-            )
-            self._drain_on_hold(control)
+            stream = self._opened(graph.astream, graph_input, control, stream_tokens)
             with self._watched(control, stream_tokens):
                 async for item in stream:
                     self._on_item(item, stream_tokens)
@@ -214,6 +202,21 @@ class TaskRun:
             # repeat the side effects.
             "durability": "sync",
         }
+
+    def _opened(
+        self, open_stream: Callable[..., Any], graph_input: Any, control: Any, stream_tokens: bool
+    ) -> Any:
+        """The graph's stream from ``graph_input`` (``open_stream`` is ``graph.stream`` or
+        ``graph.astream``), under the run's config, context and drain ``control``; a lost
+        hold or a cancel drains it."""
+        stream = open_stream(
+            graph_input,
+            self.config,
+            context=self.context,
+            **self._options(control, stream_tokens),
+        )
+        self._drain_on_hold(control)
+        return stream
 
     def _drain_on_hold(self, control: Any) -> None:
         """A lost lease (or a superseded attempt) drains the run; it stays the new holder's.

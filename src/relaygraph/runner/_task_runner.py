@@ -141,8 +141,7 @@ class TaskRunner:
                         run.writer.flush()
                     end = run.stream(graph, steps.graph_input, stream_tokens=steps.tokens)
                 result = steps.result(end)
-                run.record_end(end, result)
-                steps.ended = True
+                steps.record_end(end, result)
                 return result
             except BaseException as exc:
                 steps.failed(exc)
@@ -209,8 +208,7 @@ class TaskRunner:
                     end = await run.astream(graph, steps.graph_input, stream_tokens=steps.tokens)
                 result = steps.result(end)
                 # Its reads (a ping-pong's approvals) and its end's write, off the loop.
-                await asyncio.to_thread(run.record_end, end, result)
-                steps.ended = True
+                await asyncio.to_thread(steps.record_end, end, result)
                 return result
             except BaseException as exc:
                 steps.failed(exc)

@@ -7,7 +7,7 @@ two on SQLite and PostgreSQL, so a change here needs a new migration.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -48,6 +48,13 @@ JSONValue = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "post
 OrderedJSON = JSON(none_as_null=True)
 # Row ids that PostgreSQL may count past 2**31; SQLite only auto-increments INTEGER keys.
 RowId = BigInteger().with_variant(Integer(), "sqlite")
+
+RowKey = Annotated[int, mapped_column(RowId, primary_key=True, autoincrement=True)]
+"""A row's own ``id``, which the database counts up."""
+ProjectRef = Annotated[str, mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))]
+"""The project a row belongs to: the row goes when the project goes."""
+TaskRef = Annotated[str, mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))]
+"""The task a row belongs to: the row goes when the task goes."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -98,9 +105,7 @@ class ApiKeyRow(Base):
     __tablename__ = "api_keys"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    project_id: Mapped[str] = mapped_column(
-        ForeignKey("projects.id", ondelete="CASCADE"), index=True
-    )
+    project_id: Mapped[ProjectRef] = mapped_column(index=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
@@ -120,7 +125,7 @@ class TaskRow(Base):
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    project_id: Mapped[ProjectRef]
     input: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))
     answer: Mapped[str | None] = mapped_column(Text)
@@ -187,8 +192,8 @@ class TeamVersionRow(Base):
     __tablename__ = "team_versions"
     __table_args__ = (UniqueConstraint("project_id", "name", "version"),)
 
-    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
-    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    id: Mapped[RowKey]
+    project_id: Mapped[ProjectRef]
     name: Mapped[str] = mapped_column(String(64))
     version: Mapped[int] = mapped_column(Integer)
     # The team file's content as pushed (JSON), which builds the team again for any task:
@@ -202,9 +207,7 @@ class TeamVersionRow(Base):
 class EventRow(Base):
     __tablename__ = "events"
 
-    task_id: Mapped[str] = mapped_column(
-        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
-    )
+    task_id: Mapped[TaskRef] = mapped_column(primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     type: Mapped[str] = mapped_column(String(32))
     agent: Mapped[str | None] = mapped_column(String(64))
@@ -216,9 +219,7 @@ class HandoffRow(Base):
     __tablename__ = "handoffs"
     __table_args__ = (CheckConstraint("kind IN ('route', 'direct')", name="kind"),)
 
-    task_id: Mapped[str] = mapped_column(
-        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
-    )
+    task_id: Mapped[TaskRef] = mapped_column(primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     event_seq: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(8))
@@ -236,8 +237,8 @@ class ToolCallRow(Base):
     __tablename__ = "tool_calls"
     __table_args__ = (Index(None, "task_id", "tool_call_id"),)
 
-    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    id: Mapped[RowKey]
+    task_id: Mapped[TaskRef]
     event_seq: Mapped[int] = mapped_column(Integer)
     agent: Mapped[str] = mapped_column(String(64))
     tool: Mapped[str] = mapped_column(String(128))
@@ -258,9 +259,7 @@ class ToolJournalRow(Base):
 
     __tablename__ = "tool_journal"
 
-    task_id: Mapped[str] = mapped_column(
-        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
-    )
+    task_id: Mapped[TaskRef] = mapped_column(primary_key=True)
     call_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     # The journal's own JSON record (``relaygraph.agents._journal``): the ledger keeps it as
     # given and reads nothing in it.
@@ -272,8 +271,8 @@ class ApprovalRow(Base):
     __tablename__ = "approvals"
     __table_args__ = (UniqueConstraint("task_id", "interrupt_id"),)
 
-    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    id: Mapped[RowKey]
+    task_id: Mapped[TaskRef]
     interrupt_id: Mapped[str | None] = mapped_column(String(128))
     kind: Mapped[str] = mapped_column(String(32))
     agent: Mapped[str | None] = mapped_column(String(64))
@@ -293,9 +292,7 @@ class ApprovalRow(Base):
 class UsageRow(Base):
     __tablename__ = "usage"
 
-    task_id: Mapped[str] = mapped_column(
-        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
-    )
+    task_id: Mapped[TaskRef] = mapped_column(primary_key=True)
     agent: Mapped[str] = mapped_column(String(64), primary_key=True)
     model_calls: Mapped[int] = mapped_column(Integer)
     tool_calls: Mapped[int] = mapped_column(Integer)
@@ -332,7 +329,7 @@ class EvalCaseRow(Base):
     __tablename__ = "eval_case_results"
     __table_args__ = (UniqueConstraint("eval_run_id", "case_id", "trial"),)
 
-    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    id: Mapped[RowKey]
     eval_run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"))
     case_id: Mapped[str] = mapped_column(String(255))
     trial: Mapped[int] = mapped_column(Integer)
