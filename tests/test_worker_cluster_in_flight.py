@@ -76,3 +76,35 @@ def test_one_worker_holds_its_tasks_in_flight_and_another_continues_them_all_aft
         assert lines(cluster, task_id, "effects.txt") == [started(cluster, task_id, 2)[1]]
         rows = tool_rows(cluster, task_id)
         assert [(r["tool_call_id"], r["status"]) for r in rows] == [("gated", "success")], rows
+
+
+@pytest.mark.slow
+def test_a_worker_whose_pool_is_one_connection_runs_all_its_tasks_in_flight(
+    cluster: Cluster,  # noqa: F811
+) -> None:
+    """``RELAYGRAPH_DATABASE_POOL_SIZE=1``: each process opens one connection for the ledger
+    and one for the checkpoints, however many tasks it holds in flight; the runs wait for
+    them and every task succeeds (with 64 checkpoint connections a process, two such workers
+    ran PostgreSQL out of connections and tasks failed)."""
+    pool = {"RELAYGRAPH_DATABASE_POOL_SIZE": "1"}
+    server = cluster.serve("api", model=DEFAULT_MODEL, env=pool)
+    cluster.worker("w1", env={**pool, "RELAYGRAPH_TASKS_IN_FLIGHT": str(IN_FLIGHT)})
+    key = cluster.create_project("acme")
+    with Client(server.url, key) as client:
+        ids = [client.submit(f"write note {i}")["id"] for i in range(3 * IN_FLIGHT)]
+    [row] = cluster.sql("SELECT current_database() AS name")
+    seen: list[int] = []
+
+    def all_done() -> bool:
+        [open_now] = cluster.sql(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = :name AND pid <> "
+            "pg_backend_pid()",
+            name=row["name"],
+        )
+        seen.append(int(open_now["n"]))
+        rows = cluster.sql("SELECT status FROM tasks")
+        return len(rows) == len(ids) and all(r["status"] == "succeeded" for r in rows)
+
+    waited(cluster, all_done, "every task succeeded")
+    # Two processes, two pools of one each, and the API server's LISTEN connection.
+    assert 2 <= max(seen) <= 2 * 2 + 1, seen
