@@ -46,9 +46,11 @@ def test_a_refused_connection_is_unavailable_and_a_bad_statement_is_not(
     with pytest.raises(Exception) as wrapped:  # SQLAlchemy's OperationalError, from psycopg's.
         engine.connect()
     assert is_database_unavailable(wrapped.value)
-    with psycopg.connect(postgres_server.replace("+psycopg", "")) as connection:
-        with pytest.raises(psycopg.Error) as division:
-            connection.execute("SELECT 1 / 0")
+    with (
+        psycopg.connect(postgres_server.replace("+psycopg", "")) as connection,
+        pytest.raises(psycopg.Error) as division,
+    ):
+        connection.execute("SELECT 1 / 0")
     assert not is_database_unavailable(division.value)
     assert not is_disk_full(refused)
 
@@ -60,10 +62,13 @@ def test_a_pool_with_no_connection_free_in_time_is_unavailable(postgres_server: 
     assert is_database_unavailable(sqlalchemy_pool.value)
     engine.dispose()
     conninfo = postgres_server.replace("+psycopg", "")
-    with ConnectionPool(conninfo, min_size=0, max_size=1, open=True) as pool:
-        with pool.connection(), pytest.raises(Exception) as psycopg_pool:
-            with pool.connection(timeout=0.05):
-                pass
+    with (
+        ConnectionPool(conninfo, min_size=0, max_size=1, open=True) as pool,
+        pool.connection(),
+        pytest.raises(Exception) as psycopg_pool,
+        pool.connection(timeout=0.05),
+    ):
+        pass
     assert is_database_unavailable(psycopg_pool.value)
 
 
@@ -119,10 +124,8 @@ async def test_the_api_answers_503_while_the_database_refuses_connections(
             assert ok.status_code == 200, ok.text
             with admin.connect() as connection:
                 connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-                connection.execute(
-                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-                    {"n": name},
-                )
+                ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
+                connection.execute(text(ended), {"n": name})
             try:
                 for _ in range(2):  # A pooled connection the server ended is not reused.
                     refused = await service.client.get("/v1/tasks", headers=auth(key))
