@@ -22,7 +22,7 @@ from relaygraph.policies import (
     policy_to_mapping,
     stored_policy,
 )
-from relaygraph.runner import RunnerSettings, ServiceTeams, TaskRequest, submit_task
+from relaygraph.runner import Intake, RunnerSettings, ServiceTeams, TaskRequest, submit_task
 from relaygraph.store import Ledger
 from relaygraph.team import default_team, parse_team
 
@@ -337,7 +337,7 @@ async def test_a_task_queued_under_a_looser_ceiling_runs_under_the_tighter(
                 project_id=project.id,
                 model=f"scripted:{scripts / 'greedy.json'}",
             ),
-            ledger=ledger,
+            Intake(ledger=ledger),
         ).task
     assert queued.status == "queued" and queued.policy is not None
     assert queued.policy["agents"]["coder"]["max_tool_calls"] == 50

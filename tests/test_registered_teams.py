@@ -202,7 +202,7 @@ async def test_a_worker_builds_the_pushed_team_from_the_ledger_and_runs_it(
     and the task recorded, same digest. Agents named researcher, writer, reviewer are the
     case: PostgreSQL's jsonb orders keys by length (writer, reviewer, researcher), which made
     another digest, and the worker failed every such task as changed since it started."""
-    from relaygraph.runner import RunnerSettings, ServiceTeams, TaskRequest, submit_task
+    from relaygraph.runner import Intake, RunnerSettings, ServiceTeams, TaskRequest, submit_task
     from relaygraph.worker import close_worker_runtime, run_ledger_task
 
     pushed_order = ["researcher", "writer", "reviewer"]
@@ -236,7 +236,7 @@ async def test_a_worker_builds_the_pushed_team_from_the_ledger_and_runs_it(
                     project_id=project.id,
                     model=f"scripted:{scripts / 'review.json'}",
                 ),
-                ledger=ledger,
+                Intake(ledger=ledger),
             ).task
 
     with Ledger(url) as ledger:

@@ -357,7 +357,7 @@ def test_a_queued_replay_is_on_its_fork_when_any_runner_takes_it(home: Path) -> 
     queued tasks from the ledger (``serve --processes``) starts it from its request as any
     task, and it goes on from the fork."""
     from relaygraph.errors import ConfigError
-    from relaygraph.runner import TaskRunner, submit_replay, team_of_record
+    from relaygraph.runner import Intake, TaskRunner, submit_replay, team_of_record
     from relaygraph.runner._checkpoint import open_checkpointer
 
     original_run = run_task("When are checkpoints written?", model=RELAY, home=home)
@@ -367,7 +367,12 @@ def test_a_queued_replay_is_on_its_fork_when_any_runner_takes_it(home: Path) -> 
     team = team_of_record(original)
     queued = [
         submit_replay(
-            original, ReplayChanges(from_step=2), team=team, policy=None, ledger=ledger, home=home
+            original,
+            ReplayChanges(from_step=2),
+            team=team,
+            policy=None,
+            intake=Intake(ledger=ledger),
+            home=home,
         ).task
         for _ in range(2)
     ]

@@ -17,6 +17,7 @@ from relaygraph._home import TASKS_FOLDER
 from relaygraph.backends.workspace import WorkspaceQuota, WorkspaceTooLarge, copy_workspace
 from relaygraph.evals import diff_trajectories, read_trajectory
 from relaygraph.runner import (
+    Intake,
     ReplayChanges,
     RequestRefused,
     ledger_for,
@@ -151,7 +152,7 @@ def test_a_workspace_past_the_quota_is_refused_naming_it_and_leaves_nothing(
                 ReplayChanges(from_step=2),
                 team=team_of_record(original),
                 policy=None,
-                ledger=ledger,
+                intake=Intake(ledger=ledger),
                 home=home,
                 workspace_quota=quota,
             )
@@ -280,16 +281,22 @@ def test_a_recorded_replay_whose_start_fails_keeps_its_fork_and_files(
     submit = {
         "team": team_of_record(original),
         "policy": None,
-        "ledger": ledger,
         "home": home,
         "idempotency_key": "sum-2",
     }
     with pytest.raises(ConnectionError):
-        submit_replay(original, ReplayChanges(from_step=2), enqueue=broker_down, **submit)
+        submit_replay(
+            original,
+            ReplayChanges(from_step=2),
+            intake=Intake(ledger=ledger, enqueue=broker_down),
+            **submit,
+        )
     [queued] = ledger.replays_of(original.id, project_id=LOCAL_PROJECT_ID)
     assert queued.status == "queued"
     assert (_workspace(home, queued.id) / "data" / "numbers.txt").read_text() == "1 2 3"
-    retried = submit_replay(original, ReplayChanges(from_step=2), **submit)
+    retried = submit_replay(
+        original, ReplayChanges(from_step=2), intake=Intake(ledger=ledger), **submit
+    )
     assert (retried.task.id, retried.created) == (queued.id, False)
     result = TaskRunner(ledger=ledger, home=home).run(
         queued, {"request": queued.input}, only_from=("queued",)

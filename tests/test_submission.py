@@ -15,6 +15,7 @@ from relaygraph.api._errors import ErrorAnswer
 from relaygraph.client import ApiError
 from relaygraph.runner import (
     Decision,
+    Intake,
     ModelRules,
     RequestRefused,
     TaskRequest,
@@ -143,7 +144,7 @@ def test_a_submission_is_handed_to_enqueue_unless_its_thread_is_busy(
             input="go", team=default_team(), model=spec, project_id=project.id, **fields
         )
         return submit_task(
-            request, ledger=home_ledger, enqueue=lambda task: enqueued.append(task.id)
+            request, Intake(ledger=home_ledger, enqueue=lambda task: enqueued.append(task.id))
         )
 
     first = submit(thread_id="t-1", thread_must_exist=False, multitask="reject")

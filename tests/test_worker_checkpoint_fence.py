@@ -263,14 +263,14 @@ def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
 def test_a_stale_workers_run_stops_without_touching_the_new_attempts_checkpoints(
     postgres_ledger: Ledger, home: Path, tmp_path: Path
 ) -> None:
-    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.runner import Intake, TaskRequest, submit_task
     from relaygraph.team import default_team
     from relaygraph.worker import close_worker_runtime, run_ledger_task
 
     script = tmp_path / "gated.json"
     script.write_text(json.dumps(gated_coder()), encoding="utf-8")
     request = TaskRequest(input="compute slowly", team=default_team(), model=f"scripted:{script}")
-    task = submit_task(request, ledger=postgres_ledger).task
+    task = submit_task(request, Intake(ledger=postgres_ledger)).task
     workspace = home / "tasks" / task.id / "workspace"
 
     def starts(count: int) -> list[str]:
@@ -350,7 +350,7 @@ def test_a_workers_run_reads_no_attempt_state_per_step(
 ) -> None:
     """On PostgreSQL the fenced checkpointer checks the attempt and the cancel flag in each
     write; the run's step boundaries make no read of their own (only the watch's poll)."""
-    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.runner import Intake, TaskRequest, submit_task
     from relaygraph.team import default_team
     from relaygraph.worker import close_worker_runtime, run_ledger_task
     from tests.conftest import EXAMPLE_RELAY
@@ -364,7 +364,7 @@ def test_a_workers_run_reads_no_attempt_state_per_step(
 
     monkeypatch.setattr(Ledger, "attempt_state", counted)
     request = TaskRequest(input="x", team=default_team(), model=f"scripted:{EXAMPLE_RELAY}")
-    task = submit_task(request, ledger=postgres_ledger).task
+    task = submit_task(request, Intake(ledger=postgres_ledger)).task
     try:
         run_ledger_task(task.id, postgres_ledger.queue_for_workers(task.id))
     finally:

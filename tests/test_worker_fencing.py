@@ -344,7 +344,7 @@ def worker_env(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
 
 
 def submitted(ledger: Ledger, policy: Path | None = None) -> str:
-    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.runner import Intake, TaskRequest, submit_task
     from relaygraph.team import default_team
 
     team = default_team()
@@ -354,7 +354,7 @@ def submitted(ledger: Ledger, policy: Path | None = None) -> str:
         model=f"scripted:{EXAMPLE_RELAY}",
         policy=team.policy_from(policy) if policy is not None else None,
     )
-    return submit_task(request, ledger=ledger).task.id
+    return submit_task(request, Intake(ledger=ledger)).task.id
 
 
 def test_a_worker_runs_a_task_once_per_dispatch(
@@ -408,7 +408,7 @@ def test_a_worker_that_ends_a_task_hands_its_threads_next_task_to_the_workers(
 ) -> None:
     """The task enqueued behind another on its thread is published once the worker's run
     of the first ends it (and not while the first still holds the thread)."""
-    from relaygraph.runner import TaskRequest, submit_task
+    from relaygraph.runner import Intake, TaskRequest, submit_task
     from relaygraph.team import default_team
     from relaygraph.worker import worker_runtime
 
@@ -427,7 +427,7 @@ def test_a_worker_that_ends_a_task_hands_its_threads_next_task_to_the_workers(
             thread_must_exist=False,
             multitask="enqueue",
         )
-        return submit_task(request, ledger=ledger)
+        return submit_task(request, Intake(ledger=ledger))
 
     first, second = submit("When are checkpoints written?"), submit("And after a crash?")
     assert first.starts and not second.starts

@@ -26,7 +26,7 @@ from relaygraph.api._settings import ServiceSettings
 from relaygraph.api._streams import StreamGate
 from relaygraph.api._teams import TeamRegistry
 from relaygraph.errors import ConfigError
-from relaygraph.runner import RETENTION_SWEEP_SECONDS, ModelRules, collect_garbage
+from relaygraph.runner import RETENTION_SWEEP_SECONDS, Intake, ModelRules, collect_garbage
 from relaygraph.store import DATABASE_URL_ENV, Ledger, Project, database_url
 
 if TYPE_CHECKING:
@@ -116,6 +116,16 @@ class ServiceState:
         if self._dispatch is None:
             raise RuntimeError("the task service has not started: it cannot run tasks")
         return self._dispatch
+
+    def intake(self) -> Intake:
+        """Where the server records and starts the tasks submitted to it (while the app
+        runs): its ledger, its model rules, its dispatch and its quotas."""
+        return Intake(
+            ledger=self.ledger(),
+            model_rules=self.model_rules,
+            enqueue=self.dispatch().enqueue,
+            quotas=self.settings.quotas,
+        )
 
     def workers_load(self) -> WorkersLoad | None:
         """What this process's workers hold now; None in the worker mode (or not started)."""

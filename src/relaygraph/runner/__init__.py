@@ -1,9 +1,9 @@
 """The runner: one task from request to ledger.
 
 A task comes in one way, whoever asks (the CLI, :func:`run_task`, the HTTP API):
-:func:`submit_task` checks a :class:`TaskRequest`, records it and starts it (``_submit``);
-a paused task is answered one way too, :func:`decide_task` (``_decide``). Refusals name
-the field at fault (:class:`RequestRefused`).
+:func:`submit_task` checks a :class:`TaskRequest`, records it and starts it as its
+:class:`Intake` says (``_submit``); a paused task is answered one way too,
+:func:`decide_task` (``_decide``). Refusals name the field at fault (:class:`RequestRefused`).
 
 :func:`run_task` and :func:`resume_task` run a task (or continue a paused one) in this
 process (``_run``); :class:`TaskRunner` is the long-lived form the task service keeps
@@ -56,6 +56,7 @@ from relaygraph.runner._settings import RunnerSettings, load_runner_settings, re
 from relaygraph.runner._submit import (
     POLICY_SOURCE_KEY,
     Enqueue,
+    Intake,
     Submission,
     SubmittedTask,
     TaskRequest,
@@ -96,6 +97,7 @@ __all__ = [
     "Enqueue",
     "EventHandler",
     "Freed",
+    "Intake",
     "LoopLoad",
     "ModelCallRecorder",
     "ModelCallRecording",

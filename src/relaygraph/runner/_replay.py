@@ -43,15 +43,14 @@ from relaygraph.errors import ConfigError
 from relaygraph.runner._checkpoint import open_checkpointer
 from relaygraph.runner._errors import RequestRefused
 from relaygraph.runner._ledger import ledger_for
-from relaygraph.runner._submit import Enqueue, SubmittedTask, TaskRequest, submit_task
+from relaygraph.runner._submit import Intake, SubmittedTask, TaskRequest, submit_task
 from relaygraph.store import new_checkpoint_thread
 
 if TYPE_CHECKING:
     from relaygraph.policies import TeamPolicy
-    from relaygraph.runner._models import ModelRules
     from relaygraph.runner._result import RunResult
     from relaygraph.runner._task_run import EventHandler
-    from relaygraph.store import Ledger, Quotas, Task
+    from relaygraph.store import Ledger, Task
     from relaygraph.team import Team
 
 __all__ = [
@@ -204,23 +203,19 @@ def submit_replay(
     *,
     team: Team,
     policy: TeamPolicy | None,
-    ledger: Ledger,
+    intake: Intake,
     home: Path,
-    model_rules: ModelRules | None = None,
-    enqueue: Enqueue | None = None,
-    runner_id: str | None = None,
-    lease_seconds: float | None = None,
-    quotas: Quotas | None = None,
     workspace_quota: WorkspaceQuota | None = None,
     idempotency_key: str | None = None,
 ) -> SubmittedTask:
     """Submit a replay of ``original`` (which the caller found in its own project): copy the
     original's checkpoints up to the step to a new thread and its workspace to the new
     task's, then check and record the replay on it as a new task with ``replay_of`` and
-    ``from_step``, and start it (``enqueue``) or leave it to the caller's runner
-    (``runner_id``), as :func:`~relaygraph.runner.submit_task` does.
+    ``from_step``, and start it (``intake.enqueue``) or leave it to the caller's runner
+    (``intake.runner_id``), as :func:`~relaygraph.runner.submit_task` does.
 
     Args:
+        intake: Where the replay is recorded and how it starts.
         workspace_quota: What the replay's files may hold (the runner's); the workspace
             copied from the original is held to it.
         idempotency_key: A retry with the same key returns the replay the first try
@@ -236,15 +231,8 @@ def submit_replay(
         replay_request(original, changes, team=team, policy=policy),
         idempotency_key=idempotency_key,
     )
-    submit = functools.partial(
-        submit_task,
-        ledger=ledger,
-        model_rules=model_rules,
-        enqueue=enqueue,
-        runner_id=runner_id,
-        lease_seconds=lease_seconds,
-        quotas=quotas,
-    )
+    submit = functools.partial(submit_task, intake=intake)
+    ledger = intake.ledger
     if from_step == 0:
         return submit(request)
     retry = _retry_of_replay(request, ledger)
@@ -417,10 +405,8 @@ def replay_task(
         changes,
         team=team,
         policy=policy,
-        ledger=ledger,
+        intake=runner.intake(),
         home=home,
-        runner_id=runner.runner_id,
-        lease_seconds=runner.lease_seconds,
         workspace_quota=runner.workspace_quota,
     )
     return runner.run_submitted(

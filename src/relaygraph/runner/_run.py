@@ -97,10 +97,8 @@ def run_task(
             start_agent=None if topology is None else topology.start_agent,
             output_mode=None if topology is None else topology.output_mode,
         ),
-        ledger=ledger,
         # Recorded under the runner's lease: it runs the task at once.
-        runner_id=runner.runner_id,
-        lease_seconds=runner.lease_seconds,
+        runner.intake(),
     )
     return runner.run_submitted(
         submitted,

@@ -53,7 +53,7 @@ class RunOptions(TypedDict, total=False):
     another attempt. The ledger's cancel flag is watched (the run stops at the next step
     boundary, ``cancelled``). None: the run takes the task's lease (in process)."""
     leased: bool
-    """``task`` was just recorded under this runner's lease (``submit_task(runner_id=...)``,
+    """``task`` was just recorded under this runner's lease (``Intake.runner_id``,
     ``SubmittedTask.leased``), and nothing ran it since: the run does not take the lease
     again."""
     only_from: tuple[str, ...] | None

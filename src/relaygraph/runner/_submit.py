@@ -12,7 +12,7 @@ policy only tightens the team's, and a refusal names the field at fault
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from relaygraph.errors import ConfigError
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "POLICY_SOURCE_KEY",
     "Enqueue",
+    "Intake",
     "Submission",
     "SubmittedTask",
     "TaskRequest",
@@ -45,6 +46,41 @@ Enqueue = Callable[[Task], None]
 """Starts a recorded ``queued`` task when a worker is free (the server's worker pool
 in-process; a task queue's producer). It is handed the task as the submission recorded it,
 so a worker pool need not read it again (two reads of every submission)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Intake:
+    """Where a service records and starts the tasks submitted to it: its ledger, the rules
+    its callers' models are held to, and how a recorded task starts (handed to ``enqueue``,
+    or recorded under the lease of the runner that runs it in this process at once).
+
+    Raises:
+        ValueError: Both ``runner_id`` and ``enqueue``: a task runs in this process or is
+            enqueued.
+    """
+
+    ledger: Ledger
+    """Where the tasks are recorded."""
+    model_rules: ModelRules | None = None
+    """Which models the callers' requests may name; a user's own rules (any valid spec)
+    when None."""
+    enqueue: Enqueue | None = None
+    """Starts a recorded task; None when the caller runs it itself (``run_task`` runs it
+    in this process)."""
+    runner_id: str | None = None
+    """The runner that runs the tasks in this process at once (not with ``enqueue``): a
+    task that may start now is recorded ``running`` under its lease, in the transaction
+    that records it (``SubmittedTask.leased``), instead of ``queued`` for a ``take_lease``
+    after, which would be a transaction of its own."""
+    lease_seconds: float | None = None
+    """With ``runner_id``, how long its lease lasts unrenewed."""
+    quotas: Quotas | None = None
+    """The server's quotas of every project (``RunnerSettings.quotas``): a new task past
+    its project's quotas is refused. None: none (``run_task`` in a user's own process)."""
+
+    def __post_init__(self) -> None:
+        if self.runner_id is not None and self.enqueue is not None:
+            raise ValueError("Intake: a task runs in this process (runner_id) or is enqueued")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,7 +165,7 @@ class SubmittedTask:
     """Whether it may start now: created, and its thread free (handed to ``enqueue``)."""
     leased: bool = False
     """Recorded ``running`` under the lease of the runner the submission named
-    (``submit_task(runner_id=...)``), which starts it without taking the lease again."""
+    (``Intake.runner_id``), which starts it without taking the lease again."""
 
 
 def check_request(
@@ -173,18 +209,12 @@ def check_request(
     )
 
 
-def record_submission(
-    submission: Submission,
-    *,
-    ledger: Ledger,
-    runner_id: str | None = None,
-    lease_seconds: float | None = None,
-    quotas: Quotas | None = None,
-) -> tuple[Task, bool]:
-    """Record ``submission`` as a ``queued`` task, or find the one an earlier try with its
-    idempotency key created. With ``runner_id`` and ``lease_seconds``, a new task is
-    recorded ``running`` under that runner's lease (``Ledger.create_task``). With
-    ``quotas`` (the server's), a new task past its project's quotas is refused.
+def record_submission(submission: Submission, intake: Intake) -> tuple[Task, bool]:
+    """Record ``submission`` in ``intake``'s ledger as a ``queued`` task, or find the one an
+    earlier try with its idempotency key created. With the intake's ``runner_id`` and
+    ``lease_seconds``, a new task is recorded ``running`` under that runner's lease
+    (``Ledger.create_task``). With its ``quotas`` (the server's), a new task past its
+    project's quotas is refused.
 
     Returns:
         The task, and True when this call created it.
@@ -195,7 +225,7 @@ def record_submission(
     """
     request = submission.request
     try:
-        return ledger.create_task(
+        return intake.ledger.create_task(
             project_id=request.project_id,
             input=request.input,
             thread_id=request.thread_id,
@@ -205,9 +235,9 @@ def record_submission(
             metadata=submission.metadata,
             idempotency_key=request.idempotency_key,
             team=submission.team_record,
-            runner_id=runner_id,
-            lease_seconds=lease_seconds,
-            quotas=quotas,
+            runner_id=intake.runner_id,
+            lease_seconds=intake.lease_seconds,
+            quotas=intake.quotas,
             replay_of=request.replay_of,
             from_step=request.from_step,
             task_id=request.task_id,
@@ -218,51 +248,26 @@ def record_submission(
         ) from None
 
 
-def submit_task(
-    request: TaskRequest,
-    *,
-    ledger: Ledger,
-    model_rules: ModelRules | None = None,
-    enqueue: Enqueue | None = None,
-    runner_id: str | None = None,
-    lease_seconds: float | None = None,
-    quotas: Quotas | None = None,
-) -> SubmittedTask:
-    """Check ``request``, record it, and hand it to ``enqueue`` when it may start now.
+def submit_task(request: TaskRequest, intake: Intake) -> SubmittedTask:
+    """Check ``request``, record it, and hand it to ``intake.enqueue`` when it may start now.
 
     Args:
         request: The task asked for.
-        ledger: Where the task is recorded.
-        model_rules: Which models the caller's requests may name; a user's own rules
-            (any valid spec) when None.
-        enqueue: Starts the recorded task; None when the caller runs it itself
-            (``run_task`` runs it in this process).
-        runner_id: The runner that runs the task in this process at once (with
-            ``lease_seconds``, the length of its lease; not with ``enqueue``): a task that
-            may start now is recorded ``running`` under its lease, in the transaction that
-            records it (``SubmittedTask.leased``), instead of ``queued`` for a
-            ``take_lease`` after, which would be a transaction of its own.
-        quotas: The server's quotas of every project (``RunnerSettings.quotas``); None:
-            none (``run_task`` in a user's own process).
+        intake: Where the task is recorded and how it starts.
 
     Raises:
         RequestRefused: See :func:`check_request` and :func:`record_submission`.
         QuotaExceeded: The project is at its queued quota or spent its day's budget.
     """
-    if runner_id is not None and enqueue is not None:
-        raise ValueError("submit_task: a task runs in this process (runner_id) or is enqueued")
-    submission = check_request(request, ledger=ledger, model_rules=model_rules)
-    lease = runner_id is not None and not submission.waits_for_thread
-    task, created = record_submission(
-        submission,
-        ledger=ledger,
-        runner_id=runner_id if lease else None,
-        lease_seconds=lease_seconds if lease else None,
-        quotas=quotas,
-    )
+    submission = check_request(request, ledger=intake.ledger, model_rules=intake.model_rules)
+    lease = intake.runner_id is not None and not submission.waits_for_thread
+    # A task that waits for its thread is recorded queued: the runner's lease is for
+    # tasks that start now.
+    recorded_in = intake if lease else replace(intake, runner_id=None, lease_seconds=None)
+    task, created = record_submission(submission, recorded_in)
     starts = created and not submission.waits_for_thread
-    if starts and enqueue is not None:
-        enqueue(task)
+    if starts and intake.enqueue is not None:
+        intake.enqueue(task)
     return SubmittedTask(
         task=task,
         submission=submission,

@@ -25,6 +25,7 @@ from relaygraph.runner._no_room import RoomReserve, UnrecordedFailures
 from relaygraph.runner._result import RunResult
 from relaygraph.runner._run_mode import InProcessRun, RunMode, WorkerAttempt
 from relaygraph.runner._run_steps import RunOptions, RunSteps
+from relaygraph.runner._submit import Intake
 from relaygraph.runner._task_run import TaskRun
 from relaygraph.runner._team_cache import team_cache
 from relaygraph.runner._teams import prepare_knowledge_base, team_of_record
@@ -161,11 +162,18 @@ class TaskRunner:
                 raise
             raise steps.no_room(exc) from exc
 
+    def intake(self) -> Intake:
+        """Where a task this runner runs at once is submitted: its ledger, with the task
+        recorded under this runner's lease (for :meth:`run_submitted`)."""
+        return Intake(
+            ledger=self.ledger, runner_id=self.runner_id, lease_seconds=self.lease_seconds
+        )
+
     def run_submitted(
         self, submitted: SubmittedTask, graph_input: Any, **options: Unpack[RunOptions]
     ) -> RunResult:
         """Run, at once and on this thread, a task this process just submitted under this
-        runner's lease (``submit_task(runner_id=self.runner_id)``, as ``run_task`` and
+        runner's lease (``submit_task(request, self.intake())``, as ``run_task`` and
         ``replay_task`` do): on the chat models its submission chose, without taking the
         lease again, and ended ``cancelled`` by a ``KeyboardInterrupt`` that stops it
         (``interrupt_cancels``: the process is the task's only runner).

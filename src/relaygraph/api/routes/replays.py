@@ -129,11 +129,8 @@ def replay_in_project(
         ),
         team=chosen.team,
         policy=policy,
-        ledger=state.ledger(),
+        intake=state.intake(),
         home=state.home,
-        model_rules=state.model_rules,
-        enqueue=state.dispatch().enqueue,
-        quotas=state.settings.quotas,
         workspace_quota=state.settings.workspace_quota(),
         idempotency_key=idempotency_key,
     )

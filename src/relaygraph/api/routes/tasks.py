@@ -107,10 +107,7 @@ def tasks_router(state: ServiceState) -> APIRouter:
                 multitask=body.multitask,
                 idempotency_key=idempotency_key,
             ),
-            ledger=state.ledger(),
-            model_rules=state.model_rules,
-            enqueue=state.dispatch().enqueue,
-            quotas=state.settings.quotas,
+            state.intake(),
         )
         return submitted_task_out(state, submitted, project)
 
