@@ -12,7 +12,15 @@ from typing import Any
 
 from relaygraph.supervisor import FINISH
 
-__all__ = ["COUNTED_BY_THE_REVIEWER", "Turn", "call", "one_visit", "route", "say"]
+__all__ = [
+    "COUNTED_BY_THE_REVIEWER",
+    "REFUSED_RUN_PYTHON",
+    "Turn",
+    "call",
+    "one_visit",
+    "route",
+    "say",
+]
 
 Turn = dict[str, Any]
 """One turn of a role's model in a script."""
@@ -61,3 +69,15 @@ COUNTED_BY_THE_REVIEWER = one_visit(
     final="Done.",
 )
 """A reviewer (of a team that gives it a ``word_count`` tool) counts the words of a draft."""
+
+REFUSED_RUN_PYTHON = one_visit(
+    "researcher",
+    "Look it up",
+    "facts first",
+    call("run_python", code="print(6 * 7)"),
+    say("I may not run code here; the docs say a checkpoint follows each super-step."),
+    finished="the researcher answered",
+    final="A checkpoint is written after every super-step.",
+)
+"""The researcher calls ``run_python``, which it is not allowed: a refused tool (one
+``tool_not_allowed`` violation), and the team still answers."""

@@ -92,6 +92,19 @@ def start(spec: str, policy: Path, home: Path) -> dict[str, Any]:
     return paused
 
 
+def start_first(script: Script, policy: Path, home: Path, *, then: str) -> dict[str, Any]:
+    """:func:`start` the task in which the coder asks to run ``FIRST`` and, once decided,
+    says ``then``."""
+    spec = script(
+        {
+            "supervisor": [route("coder"), route("FINISH")],
+            "coder": [call("run_python", code=FIRST), say(then)],
+            "finalize": [say("final")],
+        }
+    )
+    return start(spec, policy, home)
+
+
 def test_approve_in_a_new_process_runs_the_tool_exactly_once(
     home: Path, script: Script, policy_file: Path
 ) -> None:
@@ -158,14 +171,7 @@ def test_approve_in_a_new_process_runs_the_tool_exactly_once(
 def test_reject_tells_the_model_why_and_never_runs_the_tool(
     home: Path, script: Script, policy_file: Path
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [route("coder"), route("FINISH")],
-            "coder": [call("run_python", code=FIRST), say("I will not run it")],
-            "finalize": [say("final")],
-        }
-    )
-    paused = start(spec, policy_file, home)
+    paused = start_first(script, policy_file, home, then="I will not run it")
     done = run_json(
         "resume",
         paused["task_id"],
@@ -191,14 +197,7 @@ def test_reject_tells_the_model_why_and_never_runs_the_tool(
 def test_edit_runs_the_tool_with_the_new_arguments(
     home: Path, script: Script, policy_file: Path
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [route("coder"), route("FINISH")],
-            "coder": [call("run_python", code=FIRST), say("edited version ran")],
-            "finalize": [say("final")],
-        }
-    )
-    paused = start(spec, policy_file, home)
+    paused = start_first(script, policy_file, home, then="edited version ran")
     edited = "open('side.txt', 'a').write('edited')\nprint('edited ran')"
     done = run_json(
         "resume", paused["task_id"], "--edit", json.dumps({"code": edited}), home=home, code=0
@@ -242,14 +241,7 @@ def test_edit_runs_the_tool_with_the_new_arguments(
 def test_resume_refuses_what_it_cannot_continue(
     home: Path, script: Script, policy_file: Path
 ) -> None:
-    spec = script(
-        {
-            "supervisor": [route("coder"), route("FINISH")],
-            "coder": [call("run_python", code=FIRST), say("done")],
-            "finalize": [say("final")],
-        }
-    )
-    paused = start(spec, policy_file, home)
+    paused = start_first(script, policy_file, home, then="done")
     task_id = paused["task_id"]
 
     bad_json = relaygraph("resume", task_id, "--edit", "{code: 1", home=home)

@@ -19,7 +19,7 @@ from langchain_core.tools import StructuredTool
 
 from relaygraph import arun_task
 from relaygraph.agents import Agent, builtin
-from relaygraph.runner import run_task
+from relaygraph.runner import RunResult, run_task
 from relaygraph.store import LOCAL_PROJECT_ID, Ledger
 from relaygraph.team import Team
 from relaygraph.topology import Topology
@@ -194,6 +194,20 @@ def test_cancel_stops_a_slow_async_tool(home: Path, script: Script) -> None:
     assert STOPPED == ["finally"]  # The coroutine was cancelled, not left running.
 
 
+async def started_waiting(script: Script, seconds: float) -> asyncio.Task[RunResult]:
+    """``arun_task`` of a team whose shouter calls ``wait_long(seconds)``, running on the
+    loop, once the tool has started."""
+    run = asyncio.create_task(
+        arun_task(
+            "Wait",
+            team=team_with(wait_long),
+            model=script(turns("structured", call("wait_long", seconds=seconds))),
+        )
+    )
+    await asyncio.to_thread(STARTED.wait, 30)
+    return run
+
+
 async def test_arun_task_leaves_the_loop_free(home: Path, script: Script) -> None:
     STARTED.clear()
     ticks = 0
@@ -206,14 +220,7 @@ async def test_arun_task_leaves_the_loop_free(home: Path, script: Script) -> Non
             await asyncio.sleep(0.01)
 
     ticker = asyncio.create_task(tick())
-    run = asyncio.create_task(
-        arun_task(
-            "Wait",
-            team=team_with(wait_long),
-            model=script(turns("structured", call("wait_long", seconds=0.5))),
-        )
-    )
-    await asyncio.to_thread(STARTED.wait, 30)
+    run = await started_waiting(script, 0.5)
     before = ticks
     result = await run
     stop.set()
@@ -225,14 +232,7 @@ async def test_arun_task_leaves_the_loop_free(home: Path, script: Script) -> Non
 async def test_a_cancelled_arun_task_cancels_its_task(home: Path, script: Script) -> None:
     STARTED.clear()
     STOPPED.clear()
-    run = asyncio.create_task(
-        arun_task(
-            "Wait",
-            team=team_with(wait_long),
-            model=script(turns("structured", call("wait_long", seconds=60))),
-        )
-    )
-    await asyncio.to_thread(STARTED.wait, 30)
+    run = await started_waiting(script, 60)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

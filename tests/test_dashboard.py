@@ -27,21 +27,12 @@ from relaygraph.api.ui._sessions import SessionStore
 from relaygraph.events import PREVIEW_CHARS
 from relaygraph.store import Event, HandoffEntry, Ledger, QuotaOverrides
 
-from ._scripts import COUNTED_BY_THE_REVIEWER, call, one_visit, say
+from ._scripts import COUNTED_BY_THE_REVIEWER, REFUSED_RUN_PYTHON, call, one_visit, say
 from ._service import FINISHED, auth
 from .conftest import EXAMPLE_RELAY, REPO, isolation_missing
 from .test_timeline import record_task
 
 HTML = {"Accept": "text/html"}
-REFUSING = one_visit(
-    "researcher",
-    "Look it up",
-    "facts first",
-    call("run_python", code="print(1)"),
-    say("I may not run code; checkpoints are written after each super-step."),
-    final="Checkpoints are written after every super-step.",
-)
-"""A task in which the researcher calls a tool it is not allowed: one violation."""
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
 
@@ -248,7 +239,7 @@ async def test_task_summaries_count_and_filter(dash: Dash) -> None:
     key = dash.key("acme")
     relay = await dash.submit(key, input="When are checkpoints written?")
     refused = await dash.submit(
-        key, input="Look it up, no code", model=dash.script("refusing.json", REFUSING)
+        key, input="Look it up, no code", model=dash.script("refusing.json", REFUSED_RUN_PYTHON)
     )
     await dash.wait(key, relay["id"], FINISHED)
     await dash.wait(key, refused["id"], FINISHED)

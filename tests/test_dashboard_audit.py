@@ -18,11 +18,11 @@ from relaygraph.api.ui._policy_text import policy_lines, policy_origin
 from relaygraph.api.ui._templates import seconds
 from relaygraph.store import Ledger
 
+from ._scripts import REFUSED_RUN_PYTHON
 from ._service import FINISHED
 from ._service import auth as bearer
 from .test_dashboard import (
     HTML,
-    REFUSING,
     Dash,
     csrf_of,
     running,
@@ -159,7 +159,7 @@ async def test_refusals_name_their_rule_and_the_policy_shows_as_text(
     refused = await priced.submit(
         key,
         input="Look it up, no code",
-        model=priced.script("refusing.json", REFUSING),
+        model=priced.script("refusing.json", REFUSED_RUN_PYTHON),
         metadata={"ticket": "OPS-4711"},
     )
     await priced.wait(key, refused["id"], FINISHED)

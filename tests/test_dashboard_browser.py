@@ -26,7 +26,7 @@ import pytest
 from relaygraph.client import Client
 from relaygraph.store import Ledger
 
-from ._scripts import call, one_visit, say
+from ._scripts import REFUSED_RUN_PYTHON
 from ._service import free_port, stop_process, wait_answering
 from .conftest import EXAMPLE_RELAY
 
@@ -42,16 +42,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SHOTS_ENV = "RELAYGRAPH_DASHBOARD_SHOTS"
-REFUSING = one_visit(
-    "researcher",
-    "Look it up",
-    "facts first",
-    call("run_python", code="print(6 * 7)"),
-    say("I may not run code here; the docs say a checkpoint follows each super-step."),
-    finished="the researcher answered",
-    final="A checkpoint is written after every super-step.",
-)
-"""The researcher calls ``run_python``, which it is not allowed: a refused tool."""
 APPROVAL_POLICY = {"agents": {"coder": {"approval": ["run_python"]}}}
 
 pytestmark = [
@@ -105,7 +95,7 @@ def _golden(folder: Path, *, regress: bool) -> Path:
     """Two cases on the scripted relay and the refused tool; with ``regress`` the relay
     case expects another first agent, so that it fails."""
     shutil.copy(EXAMPLE_RELAY, folder / "relay.json")
-    (folder / "refusing.json").write_text(json.dumps(REFUSING), encoding="utf-8")
+    (folder / "refusing.json").write_text(json.dumps(REFUSED_RUN_PYTHON), encoding="utf-8")
     cases = [
         {
             "id": "relay",
@@ -136,7 +126,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     for folder in (home, scripts, shots):
         folder.mkdir()
     shutil.copy(EXAMPLE_RELAY, scripts / "relay.json")
-    (scripts / "refusing.json").write_text(json.dumps(REFUSING), encoding="utf-8")
+    (scripts / "refusing.json").write_text(json.dumps(REFUSED_RUN_PYTHON), encoding="utf-8")
     with Ledger(f"sqlite:///{home / 'ledger.sqlite'}") as ledger:
         ledger.upgrade()
         keys = {name: ledger.create_project(name)[1] for name in ("research", "other")}

@@ -35,51 +35,34 @@ def test_a_tool_supervisor_that_answers_itself_is_degraded(home: Path, script: S
     assert result.answer
 
 
+def researched_then(answer: str) -> dict[str, Any]:
+    """The script in which the tool-calling supervisor hands the researcher the question,
+    the researcher searches the docs and replies, and the supervisor then answers ``answer``."""
+    return {
+        "supervisor": [
+            {
+                "tool_calls": [
+                    {"name": "transfer_to_researcher", "args": {"task": "find", "reason": "facts"}}
+                ]
+            },
+            {"content": answer},
+        ],
+        "researcher": [
+            {"tool_calls": [{"name": "search_docs", "args": {"query": "checkpoint"}}]},
+            {"content": "found it"},
+        ],
+    }
+
+
 def test_a_run_where_an_agent_worked_still_succeeds(home: Path, script: Script) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                {
-                    "tool_calls": [
-                        {
-                            "name": "transfer_to_researcher",
-                            "args": {"task": "find", "reason": "facts"},
-                        }
-                    ]
-                },
-                {"content": "done"},
-            ],
-            "researcher": [
-                {"tool_calls": [{"name": "search_docs", "args": {"query": "checkpoint"}}]},
-                {"content": "found it"},
-            ],
-        }
-    )
+    spec = script(researched_then("done"))
     result = run_task("When?", model=spec, topology=Topology.parse("supervisor-tools"))
     assert result.agents_run == ["researcher"]
     assert result.status == "succeeded", result.stop_reason
 
 
 def test_a_blank_answer_is_degraded(home: Path, script: Script) -> None:
-    spec = script(
-        {
-            "supervisor": [
-                {
-                    "tool_calls": [
-                        {
-                            "name": "transfer_to_researcher",
-                            "args": {"task": "find", "reason": "facts"},
-                        }
-                    ]
-                },
-                {"content": "   "},
-            ],
-            "researcher": [
-                {"tool_calls": [{"name": "search_docs", "args": {"query": "checkpoint"}}]},
-                {"content": "found it"},
-            ],
-        }
-    )
+    spec = script(researched_then("   "))
     result = run_task("When?", model=spec, topology=Topology.parse("supervisor-tools"))
     assert result.agents_run == ["researcher"]
     assert result.status == "degraded"

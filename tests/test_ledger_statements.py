@@ -161,13 +161,19 @@ def test_the_ledgers_engines_dispatch_no_connection_events(tmp_path: Path) -> No
         ledger.close()
 
 
+def never_called(monkeypatch: pytest.MonkeyPatch, method: str, why: str) -> None:
+    """Make ``Ledger.<method>`` fail the test, saying ``why``, if anything calls it."""
+
+    def called(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(why)
+
+    monkeypatch.setattr(Ledger, method, called)
+
+
 def test_run_task_records_its_task_under_its_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_lease(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("run_task took a lease after recording its task")
-
-    monkeypatch.setattr(Ledger, "take_lease", no_lease)
+    never_called(monkeypatch, "take_lease", "run_task took a lease after recording its task")
     with relay_run(tmp_path) as (ledger, task):
         assert task.status == "succeeded"
         # The run ended on its own: its lease is given up and its attempts start over.
@@ -222,10 +228,7 @@ def test_a_run_that_starts_its_task_reads_no_tool_journal(tmp_path: Path) -> Non
 def test_a_runs_last_events_and_its_end_commit_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def apart(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("the run's end was written apart from its last events")
-
-    monkeypatch.setattr(Ledger, "end_run", apart)
+    never_called(monkeypatch, "end_run", "the run's end was written apart from its last events")
     with relay_run(tmp_path) as (ledger, task):
         assert (task.status, task.attempts) == ("succeeded", 0)
         assert task.answer

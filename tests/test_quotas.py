@@ -55,6 +55,18 @@ def _run(ledger: Ledger, task_id: str, runner: str = "elsewhere") -> None:
     assert ledger.take_lease(task_id, runner, seconds=600, only_from=("queued",)) is not None
 
 
+def _flood_then_one(ledger: Ledger, count: int) -> tuple[str, list[str], str]:
+    """Project B queues ``count`` tasks and runs its first two; project A then queues one.
+    Returns B's project id, B's tasks in the order they were queued, and A's task."""
+    b, _ = ledger.create_project("b")
+    a, _ = ledger.create_project("a")
+    flood = _queue(ledger, b.id, count, "b")
+    _run(ledger, flood[0])
+    _run(ledger, flood[1])
+    [mine] = _queue(ledger, a.id, 1, "a")
+    return b.id, flood, mine
+
+
 # -- the fair queue, in the ledger -------------------------------------------------------
 
 
@@ -63,12 +75,7 @@ def test_a_free_worker_serves_the_project_with_fewest_running_not_the_oldest_tas
 ) -> None:
     """B floods the queue first and has two tasks running; A's one task, queued last, is
     the first a free worker takes. Oldest-first would take 50 of B's before it."""
-    b, _ = ledger.create_project("b")
-    a, _ = ledger.create_project("a")
-    flood = _queue(ledger, b.id, 52, "b")
-    _run(ledger, flood[0])
-    _run(ledger, flood[1])
-    [mine] = _queue(ledger, a.id, 1, "a")
+    _, flood, mine = _flood_then_one(ledger, 52)
     assert ledger.queued_tasks(limit=3) == [mine, flood[2], flood[3]]
 
 
@@ -110,12 +117,7 @@ def test_a_server_with_free_workers_leaves_a_project_at_its_running_quota_queued
 ) -> None:
     """The running quota where a server takes tasks: two workers free, B at its quota of
     2 running (the server's setting): the workers take A's task and none of B's."""
-    b, _ = ledger.create_project("b")
-    a, _ = ledger.create_project("a")
-    flood = _queue(ledger, b.id, 5, "b")
-    _run(ledger, flood[0])
-    _run(ledger, flood[1])
-    [mine] = _queue(ledger, a.id, 1, "a")
+    b_id, flood, mine = _flood_then_one(ledger, 5)
     workers = InProcessDispatch(
         ledger, home=tmp_path, workers=2, pull=True, quotas=Quotas(max_running=2)
     )
@@ -124,7 +126,7 @@ def test_a_server_with_free_workers_leaves_a_project_at_its_running_quota_queued
         assert workers.pull() == 1 and started == [mine]
     finally:
         workers.shutdown(wait=False)
-    left = [ledger.get_task(t, project_id=b.id) for t in flood[2:]]
+    left = [ledger.get_task(t, project_id=b_id) for t in flood[2:]]
     assert {t.status for t in left if t} == {"queued"}
 
 
@@ -441,28 +443,28 @@ def flood_and_check(cluster: Cluster, url: str, *, ahead: int, ledger_url: str) 
     )
 
 
+def flood_one_server(cluster: Cluster, processes: int) -> None:
+    """:func:`flood_and_check` on one ``relaygraph serve`` of two workers in ``processes``
+    task processes, on its SQLite ledger."""
+    server = cluster.serve("api", model="openai:relay", workers=2, processes=processes)
+    flood_and_check(
+        cluster,
+        server.url,
+        ahead=2,  # one per worker: a worker freed as A's task was being recorded
+        ledger_url=f"sqlite:///{cluster.home / 'ledger.sqlite'}",
+    )
+
+
 def test_a_flood_by_one_project_does_not_hold_back_another_in_process(
     flood_cluster: Cluster,
 ) -> None:
-    server = flood_cluster.serve("api", model="openai:relay", workers=2, processes=1)
-    flood_and_check(
-        flood_cluster,
-        server.url,
-        ahead=2,  # one per worker: a worker freed as A's task was being recorded
-        ledger_url=f"sqlite:///{flood_cluster.home / 'ledger.sqlite'}",
-    )
+    flood_one_server(flood_cluster, processes=1)
 
 
 def test_a_flood_by_one_project_does_not_hold_back_another_with_processes(
     flood_cluster: Cluster,
 ) -> None:
-    server = flood_cluster.serve("api", model="openai:relay", workers=2, processes=2)
-    flood_and_check(
-        flood_cluster,
-        server.url,
-        ahead=2,  # one per worker: a worker freed as A's task was being recorded
-        ledger_url=f"sqlite:///{flood_cluster.home / 'ledger.sqlite'}",
-    )
+    flood_one_server(flood_cluster, processes=2)
 
 
 def test_a_flood_by_one_project_does_not_hold_back_another_in_the_worker_mode(

@@ -31,7 +31,7 @@ from ._scripts import one_visit, say
 from ._service import FINISHED
 from .openai_server import serve_script
 from .test_containment import lapse, runnable
-from .worker_cluster import Cluster, process_gone, process_stats, wait_until
+from .worker_cluster import ApiServer, Cluster, process_gone, process_stats, wait_until
 
 DEADLINE = 120.0
 """Seconds any one wait may take (generous: a loaded 2-core machine)."""
@@ -48,7 +48,7 @@ def _turns(job: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Any]]:
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
     script = {job: _turns(job) for job in ("job-a", "job-b", "job-c", "job-d")}
     with serve_script(script, delay_seconds=DELAY) as double:
         env = {
@@ -59,7 +59,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, Any]]:
             "RELAYGRAPH_LEASE_SECONDS": "600",
         }
         with Cluster(tmp_path, database_url=None, broker=None, env=env) as cluster:
-            yield cluster, double
+            yield cluster
 
 
 def _holders(home: Path) -> dict[str, str | None]:
@@ -92,15 +92,19 @@ def _task_processes(server_pid: int) -> list[int]:
     ]
 
 
-def test_tasks_run_in_every_process_and_a_cancel_reaches_each(
-    cluster: tuple[Cluster, Any],
-) -> None:
-    cluster_, _ = cluster
-    server = cluster_.serve("api", model="openai:script-job-a", workers=2, processes=2)
+def _serve_in_two_processes(cluster: Cluster, *, workers: int) -> tuple[ApiServer, int]:
+    """Start ``serve --processes 2`` with ``workers`` workers and wait for its one task
+    process (the other process is the server's own): the server and that process's pid."""
+    server = cluster.serve("api", model="openai:script-job-a", workers=workers, processes=2)
     [child] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
-    key = cluster_.create_project("acme")
+    return server, child
+
+
+def test_tasks_run_in_every_process_and_a_cancel_reaches_each(cluster: Cluster) -> None:
+    server, child = _serve_in_two_processes(cluster, workers=2)
+    key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        ids = _one_in_each_process(cluster_, client)
+        ids = _one_in_each_process(cluster, client)
 
         # Cancelled mid-call, each stops at its next step boundary: in the task process
         # too, told by the server at once (its lease keeper would see it in 200 s).
@@ -137,15 +141,11 @@ def _catches_sigterm(pid: int) -> bool:
     return False
 
 
-def test_a_task_process_that_ends_is_logged_and_started_again(
-    cluster: tuple[Cluster, Any],
-) -> None:
+def test_a_task_process_that_ends_is_logged_and_started_again(cluster: Cluster) -> None:
     """Killed, or stopped by SIGTERM on its own (which it takes as the end of its stdin:
     exit code 0), a task process is replaced while the server runs, and the new one runs
     tasks."""
-    cluster_, _ = cluster
-    server = cluster_.serve("api", model="openai:script-job-a", workers=2, processes=2)
-    [first] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
+    server, first = _serve_in_two_processes(cluster, workers=2)
     os.kill(first, signal.SIGKILL)
     [second] = wait_until(
         lambda: [p for p in _task_processes(server.pid) if p != first] or None,
@@ -169,9 +169,9 @@ def test_a_task_process_that_ends_is_logged_and_started_again(
         DEADLINE,
         "a third task process",
     )
-    key = cluster_.create_project("acme")
+    key = cluster.create_project("acme")
     with Client(server.url, key) as client:
-        ids = _one_in_each_process(cluster_, client)  # the new process runs one
+        ids = _one_in_each_process(cluster, client)  # the new process runs one
 
         def statuses() -> list[str] | None:
             found = [client.get(task_id)["status"] for task_id in ids]
@@ -213,13 +213,9 @@ def test_serve_spreads_its_tasks_in_flight_a_thousand_to_a_process_unless_told(
     assert ServiceSettings(workers=8).processes == 1
 
 
-def test_serve_with_processes_starts_task_processes(
-    cluster: tuple[Cluster, Any],
-) -> None:
-    cluster_, _ = cluster
-    server = cluster_.serve("api", model="openai:script-job-a", workers=4, processes=2)
-    [child] = wait_until(lambda: _task_processes(server.pid), DEADLINE, "the task process")
-    key = cluster_.create_project("acme")
+def test_serve_with_processes_starts_task_processes(cluster: Cluster) -> None:
+    server, child = _serve_in_two_processes(cluster, workers=4)
+    key = cluster.create_project("acme")
     with Client(server.url, key) as client:
         ids = [
             client.submit("Write one line.", model=f"openai:script-job-{job}")["id"]
@@ -227,7 +223,7 @@ def test_serve_with_processes_starts_task_processes(
         ]
         # Four at once: two in each process, each under its own process's lease.
         holders = wait_until(
-            lambda: len(found := _holders(cluster_.home)) == 4 and found,
+            lambda: len(found := _holders(cluster.home)) == 4 and found,
             DEADLINE,
             "four tasks running",
         )
@@ -444,12 +440,7 @@ def test_a_queued_task_whose_record_cannot_be_read_fails_once(
     project, _ = ledger.create_project("t")
     fields = {**runnable(script(WRITER_TURNS)), **record}
     task, _ = ledger.create_task(project_id=project.id, input="x", **fields)
-    workers = InProcessDispatch(ledger, home=home, workers=1)
-    try:
-        workers.start(task, project=project.id)
-        ended = task_end(ledger, task.id, project.id)
-    finally:
-        workers.shutdown(wait=True)
+    ended = run_on_one_worker(ledger, home, task, project.id)
     assert ended.status == "failed", ended
     assert ended.stop_reason
     assert takes == [("queued",)]
@@ -463,6 +454,16 @@ def task_end(ledger: Any, task_id: str, project_id: str, deadline: float = DEADL
         deadline,
         "the task ended",
     )
+
+
+def run_on_one_worker(ledger: Any, home: Path, task: Any, project_id: str) -> Any:
+    """Start ``task`` on a server's one in-process worker: the task once it has finished."""
+    workers = InProcessDispatch(ledger, home=home, workers=1)
+    try:
+        workers.start(task, project=project_id)
+        return task_end(ledger, task.id, project_id)
+    finally:
+        workers.shutdown(wait=True)
 
 
 def one_task(home: Path, spec: str) -> tuple[Any, Any, Any]:
@@ -523,12 +524,7 @@ def test_a_queued_task_whose_team_cannot_be_built_fails_on_the_record(
     queued (or running under a lease nobody renews) to be started again and again."""
 
     ledger, project, task = one_task(home, f"scripted:{tmp_path / 'gone.json'}")
-    workers = InProcessDispatch(ledger, home=home, workers=1)
-    try:
-        workers.start(task, project=project.id)
-        ended = task_end(ledger, task.id, project.id)
-    finally:
-        workers.shutdown(wait=True)
+    ended = run_on_one_worker(ledger, home, task, project.id)
     assert ended.status == "failed"
     assert "gone.json" in (ended.stop_reason or "")
     assert ledger.lease_of(task.id) == (None, None)

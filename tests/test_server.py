@@ -143,6 +143,13 @@ def create_project(home: Path, name: str) -> str:
     return key
 
 
+@pytest.fixture
+def acme(serve: Callable[..., Server], home: Path) -> tuple[Server, str]:
+    """A server started on this test's home, and the key of its project ``acme``."""
+    server = serve()
+    return server, create_project(home, "acme")
+
+
 def lapse_lease(home: Path, task_id: str) -> None:
     """End the lease a killed server held on the task, as its lapse would: the ledger no
     longer counts it live, and the next sweep of any server (or a server's start) continues
@@ -164,9 +171,8 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
     return [event["event"] for event in events]
 
 
-def test_submit_and_stream_events_to_the_end(serve: Callable[..., Server], home: Path) -> None:
-    server = serve()
-    key = create_project(home, "acme")
+def test_submit_and_stream_events_to_the_end(acme: tuple[Server, str]) -> None:
+    server, key = acme
     with Client(server.url, key) as client:
         task = client.submit("When are checkpoints written?", metadata={"ticket": "T-1"})
         assert task["status"] in ("queued", "running")
@@ -216,10 +222,9 @@ def test_submit_and_stream_events_to_the_end(serve: Callable[..., Server], home:
 
 
 def test_cancel_stops_a_running_task_at_the_next_step(
-    serve: Callable[..., Server], home: Path, served_script: Script
+    acme: tuple[Server, str], home: Path, served_script: Script
 ) -> None:
-    server = serve()
-    key = create_project(home, "acme")
+    server, key = acme
     with Client(server.url, key) as client:
         task = client.submit("sleep on it", model=served_script(sleepy_coder(code=GATED_CODE)))
         events = []
@@ -250,11 +255,8 @@ def test_cancel_stops_a_running_task_at_the_next_step(
         assert (again.value.status, again.value.code) == (409, "task_finished")
 
 
-def test_approval_round_trip(
-    serve: Callable[..., Server], home: Path, served_script: Script
-) -> None:
-    server = serve()
-    key = create_project(home, "acme")
+def test_approval_round_trip(acme: tuple[Server, str], home: Path, served_script: Script) -> None:
+    server, key = acme
     spec = served_script(
         one_visit(
             "coder",
@@ -303,10 +305,9 @@ def test_approval_round_trip(
 
 
 def test_busy_thread_is_refused_or_enqueued(
-    serve: Callable[..., Server], home: Path, served_script: Script
+    acme: tuple[Server, str], home: Path, served_script: Script
 ) -> None:
-    server = serve()
-    key = create_project(home, "acme")
+    server, key = acme
     # The first task's program runs until `go`: the thread stays busy for the checks.
     turns = sleepy_coder(code=GATED_CODE)
     # The thread's second request plays the next turns of the same script.
@@ -343,10 +344,9 @@ def test_busy_thread_is_refused_or_enqueued(
 
 
 def test_cancelling_a_waiting_task_starts_the_next_on_its_thread(
-    serve: Callable[..., Server], home: Path, served_script: Script
+    acme: tuple[Server, str], served_script: Script
 ) -> None:
-    server = serve()
-    key = create_project(home, "acme")
+    server, key = acme
     spec = served_script(
         {
             "supervisor": [

@@ -6,12 +6,14 @@ Every test that takes ``ledger`` or ``url`` runs on each backend (``tests/_store
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, create_engine, inspect, text
+from sqlalchemy import Connection, Engine, create_engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from relaygraph.errors import ConfigError
@@ -20,6 +22,19 @@ from relaygraph.store import DATABASE_URL_ENV, LOCAL_PROJECT_ID, Ledger, databas
 from tests._store import ORDERED_AGENTS, TABLES, Paused
 
 pytest_plugins = ["tests._store_runs"]
+
+
+@contextmanager
+def engine_at(url: str, revision: str) -> Iterator[Engine]:
+    """An engine on the ledger at ``url``, downgraded to ``revision`` first; disposed after."""
+    from relaygraph.store._migrate import downgrade_engine
+
+    engine = create_engine(url)
+    try:
+        downgrade_engine(engine, revision)
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def test_migrations_build_the_schema_from_an_empty_database(url: str) -> None:
@@ -221,14 +236,12 @@ def _rows(
 def test_usage_records_migration_keeps_each_roles_totals(url: str) -> None:
     """0011 turns a usage row's totals into one record, so that a record added later adds
     to them; downgraded, the row lists its records' ids as ``visits`` again."""
-    from relaygraph.store._migrate import downgrade_engine, upgrade_engine
+    from relaygraph.store._migrate import upgrade_engine
 
     with Ledger(url) as ledger:
         ledger.upgrade()
         task, _ = ledger.create_task(project_id=LOCAL_PROJECT_ID, input="old")
-    engine = create_engine(url)
-    try:
-        downgrade_engine(engine, "0010")
+    with engine_at(url, "0010") as engine:
         with engine.begin() as connection:
             connection.execute(
                 text(
@@ -244,8 +257,6 @@ def test_usage_records_migration_keeps_each_roles_totals(url: str) -> None:
                 },
             )
         upgrade_engine(engine)
-    finally:
-        engine.dispose()
     with Ledger(url) as ledger:
         (kept,) = ledger.usage(task.id)
         assert (kept.model_calls, kept.input_tokens, kept.cost_usd, kept.estimated) == (
@@ -264,16 +275,12 @@ def test_usage_records_migration_keeps_each_roles_totals(url: str) -> None:
             task.id, [{"id": "coder:b", "agent": "coder", "model_calls": 1, "input_tokens": 9}]
         )
         assert ledger.usage(task.id)[0].input_tokens == 109
-    engine = create_engine(url)
-    try:
-        downgrade_engine(engine, "0010")
+    with engine_at(url, "0010") as engine:
         with engine.connect() as connection:
             visits = connection.execute(text("SELECT visits FROM usage")).scalar_one()
         if isinstance(visits, str):
             visits = json.loads(visits)
         assert visits == ["coder:b", "coder:before-0011"]
-    finally:
-        engine.dispose()
 
 
 def test_team_definition_migration_keeps_registered_versions(url: str) -> None:
@@ -281,14 +288,12 @@ def test_team_definition_migration_keeps_registered_versions(url: str) -> None:
     place of ``jsonb``): a version stored before it keeps its row, in the order the ledger
     held it, and the same file pushed again is a new version when that order lost the
     agents' own (PostgreSQL), no change when it did not (SQLite)."""
-    from relaygraph.store._migrate import downgrade_engine, upgrade_engine
+    from relaygraph.store._migrate import upgrade_engine
 
     with Ledger(url) as ledger:
         ledger.upgrade()
         project, _ = ledger.create_project("research")
-    engine = create_engine(url)
-    try:
-        downgrade_engine(engine, "0012")
+    with engine_at(url, "0012") as engine:
         with engine.begin() as connection:
             connection.execute(
                 text(
@@ -307,8 +312,6 @@ def test_team_definition_migration_keeps_registered_versions(url: str) -> None:
             c for c in inspect(engine).get_columns("team_versions") if c["name"] == "definition"
         ]
         assert type(column["type"]).__name__ == "JSON"
-    finally:
-        engine.dispose()
     postgres = url.startswith("postgresql")
     stored_order = (
         ["writer", "reviewer", "researcher"] if postgres else list(ORDERED_AGENTS["agents"])
@@ -323,14 +326,10 @@ def test_team_definition_migration_keeps_registered_versions(url: str) -> None:
         )
         assert created is postgres and again.version == (2 if postgres else 1)
         assert list(again.definition["agents"]) == ["researcher", "writer", "reviewer"]
-    engine = create_engine(url)
-    try:
-        downgrade_engine(engine, "0012")
+    with engine_at(url, "0012") as engine:
         with engine.connect() as connection:
             kept = connection.execute(text("SELECT count(*) FROM team_versions")).scalar_one()
         assert kept == (2 if postgres else 1)
-    finally:
-        engine.dispose()
 
 
 def test_projects_migration_keeps_every_row_both_ways(
@@ -342,7 +341,7 @@ def test_projects_migration_keeps_every_row_both_ways(
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from relaygraph.store._migrate import VERSION_TABLE, downgrade_engine, upgrade_engine
+    from relaygraph.store._migrate import VERSION_TABLE, upgrade_engine
     from relaygraph.store._models import Base
 
     events, result = relay_run
@@ -350,14 +349,16 @@ def test_projects_migration_keeps_every_row_both_ways(
         ledger.upgrade()
         project, key = ledger.create_project("research")
         ledger.create_api_key(project.id)
-        task, _ = ledger.create_task(
-            project_id=project.id,
-            input="x",
-            thread_id="t-1",
-            idempotency_key="k-1",
-            models=result.models,
-            team={"name": "docs-review", "version": 2, "digest": "sha256:ab", "source": None},
-        )
+        # Sent again after the migrations below, the same request is the same task.
+        request: dict[str, Any] = {
+            "project_id": project.id,
+            "input": "x",
+            "thread_id": "t-1",
+            "idempotency_key": "k-1",
+            "models": result.models,
+            "team": {"name": "docs-review", "version": 2, "digest": "sha256:ab", "source": None},
+        }
+        task, _ = ledger.create_task(**request)
         ledger.append_events(task.id, events)
         paused, _ = ledger.create_task(project_id=project.id, input="y")
         ledger.append_events(paused.id, approval_run.before)
@@ -381,9 +382,7 @@ def test_projects_migration_keeps_every_row_both_ways(
     before = _rows(url, at_0006, leave_out=later)
     assert all(before.values())  # Every table holds rows.
     old = {"teams": "projects", "team_id": "project_id"}
-    engine = create_engine(url)
-    try:
-        downgrade_engine(engine, "0006")
+    with engine_at(url, "0006") as engine:
         assert set(inspect(engine).get_table_names()) == at_0006 - {"projects"} | {
             "teams",
             VERSION_TABLE,
@@ -398,18 +397,9 @@ def test_projects_migration_keeps_every_row_both_ways(
                 connection, opts={"compare_type": True, "version_table": VERSION_TABLE}
             )
             assert compare_metadata(context, Base.metadata) == []
-    finally:
-        engine.dispose()
     with Ledger(url) as ledger:
         assert ledger.authenticate(key) == project
-        again, created = ledger.create_task(
-            project_id=project.id,
-            input="x",
-            thread_id="t-1",
-            idempotency_key="k-1",
-            models=result.models,
-            team={"name": "docs-review", "version": 2, "digest": "sha256:ab", "source": None},
-        )
+        again, created = ledger.create_task(**request)
         assert (
             not created and again.id == task.id and again.checkpoint_thread == f"{project.id}/t-1"
         )

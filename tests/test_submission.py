@@ -25,7 +25,7 @@ from relaygraph.runner import (
     run_task,
     submit_task,
 )
-from relaygraph.store import Ledger
+from relaygraph.store import LOCAL_PROJECT_ID, Ledger, Task
 from relaygraph.team import default_team
 from relaygraph.topology import Topology
 
@@ -169,7 +169,9 @@ def test_a_submission_is_handed_to_enqueue_unless_its_thread_is_busy(
     assert (reused.value.field, reused.value.code) == ("idempotency_key", "idempotency_key_reused")
 
 
-def paused_task(home: Path, script: Script) -> Any:
+@pytest.fixture
+def paused_task(home: Path, home_ledger: Ledger, script: Script) -> Task:
+    """The ledger's record of a task whose coder waits for approval to run ``run_python``."""
     spec = script(
         one_visit(
             "coder",
@@ -183,18 +185,17 @@ def paused_task(home: Path, script: Script) -> Any:
     policy = default_team().policy_from(APPROVAL_POLICY)
     paused = run_task("compute", model=spec, policy=policy, home=home)
     assert paused.status == "interrupted", paused.stop_reason
-    return paused
+    task = home_ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
+    assert task is not None
+    return task
 
 
 def test_a_decision_is_checked_recorded_and_handed_to_resume(
-    home: Path, home_ledger: Ledger, script: Script
+    home_ledger: Ledger, paused_task: Task
 ) -> None:
     from relaygraph.agents.tools import BUILTIN_TOOLS
-    from relaygraph.store import LOCAL_PROJECT_ID
 
-    paused = paused_task(home, script)
-    task = home_ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
-    assert task is not None
+    task = paused_task
     [approval] = home_ledger.approvals(task.id)
 
     def decide(decision: Decision, **options: Any) -> Any:
@@ -243,16 +244,11 @@ def test_a_decision_is_checked_recorded_and_handed_to_resume(
 
 
 def test_a_decision_refused_by_resume_is_not_waiting(
-    home: Path, home_ledger: Ledger, script: Script
+    home_ledger: Ledger, paused_task: Task
 ) -> None:
-    from relaygraph.store import LOCAL_PROJECT_ID
-
-    paused = paused_task(home, script)
-    task = home_ledger.get_task(paused.task_id, project_id=LOCAL_PROJECT_ID)
-    assert task is not None
     with pytest.raises(RequestRefused) as taken:
         decide_task(
-            task,
+            paused_task,
             Decision(decision="approve"),
             ledger=home_ledger,
             tools=dict,

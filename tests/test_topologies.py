@@ -367,27 +367,38 @@ def test_tool_supervisor_ping_pong_between_two_agents(home: Path, script: Script
     assert result.answer == "c2"  # Without a finalize model: the last result.
 
 
-@pytest.mark.parametrize(
-    "topology", [Topology(), SWARM, TOOLS], ids=["structured", "swarm", "supervisor-tools"]
-)
-def test_approval_pauses_and_resumes(home: Path, script: Script, topology: Topology) -> None:
+def paused_coder(
+    script: Script, topology: Topology, request: str, coder: list[dict[str, Any]], *, answer: str
+) -> RunResult:
+    """Run ``request`` in ``topology`` with the coder's ``run_python`` under approval: the
+    supervisor (or, in a swarm, the start) gives the coder the task "run it", the coder
+    plays ``coder``, and the team answers ``answer``. The run pauses at the coder's call."""
     policy = parse_policy({"agents": {"coder": {"approval": ["run_python"]}}})
-    asks = {
-        **call("run_python", code="print('ran')"),
-        "usage": {"input_tokens": 100, "output_tokens": 20},
-    }
-    turns: dict[str, Any] = {"coder": [asks, say("it printed ran")]}
+    turns: dict[str, Any] = {"coder": coder}
     if topology.kind == "supervisor-tools":
-        turns["supervisor"] = [transfer("coder", "run it"), say("The code printed ran.")]
+        turns["supervisor"] = [transfer("coder", "run it"), say(answer)]
     elif topology.kind == "structured":
         turns["supervisor"] = [
             {"route": {"next": "coder", "task": "run it", "reason": "code"}},
             {"route": {"next": "FINISH", "task": "", "reason": "done"}},
         ]
-        turns["finalize"] = [say("The code printed ran.")]
+        turns["finalize"] = [say(answer)]
     else:
         topology = Topology.parse("swarm", start_agent="coder")
-    paused = run_task("run it", model=script(turns), policy=policy, topology=topology)
+    return run_task(request, model=script(turns), policy=policy, topology=topology)
+
+
+@pytest.mark.parametrize(
+    "topology", [Topology(), SWARM, TOOLS], ids=["structured", "swarm", "supervisor-tools"]
+)
+def test_approval_pauses_and_resumes(home: Path, script: Script, topology: Topology) -> None:
+    asks = {
+        **call("run_python", code="print('ran')"),
+        "usage": {"input_tokens": 100, "output_tokens": 20},
+    }
+    paused = paused_coder(
+        script, topology, "run it", [asks, say("it printed ran")], answer="The code printed ran."
+    )
     assert paused.status == "interrupted"
     assert paused.pending[0]["tool"] == "run_python"
     # The paused visit's call is counted already: the ledger shows what was spent.
@@ -923,24 +934,12 @@ def test_tool_supervisor_routes_carry_the_team_graph_s_step(home: Path, script: 
 def test_a_resumed_visit_is_counted_once_in_the_ledger_while_it_runs(
     home: Path, script: Script, topology: Topology
 ) -> None:
-    policy = parse_policy({"agents": {"coder": {"approval": ["run_python"]}}})
     asks = {
         **call("run_python", code="print(1)"),
         "usage": {"input_tokens": 100, "output_tokens": 20},
     }
     answers = {**say("printed 1"), "usage": {"input_tokens": 200, "output_tokens": 30}}
-    turns: dict[str, Any] = {"coder": [asks, answers]}
-    if topology.kind == "supervisor-tools":
-        turns["supervisor"] = [transfer("coder", "run it"), say("done")]
-    elif topology.kind == "structured":
-        turns["supervisor"] = [
-            {"route": {"next": "coder", "task": "run it", "reason": "code"}},
-            {"route": {"next": "FINISH", "task": "", "reason": "done"}},
-        ]
-        turns["finalize"] = [say("done")]
-    else:
-        topology = Topology.parse("swarm", start_agent="coder")
-    paused = run_task("go", model=script(turns), policy=policy, topology=topology)
+    paused = paused_coder(script, topology, "go", [asks, answers], answer="done")
     assert paused.usage["coder"]["input_tokens"] == 100  # The paused visit, counted.
     seen: list[int] = []
 

@@ -136,6 +136,15 @@ def test_exporters_come_from_the_environment() -> None:
         otel_exporters({"OTEL_TRACES_EXPORTER": "jaeger"})
 
 
+def python_with_tracing_off(code: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with a bare environment and LangSmith tracing
+    off: what the code imports there, tracing off imports."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANGSMITH_TRACING": "false"}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+
+
 def test_with_tracing_off_no_handler_is_made_and_no_tracer_is_loaded(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -147,10 +156,7 @@ def test_with_tracing_off_no_handler_is_made_and_no_tracer_is_loaded(tmp_path: P
         "loaded = [m for m in tracers if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANGSMITH_TRACING": "false"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
+    proc = python_with_tracing_off(code, tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -8,8 +8,6 @@ HTTP session answers locally (no network).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -30,7 +28,7 @@ from relaygraph.tracing._config import langsmith_project_url, trace_reference
 from tests.builtin_team import parse_policy
 
 from .conftest import EXAMPLE_RELAY
-from .test_tracing import LangSmithRecorder, langsmith_client
+from .test_tracing import LangSmithRecorder, langsmith_client, python_with_tracing_off
 
 RELAY = f"scripted:{EXAMPLE_RELAY}"
 PROJECT_PAGE = "https://smith.example.com/o/0c1d/projects/p/5e6f"
@@ -200,8 +198,5 @@ def test_with_tracing_off_a_reference_imports_no_tracer(tmp_path: Path) -> None:
         "tracers = ('relaygraph.tracing._otel', 'opentelemetry', 'langsmith')\n"
         "assert not [m for m in tracers if m in sys.modules], sys.modules.keys()\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANGSMITH_TRACING": "false"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
+    proc = python_with_tracing_off(code, tmp_path)
     assert proc.returncode == 0, proc.stderr

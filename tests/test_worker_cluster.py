@@ -46,6 +46,7 @@ from ._service import FINISHED
 from .conftest import EXAMPLE_RELAY
 from .test_async_tools import shouters_team
 from .worker_cluster import (
+    ApiServer,
     Cluster,
     Run,
     free_port,
@@ -120,6 +121,15 @@ def cluster(tmp_path: Path, rabbitmq: str, database: str, scripts: Path) -> Iter
 
 
 # Helpers
+
+
+def two_servers(cluster: Cluster) -> list[ApiServer]:
+    """Two API servers (``api-1``, ``api-2``) on the default model, sharing the cluster's
+    ledger and queue: a task submitted to one may be followed or decided on the other."""
+    return [
+        cluster.serve("api-1", model=DEFAULT_MODEL),
+        cluster.serve("api-2", model=DEFAULT_MODEL),
+    ]
 
 
 def waited(
@@ -266,10 +276,7 @@ def test_forty_tasks_across_two_servers_and_two_workers_run_once_each(
     cluster: Cluster, served_script: Script
 ) -> None:
     spec = served_script(ARTIFACT_TEAM)
-    servers = [
-        cluster.serve("api-1", model=DEFAULT_MODEL),
-        cluster.serve("api-2", model=DEFAULT_MODEL),
-    ]
+    servers = two_servers(cluster)
     workers = [cluster.worker("w1", concurrency=2), cluster.worker("w2", concurrency=2)]
     key = cluster.create_project("acme")
 
@@ -479,10 +486,7 @@ def test_a_frozen_worker_that_comes_back_cannot_overwrite_the_new_attempt(
 def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
     cluster: Cluster, served_script: Script
 ) -> None:
-    servers = [
-        cluster.serve("api-1", model=DEFAULT_MODEL),
-        cluster.serve("api-2", model=DEFAULT_MODEL),
-    ]
+    servers = two_servers(cluster)
     cluster.worker("w1")
     cluster.worker("w2")  # Two places to run tasks, for ten waiting tasks.
     key = cluster.create_project("acme")
@@ -538,10 +542,7 @@ def test_tasks_waiting_for_approval_hold_no_worker_and_resume_on_any(
 def test_cancel_stops_a_task_on_a_worker_at_the_step_boundary(
     cluster: Cluster, served_script: Script
 ) -> None:
-    servers = [
-        cluster.serve("api-1", model=DEFAULT_MODEL),
-        cluster.serve("api-2", model=DEFAULT_MODEL),
-    ]
+    servers = two_servers(cluster)
     cluster.worker("w1")
     cluster.worker("w2")
     key = cluster.create_project("acme")

@@ -8,7 +8,6 @@ PostgreSQL, which has them.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from relaygraph.store import (
 )
 
 from .conftest import EXAMPLE_RELAY
+from .test_worker_notify import Received
 
 WORKER = "worker-test-1"
 USAGE = [
@@ -247,22 +247,6 @@ def channel() -> str:
     return f"rg_test_{uuid.uuid4().hex[:12]}"
 
 
-class Notices:
-    def __init__(self) -> None:
-        self.got: list[EventNotice] = []
-        self.arrived = threading.Condition()
-
-    def __call__(self, notice: EventNotice) -> None:
-        with self.arrived:
-            self.got.append(notice)
-            self.arrived.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 5.0) -> list[EventNotice]:
-        with self.arrived:
-            self.arrived.wait_for(lambda: len(self.got) >= count, timeout)
-            return list(self.got)
-
-
 @pytest.fixture
 def notified(postgres_url: str, channel: str) -> Iterator[tuple[Ledger, Any]]:
     from relaygraph.worker import EventListener, libpq_url
@@ -278,7 +262,7 @@ def test_appended_events_are_announced_when_they_commit(
 ) -> None:
     ledger, listener = notified
     task_id = queued(ledger)
-    notices = Notices()
+    notices = Received()
     listener.subscribe(task_id, notices)
     assert ledger.append_events(task_id, [{"type": "log"}, {"type": "log"}]) == [1, 2]
     assert notices.wait_for(1) == [EventNotice(task_id=task_id, seq=2)]
@@ -308,7 +292,7 @@ def test_a_refused_write_and_a_ledger_without_a_channel_announce_nothing(
 ) -> None:
     ledger, listener = notified
     task_id = queued(ledger)
-    notices = Notices()
+    notices = Received()
     listener.subscribe(task_id, notices)
     dispatch = ledger.queue_for_workers(task_id)
     assert begin(ledger, task_id, dispatch) == 1

@@ -18,6 +18,7 @@ import pytest
 from relaygraph.backends._quota import task_files_usage
 from relaygraph.backends.sandbox import (
     SandboxLimits,
+    SandboxResult,
     run_python_sandboxed,
 )
 from relaygraph.backends.workspace import (
@@ -48,6 +49,24 @@ def _usage(*folders: Path) -> int:
     return task_files_usage(folders, stop_after_files=1_000_000).bytes
 
 
+def run_in_task(
+    task_dir: tuple[Path, Path],
+    program: str,
+    quota: WorkspaceQuota,
+    limits: SandboxLimits | None = None,
+) -> SandboxResult:
+    """Run ``program`` (dedented) in the task's workspace under ``quota``, which counts the
+    task's artifacts too, with the sandbox's default ``limits`` unless given."""
+    workspace, artifacts = task_dir
+    return run_python_sandboxed(
+        textwrap.dedent(program),
+        workspace=workspace,
+        limits=limits if limits is not None else SandboxLimits(),
+        quota=quota,
+        counted=(artifacts,),
+    )
+
+
 FILLING_LOOP = """
     import errno
     written = 0
@@ -69,13 +88,7 @@ def test_a_program_writing_in_a_loop_gets_an_error_inside_at_the_quota(
     workspace, artifacts = task_dir
     (artifacts / "report.md").write_bytes(b"r" * MiB)  # The artifacts count too.
     quota = WorkspaceQuota(max_mb=3, max_files=100)
-    result = run_python_sandboxed(
-        textwrap.dedent(FILLING_LOOP),
-        workspace=workspace,
-        limits=SandboxLimits(file_size_mb=16),
-        quota=quota,
-        counted=(artifacts,),
-    )
+    result = run_in_task(task_dir, FILLING_LOOP, quota, SandboxLimits(file_size_mb=16))
     # The program saw the error itself and went on to print it: it was not killed.
     assert result.exit_code == 0, result.to_text()
     assert "write failed: EFBIG File too large" in result.stdout
@@ -99,11 +112,9 @@ MANY_FILES = """
 
 @pytest.mark.usefixtures("isolation")
 def test_many_small_files_past_the_quota_stop_the_run(task_dir: tuple[Path, Path]) -> None:
-    workspace, artifacts = task_dir
+    workspace = task_dir[0]
     quota = WorkspaceQuota(max_mb=4, max_files=100_000)
-    result = run_python_sandboxed(
-        textwrap.dedent(MANY_FILES), workspace=workspace, quota=quota, counted=(artifacts,)
-    )
+    result = run_in_task(task_dir, MANY_FILES, quota)
     assert "wrote them all" not in result.stdout
     assert result.workspace_quota is not None
     assert "RELAYGRAPH_WORKSPACE_MAX_MB" in result.workspace_quota
@@ -123,11 +134,9 @@ EMPTY_FILES = """
 
 @pytest.mark.usefixtures("isolation")
 def test_files_past_the_files_quota_stop_the_run(task_dir: tuple[Path, Path]) -> None:
-    workspace, artifacts = task_dir
+    workspace = task_dir[0]
     quota = WorkspaceQuota(max_mb=1024, max_files=500)
-    result = run_python_sandboxed(
-        textwrap.dedent(EMPTY_FILES), workspace=workspace, quota=quota, counted=(artifacts,)
-    )
+    result = run_in_task(task_dir, EMPTY_FILES, quota)
     assert "made them all" not in result.stdout
     assert result.workspace_quota is not None
     assert "500 files (RELAYGRAPH_WORKSPACE_MAX_FILES)" in result.workspace_quota
@@ -136,25 +145,22 @@ def test_files_past_the_files_quota_stop_the_run(task_dir: tuple[Path, Path]) ->
 
 @pytest.mark.usefixtures("isolation")
 def test_a_run_in_a_full_workspace_may_delete_but_not_grow(task_dir: tuple[Path, Path]) -> None:
-    workspace, artifacts = task_dir
+    workspace = task_dir[0]
     (workspace / "old.bin").write_bytes(b"o" * 3 * MiB)
     quota = WorkspaceQuota(max_mb=2)
-    result = run_python_sandboxed(
-        textwrap.dedent(
-            """
-            import os
-            try:
-                with open("more.bin", "wb") as out:
-                    out.write(b"m" * 200_000)
-            except OSError as exc:
-                print("refused:", exc.strerror)
-            os.remove("old.bin")
-            print("deleted")
-            """
-        ),
-        workspace=workspace,
-        quota=quota,
-        counted=(artifacts,),
+    result = run_in_task(
+        task_dir,
+        """
+        import os
+        try:
+            with open("more.bin", "wb") as out:
+                out.write(b"m" * 200_000)
+        except OSError as exc:
+            print("refused:", exc.strerror)
+        os.remove("old.bin")
+        print("deleted")
+        """,
+        quota,
     )
     assert "refused: File too large" in result.stdout, result.to_text()
     assert "deleted" in result.stdout
