@@ -18,13 +18,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relaygraph.api._schemas import ErrorBody, shown
 from relaygraph.errors import ConfigError, QuotaExceeded
 from relaygraph.runner import RequestRefused
-from relaygraph.store import is_database_unavailable, is_disk_full
+from relaygraph.store import DATABASE_RETRY_SECONDS, is_database_unavailable, is_disk_full
 
 log = logging.getLogger("relaygraph.api")
 
 DISK_FULL_RETRY_SECONDS = 60
-DATABASE_RETRY_SECONDS = 5
-"""``Retry-After`` of a request the database could not serve (``database_unavailable``)."""
 """The ``Retry-After`` of a 507: room comes back when an operator (or the retention sweep)
 frees some."""
 

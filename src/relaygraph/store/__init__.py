@@ -18,6 +18,7 @@ from relaygraph.store._engine import (
     database_url,
 )
 from relaygraph.store._errors import (
+    DATABASE_RETRY_SECONDS,
     AttemptSuperseded,
     RecordConflict,
     RecordNotFound,
@@ -58,6 +59,7 @@ from relaygraph.store._write_turns import background_writes
 
 __all__ = [
     "DATABASE_POOL_ENV",
+    "DATABASE_RETRY_SECONDS",
     "DATABASE_URL_ENV",
     "DEFAULT_CHANNEL",
     "FINISHED_STATUSES",

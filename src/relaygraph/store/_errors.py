@@ -111,6 +111,12 @@ now: ``connection_exception``, ``too_many_connections``, ``admin_shutdown``,
 ``crash_shutdown``, ``cannot_connect_now``."""
 
 
+DATABASE_RETRY_SECONDS = 5
+"""How long to wait before trying again what the database could not serve now
+(:func:`is_database_unavailable`): the API's ``Retry-After``, a worker's next try of a task's
+message."""
+
+
 def is_database_unavailable(exc: BaseException) -> bool:
     """Whether ``exc``, or an error it was raised from, says the database cannot serve the
     request now, though the request itself was fine: no connection could be opened (the

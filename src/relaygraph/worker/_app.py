@@ -20,11 +20,10 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from relaygraph.errors import ConfigError
-from relaygraph.store import is_database_unavailable
+from relaygraph.store import DATABASE_RETRY_SECONDS, is_database_unavailable
 from relaygraph.worker._settings import WorkerSettings
 
 __all__ = [
-    "DATABASE_RETRY_SECONDS",
     "NO_ROOM_RETRY_SECONDS",
     "RECORD_NO_ROOM",
     "RUN_TASK",
@@ -53,9 +52,6 @@ RecordHook = Callable[[str, int, str], bool]
 while the ledger has no room."""
 NO_ROOM_RETRY_SECONDS = 2.0
 """How soon a failure the ledger refused for lack of room is tried again."""
-DATABASE_RETRY_SECONDS = 5.0
-"""How long a task's message waits before it is tried again when the database could not
-begin its run (down, restarting, or at its connection limit)."""
 
 log = logging.getLogger(__name__)
 
