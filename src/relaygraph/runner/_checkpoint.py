@@ -246,7 +246,7 @@ def _setup_lock(conninfo: str) -> Iterator[None]:
 
 class _LoopSavers:
     """Async checkpointers kept open per event loop and database: the runs of a loop
-    (``serve``'s) share one SQLite connection (aiosqlite's, on its own thread) or one pool
+    (``serve``'s) share one SQLite connection (``ThreadSqliteSaver``'s, on its own thread) or one pool
     of PostgreSQL connections, rather than open one per run. They are bound to their loop.
     At most ``keep`` keys stay open per loop (a test session's many data directories do not
     pile up open files and threads); one dropped while runs use it is closed when the last
@@ -324,19 +324,22 @@ async def close_async_checkpointers() -> None:
 
 
 async def _open_async_sqlite(path: Path) -> tuple[Any, Callable[[], Awaitable[None]]]:
-    import aiosqlite
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from relaygraph.runner._sqlite_saver import ThreadSqliteSaver
 
-    conn = await aiosqlite.connect(path, timeout=30)
-    await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.execute("PRAGMA synchronous=NORMAL")
-    saver = AsyncSqliteSaver(conn)
-    key = f"sqlite:{path.resolve()}"
-    if key not in _SETUP_DONE:
-        await saver.setup()
+    def connect() -> ThreadSqliteSaver:
+        conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        saver = ThreadSqliteSaver(conn)
+        key = f"sqlite:{path.resolve()}"
         with _SETUP_LOCK:
-            _SETUP_DONE.add(key)
-    return saver, conn.close
+            if key not in _SETUP_DONE:
+                saver.setup()
+                _SETUP_DONE.add(key)
+        return saver
+
+    saver = await asyncio.to_thread(connect)
+    return saver, saver.aclose
 
 
 async def _open_async_postgres(conninfo: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
