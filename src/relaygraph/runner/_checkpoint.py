@@ -248,9 +248,9 @@ class _LoopSavers:
     """Async checkpointers kept open per event loop and database: the runs of a loop
     (``serve``'s) share one SQLite connection (``ThreadSqliteSaver``'s, on its own thread)
     or one pool of PostgreSQL connections, rather than open one per run. They are bound to
-    their loop. At most ``keep`` keys stay open per loop (a test session's many data directories do not
-    pile up open files and threads); one dropped while runs use it is closed when the last
-    of them ends."""
+    their loop. At most ``keep`` keys stay open per loop (a test session's many data
+    directories do not pile up open files and threads); one dropped while runs use it is
+    closed when the last of them ends."""
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
