@@ -272,3 +272,53 @@ def test_a_malformed_200_ends_a_swarm_as_a_500_does(
     assert result.answer is None
     assert result.stop_reason is not None
     assert result.stop_reason.startswith("model_error: researcher: HTTP ")
+
+
+def test_a_model_called_by_hundreds_of_tasks_at_once_keeps_its_connections() -> None:
+    """A second round of 120 calls at once goes over the first round's connections: the
+    SDK's own limits keep only 100 open, and would open a new one for each call past it."""
+    from relaygraph.models._retry import RetryingAsyncClient, RetryPolicy
+
+    at_once = 120
+
+    async def main() -> tuple[int, int]:
+        connections = 0
+        waiting: list[asyncio.Future[None]] = []
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            try:
+                while await reader.readuntil(b"\r\n\r\n"):
+                    released = asyncio.get_running_loop().create_future()
+                    waiting.append(released)
+                    if len(waiting) == at_once:  # Every call of the round is in flight.
+                        for each in waiting:
+                            each.set_result(None)
+                        waiting.clear()
+                    await released
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    await writer.drain()
+            except asyncio.IncompleteReadError:
+                pass  # The client closed the connection.
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = RetryingAsyncClient(policy=RetryPolicy(max_retries=0), timeout=60)
+        rounds = []
+        for _ in range(2):
+            replies = await asyncio.gather(
+                *(client.get(f"http://127.0.0.1:{port}/") for _ in range(at_once))
+            )
+            assert {reply.status_code for reply in replies} == {200}
+            rounds.append(connections)
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+        return rounds[0], rounds[1]
+
+    first, second = asyncio.run(main())
+    assert first == at_once
+    assert second == first

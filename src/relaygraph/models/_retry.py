@@ -270,11 +270,19 @@ async def _no_async() -> Any:
     raise RuntimeError("the sync client makes no call on the event loop")
 
 
+CONNECTION_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=1000)
+"""The SDK's limits (``openai.DEFAULT_CONNECTION_LIMITS``) but for the connections kept
+open between calls: the SDK keeps 100, and a model that a server's hundreds of tasks in
+flight call at once would open a new connection for every call past the hundredth. An idle
+connection still closes after httpx's keep-alive expiry (5 s)."""
+
+
 class _WithRetryPolicy:
     """What the sync client and the async one share: the policy their attempts follow,
-    given beside the SDK client's own arguments."""
+    given beside the SDK client's own arguments, and :data:`CONNECTION_LIMITS`."""
 
     def __init__(self, *, policy: RetryPolicy, **kwargs: Any) -> None:
+        kwargs.setdefault("limits", CONNECTION_LIMITS)
         super().__init__(**kwargs)
         self._policy = policy
 
