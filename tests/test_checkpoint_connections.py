@@ -96,3 +96,38 @@ def test_a_connection_the_server_ended_is_not_lent(conninfo: str, tmp_path: Path
     with open_checkpointer(tmp_path) as saver:
         assert saver.conn.info.backend_pid != ended
         assert saver.conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+def test_an_event_loops_pool_does_not_lend_a_connection_the_server_ended(
+    conninfo: str, tmp_path: Path
+) -> None:
+    """The async pool of a worker's runs in flight: its check before a lend skips the round
+    trip for a quiet connection, and still finds one the server ended."""
+    import asyncio
+
+    from relaygraph.runner._checkpoint import async_checkpointer, close_async_checkpointers
+
+    async def lent() -> int:
+        async with async_checkpointer(tmp_path) as saver, saver.conn.connection() as conn:
+            assert (await (await conn.execute("SELECT 1 AS one")).fetchone()) == {"one": 1}
+            return int(conn.info.backend_pid)
+
+    async def backend() -> int:
+        # A dead connection lent may hang rather than fail: fail instead.
+        return await asyncio.wait_for(lent(), 60)
+
+    async def main() -> None:
+        first = await backend()
+        assert await backend() == first  # Quiet: lent again, without a new backend.
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+
+            def gone() -> bool:
+                found = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (first,))
+                return found.fetchone() is None
+
+            wait_until(gone, 120, f"backend {first} to end")
+        assert await backend() != first
+        await close_async_checkpointers()
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import sqlite3
 import threading
 import time
@@ -167,9 +168,44 @@ def _pool_options(pool_class: Any, name: str) -> dict[str, Any]:
         # Runs at once beyond it wait (psycopg_pool's timeout, 30 s) for one to come back.
         "max_size": database_pool_size(),
         "kwargs": {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        "check": pool_class.check_connection,
+        "check": _lend_check(pool_class),
         "name": name,
     }
+
+
+def _lend_check(pool_class: Any) -> Callable[[Any], Any]:
+    """The check of a connection before the pool lends it: the pool's own
+    (``check_connection``, a round trip to the server) only when the connection's socket has
+    something to read. A connection back in the pool is idle, and the server writes to an
+    idle one only to end it (its FATAL notice, then the close: a terminated backend, a
+    restart, an idle timeout), so a quiet socket is a live connection as far as the round
+    trip could tell, at none of its cost. A worker's run borrows a connection for every
+    checkpoint read and write: the round trip was a fifth of the saves' time."""
+    full = pool_class.check_connection
+    if asyncio.iscoroutinefunction(full):
+
+        async def acheck(conn: Any) -> None:
+            if not _quiet(conn):
+                await full(conn)
+
+        return acheck
+
+    def check(conn: Any) -> None:
+        if not _quiet(conn):
+            full(conn)
+
+    return check
+
+
+def _quiet(conn: Any) -> bool:
+    """An open connection with nothing to read on its socket."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 _KEPT: _Kept[Any] = _Kept(lambda path: sqlite_checkpointer(Path(path)))
