@@ -36,6 +36,19 @@ def conninfo(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
     yield info
 
 
+def terminate(conninfo: str, backend: int) -> None:
+    """End the server process ``backend`` (as an administrator, a restart or an idle timeout
+    would), and wait until it is gone."""
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+
+        def gone() -> bool:
+            found = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,))
+            return found.fetchone() is None
+
+        wait_until(gone, 120, f"backend {backend} to end")
+
+
 def backend_of(home: Path, fence: CheckpointFence | None = None) -> int:
     """The server process of the connection a run's checkpointer gets."""
     with open_checkpointer(home, fence=fence) as saver:
@@ -85,14 +98,7 @@ def test_a_forked_child_leaves_its_parents_connection_alone(conninfo: str, tmp_p
 
 def test_a_connection_the_server_ended_is_not_lent(conninfo: str, tmp_path: Path) -> None:
     ended = backend_of(tmp_path)
-    with psycopg.connect(conninfo, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (ended,))
-
-        def gone() -> bool:
-            found = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (ended,))
-            return found.fetchone() is None
-
-        wait_until(gone, 120, f"backend {ended} to end")
+    terminate(conninfo, ended)
     with open_checkpointer(tmp_path) as saver:
         assert saver.conn.info.backend_pid != ended
         assert saver.conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
@@ -119,14 +125,7 @@ def test_an_event_loops_pool_does_not_lend_a_connection_the_server_ended(
     async def main() -> None:
         first = await backend()
         assert await backend() == first  # Quiet: lent again, without a new backend.
-        with psycopg.connect(conninfo, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
-
-            def gone() -> bool:
-                found = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (first,))
-                return found.fetchone() is None
-
-            wait_until(gone, 120, f"backend {first} to end")
+        terminate(conninfo, first)
         assert await backend() != first
         await close_async_checkpointers()
 
