@@ -40,15 +40,25 @@ _SETUP_LOCK = threading.Lock()
 
 @contextmanager
 def sqlite_checkpointer(path: Path) -> Iterator[Any]:
-    """A SqliteSaver in WAL mode.
+    """A SqliteSaver in WAL mode (:func:`_open_sqlite`), closed at the block's end."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    saver = _open_sqlite(path, SqliteSaver)
+    try:
+        yield saver
+    finally:
+        saver.conn.close()
+
+
+def _open_sqlite(path: Path, saver_class: type[T]) -> T:
+    """A ``saver_class`` (``SqliteSaver`` or a subclass) on a new connection to ``path``, in
+    WAL mode.
 
     With SQLite's defaults (a rollback journal, ``synchronous=FULL``) every checkpoint
     save waits for the disk, and a run saves at each step; in WAL mode with
     ``synchronous=NORMAL`` a save is an append to the log, synced only when the log is
     checkpointed (a power loss may undo the last few saves, and corrupts nothing).
     """
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
     conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
     try:
         key = f"sqlite:{Path(path).resolve()}"
@@ -57,14 +67,15 @@ def sqlite_checkpointer(path: Path) -> Iterator[Any]:
             # --concurrency) would each switch the new file to WAL and create the saver's
             # tables, and collide ("database is locked"): once per file per process.
             conn.execute("PRAGMA journal_mode=WAL")
-            saver = SqliteSaver(conn)
+            saver = saver_class(conn)  # type: ignore[call-arg]
             if key not in _SETUP_DONE:
-                saver.setup()
+                saver.setup()  # type: ignore[attr-defined]
                 _SETUP_DONE.add(key)
         conn.execute("PRAGMA synchronous=NORMAL")
-        yield saver
-    finally:
+    except BaseException:
         conn.close()
+        raise
+    return saver
 
 
 def postgres_conninfo(url: str) -> str | None:
@@ -198,14 +209,16 @@ def _lend_check(pool_class: Any) -> Callable[[Any], Any]:
 
 
 def _quiet(conn: Any) -> bool:
-    """An open connection with nothing to read on its socket."""
+    """An open connection with nothing to read on its socket (``poll``, not ``select``: a
+    server holding many files has descriptors past ``select``'s 1,024)."""
     if conn.closed or conn.broken:
         return False
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return not poller.poll(0)
     except (OSError, ValueError):
         return False
-    return not readable
 
 
 _KEPT: _Kept[Any] = _Kept(lambda path: sqlite_checkpointer(Path(path)))
@@ -362,19 +375,7 @@ async def close_async_checkpointers() -> None:
 async def _open_async_sqlite(path: Path) -> tuple[Any, Callable[[], Awaitable[None]]]:
     from relaygraph.runner._sqlite_saver import ThreadSqliteSaver
 
-    def connect() -> ThreadSqliteSaver:
-        conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        saver = ThreadSqliteSaver(conn)
-        key = f"sqlite:{path.resolve()}"
-        with _SETUP_LOCK:
-            if key not in _SETUP_DONE:
-                saver.setup()
-                _SETUP_DONE.add(key)
-        return saver
-
-    saver = await asyncio.to_thread(connect)
+    saver = await asyncio.to_thread(_open_sqlite, path, ThreadSqliteSaver)
     return saver, saver.aclose
 
 
