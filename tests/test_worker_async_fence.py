@@ -106,8 +106,8 @@ async def test_a_stale_attempt_on_the_loop_saves_nothing_on_the_new_attempts_thr
         1,
         2,
     )
-    with pytest.raises(AttemptSuperseded):
-        await stale_saver.aput_writes(latest.config, [("steps", ["stale"])], "stale-task")
+    # Its writes are kept until its checkpoint, and refused with it.
+    await stale_saver.aput_writes(latest.config, [("steps", ["stale"])], "stale-task")
     with pytest.raises(AttemptSuperseded):
         await stale_saver.aput(latest.config, latest.checkpoint, latest.metadata, {})
     assert await asyncio.to_thread(checkpoint_rows, f"thread-{task_id}") == saved
@@ -127,10 +127,12 @@ async def test_an_async_write_tells_the_fence_of_a_cancel_asked_for(
     fence = CheckpointFence(task_id=task_id, attempt=1, on_cancel=lambda: told.append("cancel"))
     saver = AsyncFencedPostgresSaver(pool, fence=fence)
     await saver.aput_writes(config, [("steps", ["one"])], "task-1")
+    await saver.asave_kept()
     assert told == []
     cancelled = await asyncio.to_thread(postgres_ledger.request_cancel, task_id)
     assert cancelled.status == "running"  # It waits for the worker.
     await saver.aput_writes(config, [("steps", ["two"])], "task-2")
+    await saver.asave_kept()
     assert told == ["cancel"]
     # The write itself is saved: the run stops at the step boundary, after its writes.
     writes = (await asyncio.to_thread(checkpoint_rows, "t"))["checkpoint_writes"]
@@ -145,6 +147,63 @@ async def test_an_async_write_of_an_unknown_task_is_refused(
         "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}
     }
     saver = AsyncFencedPostgresSaver(pool, fence=CheckpointFence(task_id="no-such", attempt=1))
+    await saver.aput_writes(config, [("steps", ["one"])], "task-1")
     with pytest.raises(AttemptSuperseded):
-        await saver.aput_writes(config, [("steps", ["one"])], "task-1")
+        await saver.asave_kept()
     assert (await asyncio.to_thread(checkpoint_rows, "t"))["checkpoint_writes"] == []
+
+
+class CountedPool:
+    """A pool that counts the connections it lends: a fenced saver takes one for each
+    write transaction."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+        self.lent = 0
+
+    def connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.lent += 1
+        return self.pool.connection(*args, **kwargs)
+
+
+async def test_a_steps_writes_are_saved_with_its_checkpoint_in_one_transaction(
+    postgres_ledger: Ledger,
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A task's writes wait in the saver (no connection taken, nothing saved) until the
+    step's checkpoint, whose one fenced transaction saves both; a read first saves what is
+    kept, so it never misses a write."""
+    task_id, _ = running_task(postgres_ledger)
+    saver = AsyncFencedPostgresSaver(pool, fence=CheckpointFence(task_id=task_id, attempt=1))
+    graph = two_steps(saver, "attempt 1")
+    config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
+    await graph.ainvoke({"steps": []}, config, durability="sync")
+    latest = await saver.aget_tuple(config)
+    assert latest is not None
+    counted = CountedPool(pool)
+    saver._pool = counted  # type: ignore[assignment]
+
+    def saved_by(task: str) -> int:
+        rows = checkpoint_rows(f"thread-{task_id}")["checkpoint_writes"]
+        return [row[2] for row in rows].count(task)
+
+    await saver.aput_writes(latest.config, [("steps", ["kept"])], "task-a")
+    await saver.aput_writes(latest.config, [("steps", ["also kept"])], "task-b")
+    assert counted.lent == 0
+    assert await asyncio.to_thread(saved_by, "task-a") == 0
+
+    # A read sees them: it saves them first, in one transaction.
+    read = await saver.aget_tuple(latest.config)
+    assert read is not None
+    assert [(w[0], w[2]) for w in read.pending_writes] == [
+        ("task-a", ["kept"]),
+        ("task-b", ["also kept"]),
+    ]
+    assert counted.lent == 1
+
+    # The next step's writes and its checkpoint: one transaction.
+    await saver.aput_writes(latest.config, [("steps", ["third"])], "task-c")
+    following = {**latest.checkpoint, "id": "following"}
+    await saver.aput(latest.config, following, latest.metadata, {})
+    assert counted.lent == 2
+    assert await asyncio.to_thread(saved_by, "task-c") == 1

@@ -180,9 +180,9 @@ def test_a_stale_attempt_that_wakes_up_saves_nothing_on_the_new_attempts_thread(
             assert isinstance(error, AttemptSuperseded), error
             assert (error.task_id, error.attempt, error.current) == (task_id, 1, 2)
             # So are its writes made straight to the saver, on the new attempt's latest
-            # checkpoint; the task gone, they are refused too.
-            with pytest.raises(AttemptSuperseded):
-                stale_saver.put_writes(latest.config, [("steps", ["stale"])], "stale-task")
+            # checkpoint: a step's writes are kept until its checkpoint, and refused with
+            # it; the task gone, they are refused too.
+            stale_saver.put_writes(latest.config, [("steps", ["stale"])], "stale-task")
             with pytest.raises(AttemptSuperseded):
                 stale_saver.put(latest.config, latest.checkpoint, latest.metadata, {})
 
@@ -194,9 +194,12 @@ def test_a_stale_attempt_that_wakes_up_saves_nothing_on_the_new_attempts_thread(
             assert stale_saver.get_tuple(config) == saver.get_tuple(config)
             # The latest attempt writes; one of an unknown task is refused.
             saver.put_writes(latest.config, [("steps", ["late"])], "new-task")
+            saver.save_kept()
+            assert [w[0] for w in saver.get_tuple(latest.config).pending_writes] == ["new-task"]
     with open_checkpointer(home, fence=CheckpointFence(task_id="gone", attempt=1)) as orphan:
+        orphan.put_writes(latest.config, [("steps", ["x"])], "t")
         with pytest.raises(AttemptSuperseded) as refused:
-            orphan.put_writes(latest.config, [("steps", ["x"])], "t")
+            orphan.save_kept()
         assert refused.value.current is None
 
 
@@ -204,18 +207,23 @@ def test_a_stale_attempt_that_wakes_up_saves_nothing_on_the_new_attempts_thread(
 
 
 class HeldSaver(FencedPostgresSaver):
-    """Holds its first write between the fence's read and its INSERTs until ``go`` is set
-    (``put_writes`` serializes its rows inside ``_cursor``, after the read)."""
+    """Holds its writes between the fence's read and their INSERTs until ``go`` is set."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.held = threading.Event()
         self.go = threading.Event()
 
-    def _dump_writes(self, *args: Any, **kwargs: Any) -> Any:
+    def _write_kept(self, cur: Any) -> None:
         self.held.set()
         assert self.go.wait(DEADLINE)
-        return super()._dump_writes(*args, **kwargs)
+        super()._write_kept(cur)
+
+
+def put_and_save(saver: FencedPostgresSaver, config: RunnableConfig, value: str, by: str) -> None:
+    """A task's writes, and their saving at once (as the step's checkpoint would)."""
+    saver.put_writes(config, [("steps", [value])], by)
+    saver.save_kept()
 
 
 def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
@@ -231,7 +239,7 @@ def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
     }
     with HeldSaver.for_attempt(conninfo(), CheckpointFence(task_id=task_id, attempt=1)) as saver:
         writer_pid = saver.conn.info.backend_pid  # type: ignore[union-attr]
-        write = Background(lambda: saver.put_writes(config, [("steps", ["one"])], "task-1"))
+        write = Background(lambda: put_and_save(saver, config, "one", "task-1"))
         assert saver.held.wait(DEADLINE)
         next_attempt = Background(lambda: begin(postgres_ledger, task_id, dispatch))
 
@@ -253,7 +261,7 @@ def test_the_next_attempt_waits_for_a_write_that_passed_the_fence(
         # The write committed, as attempt 1's; attempt 1 writes nothing more.
         assert [row[2] for row in checkpoint_rows("t")["checkpoint_writes"]] == ["task-1"]
         with pytest.raises(AttemptSuperseded):
-            saver.put_writes(config, [("steps", ["two"])], "task-2")
+            put_and_save(saver, config, "two", "task-2")
         assert [row[2] for row in checkpoint_rows("t")["checkpoint_writes"]] == ["task-1"]
 
 
@@ -333,12 +341,12 @@ def test_a_write_tells_the_fence_of_a_cancel_asked_for(postgres_ledger: Ledger, 
     told: list[str] = []
     fence = CheckpointFence(task_id=task_id, attempt=1, on_cancel=lambda: told.append("cancel"))
     with open_checkpointer(home, fence=fence) as saver:
-        saver.put_writes(config, [("steps", ["one"])], "task-1")
+        put_and_save(saver, config, "one", "task-1")
         assert told == []
         assert (
             postgres_ledger.request_cancel(task_id).status == "running"
         )  # It waits for the worker.
-        saver.put_writes(config, [("steps", ["two"])], "task-2")
+        put_and_save(saver, config, "two", "task-2")
         assert told == ["cancel"]
         # The write itself is saved: the run stops at the step boundary, after its writes.
         writes = checkpoint_rows("t")["checkpoint_writes"]

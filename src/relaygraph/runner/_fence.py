@@ -25,3 +25,8 @@ class CheckpointFence:
     """Called when a write finds a cancel asked for in the ledger (the fence's read of the
     task's row sees the flag too): the run stops at a step boundary without a read of its own
     per step (``AttemptWatch.cancelled``)."""
+    on_superseded: Callable[[int | None], None] | None = field(default=None, compare=False)
+    """Called with the task's attempt (None: the task is gone) when a write finds the
+    attempt superseded, before it is refused (``AttemptWatch.supersede``): the run learns it
+    from a refusal that no caller of its own sees (the writes of a step that a read saves
+    first)."""

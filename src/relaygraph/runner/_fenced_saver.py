@@ -9,16 +9,31 @@ attempt's for the same step). So each write reads the task's attempt in the tran
 its INSERTs, the task's row locked until the commit; ``Ledger.begin_attempt`` locks that row
 to begin the next attempt, so a write either commits before the next attempt begins or sees
 it and is refused.
+
+A step's writes (``put_writes``: each finished task's, before the step's checkpoint) are not
+a transaction of their own: the saver keeps them until its next write, the step's checkpoint,
+which saves them in its fenced transaction, before the checkpoint's rows (one fence, one
+commit a step instead of two; in the worker-mode benchmark a task's writes were eleven
+transactions of their own, about a fifth of its commits). A read of the saver (the state at
+the run's end, a subgraph's start) saves what it keeps first, so nothing reads around them.
+What that costs: a worker killed between a task's end and its step's checkpoint loses that
+task's writes, and the next attempt runs the task again, as it runs every task of a step
+whose checkpoint was not saved; a tool call it makes again is answered from the tool journal
+(``relaygraph.agents._journal``), not run again, so tool calls stay exactly once.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Self
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from psycopg import AsyncCursor, Connection, Cursor
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -51,9 +66,59 @@ def _check_attempt(fence: CheckpointFence, row: DictRow | None) -> None:
     """
     current = None if row is None else int(row["attempts"])
     if current != fence.attempt:
+        if fence.on_superseded is not None:
+            fence.on_superseded(current)
         raise AttemptSuperseded(fence.task_id, fence.attempt, current)
     if row is not None and row["cancel"] and fence.on_cancel is not None:
         fence.on_cancel()
+
+
+class _KeptWrites:
+    """The writes of a step's tasks that a fenced saver keeps until its next write (see the
+    module's docstring): ``(query, rows)`` as ``put_writes`` would execute them, in order.
+    A lock of its own: a sync run's tasks end on the threads of LangGraph's pool."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[tuple[str, list[Any]]] = []
+
+    def keep(
+        self,
+        saver: BasePostgresSaver,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> None:
+        """Keep ``put_writes``'s statement and rows for ``writes`` (made now: the values as
+        they are when the task ends)."""
+        query = (
+            saver.UPSERT_CHECKPOINT_WRITES_SQL
+            if all(w[0] in WRITES_IDX_MAP for w in writes)
+            else saver.INSERT_CHECKPOINT_WRITES_SQL
+        )
+        configurable = config["configurable"]
+        rows = saver._dump_writes(
+            configurable["thread_id"],
+            configurable["checkpoint_ns"],
+            configurable["checkpoint_id"],
+            task_id,
+            task_path,
+            writes,
+        )
+        with self._lock:
+            self._kept.append((query, rows))
+
+    def __bool__(self) -> bool:
+        return bool(self._kept)
+
+    def take(self) -> list[tuple[str, list[Any]]]:
+        """What is kept, no longer kept: a transaction that fails after taking them drops
+        them with itself (a superseded attempt's must not be saved; any other failure
+        fails the run, and its next attempt runs the step again)."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+        return kept
 
 
 class FencedPostgresSaver(PostgresSaver):
@@ -76,6 +141,7 @@ class FencedPostgresSaver(PostgresSaver):
         super().__init__(conn)
         self.fence = fence
         self._connection = conn
+        self._kept = _KeptWrites()
 
     @classmethod
     @contextmanager
@@ -89,9 +155,36 @@ class FencedPostgresSaver(PostgresSaver):
         ) as conn:
             yield cls(conn, fence=fence)
 
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Kept until the next write, which saves them (see the module's docstring)."""
+        self._kept.keep(self, config, writes, task_id, task_path)
+
+    def save_kept(self) -> None:
+        """Save the writes kept so far, in a fenced transaction of their own (nothing when
+        none are kept).
+
+        Raises:
+            AttemptSuperseded: The task is on another attempt, or gone; the writes are
+                dropped.
+        """
+        if self._kept:
+            with self._cursor(pipeline=True):
+                pass
+
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Cursor[DictRow]]:
-        if not pipeline:  # A read, or the saver's set-up.
+        if not pipeline:  # A read, or the saver's set-up: after the kept writes.
+            # Refused, they are dropped and the read goes on: a saver's reads are unfenced,
+            # a superseded attempt's too (its run reads its state to end); the fence's
+            # on_superseded has told the run.
+            with suppress(AttemptSuperseded):
+                self.save_kept()
             with super()._cursor() as cur:
                 yield cur
             return
@@ -105,7 +198,13 @@ class FencedPostgresSaver(PostgresSaver):
         ):
             row = cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,)).fetchone()
             _check_attempt(self.fence, row)
+            self._write_kept(cur)
             yield cur
+
+    def _write_kept(self, cur: Cursor[DictRow]) -> None:
+        """The kept writes' INSERTs, in the fenced transaction of ``cur``."""
+        for query, rows in self._kept.take():
+            cur.executemany(query, rows)
 
 
 class AsyncFencedPostgresSaver(AsyncPostgresSaver):
@@ -130,10 +229,31 @@ class AsyncFencedPostgresSaver(AsyncPostgresSaver):
         super().__init__(pool)
         self.fence = fence
         self._pool = pool
+        self._kept = _KeptWrites()
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Kept until the next write, which saves them (see the module's docstring). Their
+        rows are made here, on the loop: a hand-over to a thread for them (as the base
+        saver's) cost more than the few values of one task."""
+        self._kept.keep(self, config, writes, task_id, task_path)
+
+    async def asave_kept(self) -> None:
+        """:meth:`FencedPostgresSaver.save_kept` on the loop."""
+        if self._kept:
+            async with self._cursor(pipeline=True):
+                pass
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
-        if not pipeline:  # A read, or the saver's set-up.
+        if not pipeline:  # A read, or the saver's set-up: after the kept writes (as above).
+            with suppress(AttemptSuperseded):
+                await self.asave_kept()
             async with super()._cursor() as cur:
                 yield cur
             return
@@ -147,4 +267,6 @@ class AsyncFencedPostgresSaver(AsyncPostgresSaver):
         ):
             await cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,))
             _check_attempt(self.fence, await cur.fetchone())
+            for query, rows in self._kept.take():
+                await cur.executemany(query, rows)
             yield cur

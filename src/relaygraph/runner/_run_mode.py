@@ -199,7 +199,12 @@ class WorkerAttempt:
 
     def _fence(self) -> CheckpointFence:
         hold = self.hold
-        return CheckpointFence(task_id=hold.task_id, attempt=hold.attempt, on_cancel=hold.cancelled)
+        return CheckpointFence(
+            task_id=hold.task_id,
+            attempt=hold.attempt,
+            on_cancel=hold.cancelled,
+            on_superseded=hold.supersede,
+        )
 
     @contextmanager
     def _checkpointer(self, home: Path, flush: Callable[[], None]) -> Iterator[Any]:
@@ -208,6 +213,10 @@ class WorkerAttempt:
         with open_checkpointer(home, shared=False, fence=self._fence()) as checkpointer:
             _check_at_each_step(checkpointer, self.hold, flush=flush)
             yield checkpointer
+            from relaygraph.runner._fenced_saver import FencedPostgresSaver
+
+            if isinstance(checkpointer, FencedPostgresSaver):
+                checkpointer.save_kept()  # As on the loop (see _acheckpointer).
 
     def checkpointer(self, home: Path, *, flush: Callable[[], None]) -> AbstractContextManager[Any]:
         return self._checkpointer(home, flush)
@@ -223,6 +232,12 @@ class WorkerAttempt:
             checkpointer = _fenced_on_loop(shared, self._fence())
             _acheck_at_each_step(checkpointer, self.hold, flush=flush)
             yield checkpointer
+            from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
+
+            if isinstance(checkpointer, AsyncFencedPostgresSaver):
+                # What the run's last step kept and nothing read since (its state at the
+                # end reads, and saves them first).
+                await checkpointer.asave_kept()
 
     def acheckpointer(
         self, home: Path, *, flush: Callable[[], Awaitable[None]]
