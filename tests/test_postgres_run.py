@@ -62,3 +62,32 @@ def test_relay_on_postgres(home: Path, postgres_url: str, monkeypatch: pytest.Mo
     result = run_task("When?", model=f"scripted:{EXAMPLE_RELAY}")
     assert result.status == "succeeded"
     assert result.agents_run == ["researcher", "coder", "writer"]
+
+
+def test_the_ledger_does_not_lend_a_connection_the_server_ended(postgres_ledger: Ledger) -> None:
+    """The ledger's pool checks an idle connection's socket before it lends it, not with a
+    round trip (pool_pre_ping): a quiet one is lent as it is, one the server ended is
+    dropped and another lent, and the ledger's next read and write go on."""
+    from sqlalchemy import event
+
+    from relaygraph.store._engine import _drop_unless_quiet
+
+    from .test_checkpoint_connections import terminate
+
+    engine = postgres_ledger.core.engine
+
+    def backend() -> int:
+        with postgres_ledger.core.read_connection() as connection:
+            return int(connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+    first = backend()
+    assert backend() == first  # Quiet: lent again, no new backend.
+    # The check is the socket's, not SQLAlchemy's ping (a SELECT 1 before every lend).
+    assert event.contains(engine, "checkout", _drop_unless_quiet)
+    assert not engine.pool._pre_ping
+    conninfo = postgres_ledger.core.engine.url.render_as_string(hide_password=False)
+    terminate(conninfo.replace("postgresql+psycopg://", "postgresql://"), first)
+    assert backend() != first
+    project, _ = postgres_ledger.create_project("after-the-restart")
+    found = postgres_ledger.get_project("after-the-restart")
+    assert found is not None and found.id == project.id

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import sqlite3
 import threading
 import time
@@ -27,7 +26,7 @@ from contextlib import (
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from relaygraph.store import database_pool_size
+from relaygraph.store import database_pool_size, is_quiet
 
 if TYPE_CHECKING:
     from relaygraph.runner._fence import CheckpointFence
@@ -196,29 +195,16 @@ def _lend_check(pool_class: Any) -> Callable[[Any], Any]:
     if asyncio.iscoroutinefunction(full):
 
         async def acheck(conn: Any) -> None:
-            if not _quiet(conn):
+            if not is_quiet(conn):
                 await full(conn)
 
         return acheck
 
     def check(conn: Any) -> None:
-        if not _quiet(conn):
+        if not is_quiet(conn):
             full(conn)
 
     return check
-
-
-def _quiet(conn: Any) -> bool:
-    """An open connection with nothing to read on its socket (``poll``, not ``select``: a
-    server holding many files has descriptors past ``select``'s 1,024)."""
-    if conn.closed or conn.broken:
-        return False
-    try:
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN)
-        return not poller.poll(0)
-    except (OSError, ValueError):
-        return False
 
 
 _KEPT: _Kept[Any] = _Kept(lambda path: sqlite_checkpointer(Path(path)))

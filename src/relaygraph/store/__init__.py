@@ -16,6 +16,7 @@ from relaygraph.store._engine import (
     DATABASE_URL_ENV,
     database_pool_size,
     database_url,
+    is_quiet,
 )
 from relaygraph.store._errors import (
     DATABASE_RETRY_SECONDS,
@@ -98,6 +99,7 @@ __all__ = [
     "hash_key",
     "is_database_unavailable",
     "is_disk_full",
+    "is_quiet",
     "new_checkpoint_thread",
     "unstorable",
     "upgrade",

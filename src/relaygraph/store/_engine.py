@@ -6,13 +6,14 @@ import functools
 import json
 import os
 import re
+import select
 import types
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 from relaygraph._home import data_home
 from relaygraph.errors import ConfigError
@@ -119,13 +120,21 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         # A fixed pool, no overflow: the process's connections are what the operator sized
         # (database_pool_size), however many of its threads write at once; the others wait.
-        return create_engine(
+        engine = create_engine(
             parsed,
             json_serializer=serializer,
-            pool_pre_ping=True,
             pool_size=database_pool_size(),
             max_overflow=0,
         )
+        # Not pool_pre_ping, a round trip (SELECT 1) before every lend, of every read and
+        # write of the ledger: a worker with tasks in flight makes one for each batch of a
+        # run's events, about a dozen a task, and each round trip wakes a thread that
+        # waits for the interpreter again. An idle connection whose socket is quiet is
+        # live as far as the ping could tell (see is_quiet); one that is not is dropped
+        # before it is lent, and the pool lends another (SQLAlchemy's documented
+        # pessimistic handling: DisconnectionError from a checkout handler).
+        event.listen(engine, "checkout", _drop_unless_quiet)
+        return engine
     assert parsed.database is not None
     Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     # SQLite has one writer at a time. The write engine hands its one connection to one
@@ -173,3 +182,26 @@ def _begin_sqlite(_dialect: Any, dbapi_connection: Any, *, statement: str) -> No
         cursor.execute(statement)
     finally:
         cursor.close()
+
+
+def is_quiet(connection: Any) -> bool:
+    """An open psycopg connection with nothing to read on its socket: a connection that is
+    idle in a pool, to which the server writes only to end it (its FATAL notice, then the
+    close: a terminated backend, a restart, an idle timeout), so a quiet one is live as far
+    as a round trip could tell. ``poll``, not ``select``: a server holding many files has
+    descriptors past ``select``'s 1,024."""
+    if connection.closed or connection.broken:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(connection.fileno(), select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
+
+
+def _drop_unless_quiet(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """The ledger engine's check of a connection before its pool lends it (see
+    :func:`make_engine`)."""
+    if not is_quiet(getattr(dbapi_connection, "driver_connection", dbapi_connection)):
+        raise DisconnectionError("the connection was ended by the server")
