@@ -53,6 +53,18 @@ class LedgerCore:
         None on PostgreSQL, whose pool holds a connection for each writer."""
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = sessionmaker(self.write_engine, expire_on_commit=False)
+        self._read_engine = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.dialect == "postgresql"
+            else self.engine
+        )
+        """The hot paths' reads (:meth:`read_connection`): on PostgreSQL, on the same pool
+        in autocommit, each statement its own transaction. In a transaction, psycopg sends
+        BEGIN before the first statement and COMMIT after the last, each a round trip of its
+        own: three for a read of one statement, where one does (under READ COMMITTED each
+        statement sees its own snapshot either way). A worker with tasks in flight reads
+        the ledger several times a task, each on a thread that waits for the interpreter
+        again after every round trip."""
 
     @property
     def url(self) -> str:
@@ -108,8 +120,10 @@ class LedgerCore:
 
     @contextmanager
     def read_connection(self) -> Iterator[Connection]:
-        """A read transaction in SQLAlchemy Core (no ORM session): for the hot paths."""
-        with self.engine.begin() as connection:
+        """Reads in SQLAlchemy Core (no ORM session), for the hot paths: on PostgreSQL each
+        statement commits by itself (see ``_read_engine``), so a read that needs its
+        statements to see one snapshot, or a lock held until the end, is not one of them."""
+        with self._read_engine.begin() as connection:
             yield connection
 
     def snapshots(self, record: type[R], query: Select[Any]) -> list[R]:
