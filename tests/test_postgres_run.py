@@ -91,3 +91,23 @@ def test_the_ledger_does_not_lend_a_connection_the_server_ended(postgres_ledger:
     project, _ = postgres_ledger.create_project("after-the-restart")
     found = postgres_ledger.get_project("after-the-restart")
     assert found is not None and found.id == project.id
+
+
+def test_the_ledgers_reads_send_no_begin_and_its_writes_stay_transactions(
+    postgres_ledger: Ledger,
+) -> None:
+    """A hot-path read is its statements alone, each its own transaction (psycopg sends no
+    BEGIN, and no COMMIT after: two round trips fewer); a write on a connection of the same
+    pool is still one transaction."""
+    from psycopg.pq import TransactionStatus
+
+    def status(connection: Any) -> TransactionStatus:
+        return connection.connection.driver_connection.info.transaction_status
+
+    for _ in range(2):  # The same pooled connection, read after write after read.
+        with postgres_ledger.core.read_connection() as connection:
+            assert connection.execute(text("SELECT 1")).scalar_one() == 1
+            assert status(connection) == TransactionStatus.IDLE
+        with postgres_ledger.core.write_connection() as connection:
+            assert connection.execute(text("SELECT 1")).scalar_one() == 1
+            assert status(connection) == TransactionStatus.INTRANS

@@ -21,7 +21,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from relaygraph.runner import CheckpointFence
 from relaygraph.runner._checkpoint import open_checkpointer
+from relaygraph.runner._event_writer import EventWriter
 from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
+from relaygraph.runner._run_mode import _acheck_at_each_step
 from relaygraph.store import AttemptSuperseded, Ledger
 
 from .test_worker_checkpoint_fence import (
@@ -207,3 +209,128 @@ async def test_a_steps_writes_are_saved_with_its_checkpoint_in_one_transaction(
     await saver.aput(latest.config, following, latest.metadata, {})
     assert counted.lent == 2
     assert await asyncio.to_thread(saved_by, "task-c") == 1
+
+
+# A step's events and its checkpoint: one transaction, on the ledger's write thread.
+
+
+def step_saver(
+    ledger: Ledger, pool: AsyncConnectionPool[Any], task_id: str
+) -> tuple[AsyncFencedPostgresSaver, EventWriter, CountedPool]:
+    """Attempt 1's saver, whose ``aput`` saves each step's checkpoint with the step's events
+    (as a worker's run wires it), its writer, and its pool, counted."""
+    saver = AsyncFencedPostgresSaver(pool, fence=CheckpointFence(task_id=task_id, attempt=1))
+    writer = EventWriter(ledger, task_id, lambda event: None, attempt=1)
+    _acheck_at_each_step(saver, None, flush=writer.aflush, save_with=writer.asave_with)  # type: ignore[arg-type]
+    counted = CountedPool(pool)
+    saver._pool = counted  # type: ignore[assignment]
+    return saver, writer, counted
+
+
+def noting(writer: EventWriter, by: str) -> Any:
+    """first → second, each queueing an event to ``writer`` (as a run's nodes do)."""
+
+    async def first(state: Steps) -> Steps:
+        writer.queue({"type": "note", "text": f"first by {by}"})  # type: ignore[typeddict-item]
+        return {"steps": [f"first by {by}"]}
+
+    async def second(state: Steps) -> Steps:
+        writer.queue({"type": "note", "text": f"second by {by}"})  # type: ignore[typeddict-item]
+        return {"steps": [f"second by {by}"]}
+
+    return two_step_graph(None, first, second, None)
+
+
+def broken(connection: Any, *args: Any) -> None:
+    connection.execute("SELECT no_such_column FROM tasks")
+
+
+def unserializable(connection: Any, *args: Any) -> None:
+    raise TypeError("Object of type Thing is not serializable")
+
+
+def after_the_first_node(saver: AsyncFencedPostgresSaver, failing: Any) -> Any:
+    """``saver.put_in``, but ``failing`` for the checkpoint after the node ``first`` (step 1;
+    the first node's event is in its transaction)."""
+    real = saver.put_in
+
+    def put_in(connection: Any, config: Any, checkpoint: Any, metadata: Any, new: Any) -> Any:
+        save = failing if metadata.get("step") == 1 else real
+        return save(connection, config, checkpoint, metadata, new)
+
+    return put_in
+
+
+def notes(ledger: Ledger, task_id: str) -> list[str]:
+    return [e.data["text"] for e in ledger.events_after(task_id, 0) if e.type == "note"]
+
+
+async def test_a_steps_events_and_checkpoint_commit_in_one_transaction(
+    postgres_ledger: Ledger,
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    task_id, _ = running_task(postgres_ledger)
+    saver, writer, counted = step_saver(postgres_ledger, pool, task_id)
+    graph = noting(writer, "attempt 1").copy({"checkpointer": saver})
+    config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
+    assert await graph.ainvoke({"steps": []}, config, durability="sync") == {
+        "steps": ["first by attempt 1", "second by attempt 1"]
+    }
+    # Every checkpoint was saved in its events' transaction: the saver took no connection
+    # of its own for a write.
+    assert counted.lent == 0
+    assert await asyncio.to_thread(notes, postgres_ledger, task_id) == [
+        "first by attempt 1",
+        "second by attempt 1",
+    ]
+    latest = await saver.aget_tuple(config)
+    assert latest is not None and latest.checkpoint["channel_values"]["steps"] == [
+        "first by attempt 1",
+        "second by attempt 1",
+    ]
+    await writer.aclose()
+
+
+async def test_a_checkpoint_the_database_refuses_takes_its_steps_events_with_it(
+    postgres_ledger: Ledger,
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """Both commit or neither: a statement of the checkpoint's that fails rolls the step's
+    events back, and the writer fails (the run stops)."""
+    import psycopg
+
+    task_id, _ = running_task(postgres_ledger)
+    saver, writer, _ = step_saver(postgres_ledger, pool, task_id)
+
+    saver.put_in = after_the_first_node(saver, broken)  # type: ignore[method-assign]
+    graph = noting(writer, "attempt 1").copy({"checkpointer": saver})
+    config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
+    with pytest.raises(psycopg.Error):
+        await graph.ainvoke({"steps": []}, config, durability="sync")
+    assert await asyncio.to_thread(notes, postgres_ledger, task_id) == []
+    with pytest.raises(psycopg.Error):
+        await writer.aflush()
+
+
+async def test_a_checkpoint_whose_values_do_not_save_leaves_its_events_written(
+    postgres_ledger: Ledger,
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A save that fails for its values, not the database (as one that does not serialize),
+    is raised where the run saves, as the saver's own would be; the step's events are
+    written and the writer goes on, so the run can record how it ended."""
+    task_id, _ = running_task(postgres_ledger)
+    saver, writer, _ = step_saver(postgres_ledger, pool, task_id)
+
+    saver.put_in = after_the_first_node(saver, unserializable)  # type: ignore[method-assign]
+    graph = noting(writer, "attempt 1").copy({"checkpointer": saver})
+    config: RunnableConfig = {"configurable": {"thread_id": f"thread-{task_id}"}}
+    with pytest.raises(TypeError, match="not serializable"):
+        await graph.ainvoke({"steps": []}, config, durability="sync")
+    writer.put({"type": "note", "text": "the run's end"})  # type: ignore[typeddict-item]
+    await writer.aflush()
+    assert await asyncio.to_thread(notes, postgres_ledger, task_id) == [
+        "first by attempt 1",
+        "the run's end",
+    ]
+    await writer.aclose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import heapq
 import itertools
 import os
@@ -32,9 +33,14 @@ class _Marker:
     """Queued behind the events a caller waits for: set once they are written and handed
     on (a flush, the run's end with ``end``, or the writer's close)."""
 
-    def __init__(self, end: Any = None, *, stop: bool = False) -> None:
+    def __init__(
+        self, end: Any = None, *, stop: bool = False, also: Callable[[Any], None] | None = None
+    ) -> None:
         self.end = end
         self.stop = stop
+        self.also = also
+        """More of the transaction that writes the events before it (see
+        :meth:`EventWriter.asave_with`)."""
         self._done = threading.Event()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._lock = threading.Lock()
@@ -57,6 +63,11 @@ class _Marker:
                 return
             self._waiters.append((loop, future))
         await future
+
+
+def _each(calls: list[Callable[[Any], None]], connection: Any) -> None:
+    for call in calls:
+        call(connection)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -162,6 +173,16 @@ class EventWriter:
         await self._mark(_Marker()).wait_async()
         self._raise_error()
 
+    async def asave_with(self, also: Callable[[Any], None]) -> None:
+        """Write every event queued so far, and ``also`` in the same transaction
+        (``Ledger.append_events(also=...)``: called with the transaction's DBAPI connection,
+        with no events too), then wait until it is committed and the events handed on. What
+        ``also`` raises fails the writer, as a failed write does: the events with it were
+        not written (``also`` keeps what should not fail the writer to itself)."""
+        self._raise_error()
+        await self._mark(_Marker(also=also)).wait_async()
+        self._raise_error()
+
     def finish(self, end: Any) -> None:
         """Write what is queued and the run's end (``store.RunEnd``) in the same
         transaction (``Ledger.append_events(end=...)``), then wait until it is written
@@ -232,11 +253,14 @@ class EventWriter:
     def _write(self, batch: list[Any]) -> None:
         events = [item for item in batch if isinstance(item, dict)]
         finish = next((i for i in batch if isinstance(i, _Marker) and i.end is not None), None)
-        if (events or finish is not None) and self._error is None:
+        alsos = [i.also for i in batch if isinstance(i, _Marker) and i.also is not None]
+        if (events or finish is not None or alsos) and self._error is None:
             try:
                 stored = [e for e in events if e.get("type") not in self._unstored]
                 given = self._fence if finish is None else {**self._fence, "end": finish.end}
-                if stored or finish is not None:
+                if alsos:
+                    given = {**given, "also": functools.partial(_each, alsos)}
+                if stored or finish is not None or alsos:
                     # Behind the writes a request waits on (a submission): a run's events
                     # wait for their turn in batches, which grow while they wait.
                     with background_writes():

@@ -243,6 +243,25 @@ class AsyncFencedPostgresSaver(AsyncPostgresSaver):
         saver's) cost more than the few values of one task."""
         self._kept.keep(self, config, writes, task_id, task_path)
 
+    def put_in(
+        self,
+        connection: Connection[Any],
+        config: RunnableConfig,
+        checkpoint: Any,
+        metadata: Any,
+        new_versions: Any,
+    ) -> RunnableConfig:
+        """Save the step's checkpoint, with the writes kept, in the transaction open on
+        ``connection`` (the ledger's, in which the worker writes the step's events:
+        ``EventWriter.asave_with``), after the same fence: blocking, on the thread of that
+        transaction. Returns what ``aput`` returns.
+
+        One transaction a step instead of two: the step's events and its checkpoint commit
+        together (or neither does), on a ledger write thread, with psycopg's waits in C
+        instead of the loop's."""
+        saver = _InTransaction(connection, fence=self.fence, kept=self._kept, serde=self.serde)
+        return saver.put(config, checkpoint, metadata, new_versions)
+
     async def asave_kept(self) -> None:
         """:meth:`FencedPostgresSaver.save_kept` on the loop."""
         if self._kept:
@@ -281,3 +300,30 @@ class AsyncFencedPostgresSaver(AsyncPostgresSaver):
             yield cur
             await round_trip.sync()
             _check_attempt(self.fence, await fence.fetchone())
+
+
+class _InTransaction(FencedPostgresSaver):
+    """A fenced saver's writes in a transaction someone else opened on ``conn`` and
+    commits (see :meth:`AsyncFencedPostgresSaver.put_in`): the fence's read, the kept writes
+    and the write's own INSERTs, in no transaction of its own."""
+
+    def __init__(
+        self,
+        conn: Connection[Any],
+        *,
+        fence: CheckpointFence,
+        kept: _KeptWrites,
+        serde: Any,
+    ) -> None:
+        PostgresSaver.__init__(self, conn, serde=serde)
+        self.fence = fence
+        self._connection = conn
+        self._kept = kept
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Cursor[DictRow]]:
+        with self._connection.cursor(binary=True, row_factory=dict_row) as cur:
+            row = cur.execute(ATTEMPT_FENCE_SQL, (self.fence.task_id,)).fetchone()
+            _check_attempt(self.fence, row)
+            self._write_kept(cur)
+            yield cur

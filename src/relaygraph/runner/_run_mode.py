@@ -33,6 +33,10 @@ from relaygraph.runner._fence import CheckpointFence
 from relaygraph.runner._lease import AttemptWatch, LeaseKeeper, RunHold
 from relaygraph.store import AttemptSuperseded
 
+SaveWith = Callable[[Callable[[Any], None]], Awaitable[None]]
+"""``EventWriter.asave_with``: writes a run's events so far with more of their transaction
+(called with its DBAPI connection)."""
+
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
@@ -67,10 +71,16 @@ class RunMode(Protocol):
         """The run's checkpointer; ``flush`` writes the run's events so far."""
 
     def acheckpointer(
-        self, home: Path, *, flush: Callable[[], Awaitable[None]]
+        self,
+        home: Path,
+        *,
+        flush: Callable[[], Awaitable[None]],
+        save_with: SaveWith | None = None,
     ) -> AbstractAsyncContextManager[Any]:
         """The run's checkpointer for a run on the running event loop (its async methods);
-        ``flush`` writes the run's events so far."""
+        ``flush`` writes the run's events so far; ``save_with`` (``EventWriter.asave_with``),
+        where given, writes them with more of the same transaction (a worker's step saves
+        its checkpoint so)."""
 
     def on_write_error(self, error: BaseException) -> None:
         """A ledger write of the run failed with ``error``."""
@@ -155,7 +165,11 @@ class InProcessRun:
         return open_checkpointer(home, shared=True)
 
     def acheckpointer(
-        self, home: Path, *, flush: Callable[[], Awaitable[None]]
+        self,
+        home: Path,
+        *,
+        flush: Callable[[], Awaitable[None]],
+        save_with: SaveWith | None = None,
     ) -> AbstractAsyncContextManager[Any]:
         # The loop's open checkpointer, as on a thread.
         return async_checkpointer(home)
@@ -223,14 +237,15 @@ class WorkerAttempt:
 
     @asynccontextmanager
     async def _acheckpointer(
-        self, home: Path, flush: Callable[[], Awaitable[None]]
+        self, home: Path, flush: Callable[[], Awaitable[None]], save_with: SaveWith | None
     ) -> AsyncIterator[Any]:
         # A saver of the run's own on the loop's shared connections, fenced by its attempt
         # (on PostgreSQL each write checks it in its own transaction, on a connection of the
-        # pool held for that write only) and checked at each step.
+        # pool held for that write only; a step's checkpoint in its events' transaction) and
+        # checked at each step.
         async with async_checkpointer(home) as shared:
             checkpointer = _fenced_on_loop(shared, self._fence())
-            _acheck_at_each_step(checkpointer, self.hold, flush=flush)
+            _acheck_at_each_step(checkpointer, self.hold, flush=flush, save_with=save_with)
             yield checkpointer
             from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
 
@@ -240,9 +255,13 @@ class WorkerAttempt:
                 await checkpointer.asave_kept()
 
     def acheckpointer(
-        self, home: Path, *, flush: Callable[[], Awaitable[None]]
+        self,
+        home: Path,
+        *,
+        flush: Callable[[], Awaitable[None]],
+        save_with: SaveWith | None = None,
     ) -> AbstractAsyncContextManager[Any]:
-        return self._acheckpointer(home, flush)
+        return self._acheckpointer(home, flush, save_with)
 
     def on_write_error(self, error: BaseException) -> None:
         # A write the ledger refused for a superseded attempt stops the run at once.
@@ -313,14 +332,50 @@ def _fenced_on_loop(shared: Any, fence: CheckpointFence) -> Any:
 
 
 def _acheck_at_each_step(
-    checkpointer: Any, hold: AttemptWatch, *, flush: Callable[[], Awaitable[None]]
+    checkpointer: Any,
+    hold: AttemptWatch,
+    *,
+    flush: Callable[[], Awaitable[None]],
+    save_with: SaveWith | None = None,
 ) -> None:
     """:func:`_check_at_each_step` for a run on the event loop (the saver's ``aput``); an
-    unfenced saver's check reads the ledger off the loop."""
+    unfenced saver's check reads the ledger off the loop.
+
+    A fenced saver with ``save_with`` saves each step's checkpoint in the transaction of
+    the step's events (``AsyncFencedPostgresSaver.put_in``), on the ledger's write thread:
+    one fenced commit a step where there were two, and the events are as sure to be written
+    before their checkpoint as when flushed first. A save that fails for its values (one
+    that does not serialize), not for the database, leaves the events to commit and is
+    raised here, as the saver's own ``aput`` would raise it."""
     from relaygraph.runner._fenced_saver import AsyncFencedPostgresSaver
 
     save = checkpointer.aput
     fenced = isinstance(checkpointer, AsyncFencedPostgresSaver)
+    if fenced and save_with is not None:
+        import psycopg
+
+        async def aput_with_events(
+            config: Any, checkpoint: Any, metadata: Any, new_versions: Any
+        ) -> Any:
+            saved: dict[str, Any] = {}
+
+            def also(connection: Any) -> None:
+                try:
+                    saved["config"] = checkpointer.put_in(
+                        connection, config, checkpoint, metadata, new_versions
+                    )
+                except (AttemptSuperseded, psycopg.Error):
+                    raise  # The transaction's: the events are not written either.
+                except Exception as exc:
+                    saved["error"] = exc
+
+            await save_with(also)
+            if "error" in saved:
+                raise saved["error"]
+            return saved["config"]
+
+        checkpointer.aput = aput_with_events
+        return
 
     async def aput(config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         await flush()

@@ -208,7 +208,9 @@ class TaskRunner:
         run, mode = steps.run, steps.mode
         try:
             try:
-                async with mode.acheckpointer(self.home, flush=run.writer.aflush) as checkpointer:
+                async with mode.acheckpointer(
+                    self.home, flush=run.writer.aflush, save_with=run.writer.asave_with
+                ) as checkpointer:
                     graph = steps.graph(checkpointer)
                     steps.begin(await run.agraph_input(graph, graph_input))
                     if mode.flushes_before_stream:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
@@ -64,6 +64,7 @@ class EventRepository:
         *,
         attempt: int | None = None,
         end: RunEnd | None = None,
+        also: Callable[[Any], None] | None = None,
     ) -> list[int]:
         """Record the task's next events, in order, in one transaction (see
         :meth:`append_event`); returns their sequence numbers.
@@ -80,6 +81,11 @@ class EventRepository:
             end: The run's end, written in the same transaction after the events (as
                 :meth:`end_run` with these arguments): a run's last batch and its end
                 commit together, one transaction less per run.
+            also: More of the same transaction, after the events and the end: called with
+                the transaction's DBAPI connection (psycopg's, on PostgreSQL), whose
+                statements commit or roll back with the events (a worker's step saves its
+                checkpoint so: ``runner._fenced_saver``). Called with no events too. What
+                it raises rolls the transaction back and is raised here.
 
         Raises:
             ConfigError: An event is not a JSON object with a ``type``, or ``end`` is not
@@ -90,7 +96,7 @@ class EventRepository:
         """
         batch = [check.event_data(event) for event in events]
         values = None if end is None or end.status is None else end.status_values()
-        if not batch and end is None:
+        if not batch and end is None and also is None:
             return []
         now = utc_now()
         # SQLAlchemy Core, statements built once (see store/_derive.py): the writer's thread
@@ -127,6 +133,8 @@ class EventRepository:
                 )
             if seqs:
                 self._core.announce(connection, task_id, seqs[-1])
+            if also is not None:
+                also(connection.connection.driver_connection)
         return seqs
 
     def events_after(
