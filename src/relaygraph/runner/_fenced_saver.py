@@ -305,7 +305,12 @@ class AsyncFencedPostgresSaver(AsyncPostgresSaver):
 class _InTransaction(FencedPostgresSaver):
     """A fenced saver's writes in a transaction someone else opened on ``conn`` and
     commits (see :meth:`AsyncFencedPostgresSaver.put_in`): the fence's read, the kept writes
-    and the write's own INSERTs, in no transaction of its own."""
+    and the write's own INSERTs, in no transaction of its own.
+
+    ``conn`` is the ledger's (SQLAlchemy's psycopg connection), whose JSON dumps are the
+    ledger's (``ensure_ascii=False, allow_nan=False``): the rows stored are the same
+    ``jsonb`` values, and a NaN, which ``jsonb`` refuses either way, fails here before it is
+    sent."""
 
     def __init__(
         self,
